@@ -1,0 +1,155 @@
+"""The model catalog and model resolution: a model is a local directory or a catalog id.
+
+A catalog id (``f5tts/v1-base``) maps each file of the model directory to a file in a Hugging
+Face repository. With ``huggingface_hub`` installed and a network, missing files are downloaded
+into its cache and linked into ``$MIZUOTO_HOME/models/<id>``; offline, the error lists what is
+missing and how to pass a local directory instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import attrs
+
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.errors import ModelFilesMissing, ModelNotFound
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class HubFile:
+    repo: str
+    filename: str
+    revision: str | None = None
+
+
+@attrs.frozen
+class CatalogEntry:
+    """A named model: where each of its files comes from, and under which license."""
+
+    id: str  # "<engine>/<name>"
+    engine: str
+    files: Mapping[str, HubFile] = attrs.field(converter=lambda v: MappingProxyType(dict(v)))
+    license: str
+    non_commercial: bool = False
+    description: str = ""
+    variant: str = ""
+    # Files the engine can do without (e.g. a vocab it ships itself).
+    optional: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+
+
+@attrs.frozen
+class ResolvedModel:
+    path: Path
+    entry: CatalogEntry | None = None
+
+    @property
+    def id(self) -> str:
+        return self.entry.id if self.entry else str(self.path)
+
+
+def mizuoto_home() -> Path:
+    return Path(os.environ.get("MIZUOTO_HOME", Path.home() / ".cache" / "mizuoto"))
+
+
+def model_cache_dir(entry: CatalogEntry) -> Path:
+    return mizuoto_home() / "models" / entry.id.replace("/", "--")
+
+
+def downloaded_files(entry: CatalogEntry) -> dict[str, Path | None]:
+    """Each file of ``entry`` and its local path, or ``None`` when not downloaded yet."""
+    directory = model_cache_dir(entry)
+    found: dict[str, Path | None] = {}
+    for name, hub_file in entry.files.items():
+        local = directory / name
+        if local.exists():
+            found[name] = local
+            continue
+        found[name] = _hub_cached(hub_file)
+    return found
+
+
+def _hub_cached(hub_file: HubFile) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    cached = try_to_load_from_cache(hub_file.repo, hub_file.filename, revision=hub_file.revision)
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False") or \
+        os.environ.get("MIZUOTO_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | None = None,
+                  download: bool = True, progress: ProgressCallback | None = None
+                  ) -> ResolvedModel:
+    """Turn a directory or a catalog id into a local directory, downloading when possible."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return ResolvedModel(path.resolve())
+    if catalog is None:
+        from mizuoto.registry import catalog as registered
+
+        catalog = registered()
+    entry = catalog.get(str(model))
+    if entry is None:
+        known = ", ".join(sorted(catalog)) or "none (no engine installed)"
+        raise ModelNotFound(f"{model!r} is neither a directory nor a catalog id; known ids: {known}")
+    directory = model_cache_dir(entry)
+    files = downloaded_files(entry)
+    missing = [name for name, local in files.items()
+               if local is None and name not in entry.optional]
+    if missing and download:
+        files.update(_download(entry, missing, progress))
+        missing = [name for name, local in files.items()
+                   if local is None and name not in entry.optional]
+    if missing:
+        raise ModelFilesMissing(
+            entry.id, [f"{name} (from {entry.files[name].repo}/{entry.files[name].filename})"
+                       for name in missing],
+            hint=("no model hub is reachable from here (or huggingface_hub is not installed: "
+                  "pip install 'mizuoto-core[hub]'). Put the files in a directory and pass it "
+                  f"instead of the id, e.g. --model /path/to/{entry.id.replace('/', '-')}"),
+        )
+    for name, local in files.items():
+        if local is None:
+            continue
+        link = directory / name
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(Path(local).resolve())
+    return ResolvedModel(directory, entry)
+
+
+def _download(entry: CatalogEntry, names: list[str], progress) -> dict[str, Path | None]:
+    if _offline():
+        return {}
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        return {}
+    log.warning("Downloading %s (%d files). License: %s%s", entry.id, len(names), entry.license,
+                " — non-commercial use only" if entry.non_commercial else "")
+    fetched: dict[str, Path | None] = {}
+    for index, name in enumerate(names):
+        hub_file = entry.files[name]
+        report(progress, "download", index, len(names), name)
+        try:
+            fetched[name] = Path(hf_hub_download(hub_file.repo, hub_file.filename,
+                                                 revision=hub_file.revision))
+        except Exception as exc:  # network errors come in many types; the caller reports
+            log.debug("download of %s failed: %s", name, exc)
+            fetched[name] = None
+            if index == 0:
+                break  # no network: fail fast instead of trying every file
+    report(progress, "download", len(names), len(names))
+    return fetched

@@ -1,0 +1,31 @@
+"""The public contracts every engine and trainer implements, and the objects they exchange."""
+
+from mizuoto.contracts.audio import Audio
+from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.fixtures import ContractFixture
+from mizuoto.contracts.progress import Progress, ProgressCallback
+from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
+from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult
+from mizuoto.contracts.trainer import Trainer, TrainingConfig, TrainingResult
+from mizuoto.contracts.voice import Voice
+
+__all__ = [
+    "Applied",
+    "Audio",
+    "AudioChunk",
+    "Capability",
+    "ContractFixture",
+    "EditRequest",
+    "Engine",
+    "ModelInfo",
+    "Progress",
+    "ProgressCallback",
+    "Reference",
+    "SynthesisRequest",
+    "SynthesisResult",
+    "Trainer",
+    "TrainingConfig",
+    "TrainingResult",
+    "Voice",
+]

@@ -1,0 +1,40 @@
+"""Audio as requests and results carry it."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+
+
+def _to_float32_mono(value) -> torch.Tensor:
+    tensor = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value)
+    tensor = tensor.detach().to("cpu", torch.float32)
+    if tensor.ndim != 1:
+        raise ValueError(f"Audio.samples must be 1-D (mono), got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+@attrs.frozen
+class Audio:
+    """Mono float32 samples on the CPU and their sample rate."""
+
+    samples: torch.Tensor = attrs.field(converter=_to_float32_mono)
+    sample_rate: int = attrs.field(validator=attrs.validators.gt(0))
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.samples.shape[0])
+
+    @property
+    def duration(self) -> float:
+        return self.num_samples / self.sample_rate
+
+    def numpy(self) -> np.ndarray:
+        return self.samples.numpy()
+
+    def save(self, path, *, metadata: dict[str, str] | None = None) -> None:
+        """Write a WAV or FLAC file (by extension), atomically."""
+        from mizuoto.nn.dsp.audio_io import write_audio
+
+        write_audio(path, self.samples, self.sample_rate, metadata=metadata)

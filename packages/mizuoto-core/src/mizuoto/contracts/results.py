@@ -1,0 +1,60 @@
+"""Results: the audio and a record of what was actually applied to make it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from mizuoto.contracts.audio import Audio
+
+
+def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+@attrs.frozen
+class Applied:
+    """What was applied: enough to reproduce the result and to know how it was made."""
+
+    engine: str
+    model: str
+    seed: int
+    seed_drawn: bool  # True when the caller gave no seed and this one was drawn
+    dtype: str
+    device: str
+    sampler: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+    retries: int = 0
+    fallbacks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    license: str | None = None
+    non_commercial: bool = False
+    chunks: int = 1
+    extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+
+
+@attrs.frozen
+class SynthesisResult:
+    audio: Audio
+    applied: Applied
+
+    def save(self, path) -> None:
+        """Write the audio atomically, with the applied record (and license mark) as metadata."""
+        metadata = {"comment": f"mizuoto {self.applied.engine} seed={self.applied.seed}"}
+        if self.applied.license:
+            metadata["copyright"] = self.applied.license
+        if self.applied.non_commercial:
+            metadata["comment"] += f"; non-commercial weights ({self.applied.license})"
+        self.audio.save(path, metadata=metadata)
+
+
+@attrs.frozen
+class AudioChunk:
+    """One piece of a stream. The last chunk (``is_last``) carries the ``applied`` record."""
+
+    audio: Audio
+    index: int
+    is_last: bool = False
+    applied: Applied | None = None

@@ -1,0 +1,83 @@
+"""A voice built once from a reference and reused: the engine's prompt state, saved to a file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import torch
+
+from mizuoto.errors import InvalidRequest, VoiceMismatch
+
+_FORMAT = "mizuoto-voice/1"
+
+
+@attrs.frozen
+class Voice:
+    """Engine-specific prompt tensors plus the identity of the model they were built for.
+
+    ``model_fingerprint`` is what the engine checks before using the voice: a voice built for
+    another model (or generation, or engine) is refused with :class:`VoiceMismatch`.
+    """
+
+    engine: str
+    model_fingerprint: str
+    sample_rate: int
+    tensors: Mapping[str, torch.Tensor] = attrs.field(converter=lambda v: MappingProxyType(dict(v)))
+    texts: Mapping[str, str] = attrs.field(factory=dict, converter=lambda v: MappingProxyType(dict(v)))
+    meta: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda v: MappingProxyType(dict(v)))
+
+    def check(self, engine: str, model_fingerprint: str) -> None:
+        if self.engine != engine or self.model_fingerprint != model_fingerprint:
+            raise VoiceMismatch(
+                f"this voice was built for {self.engine} model {self.model_fingerprint[:12]}, "
+                f"not {engine} model {model_fingerprint[:12]}: build it again with this model"
+            )
+
+    def save(self, path: str | Path) -> Path:
+        """Write the voice as a safetensors file (atomically)."""
+        from safetensors.torch import save_file
+
+        from mizuoto.runtime.atomic import atomic_path
+
+        header = {
+            "format": _FORMAT,
+            "engine": self.engine,
+            "model_fingerprint": self.model_fingerprint,
+            "sample_rate": str(self.sample_rate),
+            "texts": json.dumps(dict(self.texts), ensure_ascii=False),
+            "meta": json.dumps(dict(self.meta), ensure_ascii=False),
+        }
+        path = Path(path)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.tensors.items()}
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata=header)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Voice:
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise InvalidRequest("voice", f"{path} does not exist", "build a voice first")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                header = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as exc:  # safetensors raises several unrelated types
+            raise InvalidRequest("voice", f"{path} is not a voice file ({exc})") from exc
+        if header.get("format") != _FORMAT:
+            raise InvalidRequest("voice", f"{path} is not a Mizuoto voice file")
+        return cls(
+            engine=header["engine"],
+            model_fingerprint=header["model_fingerprint"],
+            sample_rate=int(header["sample_rate"]),
+            tensors=tensors,
+            texts=json.loads(header.get("texts", "{}")),
+            meta=json.loads(header.get("meta", "{}")),
+        )

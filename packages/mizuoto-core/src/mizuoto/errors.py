@@ -1,0 +1,114 @@
+"""Errors raised by Mizuoto and its engines.
+
+Every error says what is wrong and how to fix it. The CLI maps each class to an exit code
+(``exit_code``) so scripts can tell a bad request from a missing model.
+"""
+
+from __future__ import annotations
+
+
+class MizuotoError(Exception):
+    """Base class of every error Mizuoto raises on purpose."""
+
+    exit_code = 1
+
+
+class InvalidRequest(MizuotoError, ValueError):
+    """A request field has a bad value. ``field`` names it; the message says the fix."""
+
+    exit_code = 2
+
+    def __init__(self, field: str, problem: str, fix: str = "") -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        message = f"{field}: {problem}"
+        if fix:
+            message += f" ({fix})"
+        super().__init__(message)
+
+
+class InvalidAudio(InvalidRequest):
+    """Audio that cannot be read, is empty or is silent."""
+
+
+class InvalidOption(MizuotoError, ValueError):
+    """An option key that does not exist or a value it does not accept."""
+
+    exit_code = 2
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        super().__init__(f"option {key!r}: {problem}")
+
+
+class UnsupportedCapability(MizuotoError):
+    """The engine or model cannot do what was asked (e.g. streaming on a model without it)."""
+
+    exit_code = 4
+
+
+class EngineNotFound(MizuotoError):
+    exit_code = 3
+
+
+class ModelNotFound(MizuotoError):
+    """Neither a local directory nor a catalog id."""
+
+    exit_code = 3
+
+
+class ModelFilesMissing(MizuotoError):
+    """A model directory (or the hub cache) lacks files the engine needs."""
+
+    exit_code = 3
+
+    def __init__(self, location: str, missing: list[str], hint: str = "") -> None:
+        self.location = location
+        self.missing = list(missing)
+        message = f"{location}: missing {', '.join(self.missing)}"
+        if hint:
+            message += f". {hint}"
+        super().__init__(message)
+
+
+class CheckpointMismatch(MizuotoError):
+    """A checkpoint whose keys or shapes do not match the model's configuration."""
+
+    exit_code = 3
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        missing: list[str] = (),
+        unexpected: list[str] = (),
+        shapes: list[str] = (),
+        detail: str = "",
+    ) -> None:
+        self.missing = list(missing)
+        self.unexpected = list(unexpected)
+        self.shapes = list(shapes)
+        parts = []
+        if self.missing:
+            parts.append(f"missing keys: {_preview(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected keys: {_preview(self.unexpected)}")
+        if self.shapes:
+            parts.append(f"shape mismatches: {_preview(self.shapes)}")
+        if detail:
+            parts.append(detail)
+        super().__init__(f"{path} does not match the model configuration: " + "; ".join(parts))
+
+
+class VoiceMismatch(MizuotoError):
+    """A saved voice built for another engine or model."""
+
+    exit_code = 2
+
+
+def _preview(items: list[str], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    if len(items) > limit:
+        shown += f", … ({len(items) - limit} more)"
+    return shown

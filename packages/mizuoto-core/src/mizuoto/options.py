@@ -1,0 +1,172 @@
+"""Options: ``compute.*`` for every engine and ``engines.<name>.*`` for one.
+
+Settable from Python (:meth:`Options.from_mapping`), the CLI (``--option compute.device=cpu``)
+and a TOML file (:meth:`Options.from_toml`). Unknown keys and bad values raise
+:class:`~mizuoto.errors.InvalidOption` naming the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from mizuoto.errors import InvalidOption, InvalidRequest
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+ATTENTION = ("auto", "sdpa", "math")
+ALLOCATORS = ("default", "jemalloc", "tcmalloc")
+
+
+def _choice(key: str, choices: tuple[str, ...], *, prefix_ok: bool = False):
+    def check(instance, attribute, value):
+        if value in choices:
+            return
+        if prefix_ok and isinstance(value, str) and value.split(":")[0] in choices:
+            return
+        raise InvalidOption(key, f"must be one of {', '.join(choices)}, got {value!r}")
+
+    return check
+
+
+def _bool(key: str):
+    def check(instance, attribute, value):
+        if not isinstance(value, bool):
+            raise InvalidOption(key, f"must be true or false, got {value!r}")
+
+    return check
+
+
+def _threads(instance, attribute, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InvalidOption("compute.cpu_threads", f"must be a positive integer, got {value!r}")
+
+
+@attrs.frozen
+class ComputeOptions:
+    """Where and how models run. ``auto`` lets each engine choose as its upstream does."""
+
+    device: str = attrs.field(default="auto", validator=_choice("compute.device", DEVICES,
+                                                                prefix_ok=True))
+    dtype: str = attrs.field(default="auto", validator=_choice("compute.dtype", DTYPES))
+    compile: bool = attrs.field(default=False, validator=_bool("compute.compile"))
+    oom_fallback: bool = attrs.field(default=True, validator=_bool("compute.oom_fallback"))
+    cpu_threads: int | None = attrs.field(default=None, validator=_threads)
+    cpu_allocator: str = attrs.field(default="default",
+                                     validator=_choice("compute.cpu_allocator", ALLOCATORS))
+    attention: str = attrs.field(default="auto", validator=_choice("compute.attention", ATTENTION))
+    cuda_graphs: bool = attrs.field(default=False, validator=_bool("compute.cuda_graphs"))
+
+
+@attrs.frozen
+class Options:
+    compute: ComputeOptions = attrs.field(factory=ComputeOptions)
+    engines: Mapping[str, Mapping[str, Any]] = attrs.field(
+        factory=dict,
+        converter=lambda v: MappingProxyType({k: MappingProxyType(dict(x)) for k, x in v.items()}),
+    )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Options:
+        """Build from nested (``{"compute": {"device": "cpu"}}``) or dotted keys."""
+        nested = _nest(values)
+        unknown = set(nested) - {"compute", "engines"}
+        if unknown:
+            raise InvalidOption(sorted(unknown)[0], "is not an option section (compute, engines)")
+        compute = dict(nested.get("compute", {}))
+        known = {a.name for a in attrs.fields(ComputeOptions)}
+        for key in compute:
+            if key not in known:
+                raise InvalidOption(f"compute.{key}", f"is not an option; known: {sorted(known)}")
+        engines = nested.get("engines", {})
+        for name, section in engines.items():
+            if not isinstance(section, Mapping):
+                raise InvalidOption(f"engines.{name}", "must be a table of options")
+        options = cls(ComputeOptions(**compute), engines)
+        options.validate_engines()
+        return options
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Options:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidOption(str(path), f"cannot read options file: {exc}") from exc
+        return cls.from_mapping(data)
+
+    def with_overrides(self, pairs: Iterable[str]) -> Options:
+        """Apply ``key=value`` strings (values parsed as TOML scalars, else taken as text)."""
+        merged = _flatten({"compute": attrs.asdict(self.compute),
+                           "engines": {k: dict(v) for k, v in self.engines.items()}})
+        for pair in pairs:
+            if "=" not in pair:
+                raise InvalidOption(pair, "must be written key=value")
+            key, raw = pair.split("=", 1)
+            merged[key.strip()] = _parse_scalar(raw.strip())
+        return Options.from_mapping(merged)
+
+    def engine(self, name: str) -> Mapping[str, Any]:
+        return self.engines.get(name, MappingProxyType({}))
+
+    def engine_options(self, engine_cls) -> Any:
+        """The ``engines.<name>`` section parsed into the engine's ``options_class``."""
+        from mizuoto.contracts.engine import parse_attrs
+
+        try:
+            return parse_attrs(engine_cls.options_class, self.engine(engine_cls.name),
+                               f"engines.{engine_cls.name}")
+        except InvalidRequest as exc:
+            raise InvalidOption(exc.field, exc.problem) from exc
+
+    def validate_engines(self) -> None:
+        """Check ``engines.<name>`` sections of installed engines (others are kept as given)."""
+        if not self.engines:
+            return
+        from mizuoto.registry import engines
+
+        installed = engines()
+        for name in self.engines:
+            if name in installed:
+                self.engine_options(installed[name])
+
+
+def _nest(values: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        parts = key.split(".")
+        target = nested
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise InvalidOption(key, "conflicts with another key")
+        if isinstance(value, Mapping):
+            value = _nest(value)
+            existing = target.get(parts[-1])
+            if isinstance(existing, dict):
+                existing.update(value)
+                continue
+        target[parts[-1]] = value
+    return nested
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        elif not isinstance(value, Mapping):
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw

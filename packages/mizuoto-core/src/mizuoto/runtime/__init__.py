@@ -1,0 +1,1 @@
+"""Runtime: device and dtype choice, threads and allocator, compile, checkpoint loading."""
