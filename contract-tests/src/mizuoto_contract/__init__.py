@@ -1,0 +1,1 @@
+"""Mizuoto contract suite."""

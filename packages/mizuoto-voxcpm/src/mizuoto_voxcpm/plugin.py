@@ -1,0 +1,1 @@
+from mizuoto import hookimpl  # noqa: F401
