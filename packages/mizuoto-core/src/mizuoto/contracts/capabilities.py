@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 
-class Capability(str, enum.Enum):
+class Capability(enum.StrEnum):
     ZERO_SHOT = "zero_shot"  # speak without any reference voice
     CLONE = "clone"  # speak in the voice of a reference recording
     CONTINUATION = "continuation"  # continue a prompt recording (reference text required)

@@ -1,0 +1,3 @@
+from mizuoto.cli import main
+
+main()

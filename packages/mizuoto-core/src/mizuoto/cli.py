@@ -1,0 +1,331 @@
+"""The ``mizuoto`` command.
+
+Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
+file not found (or a checkpoint that does not match); 4 capability not supported; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from mizuoto.errors import InvalidRequest, MizuotoError
+
+log = logging.getLogger("mizuoto")
+
+
+class _Group(click.Group):
+    """Turns Mizuoto errors into one-line messages and exit codes (tracebacks with --debug)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MizuotoError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="mizuoto-core")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or info messages.")
+@click.pass_context
+def cli(ctx, debug, quiet):
+    """Mizuoto: neural text-to-speech with pluggable engines."""
+    ctx.ensure_object(dict)
+    ctx.obj.update(debug=debug, quiet=quiet)
+    level = logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+
+
+@cli.command()
+def plugins():
+    """List installed plugins, their versions and the hooks they implement."""
+    from mizuoto.plugins import get_plugins
+    from mizuoto.registry import engines
+
+    found = get_plugins()
+    if not found:
+        click.echo("No plugins installed: no engine is available. "
+                   "Install one, e.g. pip install mizuoto-f5tts")
+        return
+    for plugin in found:
+        version = plugin["version"] or "?"
+        dist = plugin["distribution"] or plugin["name"]
+        click.echo(f"{plugin['name']}  ({dist} {version})")
+        click.echo(f"  hooks: {', '.join(plugin['hooks']) or '-'}")
+    if not engines():
+        click.echo("No engines registered.")
+    else:
+        click.echo(f"engines: {', '.join(sorted(engines()))}")
+
+
+@cli.command()
+def models():
+    """List catalog models and which are already downloaded."""
+    from mizuoto.catalog import downloaded_files
+    from mizuoto.registry import catalog
+
+    entries = catalog()
+    if not entries:
+        click.echo("No catalog entries: no engine is installed.")
+        return
+    for model_id, entry in sorted(entries.items()):
+        files = downloaded_files(entry)
+        have = sum(1 for name, p in files.items() if p is not None)
+        needed = len(files)
+        state = "downloaded" if have == needed else f"{have}/{needed} files"
+        license_note = entry.license + (" (non-commercial)" if entry.non_commercial else "")
+        click.echo(f"{model_id:<20} {state:<12} {license_note:<28} {entry.description}")
+
+
+def _progress_printer(quiet: bool):
+    """A progress callback that draws one tqdm bar per stage on stderr."""
+    if quiet:
+        return None
+    from tqdm.auto import tqdm
+
+    bars: dict[str, tqdm] = {}
+
+    def callback(progress):
+        bar = bars.get(progress.stage)
+        if bar is None:
+            bar = tqdm(total=progress.total, desc=progress.stage, leave=False, file=sys.stderr)
+            bars[progress.stage] = bar
+        if progress.total is not None and bar.total != progress.total:
+            bar.total = progress.total
+        bar.n = progress.done
+        if progress.detail:
+            bar.set_postfix_str(progress.detail, refresh=False)
+        bar.refresh()
+        if progress.total is not None and progress.done >= progress.total:
+            bar.close()
+            bars.pop(progress.stage, None)
+
+    return callback
+
+
+def _options(option_file, option_pairs):
+    from mizuoto.options import Options
+
+    options = Options.from_toml(option_file) if option_file else Options()
+    return options.with_overrides(option_pairs) if option_pairs else options
+
+
+def _params(pairs):
+    from mizuoto.options import _parse_scalar
+
+    params = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise InvalidRequest("--param", f"{pair!r} must be written key=value")
+        key, raw = pair.split("=", 1)
+        params[key.strip()] = _parse_scalar(raw.strip())
+    return params
+
+
+def _read_text(text, text_file):
+    if text_file is not None:
+        return Path(text_file).read_text(encoding="utf-8")
+    if text is None:
+        raise InvalidRequest("TEXT", "is missing", "give the text or --text-file")
+    return text
+
+
+_model_options = [
+    click.option("-m", "--model", required=True, help="Catalog id (see `mizuoto models`) or a model directory."),
+    click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory)."),
+    click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="WAV or FLAC file to write."),
+    click.option("--seed", type=int, help="Seed (default: drawn and printed)."),
+    click.option("--steps", type=int, help="Sampler steps (engine default if unset)."),
+    click.option("--guidance", type=float, help="Guidance strength (engine default if unset)."),
+    click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine-specific request setting (repeatable)."),
+    click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable)."),
+    click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options."),
+]
+
+
+def _with_model_options(function):
+    for option in reversed(_model_options):
+        function = option(function)
+    return function
+
+
+@cli.command(name="say")
+@click.argument("text", required=False)
+@click.option("-f", "--text-file", type=click.Path(exists=True, dir_okay=False), help="Read the text from a file.")
+@_with_model_options
+@click.option("--ref-audio", type=click.Path(dir_okay=False), help="Reference recording of the voice to clone.")
+@click.option("--ref-text", help="Transcript of the reference recording.")
+@click.option("--voice", "voice_file", type=click.Path(dir_okay=False), help="A saved voice file (from --save-voice).")
+@click.option("--save-voice", type=click.Path(dir_okay=False), help="Build a voice from the reference and save it here.")
+@click.option("--instruction", help="Describe the voice or style (engines that support design).")
+@click.option("--stream", is_flag=True, help="Stream: write audio to the file as it is generated.")
+@click.pass_context
+def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, params, option_pairs,
+        options_file, ref_audio, ref_text, voice_file, save_voice, instruction, stream):
+    """Speak TEXT (or --text-file) and write it to --output."""
+    import mizuoto
+    from mizuoto.contracts import Capability, Reference, SynthesisRequest, Voice
+
+    quiet = ctx.obj["quiet"]
+    progress = _progress_printer(quiet)
+    options = _options(options_file, option_pairs)
+    tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
+    reference = Reference(ref_audio, ref_text) if ref_audio else None
+    if ref_text and not ref_audio:
+        raise InvalidRequest("--ref-text", "needs --ref-audio")
+    voice = Voice.load(voice_file) if voice_file else None
+    if save_voice:
+        if reference is None:
+            raise InvalidRequest("--save-voice", "needs --ref-audio")
+        voice = tts.build_voice(reference)
+        voice.save(save_voice)
+        reference = None
+        log.info("saved voice to %s", save_voice)
+    request = SynthesisRequest(
+        text=_read_text(text, text_file), reference=reference, voice=voice,
+        instruction=instruction, seed=seed, steps=steps, guidance=guidance, params=_params(params),
+    )
+    if stream:
+        tts.require(Capability.STREAM)
+        applied = _stream_to_file(tts, request, output, progress)
+    else:
+        result = tts.synthesize(request, progress=progress)
+        result.save(output)
+        applied = result.applied
+    _report(applied, output, quiet)
+
+
+def _stream_to_file(tts, request, output, progress):
+    import soundfile as sf
+
+    from mizuoto.runtime.atomic import atomic_path
+
+    applied = None
+    with atomic_path(output) as tmp:
+        with sf.SoundFile(tmp, "w", samplerate=tts.info.sample_rate, channels=1,
+                          format="FLAC" if str(output).lower().endswith(".flac") else "WAV") as f:
+            for chunk in tts.stream(request, progress=progress):
+                f.write(chunk.audio.numpy())
+                f.flush()
+                if chunk.is_last:
+                    applied = chunk.applied
+    return applied
+
+
+def _report(applied, output, quiet):
+    if applied is None:
+        return
+    if applied.non_commercial:
+        click.echo(f"Note: these weights are licensed {applied.license}: non-commercial use only.",
+                   err=True)
+    for warning in applied.warnings:
+        click.echo(f"Warning: {warning}", err=True)
+    if not quiet:
+        drawn = " (drawn)" if applied.seed_drawn else ""
+        click.echo(f"Wrote {output}  seed={applied.seed}{drawn}  dtype={applied.dtype}  "
+                   f"device={applied.device}" + (f"  retries={applied.retries}" if applied.retries else "")
+                   + (f"  fallbacks={','.join(applied.fallbacks)}" if applied.fallbacks else ""),
+                   err=True)
+
+
+cli.add_command(say, name="synth")
+
+
+@cli.command()
+@click.argument("text")
+@_with_model_options
+@click.option("--ref-audio", required=True, type=click.Path(dir_okay=False), help="The recording to edit.")
+@click.option("--ref-text", required=True, help="Its transcript.")
+@click.option("--segment", "segments", multiple=True, required=True, metavar="START:END", help="Span in seconds to regenerate (repeatable).")
+@click.pass_context
+def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option_pairs,
+         options_file, ref_audio, ref_text, segments):
+    """Replace spans of a recording so that it says TEXT."""
+    import mizuoto
+    from mizuoto.contracts import Capability, EditRequest, Reference
+
+    spans = []
+    for segment in segments:
+        try:
+            start, end = (float(x) for x in segment.split(":"))
+        except ValueError:
+            raise InvalidRequest("--segment", f"{segment!r} must be START:END in seconds") from None
+        spans.append((start, end))
+    progress = _progress_printer(ctx.obj["quiet"])
+    tts = mizuoto.load(model, engine=engine, options=_options(options_file, option_pairs),
+                       progress=progress)
+    tts.require(Capability.EDIT)
+    result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
+                                  steps=steps, guidance=guidance, params=_params(params)),
+                      progress=progress)
+    result.save(output)
+    _report(result.applied, output, ctx.obj["quiet"])
+
+
+@cli.command(name="random-model")
+@click.argument("fixture")
+@click.argument("directory", type=click.Path(file_okay=False))
+def random_model(fixture, directory):
+    """Write a random-init model directory FIXTURE (e.g. f5tts/tiny-v1_base) to DIRECTORY.
+
+    The weights are random: such a model speaks noise, not speech. It exists so that plugin
+    authors, tests and offline demos can run the whole synthesis path without any download.
+    """
+    from mizuoto.registry import contract_fixtures
+
+    fixtures = contract_fixtures()
+    if fixture not in fixtures:
+        known = ", ".join(sorted(fixtures)) or "none (no engine installed)"
+        raise InvalidRequest("FIXTURE", f"unknown fixture {fixture!r}", f"known: {known}")
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    fixtures[fixture].make(path)
+    click.echo(f"Wrote {fixture} to {path} (random weights: noise, not speech)", err=True)
+
+
+@cli.command()
+@click.option("-e", "--engine", required=True, help="Engine whose trainer runs.")
+@click.option("--method", default="full", show_default=True, help="full or lora.")
+@click.option("-m", "--model", required=True, help="Model to fine-tune (id or directory).")
+@click.option("--data", "dataset", required=True, type=click.Path(exists=True), help="Data set (manifest or directory).")
+@click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Run directory (resumes if it holds a run).")
+@click.option("--steps", type=int, default=1000, show_default=True)
+@click.option("--learning-rate", type=float, default=1e-5, show_default=True)
+@click.option("--batch-size", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--memory", default="default", show_default=True, help="training.memory: default, low or lowest.")
+@click.pass_context
+def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
+          memory):
+    """Fine-tune a model with the engine's trainer (prepare, train, export)."""
+    from mizuoto.contracts import TrainingConfig
+    from mizuoto.registry import get_trainer
+
+    trainer = get_trainer(engine)()
+    config = TrainingConfig(method=method, model=model, dataset=dataset, output_dir=output_dir,
+                            steps=steps, learning_rate=learning_rate, batch_size=batch_size,
+                            seed=seed, memory=memory)
+    trainer.check(config)
+    progress = _progress_printer(ctx.obj["quiet"])
+    run = trainer.prepare(config, progress=progress)
+    result = trainer.train(run, progress=progress)
+    exported = trainer.export(run, Path(output_dir) / "export")
+    click.echo(f"Trained {result.steps_done} steps; exported {exported}", err=True)
+
+
+def main() -> None:
+    cli(obj={})
+
+
+if __name__ == "__main__":
+    main()
