@@ -61,15 +61,14 @@ def _ensure_ffmpeg(session):
 def tests(session):
     """Unit tests of every package (no upstream oracles)."""
     _install_base(session)
-    session.run("pytest", "packages", "docs/examples", "-m", "not parity", *session.posargs,
-                env=THREADS)
+    _run_suites(session, "not parity", ["core", "f5tts", "voxcpm", "example"])
 
 
 @nox.session(python="3.11")
 def contract(session):
     """The contract suite against every installed engine (ours and the example plugin)."""
     _install_base(session)
-    session.run("pytest", "--pyargs", "mizuoto_contract", *session.posargs, env=THREADS)
+    _run_suites(session, "not realsize", ["contract"])
 
 
 @nox.session(python="3.11")
@@ -78,8 +77,52 @@ def parity(session):
     _install_base(session)
     _install_oracles(session)
     marker = "parity" if "--realsize" in session.posargs else "parity and not realsize"
-    args = [a for a in session.posargs if a != "--realsize"]
-    session.run("pytest", "packages", "-m", marker, *args, env=THREADS)
+    session.posargs[:] = [a for a in session.posargs if a != "--realsize"]
+    _run_suites(session, marker, ["core", "f5tts", "voxcpm"])
+
+
+# Each distribution's tests run in their own pytest process: their test modules share basenames
+# (tests/test_engine.py, tests/parity/conftest.py), which one pytest process cannot import twice.
+SUITES = {
+    "core": ["packages/mizuoto-core/tests"],
+    "f5tts": ["packages/mizuoto-f5tts/tests"],
+    "voxcpm": ["packages/mizuoto-voxcpm/tests"],
+    "example": ["docs/examples/mizuoto-example/tests"],
+    "contract": ["--pyargs", "mizuoto_contract"],
+}
+
+
+def _run_suites(session, marker: str, names=SUITES) -> None:
+    """Run each suite, then print one closing line that totals them all."""
+    reports = []
+    failed = []
+    for name in names:
+        report = os.path.join(session.create_tmp(), f"junit-{name}.xml")
+        reports.append(report)
+        try:
+            session.run("pytest", *SUITES[name], "-m", marker, "-p", "no:cacheprovider",
+                        f"--junitxml={report}", *session.posargs, env=THREADS)
+        except nox.command.CommandFailed:
+            failed.append(name)
+    session.run("python", "-c", _TOTAL, *reports)
+    if failed:
+        session.error(f"failing suites: {', '.join(failed)}")
+
+
+_TOTAL = """
+import sys, xml.etree.ElementTree as ET
+t = f = s = 0
+for path in sys.argv[1:]:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        f += 1
+        continue
+    for suite in root.iter("testsuite"):
+        n, e, x, k = (int(suite.get(a, 0)) for a in ("tests", "errors", "failures", "skipped"))
+        t += n; f += e + x; s += k
+print(f"total: {t - f - s} passed, {f} failed, {s} skipped")
+"""
 
 
 @nox.session(python="3.11")
@@ -87,9 +130,7 @@ def ci(session):
     """What CI runs: unit tests, the contract suite and the tiny-model parity tests."""
     _install_base(session)
     _install_oracles(session)
-    session.run("pytest", "packages", "docs/examples", "-m", "not realsize", "-p", "no:cacheprovider",
-                *session.posargs, env=THREADS)
-    session.run("pytest", "--pyargs", "mizuoto_contract", "-p", "no:cacheprovider", env=THREADS)
+    _run_suites(session, "not realsize")
 
 
 @nox.session(python="3.11")
