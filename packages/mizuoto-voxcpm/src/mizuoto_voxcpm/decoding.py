@@ -1,0 +1,64 @@
+"""Latent patches to waveform: whole utterances and per-patch streaming, per generation.
+
+The VAE always runs in float32 (latents are cast from the model dtype first, as upstream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+# The first generation decodes the last three patches for each streamed segment and, without
+# streaming, drops two patches of prompt context whenever there is prompt audio.
+V1_STREAM_WINDOW = 3
+
+
+def patches_to_latents(patches: torch.Tensor) -> torch.Tensor:
+    """``(b, t, patch, d)`` -> ``(b, d, t·patch)`` float32 VAE input."""
+    b, t, p, d = patches.shape
+    return patches.permute(0, 3, 1, 2).reshape(b, d, t * p).to(torch.float32)
+
+
+@torch.inference_mode()
+def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool,
+                     patch_size: int) -> torch.Tensor:
+    """Decode context + new patches; drop the context's audio. Returns ``(samples,)`` float32."""
+    audio = vae.decode(patches_to_latents(patches).to(_device(vae)))
+    if v2:
+        # VoxCPM2 drops exactly the decoded context patches (the prompt's last min(3, n))
+        drop = patch_size * vae.decode_hop_length * context
+    else:
+        # upstream quirk: two patches are dropped whenever there is prompt audio, even when the
+        # prompt had only one patch of context
+        drop = patch_size * vae.hop_length * (V1_STREAM_WINDOW - 1) if context > 0 else 0
+    return audio[..., drop:].reshape(-1).cpu()
+
+
+@torch.inference_mode()
+def stream_segments(vae, patches: Iterable[torch.Tensor], *, context: list[torch.Tensor],
+                    v2: bool, patch_size: int) -> Iterator[torch.Tensor]:
+    """One waveform segment per new patch (each ``(1, patch, d)``), as upstream streams.
+
+    VoxCPM2 feeds each patch to the stateful causal decoder (prompt context is not decoded);
+    the first generation re-decodes the last three patches (context included) and keeps the
+    newest patch's samples.
+    """
+    device = _device(vae)
+    if v2:
+        with vae.streaming_decoder() as decoder:
+            for patch in patches:
+                latents = patches_to_latents(patch.unsqueeze(1)).to(device)
+                yield decoder.decode_chunk(latents).reshape(-1).cpu()
+        return
+    window = [p if p.dim() == 4 else p.unsqueeze(1) for p in context]
+    keep = patch_size * vae.hop_length
+    for patch in patches:
+        window.append(patch.unsqueeze(1))
+        window = window[-V1_STREAM_WINDOW:]
+        audio = vae.decode(patches_to_latents(torch.cat(window, dim=1)).to(device))
+        yield audio[..., -keep:].reshape(-1).cpu()
+
+
+def _device(vae) -> torch.device:
+    return next(vae.parameters()).device

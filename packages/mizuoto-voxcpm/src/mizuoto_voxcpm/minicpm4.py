@@ -1,0 +1,252 @@
+"""MiniCPM-4: the decoder stack behind all four VoxCPM transformers, with LongRoPE and a static
+KV cache for step-by-step decoding.
+
+Arithmetic follows upstream ``voxcpm.modules.minicpm4`` operation for operation (the order of
+casts decides bf16 bits); state-dict names match it so checkpoints load strictly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto_voxcpm.config import TransformerConfig
+
+# On CPU a decoding step attends over the cache only up to the next multiple of this past the
+# current length; the masked tail contributes exact zeros, so the bits equal attending over the
+# whole cache as upstream does (proven at the real shapes in tests/test_attention_span.py).
+ATTEND_SPAN_MULTIPLE = 256
+
+
+class CacheFull(RuntimeError):
+    """The static KV cache has no room for another position."""
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = hidden.dtype
+    variance = hidden.to(torch.float32).pow(2).mean(dim=-1, keepdim=True)
+    # upstream multiplies the low-precision input by a float32 rsqrt, then casts back
+    hidden = (hidden * torch.rsqrt(variance + eps)).to(dtype)
+    return hidden * weight
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden, self.weight, self.eps)
+
+
+class LongRoPE(nn.Module):
+    """MiniCPM's LongRoPE tables, built once in float32 for ``max_position_embeddings``.
+
+    The tables are buffers: casting the model (``.to(bfloat16)``) rounds them, as upstream's
+    cast does before the checkpoint is copied in.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        dim = config.head_dim
+        scaling = config.rope_scaling
+        max_positions = config.max_position_embeddings
+        original = scaling.original_max_position_embeddings
+        scale = max_positions / original
+        self.scaling_factor = math.sqrt(1 + math.log(scale) / math.log(original))
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2).float() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        factors = scaling.long_factor if max_positions > original else scaling.short_factor
+        ext_factors = torch.tensor(factors, dtype=torch.float32)
+        freqs = torch.mul(torch.outer(positions, 1.0 / ext_factors), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_cached", emb.cos() * self.scaling_factor, persistent=False)
+        self.register_buffer("sin_cached", emb.sin() * self.scaling_factor, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos_cached[positions], self.sin_cached[positions]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype = q.dtype
+    q = q.to(torch.float32)
+    k = k.to(torch.float32)
+    q = (q * cos) + (_rotate_half(q) * sin)
+    k = (k * cos) + (_rotate_half(k) * sin)
+    return q.to(dtype), k.to(dtype)
+
+
+class KVCache:
+    """A static key/value cache: ``(2, layers, batch, kv_heads, max_length, head_dim)``."""
+
+    def __init__(self, config: TransformerConfig, max_length: int, *, batch_size: int = 1,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        self.max_length = max_length
+        self.tensor = torch.zeros(2, config.num_hidden_layers, batch_size,
+                                  config.num_key_value_heads, max_length, config.head_dim,
+                                  device=device, dtype=dtype)
+        self.length = 0
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tensor[0, index], self.tensor[1, index]
+
+    def fill(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Reset the cache to a prefill's keys and values."""
+        length = pairs[0][0].size(2)
+        if length > self.max_length:
+            raise CacheFull(f"the prompt is {length} positions long but the model's context "
+                            f"(max_length) holds {self.max_length}")
+        self.length = length
+        self.tensor.zero_()
+        for index, (key, value) in enumerate(pairs):
+            self.tensor[0, index, :, :, :length] = key
+            self.tensor[1, index, :, :, :length] = value
+
+    def next_position(self) -> int:
+        if self.length >= self.max_length:
+            raise CacheFull(f"the model's context (max_length {self.max_length}) is full")
+        position = self.length
+        self.length += 1
+        return position
+
+    def attend_span(self, position: int) -> int:
+        """How many cache positions a step at ``position`` attends over."""
+        if self.tensor.device.type != "cpu":
+            return self.max_length
+        span = (position // ATTEND_SPAN_MULTIPLE + 1) * ATTEND_SPAN_MULTIPLE
+        return min(span, self.max_length)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+
+    def _project(self, hidden: torch.Tensor, length: int, rope) -> tuple[torch.Tensor, ...]:
+        batch = hidden.size(0)
+        q = self.q_proj(hidden).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, k, *rope)
+        return q, k, v
+
+    def forward(self, hidden: torch.Tensor, rope, causal: bool
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        batch, length, _ = hidden.shape
+        q, k, v = self._project(hidden, length, rope)
+        out = F.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(),
+                                             is_causal=causal, enable_gqa=True)
+        out = out.transpose(1, 2).contiguous().reshape(batch, length, -1)
+        return self.o_proj(out), (k, v)
+
+    def step(self, hidden: torch.Tensor, rope, position: int, span: int,
+             cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        batch = hidden.size(0)
+        q, k, v = self._project(hidden, 1, rope)
+        key_cache, value_cache = cache
+        key_cache[:, :, position] = k[:, :, 0]
+        value_cache[:, :, position] = v[:, :, 0]
+        mask = (torch.arange(span, device=key_cache.device) <= position).view(1, 1, 1, -1)
+        out = F.scaled_dot_product_attention(
+            q.contiguous(), key_cache[:, :, :span].contiguous(),
+            value_cache[:, :, :span].contiguous(), attn_mask=mask, enable_gqa=True)
+        out = out.transpose(1, 2).contiguous().reshape(batch, -1)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # muP residual scaling (a Python float, as upstream multiplies by it)
+        self.residual_scale = (config.scale_depth / math.sqrt(config.num_hidden_layers)
+                               if config.use_mup else None)
+
+    def _add(self, residual: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        if self.residual_scale is None:
+            return residual + update
+        return residual + update * self.residual_scale
+
+    def forward(self, hidden: torch.Tensor, rope, causal: bool):
+        update, kv = self.self_attn(self.input_layernorm(hidden), rope, causal)
+        hidden = self._add(hidden, update)
+        hidden = self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
+        return hidden, kv
+
+    def step(self, hidden: torch.Tensor, rope, position: int, span: int, cache) -> torch.Tensor:
+        update = self.self_attn.step(self.input_layernorm(hidden), rope, position, span, cache)
+        hidden = self._add(hidden, update)
+        return self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
+
+
+class MiniCPM4(nn.Module):
+    """A stack of decoder layers; ``embed_tokens`` only when the config has a vocabulary."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        if config.vocab_size > 0:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rope_emb = None if config.no_rope else LongRoPE(config)
+
+    def forward(self, embeds: torch.Tensor, *, causal: bool = True
+                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Run a whole sequence; return the normed hidden states and each layer's keys/values."""
+        rope = None
+        if self.rope_emb is not None:
+            rope = self.rope_emb(torch.arange(embeds.size(1), device=embeds.device))
+        hidden = embeds
+        pairs = []
+        for layer in self.layers:
+            hidden, kv = layer(hidden, rope, causal)
+            pairs.append(kv)
+        return self.norm(hidden), pairs
+
+    def step(self, embed: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Decode one position (``embed``: ``(batch, hidden)``) against ``cache``."""
+        position = cache.next_position()
+        span = cache.attend_span(position)
+        rope = None
+        if self.rope_emb is not None:
+            rope = self.rope_emb(torch.tensor([position], device=embed.device))
+        hidden = embed
+        for index, layer in enumerate(self.layers):
+            hidden = layer.step(hidden, rope, position, span, cache.layer(index))
+        return self.norm(hidden)

@@ -1,0 +1,203 @@
+"""The VoxCPM model: text-semantic LM, residual acoustic LM, local encoder, local DiT, stop head.
+
+One class for both generations; the differences are in two places: how the residual LM's input
+is fused (VoxCPM2 concatenates and projects, the first generation adds) and how the DiT takes the
+LM condition (VoxCPM2 as two tokens, the first generation summed into the time token).
+Attribute names match upstream's state dict (``base_lm.layers.0.self_attn.q_proj.weight``, ...).
+The audio VAE is loaded separately (``audiovae.*``) and is not part of this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+from mizuoto_voxcpm.config import VoxCPMConfig
+from mizuoto_voxcpm.flow import sample_patch
+from mizuoto_voxcpm.local_dit import LocalDiT
+from mizuoto_voxcpm.local_encoder import LocalEncoder
+from mizuoto_voxcpm.minicpm4 import CacheFull, KVCache, MiniCPM4
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+class ScalarQuantization(nn.Module):
+    """FSQ bottleneck on the LM's audio positions: tanh, round to ``scale`` levels, project."""
+
+    def __init__(self, dim: int, latent_dim: int, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+        self.in_proj = nn.Linear(dim, latent_dim)
+        self.out_proj = nn.Linear(latent_dim, dim)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.in_proj(hidden))
+        return self.out_proj(torch.round(hidden * self.scale) / self.scale)
+
+
+class FlowDecoder(nn.Module):
+    """Holds the DiT as ``estimator`` (upstream's ``feat_decoder.estimator.*`` names)."""
+
+    def __init__(self, estimator: LocalDiT, mean_mode: bool) -> None:
+        super().__init__()
+        self.estimator = estimator
+        self.mean_mode = mean_mode
+
+    def forward(self, mu, cond, noise, *, steps: int, guidance: float) -> torch.Tensor:
+        return sample_patch(self.estimator, mu, cond, noise, steps=steps, guidance=guidance,
+                            mean_mode=self.mean_mode)
+
+
+class VoxCPMModel(nn.Module):
+    def __init__(self, config: VoxCPMConfig) -> None:
+        super().__init__()
+        self.config = config
+        lm = config.lm
+        hidden = lm.hidden_size
+        self.patch_size = config.patch_size
+        self.feat_dim = config.feat_dim
+        self.base_lm = MiniCPM4(lm)
+        self.residual_lm = MiniCPM4(config.residual_lm())
+        self.feat_encoder = LocalEncoder(config.local(config.encoder), config.feat_dim)
+        self.feat_decoder = FlowDecoder(
+            LocalDiT(config.local(config.dit), config.feat_dim, separate_condition=config.is_v2),
+            config.dit_mean_mode)
+        self.fsq_layer = ScalarQuantization(hidden, config.scalar_quantization_latent_dim,
+                                            config.scalar_quantization_scale)
+        self.enc_to_lm_proj = nn.Linear(config.encoder.hidden_dim, hidden)
+        self.lm_to_dit_proj = nn.Linear(hidden, config.dit.hidden_dim)
+        self.res_to_dit_proj = nn.Linear(hidden, config.dit.hidden_dim)
+        if config.is_v2:
+            self.fusion_concat_proj = nn.Linear(hidden * 2, hidden)
+        self.stop_proj = nn.Linear(hidden, hidden)
+        self.stop_head = nn.Linear(hidden, 2, bias=False)
+        self.scale_emb = lm.scale_emb if lm.use_mup else 1.0
+        self.lm_cache: KVCache | None = None
+        self.residual_cache: KVCache | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.stop_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.stop_head.weight.device
+
+    def allocate_caches(self) -> None:
+        """Static caches of ``max_length`` positions, allocated once and reused per request."""
+        kwargs = dict(device=self.device, dtype=self.dtype)
+        self.lm_cache = KVCache(self.base_lm.config, self.config.max_length, **kwargs)
+        self.residual_cache = KVCache(self.residual_lm.config, self.config.max_length, **kwargs)
+
+    # -- the pieces of one generation ------------------------------------------------------
+
+    def encode_patches(self, patches: torch.Tensor) -> torch.Tensor:
+        """``(b, t, patch, feat)`` latents -> ``(b, t, hidden)`` LM inputs."""
+        return self.enc_to_lm_proj(self.feat_encoder(patches))
+
+    def _residual_input(self, lm_hidden: torch.Tensor, audio_embed: torch.Tensor) -> torch.Tensor:
+        if self.config.is_v2:
+            return self.fusion_concat_proj(torch.cat((lm_hidden, audio_embed), dim=-1))
+        return lm_hidden + audio_embed
+
+    def prefill(self, tokens: torch.Tensor, text_mask: torch.Tensor, feats: torch.Tensor,
+                feat_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the prompt through both LMs, fill their caches; return the last hidden states.
+
+        ``tokens``/``text_mask``/``feat_mask``: ``(1, n)``; ``feats``: ``(1, n, patch, feat)``.
+        """
+        feat_embed = self.encode_patches(feats)
+        text_embed = self.base_lm.embed_tokens(tokens) * self.scale_emb
+        embeds = text_mask.unsqueeze(-1) * text_embed + feat_mask.unsqueeze(-1) * feat_embed
+        outputs, pairs = self.base_lm(embeds, causal=True)
+        self.lm_cache.fill(pairs)
+        outputs = (self.fsq_layer(outputs) * feat_mask.unsqueeze(-1)
+                   + outputs * text_mask.unsqueeze(-1))
+        residual_in = self._residual_input(outputs, feat_mask.unsqueeze(-1) * feat_embed)
+        residual, pairs = self.residual_lm(residual_in, causal=True)
+        self.residual_cache.fill(pairs)
+        return outputs[:, -1, :], residual[:, -1, :]
+
+    def dit_condition(self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor
+                      ) -> torch.Tensor:
+        lm_part = self.lm_to_dit_proj(lm_hidden)
+        residual_part = self.res_to_dit_proj(residual_hidden)
+        if self.config.is_v2:
+            return torch.cat((lm_part, residual_part), dim=-1)
+        return lm_part + residual_part
+
+    def sample(self, lm_hidden, residual_hidden, previous: torch.Tensor, noise: torch.Tensor,
+               *, steps: int, guidance: float) -> torch.Tensor:
+        """One patch ``(b, patch, feat)`` from the LM states and the previous patch."""
+        mu = self.dit_condition(lm_hidden, residual_hidden)
+        patch = self.feat_decoder(mu, previous.transpose(1, 2).contiguous(), noise,
+                                  steps=steps, guidance=guidance)
+        return patch.transpose(1, 2)
+
+    def stops(self, lm_hidden: torch.Tensor) -> bool:
+        logits = self.stop_head(F.silu(self.stop_proj(lm_hidden)))
+        return int(logits.argmax(dim=-1)[0].item()) == 1
+
+    def advance(self, patch_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one generated patch (``(b, hidden)``) to both LMs; return their new states."""
+        lm_hidden = self.fsq_layer(self.base_lm.step(patch_embed, self.lm_cache))
+        residual_in = self._residual_input(lm_hidden, patch_embed)
+        return lm_hidden, self.residual_lm.step(residual_in, self.residual_cache)
+
+    def check_room(self) -> None:
+        """Raise where upstream's (skipped) last LM step would find the cache full."""
+        if self.lm_cache.length >= self.lm_cache.max_length:
+            raise CacheFull(f"the model's context (max_length {self.lm_cache.max_length}) is full")
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def find_weights(model_dir: Path) -> Path:
+    for name in WEIGHT_FILES:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    raise ModelFilesMissing(str(model_dir), [" or ".join(WEIGHT_FILES)],
+                            "the VoxCPM LM weights are missing from the model directory")
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    checkpoint = torch.load(str(path), map_location="cpu", weights_only=True)
+    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("state_dict"), dict):
+        checkpoint = checkpoint["state_dict"]
+    return checkpoint
+
+
+def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtype,
+               device: torch.device | str = "cpu") -> VoxCPMModel:
+    """Build the model, cast it to ``dtype`` (rounding the RoPE tables with it, as upstream
+    does before copying the checkpoint in), then load the weights strictly."""
+    model_dir = Path(model_dir)
+    path = find_weights(model_dir)
+    state = read_state_dict(path)
+    # upstream overwrites any audio_vae.* entries with audiovae.*: they are not LM weights
+    state = {k: v for k, v in state.items() if not k.startswith("audio_vae.")}
+    model = VoxCPMModel(config).to(dtype)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+              for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
+    if missing or unexpected or shapes:
+        raise CheckpointMismatch(str(path), missing=missing, unexpected=unexpected, shapes=shapes)
+    model.load_state_dict(state, strict=True)
+    model = model.to(device).eval()
+    model.requires_grad_(False)
+    model.allocate_caches()
+    return model
