@@ -1,0 +1,149 @@
+"""Loading ``audiovae.safetensors`` / ``audiovae.pth`` into an AudioVAE.
+
+Upstream wraps every convolution in ``torch.nn.utils.weight_norm`` (the old hook API), so the
+file holds ``<conv>.weight_g`` and ``<conv>.weight_v`` and each forward recomputes
+``torch._weight_norm(v, g, 0)``. We fold that once, on the VAE's device and in float32, which
+gives the same weight bits as upstream's per-call recomputation on that device.
+
+Unlike upstream (``load_state_dict(strict=False)``), loading is strict: a missing, unexpected
+or misshapen key raises ``CheckpointMismatch`` naming it. The one exception is the decoder's
+``sr_bin_boundaries`` buffer, which upstream builds from the config and a checkpoint may carry;
+when present, the file's value wins, as upstream's load does.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+from mizuoto_voxcpm.audiovae.causal import CausalConv1d, CausalConvTranspose1d
+from mizuoto_voxcpm.audiovae.config import AudioVAEConfig, AudioVAEV2Config
+from mizuoto_voxcpm.audiovae.v1 import AudioVAE
+from mizuoto_voxcpm.audiovae.v2 import AudioVAEV2
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SAFETENSORS_FILE", "PTH_FILE", "checkpoint_layout", "load_audio_vae"]
+
+SAFETENSORS_FILE = "audiovae.safetensors"
+PTH_FILE = "audiovae.pth"
+_OPTIONAL_KEYS = ("decoder.sr_bin_boundaries",)
+
+
+def build_audio_vae(config: AudioVAEConfig | AudioVAEV2Config) -> AudioVAE | AudioVAEV2:
+    """The VAE module of ``config``'s generation, with uninitialised weights."""
+    if isinstance(config, AudioVAEV2Config):
+        return AudioVAEV2(config)
+    return AudioVAE(config)
+
+
+def checkpoint_layout(vae: AudioVAE | AudioVAEV2) -> dict[str, tuple[int, ...]]:
+    """Every key of upstream's checkpoint for ``vae``'s config, with its shape, in module order.
+
+    Weight-normed convolutions contribute ``weight_g`` (``(out, 1, 1)``; ``(in, 1, 1)`` for a
+    transposed conv, whose weight starts with the input channels) and ``weight_v``.
+    """
+    normed = {
+        name
+        for name, module in vae.named_modules()
+        if isinstance(module, (CausalConv1d, CausalConvTranspose1d))
+    }
+    layout: dict[str, tuple[int, ...]] = {}
+    for key, tensor in vae.state_dict(keep_vars=True).items():
+        module_name, _, leaf = key.rpartition(".")
+        if leaf == "weight" and module_name in normed:
+            layout[f"{module_name}.weight_g"] = (tensor.shape[0],) + (1,) * (tensor.ndim - 1)
+            layout[f"{module_name}.weight_v"] = tuple(tensor.shape)
+        else:
+            layout[key] = tuple(tensor.shape)
+    return layout
+
+
+def read_audio_vae_checkpoint(model_dir: str | Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The VAE state dict of ``model_dir`` on the CPU, and the file it came from.
+
+    ``audiovae.safetensors`` is preferred and ``audiovae.pth`` is the fallback, as upstream's
+    ``from_local`` does; a ``.pth`` may wrap its tensors in a ``state_dict`` entry.
+    """
+    model_dir = Path(model_dir)
+    safetensors_path = model_dir / SAFETENSORS_FILE
+    pth_path = model_dir / PTH_FILE
+    if safetensors_path.is_file():
+        from safetensors.torch import load_file
+
+        return safetensors_path, load_file(str(safetensors_path), device="cpu")
+    if pth_path.is_file():
+        checkpoint = torch.load(pth_path, map_location="cpu", weights_only=True)
+        if isinstance(checkpoint, dict) and "state_dict" in checkpoint:
+            checkpoint = checkpoint["state_dict"]
+        return pth_path, checkpoint
+    raise ModelFilesMissing(
+        str(model_dir),
+        [f"{SAFETENSORS_FILE} (or {PTH_FILE})"],
+        "The AudioVAE weights ship next to config.json in every VoxCPM release",
+    )
+
+
+def load_audio_vae(
+    model_dir: str | Path,
+    config: AudioVAEConfig | AudioVAEV2Config,
+    device: str | torch.device = "cpu",
+) -> AudioVAE | AudioVAEV2:
+    """The AudioVAE of ``model_dir`` in float32 on ``device``, in eval mode, weight norm folded.
+
+    Raises ``ModelFilesMissing`` without a checkpoint and ``CheckpointMismatch`` when its keys
+    or shapes differ from what ``config`` builds.
+    """
+    device = torch.device(device)
+    path, checkpoint = read_audio_vae_checkpoint(model_dir)
+    with torch.device("meta"):
+        vae = build_audio_vae(config)
+    layout = checkpoint_layout(vae)
+
+    missing = [key for key in layout if key not in checkpoint and key not in _OPTIONAL_KEYS]
+    unexpected = [key for key in checkpoint if key not in layout]
+    shapes = [
+        f"{key}: file {tuple(checkpoint[key].shape)}, config {shape}"
+        for key, shape in layout.items()
+        if key in checkpoint and tuple(checkpoint[key].shape) != shape
+    ]
+    if missing or unexpected or shapes:
+        raise CheckpointMismatch(
+            str(path),
+            missing=missing,
+            unexpected=unexpected,
+            shapes=shapes,
+            detail=f"the VAE configuration was {config}",
+        )
+
+    state: dict[str, torch.Tensor] = {}
+    for key in vae.state_dict(keep_vars=True):
+        if f"{key}_g" in layout:
+            g = checkpoint[f"{key}_g"].to(device=device, dtype=torch.float32)
+            v = checkpoint[f"{key}_v"].to(device=device, dtype=torch.float32)
+            state[key] = fold_weight_norm(g, v)
+        elif key in checkpoint:
+            # copied into upstream's int32 buffer / float32 parameters by load_state_dict
+            dtype = torch.int32 if key in _OPTIONAL_KEYS else torch.float32
+            state[key] = checkpoint[key].to(device=device, dtype=dtype)
+        else:  # an optional buffer the file lacks: upstream keeps the config's value
+            state[key] = _config_buffer(config, key, device)
+    vae.load_state_dict(state, strict=True, assign=True)
+    vae.requires_grad_(False)
+    logger.debug("loaded AudioVAE v%d from %s on %s", config.generation, path, device)
+    return vae.eval()
+
+
+def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``g * v / ||v||`` over all dims but the first: what upstream's weight-norm hook computes."""
+    return torch._weight_norm(v, g, 0)
+
+
+def _config_buffer(
+    config: AudioVAEConfig | AudioVAEV2Config, key: str, device: torch.device
+) -> torch.Tensor:
+    assert key == "decoder.sr_bin_boundaries", key
+    return torch.tensor(config.sr_bin_boundaries, dtype=torch.int32, device=device)
