@@ -1,0 +1,121 @@
+"""Reading, checking and writing audio files (soundfile; WAV, FLAC and what libsndfile reads).
+
+:func:`read_audio` gives the same float32 values as ``torchaudio.load`` for PCM and float WAV
+(16-bit PCM is ``x / 32768``), as ``(channels, samples)``. Problems with an input file raise
+:class:`~mizuoto.errors.InvalidAudio` naming the request field the caller passes in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+from torch import Tensor
+
+from mizuoto.errors import InvalidAudio, InvalidRequest
+from mizuoto.runtime.atomic import atomic_path
+
+#: Output formats by file extension.
+WRITE_FORMATS = {".wav": "WAV", ".flac": "FLAC"}
+#: Metadata keys soundfile can store (WAV INFO chunk, FLAC Vorbis comments).
+METADATA_KEYS = ("title", "copyright", "software", "artist", "comment", "date", "album",
+                 "license", "tracknumber", "genre")
+#: Peak below which :func:`check_not_silent` calls audio silent: about -80 dBFS, i.e. at most
+#: three steps of 16-bit PCM.
+SILENCE_PEAK = 1e-4
+
+_READ_FIX = "pass a WAV, FLAC, OGG or MP3 file"
+
+
+def read_audio(path: str | Path, *, field: str = "audio") -> tuple[Tensor, int]:
+    """Read a file as ``(float32 Tensor[channels, samples], sample_rate)``.
+
+    Raises :class:`InvalidAudio` for ``field`` when the file is missing, unreadable or has no
+    samples (silence is checked separately by :func:`check_not_silent`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidAudio(field, f"file not found: {path}", _READ_FIX)
+    try:
+        data, sample_rate = sf.read(path, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError) as exc:
+        raise InvalidAudio(field, f"cannot read {path} as audio: {exc}", _READ_FIX) from exc
+    if data.shape[0] == 0:
+        raise InvalidAudio(field, f"{path} has no samples", "pass a file with audio in it")
+    # soundfile reads (samples, channels); torchaudio's layout is (channels, samples).
+    return torch.from_numpy(np.ascontiguousarray(data.T)), int(sample_rate)
+
+
+def to_mono(samples: Tensor) -> Tensor:
+    """Average the channels of ``(channels, samples)`` into ``(1, samples)``.
+
+    One channel comes back unchanged; this is ``mean(dim=0, keepdim=True)`` as F5-TTS and
+    VoxCPM apply it to ``torchaudio.load`` output.
+    """
+    if samples.dim() != 2:
+        raise ValueError(f"expected (channels, samples), got shape {tuple(samples.shape)}")
+    if samples.shape[0] == 1:
+        return samples
+    return samples.mean(dim=0, keepdim=True)
+
+
+def check_not_silent(samples: Tensor | np.ndarray, field: str, *,
+                     peak: float = SILENCE_PEAK) -> None:
+    """Raise :class:`InvalidAudio` for ``field`` if no sample exceeds ``peak`` in magnitude."""
+    values = torch.as_tensor(samples)
+    if values.numel() == 0:
+        raise InvalidAudio(field, "has no samples", "pass audio with speech in it")
+    loudest = float(values.detach().abs().max())
+    if not loudest > peak:
+        raise InvalidAudio(field, f"is silent (peak {loudest:.2g})",
+                           "pass a recording with speech in it")
+
+
+def write_audio(
+    path: str | Path,
+    samples: Tensor | np.ndarray,
+    sample_rate: int,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    subtype: str | None = None,
+) -> Path:
+    """Write ``(samples,)`` or ``(channels, samples)`` audio to a WAV or FLAC file, atomically.
+
+    The format comes from the extension. ``subtype`` is soundfile's (``"PCM_16"`` default for
+    both, ``"PCM_24"``, ``"FLOAT"`` for WAV); float samples beyond ±1 are clipped by libsndfile
+    when written as PCM. ``metadata`` keys are :data:`METADATA_KEYS`. Returns the path.
+    """
+    path = Path(path)
+    file_format = WRITE_FORMATS.get(path.suffix.lower())
+    if file_format is None:
+        raise InvalidRequest("output", f"cannot write {path.suffix or 'files without an extension'}",
+                             "name the output file .wav or .flac")
+    if subtype is not None and not sf.check_format(file_format, subtype):
+        raise InvalidRequest("subtype", f"{file_format} cannot hold {subtype!r}",
+                             f"use one of {', '.join(sf.available_subtypes(file_format))}")
+    unknown = sorted(set(metadata or {}) - set(METADATA_KEYS))
+    if unknown:
+        raise InvalidRequest("metadata", f"unsupported keys {unknown}",
+                             f"use {', '.join(METADATA_KEYS)}")
+    if isinstance(samples, Tensor):
+        if samples.dtype not in (torch.float32, torch.float64, torch.int16, torch.int32):
+            samples = samples.float()  # bfloat16 / float16 have no numpy or libsndfile type
+        samples = samples.detach().cpu().numpy()
+    data = np.asarray(samples)
+    if data.ndim == 1:
+        data = data[None]
+    if data.ndim != 2:
+        raise ValueError(f"expected (samples,) or (channels, samples), got shape {data.shape}")
+    if data.dtype not in (np.float32, np.float64, np.int16, np.int32):
+        data = data.astype(np.float32)
+    frames = np.ascontiguousarray(data.T)
+    with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", samplerate=int(sample_rate),
+                                                channels=frames.shape[1], subtype=subtype,
+                                                format=file_format) as file:
+        for key, value in (metadata or {}).items():
+            setattr(file, key, str(value))
+        file.write(frames)
+    return path
