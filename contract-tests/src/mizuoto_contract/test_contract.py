@@ -1,0 +1,312 @@
+"""The contract every engine meets, run against each installed contract fixture.
+
+    pytest --pyargs mizuoto_contract [--mizuoto-engine NAME ...]
+
+Each test takes ``contract_model`` (see :mod:`mizuoto_contract.plugin`); tests marked
+``mizuoto_requires`` exist only for models that declare those capabilities.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from mizuoto import (
+    Applied,
+    AudioChunk,
+    Capability,
+    EditRequest,
+    Reference,
+    SynthesisRequest,
+    SynthesisResult,
+    Voice,
+)
+from mizuoto.contracts.requests import MAX_SEED
+from mizuoto.errors import (
+    InvalidAudio,
+    InvalidRequest,
+    UnsupportedCapability,
+    VoiceMismatch,
+)
+from mizuoto.registry import get_engine
+from mizuoto_contract.models import ContractModel
+from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
+
+TEXT = "Hello there, this is a contract test."
+EDITED_TEXT = "A steady voice reads that line."
+INSTRUCTION = "A calm, low voice, speaking slowly."
+SEED = 1234
+DTYPES = ("float32", "float16", "bfloat16")
+
+requires = pytest.mark.mizuoto_requires
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+def _request(model: ContractModel, **fields) -> SynthesisRequest:
+    """A request with the fixture's fast settings; ``fields`` override or add."""
+    fields.setdefault("text", TEXT)
+    fields.setdefault("steps", model.fixture.steps)
+    fields.setdefault("params", model.fixture.request_params)
+    return SynthesisRequest(**fields)
+
+
+def _reference(model: ContractModel, text: str | None = REFERENCE_TEXT) -> Reference:
+    return Reference(model.reference_path, text=text)
+
+
+def _plain_request(model: ContractModel, **fields) -> SynthesisRequest:
+    """The simplest request the model accepts: zero-shot, else cloning, else a designed voice."""
+    capabilities = model.engine.capabilities
+    if Capability.ZERO_SHOT not in capabilities:
+        if Capability.CLONE in capabilities:
+            fields.setdefault("reference", _reference(model))
+        else:
+            fields.setdefault("instruction", INSTRUCTION)
+    return _request(model, **fields)
+
+
+def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | None = None
+                  ) -> None:
+    """Audio is 1-D float32, finite and non-empty; ``applied`` describes this model's run."""
+    info = model.engine.info
+    assert isinstance(result, SynthesisResult)
+    samples = result.audio.samples
+    assert samples.ndim == 1 and samples.dtype == torch.float32
+    assert samples.numel() > 0, "empty audio"
+    assert bool(torch.isfinite(samples).all()), "audio has NaN or infinite samples"
+    assert result.audio.sample_rate == info.sample_rate
+    _check_applied(model, result.applied, seed=seed)
+
+
+def _check_applied(model: ContractModel, applied: Applied, *, seed: int | None) -> None:
+    info = model.engine.info
+    assert isinstance(applied, Applied)
+    assert (applied.engine, applied.model) == (info.engine, info.model)
+    assert (applied.dtype, applied.device) == (info.dtype, info.device)
+    assert 0 <= applied.seed <= MAX_SEED
+    if seed is not None:
+        assert applied.seed == seed and applied.seed_drawn is False
+
+
+# -- every model ------------------------------------------------------------------------------
+
+def test_loads_with_valid_info(contract_model: ContractModel) -> None:
+    fixture, engine = contract_model.fixture, contract_model.engine
+    info = engine.info
+    assert type(engine) is get_engine(fixture.engine)
+    assert info.engine == engine.name == fixture.engine
+    assert info.model == f"contract/{fixture.id}", "ModelInfo.model must be the model_id given"
+    assert isinstance(info.variant, str)
+    assert isinstance(info.sample_rate, int) and info.sample_rate > 0
+    assert info.dtype in DTYPES
+    assert info.device == "cpu", "the suite loads with compute.device=cpu"
+    assert isinstance(info.capabilities, frozenset)
+    assert all(isinstance(c, Capability) for c in info.capabilities)
+    assert info.capabilities & {Capability.ZERO_SHOT, Capability.CLONE, Capability.DESIGN}, \
+        "a model must be able to speak: zero-shot, cloning or voice design"
+    assert info.license is None or isinstance(info.license, str)
+    assert isinstance(info.non_commercial, bool)
+    if Capability.VOICE_CACHE in info.capabilities:
+        assert info.fingerprint, "voices are checked against the fingerprint: it cannot be empty"
+
+
+def test_seeded_synthesis_is_deterministic(contract_model: ContractModel) -> None:
+    request = _plain_request(contract_model, seed=SEED)
+    first = contract_model.engine.synthesize(request)
+    second = contract_model.engine.synthesize(request)
+    _check_result(contract_model, first, seed=SEED)
+    _check_result(contract_model, second, seed=SEED)
+    assert torch.equal(first.audio.samples, second.audio.samples)
+
+
+def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> None:
+    drawn = contract_model.engine.synthesize(_plain_request(contract_model))
+    _check_result(contract_model, drawn)
+    assert drawn.applied.seed_drawn is True
+    replay = contract_model.engine.synthesize(_plain_request(contract_model,
+                                                             seed=drawn.applied.seed))
+    _check_result(contract_model, replay, seed=drawn.applied.seed)
+    assert torch.equal(drawn.audio.samples, replay.audio.samples)
+
+
+def test_unknown_param_is_named(contract_model: ContractModel) -> None:
+    params = {**contract_model.fixture.request_params, "no_such_setting": 1}
+    with pytest.raises(InvalidRequest) as raised:
+        contract_model.engine.synthesize(_plain_request(contract_model, params=params))
+    assert "no_such_setting" in raised.value.field
+
+
+def test_unsupported_capability_raises(contract_model: ContractModel,
+                                       lacking_capability: Capability) -> None:
+    engine = contract_model.engine
+    with pytest.raises(UnsupportedCapability):
+        if lacking_capability is Capability.ZERO_SHOT:
+            engine.synthesize(_request(contract_model, seed=SEED))
+        elif lacking_capability is Capability.CLONE:
+            engine.synthesize(_request(contract_model, reference=_reference(contract_model),
+                                       seed=SEED))
+        elif lacking_capability is Capability.DESIGN:
+            engine.synthesize(_plain_request(contract_model, instruction=INSTRUCTION, seed=SEED))
+        elif lacking_capability is Capability.EDIT:
+            engine.edit(EditRequest(_reference(contract_model), EDITED_TEXT, [(0.2, 0.5)],
+                                    seed=SEED, steps=contract_model.fixture.steps,
+                                    params=contract_model.fixture.request_params))
+        elif lacking_capability is Capability.STREAM:
+            next(iter(engine.stream(_plain_request(contract_model, seed=SEED))))
+        elif lacking_capability is Capability.VOICE_CACHE:
+            engine.build_voice(_reference(contract_model))
+
+
+def test_empty_text_is_refused() -> None:
+    for text in ("", "  \n"):
+        with pytest.raises(InvalidRequest) as raised:
+            SynthesisRequest(text=text)
+        assert raised.value.field == "text"
+
+
+# -- references (cloning) ---------------------------------------------------------------------
+
+@requires(Capability.CLONE)
+def test_clone(contract_model: ContractModel) -> None:
+    request = _request(contract_model, reference=_reference(contract_model), seed=SEED)
+    result = contract_model.engine.synthesize(request)
+    _check_result(contract_model, result, seed=SEED)
+    assert torch.equal(result.audio.samples,
+                       contract_model.engine.synthesize(request).audio.samples)
+
+
+@requires(Capability.CLONE, when=lambda fixture: fixture.needs_reference_text)
+def test_clone_without_reference_text_is_refused(contract_model: ContractModel) -> None:
+    request = _request(contract_model, reference=_reference(contract_model, text=None), seed=SEED)
+    with pytest.raises(InvalidRequest) as raised:
+        contract_model.engine.synthesize(request)
+    assert raised.value.field.startswith("reference")
+
+
+@requires(Capability.CLONE, when=lambda fixture: not fixture.needs_reference_text)
+def test_clone_without_reference_text(contract_model: ContractModel) -> None:
+    request = _request(contract_model, reference=_reference(contract_model, text=None), seed=SEED)
+    _check_result(contract_model, contract_model.engine.synthesize(request), seed=SEED)
+
+
+@requires(Capability.CLONE)
+def test_missing_reference_file_is_invalid_audio(contract_model: ContractModel, tmp_path) -> None:
+    reference = Reference(tmp_path / "no-such-recording.wav", text=REFERENCE_TEXT)
+    with pytest.raises(InvalidAudio) as raised:
+        contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
+    assert raised.value.field.startswith("reference")
+
+
+@requires(Capability.CLONE)
+def test_unreadable_reference_is_invalid_audio(contract_model: ContractModel, tmp_path) -> None:
+    path = tmp_path / "not-audio.wav"
+    path.write_bytes(b"RIFF, but not really a WAV file" * 8)
+    reference = Reference(path, text=REFERENCE_TEXT)
+    with pytest.raises(InvalidAudio) as raised:
+        contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
+    assert raised.value.field.startswith("reference")
+
+
+@requires(Capability.CLONE)
+def test_silent_reference_is_invalid_audio(contract_model: ContractModel, tmp_path) -> None:
+    path = write_silence(tmp_path / "silence.wav", contract_model.engine.info.sample_rate)
+    reference = Reference(path, text=REFERENCE_TEXT)
+    with pytest.raises(InvalidAudio) as raised:
+        contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
+    assert raised.value.field.startswith("reference")
+
+
+# -- other capabilities -----------------------------------------------------------------------
+
+@requires(Capability.ZERO_SHOT)
+def test_zero_shot(contract_model: ContractModel) -> None:
+    result = contract_model.engine.synthesize(_request(contract_model, seed=SEED))
+    _check_result(contract_model, result, seed=SEED)
+
+
+@requires(Capability.DESIGN)
+def test_design(contract_model: ContractModel) -> None:
+    request = _request(contract_model, instruction=INSTRUCTION, seed=SEED)
+    result = contract_model.engine.synthesize(request)
+    _check_result(contract_model, result, seed=SEED)
+    assert torch.equal(result.audio.samples,
+                       contract_model.engine.synthesize(request).audio.samples)
+
+
+@requires(Capability.EDIT)
+def test_edit(contract_model: ContractModel) -> None:
+    request = EditRequest(_reference(contract_model), EDITED_TEXT, [(0.2, 0.5)], seed=SEED,
+                          steps=contract_model.fixture.steps,
+                          params=contract_model.fixture.request_params)
+    result = contract_model.engine.edit(request)
+    _check_result(contract_model, result, seed=SEED)
+    assert torch.equal(result.audio.samples, contract_model.engine.edit(request).audio.samples)
+
+
+def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]:
+    chunks = list(model.engine.stream(request))
+    assert chunks, "a stream yields at least one chunk"
+    for position, chunk in enumerate(chunks):
+        assert isinstance(chunk, AudioChunk)
+        assert chunk.index == position
+        assert chunk.is_last == (position == len(chunks) - 1)
+        assert chunk.audio.sample_rate == model.engine.info.sample_rate
+        assert chunk.audio.samples.ndim == 1 and chunk.audio.samples.dtype == torch.float32
+    return chunks
+
+
+@requires(Capability.STREAM)
+def test_stream_chunks_arrive_in_order(contract_model: ContractModel) -> None:
+    chunks = _stream(contract_model, _plain_request(contract_model, seed=SEED))
+    _check_applied(contract_model, chunks[-1].applied, seed=SEED)
+    joined = torch.cat([chunk.audio.samples for chunk in chunks])
+    assert joined.numel() > 0 and bool(torch.isfinite(joined).all())
+
+
+@requires(Capability.STREAM, when=lambda fixture: fixture.stream_matches)
+def test_stream_matches_synthesis(contract_model: ContractModel) -> None:
+    request = _plain_request(contract_model, seed=SEED)
+    joined = torch.cat([chunk.audio.samples for chunk in _stream(contract_model, request)])
+    assert torch.equal(joined, contract_model.engine.synthesize(request).audio.samples)
+
+
+@requires(Capability.STREAM)
+def test_unseeded_stream_reports_its_seed(contract_model: ContractModel) -> None:
+    chunks = _stream(contract_model, _plain_request(contract_model))
+    applied = chunks[-1].applied
+    _check_applied(contract_model, applied, seed=None)
+    assert applied.seed_drawn is True
+    replay = _stream(contract_model, _plain_request(contract_model, seed=applied.seed))
+    assert torch.equal(torch.cat([c.audio.samples for c in chunks]),
+                       torch.cat([c.audio.samples for c in replay]))
+
+
+@requires(Capability.VOICE_CACHE)
+def test_saved_voice_speaks_like_its_reference(contract_model: ContractModel, tmp_path) -> None:
+    engine, info = contract_model.engine, contract_model.engine.info
+    reference = _reference(contract_model)
+    voice = engine.build_voice(reference)
+    assert (voice.engine, voice.model_fingerprint) == (info.engine, info.fingerprint)
+    path = voice.save(tmp_path / "voice.safetensors")
+    loaded = Voice.load(path)
+    assert (loaded.engine, loaded.model_fingerprint) == (voice.engine, voice.model_fingerprint)
+    assert set(loaded.tensors) == set(voice.tensors)
+    assert all(torch.equal(loaded.tensors[k], voice.tensors[k]) for k in voice.tensors)
+    by_voice = engine.synthesize(_request(contract_model, voice=loaded, seed=SEED))
+    by_reference = engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
+    _check_result(contract_model, by_voice, seed=SEED)
+    assert torch.equal(by_voice.audio.samples, by_reference.audio.samples)
+
+
+@requires(Capability.VOICE_CACHE)
+def test_voice_of_another_model_is_refused(contract_model: ContractModel) -> None:
+    engine, info = contract_model.engine, contract_model.engine.info
+    voice = engine.build_voice(_reference(contract_model))
+    other_model = attrs.evolve(voice, model_fingerprint="0" * 64 if info.fingerprint != "0" * 64
+                               else "1" * 64)
+    other_engine = attrs.evolve(voice, engine=f"not-{info.engine}")
+    for foreign in (other_model, other_engine):
+        with pytest.raises(VoiceMismatch):
+            engine.synthesize(_request(contract_model, voice=foreign, seed=SEED))
