@@ -109,13 +109,16 @@ def context_patches(sequence: PromptSequence, *, v2: bool) -> int:
     return min(2, audio)
 
 
-def _context(sequence: PromptSequence, count: int, v2: bool) -> list[torch.Tensor]:
+def context_latents(sequence: PromptSequence, *, v2: bool, device, dtype) -> list[torch.Tensor]:
+    """The context patches themselves, each ``(1, 1, patch, feat)`` in the model dtype."""
+    count = context_patches(sequence, v2=v2)
     if count == 0:
         return []
+    feats = sequence.feats.to(device).to(dtype)
     if v2:
         indices = sequence.feat_mask[0].nonzero(as_tuple=True)[0][-count:]
-        return list(sequence.feats[:, indices].split(1, dim=1))
-    return list(sequence.feats[:, -count:].split(1, dim=1))
+        return list(feats[:, indices.to(device)].split(1, dim=1))
+    return list(feats[:, -count:].split(1, dim=1))
 
 
 @attrs.frozen
@@ -186,8 +189,7 @@ def generate(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *
     ``retry_max_times`` attempts; the last one is kept whatever its length.
     """
     v2 = model.config.is_v2
-    context_count = context_patches(sequence, v2=v2)
-    context = [p.to(model.device, model.dtype) for p in _context(sequence, context_count, v2)]
+    context = context_latents(sequence, v2=v2, device=model.device, dtype=model.dtype)
     attempt = 0
     while True:
         new = []

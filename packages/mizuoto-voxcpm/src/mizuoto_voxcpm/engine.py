@@ -1,0 +1,420 @@
+"""The VoxCPM engine: VoxCPM-0.5B and VoxCPM1.5 (``architecture: voxcpm``) and VoxCPM2.
+
+Reproduces voxcpm 2.0.3's ``VoxCPM.generate`` / ``generate_streaming`` bit for bit on the same
+seed (see docs/engines/voxcpm.md for what differs on purpose).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import torch
+
+from mizuoto.contracts.audio import Audio
+from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.requests import Reference, SynthesisRequest
+from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult
+from mizuoto.contracts.voice import Voice
+from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
+from mizuoto.options import Options
+from mizuoto.runtime.seeds import resolve_seed
+from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
+from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
+from mizuoto_voxcpm.decoding import decode_utterance, stream_segments
+from mizuoto_voxcpm.generation import (
+    PromptCache,
+    Sampling,
+    build_sequence,
+    context_latents,
+    generate,
+    generate_patches,
+    patch_cap,
+)
+from mizuoto_voxcpm.long_text import pack_chunks
+from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
+from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
+from mizuoto_voxcpm.text import model_text, prepare_prompt_text, prepare_target_text
+from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
+from mizuoto_voxcpm.voice import model_fingerprint, prompt_from_voice, voice_from_prompt
+
+log = logging.getLogger(__name__)
+
+LICENSE = "Apache-2.0"
+VAE_FILES = ("audiovae.safetensors", "audiovae.pth")
+# a chunk k of a split text samples with seed + CHUNK_SEED_STRIDE * k
+CHUNK_SEED_STRIDE = 1000
+
+
+def _positive(name: str):
+    def check(instance, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequest(f"params.{name}", f"must be a positive integer, got {value!r}")
+    return check
+
+
+def _non_negative_int(name: str):
+    def check(instance, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRequest(f"params.{name}", f"must be an integer >= 0, got {value!r}")
+    return check
+
+
+def _number(name: str, minimum: float = 0.0):
+    def check(instance, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+            raise InvalidRequest(f"params.{name}", f"must be a number >= {minimum}, got {value!r}")
+    return check
+
+
+def _flag(name: str):
+    def check(instance, attribute, value):
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"params.{name}", f"must be true or false, got {value!r}")
+    return check
+
+
+@attrs.frozen
+class VoxCPMParams:
+    """``request.params`` for VoxCPM, with upstream's defaults.
+
+    ``inference_timesteps`` and ``cfg_value`` are the sampler's steps and guidance; the request's
+    ``steps`` / ``guidance`` take precedence when set. ``max_len`` caps the new patches (upstream
+    also caps at ``int(text tokens × retry_badcase_ratio_threshold + 10)``).
+    ``reference_prefix`` (VoxCPM2): a reference with a transcript is used both as an isolated
+    reference voice and as a continuation prompt; ``False`` uses it as a continuation prompt only.
+    ``split_text`` splits the text at sentence ends into chunks of at most ``chunk_tokens`` text
+    tokens (always done when the text would not fit the model's context).
+    """
+
+    inference_timesteps: int = attrs.field(default=10, validator=_positive("inference_timesteps"))
+    cfg_value: float = attrs.field(default=2.0, validator=_number("cfg_value"))
+    min_len: int = attrs.field(default=2, validator=_non_negative_int("min_len"))
+    max_len: int = attrs.field(default=4096, validator=_positive("max_len"))
+    normalize: bool = attrs.field(default=False, validator=_flag("normalize"))
+    retry_badcase: bool = attrs.field(default=True, validator=_flag("retry_badcase"))
+    retry_badcase_max_times: int = attrs.field(default=3,
+                                               validator=_positive("retry_badcase_max_times"))
+    retry_badcase_ratio_threshold: float = attrs.field(
+        default=6.0, validator=_number("retry_badcase_ratio_threshold"))
+    reference_prefix: bool = attrs.field(default=True, validator=_flag("reference_prefix"))
+    split_text: bool = attrs.field(default=False, validator=_flag("split_text"))
+    chunk_tokens: int = attrs.field(default=300, validator=_positive("chunk_tokens"))
+
+
+def _dtype_option(instance, attribute, value):
+    if value not in ("auto", "float32", "bfloat16", "float16"):
+        raise InvalidOption("engines.voxcpm.dtype",
+                            f"must be auto, float32, bfloat16 or float16, got {value!r}")
+
+
+@attrs.frozen
+class VoxCPMOptions:
+    """``engines.voxcpm.*``: ``dtype`` overrides ``compute.dtype`` for the LM and DiT (the VAE
+    always runs in float32). ``auto`` is the config's dtype on every device, float32 on MPS."""
+
+    dtype: str = attrs.field(default="auto", validator=_dtype_option)
+
+
+@attrs.frozen
+class _Plan:
+    """One request resolved: what to tokenize, the prompt, the sampler settings."""
+
+    chunks: tuple[str, ...]
+    prompt: PromptCache | None
+    params: VoxCPMParams
+    sampling: Sampling
+    seed: int
+    seed_drawn: bool
+    warnings: tuple[str, ...]
+
+
+class VoxCPMEngine(Engine):
+    name = "voxcpm"
+    params_class = VoxCPMParams
+    options_class = VoxCPMOptions
+
+    def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
+                 tokenizer: VoxCPMTokenizer, info: ModelInfo) -> None:
+        self.model_dir = model_dir
+        self.config = config
+        self.model = model
+        self.vae = vae
+        self.tokenizer = tokenizer
+        self._info = info
+
+    # -- loading ------------------------------------------------------------------------
+
+    @classmethod
+    def recognizes(cls, model_dir: Path) -> bool:
+        config = Path(model_dir) / "config.json"
+        if not config.is_file() or not any((Path(model_dir) / f).is_file() for f in VAE_FILES):
+            return False
+        try:
+            return '"lm_config"' in config.read_text(encoding="utf-8")
+        except OSError:
+            return False
+
+    @classmethod
+    def load(cls, model_dir: Path, *, options: Options | None = None,
+             model_id: str | None = None, progress: ProgressCallback | None = None
+             ) -> VoxCPMEngine:
+        model_dir = Path(model_dir)
+        options = options or Options()
+        engine_options = options.engine_options(cls) or VoxCPMOptions()
+        config = VoxCPMConfig.from_model_dir(model_dir)
+        if not (model_dir / "tokenizer.json").is_file():
+            raise ModelFilesMissing(str(model_dir), ["tokenizer.json"],
+                                    "VoxCPM needs its tokenizer files in the model directory")
+        if options.compute.cpu_threads:
+            torch.set_num_threads(options.compute.cpu_threads)
+        device = _pick_device(options.compute.device)
+        dtype = _pick_dtype(engine_options.dtype, options.compute.dtype, config, device)
+        report(progress, "load", 0, 3, "language model")
+        model = load_model(model_dir, config, dtype=dtype, device=device)
+        report(progress, "load", 1, 3, "audio VAE")
+        raw = _raw_config(model_dir)
+        vae = load_audio_vae(model_dir, audio_vae_config_from_model_config(raw), device)
+        if vae.latent_dim != config.feat_dim:
+            raise InvalidRequest("model", f"feat_dim {config.feat_dim} differs from the VAE's "
+                                          f"latent_dim {vae.latent_dim}")
+        report(progress, "load", 2, 3, "tokenizer")
+        tokenizer = VoxCPMTokenizer.from_model_dir(model_dir)
+        report(progress, "load", 3, 3)
+        weights = [find_weights(model_dir).name,
+                   next(f for f in VAE_FILES if (model_dir / f).is_file())]
+        capabilities = {Capability.ZERO_SHOT, Capability.CLONE, Capability.CONTINUATION,
+                        Capability.STREAM, Capability.VOICE_CACHE, Capability.LONG_TEXT}
+        if config.is_v2:
+            capabilities.add(Capability.DESIGN)
+        info = ModelInfo(
+            engine=cls.name,
+            model=model_id or str(model_dir),
+            variant=config.architecture,
+            sample_rate=vae.out_sample_rate,
+            dtype=str(dtype).removeprefix("torch."),
+            device=str(device),
+            capabilities=frozenset(capabilities),
+            license=LICENSE,
+            fingerprint=model_fingerprint(model_dir, weights),
+        )
+        log.info("loaded VoxCPM %s from %s (%s, %s)", config.architecture, model_dir,
+                 info.dtype, info.device)
+        return cls(model_dir=model_dir, config=config, model=model, vae=vae,
+                   tokenizer=tokenizer, info=info)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    # -- voices -------------------------------------------------------------------------
+
+    def build_voice(self, reference: Reference) -> Voice:
+        """Encode ``reference`` once. VoxCPM2 without a transcript gives a reference-only voice;
+        the first generation needs the transcript (its voices are continuation prompts)."""
+        self.require(Capability.VOICE_CACHE)
+        prompt = self._encode_reference(reference, reference_prefix=True, both=True,
+                                        instruction=None)
+        return voice_from_prompt(prompt, fingerprint=self.info.fingerprint,
+                                 sample_rate=self.info.sample_rate,
+                                 generation=self.config.architecture)
+
+    def _encode_reference(self, reference: Reference, *, reference_prefix: bool, both: bool,
+                          instruction: str | None) -> PromptCache:
+        v2 = self.config.is_v2
+        text = reference.text if reference.text and reference.text.strip() else None
+        if not v2 and text is None:
+            raise InvalidRequest("reference.text", "is required by VoxCPM-0.5B and VoxCPM1.5",
+                                 "give the transcript of the reference recording")
+        audio = read_prompt_audio(reference.audio, self.vae.sample_rate, v2=v2)
+        use_prompt = text is not None and (not v2 or instruction is None or both)
+        use_reference = v2 and (not use_prompt or reference_prefix or both)
+        patch_size = self.config.patch_size
+        prompt = reference_latents = None
+        if use_prompt:
+            prompt = encode_prompt(self.vae, audio, patch_size=patch_size, pad_left=True)
+        if use_reference:
+            reference_latents = encode_prompt(self.vae, audio, patch_size=patch_size,
+                                              pad_left=False)
+        return PromptCache(prompt_text=prepare_prompt_text(text) if use_prompt else None,
+                           prompt_latents=prompt, reference_latents=reference_latents)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _plan(self, request: SynthesisRequest) -> _Plan:
+        params: VoxCPMParams = self.parse_params(request.params)
+        warnings = []
+        if request.instruction is not None:
+            self.require(Capability.DESIGN)
+        if request.reference is not None:
+            self.require(Capability.CLONE)
+        if request.voice is not None:
+            self.require(Capability.VOICE_CACHE)
+            prompt = prompt_from_voice(request.voice, fingerprint=self.info.fingerprint,
+                                       reference_prefix=params.reference_prefix,
+                                       use_prompt=request.instruction is None)
+        elif request.reference is not None:
+            prompt = self._encode_reference(request.reference,
+                                            reference_prefix=params.reference_prefix,
+                                            both=False, instruction=request.instruction)
+        else:
+            prompt = None
+        transcript = (request.reference is not None and bool(request.reference.text)) or \
+            (request.voice is not None and bool(request.voice.texts))
+        if request.instruction is not None and transcript:
+            warnings.append("with an instruction the reference is used as a reference voice "
+                            "only; its transcript is not used (upstream does not combine a "
+                            "style instruction with a continuation prompt)")
+        steps = request.steps if request.steps is not None else params.inference_timesteps
+        guidance = request.guidance if request.guidance is not None else params.cfg_value
+        seed, drawn = resolve_seed(request.seed)
+        chunks = self._chunks(request, params, prompt)
+        sampling = Sampling(steps=steps, guidance=float(guidance), min_len=params.min_len,
+                            max_patches=params.max_len)
+        return _Plan(tuple(chunks), prompt, params, sampling, seed, drawn, tuple(warnings))
+
+    def _target_text(self, text: str, instruction: str | None, params: VoxCPMParams) -> str:
+        return prepare_target_text(text, instruction=instruction, normalize=params.normalize)
+
+    def _chunks(self, request: SynthesisRequest, params: VoxCPMParams,
+                prompt: PromptCache | None) -> list[str]:
+        whole = self._target_text(request.text, request.instruction, params)
+        if params.split_text or not self._fits(whole, prompt, params):
+            pieces = pack_chunks(request.text, lambda s: len(self.tokenizer.encode(s)),
+                                 params.chunk_tokens)
+            return [self._target_text(p, request.instruction, params) for p in pieces]
+        return [whole]
+
+    def _fits(self, target: str, prompt: PromptCache | None, params: VoxCPMParams) -> bool:
+        sequence = self._sequence(target, prompt)
+        cap = patch_cap(len(self.tokenizer.encode(target)),
+                        params.retry_badcase_ratio_threshold, params.max_len)
+        return sequence.tokens.size(1) + cap <= self.config.max_length
+
+    def _sequence(self, target: str, prompt: PromptCache | None):
+        prompt_text = prompt.prompt_text if prompt is not None else None
+        ids = self.tokenizer.encode(model_text(target, prompt_text))
+        return build_sequence(ids, prompt, patch_size=self.config.patch_size,
+                              feat_dim=self.config.feat_dim)
+
+    def _applied(self, plan: _Plan, *, retries: int, patches: int, streamed: bool) -> Applied:
+        mode = plan.prompt.mode if plan.prompt is not None else "zero_shot"
+        return Applied(
+            engine=self.name,
+            model=self.info.model,
+            seed=plan.seed,
+            seed_drawn=plan.seed_drawn,
+            dtype=self.info.dtype,
+            device=self.info.device,
+            sampler={"solver": "euler", "steps": plan.sampling.steps,
+                     "guidance": plan.sampling.guidance, "guidance_rule": "cfg-zero-star",
+                     "sway_sampling": 1.0, "min_len": plan.sampling.min_len,
+                     "max_len": plan.sampling.max_patches},
+            retries=retries,
+            warnings=plan.warnings,
+            license=LICENSE,
+            chunks=len(plan.chunks),
+            extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
+                   "normalize": plan.params.normalize, "streamed": streamed},
+        )
+
+    def synthesize(self, request: SynthesisRequest, *,
+                   progress: ProgressCallback | None = None) -> SynthesisResult:
+        plan = self._plan(request)
+        pieces, retries, patches = [], 0, 0
+        for index, target in enumerate(plan.chunks):
+            sequence = self._sequence(target, plan.prompt)
+            tokens = len(self.tokenizer.encode(target))
+            params = plan.params
+            cap = patch_cap(tokens, params.retry_badcase_ratio_threshold, params.max_len)
+            sampling = attrs.evolve(plan.sampling, max_patches=cap)
+            stage = f"sampling {index + 1}/{len(plan.chunks)}" if len(plan.chunks) > 1 \
+                else "sampling"
+            result = generate(
+                self.model, sequence, sampling, seed=plan.seed + CHUNK_SEED_STRIDE * index,
+                target_tokens=tokens, retry_badcase=params.retry_badcase,
+                retry_max_times=params.retry_badcase_max_times,
+                retry_ratio=params.retry_badcase_ratio_threshold,
+                on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap))
+            retries += result.attempts - 1
+            patches += result.patches.size(1) - result.context
+            report(progress, "decoding", index, len(plan.chunks))
+            pieces.append(decode_utterance(self.vae, result.patches, context=result.context,
+                                           v2=self.config.is_v2,
+                                           patch_size=self.config.patch_size))
+        audio = Audio(torch.cat(pieces), self.info.sample_rate)
+        return SynthesisResult(audio, self._applied(plan, retries=retries, patches=patches,
+                                                    streamed=False))
+
+    def stream(self, request: SynthesisRequest, *,
+               progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:
+        """One chunk per generated patch. No badcase retry (upstream disables it when
+        streaming); the last chunk carries the applied record."""
+        self.require(Capability.STREAM)
+        plan = self._plan(request)
+        return self._stream(plan, progress)
+
+    def _stream(self, plan: _Plan, progress) -> Iterator[AudioChunk]:
+        v2 = self.config.is_v2
+        pending, index, patches = None, 0, 0
+        for chunk_index, target in enumerate(plan.chunks):
+            sequence = self._sequence(target, plan.prompt)
+            tokens = len(self.tokenizer.encode(target))
+            cap = patch_cap(tokens, plan.params.retry_badcase_ratio_threshold,
+                            plan.params.max_len)
+            sampling = attrs.evolve(plan.sampling, max_patches=cap)
+            generated = generate_patches(self.model, sequence, sampling,
+                                         seed=plan.seed + CHUNK_SEED_STRIDE * chunk_index)
+            context = context_latents(sequence, v2=v2, device=self.model.device,
+                                      dtype=self.model.dtype)
+            for segment in stream_segments(self.vae, generated, context=context, v2=v2,
+                                           patch_size=self.config.patch_size):
+                patches += 1
+                report(progress, "sampling", patches, None)
+                if pending is not None:
+                    yield pending
+                pending = AudioChunk(Audio(segment, self.info.sample_rate), index)
+                index += 1
+        applied = self._applied(plan, retries=0, patches=patches, streamed=True)
+        yield attrs.evolve(pending, is_last=True, applied=applied)
+
+
+def _raw_config(model_dir: Path) -> dict:
+    import json
+
+    return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+
+
+def _pick_device(requested: str) -> torch.device:
+    """``auto`` prefers CUDA, then MPS, then the CPU (upstream's order)."""
+    if requested != "auto":
+        device = torch.device(requested)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidOption("compute.device", "CUDA is not available here; use auto or cpu")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise InvalidOption("compute.device", "MPS is not available here; use auto or cpu")
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _pick_dtype(engine_dtype: str, compute_dtype: str, config: VoxCPMConfig,
+                device: torch.device) -> torch.dtype:
+    requested = engine_dtype if engine_dtype != "auto" else compute_dtype
+    if requested != "auto":
+        return torch_dtype(requested)
+    dtype = config.torch_dtype
+    # upstream runs MPS in float32: low precision glitches its autoregressive loop there
+    if device.type == "mps" and dtype != torch.float32:
+        return torch.float32
+    return dtype
+
+
+__all__ = ["VoxCPMEngine", "VoxCPMOptions", "VoxCPMParams", "WEIGHT_FILES"]

@@ -1,0 +1,70 @@
+"""Saved VoxCPM voices: encoded prompt and/or reference latents, bound to one model.
+
+A voice stores what ``build_prompt_cache`` would compute (the latents, not the audio), so a
+request with a voice skips reading and encoding the recording. VoxCPM2 voices built from a
+reference with a transcript hold both layouts (prompt latents left-padded, reference latents
+right-padded) so the request can still choose ``reference_prefix``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from mizuoto.contracts.voice import Voice
+from mizuoto_voxcpm.generation import PromptCache
+
+ENGINE = "voxcpm"
+PROMPT_LATENTS = "prompt_latents"
+REFERENCE_LATENTS = "reference_latents"
+PROMPT_TEXT = "prompt_text"
+
+_FINGERPRINT_BYTES = 1 << 20
+
+
+def model_fingerprint(model_dir: str | Path, files: list[str]) -> str:
+    """Identity of a model: its config and the size and first MiB of each weight file.
+
+    Independent of the dtype it runs in (voices hold float32 VAE latents).
+    """
+    model_dir = Path(model_dir)
+    digest = hashlib.sha256()
+    for name in ["config.json", *files]:
+        path = model_dir / name
+        digest.update(name.encode())
+        digest.update(str(path.stat().st_size).encode())
+        with path.open("rb") as handle:
+            digest.update(handle.read(_FINGERPRINT_BYTES))
+    return digest.hexdigest()
+
+
+def voice_from_prompt(cache: PromptCache, *, fingerprint: str, sample_rate: int,
+                      generation: str) -> Voice:
+    tensors = {}
+    texts = {}
+    if cache.prompt_latents is not None:
+        tensors[PROMPT_LATENTS] = cache.prompt_latents.float().contiguous()
+        texts[PROMPT_TEXT] = cache.prompt_text
+    if cache.reference_latents is not None:
+        tensors[REFERENCE_LATENTS] = cache.reference_latents.float().contiguous()
+    return Voice(engine=ENGINE, model_fingerprint=fingerprint, sample_rate=sample_rate,
+                 tensors=tensors, texts=texts, meta={"generation": generation})
+
+
+def prompt_from_voice(voice: Voice, *, fingerprint: str, reference_prefix: bool,
+                      use_prompt: bool = True) -> PromptCache:
+    """The prompt a voice stands for; raises ``VoiceMismatch`` for another model's voice.
+
+    With both latents stored, ``reference_prefix=False`` leaves the reference out and
+    ``use_prompt=False`` leaves the continuation prompt out.
+    """
+    voice.check(ENGINE, fingerprint)
+    prompt = voice.tensors.get(PROMPT_LATENTS)
+    reference = voice.tensors.get(REFERENCE_LATENTS)
+    if prompt is not None and reference is not None:
+        if not reference_prefix:
+            reference = None
+        elif not use_prompt:
+            prompt = None
+    text = voice.texts.get(PROMPT_TEXT) if prompt is not None else None
+    return PromptCache(prompt_text=text, prompt_latents=prompt, reference_latents=reference)
