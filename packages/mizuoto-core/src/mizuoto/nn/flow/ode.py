@@ -1,0 +1,69 @@
+"""Fixed-grid ODE integration, step for step as torchdiffeq 0.2.5's "euler" and "midpoint".
+
+`odeint_fixed(func, y0, t, method="euler", *, keep_trajectory=True)` integrates
+``dy/dt = func(t, y)`` over the grid ``t`` (1-D, strictly increasing or strictly decreasing,
+``t[0]`` is the start). ``func`` receives ``t`` as a 0-dim tensor in ``y0``'s dtype. Returns the
+trajectory ``(len(t), *y0.shape)`` with ``y0`` first, or only the final state when
+``keep_trajectory`` is False.
+
+Arithmetic as torchdiffeq: ``dt = t1 - t0`` in ``t``'s dtype; Euler ``y1 = y0 + dt * f(t0, y0)``;
+midpoint ``y_mid = y0 + f(t0, y0) * (0.5 * dt)``, ``y1 = y0 + dt * f(t0 + 0.5 * dt, y_mid)``.
+A decreasing grid is negated and ``func`` wrapped as ``-1.0 * func(-t, y)``, as torchdiffeq does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+ODEFunc = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+METHODS = ("euler", "midpoint")
+
+
+def odeint_fixed(
+    func: ODEFunc,
+    y0: torch.Tensor,
+    t: torch.Tensor,
+    method: str = "euler",
+    *,
+    keep_trajectory: bool = True,
+) -> torch.Tensor:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not torch.is_floating_point(t) or t.ndim != 1:
+        raise ValueError(f"t must be a 1-D floating-point tensor, got {t.dtype} {tuple(t.shape)}")
+    if len(t) > 1 and bool(t[0] > t[1]):
+        grid = -t
+        base = func
+
+        def func(time: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return -1.0 * base(-time, y)
+    else:
+        grid = t
+    if not bool((grid[1:] > grid[:-1]).all()):
+        raise ValueError("t must be strictly increasing or strictly decreasing")
+    grid = grid.to(y0.device)
+
+    def f(time: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # torchdiffeq hands the solver's time to func cast to the state's dtype
+        return func(time.to(y.abs().dtype), y)
+
+    trajectory = None
+    if keep_trajectory:
+        trajectory = torch.empty(len(grid), *y0.shape, dtype=y0.dtype, device=y0.device)
+        trajectory[0] = y0
+
+    y = y0
+    for j, (t0, t1) in enumerate(zip(grid[:-1], grid[1:], strict=True), start=1):
+        dt = t1 - t0
+        if method == "euler":
+            dy = dt * f(t0, y)
+        else:
+            half_dt = 0.5 * dt
+            y_mid = y + f(t0, y) * half_dt
+            dy = dt * f(t0 + half_dt, y_mid)
+        y = y + dy
+        if trajectory is not None:
+            trajectory[j] = y
+    return trajectory if trajectory is not None else y

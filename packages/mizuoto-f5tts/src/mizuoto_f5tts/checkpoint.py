@@ -1,0 +1,287 @@
+"""Loading F5-TTS / E2-TTS checkpoints and their Vocos vocoder, as upstream f5-tts 1.1.22 does.
+
+- `load_f5_model(model_dir, variant=None, *, device="cpu", dtype=None, use_ema=True,
+  ode_method="euler", checkpoint=None, vocab_file=None) -> (ConditionalFlowMatching, vocab)`:
+  ``model_dir`` holds one ``*.safetensors`` (preferred) or ``*.pt`` checkpoint (or name it with
+  ``checkpoint``) and usually ``vocab.txt`` (else the vocab shipped with this package, upstream's
+  default). ``variant`` is an `F5Variant`, a name in `VARIANT_NAMES`, or None to detect it from
+  the checkpoint (`detect_variant`). ``dtype`` None picks float16 on CUDA devices of compute
+  capability >= 7, else float32 (upstream's rule). The model is cast to ``dtype`` *before* the
+  weights are copied in, so buffers stored in the file (rotary ``inv_freq``) end up in ``dtype``
+  and non-persistent tables are cast like upstream's. The returned sampler has the F5 log-mel
+  (24 kHz, n_fft 1024, hop 256, 100 mels, float32) as ``mel_spec``; ``vocab`` maps token ->
+  id (the text embedding has ``len(vocab) + 1`` rows; id 0 is the unknown/space token).
+- `read_checkpoint(path, *, use_ema=True, device="cpu")`: the ``CFM`` state dict exactly as
+  upstream's ``load_checkpoint`` derives it (EMA: ``ema_model.`` removed, ``initted``/``step``
+  and two legacy mel keys dropped; ``.pt`` files: ``ema_model_state_dict`` or
+  ``model_state_dict``).
+- `read_vocab(path) -> dict[str, int]`: upstream's reading (``line[:-1]``; a repeated line
+  keeps its last index and counts once).
+- `detect_variant(state_dict, hint="") -> F5Variant`: backbone and sizes from keys and shapes.
+  The flags not visible in the weights (text padding mask, rotary heads) come from the family:
+  a UNetT is E2 Base; a DiT is v1 Base unless ``hint`` (e.g. the checkpoint path) names v0
+  ("F5TTS_Base", "model_1200000" or a "base"/"v0" token). A known variant (real or tiny) is
+  returned as is, anything else as a ``size="custom"`` variant of the family.
+- `find_checkpoint(model_dir)`, `load_vocos(vocos_dir, device="cpu")` (`mizuoto.nn.vocoders`).
+
+Errors: `ModelFilesMissing` (no checkpoint / vocab), `CheckpointMismatch` naming missing and
+unexpected keys and shape mismatches (a vocab whose size does not fit the text embedding gets
+its own message).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from importlib.resources import files
+from pathlib import Path
+
+import attrs
+import torch
+from safetensors.torch import load_file
+
+from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+from mizuoto.nn.dsp.mel import log_mel_spectrogram
+from mizuoto.nn.flow import ConditionalFlowMatching
+from mizuoto.nn.vocoders import Vocos
+from mizuoto.nn.vocoders import load_vocos as _load_vocos
+from mizuoto_f5tts.variants import (
+    HOP_LENGTH,
+    N_FFT,
+    N_MELS,
+    SAMPLE_RATE,
+    VARIANT_NAMES,
+    WIN_LENGTH,
+    F5Variant,
+    get_variant,
+    known_variants,
+)
+
+logger = logging.getLogger(__name__)
+
+VOCAB_FILE = "vocab.txt"
+VOCOS_DIR = "vocos"
+_EMA_DROPPED = ("initted", "step")
+# keys of an older CFM that held a torchaudio mel module; upstream deletes them (its 305e3ea)
+_LEGACY_MEL_KEYS = ("mel_spec.mel_stft.mel_scale.fb", "mel_spec.mel_stft.spectrogram.window")
+_TEXT_EMBED_KEY = "transformer.text_embed.text_embed.weight"
+
+
+def default_vocab_path() -> Path:
+    """Upstream's vocab (``f5_tts/infer/examples/vocab.txt``), shipped with this package."""
+    return Path(str(files("mizuoto_f5tts").joinpath("data", VOCAB_FILE)))
+
+
+def read_vocab(path: str | Path) -> dict[str, int]:
+    vocab: dict[str, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            # upstream strips the last character of every line: the file must end with "\n"
+            vocab[line[:-1]] = i
+    return vocab
+
+
+def find_checkpoint(model_dir: str | Path) -> Path:
+    model_dir = Path(model_dir)
+    for pattern in ("*.safetensors", "*.pt"):
+        found = sorted(p for p in model_dir.glob(pattern) if p.is_file())
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            names = ", ".join(p.name for p in found)
+            raise ModelFilesMissing(
+                str(model_dir),
+                ["a single checkpoint"],
+                f"found several ({names}); pass checkpoint= to choose one",
+            )
+    raise ModelFilesMissing(
+        str(model_dir), ["*.safetensors or *.pt checkpoint"], "an F5-TTS model directory holds one"
+    )
+
+
+def read_checkpoint(
+    path: str | Path, *, use_ema: bool = True, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        raw: dict = load_file(str(path), device=str(device))
+        if use_ema:
+            raw = {"ema_model_state_dict": raw}
+        else:
+            return raw
+    else:
+        raw = torch.load(path, map_location=device, weights_only=True)
+    key = "ema_model_state_dict" if use_ema else "model_state_dict"
+    if not isinstance(raw, Mapping) or key not in raw:
+        raise CheckpointMismatch(str(path), detail=f"no '{key}' entry (use_ema={use_ema})")
+    if not use_ema:
+        return dict(raw[key])
+    # str.replace as upstream: every "ema_model." in a key goes, not only the prefix
+    state = {
+        k.replace("ema_model.", ""): v for k, v in raw[key].items() if k not in _EMA_DROPPED
+    }
+    for legacy in _LEGACY_MEL_KEYS:
+        state.pop(legacy, None)
+    return state
+
+
+def _count(keys: list[str], pattern: str) -> int:
+    regex = re.compile(pattern)
+    return len({m.group(1) for k in keys if (m := regex.match(k))})
+
+
+def _is_v0_hint(hint: str) -> bool:
+    hint = hint.lower()
+    if "v1" in hint:
+        return False
+    if "f5tts_base" in hint or "model_1200000" in hint:
+        return True
+    return bool(re.search(r"\b(base|v0)\b", hint))
+
+
+def detect_variant(state: Mapping[str, torch.Tensor], hint: str = "") -> F5Variant:
+    keys = list(state)
+    try:
+        dim = state["transformer.time_embed.time_mlp.2.weight"].shape[0]
+        mel_dim = state["transformer.proj_out.weight"].shape[0]
+        dim_head = 2 * state["transformer.rotary_embed.inv_freq"].numel()
+        text_dim = state[_TEXT_EMBED_KEY].shape[1]
+    except KeyError as e:
+        raise CheckpointMismatch(hint or "checkpoint", detail=f"not an F5-TTS model: no {e}") from e
+    conv_layers = _count(keys, r"transformer\.text_embed\.text_blocks\.(\d+)\.")
+    if any(k.startswith("transformer.transformer_blocks.") for k in keys):
+        backbone, prefix = "dit", "transformer.transformer_blocks.0."
+        depth = _count(keys, r"transformer\.transformer_blocks\.(\d+)\.")
+        attn, ff = prefix + "attn.", prefix + "ff.ff.0.0.weight"
+        family = get_variant("base" if _is_v0_hint(hint) else "v1_base")
+    elif any(k.startswith("transformer.layers.") for k in keys):
+        backbone, prefix = "unett", "transformer.layers.0."
+        depth = _count(keys, r"transformer\.layers\.(\d+)\.")
+        attn, ff = prefix + "2.", prefix + "4.ff.0.0.weight"
+        family = get_variant("e2_base")
+    else:
+        raise CheckpointMismatch(hint or "checkpoint", detail="neither a DiT nor a UNetT backbone")
+    inner = state[attn + "to_q.weight"].shape[0]
+    ff_inner = state[ff].shape[0]
+    ff_mult = ff_inner // dim if ff_inner % dim == 0 else ff_inner / dim
+    fields = dict(
+        backbone=backbone,
+        dim=dim,
+        depth=depth,
+        heads=inner // dim_head,
+        dim_head=dim_head,
+        ff_mult=ff_mult,
+        text_dim=None if (backbone == "unett" and text_dim == mel_dim) else text_dim,
+        conv_layers=conv_layers,
+        qk_norm="rms_norm" if attn + "q_norm.weight" in state else None,
+        mel_dim=mel_dim,
+    )
+    if backbone == "dit":
+        fields["long_skip_connection"] = "transformer.long_skip_connection.weight" in state
+    else:
+        has_proj = f"transformer.layers.{depth // 2}.0.weight" in state
+        fields["skip_connect_type"] = "concat" if has_proj else "add"
+    for known in known_variants():
+        if known.name == family.name and all(
+            getattr(known, k) == v for k, v in fields.items()
+        ):
+            return known
+    return attrs.evolve(family, size="custom", **fields)
+
+
+def _default_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda" and torch.cuda.get_device_properties(device).major >= 7:
+        return torch.float16
+    return torch.float32
+
+
+def _f5_mel(audio: torch.Tensor) -> torch.Tensor:
+    if audio.ndim == 3:
+        audio = audio.squeeze(1)
+    return log_mel_spectrogram(
+        audio,
+        sample_rate=SAMPLE_RATE,
+        n_fft=N_FFT,
+        hop_length=HOP_LENGTH,
+        win_length=WIN_LENGTH,
+        n_mels=N_MELS,
+        clip_val=1e-5,
+    )
+
+
+def _check_state(path: Path, model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        raise CheckpointMismatch(str(path), missing=missing, unexpected=unexpected, shapes=shapes)
+
+
+def load_f5_model(
+    model_dir: str | Path,
+    variant: F5Variant | str | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    use_ema: bool = True,
+    ode_method: str = "euler",
+    checkpoint: str | Path | None = None,
+    vocab_file: str | Path | None = None,
+) -> tuple[ConditionalFlowMatching, dict[str, int]]:
+    model_dir = Path(model_dir)
+    device = torch.device(device)
+    ckpt_path = Path(checkpoint) if checkpoint is not None else find_checkpoint(model_dir)
+    if not ckpt_path.is_file():
+        raise ModelFilesMissing(str(model_dir), [str(ckpt_path)])
+
+    if vocab_file is None:
+        vocab_file = model_dir / VOCAB_FILE
+        if not vocab_file.is_file():
+            vocab_file = default_vocab_path()
+    vocab_file = Path(vocab_file)
+    if not vocab_file.is_file():
+        raise ModelFilesMissing(str(model_dir), [str(vocab_file)])
+    vocab = read_vocab(vocab_file)
+
+    state = read_checkpoint(ckpt_path, use_ema=use_ema, device=device)
+    if isinstance(variant, str):
+        if variant not in VARIANT_NAMES:
+            raise ValueError(f"variant must be one of {', '.join(VARIANT_NAMES)} or an F5Variant")
+        variant = get_variant(variant)
+    elif variant is None:
+        variant = detect_variant(state, hint=str(ckpt_path))
+        logger.info("detected F5-TTS variant %s (%s) in %s", variant.name, variant.size, ckpt_path)
+
+    embed = state.get(_TEXT_EMBED_KEY)
+    if embed is not None and embed.shape[0] != len(vocab) + 1:
+        raise CheckpointMismatch(
+            str(ckpt_path),
+            shapes=[f"{_TEXT_EMBED_KEY}: checkpoint {tuple(embed.shape)}"],
+            detail=f"the text embedding has {embed.shape[0]} rows but {vocab_file} gives "
+            f"{len(vocab)} tokens (+1 filler row = {len(vocab) + 1}); use the vocab.txt the "
+            f"checkpoint was trained with",
+        )
+
+    model = ConditionalFlowMatching(
+        variant.build_backbone(text_num_embeds=len(vocab)),
+        num_channels=variant.mel_dim,
+        mel_spec=_f5_mel,
+        ode_method=ode_method,
+    ).to(device)
+    # cast before copying, as upstream's load_checkpoint: stored buffers arrive in `dtype`
+    model = model.to(dtype if dtype is not None else _default_dtype(device))
+    _check_state(ckpt_path, model, state)
+    model.load_state_dict(state)
+    del state
+    return model.eval(), vocab
+
+
+def load_vocos(vocos_dir: str | Path, device: str | torch.device = "cpu") -> Vocos:
+    """The Vocos in ``vocos_dir`` (usually ``model_dir / "vocos"``), float32, eval mode."""
+    return _load_vocos(vocos_dir, device=device)
