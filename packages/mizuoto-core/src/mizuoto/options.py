@@ -78,12 +78,17 @@ class Options:
         unknown = set(nested) - {"compute", "engines"}
         if unknown:
             raise InvalidOption(sorted(unknown)[0], "is not an option section (compute, engines)")
-        compute = dict(nested.get("compute", {}))
+        compute = nested.get("compute", {})
+        if not isinstance(compute, Mapping):
+            raise InvalidOption("compute", "must be a table of options, e.g. compute.device=cpu")
         known = {a.name for a in attrs.fields(ComputeOptions)}
         for key in compute:
             if key not in known:
                 raise InvalidOption(f"compute.{key}", f"is not an option; known: {sorted(known)}")
         engines = nested.get("engines", {})
+        if not isinstance(engines, Mapping):
+            raise InvalidOption("engines", "must be a table of engine sections, "
+                                "e.g. engines.f5tts.<option>=...")
         for name, section in engines.items():
             if not isinstance(section, Mapping):
                 raise InvalidOption(f"engines.{name}", "must be a table of options")
@@ -122,7 +127,8 @@ class Options:
             return parse_attrs(engine_cls.options_class, self.engine(engine_cls.name),
                                f"engines.{engine_cls.name}")
         except InvalidRequest as exc:
-            raise InvalidOption(exc.field, exc.problem) from exc
+            problem = f"{exc.problem} ({exc.fix})" if exc.fix else exc.problem
+            raise InvalidOption(exc.field, problem) from exc
 
     def validate_engines(self) -> None:
         """Check ``engines.<name>`` sections of installed engines (others are kept as given)."""
