@@ -1,0 +1,192 @@
+"""AudioVAE parity with upstream voxcpm 2.0.3: the same random checkpoint, bit for bit.
+
+Upstream's VAE is built and loaded as ``VoxCPMModel.from_local`` / ``VoxCPM2Model.from_local``
+do: pydantic config from the config.json section, model cast to the LM dtype and back to
+float32, then the file's state dict loaded non-strictly (we assert nothing is left out).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from mizuoto_voxcpm.audiovae import (
+    AudioVAEConfig,
+    AudioVAEV2Config,
+    audio_vae_config_from_model_config,
+    load_audio_vae,
+)
+from mizuoto_voxcpm.audiovae.fixture import (
+    TINY_V1_16K,
+    TINY_V1_44K,
+    TINY_V2,
+    write_random_audiovae,
+)
+
+pytestmark = pytest.mark.parity
+
+CASES = {
+    "v1-16k": (TINY_V1_16K, "pth"),
+    "v1-44k": (TINY_V1_44K, "safetensors"),
+    "v2": (TINY_V2, "safetensors"),
+    "v1-noise-dense": (
+        attrs.evolve(TINY_V1_16K, use_noise_block=True, depthwise=False, decoder_rates=(8, 5, 4, 4)),
+        "pth",
+    ),
+    "v2-concat-noise": (
+        attrs.evolve(
+            TINY_V2, cond_type="concat", cond_dim=6, cond_out_layer=True, use_noise_block=True
+        ),
+        "pth",
+    ),
+    "v2-add": (attrs.evolve(TINY_V2, cond_type="add"), "pth"),
+    "v2-unconditioned": (attrs.evolve(TINY_V2, sr_bin_boundaries=None), "pth"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _section(config: AudioVAEConfig | AudioVAEV2Config) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(config).items()}
+
+
+def _write_model_dir(directory: Path, config, fmt: str, seed: int = 0) -> Path:
+    architecture = "voxcpm2" if config.generation == 2 else "voxcpm"
+    (directory / "config.json").write_text(
+        json.dumps({"architecture": architecture, "audio_vae_config": _section(config)})
+    )
+    write_random_audiovae(directory, config, seed=seed, fmt=fmt)
+    return directory
+
+
+def _upstream_vae(directory: Path):
+    from voxcpm.modules.audiovae import AudioVAE, AudioVAEConfig, AudioVAEConfigV2, AudioVAEV2
+
+    raw = json.loads((directory / "config.json").read_text())
+    if raw["architecture"] == "voxcpm2":
+        vae = AudioVAEV2(config=AudioVAEConfigV2.model_validate(raw["audio_vae_config"]))
+    else:
+        vae = AudioVAE(config=AudioVAEConfig.model_validate(raw["audio_vae_config"]))
+    if (directory / "audiovae.safetensors").exists():
+        from safetensors.torch import load_file
+
+        state = load_file(str(directory / "audiovae.safetensors"), device="cpu")
+    else:
+        checkpoint = torch.load(directory / "audiovae.pth", map_location="cpu", weights_only=True)
+        state = checkpoint.get("state_dict", checkpoint)
+    vae = vae.to(torch.bfloat16).to(torch.float32)
+    missing, unexpected = vae.load_state_dict(state, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    return vae.eval()
+
+
+V2_CASES = [name for name, (config, _) in CASES.items() if config.generation == 2]
+_LOADED: dict[str, tuple] = {}
+
+
+def _load_pair(name: str, tmp_path_factory):
+    if name not in _LOADED:
+        config, fmt = CASES[name]
+        directory = _write_model_dir(tmp_path_factory.mktemp(name), config, fmt)
+        ours_config = audio_vae_config_from_model_config(
+            json.loads((directory / "config.json").read_text())
+        )
+        assert ours_config == config
+        _LOADED[name] = (config, load_audio_vae(directory, ours_config), _upstream_vae(directory))
+    return _LOADED[name]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    return _load_pair(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=V2_CASES)
+def v2_pair(request, tmp_path_factory):
+    return _load_pair(request.param, tmp_path_factory)
+
+
+def _audio(config, batch: int = 2, seconds: float = 0.3) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(7)
+    # a length that is not a whole number of hops, so the right padding is exercised
+    samples = int(config.sample_rate * seconds) + 17
+    return 0.3 * torch.randn(batch, samples, generator=generator)
+
+
+def _latents(config, frames: int = 10) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(11)
+    # upstream's "concat" condition repeats a batch-1 embedding: it only decodes batch 1
+    batch = 1 if getattr(config, "cond_type", None) == "concat" else 2
+    return torch.randn(batch, config.latent_dim, frames, generator=generator)
+
+
+@torch.inference_mode()
+def test_encode_is_bit_exact(pair):
+    config, ours, upstream = pair
+    audio = _audio(config)
+    expected = upstream.encode(audio, config.sample_rate)
+    assert torch.equal(ours.encode(audio, config.sample_rate), expected)
+    # the (B, 1, T) form too
+    assert torch.equal(ours.encode(audio[:1, None], None), upstream.encode(audio[:1, None], None))
+
+
+@torch.inference_mode()
+def test_decode_is_bit_exact(pair):
+    config, ours, upstream = pair
+    drawn = _latents(config)
+    encoded = upstream.encode(_audio(config, batch=drawn.shape[0]), config.sample_rate)
+    for latents in (drawn, encoded):
+        torch.manual_seed(3)  # the noise block draws from the global generator
+        expected = upstream.decode(latents)
+        torch.manual_seed(3)
+        actual = ours.decode(latents)
+        assert actual.shape == (len(latents), 1, latents.shape[-1] * config.decode_hop_length)
+        assert torch.isfinite(actual).all()
+        assert torch.equal(actual, expected)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("out_sample_rate", [16000, 24000, 44100, 48000])
+def test_v2_decode_at_each_sample_rate_bucket(v2_pair, out_sample_rate):
+    config, ours, upstream = v2_pair
+    latents = _latents(config, frames=6)
+    condition = torch.tensor([out_sample_rate], dtype=torch.int32)
+    torch.manual_seed(5)
+    expected = upstream.decode(latents, condition)
+    torch.manual_seed(5)
+    assert torch.equal(ours.decode(latents, out_sample_rate), expected)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("chunks", [(4, 4, 4), (1, 2, 1, 3, 1, 4)], ids=["patches", "uneven"])
+def test_v2_streaming_chunks_are_bit_exact(v2_pair, chunks):
+    config, ours, upstream = v2_pair
+    latents = _latents(config, frames=sum(chunks))
+    bounds = torch.tensor((0, *chunks)).cumsum(0).tolist()
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+    expected, actual = [], []
+    torch.manual_seed(9)
+    with upstream.streaming_decode() as decoder:
+        for start, end in spans:
+            expected.append(decoder.decode_chunk(latents[..., start:end]))
+    torch.manual_seed(9)
+    with ours.streaming_decoder() as decoder:
+        for start, end in spans:
+            actual.append(decoder.decode_chunk(latents[..., start:end]))
+    for ours_chunk, upstream_chunk in zip(actual, expected, strict=True):
+        assert torch.equal(ours_chunk, upstream_chunk)
+    # upstream restores its unpatched decoder afterwards: a whole decode is unaffected
+    torch.manual_seed(1)
+    whole = upstream.decode(latents)
+    torch.manual_seed(1)
+    assert torch.equal(ours.decode(latents), whole)
