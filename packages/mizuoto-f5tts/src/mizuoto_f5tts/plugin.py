@@ -1,1 +1,43 @@
-from mizuoto import hookimpl  # noqa: F401
+"""The F5-TTS plugin: the engine, its catalog entries and its contract fixtures."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from mizuoto import ContractFixture, hookimpl
+
+# Few sampling steps and a short fixed duration keep contract requests fast on tiny models.
+_FAST = {"fix_duration": 2.0}
+_FAST_STEPS = 4
+
+
+@hookimpl
+def register_engines(register):
+    from mizuoto_f5tts.engine import F5Engine
+
+    register(F5Engine)
+
+
+@hookimpl
+def register_models(register):
+    from mizuoto_f5tts.catalog import ENTRIES
+
+    for entry in ENTRIES:
+        register(entry)
+
+
+def _write_tiny(variant: str, directory) -> None:
+    from mizuoto_f5tts.fixtures import write_random_model_dir
+
+    write_random_model_dir(directory, variant, size="tiny", seed=0)
+
+
+@hookimpl
+def register_contract_fixtures(register):
+    for variant, label in (("v1_base", "F5-TTS v1 Base"), ("base", "F5-TTS Base"),
+                           ("e2_base", "E2-TTS Base")):
+        register(ContractFixture(
+            engine="f5tts", name=f"tiny-{variant.replace('_', '-')}",
+            make=partial(_write_tiny, variant), request_params=_FAST, steps=_FAST_STEPS,
+            needs_reference_text=True,
+            description=f"{label} architecture at dim 64, random weights, tiny Vocos"))
