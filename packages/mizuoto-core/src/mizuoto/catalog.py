@@ -125,6 +125,8 @@ def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | No
             continue
         link = directory / name
         if not link.exists():
+            if link.is_symlink():  # dangling: its hub-cache blob was deleted
+                link.unlink()
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(Path(local).resolve())
     return ResolvedModel(directory, entry)

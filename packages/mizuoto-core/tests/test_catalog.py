@@ -1,0 +1,154 @@
+"""Model resolution: local directories, catalog ids, the MIZUOTO_HOME cache, offline errors."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from conftest import FAKE_ENTRY
+
+from mizuoto import CatalogEntry, HubFile, catalog, resolve_model
+from mizuoto.errors import ModelFilesMissing, ModelNotFound
+
+CATALOG = {FAKE_ENTRY.id: FAKE_ENTRY}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """An empty MIZUOTO_HOME, no hub reachable, and a download that must not happen."""
+    monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MIZUOTO_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file: None)
+    return tmp_path / "home"
+
+
+def _fake_hub(monkeypatch) -> types.ModuleType:
+    """Online, with a stand-in huggingface_hub whose download the test provides."""
+    monkeypatch.delenv("MIZUOTO_OFFLINE")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    module = types.ModuleType("huggingface_hub")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", module)
+    return module
+
+
+def _fill(directory: Path, names) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (directory / name).write_text(name)
+
+
+def test_a_local_directory_is_used_as_is(tmp_path, home):
+    resolved = resolve_model(tmp_path, catalog=CATALOG)
+    assert resolved.path == tmp_path.resolve() and resolved.entry is None
+    assert resolved.id == str(tmp_path.resolve())
+    assert resolve_model(str(tmp_path), catalog={}).path == tmp_path.resolve()
+
+
+def test_unknown_id_lists_known_ids(home):
+    with pytest.raises(ModelNotFound, match="'fake/large' is neither a directory nor a catalog "
+                                            "id; known ids: fake/base"):
+        resolve_model("fake/large", catalog=CATALOG)
+    with pytest.raises(ModelNotFound, match=r"none \(no engine installed\)"):
+        resolve_model("fake/large", catalog={})
+
+
+def test_the_registered_catalog_is_used_by_default(fake_plugin, home):
+    with pytest.raises(ModelNotFound, match="known ids: fake/base"):
+        resolve_model("fake/large")
+    with pytest.raises(ModelFilesMissing):
+        resolve_model("fake/base")
+
+
+def test_offline_lists_missing_files_and_the_local_directory_hint(home):
+    _fill(catalog.model_cache_dir(FAKE_ENTRY), ["fake.json"])
+    with pytest.raises(ModelFilesMissing) as raised:
+        resolve_model("fake/base", catalog=CATALOG)
+    error = raised.value
+    assert error.location == "fake/base"
+    assert error.missing == ["weights.bin (from mizuoto-test/fake/weights.bin)"]
+    assert "Put the files in a directory and pass it instead of the id" in str(error)
+    assert "--model /path/to/fake-base" in str(error)
+
+
+def test_files_in_mizuoto_home_resolve_without_network(home, monkeypatch):
+    def no_download(*args, **kwargs):
+        raise AssertionError("nothing is missing: no download may be tried")
+
+    monkeypatch.setattr(catalog, "_download", no_download)
+    directory = home / "models" / "fake--base"
+    _fill(directory, ["fake.json", "weights.bin"])
+    resolved = resolve_model("fake/base", catalog=CATALOG)
+    assert resolved.path == directory and resolved.entry is FAKE_ENTRY
+    assert resolved.id == "fake/base"
+
+
+def test_optional_files_may_be_missing(home):
+    entry = CatalogEntry("fake/lite", "fake",
+                         {"fake.json": HubFile("r", "fake.json"), "vocab.txt": HubFile("r", "v")},
+                         "MIT", optional={"vocab.txt"})
+    _fill(catalog.model_cache_dir(entry), ["fake.json"])
+    assert resolve_model("fake/lite", catalog={entry.id: entry}).entry is entry
+
+
+def test_files_in_the_hub_cache_are_linked_into_mizuoto_home(home, monkeypatch, tmp_path):
+    hub = tmp_path / "hub"
+    _fill(hub, ["fake.json", "weights.bin"])
+    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file: hub / hub_file.filename)
+    resolved = resolve_model("fake/base", catalog=CATALOG)
+    link = resolved.path / "weights.bin"
+    assert link.is_symlink() and link.resolve() == (hub / "weights.bin").resolve()
+    assert link.read_text() == "weights.bin"
+
+
+def test_online_downloads_the_missing_files(home, monkeypatch, tmp_path):
+    huggingface_hub = _fake_hub(monkeypatch)
+    fetched = []
+
+    def fake_download(repo, filename, revision=None):
+        fetched.append((repo, filename))
+        _fill(tmp_path / "hub", [filename])
+        return str(tmp_path / "hub" / filename)
+
+    huggingface_hub.hf_hub_download = fake_download
+    progress = []
+    resolved = resolve_model("fake/base", catalog=CATALOG, progress=progress.append)
+    assert sorted(fetched) == [("mizuoto-test/fake", "fake.json"),
+                               ("mizuoto-test/fake", "weights.bin")]
+    assert (resolved.path / "fake.json").read_text() == "fake.json"
+    assert progress[-1].stage == "download" and progress[-1].done == progress[-1].total == 2
+
+
+def test_a_failed_download_stops_at_the_first_file(home, monkeypatch):
+    huggingface_hub = _fake_hub(monkeypatch)
+    tried = []
+
+    def unreachable(repo, filename, revision=None):
+        tried.append(filename)
+        raise OSError("network is unreachable")
+
+    huggingface_hub.hf_hub_download = unreachable
+    with pytest.raises(ModelFilesMissing) as raised:
+        resolve_model("fake/base", catalog=CATALOG)
+    assert len(tried) == 1
+    assert len(raised.value.missing) == 2
+
+
+def test_download_false_never_downloads(home, monkeypatch):
+    monkeypatch.delenv("MIZUOTO_OFFLINE")
+    monkeypatch.setattr(catalog, "_download", lambda *a: pytest.fail("download attempted"))
+    with pytest.raises(ModelFilesMissing):
+        resolve_model("fake/base", catalog=CATALOG, download=False)
+
+
+def test_a_stale_link_in_mizuoto_home_is_replaced(home, monkeypatch, tmp_path):
+    hub = tmp_path / "hub"
+    _fill(hub, ["fake.json", "weights.bin"])
+    directory = catalog.model_cache_dir(FAKE_ENTRY)
+    directory.mkdir(parents=True)
+    (directory / "weights.bin").symlink_to(tmp_path / "deleted-blob")  # e.g. a cleared hub cache
+    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file: hub / hub_file.filename)
+    resolved = resolve_model("fake/base", catalog=CATALOG)
+    assert (resolved.path / "weights.bin").read_text() == "weights.bin"
