@@ -1,0 +1,117 @@
+"""Device and dtype choice from ``compute.device`` / ``compute.dtype``.
+
+``auto`` picks CUDA, then Apple MPS, then the CPU. The dtype policy belongs to each engine
+(it runs as its upstream does), so :func:`select_dtype` takes the engine's ``auto`` choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mizuoto.errors import InvalidOption
+from mizuoto.options import ComputeOptions
+
+#: ``compute.dtype`` names and their torch dtypes.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+AutoDtype = torch.dtype | Callable[[torch.device], torch.dtype]
+
+
+def select_device(compute: ComputeOptions | str = "auto") -> torch.device:
+    """The device named by ``compute.device`` (``auto``, ``cpu``, ``cuda[:n]``, ``mps``).
+
+    Raises :class:`InvalidOption` when the named backend is not available here.
+    """
+    name = compute.device if isinstance(compute, ComputeOptions) else compute
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise InvalidOption("compute.device", f"{name!r} is not a device: {exc}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidOption("compute.device", "CUDA is not available on this machine "
+                                "(use compute.device=auto or cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InvalidOption("compute.device", f"{name} does not exist: "
+                                f"{torch.cuda.device_count()} CUDA device(s) here")
+    elif device.type == "mps" and not _mps_available():
+        raise InvalidOption("compute.device", "Apple MPS is not available on this machine "
+                            "(use compute.device=auto or cpu)")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise InvalidOption("compute.device", f"{name!r} is not cpu, cuda or mps")
+    return device
+
+
+def select_dtype(
+    compute: ComputeOptions | str,
+    device: torch.device,
+    *,
+    auto: AutoDtype = torch.float32,
+    supported: tuple[torch.dtype, ...] = tuple(DTYPES.values()),
+) -> torch.dtype:
+    """The dtype named by ``compute.dtype``; ``auto`` is the engine's choice for ``device``.
+
+    ``auto`` is a dtype or a function of the device (an engine passes its upstream's rule).
+    A dtype the engine does not support, or bfloat16 on a CUDA device without it, raises
+    :class:`InvalidOption`.
+    """
+    name = compute.dtype if isinstance(compute, ComputeOptions) else compute
+    if name == "auto":
+        dtype = auto(device) if callable(auto) else auto
+    elif name in DTYPES:
+        dtype = DTYPES[name]
+    else:
+        raise InvalidOption("compute.dtype", f"must be auto or one of {', '.join(DTYPES)}, "
+                            f"got {name!r}")
+    if dtype not in supported:
+        names = ", ".join(dtype_name(d) for d in supported)
+        raise InvalidOption("compute.dtype", f"{dtype_name(dtype)} is not supported by this "
+                            f"engine (use auto or one of {names})")
+    if dtype == torch.bfloat16 and device.type == "cuda" and not bf16_supported(device):
+        raise InvalidOption("compute.dtype", f"{describe(device)} has no bfloat16 support "
+                            "(use float16 or float32)")
+    return dtype
+
+
+def half_precision_or_float32(device: torch.device) -> torch.dtype:
+    """A common ``auto`` rule: float16 on CUDA, float32 elsewhere."""
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively (CPU and MPS: emulated or recent only)."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported()
+    return True
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def describe(device: torch.device | str) -> str:
+    """One line for logs and ``Applied``: ``cuda:0 (NVIDIA H200, 139.7 GiB, sm_90)``."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        memory = props.total_memory / 2**30
+        return f"cuda:{index} ({props.name}, {memory:.1f} GiB, sm_{props.major}{props.minor})"
+    if device.type == "cpu":
+        return f"cpu ({torch.get_num_threads()} threads)"
+    return str(device)
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())

@@ -1,0 +1,233 @@
+"""Runtime helpers: devices, threads, compile fallback, weight-norm folding, checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.nn.utils import parametrize
+
+from mizuoto.errors import CheckpointMismatch, InvalidOption, ModelFilesMissing
+from mizuoto.options import ComputeOptions
+from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto.runtime.compile import maybe_compile
+from mizuoto.runtime.device import describe, half_precision_or_float32, select_device, select_dtype
+from mizuoto.runtime.threads import apply_cpu_threads, check_cpu_allocator, loaded_allocator
+from mizuoto.runtime.weight_norm import fold_weight_norm
+
+# --- device and dtype ---------------------------------------------------------------------
+
+
+def test_select_device():
+    assert select_device(ComputeOptions(device="cpu")) == torch.device("cpu")
+    auto = select_device(ComputeOptions())
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available() and torch.backends.mps.is_available():
+        expected = "mps"
+    assert auto.type == expected
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidOption, match="compute.device.*CUDA is not available"):
+            select_device("cuda:0")
+
+
+def test_select_dtype_uses_engine_policy():
+    cpu = torch.device("cpu")
+    assert select_dtype(ComputeOptions(), cpu) == torch.float32
+    assert select_dtype("auto", cpu, auto=torch.bfloat16) == torch.bfloat16
+    assert select_dtype("auto", cpu, auto=half_precision_or_float32) == torch.float32
+    assert half_precision_or_float32(torch.device("cuda")) == torch.float16
+    assert select_dtype(ComputeOptions(dtype="bfloat16"), cpu) == torch.bfloat16
+    with pytest.raises(InvalidOption, match="float16 is not supported"):
+        select_dtype("float16", cpu, supported=(torch.float32, torch.bfloat16))
+
+
+def test_describe():
+    assert describe("cpu") == f"cpu ({torch.get_num_threads()} threads)"
+    assert describe(torch.device("mps")) == "mps"
+
+
+# --- threads and allocator ----------------------------------------------------------------
+
+
+def test_apply_cpu_threads_sets_and_reports():
+    before = torch.get_num_threads()
+    try:
+        assert apply_cpu_threads(ComputeOptions(cpu_threads=1)) == 1
+        assert torch.get_num_threads() == 1
+        assert apply_cpu_threads(ComputeOptions()) == 1  # None leaves it alone
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_allocator_detection(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert loaded_allocator(maps) is None
+    assert check_cpu_allocator(ComputeOptions(), maps=maps) is None
+    warning = check_cpu_allocator(ComputeOptions(cpu_allocator="jemalloc"), maps=maps)
+    assert "libjemalloc" in warning and "LD_PRELOAD" in warning
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libtcmalloc_minimal.so.4\n")
+    assert loaded_allocator(maps) == "tcmalloc"
+    assert check_cpu_allocator(ComputeOptions(cpu_allocator="tcmalloc"), maps=maps) is None
+    assert "using tcmalloc" in check_cpu_allocator(ComputeOptions(cpu_allocator="jemalloc"),
+                                                   maps=maps)
+    assert loaded_allocator(tmp_path / "absent") is None
+
+
+# --- compile ------------------------------------------------------------------------------
+
+
+def _failing_backend(graph_module, example_inputs):
+    raise RuntimeError("no compiler here")
+
+
+def test_maybe_compile_disabled_and_eager_backend():
+    def double(x):
+        return x * 2
+
+    assert maybe_compile(double, False) == (double, None)
+    compiled, note = maybe_compile(double, True, backend="eager")
+    assert note is None
+    x = torch.arange(5.0)
+    assert torch.equal(compiled(x), x * 2)
+    assert compiled.compile_fallback_note is None
+
+
+def test_maybe_compile_falls_back_to_eager(caplog):
+    torch._dynamo.reset()
+    layer = nn.Linear(4, 3)
+    keys = list(layer.state_dict())
+    x = torch.randn(2, 4)
+    expected = layer(x)
+    compiled, note = maybe_compile(layer, True, backend=_failing_backend)
+    assert compiled is layer and note is None
+    with caplog.at_level("WARNING"):
+        assert torch.equal(compiled(x), expected)
+    assert "no compiler here" in layer.compile_fallback_note
+    assert "running eagerly" in caplog.text
+    assert torch.equal(compiled(x), expected)  # stays eager
+    assert list(layer.state_dict()) == keys
+
+
+def test_maybe_compile_raises_genuine_errors():
+    torch._dynamo.reset()
+    compiled, _ = maybe_compile(nn.Linear(4, 3), True, backend=_failing_backend)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        compiled(torch.randn(2, 5))
+
+
+# --- weight norm --------------------------------------------------------------------------
+
+
+def _randomise(module: nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+
+
+@pytest.mark.parametrize(
+    ("make", "dim"),
+    [
+        (lambda: nn.Conv1d(6, 8, 7), 0),
+        (lambda: nn.ConvTranspose1d(8, 4, 16, stride=8), 0),
+        (lambda: nn.Conv1d(6, 8, 3), 1),
+        (lambda: nn.Linear(5, 9), 0),
+        (lambda: nn.Conv1d(3, 4, 5), None),
+    ],
+)
+def test_fold_equals_removing_weight_norm(make, dim):
+    old = make()
+    torch.nn.utils.weight_norm(old, dim=dim)
+    _randomise(old, seed=1)
+    new = make()
+    torch.nn.utils.parametrizations.weight_norm(new, dim=dim)
+    _randomise(new, seed=2)
+    old_folded = fold_weight_norm(old.state_dict())
+    new_folded = fold_weight_norm(new.state_dict())
+    torch.nn.utils.remove_weight_norm(old)
+    parametrize.remove_parametrizations(new, "weight", leave_parametrized=True)
+    for module, folded in ((old, old_folded), (new, new_folded)):
+        assert set(folded) == set(module.state_dict())
+        for key, value in module.state_dict().items():
+            assert torch.equal(folded[key], value), key
+
+
+def test_fold_in_a_nested_model_keeps_other_keys():
+    model = nn.Sequential(nn.Conv1d(2, 4, 3), nn.Sequential(nn.Linear(4, 4)), nn.LayerNorm(4))
+    torch.nn.utils.parametrizations.weight_norm(model[0])
+    torch.nn.utils.weight_norm(model[1][0])
+    state = dict(model.state_dict())
+    state["gate_g"] = torch.ones(3)  # ends in _g without a _v partner: kept
+    folded = fold_weight_norm(state, device="cpu", dim=lambda key: 0)
+    assert set(folded) == {"0.bias", "0.weight", "1.0.bias", "1.0.weight", "2.weight",
+                           "2.bias", "gate_g"}
+    assert folded["2.weight"] is state["2.weight"]
+    del state["0.parametrizations.weight.original1"]
+    with pytest.raises(KeyError, match="0.weight"):
+        fold_weight_norm(state)
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+
+
+def test_load_safetensors_and_pickles(tmp_path):
+    state = {k: v.clone() for k, v in _model().state_dict().items()}
+    save_file(state, tmp_path / "m.safetensors")
+    torch.save(state, tmp_path / "m.pt")
+    torch.save({"ema_model_state_dict": state, "step": 3}, tmp_path / "ema.pth")
+    torch.save({"model": {"ema": state}}, tmp_path / "deep.bin")
+    for name, key in (("m.safetensors", None), ("m.pt", None),
+                      ("ema.pth", ("model_state_dict", "ema_model_state_dict")),
+                      ("deep.bin", "model.ema")):
+        loaded = load_state_dict_file(tmp_path / name, key)
+        assert set(loaded) == set(state)
+        assert all(torch.equal(loaded[k], state[k]) for k in state)
+    with pytest.raises(CheckpointMismatch, match="select one with key="):
+        load_state_dict_file(tmp_path / "ema.pth")
+    with pytest.raises(CheckpointMismatch, match="has no 'state_dict'"):
+        load_state_dict_file(tmp_path / "ema.pth", "state_dict")
+
+
+def test_load_state_dict_file_errors(tmp_path):
+    with pytest.raises(ModelFilesMissing, match="nope.safetensors"):
+        load_state_dict_file(tmp_path / "nope.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(CheckpointMismatch, match="cannot read"):
+        load_state_dict_file(tmp_path / "bad.safetensors")
+    (tmp_path / "m.npz").write_bytes(b"x")
+    with pytest.raises(CheckpointMismatch, match="unknown checkpoint type"):
+        load_state_dict_file(tmp_path / "m.npz")
+
+
+def test_pickles_are_loaded_weights_only(tmp_path):
+    torch.save({"weight": torch.zeros(1), "f": _failing_backend}, tmp_path / "code.pt")
+    with pytest.raises(CheckpointMismatch, match="cannot read"):
+        load_state_dict_file(tmp_path / "code.pt")
+
+
+def test_load_into_names_every_problem():
+    model = _model()
+    state = dict(_model().state_dict())
+    loaded = load_into(model, state, "ok.safetensors")
+    assert loaded is model
+    assert torch.equal(model[0].weight, state["0.weight"])
+
+    bad = dict(state)
+    del bad["1.running_var"]
+    bad["extra.weight"] = torch.zeros(2)
+    bad["0.weight"] = torch.zeros(5, 3)
+    before = model[0].bias.clone()
+    bad["0.bias"] = torch.full((4,), 7.0)
+    with pytest.raises(CheckpointMismatch) as error:
+        load_into(model, bad, "model.safetensors")
+    assert error.value.missing == ["1.running_var"]
+    assert error.value.unexpected == ["extra.weight"]
+    assert error.value.shapes == ["0.weight: checkpoint (5, 3), model (4, 3)"]
+    assert "model.safetensors" in str(error.value)
+    assert torch.equal(model[0].bias, before)  # nothing was loaded
