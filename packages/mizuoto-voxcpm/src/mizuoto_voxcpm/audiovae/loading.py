@@ -2,8 +2,9 @@
 
 Upstream wraps every convolution in ``torch.nn.utils.weight_norm`` (the old hook API), so the
 file holds ``<conv>.weight_g`` and ``<conv>.weight_v`` and each forward recomputes
-``torch._weight_norm(v, g, 0)``. We fold that once, on the VAE's device and in float32, which
-gives the same weight bits as upstream's per-call recomputation on that device.
+``torch._weight_norm(v, g, 0)``. We fold that once (``mizuoto.runtime.weight_norm``), on the
+VAE's device and in float32, which gives the same weight bits as upstream's per-call
+recomputation on that device.
 
 Unlike upstream (``load_state_dict(strict=False)``), loading is strict: a missing, unexpected
 or misshapen key raises ``CheckpointMismatch`` naming it. The one exception is the decoder's
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+from mizuoto.runtime.weight_norm import fold_weight_norm
 from mizuoto_voxcpm.audiovae.causal import CausalConv1d, CausalConvTranspose1d
 from mizuoto_voxcpm.audiovae.config import AudioVAEConfig, AudioVAEV2Config
 from mizuoto_voxcpm.audiovae.v1 import AudioVAE
@@ -119,27 +121,22 @@ def load_audio_vae(
             detail=f"the VAE configuration was {config}",
         )
 
-    state: dict[str, torch.Tensor] = {}
-    for key in vae.state_dict(keep_vars=True):
-        if f"{key}_g" in layout:
-            g = checkpoint[f"{key}_g"].to(device=device, dtype=torch.float32)
-            v = checkpoint[f"{key}_v"].to(device=device, dtype=torch.float32)
-            state[key] = fold_weight_norm(g, v)
-        elif key in checkpoint:
-            # copied into upstream's int32 buffer / float32 parameters by load_state_dict
-            dtype = torch.int32 if key in _OPTIONAL_KEYS else torch.float32
-            state[key] = checkpoint[key].to(device=device, dtype=dtype)
-        else:  # an optional buffer the file lacks: upstream keeps the config's value
+    # load_state_dict would copy into float32 parameters and upstream's int32 buffer
+    tensors = {
+        key: tensor.to(torch.int32 if key in _OPTIONAL_KEYS else torch.float32)
+        for key, tensor in checkpoint.items()
+    }
+    state = {
+        key: tensor.to(device)
+        for key, tensor in fold_weight_norm(tensors, device=device, dim=0).items()
+    }
+    for key in _OPTIONAL_KEYS:
+        if key not in state and key in layout:  # upstream keeps the config's value
             state[key] = _config_buffer(config, key, device)
     vae.load_state_dict(state, strict=True, assign=True)
     vae.requires_grad_(False)
     logger.debug("loaded AudioVAE v%d from %s on %s", config.generation, path, device)
     return vae.eval()
-
-
-def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``g * v / ||v||`` over all dims but the first: what upstream's weight-norm hook computes."""
-    return torch._weight_norm(v, g, 0)
 
 
 def _config_buffer(
