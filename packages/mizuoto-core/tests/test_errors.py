@@ -1,0 +1,71 @@
+"""Errors: messages that name the problem and the fix, and exit codes by kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from mizuoto import errors
+from mizuoto.runtime.atomic import atomic_path
+from mizuoto.runtime.seeds import resolve_seed
+
+
+def test_invalid_request_names_field_problem_and_fix():
+    error = errors.InvalidRequest("steps", "must be positive", "use 8 or more")
+    assert str(error) == "steps: must be positive (use 8 or more)"
+    assert (error.field, error.problem, error.fix) == ("steps", "must be positive", "use 8 or more")
+    assert str(errors.InvalidRequest("text", "is empty")) == "text: is empty"
+    assert isinstance(error, ValueError) and isinstance(error, errors.MizuotoError)
+    assert issubclass(errors.InvalidAudio, errors.InvalidRequest)
+
+
+def test_exit_codes_tell_kinds_apart():
+    assert errors.MizuotoError.exit_code == 1
+    assert errors.InvalidRequest.exit_code == errors.InvalidOption.exit_code == 2
+    assert errors.VoiceMismatch.exit_code == 2
+    for missing in (errors.EngineNotFound, errors.ModelNotFound, errors.ModelFilesMissing,
+                    errors.CheckpointMismatch):
+        assert missing.exit_code == 3
+    assert errors.UnsupportedCapability.exit_code == 4
+
+
+def test_model_files_missing_lists_files_and_hint():
+    error = errors.ModelFilesMissing("/models/x", ["vocab.txt", "model.pt"], "download them")
+    assert str(error) == "/models/x: missing vocab.txt, model.pt. download them"
+    assert error.missing == ["vocab.txt", "model.pt"]
+
+
+def test_checkpoint_mismatch_previews_long_key_lists():
+    keys = [f"layers.{i}.weight" for i in range(10)]
+    error = errors.CheckpointMismatch("model.pt", missing=keys, shapes=["w: (2,) != (3,)"])
+    message = str(error)
+    assert message.startswith("model.pt does not match the model configuration: missing keys: ")
+    assert "layers.7.weight, … (2 more)" in message and "layers.8.weight" not in message
+    assert "shape mismatches: w: (2,) != (3,)" in message
+    assert "unexpected" not in message
+
+
+def test_invalid_option_names_the_key():
+    error = errors.InvalidOption("compute.device", "must be one of auto, cpu")
+    assert error.key == "compute.device"
+    assert str(error) == "option 'compute.device': must be one of auto, cpu"
+
+
+def test_resolve_seed_keeps_the_callers_or_draws_one():
+    assert resolve_seed(7) == (7, False)
+    assert resolve_seed(0) == (0, False)
+    drawn = {resolve_seed(None) for _ in range(8)}
+    assert all(flag for _, flag in drawn)
+    assert all(0 <= seed < 2**32 for seed, _ in drawn)
+    assert len({seed for seed, _ in drawn}) > 1
+
+
+def test_atomic_path_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out" / "file.bin"
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"whole")
+    assert target.read_bytes() == b"whole"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("interrupted")
+    assert target.read_bytes() == b"whole"
+    assert [p.name for p in target.parent.iterdir()] == ["file.bin"]

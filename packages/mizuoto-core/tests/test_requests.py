@@ -1,0 +1,124 @@
+"""Requests and results: validated on construction, errors naming the field, frozen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+import torch
+
+from mizuoto import (
+    Applied,
+    Audio,
+    EditRequest,
+    Reference,
+    SynthesisRequest,
+    TrainingConfig,
+    Voice,
+)
+from mizuoto.contracts.requests import MAX_SEED
+from mizuoto.errors import InvalidRequest
+
+VOICE = Voice("fake", "f" * 64, 8000, {"prompt": torch.zeros(2)})
+
+
+def _field_of(make) -> str:
+    with pytest.raises(InvalidRequest) as raised:
+        make()
+    assert str(raised.value).startswith(raised.value.field + ": ")
+    return raised.value.field
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"text": ""}, "text"),
+    ({"text": " \t\n"}, "text"),
+    ({"text": 42}, "text"),
+    ({"seed": -1}, "seed"),
+    ({"seed": MAX_SEED + 1}, "seed"),
+    ({"seed": True}, "seed"),
+    ({"seed": 1.0}, "seed"),
+    ({"steps": 0}, "steps"),
+    ({"steps": 2.5}, "steps"),
+    ({"guidance": -0.5}, "guidance"),
+    ({"guidance": "high"}, "guidance"),
+    ({"instruction": "  "}, "instruction"),
+    ({"reference": Reference("ref.wav"), "voice": VOICE}, "voice"),
+])
+def test_synthesis_request_errors_name_the_field(fields, field):
+    assert _field_of(lambda: SynthesisRequest(**{"text": "Hello.", **fields})) == field
+
+
+def test_synthesis_request_accepts_the_limits():
+    request = SynthesisRequest("Hello.", seed=MAX_SEED, steps=1, guidance=0)
+    assert (request.seed, request.steps, request.guidance) == (MAX_SEED, 1, 0)
+    assert SynthesisRequest("Hello.", seed=0).seed == 0
+
+
+def test_reference_errors_name_the_field():
+    assert _field_of(lambda: Reference(3)) == "reference.audio"
+    assert _field_of(lambda: Reference("ref.wav", text=3)) == "reference.text"
+
+
+def test_reference_audio_becomes_a_path_or_stays_audio():
+    assert Reference("ref.wav").audio == Path("ref.wav")
+    audio = Audio(np.zeros(4), 16000)
+    assert Reference(audio).audio is audio
+
+
+@pytest.mark.parametrize("segments, field", [
+    ([], "segments"),
+    ([(0.5, 0.5)], "segments"),
+    ([(-0.1, 0.5)], "segments"),
+    ([(1.0, 2.0), (0.0, 0.5)], "segments"),
+    ([(0.0, 1.0), (0.5, 2.0)], "segments"),
+])
+def test_edit_request_segments(segments, field):
+    reference = Reference("ref.wav", text="the words")
+    assert _field_of(lambda: EditRequest(reference, "new words", segments)) == field
+
+
+def test_edit_request_needs_the_reference_transcript():
+    for text in (None, "  "):
+        assert _field_of(lambda t=text: EditRequest(Reference("r.wav", text=t), "new words",
+                                                    [(0, 1)])) == "reference.text"
+    request = EditRequest(Reference("r.wav", text="old"), "new", [(0, 1), (1, 2.5)])
+    assert request.segments == ((0.0, 1.0), (1.0, 2.5))
+
+
+def test_requests_and_results_are_frozen():
+    request = SynthesisRequest("Hello.", params={"speed": 1.1})
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        request.text = "Goodbye."
+    with pytest.raises(TypeError):
+        request.params["speed"] = 2.0
+    applied = Applied("fake", "m", 1, False, "float32", "cpu", sampler={"steps": 8})
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        applied.seed = 2
+    with pytest.raises(TypeError):
+        applied.sampler["steps"] = 4
+
+
+def test_params_are_copied():
+    params = {"speed": 1.1}
+    request = SynthesisRequest("Hello.", params=params)
+    params["speed"] = 2.0
+    assert request.params["speed"] == 1.1
+
+
+def test_audio_is_mono_float32_on_cpu():
+    audio = Audio(np.arange(8, dtype=np.int16), 8000)
+    assert audio.samples.dtype == torch.float32 and audio.num_samples == 8
+    assert audio.duration == 0.001
+    with pytest.raises(ValueError, match="must be 1-D"):
+        Audio(np.zeros((2, 8)), 8000)
+    with pytest.raises(ValueError):
+        Audio(np.zeros(8), 0)
+
+
+def test_training_memory_level_is_checked(tmp_path):
+    with pytest.raises(InvalidRequest) as raised:
+        TrainingConfig("full", "m", tmp_path, tmp_path, memory="tiny")
+    assert raised.value.field == "training.memory"
+    assert TrainingConfig("lora", "m", str(tmp_path), tmp_path).dataset == tmp_path
