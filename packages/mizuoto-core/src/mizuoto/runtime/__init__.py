@@ -1,1 +1,9 @@
-"""Runtime: device and dtype choice, threads and allocator, compile, checkpoint loading."""
+"""Runtime: device and dtype choice, threads and allocator, compile, checkpoint loading.
+
+- :mod:`~mizuoto.runtime.device`: ``select_device``, ``select_dtype``, ``describe``;
+- :mod:`~mizuoto.runtime.threads`: ``apply_cpu_threads``, ``check_cpu_allocator``;
+- :mod:`~mizuoto.runtime.compile`: ``maybe_compile`` (falls back to eager);
+- :mod:`~mizuoto.runtime.weight_norm`: ``fold_weight_norm`` for state dicts;
+- :mod:`~mizuoto.runtime.checkpoint`: ``load_state_dict_file``, strict ``load_into``;
+- :mod:`~mizuoto.runtime.atomic` and :mod:`~mizuoto.runtime.seeds`.
+"""

@@ -84,8 +84,17 @@ def decode_tiled(
     Peak decoder memory is that of one ``tile``-frame call, whatever ``T``. Inputs of at most
     ``tile`` frames are decoded in one call. See the module docstring for the crossfade.
     """
-    return torch.cat(list(iter_decoded_tiles(decode, frames, tile=tile, overlap=overlap,
-                                             hop=hop)), dim=-1)
+    output: Tensor | None = None
+    position = 0
+    for piece in iter_decoded_tiles(decode, frames, tile=tile, overlap=overlap, hop=hop):
+        if output is None:
+            if piece.shape[-1] == frames.shape[-1] * hop:
+                return piece  # one tile
+            # filled in place: no list of pieces plus a concatenated copy
+            output = piece.new_empty(piece.shape[:-1] + (frames.shape[-1] * hop,))
+        output[..., position : position + piece.shape[-1]] = piece
+        position += piece.shape[-1]
+    return output
 
 
 def _fade_in(length: int, like: Tensor) -> Tensor:
