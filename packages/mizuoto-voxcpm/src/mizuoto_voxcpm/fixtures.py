@@ -3,8 +3,9 @@
 ``write_random_model(directory, generation)`` writes ``config.json``, ``model.safetensors``
 (no ``audio_vae.*`` keys), the audio VAE weights and the tokenizer files. Every tensor is drawn
 from its own generator seeded by ``(seed, name)``, so the weights do not depend on the order in
-which modules are built. Random weights never fire the stop head; ``stop=True`` biases it so
-that generation stops as soon as ``min_len`` allows.
+which modules are built. The stop head is biased: ``stop="never"`` (default) never fires, so
+length is bounded by the cap; ``stop="always"`` fires as soon as ``min_len`` allows;
+``stop="random"`` leaves it random.
 """
 
 from __future__ import annotations
@@ -125,7 +126,10 @@ def seeded_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=generator)
 
 
-def random_state_dict(config: dict[str, Any], *, seed: int = 0, stop: bool = False
+STOP_MODES = ("never", "always", "random")
+
+
+def random_state_dict(config: dict[str, Any], *, seed: int = 0, stop: str = "never"
                       ) -> dict[str, torch.Tensor]:
     """Float32 weights for every key of the model built from ``config``."""
     from mizuoto_voxcpm.config import VoxCPMConfig
@@ -146,17 +150,21 @@ def random_state_dict(config: dict[str, Any], *, seed: int = 0, stop: bool = Fal
         elif name.endswith("special_token"):
             value = value * 0.5
         state[name] = value.contiguous()
-    if stop:
+    if stop not in STOP_MODES:
+        raise ValueError(f"stop must be one of {', '.join(STOP_MODES)}, got {stop!r}")
+    if stop != "random":
+        # silu(stop_proj(h)) is about 3 everywhere; the head's rows then decide the argmax
         hidden = state["stop_proj.bias"].numel()
+        sign = 1.0 if stop == "always" else -1.0
         state["stop_proj.bias"] = torch.full((hidden,), 3.0)
         state["stop_proj.weight"] = state["stop_proj.weight"] * 0.01
-        state["stop_head.weight"] = torch.stack([torch.full((hidden,), -1.0),
-                                                 torch.full((hidden,), 1.0)])
+        state["stop_head.weight"] = torch.stack([torch.full((hidden,), -sign),
+                                                 torch.full((hidden,), sign)])
     return state
 
 
 def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
-                       dtype: str = "bfloat16", stop: bool = False, realsize: bool = False,
+                       dtype: str = "bfloat16", stop: str = "never", realsize: bool = False,
                        weights_format: str = "safetensors", legacy_tokenizer: bool = True
                        ) -> Path:
     """Write a random-init model directory of ``generation`` in upstream's layout."""

@@ -9,6 +9,7 @@ right-padded) so the request can still choose ``reference_prefix``.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from mizuoto.contracts.voice import Voice
@@ -25,11 +26,16 @@ _FINGERPRINT_BYTES = 1 << 20
 def model_fingerprint(model_dir: str | Path, files: list[str]) -> str:
     """Identity of a model: its config and the size and first MiB of each weight file.
 
-    Independent of the dtype it runs in (voices hold float32 VAE latents).
+    Independent of the dtype and device it runs in (voices hold float32 VAE latents), so the
+    config's ``dtype`` and ``device`` keys are left out.
     """
     model_dir = Path(model_dir)
     digest = hashlib.sha256()
-    for name in ["config.json", *files]:
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    for key in ("dtype", "device"):
+        config.pop(key, None)
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    for name in files:
         path = model_dir / name
         digest.update(name.encode())
         digest.update(str(path.stat().st_size).encode())
