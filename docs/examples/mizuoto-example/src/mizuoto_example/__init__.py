@@ -18,7 +18,6 @@ from pathlib import Path
 
 import attrs
 import numpy as np
-import soundfile
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -40,18 +39,14 @@ from mizuoto import (
     Voice,
 )
 from mizuoto.contracts.progress import report
-from mizuoto.errors import (
-    CheckpointMismatch,
-    InvalidAudio,
-    InvalidOption,
-    ModelFilesMissing,
-)
+from mizuoto.errors import CheckpointMismatch, InvalidOption, ModelFilesMissing
+from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
 from mizuoto.runtime.seeds import resolve_seed
+from mizuoto.runtime.threads import apply_cpu_threads
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 _WEIGHT_SHAPES = {"pitch": "(vocab_size,)", "level": "(vocab_size,)"}
-_SILENCE_RMS = 1e-4
 
 
 @attrs.frozen
@@ -117,6 +112,7 @@ class ToyEngine(Engine):
             raise InvalidOption("compute.device", "the toy engine runs on the CPU only")
         if options.compute.dtype not in ("auto", "float32"):
             raise InvalidOption("compute.dtype", "the toy engine runs in float32 only")
+        apply_cpu_threads(options.compute)
         missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (model_dir / n).is_file()]
         if missing:
             raise ModelFilesMissing(str(model_dir), missing)
@@ -232,23 +228,13 @@ def _words(text: str) -> list[str]:
 
 
 def _read_reference(reference: Reference) -> Audio:
+    """The reference as mono audio; InvalidAudio for a missing, unreadable or silent one."""
     if isinstance(reference.audio, Audio):
         audio = reference.audio
     else:
-        path = reference.audio
-        if not path.is_file():
-            raise InvalidAudio("reference.audio", f"{path} does not exist",
-                               "give the path of a WAV or FLAC recording")
-        try:
-            samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-        except (soundfile.LibsndfileError, RuntimeError, ValueError) as exc:
-            raise InvalidAudio("reference.audio", f"{path} cannot be read ({exc})",
-                               "give a WAV or FLAC recording") from exc
-        audio = Audio(samples.mean(axis=1), rate)
-    if audio.num_samples == 0:
-        raise InvalidAudio("reference.audio", "is empty", "give a few seconds of speech")
-    if float(audio.samples.pow(2).mean().sqrt()) < _SILENCE_RMS:
-        raise InvalidAudio("reference.audio", "is silent", "give a recording of the voice")
+        channels, rate = read_audio(reference.audio, field="reference.audio")
+        audio = Audio(to_mono(channels)[0], rate)
+    check_not_silent(audio.samples, "reference.audio")
     return audio
 
 
