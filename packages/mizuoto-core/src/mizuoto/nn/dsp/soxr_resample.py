@@ -76,9 +76,10 @@ def load_like_librosa(
     except (sf.LibsndfileError, RuntimeError) as exc:
         raise InvalidAudio(field, f"cannot read {path} as audio: {exc}",
                            "use WAV, FLAC, OGG or MP3") from exc
-    if mono and samples.ndim > 1:
-        _check_librosa_audio(samples)
-        samples = np.mean(samples, axis=tuple(range(samples.ndim - 1)))
+    if mono:
+        _check_librosa_audio(samples)  # librosa's to_mono validates even one channel
+        if samples.ndim > 1:
+            samples = np.mean(samples, axis=tuple(range(samples.ndim - 1)))
     if sr is None:
         return samples, native_sr
     return resample_soxr(samples, native_sr, sr, "HQ"), sr
