@@ -24,6 +24,9 @@ from mizuoto_voxcpm.audiovae.fixture import (
     TINY_V1_16K,
     TINY_V1_44K,
     TINY_V2,
+    VOXCPM1_5,
+    VOXCPM2,
+    VOXCPM_0_5B,
     write_random_audiovae,
 )
 
@@ -190,3 +193,24 @@ def test_v2_streaming_chunks_are_bit_exact(v2_pair, chunks):
     whole = upstream.decode(latents)
     torch.manual_seed(1)
     assert torch.equal(ours.decode(latents), whole)
+
+
+@pytest.mark.realsize
+@torch.inference_mode()
+@pytest.mark.parametrize(
+    "config", [VOXCPM_0_5B, VOXCPM1_5, VOXCPM2], ids=["voxcpm-0.5b", "voxcpm1.5", "voxcpm2"]
+)
+def test_real_size_is_bit_exact(config, tmp_path):
+    """Real-size random VAEs (75 M, 215 M, 94 M parameters): a short encode, decode and stream."""
+    directory = _write_model_dir(tmp_path, config, "safetensors")
+    ours = load_audio_vae(directory, config)
+    upstream = _upstream_vae(directory)
+    audio = _audio(config, batch=1, seconds=0.25)
+    latents = upstream.encode(audio, config.sample_rate)
+    assert torch.equal(ours.encode(audio, config.sample_rate), latents)
+    assert torch.equal(ours.decode(latents), upstream.decode(latents))
+    if config.generation == 2:
+        with upstream.streaming_decode() as theirs, ours.streaming_decoder() as mine:
+            for start in range(0, latents.shape[-1], 4):
+                chunk = latents[..., start : start + 4]
+                assert torch.equal(mine.decode_chunk(chunk), theirs.decode_chunk(chunk))
