@@ -7,7 +7,7 @@ keys map one to one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -87,7 +87,7 @@ class CausalEncoder(nn.Module):
         latent_dim: int,
         strides: Iterable[int],
         depthwise: bool,
-        stride_left_pad,
+        stride_left_pad: Callable[[int], int],
     ) -> None:
         super().__init__()
         layers: list[nn.Module] = [CausalConv1d(1, d_model, 7, left_pad=6)]
