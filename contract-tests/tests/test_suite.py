@@ -1,0 +1,88 @@
+"""The contract suite catches broken engines, and generates its tests from capabilities.
+
+Runs the suite in-process (pytest's ``pytester``) against the example plugin's toy engine
+(``docs/examples/mizuoto-example``, installed wherever Mizuoto's tests run): as it is, then
+with one contract point broken at a time.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import attrs
+import pytest
+
+import mizuoto_example
+from mizuoto import Capability, plugins
+from mizuoto_example import ToyEngine
+
+pytest_plugins = ["pytester"]
+
+# Per toy model: 17 tests, plus test_empty_text_is_refused once; edit, design and the
+# refused-reference-text test do not apply to the toy.
+TOY_TESTS = 18
+TOY_DESELECTED = 3
+
+
+@pytest.fixture
+def run_suite(pytester, monkeypatch):
+    monkeypatch.setenv("MIZUOTO_PLUGINS", "example")
+    plugins.reset_plugins()
+
+    def run(*args):
+        return pytester.runpytest_inprocess("--pyargs", "mizuoto_contract",
+                                            "-p", "no:cacheprovider", *args)
+
+    yield run
+    plugins.reset_plugins()
+
+
+def test_the_toy_engine_passes(run_suite):
+    result = run_suite("--mizuoto-engine", "toy")
+    result.assert_outcomes(passed=TOY_TESTS, deselected=TOY_DESELECTED)
+
+
+def test_an_engine_that_ignores_the_seed_fails(run_suite, monkeypatch):
+    monkeypatch.setattr(mizuoto_example, "resolve_seed",
+                        lambda seed: (secrets.randbelow(2**32), False))
+    result = run_suite()
+    result.stdout.fnmatch_lines(["FAILED *test_seeded_synthesis_is_deterministic*toy/tiny*"])
+    assert result.ret != 0
+
+
+def test_an_engine_that_ignores_an_instruction_fails(run_suite, monkeypatch):
+    prepare = ToyEngine._prepare
+    monkeypatch.setattr(ToyEngine, "_prepare",
+                        lambda self, request: prepare(self, attrs.evolve(request,
+                                                                         instruction=None)))
+    result = run_suite()
+    result.stdout.fnmatch_lines(["FAILED *test_unsupported_capability_raises*toy/tiny-design*"])
+    assert result.ret != 0
+
+
+def test_an_engine_that_accepts_a_silent_reference_fails(run_suite, monkeypatch):
+    monkeypatch.setattr(mizuoto_example, "check_not_silent", lambda samples, field: None)
+    result = run_suite()
+    result.stdout.fnmatch_lines(["FAILED *test_silent_reference_is_invalid_audio*toy/tiny*"])
+    assert result.ret != 0
+
+
+def test_capabilities_decide_which_tests_exist(run_suite, monkeypatch):
+    info = ToyEngine.info.fget
+    fewer = {Capability.STREAM, Capability.VOICE_CACHE}
+    monkeypatch.setattr(ToyEngine, "info", property(
+        lambda self: attrs.evolve(info(self), capabilities=info(self).capabilities - fewer)))
+    result = run_suite("-v")
+    # 3 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
+    result.assert_outcomes(passed=TOY_TESTS - 3, deselected=TOY_DESELECTED + 5)
+    result.stdout.fnmatch_lines(["*test_unsupported_capability_raises?toy/tiny-stream? PASSED*",
+                                 "*test_unsupported_capability_raises?toy/tiny-voice_cache? "
+                                 "PASSED*"])
+    assert "test_stream_chunks_arrive_in_order" not in result.stdout.str()
+
+
+def test_an_engine_without_fixtures_is_a_usage_error(run_suite):
+    result = run_suite("--mizuoto-engine", "nope")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*--mizuoto-engine nope: no contract fixture registers that "
+                                 "engine*"])
