@@ -214,3 +214,16 @@ def test_real_size_is_bit_exact(config, tmp_path):
             for start in range(0, latents.shape[-1], 4):
                 chunk = latents[..., start : start + 4]
                 assert torch.equal(mine.decode_chunk(chunk), theirs.decode_chunk(chunk))
+
+
+def test_snake_equals_upstreams_torchscript_function():
+    """Upstream scripts snake; on CPU (no fuser) every call, warm or not, runs the same aten ops."""
+    from voxcpm.modules.audiovae.audio_vae import snake as upstream_snake
+
+    from mizuoto_voxcpm.audiovae.snake import snake
+
+    generator = torch.Generator().manual_seed(0)
+    for frames in (1, 7, 1000, 1000, 1000, 4097):  # past the profiling executor's warm-up
+        x = 3 * torch.randn(2, 37, frames, generator=generator)
+        alpha = torch.rand(1, 37, 1, generator=generator) + 0.05
+        assert torch.equal(snake(x, alpha), upstream_snake(x, alpha))
