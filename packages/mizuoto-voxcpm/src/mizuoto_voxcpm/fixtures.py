@@ -92,7 +92,9 @@ def realsize_config(generation: str, *, vocab_size: int = 73448,
     _check(generation)
     if generation == "voxcpm2":
         lm = _lm(2048, 28, 16, 2, 6144, vocab_size, 128, 32768, 32768)
-        local = _local(1024, 4096, 16, 12)
+        lm["kv_channels"] = 128
+        # all four stacks share the head dim (2 × rope factors): the local ones set it
+        local = {**_local(1024, 4096, 16, 12), "kv_channels": 128}
         config = {"architecture": "voxcpm2", "patch_size": 4, "residual_lm_num_layers": 8,
                   "residual_lm_no_rope": True, "scalar_quantization_latent_dim": 512,
                   "max_length": 8192}

@@ -1,0 +1,68 @@
+"""On CPU a decoding step attends over the static cache only up to the next multiple of 256
+past the current length; the masked tail must add exact zeros. Proven here at the released
+models' attention shapes (16 query heads, 2 KV heads, head dim 64 and 128, caches of 4096 and
+8192 positions), in float32 and bfloat16, against attending over the whole cache (upstream)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
+from mizuoto_voxcpm.minicpm4 import ATTEND_SPAN_MULTIPLE, Attention, KVCache
+
+
+def _config(hidden: int, head_dim: int) -> TransformerConfig:
+    return TransformerConfig(
+        hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=16,
+        num_hidden_layers=1, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+        rope_scaling=RopeScaling("longrope", (1.0,) * (head_dim // 2), (1.0,) * (head_dim // 2),
+                                 32768),
+        max_position_embeddings=32768, vocab_size=0, scale_emb=12, scale_depth=1.4,
+        dim_model_base=256)
+
+
+POSITIONS = (0, 1, 100, 255, 256, 257, 511, 700, 1023, 2000, 3000, 4095)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("hidden", "head_dim", "max_length"),
+                         [(1024, 64, 4096), (2048, 128, 8192)])
+def test_span_is_bit_exact(hidden, head_dim, max_length, dtype):
+    config = _config(hidden, head_dim)
+    torch.manual_seed(0)
+    attention = Attention(config).to(dtype)
+    cache = KVCache(config, max_length, dtype=dtype)
+    generator = torch.Generator().manual_seed(1)
+    keys = torch.randn(1, 2, max_length, head_dim, generator=generator).to(dtype)
+    values = torch.randn(1, 2, max_length, head_dim, generator=generator).to(dtype)
+    mismatches = []
+    for position in (*POSITIONS, max_length - 1):
+        cache.tensor.zero_()
+        cache.tensor[0, 0, :, :, :position] = keys[:, :, :position]
+        cache.tensor[1, 0, :, :, :position] = values[:, :, :position]
+        hidden_state = torch.randn(1, hidden, generator=generator).to(dtype)
+        cos = torch.randn(1, head_dim, generator=generator)
+        rope = (cos, torch.randn(1, head_dim, generator=generator))
+        span = cache.attend_span(position)
+        assert span % ATTEND_SPAN_MULTIPLE == 0 and span > position
+        short = attention.step(hidden_state, rope, position, span, cache.layer(0))
+        full = attention.step(hidden_state, rope, position, max_length, cache.layer(0))
+        if not torch.equal(short, full):
+            mismatches.append(position)
+    assert mismatches == []
+
+
+def test_span_rounds_up_and_caps():
+    config = _config(1024, 64)
+    cache = KVCache(config, 600)
+    assert [cache.attend_span(p) for p in (0, 255, 256, 511, 512, 599)] == \
+        [256, 256, 512, 512, 600, 600]
