@@ -56,7 +56,7 @@ def is_cjk_word(token: str) -> bool:
 
 def _added_token(value: Any, *, special: bool | None = None) -> AddedToken | str | None:
     """A config entry (string, dict or None) as transformers reads it."""
-    if value is None or isinstance(value, str):
+    if value is None or isinstance(value, (str, AddedToken)):
         return value
     if isinstance(value, dict):
         fields = {k: v for k, v in value.items() if k != "__type"}
@@ -158,6 +158,8 @@ class VoxCPMTokenizer:
                             existing.append(item)
                     value = existing
                 config[key] = value
+            if "additional_special_tokens" in config and "extra_special_tokens" not in config:
+                config["extra_special_tokens"] = config.pop("additional_special_tokens")
             for entry in tokenizer_json.get("added_tokens") or []:
                 fields = {k: v for k, v in entry.items() if k != "id"}
                 added_tokens[entry["id"]] = AddedToken(**fields)

@@ -7,6 +7,7 @@ Exact equality on a generated corpus of several hundred texts.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import pytest
@@ -261,3 +262,61 @@ def test_cli_instruction_prefix_agrees_on_plain_instructions():
     for text, instruction in itertools.product(("你好", "hello world"),
                                                ("温柔的女声", " calm voice ", "", None)):
         assert with_instruction(text, instruction) == build_final_text(text, instruction)
+
+
+# ---------------------------------------------------------------------------- config variants
+
+_EXTRA = ["<|im_start|>", "<|im_end|>"]
+_NEW_TOKEN = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+              "special": True}
+_CONFIG_VARIANTS = {
+    # no added_tokens_decoder: transformers reads special_tokens_map.json and tokenizer.json's
+    # added_tokens instead
+    "no-added-tokens-decoder": lambda c, s: c.pop("added_tokens_decoder"),
+    "legacy-branch-extras": lambda c, s: (c.pop("added_tokens_decoder"),
+                                          s.update(additional_special_tokens=_EXTRA)),
+    "no-prefix-space": lambda c, s: c.update(add_prefix_space=False),
+    "legacy-no-prefix-space": lambda c, s: c.update(add_prefix_space=False, legacy=True),
+    "new-named-tokens": lambda c, s: c.update(pad_token="<pad>", mask_token="<mask>",
+                                              sep_token="[SEP]"),
+    "additional-special-tokens": lambda c, s: c.update(additional_special_tokens=_EXTRA),
+    "extra-special-tokens": lambda c, s: c.update(extra_special_tokens=_EXTRA[::-1]),
+    "stripping-special-token": lambda c, s: c["added_tokens_decoder"]["101"].update(
+        lstrip=True, rstrip=True),
+    "added-tokens-beyond-vocab": lambda c, s: c["added_tokens_decoder"].update({
+        "2000": {"content": "<|im_start|>", **_NEW_TOKEN},
+        "1999": {"content": "<|im_end|>", **_NEW_TOKEN, "normalized": True, "special": False}}),
+    "model-specific-token": lambda c, s: c.update(image_token="<|im_start|>"),
+    "serialized-added-token": lambda c, s: c.update(unk_token={
+        "__type": "AddedToken", "content": "<unk>", "lstrip": False, "normalized": True,
+        "rstrip": False, "single_word": False, "special": True}),
+}
+_VARIANT_TEXTS = (*CORPUS[::7], "<pad>x<mask>", "[SEP]a", "<|im_start|>hi", "a<|im_end|> b",
+                  "x <|audio_start|> y")
+
+
+@pytest.mark.parametrize("variant", sorted(_CONFIG_VARIANTS))
+def test_tokenizer_config_variants(tmp_path, variant):
+    directory = write_test_tokenizer(tmp_path, legacy=False)
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    special_map = json.loads((directory / "special_tokens_map.json").read_text(encoding="utf-8"))
+    _CONFIG_VARIANTS[variant](config, special_map)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    (directory / "special_tokens_map.json").write_text(json.dumps(special_map), encoding="utf-8")
+    upstream = mask_multichar_chinese_tokens(LlamaTokenizerFast.from_pretrained(str(directory)))
+    ours = VoxCPMTokenizer.from_model_dir(directory)
+    assert {i: repr(t) for i, t in upstream.tokenizer.added_tokens_decoder.items()} == {
+        i: repr(t) for i, t in ours.backend.get_added_tokens_decoder().items()}
+    assert upstream.tokenizer.unk_token_id == ours.unk_id
+    assert [upstream(t) for t in _VARIANT_TEXTS] == [ours.encode(t) for t in _VARIANT_TEXTS]
+
+
+def test_special_tokens_map_may_be_absent(tmp_path):
+    directory = write_test_tokenizer(tmp_path, legacy=True)
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.pop("added_tokens_decoder")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    (directory / "special_tokens_map.json").unlink()
+    upstream = mask_multichar_chinese_tokens(LlamaTokenizerFast.from_pretrained(str(directory)))
+    ours = VoxCPMTokenizer.from_model_dir(directory)
+    assert [upstream(t) for t in _VARIANT_TEXTS] == [ours.encode(t) for t in _VARIANT_TEXTS]
