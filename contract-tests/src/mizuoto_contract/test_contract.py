@@ -36,6 +36,10 @@ from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
 TEXT = "Hello there, this is a contract test."
 EDITED_TEXT = "A steady voice reads that line."
 INSTRUCTION = "A calm, low voice, speaking slowly."
+# Twelve sentences, about 700 characters: long enough that engines split it into chunks.
+LONG_TEXT = " ".join(
+    f"This is sentence number {n} of a long text, read aloud in one request, chunk by chunk."
+    for n in range(1, 13))
 SEED = 1234
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -243,6 +247,16 @@ def test_edit(contract_model: ContractModel) -> None:
     result = contract_model.engine.edit(request)
     _check_result(contract_model, result, seed=SEED)
     assert torch.equal(result.audio.samples, contract_model.engine.edit(request).audio.samples)
+
+
+@requires(Capability.LONG_TEXT)
+def test_long_text(contract_model: ContractModel) -> None:
+    request = _plain_request(contract_model, text=LONG_TEXT, seed=SEED)
+    result = contract_model.engine.synthesize(request)
+    _check_result(contract_model, result, seed=SEED)
+    assert result.applied.chunks >= 1
+    assert torch.equal(result.audio.samples,
+                       contract_model.engine.synthesize(request).audio.samples)
 
 
 def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]:
