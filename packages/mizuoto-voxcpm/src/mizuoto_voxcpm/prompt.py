@@ -15,14 +15,23 @@ import numpy as np
 import torch
 
 from mizuoto.contracts.audio import Audio
-from mizuoto.nn.dsp.audio_io import read_audio, to_mono
+from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
 from mizuoto.nn.dsp.resample import resample
 from mizuoto.nn.dsp.soxr_resample import load_like_librosa, resample_soxr
 
 
 def read_prompt_audio(source: Audio | Path, sample_rate: int, *, v2: bool,
                       field: str = "reference.audio") -> torch.Tensor:
-    """Mono float32 ``(1, samples)`` at ``sample_rate`` (the VAE's input rate)."""
+    """Mono float32 ``(1, samples)`` at ``sample_rate`` (the VAE's input rate).
+
+    Silent or empty recordings raise ``InvalidAudio`` (upstream would encode them).
+    """
+    audio = _read(source, sample_rate, v2=v2, field=field)
+    check_not_silent(audio, field)
+    return audio
+
+
+def _read(source: Audio | Path, sample_rate: int, *, v2: bool, field: str) -> torch.Tensor:
     if v2:
         if isinstance(source, Audio):
             samples = source.samples.numpy()
