@@ -134,74 +134,12 @@ class VoxCPMTokenizer:
                      special_tokens_map: dict | None = None) -> VoxCPMTokenizer:
         """Build from the parsed files (what ``LlamaTokenizerFast.from_pretrained`` reads)."""
         config = dict(config)
-        config.pop("add_bos_token", None)  # dropped by transformers when tokenizer.json exists
-        config.pop("add_eos_token", None)
-        if "additional_special_tokens" in config:
-            config.setdefault("extra_special_tokens", config.pop("additional_special_tokens"))
-
-        added_tokens: dict[int, AddedToken] = {}
-        if "added_tokens_decoder" in config:
-            for index, entry in config["added_tokens_decoder"].items():
-                added_tokens[int(index)] = _added_token(entry)
-        else:
-            # transformers' legacy branch: special_tokens_map.json fills the named tokens and
-            # tokenizer.json's own added_tokens stand in for added_tokens_decoder.
-            for key, value in (special_tokens_map or {}).items():
-                if isinstance(value, dict) and key != "extra_special_tokens":
-                    value = _added_token({k: v for k, v in value.items() if k != "special"},
-                                         special=True)
-                elif key == "extra_special_tokens" and isinstance(value, list):
-                    existing = list(config.get("extra_special_tokens") or [])
-                    for item in value:
-                        item = _added_token(item, special=True) if isinstance(item, dict) else item
-                        if item not in existing:
-                            existing.append(item)
-                    value = existing
-                config[key] = value
-            if "additional_special_tokens" in config and "extra_special_tokens" not in config:
-                config["extra_special_tokens"] = config.pop("additional_special_tokens")
-            for entry in tokenizer_json.get("added_tokens") or []:
-                fields = {k: v for k, v in entry.items() if k != "id"}
-                added_tokens[entry["id"]] = AddedToken(**fields)
-        by_content = {str(token): token for token in added_tokens.values()}
-
-        named: dict[str, AddedToken | str | None] = {}
-        for key in _NAMED_SPECIAL_TOKENS:
-            value = _added_token(config.get(key, _LLAMA_DEFAULTS.get(key)))
-            if value is not None and by_content:
-                value = by_content.get(str(value), value)
-            named[key] = value
-        for key, value in config.items():  # model-specific named tokens ("*_token")
-            if key.endswith("_token") and key not in named and isinstance(value, str):
-                named[key] = value
-        extra = config.get("extra_special_tokens") or []
-        if isinstance(extra, dict):
-            for key, value in extra.items():
-                named.setdefault(key, value)
-            extra = []
-        extra = [_added_token(item) for item in extra]
-
-        legacy = bool(config.get("legacy", False))
+        added_tokens = _read_special_tokens(config, tokenizer_json, special_tokens_map)
+        named, extra = _named_and_extra_tokens(config, added_tokens)
         add_prefix_space = config.get("add_prefix_space")
         add_prefix_space = True if add_prefix_space is None else bool(add_prefix_space)
-
-        vocab, merges = _vocab_and_merges(tokenizer_json)
-        backend = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
-                                dropout=None))
-        backend.normalizer = None
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement=_METASPACE, prepend_scheme=_prepend_scheme(add_prefix_space, legacy),
-            split=False,
-        )
-        steps = [decoders.Replace(_METASPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-        if add_prefix_space:
-            steps.append(decoders.Strip(content=" ", left=1))
-        backend.decoder = decoders.Sequence(steps)
-        if tokenizer_json.get("post_processor"):
-            # kept from the file by transformers; it only matters with add_special_tokens=True
-            post = {"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []},
-                    "post_processor": tokenizer_json["post_processor"]}
-            backend.post_processor = Tokenizer.from_str(json.dumps(post)).post_processor
+        backend = _llama_backend(tokenizer_json, legacy=bool(config.get("legacy", False)),
+                                 add_prefix_space=add_prefix_space)
         backend.add_tokens(_tokens_to_add(added_tokens, named.values(), extra))
 
         def name(key: str) -> str | None:
@@ -253,6 +191,81 @@ class VoxCPMTokenizer:
 
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+
+def _read_special_tokens(config: dict, tokenizer_json: dict,
+                         special_tokens_map: dict | None) -> dict[int, AddedToken]:
+    """The added tokens by id, as PreTrainedTokenizerBase.from_pretrained reads them; fills
+    ``config`` (in place) with the named tokens of ``special_tokens_map`` where it applies."""
+    config.pop("add_bos_token", None)  # dropped by transformers when tokenizer.json exists
+    config.pop("add_eos_token", None)
+    if "additional_special_tokens" in config:
+        config.setdefault("extra_special_tokens", config.pop("additional_special_tokens"))
+    if "added_tokens_decoder" in config:
+        return {int(index): _added_token(entry)
+                for index, entry in config["added_tokens_decoder"].items()}
+    # transformers' legacy branch: special_tokens_map.json fills the named tokens and
+    # tokenizer.json's own added_tokens stand in for added_tokens_decoder.
+    for key, value in (special_tokens_map or {}).items():
+        if isinstance(value, dict) and key != "extra_special_tokens":
+            value = _added_token({k: v for k, v in value.items() if k != "special"}, special=True)
+        elif key == "extra_special_tokens" and isinstance(value, list):
+            existing = list(config.get("extra_special_tokens") or [])
+            for item in value:
+                item = _added_token(item, special=True) if isinstance(item, dict) else item
+                if item not in existing:
+                    existing.append(item)
+            value = existing
+        config[key] = value
+    if "additional_special_tokens" in config and "extra_special_tokens" not in config:
+        config["extra_special_tokens"] = config.pop("additional_special_tokens")
+    return {entry["id"]: AddedToken(**{k: v for k, v in entry.items() if k != "id"})
+            for entry in tokenizer_json.get("added_tokens") or []}
+
+
+def _named_and_extra_tokens(
+    config: dict, added_tokens: dict[int, AddedToken]
+) -> tuple[dict[str, AddedToken | str | None], list[AddedToken | str]]:
+    """Named special tokens (bos, eos, unk, ..., then model-specific ``*_token`` keys) and the
+    extra special tokens; a name whose text is an added token takes that token's flags."""
+    by_content = {str(token): token for token in added_tokens.values()}
+    named: dict[str, AddedToken | str | None] = {}
+    for key in _NAMED_SPECIAL_TOKENS:
+        value = _added_token(config.get(key, _LLAMA_DEFAULTS.get(key)))
+        if value is not None and by_content:
+            value = by_content.get(str(value), value)
+        named[key] = value
+    for key, value in config.items():
+        if key.endswith("_token") and key not in named and isinstance(value, str):
+            named[key] = value
+    extra = config.get("extra_special_tokens") or []
+    if isinstance(extra, dict):
+        for key, value in extra.items():
+            named.setdefault(key, value)
+        extra = []
+    return named, [_added_token(item) for item in extra]
+
+
+def _llama_backend(tokenizer_json: dict, *, legacy: bool, add_prefix_space: bool) -> Tokenizer:
+    """LlamaTokenizer.__init__'s backend: the file's vocab and merges, the rest rebuilt."""
+    vocab, merges = _vocab_and_merges(tokenizer_json)
+    backend = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
+                            dropout=None))
+    backend.normalizer = None
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=_METASPACE, prepend_scheme=_prepend_scheme(add_prefix_space, legacy),
+        split=False,
+    )
+    steps = [decoders.Replace(_METASPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_prefix_space:
+        steps.append(decoders.Strip(content=" ", left=1))
+    backend.decoder = decoders.Sequence(steps)
+    if tokenizer_json.get("post_processor"):
+        # kept from the file by transformers; it only matters with add_special_tokens=True
+        holder = {"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []},
+                  "post_processor": tokenizer_json["post_processor"]}
+        backend.post_processor = Tokenizer.from_str(json.dumps(holder)).post_processor
+    return backend
 
 
 def _tokens_to_add(added_tokens: dict[int, AddedToken],
