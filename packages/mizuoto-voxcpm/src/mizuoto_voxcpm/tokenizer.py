@@ -141,6 +141,8 @@ class VoxCPMTokenizer:
         backend = _llama_backend(tokenizer_json, legacy=bool(config.get("legacy", False)),
                                  add_prefix_space=add_prefix_space)
         backend.add_tokens(_tokens_to_add(added_tokens, named.values(), extra))
+        logger.debug("VoxCPM tokenizer: %d tokens, legacy=%s, add_prefix_space=%s",
+                     backend.get_vocab_size(), config.get("legacy", False), add_prefix_space)
 
         def name(key: str) -> str | None:
             value = named.get(key)
