@@ -1,6 +1,6 @@
 """Vocos neural vocoder (vocos 0.1.0, mel variant): mel ``(b, 100, t)`` -> 24 kHz audio.
 
-- `Vocos(feature_extractor, backbone, head)`; `Vocos.decode(mel)` -> ``(b, (t - 1) * hop)``
+- `Vocos(feature_extractor, backbone, head)`; `Vocos.decode(mel)` -> ``(b, t * hop)``
   audio; `Vocos.forward(audio)` re-synthesises audio through the mel features.
 - `Vocos.from_config(config)`: ``config`` is the parsed ``config.yaml`` of a Vocos release
   (``feature_extractor`` / ``backbone`` / ``head`` entries with ``class_path`` and
@@ -122,7 +122,7 @@ class Vocos(nn.Module):
 
     @torch.inference_mode()
     def decode(self, mel: torch.Tensor) -> torch.Tensor:
-        """Mel ``(b, n_mels, frames)`` -> audio ``(b, (frames - 1) * hop)``."""
+        """Mel ``(b, n_mels, frames)`` -> audio ``(b, frames * hop)``."""
         return self.head(self.backbone(mel))
 
     @torch.inference_mode()
