@@ -52,22 +52,36 @@ class LongRoPE(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
+        self.config = config
+        original = config.rope_scaling.original_max_position_embeddings
+        scale = config.max_position_embeddings / original
+        self.scaling_factor = math.sqrt(1 + math.log(scale) / math.log(original))
+        inv_freq, cos, sin = self._tables(device=None)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos_cached", cos, persistent=False)
+        self.register_buffer("sin_cached", sin, persistent=False)
+
+    def _tables(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        config = self.config
         dim = config.head_dim
         scaling = config.rope_scaling
-        max_positions = config.max_position_embeddings
-        original = scaling.original_max_position_embeddings
-        scale = max_positions / original
-        self.scaling_factor = math.sqrt(1 + math.log(scale) / math.log(original))
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2).float() / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        factors = scaling.long_factor if max_positions > original else scaling.short_factor
-        ext_factors = torch.tensor(factors, dtype=torch.float32)
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, device=device).float()
+                                                / dim))
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32,
+                                 device=device)
+        long = config.max_position_embeddings > scaling.original_max_position_embeddings
+        factors = scaling.long_factor if long else scaling.short_factor
+        ext_factors = torch.tensor(factors, dtype=torch.float32, device=device)
         freqs = torch.mul(torch.outer(positions, 1.0 / ext_factors), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_cached", emb.cos() * self.scaling_factor, persistent=False)
-        self.register_buffer("sin_cached", emb.sin() * self.scaling_factor, persistent=False)
+        return inv_freq, emb.cos() * self.scaling_factor, emb.sin() * self.scaling_factor
+
+    def rebuild(self, dtype: torch.dtype) -> None:
+        """Recompute the tables in float32 on the buffers' device, then round to ``dtype``
+        (for a model materialised from the meta device)."""
+        for name, table in zip(("inv_freq", "cos_cached", "sin_cached"),
+                               self._tables(self.inv_freq.device), strict=True):
+            setattr(self, name, table.to(dtype))
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos_cached[positions], self.sin_cached[positions]

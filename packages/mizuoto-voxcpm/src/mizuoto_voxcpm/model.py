@@ -21,7 +21,7 @@ from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.flow import sample_patch
 from mizuoto_voxcpm.local_dit import LocalDiT
 from mizuoto_voxcpm.local_encoder import LocalEncoder
-from mizuoto_voxcpm.minicpm4 import CacheFull, KVCache, MiniCPM4
+from mizuoto_voxcpm.minicpm4 import CacheFull, KVCache, LongRoPE, MiniCPM4
 
 log = logging.getLogger(__name__)
 
@@ -181,14 +181,21 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtype,
                device: torch.device | str = "cpu") -> VoxCPMModel:
-    """Build the model, cast it to ``dtype`` (rounding the RoPE tables with it, as upstream
-    does before copying the checkpoint in), then load the weights strictly."""
+    """Build the model in ``dtype`` (RoPE tables computed in float32 and rounded to ``dtype``,
+    as upstream's cast before copying the checkpoint in does), then load the weights strictly."""
     model_dir = Path(model_dir)
     path = find_weights(model_dir)
     state = read_state_dict(path)
     # upstream overwrites any audio_vae.* entries with audiovae.*: they are not LM weights
     state = {k: v for k, v in state.items() if not k.startswith("audio_vae.")}
-    model = VoxCPMModel(config).to(dtype)
+    # built on the meta device (no random init), materialised uninitialised, RoPE tables
+    # recomputed: the same values as upstream's build-in-float32-then-cast, without the init cost
+    with torch.device("meta"):
+        model = VoxCPMModel(config).to(dtype)
+    model = model.to_empty(device=device)
+    for module in model.modules():
+        if isinstance(module, LongRoPE):
+            module.rebuild(dtype)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -197,7 +204,7 @@ def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtyp
     if missing or unexpected or shapes:
         raise CheckpointMismatch(str(path), missing=missing, unexpected=unexpected, shapes=shapes)
     model.load_state_dict(state, strict=True)
-    model = model.to(device).eval()
+    model = model.eval()
     model.requires_grad_(False)
     model.allocate_caches()
     return model
