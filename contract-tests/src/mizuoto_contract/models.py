@@ -65,7 +65,8 @@ class ContractModels:
                 self._loaded[fixture.id] = exc
         loaded = self._loaded[fixture.id]
         if isinstance(loaded, BaseException):
-            raise loaded
+            raise RuntimeError(f"contract fixture {fixture.id}: writing or loading its model "
+                               f"failed: {type(loaded).__name__}: {loaded}") from loaded
         return loaded
 
     def _load(self, fixture: ContractFixture) -> ContractModel:
