@@ -141,6 +141,10 @@ class VoxCPMTokenizer:
         backend = _llama_backend(tokenizer_json, legacy=bool(config.get("legacy", False)),
                                  add_prefix_space=add_prefix_space)
         backend.add_tokens(_tokens_to_add(added_tokens, named.values(), extra))
+        if config.get("fix_mistral_regex") and backend.get_vocab_size() > 100_000:
+            # transformers would swap the pre-tokenizer for a Split + ByteLevel one here
+            raise NotImplementedError("tokenizer_config.json sets fix_mistral_regex on a vocab "
+                                      "over 100000 tokens: not a VoxCPM tokenizer")
         logger.debug("VoxCPM tokenizer: %d tokens, legacy=%s, add_prefix_space=%s",
                      backend.get_vocab_size(), config.get("legacy", False), add_prefix_space)
 
