@@ -18,8 +18,8 @@ max_duration=65536, seed=None, generator=None, keep_trajectory=False)`
   clamped to ``max_duration``; the batch is padded to the longest.
 - noise: one ``randn(duration_i, num_channels)`` per item in the model dtype, on the model
   device, drawn in batch order from ``generator``, else from a fresh generator seeded with
-  ``seed`` for *every* item (upstream re-seeds per item, so all items share the noise prefix),
-  else from torch's global generator (what upstream does without a seed).
+  ``seed`` for *every* item (upstream re-seeds per item, so each item draws what it would
+  alone), else from torch's global generator (what upstream does without a seed).
 - time grid: EPSS when ``use_epss`` (falls back to uniform for other step counts), then sway.
 - CFG: when ``cfg_strength >= 1e-5`` one batch of 2b (conditional, then without audio condition
   and text), ``pred + (pred - null_pred) * cfg_strength``.
