@@ -94,8 +94,9 @@ def test_backbone_forward_equal(models, case, batch):
     calls = [{}, {"cfg_infer": True}, {"drop_audio_cond": True, "drop_text": True}]
     with torch.no_grad():
         for kwargs in calls:
-            expected = upstream.transformer(x=x, cond=cond, text=text, time=time, mask=mask, **kwargs)
-            actual = ours.transformer(x=x, cond=cond, text=text, time=time, mask=mask, **kwargs)
+            inputs = dict(x=x, cond=cond, text=text, time=time, mask=mask, **kwargs)
+            expected = upstream.transformer(**inputs)
+            actual = ours.transformer(**inputs)
             assert torch.equal(actual, expected), kwargs
 
 
@@ -160,7 +161,9 @@ def test_sample_global_rng_audio_cond_and_editing_equal(models, case):
     assert torch.equal(actual, expected)
     assert torch.equal(actual[:, :10], cond[:, :10])
 
-    expected, actual = _sample_both(upstream, ours, cond, text, 80, settings, no_ref_audio=True, seed=4)
+    expected, actual = _sample_both(
+        upstream, ours, cond, text, 80, settings, no_ref_audio=True, seed=4
+    )
     assert torch.equal(actual, expected)
 
 
