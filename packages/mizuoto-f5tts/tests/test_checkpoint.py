@@ -157,7 +157,7 @@ def test_shape_mismatch_names_keys(tmp_path, model_dirs):
     err = info.value
     assert err.missing == ["transformer.norm_out.linear.bias"]
     assert err.unexpected == ["transformer.extra.weight"]
-    assert err.shapes == ["transformer.proj_out.weight: checkpoint (100, 32) vs model (100, 64)"]
+    assert err.shapes == ["transformer.proj_out.weight: checkpoint (100, 32), model (100, 64)"]
 
 
 def test_wrong_variant_is_a_mismatch(model_dirs):

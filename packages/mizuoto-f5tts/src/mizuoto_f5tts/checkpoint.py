@@ -11,7 +11,7 @@
   and non-persistent tables are cast like upstream's. The returned sampler has the F5 log-mel
   (24 kHz, n_fft 1024, hop 256, 100 mels, float32) as ``mel_spec``; ``vocab`` maps token ->
   id (the text embedding has ``len(vocab) + 1`` rows; id 0 is the unknown/space token).
-- `read_checkpoint(path, *, use_ema=True, device="cpu")`: the ``CFM`` state dict exactly as
+- `read_checkpoint(path, *, use_ema=True)`: the ``CFM`` state dict (on the CPU) exactly as
   upstream's ``load_checkpoint`` derives it (EMA: ``ema_model.`` removed, ``initted``/``step``
   and two legacy mel keys dropped; ``.pt`` files: ``ema_model_state_dict`` or
   ``model_state_dict``).
@@ -39,13 +39,13 @@ from pathlib import Path
 
 import attrs
 import torch
-from safetensors.torch import load_file
 
 from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
 from mizuoto.nn.dsp.mel import log_mel_spectrogram
 from mizuoto.nn.flow import ConditionalFlowMatching
 from mizuoto.nn.vocoders import Vocos
 from mizuoto.nn.vocoders import load_vocos as _load_vocos
+from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
 from mizuoto_f5tts.variants import (
     HOP_LENGTH,
     N_FFT,
@@ -100,27 +100,20 @@ def find_checkpoint(model_dir: str | Path) -> Path:
     )
 
 
-def read_checkpoint(
-    path: str | Path, *, use_ema: bool = True, device: str | torch.device = "cpu"
-) -> dict[str, torch.Tensor]:
+def read_checkpoint(path: str | Path, *, use_ema: bool = True) -> dict[str, torch.Tensor]:
     path = Path(path)
     if path.suffix == ".safetensors":
-        raw: dict = load_file(str(path), device=str(device))
-        if use_ema:
-            raw = {"ema_model_state_dict": raw}
-        else:
+        # a safetensors release is the EMA dict itself (or, without EMA, the model's)
+        raw = load_state_dict_file(path)
+        if not use_ema:
             return raw
     else:
-        raw = torch.load(path, map_location=device, weights_only=True)
-    key = "ema_model_state_dict" if use_ema else "model_state_dict"
-    if not isinstance(raw, Mapping) or key not in raw:
-        raise CheckpointMismatch(str(path), detail=f"no '{key}' entry (use_ema={use_ema})")
-    if not use_ema:
-        return dict(raw[key])
+        key = "ema_model_state_dict" if use_ema else "model_state_dict"
+        raw = load_state_dict_file(path, key=key)
+        if not use_ema:
+            return raw
     # str.replace as upstream: every "ema_model." in a key goes, not only the prefix
-    state = {
-        k.replace("ema_model.", ""): v for k, v in raw[key].items() if k not in _EMA_DROPPED
-    }
+    state = {k.replace("ema_model.", ""): v for k, v in raw.items() if k not in _EMA_DROPPED}
     for legacy in _LEGACY_MEL_KEYS:
         state.pop(legacy, None)
     return state
@@ -210,19 +203,6 @@ def _f5_mel(audio: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _check_state(path: Path, model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = [
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if missing or unexpected or shapes:
-        raise CheckpointMismatch(str(path), missing=missing, unexpected=unexpected, shapes=shapes)
-
-
 def load_f5_model(
     model_dir: str | Path,
     variant: F5Variant | str | None = None,
@@ -249,7 +229,7 @@ def load_f5_model(
         raise ModelFilesMissing(str(model_dir), [str(vocab_file)])
     vocab = read_vocab(vocab_file)
 
-    state = read_checkpoint(ckpt_path, use_ema=use_ema, device=device)
+    state = read_checkpoint(ckpt_path, use_ema=use_ema)
     if isinstance(variant, str):
         if variant not in VARIANT_NAMES:
             raise ValueError(f"variant must be one of {', '.join(VARIANT_NAMES)} or an F5Variant")
@@ -276,8 +256,7 @@ def load_f5_model(
     ).to(device)
     # cast before copying, as upstream's load_checkpoint: stored buffers arrive in `dtype`
     model = model.to(dtype if dtype is not None else _default_dtype(device))
-    _check_state(ckpt_path, model, state)
-    model.load_state_dict(state)
+    load_into(model, state, ckpt_path)
     del state
     return model.eval(), vocab
 

@@ -30,6 +30,7 @@ from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
 from mizuoto.nn.dsp.mel import melscale_fbanks, spectrogram
 from mizuoto.nn.vocoders.istft import ISTFTHead
 from mizuoto.nn.vocoders.vocos_backbone import VocosBackbone
+from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
 
 CONFIG_FILE = "config.yaml"
 WEIGHTS_FILE = "pytorch_model.bin"
@@ -141,20 +142,5 @@ def load_vocos(directory: str | Path, device: str | torch.device = "cpu") -> Voc
     with open(config_path, encoding="utf-8") as f:
         config = yaml.safe_load(f)
     model = Vocos.from_config(config, source=str(config_path))
-    state = torch.load(weights_path, map_location="cpu", weights_only=True)
-    _check_keys(weights_path, model, state)
-    model.load_state_dict(state)
+    load_into(model, load_state_dict_file(weights_path), weights_path)
     return model.eval().to(device)
-
-
-def _check_keys(path: Path, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    expected = model.state_dict()
-    shapes = [
-        f"{k}: file {tuple(state[k].shape)} vs config {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected or shapes:
-        raise CheckpointMismatch(str(path), missing=missing, unexpected=unexpected, shapes=shapes)
