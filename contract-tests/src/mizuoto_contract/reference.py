@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import soundfile
+
+from mizuoto.nn.dsp.audio_io import write_audio
 
 REFERENCE_SECONDS = 1.0
 REFERENCE_TEXT = "A steady voice reads this line."
@@ -40,11 +41,9 @@ def voiced_signal(sample_rate: int, seconds: float = REFERENCE_SECONDS) -> np.nd
 
 def write_reference(path: Path, sample_rate: int) -> Path:
     """Write :func:`voiced_signal` as a 16-bit WAV file."""
-    soundfile.write(str(path), voiced_signal(sample_rate), sample_rate, subtype="PCM_16")
-    return path
+    return write_audio(path, voiced_signal(sample_rate), sample_rate, subtype="PCM_16")
 
 
 def write_silence(path: Path, sample_rate: int) -> Path:
-    soundfile.write(str(path), np.zeros(round(sample_rate * REFERENCE_SECONDS), np.float32),
-                    sample_rate, subtype="PCM_16")
-    return path
+    silence = np.zeros(round(sample_rate * REFERENCE_SECONDS), np.float32)
+    return write_audio(path, silence, sample_rate, subtype="PCM_16")
