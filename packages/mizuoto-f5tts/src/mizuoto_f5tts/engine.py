@@ -29,7 +29,7 @@ from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, SynthesisResult
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
+from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto_f5tts import editing, reference
@@ -63,6 +63,16 @@ def _non_negative(instance, attribute, value):
         raise InvalidRequest(f"params.{attribute.name}", f"must be >= 0, got {value!r}")
 
 
+def _boolean(instance, attribute, value):
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"params.{attribute.name}", f"must be true or false, got {value!r}")
+
+
+def _number_or_none(instance, attribute, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise InvalidRequest(f"params.{attribute.name}", f"must be a number, got {value!r}")
+
+
 def _durations(value):
     if value is None:
         return None
@@ -87,16 +97,16 @@ class F5Params:
     ``tiled_decode`` forces the Vocos tile decoding used as the out-of-memory fallback.
     """
 
-    sway_sampling_coef: float | None = -1.0
+    sway_sampling_coef: float | None = attrs.field(default=-1.0, validator=_number_or_none)
     speed: float = attrs.field(default=1.0, validator=_positive("speed"))
     fix_duration: float | None = attrs.field(default=None, validator=_positive("fix_duration"))
     cross_fade_duration: float = attrs.field(default=0.15, validator=_non_negative)
     target_rms: float = attrs.field(default=0.1, validator=_positive("target_rms"))
     method: Literal["euler", "midpoint"] = attrs.field(default="euler")
-    use_epss: bool = True
-    remove_silence: bool = False
+    use_epss: bool = attrs.field(default=True, validator=_boolean)
+    remove_silence: bool = attrs.field(default=False, validator=_boolean)
     edit_durations: tuple[float, ...] | None = attrs.field(default=None, converter=_durations)
-    tiled_decode: bool = False
+    tiled_decode: bool = attrs.field(default=False, validator=_boolean)
 
     @method.validator
     def _method(self, attribute, value):
@@ -115,8 +125,9 @@ class F5Options:
         from mizuoto_f5tts.variants import VARIANT_NAMES
 
         if value != "auto" and value not in VARIANT_NAMES:
-            raise InvalidOption("engines.f5tts.variant",
-                                f"must be auto or one of {', '.join(VARIANT_NAMES)}")
+            raise InvalidRequest("engines.f5tts.variant",
+                                 f"must be auto or one of {', '.join(VARIANT_NAMES)}, "
+                                 f"got {value!r}")
 
 
 def default_voice() -> Reference:
@@ -170,8 +181,7 @@ class F5Engine(Engine):
     @classmethod
     def recognizes(cls, model_dir: Path) -> bool:
         model_dir = Path(model_dir)
-        has_checkpoint = any(model_dir.glob("model_*.safetensors")) or \
-            any(model_dir.glob("model_*.pt"))
+        has_checkpoint = any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.pt"))
         return has_checkpoint and all((model_dir / name).is_file() for name in VOCOS_FILES)
 
     @classmethod
