@@ -227,3 +227,60 @@ def test_vocos_equal(models, size):
     assert torch.equal(actual, expected)
     wav = 0.1 * torch.randn(2, 24000, generator=g)
     assert torch.equal(ours(wav), upstream(wav))
+
+
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_real_architectures_match_upstream_configs(name):
+    """Our real-size configs build upstream's exact parameter layout (on "meta": no weights)."""
+    from importlib.resources import files
+
+    import yaml
+    from f5_tts.model import DiT, UNetT
+
+    upstream_name = {"v1_base": "F5TTS_v1_Base", "base": "F5TTS_Base", "e2_base": "E2TTS_Base"}
+    config_path = files("f5_tts").joinpath(f"configs/{upstream_name[name]}.yaml")
+    arch = yaml.safe_load(config_path.read_text())["model"]["arch"]
+    variant = get_variant(name, "real")
+    for key in ("dim", "depth", "heads", "ff_mult", "text_mask_padding", "pe_attn_head"):
+        assert getattr(variant, key) == arch.get(key, getattr(variant, key)), key
+    assert variant.text_dim == arch.get("text_dim")
+    assert variant.conv_layers == arch.get("conv_layers", 0)
+    cls = DiT if variant.backbone == "dit" else UNetT
+    with torch.device("meta"):
+        theirs = cls(**arch, text_num_embeds=2545, mel_dim=100)
+        mine = variant.build_backbone(text_num_embeds=2545)
+    shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}  # noqa: E731
+    assert shapes(mine) == shapes(theirs)
+    assert sum(p.numel() for p in mine.parameters()) > 330e6
+
+
+@pytest.mark.realsize
+def test_real_vocos_equal(tmp_path):
+    from f5_tts.infer.utils_infer import load_vocoder
+
+    from mizuoto_f5tts.fixtures import write_random_vocos_dir
+
+    vocos_dir = write_random_vocos_dir(tmp_path, size="real", seed=3)
+    with contextlib.redirect_stdout(io.StringIO()):
+        upstream = load_vocoder("vocos", is_local=True, local_path=str(vocos_dir), device="cpu")
+    ours = load_vocos(vocos_dir)
+    assert sum(p.numel() for p in ours.parameters()) == pytest.approx(13.5e6, rel=0.01)
+    mel = torch.randn(1, 100, 120, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ours.decode(mel), upstream.decode(mel))
+
+
+@pytest.mark.realsize
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_real_model_sample_equal(tmp_path, name):
+    """Real-size random checkpoint: 2 Euler steps over 1.5 s, upstream vs ours (slow, ~3 GB)."""
+    variant = get_variant(name, "real")
+    model_dir = write_random_model_dir(tmp_path, variant, seed=1)
+    upstream = _upstream_model(variant, model_dir).eval()
+    ours, vocab = load_f5_model(model_dir)
+    assert ours.transformer.depth == variant.depth
+    text = _text(1, len(vocab), length=20)
+    cond = torch.randn(1, 60, 100, generator=torch.Generator().manual_seed(0))
+    expected, actual = _sample_both(
+        upstream, ours, cond, text, 140, dict(_SAMPLE_SETTINGS[0], steps=2), seed=5
+    )
+    assert torch.equal(actual, expected)
