@@ -36,6 +36,7 @@ def _cases(tmp: Path) -> dict[str, Path]:
     made: dict[str, Path] = {
         "en": EXAMPLES / "basic_ref_en.wav",
         "zh": EXAMPLES / "basic_ref_zh.wav",
+        "multi_flac": EXAMPLES.parent / "multi" / "main.flac",  # 44.1 kHz FLAC
     }
 
     def write(name, data, rate, subtype="PCM_16", fmt="WAV"):
@@ -81,7 +82,7 @@ def test_reference_audio_matches_pydub(tmp_path, upstream):
         assert torch.equal(waveform, expected), name
         assert reference.prepare_reference_text("Some text") == text
         checked.append(name)
-    assert len(checked) == 14
+    assert len(checked) == 15
 
 
 def test_silent_reference_is_refused_where_upstream_yields_silence(tmp_path, upstream):
