@@ -168,13 +168,14 @@ class F5Engine(Engine):
     params_class = F5Params
     options_class = F5Options
 
-    def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo) -> None:
+    def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo,
+                 oom_fallback: bool = True) -> None:
         self.model = model
         self.vocab = vocab
         self.vocoder = vocoder
         self._info = info
-        self._resamplers: dict[int, torch.nn.Module] = {}
-        self._oom_fallback = True
+        self._resamplers: dict[tuple[int, int], torch.nn.Module] = {}
+        self._oom_fallback = oom_fallback
 
     # -- loading --------------------------------------------------------------------------
 
@@ -229,9 +230,8 @@ class F5Engine(Engine):
             non_commercial=catalog_weights,
             fingerprint=_fingerprint(checkpoint, vocab),
         )
-        engine = cls(model=model, vocab=vocab, vocoder=vocoder, info=info)
-        engine._oom_fallback = compute.oom_fallback
-        return engine
+        return cls(model=model, vocab=vocab, vocoder=vocoder, info=info,
+                   oom_fallback=compute.oom_fallback)
 
     @property
     def info(self) -> ModelInfo:
@@ -243,9 +243,9 @@ class F5Engine(Engine):
         # torchaudio.transforms.Resample as upstream builds it: float64 kernel cast to float32
         from mizuoto.nn.dsp.resample import SincResampler
 
-        if rate not in self._resamplers:
-            self._resamplers[rate] = SincResampler(rate, new_rate)
-        return self._resamplers[rate](audio)
+        if (rate, new_rate) not in self._resamplers:
+            self._resamplers[rate, new_rate] = SincResampler(rate, new_rate)
+        return self._resamplers[rate, new_rate](audio)
 
     def _prepared_pcm(self, ref: Reference) -> tuple[torch.Tensor, int, str]:
         text = reference.prepare_reference_text(ref.text)

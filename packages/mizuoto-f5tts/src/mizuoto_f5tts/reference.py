@@ -70,6 +70,9 @@ class PreparedReference:
 def _read_pcm(source: Audio | Path) -> PcmSegment:
     if isinstance(source, Audio):
         return _audio_as_pcm16(source.samples.numpy()[:, None], source.sample_rate)
+    if not source.is_file():
+        raise InvalidAudio("reference.audio", f"{source} does not exist",
+                           "pass the path of a recording")
     try:
         info = soundfile.info(str(source))
     except (RuntimeError, soundfile.LibsndfileError, OSError) as exc:
@@ -201,8 +204,6 @@ def prepare_reference(source: Audio | Path, text: str | None, *, target_rms: flo
     """Prepare a reference recording and its transcript exactly as upstream F5-TTS does."""
     if resample is None:
         from mizuoto.nn.dsp.resample import resample
-    if isinstance(source, Path) and not source.is_file():
-        raise InvalidAudio("reference.audio", f"{source} does not exist")
     prepared_text = prepare_reference_text(text)
     waveform, rate = prepare_pcm(source)
     audio, rms = condition_audio(waveform, rate, target_rms, resample)
