@@ -63,6 +63,14 @@ class TestOdeintFixed:
         assert torch.equal(full[0], y0)
         assert torch.equal(last, full[-1])
 
+    def test_on_step_reports_each_step(self):
+        seen = []
+        t = torch.linspace(0, 1, 4)
+        y = odeint_fixed(_linear_field, torch.ones(2), t, "midpoint",
+                         on_step=lambda j, t1, y1: seen.append((j, t1.item(), y1.clone())))
+        assert [s[0] for s in seen] == [1, 2, 3]
+        assert seen[-1][1] == 1.0 and torch.equal(seen[-1][2], y[-1])
+
     def test_time_reaches_func_in_state_dtype(self):
         seen = []
 
@@ -182,8 +190,11 @@ class TestConditionalFlowMatching:
     def test_single_item_has_no_mask_and_no_cfg_at_zero(self):
         backbone = _EchoBackbone()
         sampler = ConditionalFlowMatching(backbone, num_channels=4)
-        sampler.sample(torch.randn(1, 3, 4), torch.tensor([[1, 2]]), 6, steps=2, cfg_strength=0.0)
+        steps = []
+        sampler.sample(torch.randn(1, 3, 4), torch.tensor([[1, 2]]), 6, steps=2, cfg_strength=0.0,
+                       method="midpoint", on_step=lambda done, total: steps.append((done, total)))
         assert backbone.calls[0]["mask"] is None and not backbone.calls[0]["cfg"]
+        assert len(backbone.calls) == 4 and steps == [(1, 2), (2, 2)]
 
     def test_audio_condition_needs_mel_spec(self):
         sampler = ConditionalFlowMatching(_EchoBackbone(), num_channels=4)

@@ -8,7 +8,7 @@ purpose: upstream computes the reference mel in float32 even when the model runs
 
 `sample(cond, text, duration, *, lens=None, steps=32, cfg_strength=1.0,
 sway_sampling_coef=None, use_epss=True, method=None, edit_mask=None, no_ref_audio=False,
-max_duration=65536, seed=None, generator=None, keep_trajectory=False)`
+max_duration=65536, seed=None, generator=None, keep_trajectory=False, on_step=None)`
 -> ``(mel (b, n, num_channels), trajectory (steps + 1, b, n, num_channels) or None)``:
 
 - ``cond``: reference mel ``(b, frames, num_channels)`` or audio ``(b, samples)`` (needs
@@ -26,6 +26,7 @@ max_duration=65536, seed=None, generator=None, keep_trajectory=False)`
 - ``edit_mask`` ``(b, lens.max())``: frames kept from ``cond`` (AND-ed with ``lens``);
   ``no_ref_audio`` zeroes the condition. The result equals ``cond`` wherever it was kept.
 - with b > 1 the backbone gets a padding mask from the durations; with b == 1 no mask.
+- ``on_step(done, total)`` is called after each ODE step (progress reporting).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class ConditionalFlowMatching(nn.Module):
         seed: int | None = None,
         generator: torch.Generator | None = None,
         keep_trajectory: bool = False,
+        on_step: Callable[[int, int], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.eval()
         method = self.ode_method if method is None else method
@@ -149,8 +151,8 @@ class ConditionalFlowMatching(nn.Module):
         if edit_mask is not None:
             cond_mask = cond_mask & edit_mask
 
-        if isinstance(duration, int):
-            duration = torch.full((batch,), duration, device=device, dtype=torch.long)
+        if not torch.is_tensor(duration):
+            duration = torch.full((batch,), int(duration), device=device, dtype=torch.long)
         # at least one frame past the text and the reference, so something is generated
         duration = torch.maximum(torch.maximum((text != -1).sum(dim=-1), lens) + 1, duration)
         duration = duration.clamp(max=max_duration)
@@ -184,7 +186,14 @@ class ConditionalFlowMatching(nn.Module):
 
         self.transformer.clear_cache()
         try:
-            result = odeint_fixed(velocity, y0, t, method, keep_trajectory=keep_trajectory)
+            result = odeint_fixed(
+                velocity,
+                y0,
+                t,
+                method,
+                keep_trajectory=keep_trajectory,
+                on_step=None if on_step is None else lambda j, _t, _y: on_step(j, len(t) - 1),
+            )
         finally:
             self.transformer.clear_cache()
         trajectory = result if keep_trajectory else None

@@ -1,10 +1,11 @@
 """Fixed-grid ODE integration, step for step as torchdiffeq 0.2.5's "euler" and "midpoint".
 
-`odeint_fixed(func, y0, t, method="euler", *, keep_trajectory=True)` integrates
+`odeint_fixed(func, y0, t, method="euler", *, keep_trajectory=True, on_step=None)` integrates
 ``dy/dt = func(t, y)`` over the grid ``t`` (1-D, strictly increasing or strictly decreasing,
 ``t[0]`` is the start). ``func`` receives ``t`` as a 0-dim tensor in ``y0``'s dtype. Returns the
 trajectory ``(len(t), *y0.shape)`` with ``y0`` first, or only the final state when
-``keep_trajectory`` is False.
+``keep_trajectory`` is False. ``on_step(step, t1, y1)`` (if given) is called after each step,
+``step`` counting from 1.
 
 Arithmetic as torchdiffeq: ``dt = t1 - t0`` in ``t``'s dtype; Euler ``y1 = y0 + dt * f(t0, y0)``;
 midpoint ``y_mid = y0 + f(t0, y0) * (0.5 * dt)``, ``y1 = y0 + dt * f(t0 + 0.5 * dt, y_mid)``.
@@ -28,6 +29,7 @@ def odeint_fixed(
     method: str = "euler",
     *,
     keep_trajectory: bool = True,
+    on_step: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -66,4 +68,6 @@ def odeint_fixed(
         y = y + dy
         if trajectory is not None:
             trajectory[j] = y
+        if on_step is not None:
+            on_step(j, t1, y)
     return trajectory if trajectory is not None else y
