@@ -16,6 +16,10 @@ module construction order: ``std * randn`` (std 0.02), norm gains ``1 + std * ra
 Every parameter is overwritten, including the ones DiT zero-initialises (adaLN, output
 projection), so outputs are finite noise, not speech. Buffers keep their computed values
 (rotary ``inv_freq``, Vocos windows and mel filterbank).
+
+Also: `write_random_vocos_dir(path, *, size="tiny", seed=0)` (the ``vocos/`` part alone),
+`vocos_config(size)` (its ``config.yaml`` mapping) and `random_state_dict(model, seed, std,
+buffers)` (the drawing rule, for any module).
 """
 
 from __future__ import annotations
