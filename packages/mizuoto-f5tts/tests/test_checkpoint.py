@@ -163,6 +163,16 @@ def test_shape_mismatch_names_keys(tmp_path, model_dirs):
 def test_wrong_variant_is_a_mismatch(model_dirs):
     with pytest.raises(CheckpointMismatch, match="missing keys: transformer.layers"):
         load_f5_model(model_dirs["v1_base"], get_variant("e2_base", "tiny"))
+    with pytest.raises(CheckpointMismatch, match="DIT backbone but variant 'e2_base'"):
+        load_f5_model(model_dirs["v1_base"], "e2_base")
+
+
+def test_variant_name_sets_family_and_weights_set_sizes(model_dirs):
+    # a tiny v1 checkpoint loaded as "base": v0 flags, tiny sizes
+    model, _ = load_f5_model(model_dirs["v1_base"], "base")
+    assert not model.transformer.text_embed.mask_padding
+    assert model.transformer.transformer_blocks[0].attn.pe_attn_head == 1
+    assert model.transformer.dim == 64
 
 
 def test_not_an_f5_checkpoint(tmp_path):

@@ -4,9 +4,10 @@
   ode_method="euler", checkpoint=None, vocab_file=None) -> (ConditionalFlowMatching, vocab)`:
   ``model_dir`` holds one ``*.safetensors`` (preferred) or ``*.pt`` checkpoint (or name it with
   ``checkpoint``) and usually ``vocab.txt`` (else the vocab shipped with this package, upstream's
-  default). ``variant`` is an `F5Variant`, a name in `VARIANT_NAMES`, or None to detect it from
-  the checkpoint (`detect_variant`). ``dtype`` None picks float16 on CUDA devices of compute
-  capability >= 7, else float32 (upstream's rule). The model is cast to ``dtype`` *before* the
+  default). ``variant`` is an `F5Variant` (used as is), a name in `VARIANT_NAMES` (the family:
+  sizes are read from the checkpoint, so a tiny or fine-tuned model of that family loads), or
+  None to detect it from the checkpoint (`detect_variant`). ``dtype`` None picks float16 on
+  CUDA devices of compute capability >= 7, else float32 (upstream's rule). The model is cast to ``dtype`` *before* the
   weights are copied in, so buffers stored in the file (rotary ``inv_freq``) end up in ``dtype``
   and non-persistent tables are cast like upstream's. The returned sampler has the F5 log-mel
   (24 kHz, n_fft 1024, hop 256, 100 mels, float32) as ``mel_spec``; ``vocab`` maps token ->
@@ -17,10 +18,11 @@
   ``model_state_dict``).
 - `read_vocab(path) -> dict[str, int]`: upstream's reading (``line[:-1]``; a repeated line
   keeps its last index and counts once).
-- `detect_variant(state_dict, hint="") -> F5Variant`: backbone and sizes from keys and shapes.
-  The flags not visible in the weights (text padding mask, rotary heads) come from the family:
-  a UNetT is E2 Base; a DiT is v1 Base unless ``hint`` (e.g. the checkpoint path) names v0
-  ("F5TTS_Base", "model_1200000" or a "base"/"v0" token). A known variant (real or tiny) is
+- `detect_variant(state_dict, hint="", family=None) -> F5Variant`: backbone and sizes from keys
+  and shapes. The flags not visible in the weights (text padding mask, rotary heads) come from
+  the family: ``family`` if given (must match the backbone), else a UNetT is E2 Base and a DiT
+  is v1 Base unless ``hint`` (e.g. the checkpoint path) names v0 ("F5TTS_Base",
+  "model_1200000" or a "base"/"v0" token). A known variant (real or tiny) is
   returned as is, anything else as a ``size="custom"`` variant of the family.
 - `find_checkpoint(model_dir)`, `load_vocos(vocos_dir, device="cpu")` (`mizuoto.nn.vocoders`).
 
@@ -133,7 +135,9 @@ def _is_v0_hint(hint: str) -> bool:
     return bool(re.search(r"\b(base|v0)\b", hint))
 
 
-def detect_variant(state: Mapping[str, torch.Tensor], hint: str = "") -> F5Variant:
+def detect_variant(
+    state: Mapping[str, torch.Tensor], hint: str = "", family: str | None = None
+) -> F5Variant:
     keys = list(state)
     try:
         dim = state["transformer.time_embed.time_mlp.2.weight"].shape[0]
@@ -147,14 +151,21 @@ def detect_variant(state: Mapping[str, torch.Tensor], hint: str = "") -> F5Varia
         backbone, prefix = "dit", "transformer.transformer_blocks.0."
         depth = _count(keys, r"transformer\.transformer_blocks\.(\d+)\.")
         attn, ff = prefix + "attn.", prefix + "ff.ff.0.0.weight"
-        family = get_variant("base" if _is_v0_hint(hint) else "v1_base")
+        default_family = "base" if _is_v0_hint(hint) else "v1_base"
     elif any(k.startswith("transformer.layers.") for k in keys):
         backbone, prefix = "unett", "transformer.layers.0."
         depth = _count(keys, r"transformer\.layers\.(\d+)\.")
         attn, ff = prefix + "2.", prefix + "4.ff.0.0.weight"
-        family = get_variant("e2_base")
+        default_family = "e2_base"
     else:
         raise CheckpointMismatch(hint or "checkpoint", detail="neither a DiT nor a UNetT backbone")
+    family_variant = get_variant(family or default_family)
+    if family_variant.backbone != backbone:
+        raise CheckpointMismatch(
+            hint or "checkpoint",
+            detail=f"it holds a {backbone.upper()} backbone but variant {family!r} is a "
+            f"{family_variant.backbone.upper()}; choose a matching variant or auto-detection",
+        )
     inner = state[attn + "to_q.weight"].shape[0]
     ff_inner = state[ff].shape[0]
     ff_mult = ff_inner // dim if ff_inner % dim == 0 else ff_inner / dim
@@ -176,11 +187,11 @@ def detect_variant(state: Mapping[str, torch.Tensor], hint: str = "") -> F5Varia
         has_proj = f"transformer.layers.{depth // 2}.0.weight" in state
         fields["skip_connect_type"] = "concat" if has_proj else "add"
     for known in known_variants():
-        if known.name == family.name and all(
+        if known.name == family_variant.name and all(
             getattr(known, k) == v for k, v in fields.items()
         ):
             return known
-    return attrs.evolve(family, size="custom", **fields)
+    return attrs.evolve(family_variant, size="custom", **fields)
 
 
 def _default_dtype(device: torch.device) -> torch.dtype:
@@ -230,13 +241,12 @@ def load_f5_model(
     vocab = read_vocab(vocab_file)
 
     state = read_checkpoint(ckpt_path, use_ema=use_ema)
-    if isinstance(variant, str):
-        if variant not in VARIANT_NAMES:
-            raise ValueError(f"variant must be one of {', '.join(VARIANT_NAMES)} or an F5Variant")
-        variant = get_variant(variant)
-    elif variant is None:
-        variant = detect_variant(state, hint=str(ckpt_path))
-        logger.info("detected F5-TTS variant %s (%s) in %s", variant.name, variant.size, ckpt_path)
+    if isinstance(variant, str) and variant not in VARIANT_NAMES:
+        raise ValueError(f"variant must be one of {', '.join(VARIANT_NAMES)} or an F5Variant")
+    if not isinstance(variant, F5Variant):
+        # a name fixes the family's hidden flags; sizes always come from the weights
+        variant = detect_variant(state, hint=str(ckpt_path), family=variant)
+        logger.info("F5-TTS variant %s (%s) in %s", variant.name, variant.size, ckpt_path)
 
     embed = state.get(_TEXT_EMBED_KEY)
     if embed is not None and embed.shape[0] != len(vocab) + 1:
