@@ -9,9 +9,10 @@
   None to detect it from the checkpoint (`detect_variant`). ``dtype`` None picks float16 on
   CUDA devices of compute capability >= 7, else float32 (upstream's rule). The model is cast
   to ``dtype`` *before* the weights are copied in, so buffers stored in the file (rotary
-  ``inv_freq``) end up in ``dtype`` and non-persistent tables are cast like upstream's. The returned sampler has the F5 log-mel
-  (24 kHz, n_fft 1024, hop 256, 100 mels, float32) as ``mel_spec``; ``vocab`` maps token ->
-  id (the text embedding has ``len(vocab) + 1`` rows; id 0 is the unknown/space token).
+  ``inv_freq``) end up in ``dtype`` and non-persistent tables are cast like upstream's. The
+  returned sampler (eval mode) has the F5 log-mel (24 kHz, n_fft 1024, hop 256, 100 mels,
+  float32) as ``mel_spec``; ``vocab`` maps token -> id (the text embedding has
+  ``len(vocab) + 1`` rows; id 0 is the unknown/space token).
 - `read_checkpoint(path, *, use_ema=True)`: the ``CFM`` state dict (on the CPU) exactly as
   upstream's ``load_checkpoint`` derives it (EMA: ``ema_model.`` removed, ``initted``/``step``
   and two legacy mel keys dropped; ``.pt`` files: ``ema_model_state_dict`` or
