@@ -61,16 +61,18 @@ def prompt_from_voice(voice: Voice, *, fingerprint: str, reference_prefix: bool,
                       use_prompt: bool = True) -> PromptCache:
     """The prompt a voice stands for; raises ``VoiceMismatch`` for another model's voice.
 
-    With both latents stored, ``reference_prefix=False`` leaves the reference out and
-    ``use_prompt=False`` leaves the continuation prompt out.
+    With both latents stored, ``use_prompt=False`` (an instruction) leaves the continuation
+    prompt out, else ``reference_prefix=False`` leaves the reference out.
     """
     voice.check(ENGINE, fingerprint)
     prompt = voice.tensors.get(PROMPT_LATENTS)
     reference = voice.tensors.get(REFERENCE_LATENTS)
     if prompt is not None and reference is not None:
-        if not reference_prefix:
-            reference = None
-        elif not use_prompt:
+        # as for a reference given with the request: an instruction keeps the reference voice
+        # only; otherwise reference_prefix=False keeps the continuation prompt only
+        if not use_prompt:
             prompt = None
+        elif not reference_prefix:
+            reference = None
     text = voice.texts.get(PROMPT_TEXT) if prompt is not None else None
     return PromptCache(prompt_text=text, prompt_latents=prompt, reference_latents=reference)
