@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 
 from mizuoto.errors import ModelFilesMissing
 from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig
 from mizuoto_voxcpm.fixtures import realsize_config, tiny_config
+from mizuoto_voxcpm.model import VoxCPMModel
 
 
 def _config(generation="voxcpm2", **changes):
@@ -42,6 +44,10 @@ def test_realsize_configs_are_valid():
         raw = realsize_config(generation)
         config = VoxCPMConfig.from_dict(raw)
         assert config.lm.head_dim == 2 * len(config.lm.rope_scaling.long_factor)
+        with torch.device("meta"):
+            model = VoxCPMModel(config)
+        params = sum(p.numel() for p in model.parameters())
+        assert params > 4e8, f"{generation}: {params} parameters"
 
 
 def test_residual_lm_no_rope_only_in_v2():

@@ -309,3 +309,15 @@ def test_voice_from_bf16_model_works_on_fp32_copy(model_dirs, references):
     directory = model_dirs["voxcpm2", "float32"]
     _run(directory, upstream_kwargs={"text": EN, "reference_wav_path": str(ref)},
          request_kwargs={"text": EN, "voice": voice})
+
+
+def test_v2_instruction_with_saved_voice(model_dirs, references):
+    # a voice built with a transcript holds both layouts; an instruction uses the reference only
+    instruction = "whispering"
+    ref = references["zh"]
+    directory = model_dirs["voxcpm2", "float32"]
+    voice = _engine(directory).build_voice(mizuoto.Reference(ref, REF_TEXT["zh"]))
+    result = _run(directory,
+                  upstream_kwargs={"text": f"({instruction}){ZH}", "reference_wav_path": str(ref)},
+                  request_kwargs={"text": ZH, "instruction": instruction, "voice": voice})
+    assert result.applied.extra["mode"] == "reference" and result.applied.warnings
