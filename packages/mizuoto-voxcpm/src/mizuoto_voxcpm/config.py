@@ -122,6 +122,7 @@ class VoxCPMConfig:
     dtype: str
     dit_mean_mode: bool
     audio_vae: Mapping[str, Any] | None = None
+    device: str = "cuda"  # upstream's preferred device when the caller says auto
 
     @property
     def is_v2(self) -> bool:
@@ -317,6 +318,7 @@ def _parse(raw: Mapping[str, Any], path: str) -> VoxCPMConfig:
         dtype=dtype,
         dit_mean_mode=mean_mode,
         audio_vae=dict(audio_vae) if audio_vae is not None else None,
+        device=top.get("device", str, "cuda").strip().lower(),
     )
     _validate(config)
     return config

@@ -172,7 +172,7 @@ class VoxCPMEngine(Engine):
                                     "VoxCPM needs its tokenizer files in the model directory")
         if options.compute.cpu_threads:
             torch.set_num_threads(options.compute.cpu_threads)
-        device = _pick_device(options.compute.device)
+        device = _pick_device(options.compute.device, config.device)
         dtype = _pick_dtype(engine_options.dtype, options.compute.dtype, config, device)
         report(progress, "load", 0, 3, "language model")
         model = load_model(model_dir, config, dtype=dtype, device=device)
@@ -389,18 +389,26 @@ def _raw_config(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
 
 
-def _pick_device(requested: str) -> torch.device:
-    """``auto`` prefers CUDA, then MPS, then the CPU (upstream's order)."""
+def _pick_device(requested: str, preferred: str) -> torch.device:
+    """``auto`` follows upstream: the config's ``device`` when it is available (``cpu`` always
+    is), else CUDA, then MPS, then the CPU."""
+    mps = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
     if requested != "auto":
         device = torch.device(requested)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidOption("compute.device", "CUDA is not available here; use auto or cpu")
-        if device.type == "mps" and not torch.backends.mps.is_available():
+        if device.type == "mps" and not mps:
             raise InvalidOption("compute.device", "MPS is not available here; use auto or cpu")
         return device
+    if preferred.startswith("cuda") and torch.cuda.is_available():
+        return torch.device(preferred)
+    if preferred == "mps" and mps:
+        return torch.device("mps")
+    if preferred == "cpu":
+        return torch.device("cpu")
     if torch.cuda.is_available():
         return torch.device("cuda")
-    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+    if mps:
         return torch.device("mps")
     return torch.device("cpu")
 
