@@ -321,3 +321,22 @@ def test_v2_instruction_with_saved_voice(model_dirs, references):
                   upstream_kwargs={"text": f"({instruction}){ZH}", "reference_wav_path": str(ref)},
                   request_kwargs={"text": ZH, "instruction": instruction, "voice": voice})
     assert result.applied.extra["mode"] == "reference" and result.applied.warnings
+
+
+def test_pytorch_model_bin(tmp_path_factory):
+    # VoxCPM-0.5B ships pytorch_model.bin; upstream reads {"state_dict": ...} or a plain dict
+    directory = write_random_model(tmp_path_factory.mktemp("bin") / "v05", "voxcpm-0.5b",
+                                   seed=4, weights_format="bin")
+    _run(directory, upstream_kwargs={"text": EN}, request_kwargs={"text": EN})
+
+
+@pytest.mark.parametrize("generation", ["voxcpm-1.5", "voxcpm2"])
+def test_in_memory_reference_audio(model_dirs, references, generation, tmp_path):
+    # an Audio object gives what upstream gives for the same samples in a float WAV file
+    samples, rate = sf.read(references["en"], dtype="float32")
+    path = tmp_path / "float.wav"
+    sf.write(path, samples, rate, subtype="FLOAT")
+    audio = mizuoto.Audio(torch.from_numpy(samples), rate)
+    _run(model_dirs[generation, "bfloat16"],
+         upstream_kwargs={"text": EN, **_clone_upstream(generation, path, REF_TEXT["en"])},
+         request_kwargs={"text": EN, "reference": mizuoto.Reference(audio, REF_TEXT["en"])})
