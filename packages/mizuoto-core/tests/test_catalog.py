@@ -21,7 +21,7 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MIZUOTO_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file: None)
+    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file, filename: None)
     return tmp_path / "home"
 
 
@@ -96,7 +96,7 @@ def test_optional_files_may_be_missing(home):
 def test_files_in_the_hub_cache_are_linked_into_mizuoto_home(home, monkeypatch, tmp_path):
     hub = tmp_path / "hub"
     _fill(hub, ["fake.json", "weights.bin"])
-    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file: hub / hub_file.filename)
+    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file, filename: hub / filename)
     resolved = resolve_model("fake/base", catalog=CATALOG)
     link = resolved.path / "weights.bin"
     assert link.is_symlink() and link.resolve() == (hub / "weights.bin").resolve()
@@ -105,6 +105,7 @@ def test_files_in_the_hub_cache_are_linked_into_mizuoto_home(home, monkeypatch, 
 
 def test_online_downloads_the_missing_files(home, monkeypatch, tmp_path):
     huggingface_hub = _fake_hub(monkeypatch)
+    monkeypatch.setattr(catalog, "_hub_reachable", lambda: True)
     fetched = []
 
     def fake_download(repo, filename, revision=None):
@@ -121,19 +122,34 @@ def test_online_downloads_the_missing_files(home, monkeypatch, tmp_path):
     assert progress[-1].stage == "download" and progress[-1].done == progress[-1].total == 2
 
 
-def test_a_failed_download_stops_at_the_first_file(home, monkeypatch):
+def test_an_unreachable_hub_fails_before_any_download(home, monkeypatch):
     huggingface_hub = _fake_hub(monkeypatch)
+    monkeypatch.setattr(catalog, "_hub_reachable", lambda: False)
     tried = []
-
-    def unreachable(repo, filename, revision=None):
-        tried.append(filename)
-        raise OSError("network is unreachable")
-
-    huggingface_hub.hf_hub_download = unreachable
+    huggingface_hub.hf_hub_download = lambda repo, filename, revision=None: tried.append(filename)
     with pytest.raises(ModelFilesMissing) as raised:
         resolve_model("fake/base", catalog=CATALOG)
-    assert len(tried) == 1
+    assert tried == []
     assert len(raised.value.missing) == 2
+
+
+def test_an_alternative_file_name_is_used_when_the_first_is_absent(home, monkeypatch, tmp_path):
+    huggingface_hub = _fake_hub(monkeypatch)
+    monkeypatch.setattr(catalog, "_hub_reachable", lambda: True)
+    entry = CatalogEntry(id="fake/alt", engine="fake", license="MIT", files={
+        "model.safetensors": HubFile("mizuoto-test/fake", "model.safetensors",
+                                     alternatives=["pytorch_model.bin"])})
+
+    def only_bin(repo, filename, revision=None):
+        if filename != "pytorch_model.bin":
+            raise FileNotFoundError(filename)
+        _fill(tmp_path / "hub", [filename])
+        return str(tmp_path / "hub" / filename)
+
+    huggingface_hub.hf_hub_download = only_bin
+    resolved = resolve_model("fake/alt", catalog={"fake/alt": entry})
+    assert (resolved.path / "pytorch_model.bin").read_text() == "pytorch_model.bin"
+    assert not (resolved.path / "model.safetensors").exists()
 
 
 def test_download_false_never_downloads(home, monkeypatch):
@@ -149,6 +165,6 @@ def test_a_stale_link_in_mizuoto_home_is_replaced(home, monkeypatch, tmp_path):
     directory = catalog.model_cache_dir(FAKE_ENTRY)
     directory.mkdir(parents=True)
     (directory / "weights.bin").symlink_to(tmp_path / "deleted-blob")  # e.g. a cleared hub cache
-    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file: hub / hub_file.filename)
+    monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file, filename: hub / filename)
     resolved = resolve_model("fake/base", catalog=CATALOG)
     assert (resolved.path / "weights.bin").read_text() == "weights.bin"

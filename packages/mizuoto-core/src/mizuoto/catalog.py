@@ -24,9 +24,22 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen
 class HubFile:
+    """A file in a Hugging Face repository. ``alternatives`` are other names the same file may
+    have there (e.g. ``pytorch_model.bin`` for ``model.safetensors``); the first one found is
+    used, and linked into the model directory under its own base name."""
+
     repo: str
     filename: str
     revision: str | None = None
+    alternatives: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    def candidates(self, name: str) -> list[tuple[str, str]]:
+        """``(local name, filename in the repo)`` pairs, in order of preference."""
+        folder = Path(name).parent
+        pairs = [(name, self.filename)]
+        for alternative in self.alternatives:
+            pairs.append((str(folder / Path(alternative).name), alternative))
+        return pairs
 
 
 @attrs.frozen
@@ -62,26 +75,47 @@ def model_cache_dir(entry: CatalogEntry) -> Path:
     return mizuoto_home() / "models" / entry.id.replace("/", "--")
 
 
-def downloaded_files(entry: CatalogEntry) -> dict[str, Path | None]:
-    """Each file of ``entry`` and its local path, or ``None`` when not downloaded yet."""
+def downloaded_files(entry: CatalogEntry) -> dict[str, tuple[str, Path] | None]:
+    """Each file of ``entry``: ``(local name, path)`` once downloaded, else ``None``."""
     directory = model_cache_dir(entry)
-    found: dict[str, Path | None] = {}
+    found: dict[str, tuple[str, Path] | None] = {}
     for name, hub_file in entry.files.items():
-        local = directory / name
-        if local.exists():
-            found[name] = local
-            continue
-        found[name] = _hub_cached(hub_file)
+        found[name] = None
+        for local_name, filename in hub_file.candidates(name):
+            local = directory / local_name
+            cached = local if local.exists() else _hub_cached(hub_file, filename)
+            if cached is not None:
+                found[name] = (local_name, cached)
+                break
     return found
 
 
-def _hub_cached(hub_file: HubFile) -> Path | None:
+def _hub_cached(hub_file: HubFile, filename: str) -> Path | None:
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return None
-    cached = try_to_load_from_cache(hub_file.repo, hub_file.filename, revision=hub_file.revision)
+    cached = try_to_load_from_cache(hub_file.repo, filename, revision=hub_file.revision)
     return Path(cached) if isinstance(cached, str) else None
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connection to the hub, so that offline runs fail in seconds, not after
+    huggingface_hub's retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _offline() -> bool:
@@ -120,10 +154,11 @@ def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | No
                   "pip install 'mizuoto-core[hub]'). Put the files in a directory and pass it "
                   f"instead of the id, e.g. --model /path/to/{entry.id.replace('/', '-')}"),
         )
-    for name, local in files.items():
-        if local is None:
+    for found in files.values():
+        if found is None:
             continue
-        link = directory / name
+        local_name, local = found
+        link = directory / local_name
         if not link.exists():
             if link.is_symlink():  # dangling: its hub-cache blob was deleted
                 link.unlink()
@@ -132,26 +167,31 @@ def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | No
     return ResolvedModel(directory, entry)
 
 
-def _download(entry: CatalogEntry, names: list[str], progress) -> dict[str, Path | None]:
+def _download(entry: CatalogEntry, names: list[str], progress
+              ) -> dict[str, tuple[str, Path] | None]:
     if _offline():
         return {}
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
         return {}
+    if not _hub_reachable():
+        return {}
+    # Shown once: after the download the files are cached and this path is not taken again.
     log.warning("Downloading %s (%d files). License: %s%s", entry.id, len(names), entry.license,
                 " — non-commercial use only" if entry.non_commercial else "")
-    fetched: dict[str, Path | None] = {}
+    fetched: dict[str, tuple[str, Path] | None] = {}
     for index, name in enumerate(names):
         hub_file = entry.files[name]
         report(progress, "download", index, len(names), name)
-        try:
-            fetched[name] = Path(hf_hub_download(hub_file.repo, hub_file.filename,
-                                                 revision=hub_file.revision))
-        except Exception as exc:  # network errors come in many types; the caller reports
-            log.debug("download of %s failed: %s", name, exc)
-            fetched[name] = None
-            if index == 0:
-                break  # no network: fail fast instead of trying every file
+        fetched[name] = None
+        for local_name, filename in hub_file.candidates(name):
+            try:
+                path = hf_hub_download(hub_file.repo, filename, revision=hub_file.revision)
+            except Exception as exc:  # not found, or the network went away: try the next name
+                log.debug("download of %s/%s failed: %s", hub_file.repo, filename, exc)
+                continue
+            fetched[name] = (local_name, Path(path))
+            break
     report(progress, "download", len(names), len(names))
     return fetched

@@ -80,7 +80,7 @@ def models():
         return
     for model_id, entry in sorted(entries.items()):
         files = downloaded_files(entry)
-        have = sum(1 for name, p in files.items() if p is not None)
+        have = sum(1 for found in files.values() if found is not None)
         needed = len(files)
         state = "downloaded" if have == needed else f"{have}/{needed} files"
         license_note = entry.license + (" (non-commercial)" if entry.non_commercial else "")

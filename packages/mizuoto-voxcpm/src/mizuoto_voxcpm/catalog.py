@@ -5,15 +5,24 @@ from __future__ import annotations
 from mizuoto.catalog import CatalogEntry, HubFile
 
 _TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+_OTHER_FORMAT = {
+    "model.safetensors": "pytorch_model.bin",
+    "pytorch_model.bin": "model.safetensors",
+    "audiovae.pth": "audiovae.safetensors",
+    "audiovae.safetensors": "audiovae.pth",
+}
 
 
 def _entry(model_id: str, repo: str, weights: str, vae: str, variant: str, description: str
            ) -> CatalogEntry:
-    names = ("config.json", weights, vae, *_TOKENIZER)
+    files = {name: HubFile(repo, name) for name in ("config.json", *_TOKENIZER)}
+    # The released repositories differ in weight formats; take whichever each one has.
+    files[weights] = HubFile(repo, weights, alternatives=[_OTHER_FORMAT[weights]])
+    files[vae] = HubFile(repo, vae, alternatives=[_OTHER_FORMAT[vae]])
     return CatalogEntry(
         id=model_id,
         engine="voxcpm",
-        files={name: HubFile(repo, name) for name in names},
+        files=files,
         license="Apache-2.0",
         variant=variant,
         description=description,
