@@ -8,17 +8,12 @@ import math
 import torch
 from torch import nn
 
-from mizuoto_voxcpm.audiovae.blocks import (
-    CausalDecoderBlock,
-    CausalEncoder,
-    decoder_input_layers,
-    run_layers,
-)
+from mizuoto_voxcpm.audiovae.base import AudioVAEBase
+from mizuoto_voxcpm.audiovae.blocks import CausalDecoderBlock, decoder_input_layers, run_layers
 from mizuoto_voxcpm.audiovae.causal import CausalConv1d, CausalStreamState
 from mizuoto_voxcpm.audiovae.config import AudioVAEV2Config
 from mizuoto_voxcpm.audiovae.snake import Snake1d
 from mizuoto_voxcpm.audiovae.streaming import StreamingDecoder
-from mizuoto_voxcpm.audiovae.v1 import check_sample_rate, pad_to_hop
 
 __all__ = ["AudioVAEV2", "SampleRateCondition"]
 
@@ -111,53 +106,11 @@ class ConditionedCausalDecoder(nn.Module):
         return z
 
 
-class AudioVAEV2(nn.Module):
-    """Encodes at ``config.sample_rate``; decodes to ``config.out_sample_rate`` by default.
-
-    Always float32. Build it with ``load_audio_vae``; a bare instance holds uninitialised weights.
-    """
+class AudioVAEV2(AudioVAEBase):
+    """Encodes at ``config.sample_rate``; decodes to ``config.out_sample_rate`` by default."""
 
     def __init__(self, config: AudioVAEV2Config) -> None:
-        super().__init__()
-        self.config = config
-        self.encoder = CausalEncoder(
-            config.encoder_dim,
-            config.latent_dim,
-            config.encoder_rates,
-            config.depthwise,
-            _v2_stride_left_pad,
-        )
-        self.decoder = ConditionedCausalDecoder(config)
-
-    @property
-    def sample_rate(self) -> int:
-        return self.config.sample_rate
-
-    @property
-    def out_sample_rate(self) -> int:
-        return self.config.out_sample_rate
-
-    @property
-    def latent_dim(self) -> int:
-        return self.config.latent_dim
-
-    @property
-    def hop_length(self) -> int:
-        return self.config.hop_length
-
-    @property
-    def decode_hop_length(self) -> int:
-        return self.config.decode_hop_length
-
-    def encode(self, audio: torch.Tensor, sample_rate: int | None = None) -> torch.Tensor:
-        """Latent means ``(B, latent_dim, ceil(T / hop_length))`` of ``(B, T)`` or ``(B, 1, T)``.
-
-        The audio is right-padded with zeros to a multiple of ``hop_length`` first.
-        """
-        check_sample_rate(sample_rate, self.sample_rate)
-        if audio.ndim == 2:
-            audio = audio.unsqueeze(1)
-        return self.encoder(pad_to_hop(audio, self.hop_length))
+        super().__init__(config, _v2_stride_left_pad, ConditionedCausalDecoder(config))
 
     def decode(
         self,
