@@ -49,6 +49,7 @@ from mizuoto.nn.flow import ConditionalFlowMatching
 from mizuoto.nn.vocoders import Vocos
 from mizuoto.nn.vocoders import load_vocos as _load_vocos
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto_f5tts.text import read_vocab
 from mizuoto_f5tts.variants import (
     HOP_LENGTH,
     N_FFT,
@@ -74,15 +75,6 @@ _TEXT_EMBED_KEY = "transformer.text_embed.text_embed.weight"
 def default_vocab_path() -> Path:
     """Upstream's vocab (``f5_tts/infer/examples/vocab.txt``), shipped with this package."""
     return Path(str(files("mizuoto_f5tts").joinpath("data", VOCAB_FILE)))
-
-
-def read_vocab(path: str | Path) -> dict[str, int]:
-    vocab: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            # upstream strips the last character of every line: the file must end with "\n"
-            vocab[line[:-1]] = i
-    return vocab
 
 
 def find_checkpoint(model_dir: str | Path) -> Path:
