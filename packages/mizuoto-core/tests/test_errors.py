@@ -69,3 +69,15 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
         raise RuntimeError("interrupted")
     assert target.read_bytes() == b"whole"
     assert [p.name for p in target.parent.iterdir()] == ["file.bin"]
+
+
+def test_atomic_path_gives_the_file_ordinary_permissions(tmp_path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        with atomic_path(tmp_path / "out.wav") as tmp:
+            tmp.write_bytes(b"RIFF")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "out.wav").stat().st_mode & 0o777 == 0o644
