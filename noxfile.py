@@ -127,11 +127,35 @@ print(f"total: {t - f - s} passed, {f} failed, {s} skipped")
 """
 
 
+def _plugins_output(session) -> str:
+    return session.run("mizuoto", "plugins", silent=True) or ""
+
+
+def _check_plugin_discovery(session) -> None:
+    """Core alone reports no engine; installing an engine makes it appear, uninstalling it makes
+    it disappear (real pip installs of the distributions, not mocks)."""
+    engines = ["mizuoto-f5tts", "mizuoto-voxcpm", "mizuoto-example"]
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", *engines)
+    alone = _plugins_output(session)
+    if "No plugins installed" not in alone:
+        session.error(f"core alone should report no engines, got: {alone!r}")
+    session.install("--no-deps", "packages/mizuoto-f5tts")  # a regular (non-editable) install
+    with_f5 = _plugins_output(session)
+    if "f5tts" not in with_f5 or "voxcpm" in with_f5:
+        session.error(f"after installing mizuoto-f5tts: {with_f5!r}")
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", "mizuoto-f5tts")
+    if "f5tts" in _plugins_output(session):
+        session.error("mizuoto-f5tts still listed after uninstalling it")
+    session.install("--no-deps", *PACKAGES[2:])  # back to the editable engines
+    session.log("plugin discovery: core alone, +f5tts, -f5tts all as expected")
+
+
 @nox.session(python="3.11")
 def ci(session):
     """What CI runs: unit tests, the contract suite and the tiny-model parity tests."""
     _install_base(session)
     _install_oracles(session)
+    _check_plugin_discovery(session)
     _run_suites(session, "not realsize")
 
 
