@@ -173,28 +173,31 @@ def _with_model_options(function):
 def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, params, option_pairs,
         options_file, ref_audio, ref_text, voice_file, save_voice, instruction, stream):
     """Speak TEXT (or --text-file) and write it to --output."""
+    import attrs
+
     import mizuoto
     from mizuoto.contracts import Capability, Reference, SynthesisRequest, Voice
 
     quiet = ctx.obj["quiet"]
-    progress = _progress_printer(quiet)
-    options = _options(options_file, option_pairs)
-    tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
-    reference = Reference(ref_audio, ref_text) if ref_audio else None
     if ref_text and not ref_audio:
         raise InvalidRequest("--ref-text", "needs --ref-audio")
-    voice = Voice.load(voice_file) if voice_file else None
-    if save_voice:
-        if reference is None:
-            raise InvalidRequest("--save-voice", "needs --ref-audio")
-        voice = tts.build_voice(reference)
-        voice.save(save_voice)
-        reference = None
-        log.info("saved voice to %s", save_voice)
+    if save_voice and not ref_audio:
+        raise InvalidRequest("--save-voice", "needs --ref-audio")
+    # Validate the request before loading the model: a bad request fails in milliseconds.
     request = SynthesisRequest(
-        text=_read_text(text, text_file), reference=reference, voice=voice,
+        text=_read_text(text, text_file),
+        reference=Reference(ref_audio, ref_text) if ref_audio else None,
+        voice=Voice.load(voice_file) if voice_file else None,
         instruction=instruction, seed=seed, steps=steps, guidance=guidance, params=_params(params),
     )
+    options = _options(options_file, option_pairs)
+    progress = _progress_printer(quiet)
+    tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
+    if save_voice:
+        voice = tts.build_voice(request.reference)
+        voice.save(save_voice)
+        request = attrs.evolve(request, reference=None, voice=voice)
+        log.info("saved voice to %s", save_voice)
     if stream:
         tts.require(Capability.STREAM)
         applied = _stream_to_file(tts, request, output, progress)

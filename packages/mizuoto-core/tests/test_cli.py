@@ -1,0 +1,96 @@
+"""The ``mizuoto`` command: listing, synthesis, errors and exit codes (with the in-test plugin)."""
+
+from __future__ import annotations
+
+import soundfile as sf
+from click.testing import CliRunner
+
+from mizuoto.cli import cli
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, list(args), obj={}, catch_exceptions=False)
+
+
+def test_plugins_without_any_plugin_says_so(no_plugins):
+    result = _run("plugins")
+    assert result.exit_code == 0
+    assert "No plugins installed" in result.output
+
+
+def test_plugins_lists_hooks_and_engines(fake_plugin):
+    result = _run("plugins")
+    assert result.exit_code == 0
+    assert "fake_plugin" in result.output
+    assert "register_engines" in result.output and "engines: fake" in result.output
+
+
+def test_models_lists_the_catalog_with_download_state(fake_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path))
+    result = _run("models")
+    assert result.exit_code == 0
+    assert "fake/base" in result.output and "0/2 files" in result.output
+
+
+def test_say_writes_audio_and_reports_the_seed(fake_plugin, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "fake.json").write_text("{}")
+    out = tmp_path / "out.wav"
+    result = _run("say", "-m", str(tmp_path / "model"), "-o", str(out), "--seed", "5", "hello")
+    assert result.exit_code == 0, result.output
+    assert "seed=5" in result.output
+    assert sf.info(str(out)).samplerate == 8000 and sf.info(str(out)).frames == 8000
+
+
+def test_say_reads_the_text_from_a_file(fake_plugin, tmp_path):
+    (tmp_path / "fake.json").write_text("{}")
+    (tmp_path / "text.txt").write_text("from a file", encoding="utf-8")
+    result = _run("say", "-m", str(tmp_path), "-f", str(tmp_path / "text.txt"),
+                  "-o", str(tmp_path / "out.flac"))
+    assert result.exit_code == 0, result.output
+    assert "(drawn)" in result.output  # no --seed: the drawn one is reported
+    assert sf.info(str(tmp_path / "out.flac")).format == "FLAC"
+
+
+def test_empty_text_is_a_usage_error_without_traceback(fake_plugin, tmp_path):
+    (tmp_path / "fake.json").write_text("{}")
+    result = _run("say", "-m", str(tmp_path), "-o", str(tmp_path / "x.wav"), "")
+    assert result.exit_code == 2
+    assert "text: is empty" in result.output and "Traceback" not in result.output
+
+
+def test_unknown_param_and_option_are_named(fake_plugin, tmp_path):
+    (tmp_path / "fake.json").write_text("{}")
+    out = str(tmp_path / "x.wav")
+    result = _run("say", "-m", str(tmp_path), "-o", out, "--param", "pitch=2", "hi")
+    assert result.exit_code == 2 and "params.pitch" in result.output
+    result = _run("say", "-m", str(tmp_path), "-o", out, "--option", "compute.speed=2", "hi")
+    assert result.exit_code == 2 and "compute.speed" in result.output
+    result = _run("say", "-m", str(tmp_path), "-o", out, "--option", "engines.fake.level=-1", "hi")
+    assert result.exit_code == 2 and "engines.fake" in result.output
+
+
+def test_unknown_model_and_missing_capability_exit_codes(fake_plugin, tmp_path):
+    out = str(tmp_path / "x.wav")
+    result = _run("say", "-m", "nope/none", "-o", out, "hi")
+    assert result.exit_code == 3 and "known ids: fake/base" in result.output
+    (tmp_path / "fake.json").write_text("{}")
+    result = _run("say", "-m", str(tmp_path), "-o", out, "--stream", "hi")
+    assert result.exit_code == 4 and "does not support stream" in result.output
+
+
+def test_random_model_writes_the_fixture(fake_plugin, tmp_path):
+    result = _run("random-model", "fake/tiny", str(tmp_path / "m"))
+    assert result.exit_code == 0
+    assert (tmp_path / "m" / "fake.json").is_file()
+    assert "noise, not speech" in result.output
+    assert _run("random-model", "fake/other", str(tmp_path / "n")).exit_code == 2
+
+
+def test_train_without_a_trainer_for_the_engine(fake_plugin, tmp_path):
+    result = _run("train", "-e", "voxless", "-m", "x", "--data", str(tmp_path),
+                  "--output", str(tmp_path / "run"))
+    assert result.exit_code == 3 and "no trainer" in result.output
+    result = _run("train", "-e", "fake", "--method", "lora", "-m", "x", "--data", str(tmp_path),
+                  "--output", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "method" in result.output
