@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from mizuoto.nn.transformer.attention import Attention
+from mizuoto.nn.transformer.conditioning import TextConditionedBackbone
 from mizuoto.nn.transformer.embeddings import TimestepEmbedding
 from mizuoto.nn.transformer.feedforward import FeedForward
 from mizuoto.nn.transformer.inputs import InputEmbedding, TextEmbedding
@@ -64,7 +65,9 @@ class DiTBlock(nn.Module):
         return x + gate_mlp.unsqueeze(1) * self.ff(norm)
 
 
-class DiT(nn.Module):
+class DiT(TextConditionedBackbone):
+    uses_audio_mask = True
+
     def __init__(
         self,
         *,
@@ -131,30 +134,6 @@ class DiT(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def clear_cache(self) -> None:
-        self.__dict__["_text_cache"] = {}
-
-    def _input_embed(
-        self,
-        x: torch.Tensor,
-        cond: torch.Tensor,
-        text: torch.Tensor,
-        *,
-        drop_audio_cond: bool,
-        drop_text: bool,
-        cache: bool,
-        audio_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        text_embed = self._text_cache.get(drop_text) if cache else None
-        if text_embed is None:
-            seq_len = x.shape[1] if audio_mask is None else audio_mask.sum(dim=1)
-            text_embed = self.text_embed(text, seq_len=seq_len, drop_text=drop_text)
-            if cache:
-                self._text_cache[drop_text] = text_embed
-        return self.input_embed(
-            x, cond, text_embed, drop_audio_cond=drop_audio_cond, audio_mask=audio_mask
-        )
-
     def forward(
         self,
         x: torch.Tensor,
@@ -167,31 +146,9 @@ class DiT(nn.Module):
         cfg_infer: bool = False,
         cache: bool = False,
     ) -> torch.Tensor:
-        batch, seq_len = x.shape[0], x.shape[1]
-        if time.ndim == 0:
-            time = time.repeat(batch)
-
-        t = self.time_embed(time)
-        if cfg_infer:
-            x_cond = self._input_embed(
-                x, cond, text, drop_audio_cond=False, drop_text=False, cache=cache, audio_mask=mask
-            )
-            x_uncond = self._input_embed(
-                x, cond, text, drop_audio_cond=True, drop_text=True, cache=cache, audio_mask=mask
-            )
-            x = torch.cat((x_cond, x_uncond), dim=0)
-            t = torch.cat((t, t), dim=0)
-            mask = torch.cat((mask, mask), dim=0) if mask is not None else None
-        else:
-            x = self._input_embed(
-                x,
-                cond,
-                text,
-                drop_audio_cond=drop_audio_cond,
-                drop_text=drop_text,
-                cache=cache,
-                audio_mask=mask,
-            )
+        seq_len = x.shape[1]
+        x, t, mask = self.embed_inputs(x, cond, text, time, mask, drop_audio_cond=drop_audio_cond,
+                                       drop_text=drop_text, cfg_infer=cfg_infer, cache=cache)
 
         rope = self.rotary_embed.from_seq_len(seq_len)
         residual = x

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto.nn.transformer.attention import Attention
+from mizuoto.nn.transformer.conditioning import TextConditionedBackbone
 from mizuoto.nn.transformer.embeddings import TimestepEmbedding
 from mizuoto.nn.transformer.feedforward import FeedForward
 from mizuoto.nn.transformer.inputs import InputEmbedding, TextEmbedding
@@ -26,7 +27,7 @@ from mizuoto.nn.transformer.norms import RMSNorm
 from mizuoto.nn.transformer.rotary import RotaryEmbedding
 
 
-class UNetT(nn.Module):
+class UNetT(TextConditionedBackbone):
     def __init__(
         self,
         *,
@@ -89,26 +90,6 @@ class UNetT(nn.Module):
         self.proj_out = nn.Linear(dim, mel_dim)
         self.clear_cache()
 
-    def clear_cache(self) -> None:
-        self.__dict__["_text_cache"] = {}
-
-    def _input_embed(
-        self,
-        x: torch.Tensor,
-        cond: torch.Tensor,
-        text: torch.Tensor,
-        *,
-        drop_audio_cond: bool,
-        drop_text: bool,
-        cache: bool,
-    ) -> torch.Tensor:
-        text_embed = self._text_cache.get(drop_text) if cache else None
-        if text_embed is None:
-            text_embed = self.text_embed(text, x.shape[1], drop_text=drop_text)
-            if cache:
-                self._text_cache[drop_text] = text_embed
-        return self.input_embed(x, cond, text_embed, drop_audio_cond=drop_audio_cond)
-
     def forward(
         self,
         x: torch.Tensor,
@@ -121,25 +102,9 @@ class UNetT(nn.Module):
         cfg_infer: bool = False,
         cache: bool = False,
     ) -> torch.Tensor:
-        batch, seq_len = x.shape[0], x.shape[1]
-        if time.ndim == 0:
-            time = time.repeat(batch)
-
-        t = self.time_embed(time)
-        if cfg_infer:
-            x_cond = self._input_embed(
-                x, cond, text, drop_audio_cond=False, drop_text=False, cache=cache
-            )
-            x_uncond = self._input_embed(
-                x, cond, text, drop_audio_cond=True, drop_text=True, cache=cache
-            )
-            x = torch.cat((x_cond, x_uncond), dim=0)
-            t = torch.cat((t, t), dim=0)
-            mask = torch.cat((mask, mask), dim=0) if mask is not None else None
-        else:
-            x = self._input_embed(
-                x, cond, text, drop_audio_cond=drop_audio_cond, drop_text=drop_text, cache=cache
-            )
+        seq_len = x.shape[1]
+        x, t, mask = self.embed_inputs(x, cond, text, time, mask, drop_audio_cond=drop_audio_cond,
+                                       drop_text=drop_text, cfg_infer=cfg_infer, cache=cache)
 
         x = torch.cat([t.unsqueeze(1), x], dim=1)  # time rides as token 0
         if mask is not None:
