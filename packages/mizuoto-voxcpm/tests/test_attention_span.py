@@ -25,14 +25,6 @@ def _config(hidden: int, head_dim: int) -> TransformerConfig:
 POSITIONS = (0, 1, 100, 255, 256, 257, 511, 700, 1023, 2000, 3000, 4095)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("hidden", "head_dim", "max_length"),
                          [(1024, 64, 4096), (2048, 128, 8192)])

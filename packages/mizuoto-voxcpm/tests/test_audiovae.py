@@ -28,14 +28,6 @@ from mizuoto_voxcpm.audiovae.fixture import (
 from mizuoto_voxcpm.audiovae.snake import snake
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def v2_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("v2")

@@ -28,14 +28,6 @@ from mizuoto_voxcpm.long_text import pack_chunks, split_sentences
 FAST = {"max_len": 3, "inference_timesteps": 2}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")

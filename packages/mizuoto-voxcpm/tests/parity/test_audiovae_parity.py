@@ -51,14 +51,6 @@ CASES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _section(config: AudioVAEConfig | AudioVAEV2Config) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(config).items()}
 

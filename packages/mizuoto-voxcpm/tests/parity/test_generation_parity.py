@@ -36,14 +36,6 @@ FAST = {"max_len": 5}
 MIZUOTO_ONLY = {"reference_prefix", "split_text", "chunk_tokens"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def references(tmp_path_factory) -> dict[str, Path]:
     """Short clips (0.6 s) of the real speech examples shipped with f5-tts, 24 kHz."""
