@@ -101,6 +101,21 @@ class CheckpointMismatch(MizuotoError):
         super().__init__(f"{path} does not match the model configuration: " + "; ".join(parts))
 
 
+class NonFiniteAudio(MizuotoError):
+    """An engine stage produced NaN or infinite values: the result is refused, never returned
+    or written. ``stage`` names where they appeared (e.g. ``f5tts vocoder``); bad weights or a
+    numerically unstable setting are the usual causes."""
+
+    exit_code = 1
+
+    def __init__(self, stage: str, nan: int, inf: int, total: int) -> None:
+        self.stage = stage
+        self.nan, self.inf, self.total = nan, inf, total
+        super().__init__(f"{stage} produced non-finite values ({nan} NaN, {inf} infinite of "
+                         f"{total}): the audio is refused; check the model's weights and the "
+                         "request's settings")
+
+
 class VoiceMismatch(MizuotoError):
     """A saved voice built for another engine or model."""
 

@@ -15,36 +15,45 @@ from typing import Any
 
 import attrs
 
+from mizuoto.contracts.ranges import integer_in, shown
 from mizuoto.errors import InvalidOption, InvalidRequest
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION = ("auto", "sdpa", "math")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
+MAX_CPU_THREADS = 1024
+MAX_DEVICE_INDEX = 1023
 
 
-def _choice(key: str, choices: tuple[str, ...], *, prefix_ok: bool = False):
+def _choice(key: str, choices: tuple[str, ...], *, index_ok: bool = False):
     def check(instance, attribute, value):
-        if value in choices:
+        if isinstance(value, str) and value in choices:
             return
-        if prefix_ok and isinstance(value, str) and value.split(":")[0] in choices:
+        if index_ok and isinstance(value, str) and _device_index(value, choices):
             return
-        raise InvalidOption(key, f"must be one of {', '.join(choices)}, got {value!r}")
+        raise InvalidOption(key, f"must be one of {', '.join(choices)}, got {shown(value)}")
 
     return check
+
+
+def _device_index(value: str, choices: tuple[str, ...]) -> bool:
+    """``cuda:1``: a device type and a device index."""
+    kind, _, index = value.partition(":")
+    return kind in choices and kind != "auto" and index.isascii() and index.isdigit() \
+        and int(index) <= MAX_DEVICE_INDEX
 
 
 def _bool(key: str):
     def check(instance, attribute, value):
         if not isinstance(value, bool):
-            raise InvalidOption(key, f"must be true or false, got {value!r}")
+            raise InvalidOption(key, f"must be true or false, got {shown(value)}")
 
     return check
 
 
-def _threads(instance, attribute, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InvalidOption("compute.cpu_threads", f"must be a positive integer, got {value!r}")
+_threads = integer_in("compute.cpu_threads", 1, MAX_CPU_THREADS, optional=True,
+                      error=InvalidOption)
 
 
 @attrs.frozen
@@ -52,7 +61,7 @@ class ComputeOptions:
     """Where and how models run. ``auto`` lets each engine choose as its upstream does."""
 
     device: str = attrs.field(default="auto", validator=_choice("compute.device", DEVICES,
-                                                                prefix_ok=True))
+                                                                index_ok=True))
     dtype: str = attrs.field(default="auto", validator=_choice("compute.dtype", DTYPES))
     compile: bool = attrs.field(default=False, validator=_bool("compute.compile"))
     oom_fallback: bool = attrs.field(default=True, validator=_bool("compute.oom_fallback"))
@@ -134,9 +143,9 @@ class Options:
         """Check ``engines.<name>`` sections of installed engines (others are kept as given)."""
         if not self.engines:
             return
-        from mizuoto.registry import engines
+        from mizuoto.registry import engine_refs
 
-        installed = engines()
+        installed = engine_refs()  # an EngineRef imports only its options class, not the engine
         for name in self.engines:
             if name in installed:
                 self.engine_options(installed[name])

@@ -5,7 +5,8 @@ The VAE always runs in float32 (latents are cast from the model dtype first, as 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -35,10 +36,12 @@ def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool,
     return audio[..., drop:].reshape(-1).cpu()
 
 
-@torch.inference_mode()
-def stream_segments(vae, patches: Iterable[torch.Tensor], *, context: list[torch.Tensor],
-                    v2: bool, patch_size: int) -> Iterator[torch.Tensor]:
-    """One waveform segment per new patch (each ``(1, patch, d)``), as upstream streams.
+@contextmanager
+def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool,
+                    patch_size: int) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    """A function from each new patch ``(1, patch, d)``, in order, to its waveform segment, as
+    upstream streams; it decodes the patch it is given and nothing later, so a stream yields
+    each segment as soon as its patch is sampled.
 
     VoxCPM2 feeds each patch to the stateful causal decoder (prompt context is not decoded);
     the first generation re-decodes the last three patches (context included) and keeps the
@@ -47,17 +50,24 @@ def stream_segments(vae, patches: Iterable[torch.Tensor], *, context: list[torch
     device = _device(vae)
     if v2:
         with vae.streaming_decoder() as decoder:
-            for patch in patches:
+            @torch.inference_mode()
+            def decode_v2(patch: torch.Tensor) -> torch.Tensor:
                 latents = patches_to_latents(patch.unsqueeze(1)).to(device)
-                yield decoder.decode_chunk(latents).reshape(-1).cpu()
+                return decoder.decode_chunk(latents).reshape(-1).cpu()
+
+            yield decode_v2
         return
     window = [p if p.dim() == 4 else p.unsqueeze(1) for p in context]
     keep = patch_size * vae.hop_length
-    for patch in patches:
+
+    @torch.inference_mode()
+    def decode_v1(patch: torch.Tensor) -> torch.Tensor:
         window.append(patch.unsqueeze(1))
-        window = window[-V1_STREAM_WINDOW:]
+        del window[:-V1_STREAM_WINDOW]
         audio = vae.decode(patches_to_latents(torch.cat(window, dim=1)).to(device))
-        yield audio[..., -keep:].reshape(-1).cpu()
+        return audio[..., -keep:].reshape(-1).cpu()
+
+    yield decode_v1
 
 
 def _device(vae) -> torch.device:

@@ -25,7 +25,7 @@ from mizuoto.options import Options
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
-from mizuoto_voxcpm.decoding import decode_utterance, stream_segments
+from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
 from mizuoto_voxcpm.generation import (
     PromptCache,
     Sampling,
@@ -352,15 +352,16 @@ class VoxCPMEngine(Engine):
 
     def stream(self, request: SynthesisRequest, *,
                progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:
-        """One chunk per generated patch. No badcase retry (upstream disables it when
-        streaming); the last chunk carries the applied record."""
+        """One chunk per generated patch, yielded as soon as that patch is sampled and decoded.
+        No badcase retry (upstream disables it when streaming); the last chunk carries the
+        applied record (the stop head says which patch is the last before it is decoded)."""
         self.require(Capability.STREAM)
         plan = self._plan(request)
         return self._stream(plan, progress)
 
     def _stream(self, plan: _Plan, progress) -> Iterator[AudioChunk]:
         v2 = self.config.is_v2
-        pending, index, patches = None, 0, 0
+        index = 0
         for chunk_index, target in enumerate(plan.chunks):
             sequence = self._sequence(target, plan.prompt)
             tokens = len(self.tokenizer.encode(target))
@@ -371,16 +372,17 @@ class VoxCPMEngine(Engine):
                                          seed=plan.seed + CHUNK_SEED_STRIDE * chunk_index)
             context = context_latents(sequence, v2=v2, device=self.model.device,
                                       dtype=self.model.dtype)
-            for segment in stream_segments(self.vae, generated, context=context, v2=v2,
-                                           patch_size=self.config.patch_size):
-                patches += 1
-                report(progress, "sampling", patches, None)
-                if pending is not None:
-                    yield pending
-                pending = AudioChunk(Audio(segment, self.info.sample_rate), index)
-                index += 1
-        applied = self._applied(plan, retries=0, patches=patches, streamed=True)
-        yield attrs.evolve(pending, is_last=True, applied=applied)
+            with segment_decoder(self.vae, context=context, v2=v2,
+                                 patch_size=self.config.patch_size) as decode:
+                for patch, last_patch in generated:
+                    segment = decode(patch)
+                    index += 1
+                    report(progress, "sampling", index, None)
+                    last = last_patch and chunk_index == len(plan.chunks) - 1
+                    applied = self._applied(plan, retries=0, patches=index, streamed=True) \
+                        if last else None
+                    yield AudioChunk(Audio(segment, self.info.sample_rate), index - 1,
+                                     is_last=last, applied=applied)
 
 
 def _raw_config(model_dir: Path) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import attrs
 import torch
@@ -131,8 +132,13 @@ class Sampling:
 
 @torch.inference_mode()
 def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *,
-                     seed: int) -> Iterator[torch.Tensor]:
-    """Yield each new patch ``(1, patch_size, feat_dim)`` (model dtype) of one attempt."""
+                     seed: int) -> Iterator[tuple[torch.Tensor, bool]]:
+    """Yield each new patch ``(1, patch_size, feat_dim)`` (model dtype) of one attempt, with
+    whether it is the attempt's last.
+
+    The stop head reads the LM state the patch was sampled from, so whether a patch is the last
+    is known as soon as it is sampled: a stream marks its last chunk without holding one back.
+    """
     device, dtype = model.device, model.dtype
     feats = sequence.feats.to(device).to(dtype)
     try:
@@ -149,19 +155,26 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
         patch = model.sample(lm_hidden, residual_hidden, previous, noise, steps=sampling.steps,
                              guidance=sampling.guidance)
         previous = patch
-        yield patch
-        if index > sampling.min_len and model.stops(lm_hidden):
-            return
-        try:
-            if index == sampling.max_patches - 1:
-                # upstream runs one more (unused) LM step here; only its cache check matters
+        stopped = index > sampling.min_len and model.stops(lm_hidden)
+        capped = index == sampling.max_patches - 1
+        if capped and not stopped:
+            # upstream runs one more (unused) LM step here; only its cache check matters
+            with _cache_full_is_max_len():
                 model.check_room()
-                return
+        yield patch, stopped or capped
+        if stopped or capped:
+            return
+        with _cache_full_is_max_len():
             embed = model.encode_patches(patch.unsqueeze(1))[:, 0]
             lm_hidden, residual_hidden = model.advance(embed)
-        except CacheFull as exc:
-            raise InvalidRequest("max_len", str(exc),
-                                 "lower max_len or shorten the text") from exc
+
+
+@contextmanager
+def _cache_full_is_max_len() -> Iterator[None]:
+    try:
+        yield
+    except CacheFull as exc:
+        raise InvalidRequest("max_len", str(exc), "lower max_len or shorten the text") from exc
 
 
 @attrs.frozen
@@ -193,7 +206,7 @@ def generate(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *
     attempt = 0
     while True:
         new = []
-        for patch in generate_patches(model, sequence, sampling, seed=seed + attempt):
+        for patch, _ in generate_patches(model, sequence, sampling, seed=seed + attempt):
             new.append(patch.unsqueeze(1))
             if on_patch is not None:
                 on_patch(len(new))

@@ -274,6 +274,14 @@ def test_stream_with_voice(model_dirs, references, generation):
                  {"text": ZH, "voice": voice}, {"max_len": 4})
 
 
+@pytest.mark.parametrize("generation", ["voxcpm-0.5b", "voxcpm2"])
+def test_stream_stops_where_upstream_stops(model_dirs, generation):
+    # the stop head fires as soon as min_len (2) allows; Mizuoto reads it before yielding the
+    # patch's chunk (to mark it last), upstream after: the same chunks either way
+    chunks = _stream_both(model_dirs[generation, "stop"], {"text": EN}, {"text": EN},
+                          {"max_len": 8})
+    assert len(chunks) == 4
+
 @pytest.mark.parametrize("generation", GENERATIONS)
 def test_voice_cache(model_dirs, references, generation, tmp_path):
     directory = model_dirs[generation, "float32"]

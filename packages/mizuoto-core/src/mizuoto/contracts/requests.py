@@ -6,20 +6,29 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from mizuoto.contracts.audio import Audio
+from mizuoto.contracts.ranges import check_number, number_in, shown
+from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest
 
-if TYPE_CHECKING:
-    from mizuoto.contracts.voice import Voice
-
 MAX_SEED = 2**32 - 1
+#: Largest sampler step count a request may ask for (engines' defaults are 10 to 32).
+MAX_STEPS = 1000
+#: Largest guidance (classifier-free guidance strength) a request may ask for.
+MAX_GUIDANCE = 100.0
+#: Latest time, in seconds, an edited segment may start or end at.
+MAX_SEGMENT_SECONDS = 3600.0
 
 
 def _freeze_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidRequest("params", f"must be a mapping of settings, got {type(value).__name__}")
+    if any(not isinstance(key, str) for key in value or {}):
+        raise InvalidRequest("params", "keys must be strings (the settings' names)")
     return MappingProxyType(dict(value or {}))
 
 
@@ -37,27 +46,27 @@ def _check_seed(instance, attribute, value):
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
-        raise InvalidRequest("seed", f"must be an integer in [0, {MAX_SEED}], got {value!r}",
+        raise InvalidRequest("seed", f"must be an integer in [0, {MAX_SEED}], got {shown(value)}",
                              "leave it unset to draw one")
 
 
-def _check_positive_int(name: str):
-    def check(instance, attribute, value):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise InvalidRequest(name, f"must be a positive integer, got {value!r}")
-
-    return check
+def _check_steps(instance, attribute, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value <= MAX_STEPS):
+        raise InvalidRequest("steps", f"must be an integer in [1, {MAX_STEPS}], got "
+                             f"{shown(value)}", "leave it unset for the engine's default")
 
 
-def _check_guidance(instance, attribute, value):
-    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                              or value < 0):
-        raise InvalidRequest("guidance", f"must be a number >= 0, got {value!r}")
+_check_guidance = number_in("guidance", 0.0, MAX_GUIDANCE, optional=True)
 
 
 def _audio_source(value):
-    if isinstance(value, (Audio, Path)):
+    if isinstance(value, Audio):
+        from mizuoto.nn.dsp.audio_io import check_input_audio
+
+        check_input_audio(value.samples, value.sample_rate, "reference.audio")
+        return value
+    if isinstance(value, Path):
         return value
     if isinstance(value, (str, os.PathLike)):
         return Path(value)
@@ -92,11 +101,19 @@ class SynthesisRequest:
     voice: Voice | None = None
     instruction: str | None = None
     seed: int | None = attrs.field(default=None, validator=_check_seed)
-    steps: int | None = attrs.field(default=None, validator=_check_positive_int("steps"))
+    steps: int | None = attrs.field(default=None, validator=_check_steps)
     guidance: float | None = attrs.field(default=None, validator=_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
 
     def __attrs_post_init__(self):
+        if self.reference is not None and not isinstance(self.reference, Reference):
+            raise InvalidRequest("reference", f"must be a Reference, got "
+                                 f"{type(self.reference).__name__}")
+        if self.voice is not None and not isinstance(self.voice, Voice):
+            raise InvalidRequest("voice", f"must be a Voice (Voice.load(path)), got "
+                                 f"{type(self.voice).__name__}")
+        if self.instruction is not None and not isinstance(self.instruction, str):
+            raise InvalidRequest("instruction", "must be a string")
         if self.reference is not None and self.voice is not None:
             raise InvalidRequest("voice", "cannot be combined with reference",
                                  "pass either a reference recording or a saved voice")
@@ -104,12 +121,27 @@ class SynthesisRequest:
             raise InvalidRequest("instruction", "is empty", "omit it or describe the voice")
 
 
+def _segments(value) -> tuple[tuple[float, float], ...]:
+    """``(start, end)`` pairs of numbers, finite and within :data:`MAX_SEGMENT_SECONDS`."""
+    try:
+        pairs = [tuple(pair) for pair in value]
+    except TypeError:
+        raise InvalidRequest("segments", "must be a list of (start, end) pairs in seconds") \
+            from None
+    for pair in pairs:
+        if len(pair) != 2:
+            raise InvalidRequest("segments", f"{shown(pair)} must be a (start, end) pair")
+        for bound in pair:
+            check_number("segments", bound, 0.0, MAX_SEGMENT_SECONDS)
+    return tuple((float(start), float(end)) for start, end in pairs)
+
+
 def _check_segments(instance, attribute, value):
     if not value:
         raise InvalidRequest("segments", "is empty", "give at least one (start, end) in seconds")
     previous_end = 0.0
     for start, end in value:
-        if not 0 <= start < end:
+        if not start < end:
             raise InvalidRequest("segments", f"({start}, {end}) must satisfy 0 <= start < end")
         if start < previous_end:
             raise InvalidRequest("segments", "must be sorted and must not overlap")
@@ -127,14 +159,17 @@ class EditRequest:
     reference: Reference
     text: str = attrs.field(validator=_check_text("text"))
     segments: tuple[tuple[float, float], ...] = attrs.field(
-        converter=lambda v: tuple((float(a), float(b)) for a, b in v), validator=_check_segments
+        converter=_segments, validator=_check_segments
     )
     seed: int | None = attrs.field(default=None, validator=_check_seed)
-    steps: int | None = attrs.field(default=None, validator=_check_positive_int("steps"))
+    steps: int | None = attrs.field(default=None, validator=_check_steps)
     guidance: float | None = attrs.field(default=None, validator=_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
 
     def __attrs_post_init__(self):
+        if not isinstance(self.reference, Reference):
+            raise InvalidRequest("reference", "must be a Reference (the recording and its "
+                                 f"transcript), got {type(self.reference).__name__}")
         if not self.reference.text or not self.reference.text.strip():
             raise InvalidRequest("reference.text", "is required for editing",
                                  "give the transcript of the recording")

@@ -7,8 +7,19 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
+import torch
 
 from mizuoto.contracts.audio import Audio
+from mizuoto.errors import NonFiniteAudio
+
+
+def check_finite(values: torch.Tensor, stage: str) -> None:
+    """Raise :class:`~mizuoto.errors.NonFiniteAudio` naming ``stage`` if ``values`` hold a NaN
+    or an infinity. Engines call it between their stages (sampler, vocoder); every result and
+    stream chunk passes it on construction."""
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        nan = int(torch.isnan(values).sum())
+        raise NonFiniteAudio(stage, nan, int(torch.isinf(values).sum()), values.numel())
 
 
 def _frozen_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -37,8 +48,14 @@ class Applied:
 
 @attrs.frozen
 class SynthesisResult:
+    """An engine's audio and how it was made. Audio with NaN or infinite samples is refused
+    (:class:`~mizuoto.errors.NonFiniteAudio`): no engine can return it."""
+
     audio: Audio
     applied: Applied
+
+    def __attrs_post_init__(self):
+        check_finite(self.audio.samples, f"{self.applied.engine} output")
 
     def save(self, path) -> None:
         """Write the audio atomically, with the applied record (and license mark) as metadata."""
@@ -58,3 +75,6 @@ class AudioChunk:
     index: int
     is_last: bool = False
     applied: Applied | None = None
+
+    def __attrs_post_init__(self):
+        check_finite(self.audio.samples, f"stream chunk {self.index}")

@@ -11,9 +11,14 @@ from typing import Any, ClassVar
 import attrs
 
 from mizuoto.contracts.progress import ProgressCallback
+from mizuoto.contracts.ranges import integer_in, number_in
+from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import InvalidRequest
 
 MEMORY_LEVELS = ("default", "low", "lowest")
+#: Bounds of a run's numbers: steps (and save_every) and batch size.
+MAX_STEPS = 10_000_000
+MAX_BATCH_SIZE = 4096
 
 
 @attrs.frozen
@@ -24,18 +29,23 @@ class TrainingConfig:
     ``training.memory`` level (``default``; ``low`` trades speed for memory, e.g. gradient
     checkpointing; ``lowest`` adds 8-bit optimiser state or CPU offload where the trainer can).
     A run in ``output_dir`` that was interrupted resumes from its last checkpoint.
+    Numbers are checked on construction: ``steps`` and ``save_every`` in [1, 10 000 000],
+    ``learning_rate`` in (0, 1], ``batch_size`` in [1, 4096], ``seed`` in [0, 2**32 - 1].
     """
 
     method: str
     model: str
     dataset: Path = attrs.field(converter=Path)
     output_dir: Path = attrs.field(converter=Path)
-    steps: int = 1000
-    learning_rate: float = 1e-5
-    batch_size: int = 1
-    seed: int = 0
+    steps: int = attrs.field(default=1000, validator=integer_in("training.steps", 1, MAX_STEPS))
+    learning_rate: float = attrs.field(
+        default=1e-5, validator=number_in("training.learning_rate", 0.0, 1.0, low_open=True))
+    batch_size: int = attrs.field(default=1, validator=integer_in("training.batch_size", 1,
+                                                                  MAX_BATCH_SIZE))
+    seed: int = attrs.field(default=0, validator=integer_in("training.seed", 0, MAX_SEED))
     memory: str = attrs.field(default="default")
-    save_every: int = 500
+    save_every: int = attrs.field(default=500, validator=integer_in("training.save_every", 1,
+                                                                    MAX_STEPS))
     params: Mapping[str, Any] = attrs.field(factory=dict,
                                             converter=lambda v: MappingProxyType(dict(v)))
 

@@ -15,6 +15,7 @@ import soundfile as sf
 import torch
 from torch import Tensor
 
+from mizuoto.contracts.results import check_finite
 from mizuoto.errors import InvalidAudio, InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 
@@ -27,14 +28,38 @@ METADATA_KEYS = ("title", "copyright", "software", "artist", "comment", "date", 
 #: three steps of 16-bit PCM.
 SILENCE_PEAK = 1e-4
 
+#: Sample rates accepted for input audio (a reference, a recording to edit), in Hz.
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 768000
+
 _READ_FIX = "pass a WAV, FLAC, OGG or MP3 file"
+
+
+def check_sample_rate(sample_rate: int, field: str, name: str = "the audio") -> None:
+    """Raise :class:`InvalidAudio` for ``field`` unless ``sample_rate`` is within
+    [:data:`MIN_SAMPLE_RATE`, :data:`MAX_SAMPLE_RATE`] Hz."""
+    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
+        raise InvalidAudio(field, f"{name} has a sample rate of {sample_rate} Hz",
+                           f"use a rate in [{MIN_SAMPLE_RATE}, {MAX_SAMPLE_RATE}] Hz")
+
+
+def check_input_audio(samples: Tensor | np.ndarray, sample_rate: int, field: str,
+                      name: str = "the audio") -> None:
+    """Raise :class:`InvalidAudio` for ``field`` unless the rate is within
+    [:data:`MIN_SAMPLE_RATE`, :data:`MAX_SAMPLE_RATE`] and every sample is finite."""
+    check_sample_rate(sample_rate, field, name)
+    finite = torch.isfinite(samples).all() if isinstance(samples, Tensor) \
+        else np.isfinite(samples).all()
+    if not finite:
+        raise InvalidAudio(field, f"{name} holds NaN or infinite samples",
+                           "pass a recording with finite samples")
 
 
 def read_audio(path: str | Path, *, field: str = "audio") -> tuple[Tensor, int]:
     """Read a file as ``(float32 Tensor[channels, samples], sample_rate)``.
 
-    Raises :class:`InvalidAudio` for ``field`` when the file is missing, unreadable or has no
-    samples (silence is checked separately by :func:`check_not_silent`).
+    Raises :class:`InvalidAudio` for ``field`` when the file is missing, unreadable, has no
+    samples, NaN or infinite samples or a rate outside [:data:`MIN_SAMPLE_RATE`,
+    :data:`MAX_SAMPLE_RATE`] (silence is checked separately by :func:`check_not_silent`).
     """
     path = Path(path)
     if not path.is_file():
@@ -45,6 +70,7 @@ def read_audio(path: str | Path, *, field: str = "audio") -> tuple[Tensor, int]:
         raise InvalidAudio(field, f"cannot read {path} as audio: {exc}", _READ_FIX) from exc
     if data.shape[0] == 0:
         raise InvalidAudio(field, f"{path} has no samples", "pass a file with audio in it")
+    check_input_audio(data, int(sample_rate), field, str(path))
     # soundfile reads (samples, channels); torchaudio's layout is (channels, samples).
     return torch.from_numpy(np.ascontiguousarray(data.T)), int(sample_rate)
 
@@ -87,6 +113,7 @@ def write_audio(
     The format comes from the extension. ``subtype`` is soundfile's (``"PCM_16"`` default for
     both, ``"PCM_24"``, ``"FLOAT"`` for WAV); float samples beyond ±1 are clipped by libsndfile
     when written as PCM. ``metadata`` keys are :data:`METADATA_KEYS`. Returns the path.
+    NaN or infinite samples raise :class:`~mizuoto.errors.NonFiniteAudio`; nothing is written.
     """
     path = Path(path)
     file_format = WRITE_FORMATS.get(path.suffix.lower())
@@ -111,6 +138,7 @@ def write_audio(
         raise ValueError(f"expected (samples,) or (channels, samples), got shape {data.shape}")
     if data.dtype not in (np.float32, np.float64, np.int16, np.int32):
         data = data.astype(np.float32)
+    check_finite(torch.from_numpy(data), f"audio written to {path.name}")
     frames = np.ascontiguousarray(data.T)
     with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", samplerate=int(sample_rate),
                                                 channels=frames.shape[1], subtype=subtype,

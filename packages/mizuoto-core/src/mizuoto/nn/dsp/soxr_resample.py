@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from mizuoto.errors import InvalidAudio
+from mizuoto.nn.dsp.audio_io import check_input_audio
 
 
 def resample_soxr(
@@ -76,6 +77,7 @@ def load_like_librosa(
     except (sf.LibsndfileError, RuntimeError) as exc:
         raise InvalidAudio(field, f"cannot read {path} as audio: {exc}",
                            "use WAV, FLAC, OGG or MP3") from exc
+    check_input_audio(samples, native_sr, field, str(path))
     if mono:
         _check_librosa_audio(samples)  # librosa's to_mono validates even one channel
         if samples.ndim > 1:
