@@ -26,8 +26,14 @@ from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
-from mizuoto.contracts.results import Applied, SynthesisResult
+from mizuoto.contracts.ranges import check_number, number_in
+from mizuoto.contracts.requests import (
+    MAX_SEGMENT_SECONDS,
+    EditRequest,
+    Reference,
+    SynthesisRequest,
+)
+from mizuoto.contracts.results import Applied, SynthesisResult, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
@@ -48,19 +54,9 @@ VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
 TILE_FRAMES, TILE_OVERLAP = 256, 32
 _MAX_DURATION = 65536  # upstream CFM.sample's cap on frames
 _VOICE_TEXT = "reference_text"
-
-
-def _positive(name: str):
-    def check(instance, attribute, value):
-        if value is not None and (isinstance(value, bool) or not value > 0):
-            raise InvalidRequest(f"params.{name}", f"must be > 0, got {value!r}")
-
-    return check
-
-
-def _non_negative(instance, attribute, value):
-    if isinstance(value, bool) or not value >= 0:
-        raise InvalidRequest(f"params.{attribute.name}", f"must be >= 0, got {value!r}")
+# Ranges of the params (docs/engines/f5tts.md, Settings); durations are in seconds.
+SPEED_RANGE = (0.1, 10.0)
+MAX_CROSS_FADE = 10.0
 
 
 def _boolean(instance, attribute, value):
@@ -68,17 +64,20 @@ def _boolean(instance, attribute, value):
         raise InvalidRequest(f"params.{attribute.name}", f"must be true or false, got {value!r}")
 
 
-def _number_or_none(instance, attribute, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise InvalidRequest(f"params.{attribute.name}", f"must be a number, got {value!r}")
-
-
 def _durations(value):
     if value is None:
         return None
     if isinstance(value, (int, float)):
         value = (value,)
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequest("params.edit_durations", "must be a list of seconds, one per segment")
+    for seconds in value:
+        check_number("params.edit_durations", seconds, 0.0, MAX_SEGMENT_SECONDS, low_open=True)
     return tuple(float(v) for v in value)
+
+
+def _param(name: str, low: float, high: float, **kwargs):
+    return number_in(f"params.{name}", low, high, **kwargs)
 
 
 @attrs.frozen
@@ -95,13 +94,21 @@ class F5Params:
     post-processing (cut silences over 1 s down to 0.5 s each side, on 16-bit samples).
     ``edit_durations`` (editing only) gives each regenerated span its new length in seconds.
     ``tiled_decode`` forces the Vocos tile decoding used as the out-of-memory fallback.
+    Ranges (finite numbers): ``sway_sampling_coef`` [-1, 1], ``speed`` [0.1, 10],
+    ``fix_duration`` and each of ``edit_durations`` (0, 3600], ``cross_fade_duration`` [0, 10],
+    ``target_rms`` (0, 1].
     """
 
-    sway_sampling_coef: float | None = attrs.field(default=-1.0, validator=_number_or_none)
-    speed: float = attrs.field(default=1.0, validator=_positive("speed"))
-    fix_duration: float | None = attrs.field(default=None, validator=_positive("fix_duration"))
-    cross_fade_duration: float = attrs.field(default=0.15, validator=_non_negative)
-    target_rms: float = attrs.field(default=0.1, validator=_positive("target_rms"))
+    sway_sampling_coef: float | None = attrs.field(
+        default=-1.0, validator=_param("sway_sampling_coef", -1.0, 1.0, optional=True))
+    speed: float = attrs.field(default=1.0, validator=_param("speed", *SPEED_RANGE))
+    fix_duration: float | None = attrs.field(
+        default=None, validator=_param("fix_duration", 0.0, MAX_SEGMENT_SECONDS, low_open=True,
+                                       optional=True))
+    cross_fade_duration: float = attrs.field(
+        default=0.15, validator=_param("cross_fade_duration", 0.0, MAX_CROSS_FADE))
+    target_rms: float = attrs.field(default=0.1,
+                                    validator=_param("target_rms", 0.0, 1.0, low_open=True))
     method: Literal["euler", "midpoint"] = attrs.field(default="euler")
     use_epss: bool = attrs.field(default=True, validator=_boolean)
     remove_silence: bool = attrs.field(default=False, validator=_boolean)
@@ -328,8 +335,11 @@ class F5Engine(Engine):
                     cond, tokens, frames, steps=steps, cfg_strength=guidance,
                     sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
                     method=params.method, generator=generator)
+            stage = f" (chunk {index + 1} of {len(chunks)})" if len(chunks) > 1 else ""
+            check_finite(mel, f"f5tts sampler{stage}")
             mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
             wave = self._vocode(mel, params, fallbacks)
+            check_finite(wave, f"f5tts vocoder{stage}")
             if prepared.raised:
                 wave = wave * prepared.rms / params.target_rms
             waves.append(wave.squeeze().cpu().numpy())
@@ -447,7 +457,9 @@ class F5Engine(Engine):
                 plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
                 sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
                 method=params.method, generator=generator, edit_mask=plan.edit_mask)
+        check_finite(mel, "f5tts sampler")
         wave = self._vocode(mel.to(torch.float32).permute(0, 2, 1), params, fallbacks)
+        check_finite(wave, "f5tts vocoder")
         if rms < params.target_rms:
             wave = wave * rms / params.target_rms
         applied = self._applied(seed, drawn, steps, guidance, params, 1, fallbacks, [],

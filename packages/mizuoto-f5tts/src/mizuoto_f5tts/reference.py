@@ -27,6 +27,7 @@ import torch
 
 from mizuoto.contracts.audio import Audio
 from mizuoto.errors import InvalidAudio, InvalidRequest
+from mizuoto.nn.dsp.audio_io import check_input_audio, check_sample_rate
 from mizuoto_f5tts.pcm import PcmSegment, leading_silence_ms, split_on_silence
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ def _read_pcm(source: Audio | Path) -> PcmSegment:
         raise InvalidAudio("reference.audio", f"cannot read {source}: {exc}") from exc
     if info.frames == 0:
         raise InvalidAudio("reference.audio", f"{source} holds no samples")
+    check_sample_rate(info.samplerate, "reference.audio", str(source))
     subtype = info.subtype
     if subtype == "PCM_16":
         return PcmSegment(_read(source, "int16").astype(np.int64), info.samplerate, 2)
@@ -97,6 +99,7 @@ def _read_pcm(source: Audio | Path) -> PcmSegment:
     if subtype in ("FLOAT", "DOUBLE"):
         # pydub has ffmpeg convert float WAV to s32: llrintf(x * 2^31), clipped
         values = _read(source, "float32").astype(np.float64) * 2.0**31
+        check_input_audio(values, info.samplerate, "reference.audio", str(source))
         samples = np.clip(np.rint(values), -(2**31), 2**31 - 1).astype(np.int64)
         return PcmSegment(samples, info.samplerate, 4)
     # compressed formats: pydub has ffmpeg decode them to 16-bit
