@@ -17,8 +17,9 @@ from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.requests import Reference, SynthesisRequest
-from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult
+from mizuoto.contracts.ranges import integer_in, number_in
+from mizuoto.contracts.requests import MAX_GUIDANCE, MAX_STEPS, Reference, SynthesisRequest
+from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
@@ -48,27 +49,18 @@ LICENSE = "Apache-2.0"
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")
 # a chunk k of a split text samples with seed + CHUNK_SEED_STRIDE * k
 CHUNK_SEED_STRIDE = 1000
+# Ranges of the params (docs/engines/voxcpm.md, Settings): patches, retries, the length ratio.
+MAX_PATCHES = 65536
+MAX_RETRIES = 100
+MAX_RATIO = 100.0
 
 
-def _positive(name: str):
-    def check(instance, attribute, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidRequest(f"params.{name}", f"must be a positive integer, got {value!r}")
-    return check
+def _integer(name: str, low: int, high: int):
+    return integer_in(f"params.{name}", low, high)
 
 
-def _non_negative_int(name: str):
-    def check(instance, attribute, value):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidRequest(f"params.{name}", f"must be an integer >= 0, got {value!r}")
-    return check
-
-
-def _number(name: str, minimum: float = 0.0):
-    def check(instance, attribute, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-            raise InvalidRequest(f"params.{name}", f"must be a number >= {minimum}, got {value!r}")
-    return check
+def _number(name: str, low: float, high: float):
+    return number_in(f"params.{name}", low, high)
 
 
 def _flag(name: str):
@@ -89,21 +81,26 @@ class VoxCPMParams:
     reference voice and as a continuation prompt; ``False`` uses it as a continuation prompt only.
     ``split_text`` splits the text at sentence ends into chunks of at most ``chunk_tokens`` text
     tokens (always done when the text would not fit the model's context).
+    Ranges: ``inference_timesteps`` [1, 1000], ``cfg_value`` [0, 100] (finite), ``min_len``
+    [0, 65536], ``max_len`` and ``chunk_tokens`` [1, 65536], ``retry_badcase_max_times``
+    [1, 100], ``retry_badcase_ratio_threshold`` [0, 100] (finite).
     """
 
-    inference_timesteps: int = attrs.field(default=10, validator=_positive("inference_timesteps"))
-    cfg_value: float = attrs.field(default=2.0, validator=_number("cfg_value"))
-    min_len: int = attrs.field(default=2, validator=_non_negative_int("min_len"))
-    max_len: int = attrs.field(default=4096, validator=_positive("max_len"))
+    inference_timesteps: int = attrs.field(
+        default=10, validator=_integer("inference_timesteps", 1, MAX_STEPS))
+    cfg_value: float = attrs.field(default=2.0, validator=_number("cfg_value", 0.0, MAX_GUIDANCE))
+    min_len: int = attrs.field(default=2, validator=_integer("min_len", 0, MAX_PATCHES))
+    max_len: int = attrs.field(default=4096, validator=_integer("max_len", 1, MAX_PATCHES))
     normalize: bool = attrs.field(default=False, validator=_flag("normalize"))
     retry_badcase: bool = attrs.field(default=True, validator=_flag("retry_badcase"))
-    retry_badcase_max_times: int = attrs.field(default=3,
-                                               validator=_positive("retry_badcase_max_times"))
+    retry_badcase_max_times: int = attrs.field(
+        default=3, validator=_integer("retry_badcase_max_times", 1, MAX_RETRIES))
     retry_badcase_ratio_threshold: float = attrs.field(
-        default=6.0, validator=_number("retry_badcase_ratio_threshold"))
+        default=6.0, validator=_number("retry_badcase_ratio_threshold", 0.0, MAX_RATIO))
     reference_prefix: bool = attrs.field(default=True, validator=_flag("reference_prefix"))
     split_text: bool = attrs.field(default=False, validator=_flag("split_text"))
-    chunk_tokens: int = attrs.field(default=300, validator=_positive("chunk_tokens"))
+    chunk_tokens: int = attrs.field(default=300,
+                                    validator=_integer("chunk_tokens", 1, MAX_PATCHES))
 
 
 def _dtype_option(instance, attribute, value):
@@ -342,10 +339,13 @@ class VoxCPMEngine(Engine):
                 on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap))
             retries += result.attempts - 1
             patches += result.patches.size(1) - result.context
+            part = f" (chunk {index + 1} of {len(plan.chunks)})" if len(plan.chunks) > 1 else ""
+            check_finite(result.patches, f"voxcpm language model and local DiT{part}")
             report(progress, "decoding", index, len(plan.chunks))
             pieces.append(decode_utterance(self.vae, result.patches, context=result.context,
                                            v2=self.config.is_v2,
                                            patch_size=self.config.patch_size))
+            check_finite(pieces[-1], f"voxcpm audio VAE{part}")
         audio = Audio(torch.cat(pieces), self.info.sample_rate)
         return SynthesisResult(audio, self._applied(plan, retries=retries, patches=patches,
                                                     streamed=False))
