@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 
 from mizuoto.contracts.audio import Audio
 from mizuoto.errors import NonFiniteAudio
+
+if TYPE_CHECKING:
+    import torch
 
 
 def check_finite(values: torch.Tensor, stage: str) -> None:
     """Raise :class:`~mizuoto.errors.NonFiniteAudio` naming ``stage`` if ``values`` hold a NaN
     or an infinity. Engines call it between their stages (sampler, vocoder); every result and
     stream chunk passes it on construction."""
+    import torch
+
     if values.is_floating_point() and not bool(torch.isfinite(values).all()):
         nan = int(torch.isnan(values).sum())
         raise NonFiniteAudio(stage, nan, int(torch.isinf(values).sum()), values.numel())
