@@ -23,6 +23,7 @@ from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult, chec
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
+from mizuoto.runtime.device import emulated_dtype_warning
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
@@ -49,6 +50,9 @@ LICENSE = "Apache-2.0"
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")
 # a chunk k of a split text samples with seed + CHUNK_SEED_STRIDE * k
 CHUNK_SEED_STRIDE = 1000
+# how much faster float32 is than a reduced precision the CPU emulates: a whole VoxCPM-0.5B-sized
+# request, one thread, an AVX2 CPU (bfloat16, docs/performance.md); float16, its matrix products
+FLOAT32_SPEEDUP = {torch.bfloat16: "about 1.6x", torch.float16: "several times"}
 # Ranges of the params (docs/engines/voxcpm.md, Settings): patches, retries, the length ratio.
 MAX_PATCHES = 65536
 MAX_RETRIES = 100
@@ -136,13 +140,15 @@ class VoxCPMEngine(Engine):
     options_class = VoxCPMOptions
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
-                 tokenizer: VoxCPMTokenizer, info: ModelInfo) -> None:
+                 tokenizer: VoxCPMTokenizer, info: ModelInfo,
+                 load_warnings: tuple[str, ...] = ()) -> None:
         self.model_dir = model_dir
         self.config = config
         self.model = model
         self.vae = vae
         self.tokenizer = tokenizer
         self._info = info
+        self._load_warnings = load_warnings
 
     # -- loading ------------------------------------------------------------------------
 
@@ -171,6 +177,10 @@ class VoxCPMEngine(Engine):
             torch.set_num_threads(options.compute.cpu_threads)
         device = _pick_device(options.compute.device, config.device)
         dtype = _pick_dtype(engine_options.dtype, options.compute.dtype, config, device)
+        slow = emulated_dtype_warning(dtype, device, setting="engines.voxcpm.dtype",
+                                      speedup=FLOAT32_SPEEDUP.get(dtype, ""))
+        if slow:
+            log.warning("%s", slow)
         report(progress, "load", 0, 3, "language model")
         model = load_model(model_dir, config, dtype=dtype, device=device)
         report(progress, "load", 1, 3, "audio VAE")
@@ -202,7 +212,7 @@ class VoxCPMEngine(Engine):
         log.info("loaded VoxCPM %s from %s (%s, %s)", config.architecture, model_dir,
                  info.dtype, info.device)
         return cls(model_dir=model_dir, config=config, model=model, vae=vae,
-                   tokenizer=tokenizer, info=info)
+                   tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else ())
 
     @property
     def info(self) -> ModelInfo:
@@ -312,7 +322,7 @@ class VoxCPMEngine(Engine):
                      "sway_sampling": 1.0, "min_len": plan.sampling.min_len,
                      "max_len": plan.sampling.max_patches},
             retries=retries,
-            warnings=plan.warnings,
+            warnings=self._load_warnings + plan.warnings,
             license=LICENSE,
             chunks=len(plan.chunks),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,

@@ -2,11 +2,15 @@
 
 ``auto`` picks CUDA, then Apple MPS, then the CPU. The dtype policy belongs to each engine
 (it runs as its upstream does), so :func:`select_dtype` takes the engine's ``auto`` choice.
+:func:`cpu_native_dtype` says whether this CPU computes a reduced precision natively, and
+:func:`emulated_dtype_warning` words the ``Applied`` warning when it does not.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -92,6 +96,68 @@ def bf16_supported(device: torch.device) -> bool:
         with torch.cuda.device(device):
             return torch.cuda.is_bf16_supported()
     return True
+
+
+# /proc/cpuinfo flags that give native kernels, used only when torch cannot say itself
+_NATIVE_FLAGS = {
+    torch.bfloat16: frozenset({"avx512_bf16", "amx_bf16", "bf16"}),  # x86, x86, Arm
+    torch.float16: frozenset({"avx512_fp16", "amx_fp16"}),
+}
+_ONEDNN_CHECKS = {torch.bfloat16: "_is_mkldnn_bf16_supported",
+                  torch.float16: "_is_mkldnn_fp16_supported"}
+
+
+@functools.cache
+def cpu_native_dtype(dtype: torch.dtype) -> bool:
+    """Whether this CPU runs ``dtype`` matrix products natively (float32 always does).
+
+    bfloat16 and float16 products on the CPU are fast only through oneDNN's kernels, which
+    torch uses when the CPU has them (bfloat16: AVX-512 or AMX on x86, BF16 on Arm; float16:
+    AVX512-FP16 or AMX-FP16); otherwise torch converts in plain loops, several times slower than
+    float32 (an AVX2 CPU: about 3x for a 64x1024 by 1024x4096 product). Asks torch first;
+    where it cannot say, reads the CPU flags in ``/proc/cpuinfo``.
+    """
+    if dtype not in _ONEDNN_CHECKS:
+        return True
+    mkldnn = torch.backends.mkldnn
+    check = getattr(torch.ops.mkldnn, _ONEDNN_CHECKS[dtype], None) \
+        if mkldnn.is_available() else None
+    if check is not None:
+        try:
+            return bool(mkldnn.enabled) and bool(check())
+        except RuntimeError:
+            pass
+    return native_from_flags(dtype, _cpu_flags())
+
+
+def native_from_flags(dtype: torch.dtype, flags: frozenset[str]) -> bool:
+    """:func:`cpu_native_dtype` from a set of ``/proc/cpuinfo`` flags (the fallback)."""
+    return dtype not in _NATIVE_FLAGS or bool(_NATIVE_FLAGS[dtype] & flags)
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, Arm
+            return frozenset(value.split())
+    return frozenset()
+
+
+def emulated_dtype_warning(dtype: torch.dtype, device: torch.device | str, *, setting: str,
+                           speedup: str) -> str | None:
+    """A line for ``Applied.warnings`` when ``dtype`` runs on a CPU without native kernels for it,
+    naming the faster setting (``setting=float32``) and ``speedup`` (what was measured, e.g.
+    ``"about 1.6x"``); ``None`` when there is nothing to say."""
+    if torch.device(device).type != "cpu" or cpu_native_dtype(dtype):
+        return None
+    name = dtype_name(dtype)
+    return (f"{name} is emulated on this CPU ({torch.backends.cpu.get_cpu_capability()}, no "
+            f"native {name} kernels): {setting}=float32 is {speedup} faster on such a CPU (its "
+            f"samples differ from {name}'s)")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
