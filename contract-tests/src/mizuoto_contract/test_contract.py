@@ -266,6 +266,9 @@ def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]
         assert isinstance(chunk, AudioChunk)
         assert chunk.index == position
         assert chunk.is_last == (position == len(chunks) - 1)
+        assert (chunk.applied is not None) == chunk.is_last, "only the last chunk has applied"
+        # audio is never held back to mark the last chunk: it may be empty instead
+        assert chunk.is_last or chunk.audio.num_samples > 0, "only the last chunk may be empty"
         assert chunk.audio.sample_rate == model.engine.info.sample_rate
         assert chunk.audio.samples.ndim == 1 and chunk.audio.samples.dtype == torch.float32
     return chunks

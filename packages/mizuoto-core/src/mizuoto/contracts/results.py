@@ -73,7 +73,12 @@ class SynthesisResult:
 
 @attrs.frozen
 class AudioChunk:
-    """One piece of a stream. The last chunk (``is_last``) carries the ``applied`` record."""
+    """One piece of a stream, yielded as soon as its audio is ready.
+
+    The last chunk (``is_last``) carries the ``applied`` record, no other does. An engine that
+    learns only after its last audio that the stream has ended yields a final chunk with no
+    samples rather than hold audio back; no other chunk is empty.
+    """
 
     audio: Audio
     index: int
