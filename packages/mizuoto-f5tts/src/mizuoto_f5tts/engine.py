@@ -37,6 +37,7 @@ from mizuoto.contracts.results import Applied, SynthesisResult, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
+from mizuoto.runtime.device import emulated_dtype_warning
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
@@ -176,13 +177,14 @@ class F5Engine(Engine):
     options_class = F5Options
 
     def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo,
-                 oom_fallback: bool = True) -> None:
+                 oom_fallback: bool = True, load_warnings: tuple[str, ...] = ()) -> None:
         self.model = model
         self.vocab = vocab
         self.vocoder = vocoder
         self._info = info
         self._resamplers: dict[tuple[int, int], torch.nn.Module] = {}
         self._oom_fallback = oom_fallback
+        self._load_warnings = load_warnings
 
     # -- loading --------------------------------------------------------------------------
 
@@ -237,8 +239,13 @@ class F5Engine(Engine):
             non_commercial=catalog_weights,
             fingerprint=_fingerprint(checkpoint, vocab),
         )
+        # only when asked for: auto is float32 on the CPU, as upstream
+        slow = emulated_dtype_warning(model.dtype, device, setting="compute.dtype",
+                                      speedup="several times")
+        if slow:
+            log.warning("%s", slow)
         return cls(model=model, vocab=vocab, vocoder=vocoder, info=info,
-                   oom_fallback=compute.oom_fallback)
+                   oom_fallback=compute.oom_fallback, load_warnings=(slow,) if slow else ())
 
     @property
     def info(self) -> ModelInfo:
@@ -425,7 +432,8 @@ class F5Engine(Engine):
         return Applied(
             engine=self.name, model=self.info.model, seed=seed, seed_drawn=drawn,
             dtype=self.info.dtype, device=self.info.device, sampler=sampler,
-            fallbacks=tuple(fallbacks), warnings=tuple(warnings), license=self.info.license,
+            fallbacks=tuple(fallbacks), warnings=self._load_warnings + tuple(warnings),
+            license=self.info.license,
             non_commercial=self.info.non_commercial, chunks=chunks, extra=extra)
 
     # -- editing --------------------------------------------------------------------------
