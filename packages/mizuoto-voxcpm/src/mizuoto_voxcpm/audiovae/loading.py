@@ -134,7 +134,8 @@ def load_audio_vae(
         if key not in state and key in layout:  # upstream keeps the config's value
             state[key] = _config_buffer(config, key, device)
     vae.load_state_dict(state, strict=True, assign=True)
-    vae.requires_grad_(False)
+    # parameters keep requires_grad as upstream leaves them (kernel choice can depend on it);
+    # every VAE call runs under inference_mode
     logger.debug("loaded AudioVAE v%d from %s on %s", config.generation, path, device)
     return vae.eval()
 
