@@ -13,6 +13,7 @@ import attrs
 import pytest
 import torch
 
+from mizuoto.runtime.module_state import kernel_state, state_differences
 from mizuoto_f5tts.checkpoint import find_checkpoint, load_f5_model, load_vocos, read_vocab
 from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.variants import VARIANT_NAMES, get_variant
@@ -79,6 +80,17 @@ def test_state_dict_layout_equal(models, case):
     assert mine == theirs
     for key, value in upstream.state_dict().items():
         assert torch.equal(value, ours.state_dict()[key]), key
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_module_state_matches_upstream(models, case):
+    """requires_grad, dtypes, strides, memory format and train/eval per tensor and module, as
+    upstream has them when ``sample()`` runs (kernel choice depends on each of them)."""
+    _, _, upstream, ours, _ = models[case]
+    theirs, mine = kernel_state(upstream), kernel_state(ours)
+    assert {k for k in mine if k.startswith("param:")} == {k for k in theirs
+                                                           if k.startswith("param:")}
+    assert state_differences(mine, theirs) == []
 
 
 @pytest.mark.parametrize("case", list(_CASES))
@@ -220,6 +232,7 @@ def test_vocos_equal(models, size):
         upstream = load_vocoder("vocos", is_local=True, local_path=str(vocos_dir), device="cpu")
     ours = load_vocos(vocos_dir)
     assert set(ours.state_dict()) == set(upstream.state_dict())
+    assert state_differences(kernel_state(ours), kernel_state(upstream)) == []
     g = torch.Generator().manual_seed(0)
     mel = torch.randn(2, 100, 57, generator=g)
     expected, actual = upstream.decode(mel), ours.decode(mel)

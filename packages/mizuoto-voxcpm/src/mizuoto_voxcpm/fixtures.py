@@ -62,20 +62,37 @@ _CFM = {"sigma_min": 1e-6, "solver": "euler", "t_scheduler": "log-norm",
         "training_cfg_rate": 0.1, "inference_cfg_rate": 2.0, "reg_loss_type": "l1"}
 
 
-def tiny_config(generation: str, *, vocab_size: int, dtype: str = "bfloat16") -> dict[str, Any]:
-    """A few-layer config of ``generation`` (head dim 16 everywhere, max_length 512)."""
+SIZES = ("tiny", "wide", "realsize")
+
+# The released local DiT of every generation is 1024 wide with a 4096 feed-forward and a 64-wide
+# latent; only the depth and the LMs make a model large. Kernel choice depends on these widths
+# (a 1-ulp fp32 difference hid behind the tiny fixture's 32 -> 8 out_proj), so the "wide" size
+# keeps them and stays two layers deep.
+RELEASED_DIT_WIDTH, RELEASED_DIT_FFN, RELEASED_LATENT_DIM = 1024, 4096, 64
+
+
+def tiny_config(generation: str, *, vocab_size: int, dtype: str = "bfloat16",
+                wide: bool = False) -> dict[str, Any]:
+    """A few-layer config of ``generation`` (head dim 16 everywhere, max_length 512).
+
+    ``wide=True`` keeps the released local DiT and latent widths (1024 / 4096 -> 64, released
+    patch size) at two layers: fast enough for CI, wide enough to run the released kernels.
+    """
     _check(generation)
     lm = _lm(64, 2, 4, 2, 128, vocab_size, 16, 1024, 512)
+    dit = _local(32, 64, 2, 2)
+    if wide:
+        dit = _local(RELEASED_DIT_WIDTH, RELEASED_DIT_FFN, RELEASED_DIT_WIDTH // 16, 2)
     config: dict[str, Any] = {
         "architecture": "voxcpm2" if generation == "voxcpm2" else "voxcpm",
         "lm_config": lm,
         "patch_size": 2 if generation == "voxcpm-0.5b" else 4,
-        "feat_dim": 8,
+        "feat_dim": RELEASED_LATENT_DIM if wide else 8,
         "residual_lm_num_layers": 2,
         "scalar_quantization_latent_dim": 16,
         "scalar_quantization_scale": 9,
         "encoder_config": _local(32, 64, 2, 2),
-        "dit_config": {**_local(32, 64, 2, 2), "cfm_config": dict(_CFM)},
+        "dit_config": {**dit, "cfm_config": dict(_CFM)},
         "max_length": 512,
         "device": "cpu",
         "dtype": dtype,
@@ -167,9 +184,16 @@ def random_state_dict(config: dict[str, Any], *, seed: int = 0, stop: str = "nev
 
 def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
                        dtype: str = "bfloat16", stop: str = "never", realsize: bool = False,
-                       weights_format: str = "safetensors", legacy_tokenizer: bool = True
-                       ) -> Path:
-    """Write a random-init model directory of ``generation`` in upstream's layout."""
+                       size: str = "tiny", weights_format: str = "safetensors",
+                       legacy_tokenizer: bool = True) -> Path:
+    """Write a random-init model directory of ``generation`` in upstream's layout.
+
+    ``size``: ``"tiny"`` (CI), ``"wide"`` (tiny depth, released DiT and latent widths) or
+    ``"realsize"`` (the released transformer sizes; ``realsize=True`` is the same).
+    """
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    realsize = realsize or size == "realsize"
     from safetensors.torch import save_file
 
     from mizuoto_voxcpm.audiovae.fixture import write_random_audiovae
@@ -185,8 +209,10 @@ def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
     if realsize:
         config = realsize_config(generation, dtype=dtype)
     else:
-        config = tiny_config(generation, vocab_size=vocab_size, dtype=dtype)
+        config = tiny_config(generation, vocab_size=vocab_size, dtype=dtype, wide=size == "wide")
     vae = _vae_config(generation, realsize)
+    if size == "wide":
+        vae = attrs.evolve(vae, latent_dim=RELEASED_LATENT_DIM)
     write_random_audiovae(directory, vae, seed=seed,
                           fmt="safetensors" if generation == "voxcpm2" else "pth")
     config["audio_vae_config"] = {k: list(v) if isinstance(v, tuple) else v

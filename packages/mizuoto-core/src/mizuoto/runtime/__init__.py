@@ -5,5 +5,6 @@
 - :mod:`~mizuoto.runtime.compile`: ``maybe_compile`` (falls back to eager);
 - :mod:`~mizuoto.runtime.weight_norm`: ``fold_weight_norm`` for state dicts;
 - :mod:`~mizuoto.runtime.checkpoint`: ``load_state_dict_file``, strict ``load_into``;
+- :mod:`~mizuoto.runtime.module_state`: ``kernel_state`` (what picks kernels, for parity tests);
 - :mod:`~mizuoto.runtime.atomic` and :mod:`~mizuoto.runtime.seeds`.
 """
