@@ -109,8 +109,8 @@ class Options:
     def from_toml(cls, path: str | Path) -> Options:
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise InvalidOption(str(path), f"cannot read options file: {exc}") from exc
         return cls.from_mapping(data)
 
@@ -154,6 +154,8 @@ class Options:
 def _nest(values: Mapping[str, Any]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, value in values.items():
+        if not isinstance(key, str):
+            raise InvalidOption(shown(key), "option names are strings, e.g. compute.device")
         parts = key.split(".")
         target = nested
         for part in parts[:-1]:

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import numbers
+
 import attrs
 import numpy as np
 import torch
 
+from mizuoto.errors import InvalidAudio
+
 
 def _to_float32_mono(value) -> torch.Tensor:
-    tensor = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value)
-    tensor = tensor.detach().to("cpu", torch.float32)
+    try:
+        tensor = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor)
+                                 else value)
+        tensor = tensor.detach().to("cpu", torch.float32)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidAudio("audio.samples", f"are not numbers ({exc})") from None
     if tensor.ndim != 1:
-        raise ValueError(f"Audio.samples must be 1-D (mono), got shape {tuple(tensor.shape)}")
+        raise InvalidAudio("audio.samples", f"must be 1-D (mono), got shape {tuple(tensor.shape)}")
     return tensor
+
+
+def _check_rate(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not value > 0:
+        raise InvalidAudio("audio.sample_rate", f"must be a positive integer (Hz), got {value!r}")
 
 
 @attrs.frozen
@@ -20,7 +33,7 @@ class Audio:
     """Mono float32 samples on the CPU and their sample rate."""
 
     samples: torch.Tensor = attrs.field(converter=_to_float32_mono)
-    sample_rate: int = attrs.field(validator=attrs.validators.gt(0))
+    sample_rate: int = attrs.field(validator=_check_rate)
 
     @property
     def num_samples(self) -> int:

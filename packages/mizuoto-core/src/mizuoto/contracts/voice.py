@@ -16,6 +16,7 @@ from mizuoto.errors import InvalidRequest, VoiceMismatch
 _FORMAT = "mizuoto-voice/1"
 
 
+MAX_VOICE_RATE = 768000
 @attrs.frozen
 class Voice:
     """Engine-specific prompt tensors plus the identity of the model they were built for.
@@ -73,11 +74,17 @@ class Voice:
             raise InvalidRequest("voice", f"{path} is not a voice file ({exc})") from exc
         if header.get("format") != _FORMAT:
             raise InvalidRequest("voice", f"{path} is not a Mizuoto voice file")
-        return cls(
-            engine=header["engine"],
-            model_fingerprint=header["model_fingerprint"],
-            sample_rate=int(header["sample_rate"]),
-            tensors=tensors,
-            texts=json.loads(header.get("texts", "{}")),
-            meta=json.loads(header.get("meta", "{}")),
-        )
+        try:
+            engine, fingerprint = header["engine"], header["model_fingerprint"]
+            sample_rate = int(header["sample_rate"])
+            texts = json.loads(header.get("texts", "{}"))
+            meta = json.loads(header.get("meta", "{}"))
+        except (KeyError, ValueError) as exc:  # json's errors are ValueErrors
+            raise InvalidRequest("voice", f"{path} has a damaged header ({exc!r})") from None
+        if not 0 < sample_rate <= MAX_VOICE_RATE or not isinstance(texts, dict) \
+                or not all(isinstance(v, str) for v in texts.values()) \
+                or not isinstance(meta, dict):
+            raise InvalidRequest("voice", f"{path} has a damaged header (sample rate, texts "
+                                 "or meta)")
+        return cls(engine=engine, model_fingerprint=fingerprint, sample_rate=sample_rate,
+                   tensors=tensors, texts=texts, meta=meta)
