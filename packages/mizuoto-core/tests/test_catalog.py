@@ -168,3 +168,20 @@ def test_a_stale_link_in_mizuoto_home_is_replaced(home, monkeypatch, tmp_path):
     monkeypatch.setattr(catalog, "_hub_cached", lambda hub_file, filename: hub / filename)
     resolved = resolve_model("fake/base", catalog=CATALOG)
     assert (resolved.path / "weights.bin").read_text() == "weights.bin"
+
+
+def test_hub_cache_is_read_only_for_repositories_it_holds(tmp_path, monkeypatch):
+    """A file in huggingface_hub's cache is found; a repository with no folder there is
+    answered without asking huggingface_hub (importing it costs `mizuoto models` time)."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    snapshot = tmp_path / "models--acme--tts" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--acme--tts" / "refs").mkdir()
+    (tmp_path / "models--acme--tts" / "refs" / "main").write_text("abc123")
+    assert catalog._hub_cached(HubFile("acme/tts", "config.json"), "config.json") == \
+        snapshot / "config.json"
+    monkeypatch.delitem(sys.modules, "huggingface_hub")  # imported again if it were asked
+    assert catalog._hub_cached(HubFile("acme/other", "config.json"), "config.json") is None
+    assert "huggingface_hub" not in sys.modules

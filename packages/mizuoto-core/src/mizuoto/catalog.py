@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -90,7 +91,24 @@ def downloaded_files(entry: CatalogEntry) -> dict[str, tuple[str, Path] | None]:
     return found
 
 
+def _hub_cache_dir() -> Path:
+    """huggingface_hub's cache folder, found as it finds it (``HF_HUB_CACHE``, ``HF_HOME``)."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:  # already imported: it read the environment once, at import
+        return Path(constants.HF_HUB_CACHE)
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if cache:
+        return Path(cache).expanduser()
+    home = os.environ.get("HF_HOME") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
 def _hub_cached(hub_file: HubFile, filename: str) -> Path | None:
+    # A repository never downloaded has no folder in the hub cache: say so without importing
+    # huggingface_hub (a tenth of a second, on every `mizuoto models`).
+    if not (_hub_cache_dir() / f"models--{hub_file.repo.replace('/', '--')}").is_dir():
+        return None
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:

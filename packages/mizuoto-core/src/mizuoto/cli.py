@@ -6,8 +6,10 @@ file not found (or a checkpoint that does not match); 4 capability not supported
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -50,7 +52,7 @@ def cli(ctx, debug, quiet):
 def plugins():
     """List installed plugins, their versions and the hooks they implement."""
     from mizuoto.plugins import get_plugins
-    from mizuoto.registry import engines
+    from mizuoto.registry import engine_refs
 
     found = get_plugins()
     if not found:
@@ -62,10 +64,15 @@ def plugins():
         dist = plugin["distribution"] or plugin["name"]
         click.echo(f"{plugin['name']}  ({dist} {version})")
         click.echo(f"  hooks: {', '.join(plugin['hooks']) or '-'}")
-    if not engines():
+    refs = engine_refs()  # the engines are not imported: listing them stays fast
+    if not refs:
         click.echo("No engines registered.")
-    else:
-        click.echo(f"engines: {', '.join(sorted(engines()))}")
+        return
+    click.echo(f"engines: {', '.join(sorted(refs))}")
+    for name, ref in sorted(refs.items()):
+        if ref.capabilities:
+            capabilities = ", ".join(sorted(c.value for c in ref.capabilities))
+            click.echo(f"  {name}: {capabilities}")
 
 
 @cli.command()
@@ -87,19 +94,32 @@ def models():
         click.echo(f"{model_id:<20} {state:<12} {license_note:<28} {entry.description}")
 
 
-def _progress_printer(quiet: bool):
-    """A progress callback that draws one tqdm bar per stage on stderr."""
-    if quiet:
-        return None
-    from tqdm.auto import tqdm
+class _ProgressBars:
+    """Progress on a terminal: one tqdm bar per stage on stderr, nested in the order the stages
+    start (a text chunk, then the sampling steps inside it). A bar closes, clearing its line,
+    when its stage is done, when the stage it is nested in moves on, or when a stage of the
+    same kind starts ("sampling 2/3" after "sampling 1/3"); :meth:`close` clears the rest."""
 
-    bars: dict[str, tqdm] = {}
+    def __init__(self, file) -> None:
+        self._file = file
+        self._bars: dict = {}
 
-    def callback(progress):
-        bar = bars.get(progress.stage)
+    def __call__(self, progress) -> None:
+        from tqdm import tqdm
+
+        stages = list(self._bars)
+        if progress.stage in self._bars:
+            finished = stages[stages.index(progress.stage) + 1:]
+        else:
+            kind = progress.stage.split()[:1]
+            finished = [stage for stage in stages if stage.split()[:1] == kind]
+        for stage in reversed(finished):
+            self._bars.pop(stage).close()
+        bar = self._bars.get(progress.stage)
         if bar is None:
-            bar = tqdm(total=progress.total, desc=progress.stage, leave=False, file=sys.stderr)
-            bars[progress.stage] = bar
+            bar = tqdm(total=progress.total, desc=progress.stage, leave=False, file=self._file,
+                       dynamic_ncols=True)
+            self._bars[progress.stage] = bar
         if progress.total is not None and bar.total != progress.total:
             bar.total = progress.total
         bar.n = progress.done
@@ -107,10 +127,46 @@ def _progress_printer(quiet: bool):
             bar.set_postfix_str(progress.detail, refresh=False)
         bar.refresh()
         if progress.total is not None and progress.done >= progress.total:
-            bar.close()
-            bars.pop(progress.stage, None)
+            self._bars.pop(progress.stage).close()
 
-    return callback
+    def close(self) -> None:
+        # innermost first, so that each bar's line is cleared before the one it is nested in
+        for stage in reversed(list(self._bars)):
+            self._bars.pop(stage).close()
+
+
+class _ProgressLog:
+    """Progress where stderr is not a terminal (a pipe, a log file): no bars and no carriage
+    returns; one INFO line per finished text chunk, other stages at DEBUG when they finish."""
+
+    def __call__(self, progress) -> None:
+        if progress.stage == "chunk":
+            if progress.done > 0:
+                log.info("chunk %d/%s done", progress.done, progress.total or "?")
+        elif progress.total is not None and progress.done >= progress.total:
+            log.debug("%s done (%d)", progress.stage, progress.total)
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool) -> Iterator:
+    """The progress callback for a command: bars on a terminal, log lines elsewhere, nothing
+    with --quiet. Bars are cleared when the block ends (also on an error), so the result or
+    the error message starts on a clean line; log records print above the bars meanwhile."""
+    if quiet:
+        yield None
+        return
+    stderr = sys.stderr
+    if not stderr.isatty():
+        yield _ProgressLog()
+        return
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    bars = _ProgressBars(stderr)
+    try:
+        with logging_redirect_tqdm():
+            yield bars
+    finally:
+        bars.close()
 
 
 def _options(option_file, option_pairs):
@@ -191,20 +247,20 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
         instruction=instruction, seed=seed, steps=steps, guidance=guidance, params=_params(params),
     )
     options = _options(options_file, option_pairs)
-    progress = _progress_printer(quiet)
-    tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
-    if save_voice:
-        voice = tts.build_voice(request.reference)
-        voice.save(save_voice)
-        request = attrs.evolve(request, reference=None, voice=voice)
-        log.info("saved voice to %s", save_voice)
-    if stream:
-        tts.require(Capability.STREAM)
-        applied = _stream_to_file(tts, request, output, progress)
-    else:
-        result = tts.synthesize(request, progress=progress)
-        result.save(output)
-        applied = result.applied
+    with _progress(quiet) as progress:
+        tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
+        if save_voice:
+            voice = tts.build_voice(request.reference)
+            voice.save(save_voice)
+            request = attrs.evolve(request, reference=None, voice=voice)
+            log.info("saved voice to %s", save_voice)
+        if stream:
+            tts.require(Capability.STREAM)
+            applied = _stream_to_file(tts, request, output, progress)
+        else:
+            result = tts.synthesize(request, progress=progress)
+            result.save(output)
+            applied = result.applied
     _report(applied, output, quiet)
 
 
@@ -264,14 +320,14 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         except ValueError:
             raise InvalidRequest("--segment", f"{segment!r} must be START:END in seconds") from None
         spans.append((start, end))
-    progress = _progress_printer(ctx.obj["quiet"])
-    tts = mizuoto.load(model, engine=engine, options=_options(options_file, option_pairs),
-                       progress=progress)
-    tts.require(Capability.EDIT)
-    result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
-                                  steps=steps, guidance=guidance, params=_params(params)),
-                      progress=progress)
-    result.save(output)
+    with _progress(ctx.obj["quiet"]) as progress:
+        tts = mizuoto.load(model, engine=engine, options=_options(options_file, option_pairs),
+                           progress=progress)
+        tts.require(Capability.EDIT)
+        result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
+                                      steps=steps, guidance=guidance, params=_params(params)),
+                          progress=progress)
+        result.save(output)
     _report(result.applied, output, ctx.obj["quiet"])
 
 
@@ -319,10 +375,10 @@ def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate,
                             steps=steps, learning_rate=learning_rate, batch_size=batch_size,
                             seed=seed, memory=memory)
     trainer.check(config)
-    progress = _progress_printer(ctx.obj["quiet"])
-    run = trainer.prepare(config, progress=progress)
-    result = trainer.train(run, progress=progress)
-    exported = trainer.export(run, Path(output_dir) / "export")
+    with _progress(ctx.obj["quiet"]) as progress:
+        run = trainer.prepare(config, progress=progress)
+        result = trainer.train(run, progress=progress)
+        exported = trainer.export(run, Path(output_dir) / "export")
     click.echo(f"Trained {result.steps_done} steps; exported {exported}", err=True)
 
 

@@ -1,4 +1,8 @@
-"""What the loaded plugins registered: engines, trainers, catalog entries, contract fixtures."""
+"""What the loaded plugins registered: engines, trainers, catalog entries, contract fixtures.
+
+Engines are kept as :class:`~mizuoto.contracts.engine_ref.EngineRef`: listing them
+(:func:`engine_refs`) imports no engine module; :func:`get_engine` and :func:`engines` do.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,21 @@ import functools
 
 from mizuoto.catalog import CatalogEntry
 from mizuoto.contracts.engine import Engine
+from mizuoto.contracts.engine_ref import EngineRef
 from mizuoto.contracts.fixtures import ContractFixture
 from mizuoto.contracts.trainer import Trainer
 from mizuoto.errors import EngineNotFound, MizuotoError
 from mizuoto.plugins import load_plugins, pm
 
 
-def _collect(hook, key, kind: str) -> dict:
+def _collect(hook, key, kind: str, convert=lambda item: item) -> dict:
     load_plugins()
     found: dict = {}
 
     def register(item):
+        item = convert(item)
         name = key(item)
-        if name in found and found[name] is not item:
+        if name in found and found[name] != item:
             raise MizuotoError(f"two plugins register the {kind} {name!r}")
         found[name] = item
 
@@ -26,9 +32,25 @@ def _collect(hook, key, kind: str) -> dict:
     return found
 
 
+def _engine_ref(item) -> EngineRef:
+    if isinstance(item, EngineRef):
+        return item
+    if isinstance(item, type) and issubclass(item, Engine):
+        return EngineRef.of(item)
+    raise MizuotoError(f"register_engines: register an Engine subclass or an EngineRef, "
+                       f"not {item!r}")
+
+
+@functools.cache
+def engine_refs() -> dict[str, EngineRef]:
+    """Every registered engine by name, as registered: nothing is imported."""
+    return _collect(pm.hook.register_engines, lambda ref: ref.name, "engine", _engine_ref)
+
+
 @functools.cache
 def engines() -> dict[str, type[Engine]]:
-    return _collect(pm.hook.register_engines, lambda e: e.name, "engine")
+    """Every registered engine class by name (this imports every engine)."""
+    return {name: ref.load() for name, ref in engine_refs().items()}
 
 
 @functools.cache
@@ -48,12 +70,13 @@ def contract_fixtures() -> dict[str, ContractFixture]:
 
 
 def clear_cache() -> None:
-    for function in (engines, trainers, catalog, contract_fixtures):
+    for function in (engine_refs, engines, trainers, catalog, contract_fixtures):
         function.cache_clear()
 
 
 def get_engine(name: str) -> type[Engine]:
-    available = engines()
+    """The engine class registered as ``name``, imported now if it was registered lazily."""
+    available = engine_refs()
     if name not in available:
         if not available:
             raise EngineNotFound(
@@ -63,7 +86,7 @@ def get_engine(name: str) -> type[Engine]:
         raise EngineNotFound(
             f"engine {name!r} is not installed; installed: {', '.join(sorted(available))}"
         )
-    return available[name]
+    return available[name].load()
 
 
 def get_trainer(engine: str) -> type[Trainer]:

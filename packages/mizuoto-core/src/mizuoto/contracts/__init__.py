@@ -3,6 +3,7 @@
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.engine_ref import EngineRef
 from mizuoto.contracts.fixtures import ContractFixture
 from mizuoto.contracts.progress import Progress, ProgressCallback
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
@@ -18,6 +19,7 @@ __all__ = [
     "ContractFixture",
     "EditRequest",
     "Engine",
+    "EngineRef",
     "ModelInfo",
     "Progress",
     "ProgressCallback",

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
 import attrs
-import numpy as np
-import torch
 
 from mizuoto.errors import InvalidAudio
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
 
 def _to_float32_mono(value) -> torch.Tensor:
+    # torch and numpy are imported with the first Audio, not with ``import mizuoto``.
+    import numpy as np
+    import torch
+
     try:
         tensor = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor)
                                  else value)

@@ -6,17 +6,19 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 
 from mizuoto.errors import InvalidRequest, VoiceMismatch
 
+if TYPE_CHECKING:
+    import torch
+
 _FORMAT = "mizuoto-voice/1"
-
-
 MAX_VOICE_RATE = 768000
+
+
 @attrs.frozen
 class Voice:
     """Engine-specific prompt tensors plus the identity of the model they were built for.
