@@ -6,6 +6,14 @@
     tts.synthesize(mizuoto.SynthesisRequest("Hello there.", reference=ref, seed=7)).save("a.wav")
 """
 
-from mizuoto_f5tts.engine import F5Engine, F5Options, F5Params
-
 __all__ = ["F5Engine", "F5Options", "F5Params"]
+
+
+def __getattr__(name: str):
+    # The engine (and torch) is imported on first use: the plugin module, imported whenever
+    # Mizuoto lists its plugins, lives in this package.
+    if name in __all__:
+        from mizuoto_f5tts import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,14 @@
-"""The F5-TTS plugin: the engine, its catalog entries and its contract fixtures."""
+"""The F5-TTS plugin: the engine, its catalog entries and its contract fixtures.
+
+Nothing here imports torch: the engine is registered by location and imported when a model is
+loaded, so that ``mizuoto plugins`` and ``mizuoto models`` answer at once.
+"""
 
 from __future__ import annotations
 
 from functools import partial
 
-from mizuoto import ContractFixture, hookimpl
+from mizuoto import Capability, ContractFixture, EngineRef, hookimpl
 
 # Few sampling steps keep contract requests fast on tiny models; the duration stays upstream's
 # estimate, so outputs are as long as a real request's (a short fix_duration would cut them to
@@ -15,9 +19,12 @@ _FAST_STEPS = 4
 
 @hookimpl
 def register_engines(register):
-    from mizuoto_f5tts.engine import F5Engine
-
-    register(F5Engine)
+    register(EngineRef(
+        "f5tts", "mizuoto_f5tts.engine:F5Engine",
+        capabilities={Capability.ZERO_SHOT, Capability.CLONE, Capability.EDIT,
+                      Capability.LONG_TEXT, Capability.VOICE_CACHE},
+        options="mizuoto_f5tts.engine:F5Options",
+        description="F5-TTS v1 Base, Base and E2: flow matching + Vocos"))
 
 
 @hookimpl

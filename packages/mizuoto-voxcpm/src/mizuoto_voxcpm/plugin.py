@@ -1,10 +1,14 @@
-"""The VoxCPM plugin: engine, catalog entries and contract fixtures."""
+"""The VoxCPM plugin: engine, catalog entries and contract fixtures.
+
+Nothing here imports torch: the engine is registered by location and imported when a model is
+loaded, so that ``mizuoto plugins`` and ``mizuoto models`` answer at once.
+"""
 
 from __future__ import annotations
 
 from functools import partial
 
-from mizuoto import ContractFixture, hookimpl
+from mizuoto import Capability, ContractFixture, EngineRef, hookimpl
 
 # few steps and patches: contract requests stay fast on random weights
 _FAST = {"inference_timesteps": 2, "max_len": 4, "min_len": 1, "retry_badcase": False}
@@ -12,9 +16,14 @@ _FAST = {"inference_timesteps": 2, "max_len": 4, "min_len": 1, "retry_badcase": 
 
 @hookimpl
 def register_engines(register):
-    from mizuoto_voxcpm.engine import VoxCPMEngine
-
-    register(VoxCPMEngine)
+    # DESIGN: VoxCPM2 only; the other capabilities: every generation.
+    register(EngineRef(
+        "voxcpm", "mizuoto_voxcpm.engine:VoxCPMEngine",
+        capabilities={Capability.ZERO_SHOT, Capability.CLONE, Capability.CONTINUATION,
+                      Capability.STREAM, Capability.VOICE_CACHE, Capability.LONG_TEXT,
+                      Capability.DESIGN},
+        options="mizuoto_voxcpm.engine:VoxCPMOptions",
+        description="VoxCPM-0.5B, VoxCPM1.5 and VoxCPM2: zero-shot, cloning, design, streaming"))
 
 
 @hookimpl
