@@ -12,10 +12,10 @@ import secrets
 import attrs
 import pytest
 
-import mizuoto_example
 from mizuoto import Capability, plugins
 from mizuoto.errors import CheckpointMismatch
-from mizuoto_example import ToyEngine
+from mizuoto_example import engine as toy_engine
+from mizuoto_example.engine import ToyEngine
 
 pytest_plugins = ["pytester"]
 
@@ -44,7 +44,7 @@ def test_the_toy_engine_passes(run_suite):
 
 
 def test_an_engine_that_ignores_the_seed_fails(run_suite, monkeypatch):
-    monkeypatch.setattr(mizuoto_example, "resolve_seed",
+    monkeypatch.setattr(toy_engine, "resolve_seed",
                         lambda seed: (secrets.randbelow(2**32), False))
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_seeded_synthesis_is_deterministic*toy/tiny*"])
@@ -62,7 +62,7 @@ def test_an_engine_that_ignores_an_instruction_fails(run_suite, monkeypatch):
 
 
 def test_an_engine_that_accepts_a_silent_reference_fails(run_suite, monkeypatch):
-    monkeypatch.setattr(mizuoto_example, "check_not_silent", lambda samples, field: None)
+    monkeypatch.setattr(toy_engine, "check_not_silent", lambda samples, field: None)
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_silent_reference_is_invalid_audio*toy/tiny*"])
     assert result.ret != 0

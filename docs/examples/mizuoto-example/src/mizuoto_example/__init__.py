@@ -6,47 +6,23 @@ the pitch and the loudness towards the reference's. It is a template, not a voic
 
 A model directory holds ``config.json`` (sample rate, vocabulary size) and
 ``model.safetensors`` (a ``pitch`` and a ``level`` per vocabulary entry).
+
+This module is the plugin (the ``mizuoto`` entry point): its hooks, and the params and options
+classes. It imports no torch, so listing plugins stays fast; the engine lives in
+``mizuoto_example.engine`` and is imported when a toy model is loaded.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-from collections.abc import Iterator
-from pathlib import Path
-
 import attrs
-import numpy as np
-import torch
-from safetensors.torch import load_file, save_file
 
 import mizuoto
-from mizuoto import (
-    Applied,
-    Audio,
-    AudioChunk,
-    Capability,
-    CatalogEntry,
-    ContractFixture,
-    Engine,
-    HubFile,
-    ModelInfo,
-    Options,
-    Reference,
-    SynthesisRequest,
-    SynthesisResult,
-    Voice,
-)
-from mizuoto.contracts.progress import report
-from mizuoto.errors import CheckpointMismatch, InvalidOption, ModelFilesMissing
-from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
-from mizuoto.runtime.seeds import resolve_seed
-from mizuoto.runtime.threads import apply_cpu_threads
+from mizuoto import Capability, CatalogEntry, ContractFixture, EngineRef, HubFile
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-_WEIGHT_SHAPES = {"pitch": "(vocab_size,)", "level": "(vocab_size,)"}
+CAPABILITIES = frozenset({Capability.ZERO_SHOT, Capability.CLONE, Capability.STREAM,
+                          Capability.VOICE_CACHE})
 
 
 @attrs.frozen
@@ -66,207 +42,26 @@ class ToyOptions:
         attrs.validators.ge(0.0), attrs.validators.le(1.0)))
 
 
-@attrs.frozen
-class _VoiceShape:
-    """What the toy takes from a reference: a pitch factor and a loudness factor."""
+def __getattr__(name: str):
+    # ``from mizuoto_example import ToyEngine`` works, importing the engine (and torch) then.
+    if name in ("ToyEngine", "write_tiny_model"):
+        from mizuoto_example import engine
 
-    pitch_scale: float
-    level_scale: float
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"pitch_scale": torch.tensor([self.pitch_scale], dtype=torch.float64),
-                "level_scale": torch.tensor([self.level_scale], dtype=torch.float64)}
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_NEUTRAL = _VoiceShape(1.0, 1.0)
+def _write_tiny_model(directory) -> None:
+    from mizuoto_example.engine import write_tiny_model
 
-
-class ToyEngine(Engine):
-    """Hums the text. Zero-shot, cloning, streaming and saved voices; no editing or design."""
-
-    name = "toy"
-    params_class = ToyParams
-    options_class = ToyOptions
-
-    def __init__(self, *, pitch: torch.Tensor, level: torch.Tensor, info: ModelInfo,
-                 options: ToyOptions) -> None:
-        self._pitch = pitch
-        self._level = level
-        self._info = info
-        self._options = options
-
-    @classmethod
-    def recognizes(cls, model_dir: Path) -> bool:
-        try:
-            return "toy_vocab_size" in json.loads((Path(model_dir) / CONFIG_FILE).read_text())
-        except (OSError, ValueError):
-            return False
-
-    @classmethod
-    def load(cls, model_dir: Path, *, options: Options | None = None,
-             model_id: str | None = None, progress=None) -> ToyEngine:
-        model_dir = Path(model_dir)
-        options = options or Options()
-        engine_options = options.engine_options(cls)
-        if options.compute.device not in ("auto", "cpu"):
-            raise InvalidOption("compute.device", "the toy engine runs on the CPU only")
-        if options.compute.dtype not in ("auto", "float32"):
-            raise InvalidOption("compute.dtype", "the toy engine runs in float32 only")
-        apply_cpu_threads(options.compute)
-        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (model_dir / n).is_file()]
-        if missing:
-            raise ModelFilesMissing(str(model_dir), missing)
-        config = json.loads((model_dir / CONFIG_FILE).read_text())
-        weights_path = model_dir / WEIGHTS_FILE
-        weights = load_file(str(weights_path))
-        vocab_size = int(config["toy_vocab_size"])
-        absent = sorted(set(_WEIGHT_SHAPES) - set(weights))
-        extra = sorted(set(weights) - set(_WEIGHT_SHAPES))
-        shapes = [f"{k}: {tuple(v.shape)} != {_WEIGHT_SHAPES[k]}" for k, v in weights.items()
-                  if k in _WEIGHT_SHAPES and tuple(v.shape) != (vocab_size,)]
-        if absent or extra or shapes:
-            raise CheckpointMismatch(str(weights_path), missing=absent, unexpected=extra,
-                                     shapes=shapes)
-        info = ModelInfo(
-            engine=cls.name,
-            model=model_id or str(model_dir),
-            variant=str(config.get("variant", "toy")),
-            sample_rate=int(config["sample_rate"]),
-            dtype="float32",
-            device="cpu",
-            capabilities=frozenset({Capability.ZERO_SHOT, Capability.CLONE, Capability.STREAM,
-                                    Capability.VOICE_CACHE}),
-            license="Apache-2.0",
-            # A voice file is only valid for the weights it was built with.
-            fingerprint=hashlib.sha256(weights_path.read_bytes()).hexdigest(),
-        )
-        report(progress, "load", 1, 1)
-        return cls(pitch=weights["pitch"].to(torch.float64),
-                   level=weights["level"].to(torch.float64), info=info, options=engine_options)
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
-
-    def synthesize(self, request: SynthesisRequest, *, progress=None) -> SynthesisResult:
-        chunks = list(self._render(*self._prepare(request), progress))
-        samples = torch.cat([chunk.audio.samples for chunk in chunks])
-        return SynthesisResult(Audio(samples, self._info.sample_rate), chunks[-1].applied)
-
-    def stream(self, request: SynthesisRequest, *, progress=None) -> Iterator[AudioChunk]:
-        self.require(Capability.STREAM)
-        # Check the request now: a generator would raise only once iterated.
-        return self._render(*self._prepare(request), progress)
-
-    def _prepare(self, request: SynthesisRequest):
-        """Validate the request and reduce it to what rendering needs."""
-        params = self.parse_params(request.params)
-        if request.instruction is not None:
-            self.require(Capability.DESIGN)
-        if request.voice is not None:
-            request.voice.check(self.name, self._info.fingerprint)
-            shape = _VoiceShape(float(request.voice.tensors["pitch_scale"][0]),
-                                float(request.voice.tensors["level_scale"][0]))
-        elif request.reference is not None:
-            self.require(Capability.CLONE)
-            shape = _analyse(_read_reference(request.reference))
-        else:
-            self.require(Capability.ZERO_SHOT)
-            shape = _NEUTRAL
-        seed, drawn = resolve_seed(request.seed)
-        return request.text, params, shape, seed, drawn
-
-    def build_voice(self, reference: Reference) -> Voice:
-        self.require(Capability.VOICE_CACHE)
-        shape = _analyse(_read_reference(reference))
-        return Voice(engine=self.name, model_fingerprint=self._info.fingerprint,
-                     sample_rate=self._info.sample_rate, tensors=shape.tensors(),
-                     texts={"reference": reference.text or ""})
-
-    def _render(self, text: str, params: ToyParams, shape: _VoiceShape, seed: int, drawn: bool,
-                progress) -> Iterator[AudioChunk]:
-        rate = self._info.sample_rate
-        per_char = max(1, round(params.char_seconds * rate))
-        max_chars = max(1, int(params.max_seconds * rate) // per_char)
-        words = _words(text[:max_chars])
-        generator = torch.Generator().manual_seed(seed)
-        time = torch.arange(per_char, dtype=torch.float64) / rate
-        envelope = torch.hann_window(per_char, periodic=False, dtype=torch.float64)
-        breath = self._options.breathiness
-        applied = Applied(engine=self.name, model=self._info.model, seed=seed, seed_drawn=drawn,
-                          dtype=self._info.dtype, device=self._info.device,
-                          sampler={"char_seconds": params.char_seconds},
-                          license=self._info.license, chunks=len(words))
-        for index, word in enumerate(words):
-            pieces = []
-            for char in word:
-                slot = ord(char) % self._pitch.shape[0]
-                noise = torch.randn(per_char, generator=generator, dtype=torch.float64)
-                if char.isspace():
-                    pieces.append(torch.zeros(per_char, dtype=torch.float64))
-                    continue
-                tone = torch.sin(2 * math.pi * self._pitch[slot] * shape.pitch_scale * time)
-                level = self._level[slot] * shape.level_scale
-                pieces.append(level * envelope * ((1 - breath) * tone + breath * noise))
-            last = index == len(words) - 1
-            report(progress, "chunk", index + 1, len(words))
-            yield AudioChunk(Audio(torch.cat(pieces).to(torch.float32), rate), index,
-                             is_last=last, applied=applied if last else None)
-
-
-def _words(text: str) -> list[str]:
-    """Split after each space so that the pieces join back into ``text``."""
-    words, current = [], ""
-    for char in text:
-        current += char
-        if char.isspace():
-            words.append(current)
-            current = ""
-    if current:
-        words.append(current)
-    return words
-
-
-def _read_reference(reference: Reference) -> Audio:
-    """The reference as mono audio; InvalidAudio for a missing, unreadable or silent one."""
-    if isinstance(reference.audio, Audio):
-        audio = reference.audio
-    else:
-        channels, rate = read_audio(reference.audio, field="reference.audio")
-        audio = Audio(to_mono(channels)[0], rate)
-    check_not_silent(audio.samples, "reference.audio")
-    return audio
-
-
-def _analyse(audio: Audio) -> _VoiceShape:
-    """Pitch from the zero-crossing rate and loudness from the RMS, relative to 150 Hz / 0.1."""
-    samples = audio.samples.to(torch.float64)
-    signs = torch.signbit(samples)
-    crossings = int((signs[1:] != signs[:-1]).sum())
-    pitch = crossings / 2 / audio.duration
-    rms = float(samples.pow(2).mean().sqrt())
-    return _VoiceShape(pitch_scale=min(max(pitch / 150.0, 0.25), 4.0),
-                       level_scale=min(max(rms / 0.1, 0.1), 10.0))
-
-
-def write_tiny_model(directory: Path, *, vocab_size: int = 64, sample_rate: int = 16000,
-                     seed: int = 0) -> None:
-    """Write a random toy model: pitches in 100–300 Hz, levels in 0.05–0.3."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    generator = np.random.default_rng(seed)
-    weights = {
-        "pitch": torch.from_numpy(generator.uniform(100.0, 300.0, vocab_size).astype(np.float32)),
-        "level": torch.from_numpy(generator.uniform(0.05, 0.3, vocab_size).astype(np.float32)),
-    }
-    save_file(weights, str(directory / WEIGHTS_FILE))
-    config = {"toy_vocab_size": vocab_size, "sample_rate": sample_rate, "variant": "tiny"}
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_tiny_model(directory)
 
 
 @mizuoto.hookimpl
 def register_engines(register):
-    register(ToyEngine)
+    register(EngineRef("toy", "mizuoto_example.engine:ToyEngine", capabilities=CAPABILITIES,
+                       options="mizuoto_example:ToyOptions",
+                       description="hums one tone per character (a template, not a voice)"))
 
 
 @mizuoto.hookimpl
@@ -287,7 +82,7 @@ def register_contract_fixtures(register):
     register(ContractFixture(
         engine="toy",
         name="tiny",
-        make=write_tiny_model,
+        make=_write_tiny_model,
         request_params={"char_seconds": 0.02},
         stream_matches=True,
         needs_reference_text=False,
