@@ -1,16 +1,21 @@
 """How long the ``mizuoto`` command takes to answer, and how long to the first synthesized sample.
 
     python packages/mizuoto-core/benchmarks/bench_startup.py --runs 5
-    PYTHONPATH=/path/to/other/checkout/packages/mizuoto-core/src:... python bench_startup.py
+    git worktree add /tmp/base <rev>
+    python packages/mizuoto-core/benchmarks/bench_startup.py --runs 5 --before /tmp/base
 
 Each measurement is a fresh interpreter (``python -m mizuoto ...``, as the ``mizuoto`` script
 runs it), started ``--runs`` times; the script prints the median wall time and the median peak
-resident memory of the child (``os.wait4``'s ``ru_maxrss``). "First sample" writes a tiny
-random-init model once per fixture, then times a child that imports Mizuoto, loads the model
-and streams (or synthesizes, for engines without streaming) one short sentence: the time from
-starting the child to the moment it holds its first samples. The children inherit the
-environment, so ``PYTHONPATH`` pointing at another checkout measures that checkout with the
-same installed packages. Never run in CI: the numbers depend on the machine and its load.
+resident memory of the child (reaped with ``os.wait4``, whose ``ru_maxrss`` is that child's
+alone). "First sample" writes each tiny random-init contract fixture once, then times a child
+that imports Mizuoto, loads the model and streams (or synthesizes, for engines without
+streaming) one short sentence with the fixture's fast settings: the time from starting the
+child to the moment it holds its first samples.
+
+``--before CHECKOUT`` also measures another checkout of this repository (its ``src`` folders
+put first on ``PYTHONPATH``, with the same installed dependencies and entry points), run for
+run alternating with this one so that both see the same machine load, and prints the ratios.
+Never run in CI: the numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ COMMANDS = {
 }
 FIXTURES = ["toy/tiny", "f5tts/tiny-v1-base", "voxcpm/tiny-2"]
 TEXT = "Hello from Mizuoto."
+SOURCES = ["packages/mizuoto-core/src", "packages/mizuoto-f5tts/src",
+           "packages/mizuoto-voxcpm/src", "contract-tests/src",
+           "docs/examples/mizuoto-example/src"]
 
 _FIRST_SAMPLE = """
 import sys
@@ -42,7 +50,7 @@ from mizuoto import Capability, SynthesisRequest
 
 options = mizuoto.Options.from_mapping({"compute.device": "cpu", "compute.cpu_threads": 1})
 tts = mizuoto.load(sys.argv[1], options=options)
-request = SynthesisRequest(sys.argv[2], seed=1, params=dict(tts_params), steps=steps)
+request = SynthesisRequest(sys.argv[2], seed=1, params=PARAMS, steps=STEPS)
 if tts.supports(Capability.STREAM):
     audio = next(iter(tts.stream(request))).audio
 else:
@@ -51,27 +59,20 @@ print("first", audio.num_samples, flush=True)
 """
 
 
-def _child_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "MIZUOTO_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+def _env(checkout: Path | None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "MIZUOTO_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(str(checkout / s) for s in SOURCES)
+    return env
 
 
-def _measure(args: list[str], runs: int, marker: str | None = None) -> dict:
-    walls, peaks = [], []
-    for _ in range(runs):
-        wall, peak = _run_collected(args, marker)
-        walls.append(wall)
-        peaks.append(peak)
-    return {"wall_s": statistics.median(walls), "peak_mb": statistics.median(peaks),
-            "walls": walls, "peaks": peaks}
-
-
-def _run_collected(args: list[str], marker: str | None) -> tuple[float, float]:
+def _run_once(args: list[str], env: dict[str, str], marker: str | None) -> tuple[float, float]:
     """Wall seconds (to the ``marker`` line on stdout if given, else to exit) and the child's
-    own peak RSS in MB: it is reaped with ``os.wait4``, which reports that child alone."""
+    peak RSS in MB."""
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_child_env(), text=True)
+                            stderr=subprocess.PIPE, env=env, text=True)
     elapsed = None
     if marker is not None:
         for line in proc.stdout:
@@ -91,20 +92,27 @@ def _run_collected(args: list[str], marker: str | None) -> tuple[float, float]:
     return elapsed, usage.ru_maxrss / 1024  # KiB on Linux
 
 
-def _fixture_args(fixture: str, directory: Path) -> list[str]:
+def _fixture_args(fixture: str, directory: Path, env: dict[str, str]) -> list[str]:
     """Write the fixture's model directory; return the child's arguments for a first sample,
     with the fixture's fast request settings (as the contract suite sends them)."""
     subprocess.run([sys.executable, "-m", "mizuoto", "random-model", fixture, str(directory)],
-                   check=True, env=_child_env(), capture_output=True)
+                   check=True, env=env, capture_output=True)
     out = subprocess.run(
         [sys.executable, "-c", "import json, sys\nfrom mizuoto.registry import contract_fixtures\n"
          "f = contract_fixtures()[sys.argv[1]]\n"
          "print(json.dumps({'params': dict(f.request_params), 'steps': f.steps}))", fixture],
-        check=True, env=_child_env(), capture_output=True, text=True).stdout
+        check=True, env=env, capture_output=True, text=True).stdout
     fast = json.loads(out.strip().splitlines()[-1])
-    script = _FIRST_SAMPLE.replace("dict(tts_params)", repr(fast["params"])) \
-        .replace("steps=steps", f"steps={fast['steps']!r}")
+    script = _FIRST_SAMPLE.replace("PARAMS", repr(fast["params"])) \
+        .replace("STEPS", repr(fast["steps"]))
     return ["-c", script, str(directory), TEXT]
+
+
+def _summary(samples: list[tuple[float, float]]) -> dict:
+    walls = [wall for wall, _ in samples]
+    peaks = [peak for _, peak in samples]
+    return {"wall_s": statistics.median(walls), "peak_mb": statistics.median(peaks),
+            "walls": walls, "peaks": peaks}
 
 
 def main() -> None:
@@ -112,21 +120,34 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--fixtures", nargs="*", default=FIXTURES,
                         help="contract fixtures to time the first sample on (none: skip)")
+    parser.add_argument("--before", type=Path,
+                        help="another checkout to measure alternately, e.g. a worktree of main")
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
 
-    results = {}
-    for label, command in COMMANDS.items():
-        results[label] = _measure(command, args.runs)
-        print(f"{label:<32} {results[label]['wall_s']:6.2f} s  "
-              f"{results[label]['peak_mb']:7.0f} MB", flush=True)
+    sides = {"now": _env(None)}
+    if args.before is not None:
+        sides = {"before": _env(args.before.resolve()), **sides}
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        jobs = [(label, {side: command for side in sides}, None)
+                for label, command in COMMANDS.items()]
         for fixture in args.fixtures:
-            child = _fixture_args(fixture, Path(tmp) / fixture.replace("/", "--"))
-            label = f"first sample {fixture}"
-            results[label] = _measure(child, args.runs, marker="first")
-            print(f"{label:<32} {results[label]['wall_s']:6.2f} s  "
-                  f"{results[label]['peak_mb']:7.0f} MB", flush=True)
+            name = fixture.replace("/", "--")
+            jobs.append((f"first sample {fixture}",
+                         {side: _fixture_args(fixture, Path(tmp) / side / name, env)
+                          for side, env in sides.items()}, "first"))
+        header = "  ".join(f"{side + ' wall':>11} {side + ' peak':>11}" for side in sides)
+        print(f"{'':<34}{header}", flush=True)
+        for label, commands, marker in jobs:
+            samples: dict[str, list] = {side: [] for side in sides}
+            for _ in range(args.runs):  # alternating, so both sides see the same load
+                for side, env in sides.items():
+                    samples[side].append(_run_once(commands[side], env, marker))
+            results[label] = {side: _summary(s) for side, s in samples.items()}
+            row = "  ".join(f"{r['wall_s']:9.2f} s {r['peak_mb']:8.0f} MB"
+                            for r in results[label].values())
+            print(f"{label:<34}{row}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
