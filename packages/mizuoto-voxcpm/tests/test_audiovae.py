@@ -183,19 +183,22 @@ def test_missing_key_is_named(tmp_path):
     }
 
 
-def test_unexpected_key_is_named(tmp_path):
+def test_unexpected_key_is_ignored_with_a_warning(tmp_path, caplog):
+    # upstream loads with strict=False; a released file carrying extra tensors must still load
     state = random_audiovae_state_dict(TINY_V1_16K)
     state["discriminator.weight"] = torch.zeros(1)
-    with pytest.raises(CheckpointMismatch, match="discriminator.weight") as caught:
-        load_audio_vae(_save(tmp_path, state), TINY_V1_16K)
-    assert caught.value.unexpected == ["discriminator.weight"] and not caught.value.missing
+    with caplog.at_level("WARNING"):
+        vae = load_audio_vae(_save(tmp_path, state), TINY_V1_16K)
+    assert "discriminator.weight" in caplog.text
+    assert "discriminator.weight" not in vae.state_dict()
 
 
 def test_config_of_the_wrong_generation_is_a_mismatch(tmp_path):
     write_random_audiovae(tmp_path, TINY_V2)
     with pytest.raises(CheckpointMismatch) as caught:
         load_audio_vae(tmp_path, attrs.evolve(TINY_V1_16K, decoder_dim=128))
-    assert any(key.startswith("decoder.sr_cond_model.") for key in caught.value.unexpected)
+    assert caught.value.shapes or caught.value.missing
+    assert "VAE configuration" in str(caught.value)
 
 
 def test_shape_mismatch_is_named(tmp_path):

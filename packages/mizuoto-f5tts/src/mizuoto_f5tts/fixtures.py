@@ -24,7 +24,6 @@ buffers)` (the drawing rule, for any module).
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,6 +37,7 @@ from mizuoto.nn.flow import ConditionalFlowMatching
 from mizuoto.nn.transformer.norms import NativeRMSNorm, RMSNorm
 from mizuoto.nn.transformer.rotary import RotaryEmbedding
 from mizuoto.nn.vocoders import Vocos
+from mizuoto.runtime.seeds import keyed_generator
 from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path, read_vocab
 from mizuoto_f5tts.variants import F5Variant, checkpoint_name, get_variant
 
@@ -72,11 +72,6 @@ def vocos_config(size: str = "real") -> dict:
     }
 
 
-def _generator(seed: int, key: str) -> torch.Generator:
-    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
 def _gain_keys(model: nn.Module) -> set[str]:
     """Parameters that scale a normalised signal: drawn around 1 instead of 0."""
     keys = set()
@@ -107,7 +102,8 @@ def random_state_dict(
     state = {}
     for key, value in model.state_dict().items():
         if key in params:
-            noise = torch.randn(value.shape, generator=_generator(seed, key), dtype=torch.float32)
+            noise = torch.randn(value.shape, generator=keyed_generator(seed, key),
+                                dtype=torch.float32)
             value = (1.0 + std * noise) if key in gains else std * noise
         elif key in buffers:
             value = buffers[key]

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import copy
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
+
+from mizuoto.runtime.seeds import keyed_generator
 
 GENERATIONS = ("voxcpm-0.5b", "voxcpm-1.5", "voxcpm2")
 
@@ -140,9 +141,7 @@ def _check(generation: str) -> None:
 
 def seeded_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     """A standard-normal tensor drawn from a generator keyed by ``(seed, name)``."""
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode()))
-                                              % (2**63))
-    return torch.randn(shape, generator=generator)
+    return torch.randn(shape, generator=keyed_generator(seed, name))
 
 
 STOP_MODES = ("never", "always", "random")

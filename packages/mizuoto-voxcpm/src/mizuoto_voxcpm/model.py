@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+from mizuoto.runtime.checkpoint import check_state_dict, find_weights_file, load_state_dict_file
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.flow import sample_patch
 from mizuoto_voxcpm.local_dit import LocalDiT
@@ -161,22 +161,13 @@ class VoxCPMModel(nn.Module):
 
 
 def find_weights(model_dir: Path) -> Path:
-    for name in WEIGHT_FILES:
-        if (model_dir / name).is_file():
-            return model_dir / name
-    raise ModelFilesMissing(str(model_dir), [" or ".join(WEIGHT_FILES)],
-                            "the VoxCPM LM weights are missing from the model directory")
+    return find_weights_file(model_dir, WEIGHT_FILES,
+                             "the VoxCPM LM weights are missing from the model directory")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    checkpoint = torch.load(str(path), map_location="cpu", weights_only=True)
-    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("state_dict"), dict):
-        checkpoint = checkpoint["state_dict"]
-    return checkpoint
+    # upstream reads checkpoint.get("state_dict", checkpoint) from a .bin
+    return load_state_dict_file(path, key=("state_dict", ""))
 
 
 def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtype,
@@ -196,13 +187,11 @@ def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtyp
     for module in model.modules():
         if isinstance(module, LongRoPE):
             module.rebuild(dtype)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
-              for k in sorted(set(state) & set(expected)) if state[k].shape != expected[k].shape]
-    if missing or unexpected or shapes:
-        raise CheckpointMismatch(str(path), missing=missing, unexpected=unexpected, shapes=shapes)
+    # upstream loads with strict=False: extra tensors are ignored (with a warning here), while
+    # a missing one would silently stay uninitialised, so missing and mis-shaped keys are errors
+    layout = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for key in check_state_dict(layout, state, path, tolerate_unexpected=True):
+        del state[key]
     model.load_state_dict(state, strict=True)
     # upstream's from_local only calls .eval(): parameters keep requires_grad=True, and that
     # picks the kernel. F.linear on a non-contiguous 3-D input (the DiT's out_proj on

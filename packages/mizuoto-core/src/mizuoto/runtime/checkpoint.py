@@ -7,6 +7,7 @@ unexpected key and shape mismatch in one :class:`~mizuoto.errors.CheckpointMisma
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+
+logger = logging.getLogger(__name__)
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -27,7 +30,9 @@ def load_state_dict_file(
 
     Pickles are read with ``weights_only=True`` onto the CPU. ``key`` selects a nested dict,
     e.g. ``"state_dict"``, a dotted path ``"model.ema"``, or several candidates tried in order
-    (``("ema_model_state_dict", "model_state_dict")``). A missing file raises
+    (``("ema_model_state_dict", "model_state_dict")``); ``""`` stands for the top level, so
+    ``("state_dict", "")`` reads a nested ``state_dict`` where there is one, else the file.
+    A missing file raises
     :class:`ModelFilesMissing`; an unreadable one or a missing key :class:`CheckpointMismatch`.
     """
     path = Path(path)
@@ -61,30 +66,72 @@ def load_state_dict_file(
     return dict(data)
 
 
-def load_into(module: nn.Module, state_dict: Mapping[str, Tensor], path: str | Path) -> nn.Module:
+def find_weights_file(directory: str | Path, names: Sequence[str], detail: str = "") -> Path:
+    """The first of ``names`` that is a file in ``directory`` (upstream's order of preference),
+    else :class:`ModelFilesMissing` listing them."""
+    directory = Path(directory)
+    for name in names:
+        if (directory / name).is_file():
+            return directory / name
+    raise ModelFilesMissing(str(directory), [" or ".join(names)], detail)
+
+
+def check_state_dict(
+    expected: Mapping[str, Sequence[int]],
+    state_dict: Mapping[str, Tensor],
+    path: str | Path,
+    *,
+    optional: Sequence[str] = (),
+    tolerate_unexpected: bool = False,
+    detail: str = "",
+) -> list[str]:
+    """Compare ``state_dict`` with the ``expected`` key -> shape layout.
+
+    Every missing key (other than ``optional`` ones), mis-shaped key and -- unless
+    ``tolerate_unexpected`` -- unexpected key is reported at once as
+    :class:`CheckpointMismatch` naming ``path``. With ``tolerate_unexpected`` (for engines whose
+    upstream loads with ``strict=False``, so a released checkpoint carrying extra tensors still
+    loads) the unexpected keys are logged as a warning and returned for the caller to drop.
+    ``detail`` is added to the error (e.g. the configuration the layout was built from).
+    """
+    missing = [k for k in expected if k not in state_dict and k not in optional]
+    unexpected = [k for k in state_dict if k not in expected]
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected[k])}"
+        for k in expected
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(expected[k])
+    ]
+    if missing or shapes or (unexpected and not tolerate_unexpected):
+        raise CheckpointMismatch(str(path), missing=missing,
+                                 unexpected=[] if tolerate_unexpected else unexpected,
+                                 shapes=shapes, detail=detail)
+    if unexpected:
+        shown = ", ".join(unexpected[:8]) + (" ..." if len(unexpected) > 8 else "")
+        logger.warning("%s: ignoring %d tensor(s) the model does not use, as upstream does: %s",
+                       path, len(unexpected), shown)
+    return unexpected
+
+
+def load_into(module: nn.Module, state_dict: Mapping[str, Tensor], path: str | Path, *,
+              tolerate_unexpected: bool = False) -> nn.Module:
     """Load ``state_dict`` into ``module`` strictly; return the module.
 
     Missing keys, unexpected keys and shape mismatches are all collected first and raised
-    together as :class:`CheckpointMismatch` naming ``path``; nothing is loaded then.
+    together as :class:`CheckpointMismatch` naming ``path``; nothing is loaded then (see
+    :func:`check_state_dict` for ``tolerate_unexpected``).
     """
-    expected = module.state_dict()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    shapes = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(expected[k].shape)}"
-        for k in expected
-        if k in state_dict and tuple(state_dict[k].shape) != tuple(expected[k].shape)
-    ]
-    if missing or unexpected or shapes:
-        raise CheckpointMismatch(str(path), missing=missing, unexpected=unexpected,
-                                 shapes=shapes)
-    module.load_state_dict(state_dict, strict=True)
+    layout = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    extra = set(check_state_dict(layout, state_dict, path,
+                                 tolerate_unexpected=tolerate_unexpected))
+    module.load_state_dict({k: v for k, v in state_dict.items() if k not in extra}, strict=True)
     return module
 
 
 def _select(data: object, key: str | Sequence[str], path: Path) -> object:
     candidates = [key] if isinstance(key, str) else list(key)
     for candidate in candidates:
+        if candidate == "":
+            return data
         if isinstance(data, Mapping) and candidate in data:
             return data[candidate]
         node = data

@@ -7,12 +7,12 @@ directory loads into upstream's VAE and ours.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Literal
 
 import torch
 
+from mizuoto.runtime.seeds import keyed_generator
 from mizuoto_voxcpm.audiovae.config import AudioVAEConfig, AudioVAEV2Config
 from mizuoto_voxcpm.audiovae.loading import (
     PTH_FILE,
@@ -74,7 +74,7 @@ def random_audiovae_state_dict(
         if key == "decoder.sr_bin_boundaries":
             state[key] = torch.tensor(config.sr_bin_boundaries, dtype=torch.int32)
             continue
-        generator = torch.Generator().manual_seed(_key_seed(seed, key))
+        generator = keyed_generator(seed, key)
         state[key] = _draw(key, shape, generator)
     return state
 
@@ -101,11 +101,6 @@ def write_random_audiovae(
     else:
         raise ValueError(f"fmt: {fmt!r} is not 'pth' or 'safetensors'")
     return path
-
-
-def _key_seed(seed: int, key: str) -> int:
-    digest = hashlib.sha256(f"{seed}/{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def _draw(key: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:

@@ -6,8 +6,9 @@ file holds ``<conv>.weight_g`` and ``<conv>.weight_v`` and each forward recomput
 VAE's device and in float32, which gives the same weight bits as upstream's per-call
 recomputation on that device.
 
-Unlike upstream (``load_state_dict(strict=False)``), loading is strict: a missing, unexpected
-or misshapen key raises ``CheckpointMismatch`` naming it. The one exception is the decoder's
+Unlike upstream (``load_state_dict(strict=False)``), a missing or misshapen key raises
+``CheckpointMismatch`` naming it (upstream would keep random weights); unexpected keys are
+ignored as upstream ignores them, with a warning naming them. The one optional key is the decoder's
 ``sr_bin_boundaries`` buffer, which upstream builds from the config and a checkpoint may carry;
 when present, the file's value wins, as upstream's load does.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+from mizuoto.runtime.checkpoint import check_state_dict, find_weights_file, load_state_dict_file
 from mizuoto.runtime.weight_norm import fold_weight_norm
 from mizuoto_voxcpm.audiovae.causal import CausalConv1d, CausalConvTranspose1d
 from mizuoto_voxcpm.audiovae.config import AudioVAEConfig, AudioVAEV2Config
@@ -70,23 +71,10 @@ def read_audio_vae_checkpoint(model_dir: str | Path) -> tuple[Path, dict[str, to
     ``audiovae.safetensors`` is preferred and ``audiovae.pth`` is the fallback, as upstream's
     ``from_local`` does; a ``.pth`` may wrap its tensors in a ``state_dict`` entry.
     """
-    model_dir = Path(model_dir)
-    safetensors_path = model_dir / SAFETENSORS_FILE
-    pth_path = model_dir / PTH_FILE
-    if safetensors_path.is_file():
-        from safetensors.torch import load_file
-
-        return safetensors_path, load_file(str(safetensors_path), device="cpu")
-    if pth_path.is_file():
-        checkpoint = torch.load(pth_path, map_location="cpu", weights_only=True)
-        if isinstance(checkpoint, dict) and "state_dict" in checkpoint:
-            checkpoint = checkpoint["state_dict"]
-        return pth_path, checkpoint
-    raise ModelFilesMissing(
-        str(model_dir),
-        [f"{SAFETENSORS_FILE} (or {PTH_FILE})"],
-        "The AudioVAE weights ship next to config.json in every VoxCPM release",
-    )
+    path = find_weights_file(model_dir, (SAFETENSORS_FILE, PTH_FILE),
+                             "The AudioVAE weights ship next to config.json in every VoxCPM "
+                             "release")
+    return path, load_state_dict_file(path, key=("state_dict", ""))
 
 
 def load_audio_vae(
@@ -105,21 +93,11 @@ def load_audio_vae(
         vae = build_audio_vae(config)
     layout = checkpoint_layout(vae)
 
-    missing = [key for key in layout if key not in checkpoint and key not in _OPTIONAL_KEYS]
-    unexpected = [key for key in checkpoint if key not in layout]
-    shapes = [
-        f"{key}: file {tuple(checkpoint[key].shape)}, config {shape}"
-        for key, shape in layout.items()
-        if key in checkpoint and tuple(checkpoint[key].shape) != shape
-    ]
-    if missing or unexpected or shapes:
-        raise CheckpointMismatch(
-            str(path),
-            missing=missing,
-            unexpected=unexpected,
-            shapes=shapes,
-            detail=f"the VAE configuration was {config}",
-        )
+    # upstream loads with strict=False: extra tensors are ignored (with a warning here)
+    extra = check_state_dict(layout, checkpoint, path, optional=_OPTIONAL_KEYS,
+                             tolerate_unexpected=True,
+                             detail=f"the VAE configuration was {config}")
+    checkpoint = {key: tensor for key, tensor in checkpoint.items() if key not in set(extra)}
 
     # load_state_dict would copy into float32 parameters and upstream's int32 buffer
     tensors = {
