@@ -10,9 +10,15 @@ from torch.nn.utils import parametrize
 
 from mizuoto.errors import CheckpointMismatch, InvalidOption, ModelFilesMissing
 from mizuoto.options import ComputeOptions
-from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto.runtime.checkpoint import (
+    check_state_dict,
+    find_weights_file,
+    load_into,
+    load_state_dict_file,
+)
 from mizuoto.runtime.compile import maybe_compile
 from mizuoto.runtime.device import describe, half_precision_or_float32, select_device, select_dtype
+from mizuoto.runtime.seeds import keyed_generator
 from mizuoto.runtime.threads import apply_cpu_threads, check_cpu_allocator, loaded_allocator
 from mizuoto.runtime.weight_norm import fold_weight_norm
 
@@ -231,3 +237,52 @@ def test_load_into_names_every_problem():
     assert error.value.shapes == ["0.weight: checkpoint (5, 3), model (4, 3)"]
     assert "model.safetensors" in str(error.value)
     assert torch.equal(model[0].bias, before)  # nothing was loaded
+
+
+def test_tolerated_unexpected_keys_are_dropped_with_a_warning(caplog):
+    model = _model()
+    state = dict(_model().state_dict()) | {"discriminator.weight": torch.zeros(2)}
+    with caplog.at_level("WARNING"):
+        load_into(model, state, "released.safetensors", tolerate_unexpected=True)
+    assert "discriminator.weight" in caplog.text
+    # tolerance is for extra tensors only: a missing key is still refused
+    del state["0.bias"]
+    with pytest.raises(CheckpointMismatch) as error:
+        load_into(model, state, "released.safetensors", tolerate_unexpected=True)
+    assert error.value.missing == ["0.bias"] and error.value.unexpected == []
+
+
+def test_check_state_dict_optional_keys_and_detail():
+    layout = {"a": (2,), "b": (3,)}
+    assert check_state_dict(layout, {"a": torch.zeros(2)}, "f", optional=["b"]) == []
+    with pytest.raises(CheckpointMismatch, match="built from tiny") as error:
+        check_state_dict(layout, {"a": torch.zeros(3)}, "f", optional=["b"],
+                         detail="built from tiny")
+    assert error.value.shapes == ["a: checkpoint (3,), model (2,)"]
+
+
+def test_nested_state_dict_or_the_file(tmp_path):
+    torch.save({"state_dict": {"w": torch.ones(1)}}, tmp_path / "nested.bin")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "flat.bin")
+    assert torch.equal(load_state_dict_file(tmp_path / "nested.bin", key=("state_dict", ""))["w"],
+                       torch.ones(1))
+    assert torch.equal(load_state_dict_file(tmp_path / "flat.bin", key=("state_dict", ""))["w"],
+                       torch.zeros(1))
+
+
+def test_find_weights_file_prefers_the_first_name(tmp_path):
+    with pytest.raises(ModelFilesMissing, match="a.safetensors or b.bin"):
+        find_weights_file(tmp_path, ("a.safetensors", "b.bin"))
+    (tmp_path / "b.bin").write_bytes(b"")
+    assert find_weights_file(tmp_path, ("a.safetensors", "b.bin")).name == "b.bin"
+    (tmp_path / "a.safetensors").write_bytes(b"")
+    assert find_weights_file(tmp_path, ("a.safetensors", "b.bin")).name == "a.safetensors"
+
+
+def test_keyed_generator_depends_on_seed_and_key_only():
+    def draw(seed, key):
+        return torch.randn(4, generator=keyed_generator(seed, key))
+
+    assert torch.equal(draw(1, "x.weight"), draw(1, "x.weight"))
+    assert not torch.equal(draw(1, "x.weight"), draw(2, "x.weight"))
+    assert not torch.equal(draw(1, "x.weight"), draw(1, "y.weight"))
