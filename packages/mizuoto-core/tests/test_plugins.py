@@ -7,8 +7,9 @@ import logging
 import sys
 
 import pytest
-from conftest import make_plugin
 
+import mizuoto
+from conftest import make_plugin
 from mizuoto import hookspecs, plugins, registry
 
 
@@ -30,10 +31,10 @@ def restore_plugins():
     plugins.reset_plugins()
 
 
-def test_hookspecs_are_the_four_register_hooks():
+def test_hookspecs_are_the_register_hooks():
     names = sorted(n for n in dir(hookspecs) if n.startswith("register_"))
-    assert names == ["register_contract_fixtures", "register_engines", "register_models",
-                     "register_trainers"]
+    assert names == ["register_commands", "register_contract_fixtures", "register_engines",
+                     "register_models", "register_trainers"]
     assert sorted(plugins.pm.hook.__dict__) >= names
 
 
@@ -86,11 +87,11 @@ def test_get_plugins_lists_name_distribution_version_hooks(monkeypatch, restore_
     by_hand, example = plugins.get_plugins()
     assert by_hand == {"name": "by_hand", "distribution": None, "version": None,
                        "hooks": ["register_contract_fixtures", "register_engines",
-                                 "register_models", "register_trainers"]}
+                                 "register_models", "register_trainers"], "errors": []}
     assert example == {"name": "example", "distribution": "mizuoto-example",
                        "version": importlib.metadata.version("mizuoto-example"),
                        "hooks": ["register_contract_fixtures", "register_engines",
-                                 "register_models"]}
+                                 "register_models"], "errors": []}
 
 
 def test_reset_plugins_clears_the_registry_cache(fake_plugin):
@@ -98,3 +99,62 @@ def test_reset_plugins_clears_the_registry_cache(fake_plugin):
     plugins.reset_plugins()
     assert plugins.pm.list_name_plugin() == []
     assert registry.engines.cache_info().currsize == 0
+
+
+def test_a_misspelled_hook_is_named_and_other_plugins_still_load(monkeypatch, caplog,
+                                                                 restore_plugins):
+    typo = make_plugin("typo", engines=(), trainers=(), models=(), fixtures=())
+
+    @mizuoto.hookimpl
+    def register_engine(register):  # missing "s": pluggy alone would accept it silently
+        raise AssertionError("never called")
+
+    typo.register_engine = register_engine
+    monkeypatch.setitem(sys.modules, "mizuoto_test_typo", typo)
+    monkeypatch.setitem(sys.modules, "mizuoto_test_good", make_plugin("good"))
+    monkeypatch.setattr(importlib.metadata, "entry_points", _fake_entry_points(
+        _entry_point("typo", "mizuoto_test_typo"), _entry_point("good", "mizuoto_test_good")))
+    monkeypatch.delenv("MIZUOTO_PLUGINS", raising=False)
+    plugins.reset_plugins()
+    with caplog.at_level(logging.ERROR, logger="mizuoto.plugins"):
+        found = {p["name"]: p for p in plugins.get_plugins()}
+    assert found["good"]["errors"] == [] and found["good"]["hooks"]
+    assert found["typo"]["hooks"] == []
+    [error] = found["typo"]["errors"]
+    assert "'register_engine'" in error and "did you mean 'register_engines'" in error
+    assert "plugin typo not loaded" in caplog.text
+    assert list(registry.engines()) == ["fake"]
+
+
+def test_register_commands_adds_a_command_but_cannot_replace_ours(monkeypatch, restore_plugins):
+    import click
+    from click.testing import CliRunner
+
+    from mizuoto import cli as cli_module
+
+    module = make_plugin("cmds", engines=(), trainers=(), models=(), fixtures=())
+
+    @mizuoto.hookimpl
+    def register_commands(cli):
+        @cli.command(name="hum")
+        def hum():
+            """Hum a tune."""
+            click.echo("hmm")
+
+        @cli.command(name="plugins")
+        def hijack():
+            click.echo("hijacked")
+
+    module.register_commands = register_commands
+    monkeypatch.setitem(sys.modules, "mizuoto_test_cmds", module)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        _fake_entry_points(_entry_point("cmds", "mizuoto_test_cmds")))
+    monkeypatch.delenv("MIZUOTO_PLUGINS", raising=False)
+    plugins.reset_plugins()
+    group = cli_module.cli
+    monkeypatch.setattr(group, "commands", dict(group.commands))
+    monkeypatch.setattr(group, "_plugin_commands_added", False)
+    runner = CliRunner()
+    assert runner.invoke(group, ["hum"]).output == "hmm\n"
+    assert "hum" in runner.invoke(group, ["--help"]).output
+    assert "hijacked" not in runner.invoke(group, ["plugins"]).output

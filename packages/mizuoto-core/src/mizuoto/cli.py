@@ -20,7 +20,36 @@ log = logging.getLogger("mizuoto")
 
 
 class _Group(click.Group):
-    """Turns Mizuoto errors into one-line messages and exit codes (tracebacks with --debug)."""
+    """Turns Mizuoto errors into one-line messages and exit codes (tracebacks with --debug),
+    and adds the commands plugins register (``register_commands``) when commands are looked up.
+    """
+
+    _plugin_commands_added = False
+
+    def _add_plugin_commands(self) -> None:
+        if self._plugin_commands_added:
+            return
+        self._plugin_commands_added = True
+        from mizuoto.plugins import load_plugins, pm
+
+        load_plugins()
+        builtin = dict(self.commands)
+        pm.hook.register_commands(cli=self)
+        for name, command in builtin.items():  # a plugin may add commands, not replace ours
+            if self.commands[name] is not command:
+                log.warning("a plugin's command %r is ignored: mizuoto has its own", name)
+                self.commands[name] = command
+
+    def list_commands(self, ctx):
+        self._add_plugin_commands()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        if command is None:
+            self._add_plugin_commands()
+            command = super().get_command(ctx, name)
+        return command
 
     def invoke(self, ctx):
         try:
@@ -64,6 +93,8 @@ def plugins():
         dist = plugin["distribution"] or plugin["name"]
         click.echo(f"{plugin['name']}  ({dist} {version})")
         click.echo(f"  hooks: {', '.join(plugin['hooks']) or '-'}")
+        for error in plugin.get("errors", []):
+            click.echo(f"  error: {error}")
     refs = engine_refs()  # the engines are not imported: listing them stays fast
     if not refs:
         click.echo("No engines registered.")

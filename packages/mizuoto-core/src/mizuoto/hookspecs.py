@@ -28,3 +28,8 @@ def register_models(register):
 @hookspec
 def register_contract_fixtures(register):
     """Register small random-init model recipes: ``register(ContractFixture(...))``."""
+
+
+@hookspec
+def register_commands(cli):
+    """Add commands to the ``mizuoto`` command line: ``@cli.command()`` or ``cli.add_command``."""

@@ -6,6 +6,7 @@ value loads none).
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import logging
 import os
@@ -41,12 +42,38 @@ def load_plugins() -> None:
         except Exception:
             log.exception("could not load plugin %s (%s)", entry_point.name, entry_point.value)
             continue
-        pm.register(module, name=entry_point.name)
+        unknown = unknown_hooks(module)
+        if unknown:
+            # pluggy would accept these silently until check_pending(); a misspelled hook is a
+            # plugin that quietly does nothing, so it is named here and the plugin is refused
+            _errors[entry_point.name] = unknown
+            log.error("plugin %s not loaded: %s", entry_point.name, "; ".join(unknown))
+        else:
+            pm.register(module, name=entry_point.name)
         dist = entry_point.dist
         _distributions[entry_point.name] = (dist.name, dist.version) if dist else (None, None)
+    pm.check_pending()
 
 
 _distributions: dict[str, tuple[str | None, str | None]] = {}
+_errors: dict[str, list[str]] = {}
+
+
+def _spec_names() -> set[str]:
+    return {name for name in dir(hookspecs) if pm.parse_hookspec_opts(hookspecs, name)}
+
+
+def unknown_hooks(module) -> list[str]:
+    """One message per ``@hookimpl`` in ``module`` that matches no Mizuoto hookspec."""
+    specs = _spec_names()
+    messages = []
+    for name in dir(module):
+        if name in specs or pm.parse_hookimpl_opts(module, name) is None:
+            continue
+        close = difflib.get_close_matches(name, sorted(specs), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        messages.append(f"unknown hook {name!r}{hint}; hooks are {', '.join(sorted(specs))}")
+    return messages
 
 
 def reset_plugins() -> None:
@@ -55,6 +82,7 @@ def reset_plugins() -> None:
     for name, plugin in list(pm.list_name_plugin()):
         pm.unregister(plugin, name=name)
     _distributions.clear()
+    _errors.clear()
     _loaded = False
     from mizuoto import registry
 
@@ -62,11 +90,17 @@ def reset_plugins() -> None:
 
 
 def get_plugins() -> list[dict]:
-    """Each loaded plugin: name, distribution, version and the hooks it implements."""
+    """Each plugin: name, distribution, version, the hooks it implements and, for a plugin that
+    was refused (a hook that matches no hookspec), its ``errors``."""
     load_plugins()
     plugins = []
     for name, plugin in sorted(pm.list_name_plugin()):
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         dist, version = _distributions.get(name, (None, None))
-        plugins.append({"name": name, "distribution": dist, "version": version, "hooks": hooks})
+        plugins.append({"name": name, "distribution": dist, "version": version, "hooks": hooks,
+                        "errors": []})
+    for name, errors in sorted(_errors.items()):
+        dist, version = _distributions.get(name, (None, None))
+        plugins.append({"name": name, "distribution": dist, "version": version, "hooks": [],
+                        "errors": list(errors)})
     return plugins
