@@ -8,10 +8,13 @@ Each test takes ``contract_model`` (see :mod:`mizuoto_contract.plugin`); tests m
 
 from __future__ import annotations
 
+import threading
+
 import attrs
 import pytest
 import torch
 
+import mizuoto
 from mizuoto import (
     Applied,
     AudioChunk,
@@ -25,10 +28,12 @@ from mizuoto import (
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import (
     InvalidAudio,
+    InvalidOption,
     InvalidRequest,
     UnsupportedCapability,
     VoiceMismatch,
 )
+from mizuoto.options import ComputeOptions, Options
 from mizuoto.registry import get_engine
 from mizuoto_contract.models import ContractModel
 from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
@@ -116,6 +121,28 @@ def test_loads_with_valid_info(contract_model: ContractModel) -> None:
         assert info.fingerprint, "voices are checked against the fingerprint: it cannot be empty"
 
 
+# a value other than the default for each compute option (see mizuoto.options.ComputeOptions)
+_NON_DEFAULT_COMPUTE = {"compile": True, "oom_fallback": False, "cpu_threads": 1,
+                        "cpu_allocator": "jemalloc", "attention": "math", "cuda_graphs": True,
+                        "device": "cpu", "dtype": "float32"}
+
+
+def test_unimplemented_compute_options_are_refused(contract_model: ContractModel) -> None:
+    """An option the engine does not implement is never silently ignored: set to a non-default
+    value it is refused at load, naming the option and the engine."""
+    engine_cls = type(contract_model.engine)
+    assert set(_NON_DEFAULT_COMPUTE) == {f.name for f in attrs.fields(ComputeOptions)}
+    for name, value in _NON_DEFAULT_COMPUTE.items():
+        if name in engine_cls.compute_options:
+            continue
+        options = Options.from_mapping({"compute": {"device": "cpu", name: value}})
+        with pytest.raises(InvalidOption) as caught:
+            mizuoto.load(contract_model.directory, engine=engine_cls.name, options=options)
+        assert caught.value.key == f"compute.{name}" and engine_cls.name in str(caught.value)
+        with pytest.raises(InvalidOption):
+            engine_cls.load(contract_model.directory, options=options)
+
+
 def test_seeded_synthesis_is_deterministic(contract_model: ContractModel) -> None:
     request = _plain_request(contract_model, seed=SEED)
     first = contract_model.engine.synthesize(request)
@@ -123,6 +150,32 @@ def test_seeded_synthesis_is_deterministic(contract_model: ContractModel) -> Non
     _check_result(contract_model, first, seed=SEED)
     _check_result(contract_model, second, seed=SEED)
     assert torch.equal(first.audio.samples, second.audio.samples)
+
+
+def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> None:
+    """Two threads sharing one loaded engine: no crash, no mixed state, and each result equals
+    the same request run alone (an engine may serialize; the base class does by default)."""
+    engine = contract_model.engine
+    requests = [_plain_request(contract_model, seed=SEED),
+                _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)]
+    alone = [engine.synthesize(request).audio.samples for request in requests]
+    together: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            together[index] = engine.synthesize(requests[index]).audio.samples
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, f"concurrent synthesize failed: {errors[0]!r}"
+    for index, expected in enumerate(alone):
+        assert torch.equal(together[index], expected), f"request {index} differs when concurrent"
 
 
 def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> None:

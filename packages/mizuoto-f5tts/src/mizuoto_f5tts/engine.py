@@ -175,6 +175,7 @@ class F5Engine(Engine):
     name = "f5tts"
     params_class = F5Params
     options_class = F5Options
+    compute_options = frozenset({"device", "dtype", "cpu_threads", "oom_fallback"})
 
     def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo,
                  oom_fallback: bool = True, load_warnings: tuple[str, ...] = ()) -> None:

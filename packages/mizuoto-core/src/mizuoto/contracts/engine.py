@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,7 +17,7 @@ from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import AudioChunk, SynthesisResult
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import InvalidRequest, UnsupportedCapability
+from mizuoto.errors import InvalidOption, InvalidRequest, UnsupportedCapability
 
 if TYPE_CHECKING:
     from mizuoto.options import Options
@@ -48,6 +51,47 @@ class Engine(abc.ABC):
     name: ClassVar[str]
     params_class: ClassVar[type | None] = None
     options_class: ClassVar[type | None] = None
+    #: The ``compute.*`` options this engine implements. Any other one set to a value other
+    #: than its default is refused at load (:meth:`check_compute`): an option that silently
+    #: does nothing is a defect. Add a name here only once ``load`` honours it.
+    compute_options: ClassVar[frozenset[str]] = frozenset({"device", "dtype", "cpu_threads"})
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Serialize each engine's requests: the public calls a subclass defines run under the
+        instance's lock, so two threads sharing one loaded engine never mix per-request state
+        (model caches, noise generators). Different engines run in parallel."""
+        super().__init_subclass__(**kwargs)
+        load = cls.__dict__.get("load")
+        if isinstance(load, classmethod) and not getattr(load.__func__, "_mizuoto_checked", 0):
+            cls.load = classmethod(_checking_compute(load.__func__))
+        for name in _SERIALIZED:
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "_mizuoto_serialized", False):
+                setattr(cls, name, _serialized(method))
+
+    @classmethod
+    def check_compute(cls, options: Options | None) -> None:
+        """Raise :class:`InvalidOption` naming the option and the engine for a ``compute.*``
+        option this engine does not implement, set to a non-default value.
+
+        Every subclass's ``load`` runs it first (the base class wraps ``load``), so neither
+        ``mizuoto.load`` nor a direct ``SomeEngine.load(...)`` can skip it.
+        """
+        if options is None:
+            return
+        from mizuoto.options import ComputeOptions
+
+        defaults = ComputeOptions()
+        for field in attrs.fields(ComputeOptions):
+            if field.name in cls.compute_options:
+                continue
+            default = getattr(defaults, field.name)
+            if getattr(options.compute, field.name) != default:
+                implemented = ", ".join(f"compute.{n}" for n in sorted(cls.compute_options))
+                raise InvalidOption(
+                    f"compute.{field.name}",
+                    f"the {cls.name} engine does not implement it; leave it at {default!r} "
+                    f"(this engine implements {implemented})")
 
     @classmethod
     @abc.abstractmethod
@@ -98,6 +142,83 @@ class Engine(abc.ABC):
     def parse_params(self, params) -> Any:
         """Validate ``request.params`` into ``params_class``; unknown keys are named."""
         return parse_attrs(self.params_class, params, "params")
+
+
+_SERIALIZED = ("synthesize", "stream", "edit", "build_voice")
+_LOCKS_GUARD = threading.Lock()
+
+
+class RequestLock:
+    """Re-entrant for the thread that holds it (an engine's ``edit`` may call its own
+    ``synthesize``), and releasable from another thread: a server may resume a stream's
+    generator on any worker thread, which ``threading.RLock`` forbids."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+
+    def __enter__(self) -> RequestLock:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return self
+        self._lock.acquire()
+        self._owner, self._depth = me, 1
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = None
+            self._lock.release()
+
+
+def engine_lock(engine: Engine) -> RequestLock:
+    """The lock that serializes ``engine``'s requests (created on first use)."""
+    lock = engine.__dict__.get("_mizuoto_lock")
+    if lock is None:
+        with _LOCKS_GUARD:
+            lock = engine.__dict__.setdefault("_mizuoto_lock", RequestLock())
+    return lock
+
+
+def _checking_compute(load):
+    @functools.wraps(load)
+    def checked(cls, model_dir, *args, options=None, **kwargs):
+        cls.check_compute(options)
+        return load(cls, model_dir, *args, options=options, **kwargs)
+
+    checked._mizuoto_checked = True
+    return checked
+
+
+def _serialized(method):
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def stream(self, *args, **kwargs):
+            # held from the first chunk to the last (or until the consumer closes the stream)
+            with engine_lock(self):
+                yield from method(self, *args, **kwargs)
+
+        wrapper = stream
+    else:
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            with engine_lock(self):
+                result = method(self, *args, **kwargs)
+            if inspect.isgenerator(result):  # a stream built by a helper generator
+                return _locked_iteration(self, result)
+            return result
+
+        wrapper = call
+    wrapper._mizuoto_serialized = True
+    return wrapper
+
+
+def _locked_iteration(engine: Engine, chunks):
+    with engine_lock(engine):
+        yield from chunks
 
 
 def parse_attrs(cls: type | None, values, prefix: str) -> Any:
