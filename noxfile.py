@@ -179,4 +179,9 @@ def bench(session):
     if "f5tts" in targets:
         session.run("python", "packages/mizuoto-f5tts/benchmarks/bench_f5tts.py")
     if "voxcpm" in targets:
-        session.run("python", "packages/mizuoto-voxcpm/benchmarks/bench_voxcpm.py")
+        # one random real-size model for both runs; the second times the streaming path's
+        # first audio (docs/performance.md)
+        model = os.path.join(session.create_tmp(), "voxcpm-0.5b")
+        session.run("python", "packages/mizuoto-voxcpm/benchmarks/bench_voxcpm.py", "--dir", model)
+        session.run("python", "packages/mizuoto-voxcpm/benchmarks/bench_voxcpm.py", "--dir", model,
+                    "--stream", "--patches", "4")

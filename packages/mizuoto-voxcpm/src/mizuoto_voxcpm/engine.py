@@ -50,9 +50,10 @@ LICENSE = "Apache-2.0"
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")
 # a chunk k of a split text samples with seed + CHUNK_SEED_STRIDE * k
 CHUNK_SEED_STRIDE = 1000
-# how much faster float32 is than a reduced precision the CPU emulates: a whole VoxCPM-0.5B-sized
-# request, one thread, an AVX2 CPU (bfloat16, docs/performance.md); float16, its matrix products
-FLOAT32_SPEEDUP = {torch.bfloat16: "about 1.6x", torch.float16: "several times"}
+# how much faster float32 is than a reduced precision the CPU emulates, VoxCPM-0.5B size, one
+# thread, AVX2 (docs/performance.md): bfloat16 1.6x (a whole 12-patch stream) to 2.7x (first
+# audio); float16 measured on its matrix products only
+FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times"}
 # Ranges of the params (docs/engines/voxcpm.md, Settings): patches, retries, the length ratio.
 MAX_PATCHES = 65536
 MAX_RETRIES = 100
