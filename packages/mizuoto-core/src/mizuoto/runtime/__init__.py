@@ -1,6 +1,7 @@
 """Runtime: device and dtype choice, threads and allocator, compile, checkpoint loading.
 
-- :mod:`~mizuoto.runtime.device`: ``select_device``, ``select_dtype``, ``describe``;
+- :mod:`~mizuoto.runtime.device`: ``select_device``, ``select_dtype``, ``describe``,
+  ``cpu_native_dtype`` and ``emulated_dtype_warning`` (bfloat16/float16 emulated on this CPU);
 - :mod:`~mizuoto.runtime.threads`: ``apply_cpu_threads``, ``check_cpu_allocator``;
 - :mod:`~mizuoto.runtime.compile`: ``maybe_compile`` (falls back to eager);
 - :mod:`~mizuoto.runtime.weight_norm`: ``fold_weight_norm`` for state dicts;
