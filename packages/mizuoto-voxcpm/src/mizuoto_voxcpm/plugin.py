@@ -1,4 +1,4 @@
-"""The VoxCPM plugin: engine, catalog entries and contract fixtures.
+"""The VoxCPM plugin: engine, trainer, catalog entries and contract fixtures.
 
 Nothing here imports torch: the engine is registered by location and imported when a model is
 loaded, so that ``mizuoto plugins`` and ``mizuoto models`` answer at once.
@@ -24,6 +24,14 @@ def register_engines(register):
                       Capability.DESIGN},
         options="mizuoto_voxcpm.engine:VoxCPMOptions",
         description="VoxCPM-0.5B, VoxCPM1.5 and VoxCPM2: zero-shot, cloning, design, streaming"))
+
+
+@hookimpl
+def register_trainers(register):
+    # called only when a trainer is needed (`mizuoto train`): importing it here keeps torch out
+    from mizuoto_voxcpm.training import VoxCPMTrainer
+
+    register(VoxCPMTrainer)
 
 
 @hookimpl

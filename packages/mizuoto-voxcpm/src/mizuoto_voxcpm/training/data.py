@@ -1,0 +1,216 @@
+"""The training data: a JSONL manifest read as upstream's ``datasets`` pipeline reads it, the
+epoch order its ``DataLoader`` draws, and the packed sequences its ``AudioFeatureProcessingPacker``
+builds.
+
+A manifest line is ``{"audio": path, "text": ...}`` (paths relative to the manifest's folder).
+Audio is read as ``datasets.Audio(sampling_rate=<VAE rate>)`` decodes it: soundfile float64,
+channels averaged, ``librosa.resample`` (soxr) when the rate differs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+
+from mizuoto.nn.dsp.audio_io import SILENCE_PEAK
+
+AUDIO_START, AUDIO_END = 101, 102
+
+
+@attrs.frozen
+class Sample:
+    """One usable manifest row: float64 audio at the VAE's rate and the text's token ids."""
+
+    line: int
+    audio_path: str
+    audio: np.ndarray = attrs.field(eq=False, repr=False)
+    text_ids: tuple[int, ...]
+
+
+@attrs.frozen
+class Rejected:
+    line: int
+    reason: str
+
+
+def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:
+    """Mono float64 samples at ``sample_rate``, as ``datasets.Audio`` decodes them."""
+    import librosa
+    import soundfile as sf
+
+    array, rate = sf.read(str(path))
+    array = librosa.to_mono(array.T)
+    if rate != sample_rate:
+        array = librosa.resample(array, orig_sr=rate, target_sr=sample_rate)
+    return array
+
+
+def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int,
+                  patch_size: int, hop_length: int) -> tuple[list[Sample], list[Rejected]]:
+    """Usable rows and the rejected ones with their reasons (unreadable or silent audio, empty
+    text, a sequence longer than the model's context)."""
+    samples, rejected = [], []
+    patch_len = hop_length * patch_size
+    for number, raw in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except ValueError as exc:
+            rejected.append(Rejected(number, f"not JSON: {exc}"))
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("audio"), str):
+            rejected.append(Rejected(number, 'needs "audio" (a path) and "text"'))
+            continue
+        text = row.get("text")
+        if not isinstance(text, str) or not text.strip():
+            rejected.append(Rejected(number, "empty text"))
+            continue
+        path = Path(row["audio"])
+        if not path.is_absolute():
+            path = manifest.parent / path
+        try:
+            audio = read_audio(path, sample_rate)
+        except Exception as exc:  # soundfile/librosa raise many types for unreadable files
+            rejected.append(Rejected(number, f"unreadable audio {path}: {exc}"))
+            continue
+        if audio.size == 0 or not np.all(np.isfinite(audio)) or np.max(np.abs(audio)) < SILENCE_PEAK:
+            rejected.append(Rejected(number, f"silent, empty or non-finite audio {path}"))
+            continue
+        ids = tuple(tokenize(text))
+        patches = -(-audio.size // patch_len)
+        length = len(ids) + patches + 2
+        if length > max_length:
+            rejected.append(Rejected(number, f"{length} positions (text + audio patches) exceed "
+                                             f"the model's context of {max_length}"))
+            continue
+        samples.append(Sample(number, str(path), audio, ids))
+    return samples, rejected
+
+
+def batch_token_filter(samples: Sequence[Sample], *, sample_rate: int, frames_per_second: float,
+                       patch_size: int, max_batch_tokens: int, batch_size: int
+                       ) -> tuple[list[Sample], list[Rejected]]:
+    """Drop rows upstream drops for ``max_batch_tokens`` (estimated length over
+    ``max_batch_tokens // batch_size``)."""
+    if not max_batch_tokens or max_batch_tokens <= 0:
+        return list(samples), []
+    limit = max_batch_tokens // batch_size
+    kept, dropped = [], []
+    for sample in samples:
+        duration = sample.audio.size / float(sample_rate)
+        frames = math.ceil(float(duration) * frames_per_second)
+        length = len(sample.text_ids) + math.ceil(frames / patch_size) + 2
+        if length <= limit:
+            kept.append(sample)
+        else:
+            dropped.append(Rejected(sample.line, f"about {length} tokens, over max_batch_tokens "
+                                                 f"// batch_size = {limit}"))
+    return kept, dropped
+
+
+def draw_seed(generator: torch.Generator) -> int:
+    """One ``torch.empty((), int64).random_()`` draw, as the DataLoader and its sampler make."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+class EpochSampler:
+    """Upstream's shuffling ``DataLoader`` (``drop_last=True``) over ``size`` samples.
+
+    Each pass draws the loader's base seed, then (at its first batch) the ``RandomSampler``'s
+    seed, whose own generator gives ``randperm(size)``. ``state``/``restore`` let a resumed run
+    continue mid-epoch with the same order.
+    """
+
+    def __init__(self, size: int, batch_size: int, generator: torch.Generator) -> None:
+        if size < batch_size:
+            raise ValueError(f"{size} usable samples, fewer than one batch of {batch_size}")
+        self.size = size
+        self.batch_size = batch_size
+        self.generator = generator
+        self.order: list[int] = []
+        self.position = 0
+        self.epoch = -1
+
+    def _new_epoch(self) -> None:
+        draw_seed(self.generator)  # the loader's base seed (workers' seeds; unused here)
+        permutation = torch.Generator().manual_seed(draw_seed(self.generator))
+        self.order = torch.randperm(self.size, generator=permutation).tolist()
+        self.position = 0
+        self.epoch += 1
+
+    def next_batch(self) -> list[int]:
+        if self.epoch < 0 or self.position + self.batch_size > self.size:
+            self._new_epoch()
+        batch = self.order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return batch
+
+    def state(self) -> dict:
+        return {"order": self.order, "position": self.position, "epoch": self.epoch}
+
+    def restore(self, state: dict) -> None:
+        self.order = list(state["order"])
+        self.position = int(state["position"])
+        self.epoch = int(state["epoch"])
+
+
+@attrs.frozen
+class Batch:
+    text_tokens: torch.Tensor   # (b, t) int32
+    audio_feats: torch.Tensor   # (b, t, patch, feat) float32
+    text_mask: torch.Tensor     # (b, t) int32
+    audio_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    labels: torch.Tensor
+
+
+def encode_audio(vae, audio: np.ndarray, patch_size: int) -> torch.Tensor:
+    """``(patches, patch, feat)`` latents of one utterance, right-padded to whole patches."""
+    wav = torch.tensor(audio, dtype=torch.float32).view(1, 1, -1)
+    patch_len = vae.hop_length * patch_size
+    if wav.size(-1) % patch_len:
+        wav = torch.nn.functional.pad(wav, (0, patch_len - wav.size(-1) % patch_len))
+    with torch.no_grad():
+        feats = vae.encode(wav.to(_device(vae)), vae.sample_rate).transpose(1, 2)
+    return feats.reshape(feats.size(1) // patch_size, patch_size, feats.size(2))
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def pack(samples: Sequence[Sample], latents: Sequence[torch.Tensor], max_length: int) -> Batch:
+    """``[text, 101, audio patches, 102]`` per sample, padded with zeros to the longest.
+
+    The stop label is on the last audio patch; the loss covers audio positions only.
+    """
+    rows = []
+    for sample, feats in zip(samples, latents, strict=True):
+        text = torch.tensor(sample.text_ids + (AUDIO_START,), dtype=torch.int32)
+        n_text, n_audio = text.size(0), feats.size(0)
+        tokens = torch.cat([text, torch.zeros(n_audio, dtype=torch.int32),
+                            torch.tensor([AUDIO_END], dtype=torch.int32)])
+        pad = torch.zeros((n_text,) + tuple(feats.shape[1:]), dtype=torch.float32)
+        audio = torch.cat([pad, feats.to(torch.float32), pad[0:1]], dim=0)
+        text_mask = torch.cat([torch.ones(n_text), torch.zeros(n_audio), torch.ones(1)])
+        audio_mask = torch.cat([torch.zeros(n_text), torch.ones(n_audio), torch.zeros(1)])
+        labels = torch.zeros(n_text + n_audio + 1, dtype=torch.int32)
+        labels[-2] = 1
+        rows.append((tokens, audio, text_mask.to(torch.int32), audio_mask.to(torch.int32),
+                     audio_mask.to(torch.int32), labels))
+    length = min(max_length, max(row[0].size(0) for row in rows))
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        if x.size(0) >= length:
+            return x[:length]
+        return torch.cat([x, torch.zeros((length - x.size(0),) + tuple(x.shape[1:]),
+                                         dtype=x.dtype)], dim=0)
+
+    return Batch(*[torch.stack([padded(row[i]) for row in rows]) for i in range(6)])

@@ -1,0 +1,187 @@
+"""The optimisation loop of upstream's ``train_voxcpm_finetune.py``, and its checkpoints.
+
+Per step: gradients set to ``None``; ``grad_accum_steps`` micro-batches, each loss weighted by
+its lambda and divided by the accumulation steps; the gradient norm clipped (at 1e9 when
+clipping is off, so the norm is always computed); AdamW; the cosine schedule with warm-up. The
+learning rate logged is the scheduler's after its step (the next step's), as upstream logs it.
+
+A checkpoint holds the trainable weights, optimiser and scheduler state, the generator's state
+and the data position, written as a directory that replaces ``latest`` atomically: a run killed
+at any point resumes from the last checkpoint to the same bits an uninterrupted run reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mizuoto.runtime.atomic import atomic_path
+from mizuoto_voxcpm.training.data import EpochSampler
+
+CLIP_OFF = 1e9
+
+
+def cosine_with_warmup(step: int, *, warmup: int, total: int) -> float:
+    """``transformers.get_cosine_schedule_with_warmup``'s factor (half a cosine, floor 0)."""
+    if step < warmup:
+        return float(step) / float(max(1, warmup))
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    factor = 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress))
+    factor = factor * (1 - 0.0) + 0.0
+    return max(0, factor)
+
+
+def build_optimizer(model: torch.nn.Module, recipe) -> tuple[torch.optim.Optimizer, Any]:
+    optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad),
+                                  lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
+    total = recipe.max_steps if recipe.max_steps > 0 else recipe.num_iters
+    schedule = functools.partial(cosine_with_warmup, warmup=recipe.warmup_steps, total=total)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+class GradScaling:
+    """CUDA: bf16 autocast and a gradient scaler, as upstream's accelerator; CPU: neither."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda") if self.cuda else None
+
+    def autocast(self):
+        if self.cuda:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def unscale(self, optimizer) -> None:
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer) -> None:
+        if self.scaler:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+
+def train_step(model, optimizer, scheduler, scaling: GradScaling, next_batch, losses_of,
+               recipe, step: int) -> dict[str, float]:
+    """One optimiser step; returns upstream's logged values for it."""
+    optimizer.zero_grad(set_to_none=True)
+    logged: dict[str, torch.Tensor] = {}
+    for _ in range(recipe.grad_accum_steps):
+        batch = next_batch()
+        with scaling.autocast():
+            outputs = losses_of(batch, progress=step / max(1, recipe.num_iters))
+        total = 0.0
+        for key, value in outputs.items():
+            total = total + value * recipe.lambdas.get(key, 1.0) / recipe.grad_accum_steps
+            logged[key] = value.detach()
+        scaling.backward(total)
+    scaling.unscale(optimizer)
+    max_norm = recipe.max_grad_norm if recipe.max_grad_norm > 0 else CLIP_OFF
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+    scaling.step(optimizer)
+    scheduler.step()
+    values = {key: value.item() for key, value in logged.items()}
+    values["lr"] = float(optimizer.param_groups[0]["lr"])
+    values["grad_norm"] = float(grad_norm)
+    return values
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+LATEST = "latest"
+TRAINABLE = "trainable.safetensors"
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().contiguous() for name, p in model.named_parameters()
+            if p.requires_grad}
+
+
+def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: GradScaling,
+                    generator: torch.Generator, sampler: EpochSampler, step: int) -> None:
+    """Write ``directory/latest`` whole or not at all (a new folder renamed over the old)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory / f".{LATEST}.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    save_file(trainable_state(model), str(staging / TRAINABLE))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaling.scaler.state_dict() if scaling.scaler else None,
+                "generator": generator.get_state()}, staging / "state.pt")
+    (staging / "training_state.json").write_text(
+        json.dumps({"step": step, "sampler": sampler.state()}), encoding="utf-8")
+    _fsync_tree(staging)
+    latest, old = directory / LATEST, directory / f"{LATEST}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if latest.exists():
+        os.replace(latest, old)
+    os.replace(staging, latest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_tree(path: Path) -> None:
+    for child in path.iterdir():
+        with open(child, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def find_checkpoint(directory: Path) -> Path | None:
+    for name in (LATEST, f"{LATEST}.old"):  # .old: killed between the two renames
+        candidate = directory / name
+        if (candidate / "training_state.json").is_file():
+            return candidate
+    return None
+
+
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, scaling: GradScaling,
+                    generator: torch.Generator, sampler: EpochSampler) -> int:
+    """Restore a checkpoint written by :func:`save_checkpoint`; returns its step count."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path / TRAINABLE))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value)
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if scaling.scaler and state["scaler"]:
+        scaling.scaler.load_state_dict(state["scaler"])
+    generator.set_state(state["generator"])
+    info = json.loads((path / "training_state.json").read_text(encoding="utf-8"))
+    sampler.restore(info["sampler"])
+    return int(info["step"])
+
+
+def append_metrics(path: Path, step: int, values: dict[str, float]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step, **values}) + "\n")
+
+
+def read_metrics(path: Path, upto: int | None = None) -> list[dict[str, float]]:
+    """Logged steps (``step < upto``), rewriting the file without later ones (a resumed run
+    logs them again)."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if upto is not None:
+        rows = [row for row in rows if row["step"] < upto]
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return rows

@@ -1,0 +1,125 @@
+"""Upstream's fine-tuning recipes (``conf/<model>/voxcpm_finetune_{all,lora}.yaml``, VoxCPM
+2.0.3) and how a ``TrainingConfig`` fills them.
+
+``steps`` sets both ``num_iters`` and ``max_steps`` (the cosine schedule's length), as every
+recipe has them equal; ``learning_rate``, ``batch_size`` and ``seed`` come from the config.
+Everything else comes from the recipe of the model's generation unless ``params`` names it
+(``None`` also means "the recipe's value"; ``max_grad_norm: 0`` turns clipping off, as
+upstream's ``0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from mizuoto.contracts import TrainingConfig
+from mizuoto.errors import InvalidRequest
+from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for
+
+_COMMON = {"weight_decay": 0.01, "warmup_steps": 100, "max_batch_tokens": 8192,
+           "lambda_diff": 1.0, "lambda_stop": 1.0}
+# per generation: the script's default max_grad_norm (0: clip at 1e9) unless the yaml sets it
+RECIPES: dict[str, dict[str, Any]] = {
+    "voxcpm-0.5b": {**_COMMON, "grad_accum_steps": 1, "max_grad_norm": 0.0,
+                    "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 16,
+                    "num_iters": 2000, "lora_r": 8, "lora_alpha": 16},
+    "voxcpm-1.5": {**_COMMON, "grad_accum_steps": 1, "max_grad_norm": 0.0,
+                   "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 16,
+                   "num_iters": 2000, "lora_r": 8, "lora_alpha": 16},
+    "voxcpm2": {**_COMMON, "grad_accum_steps": 8, "max_grad_norm": 1.0,
+                "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 2,
+                "num_iters": 1000, "lora_r": 32, "lora_alpha": 32},
+}
+#: ``params`` a run accepts (besides ``lora_*``).
+TUNABLE = ("weight_decay", "warmup_steps", "max_batch_tokens", "grad_accum_steps",
+           "max_grad_norm", "lambda_diff", "lambda_stop")
+LORA_PARAMS = ("lora_r", "lora_alpha", "lora_dropout", "lora_enable_lm", "lora_enable_dit",
+               "lora_enable_proj")
+
+
+def generation_of(raw_config: Mapping[str, Any]) -> str:
+    if str(raw_config.get("architecture", "voxcpm")).lower() == "voxcpm2":
+        return "voxcpm2"
+    rate = (raw_config.get("audio_vae_config") or {}).get("sample_rate", 16000)
+    return "voxcpm-1.5" if rate == 44100 else "voxcpm-0.5b"
+
+
+@attrs.frozen
+class Recipe:
+    """One run's hyper-parameters, named as upstream's script names them."""
+
+    method: str
+    num_iters: int
+    max_steps: int
+    learning_rate: float
+    batch_size: int
+    seed: int
+    weight_decay: float
+    warmup_steps: int
+    max_batch_tokens: int
+    grad_accum_steps: int
+    max_grad_norm: float
+    lambdas: dict[str, float]
+    lora: LoRAConfig | None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = attrs.asdict(self, recurse=False)
+        data["lora"] = self.lora.to_dict() if self.lora else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        data = dict(data)
+        data["lora"] = LoRAConfig.from_dict(data["lora"]) if data.get("lora") else None
+        return cls(**data)
+
+
+def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
+    base = RECIPES[generation]
+    params = dict(config.params)
+    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS))
+    if unknown:
+        raise InvalidRequest("params", f"unknown training settings {unknown}; known: "
+                             f"{', '.join(TUNABLE + LORA_PARAMS)}")
+    if config.method == "full":
+        extra = sorted(set(params) & set(LORA_PARAMS))
+        if extra:
+            raise InvalidRequest("params", f"{extra} apply to method 'lora' only")
+
+    def pick(name: str, kind: type):
+        value = params.get(name)
+        if value is None:
+            value = base.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise InvalidRequest(f"params.{name}", f"must be a number >= 0, got {value!r}")
+        return kind(value)
+
+    lora = None
+    if config.method == "lora":
+        dropout = params.get("lora_dropout", 0.0)
+        if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise InvalidRequest("params.lora_dropout", f"must be in [0, 1), got {dropout!r}")
+        flags = {k: params.get(f"lora_{k}", default) for k, default in
+                 (("enable_lm", True), ("enable_dit", True), ("enable_proj", False))}
+        for key, value in flags.items():
+            if not isinstance(value, bool):
+                raise InvalidRequest(f"params.lora_{key}", f"must be true or false, got {value!r}")
+        if not any(flags.values()):
+            raise InvalidRequest("params", "LoRA needs at least one of lora_enable_lm, "
+                                 "lora_enable_dit, lora_enable_proj")
+        lora = lora_config_for(generation == "voxcpm2", r=pick("lora_r", int),
+                               alpha=pick("lora_alpha", int), dropout=float(dropout), **flags)
+        if lora.r < 1:
+            raise InvalidRequest("params.lora_r", "must be at least 1")
+    accum = pick("grad_accum_steps", int)
+    return Recipe(
+        method=config.method, num_iters=config.steps, max_steps=config.steps,
+        learning_rate=float(config.learning_rate), batch_size=config.batch_size,
+        seed=config.seed, weight_decay=pick("weight_decay", float),
+        warmup_steps=pick("warmup_steps", int), max_batch_tokens=pick("max_batch_tokens", int),
+        grad_accum_steps=max(accum, 1), max_grad_norm=pick("max_grad_norm", float),
+        lambdas={"loss/diff": pick("lambda_diff", float), "loss/stop": pick("lambda_stop", float)},
+        lora=lora)

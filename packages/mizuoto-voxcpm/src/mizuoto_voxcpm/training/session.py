@@ -1,0 +1,177 @@
+"""One training session: the model, VAE, data order and optimiser of a prepared run, built in
+upstream's order so that every random draw lands where upstream's does; then the loop and the
+export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from mizuoto.contracts import TrainingResult
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
+from mizuoto_voxcpm.config import VoxCPMConfig
+from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
+from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
+from mizuoto_voxcpm.training import construction, loop
+from mizuoto_voxcpm.training.data import EpochSampler, encode_audio, pack
+from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
+from mizuoto_voxcpm.training.trainer import BASE_FILES, Run, link_or_copy
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+
+
+def pick_device() -> torch.device:
+    """Upstream's accelerator: CUDA when present, else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class Session:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.recipe = recipe = run.recipe
+        model_dir = run.model_dir
+        self.raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        self.config = config = VoxCPMConfig.from_model_dir(model_dir)
+        self.device = device = pick_device()
+        # the CPU has no bf16 training recipe upstream (its forward casts inputs to the config
+        # dtype while the weights stay fp32): float32 there; CUDA: the config dtype + autocast
+        self.dtype = config.torch_dtype if device.type == "cuda" else torch.float32
+        self.cfm = CfmTraining.from_config_json(self.raw)
+        vae_config = audio_vae_config_from_model_config(self.raw)
+
+        # upstream: Accelerator(seed=42) seeds every generator, then from_local builds the
+        # VAE, the model and the LoRA A matrices with default initialisations
+        self.generator = torch.Generator().manual_seed(recipe.seed)
+        construction.replay(self.generator, construction.audio_vae_draws(vae_config))
+        construction.replay(self.generator, construction.model_draws(config))
+        if device.type == "cuda":
+            self.forward_generator = torch.Generator(device).manual_seed(recipe.seed)
+        else:
+            self.forward_generator = self.generator
+
+        model = load_model(model_dir, config, dtype=torch.float32, device="cpu")
+        model.lm_cache = model.residual_cache = None  # inference-only static caches
+        if recipe.lora is not None:
+            for parameter in model.parameters():
+                parameter.requires_grad_(False)
+            apply_lora(model, recipe.lora, kaiming_init_a(self.generator))
+            for layer in lora_layers(model):
+                layer.dropout_fn = dropout_with(self.forward_generator, recipe.lora.dropout)
+        self.model = model.to(device).train()
+        self.vae = load_audio_vae(model_dir, vae_config, device)
+        self.sampler = EpochSampler(len(run.samples), recipe.batch_size, self.generator)
+        self._latents: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def open(cls, run: Run) -> Session:
+        return cls(run)
+
+    # -- data ----------------------------------------------------------------------------
+
+    def _latent(self, index: int) -> torch.Tensor:
+        if index not in self._latents:
+            sample = self.run.samples[index]
+            self._latents[index] = encode_audio(self.vae, sample.audio, self.config.patch_size)
+        return self._latents[index]
+
+    def next_batch(self):
+        indices = self.sampler.next_batch()
+        return pack([self.run.samples[i] for i in indices], [self._latent(i) for i in indices],
+                    self.config.max_length)
+
+    def losses(self, batch, *, progress: float):
+        return training_losses(self.model, batch, cfm=self.cfm, generator=self.forward_generator,
+                               progress=progress, dtype=self.dtype)
+
+    # -- training ------------------------------------------------------------------------
+
+    def run_loop(self, progress: ProgressCallback | None = None) -> TrainingResult:
+        run, recipe = self.run, self.recipe
+        optimizer, scheduler = loop.build_optimizer(self.model, recipe)
+        scaling = loop.GradScaling(self.device)
+        checkpoints = run.output_dir / CHECKPOINTS
+        start, resumed = 0, None
+        found = loop.find_checkpoint(checkpoints)
+        if found is not None:
+            start = loop.load_checkpoint(found, model=self.model, optimizer=optimizer,
+                                         scheduler=scheduler, scaling=scaling,
+                                         generator=self.generator, sampler=self.sampler)
+            if self.forward_generator is not self.generator:
+                self.forward_generator.manual_seed(recipe.seed + start)
+            resumed = start
+        metrics_path = run.output_dir / METRICS
+        rows = loop.read_metrics(metrics_path, upto=start)
+        last = rows[-1] if rows else {}
+        for step in range(start, recipe.num_iters):
+            values = loop.train_step(self.model, optimizer, scheduler, scaling, self.next_batch,
+                                     self.losses, recipe, step)
+            values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size)
+                                    / max(1, run.counted_samples))
+            loop.append_metrics(metrics_path, step, values)
+            last = {"step": step, **values}
+            done = step + 1
+            if done % run.config.save_every == 0 or done == recipe.num_iters:
+                loop.save_checkpoint(checkpoints, model=self.model, optimizer=optimizer,
+                                     scheduler=scheduler, scaling=scaling,
+                                     generator=self.generator, sampler=self.sampler, step=done)
+            report(progress, "train", done, recipe.num_iters,
+                   f"loss/diff {values['loss/diff']:.4f} loss/stop {values['loss/stop']:.4f}")
+        metrics = {k: float(v) for k, v in last.items() if k != "step"}
+        return TrainingResult(run.output_dir, recipe.num_iters, resumed, metrics=metrics)
+
+    # -- export --------------------------------------------------------------------------
+
+    def load_trained(self) -> None:
+        """The weights of the last checkpoint (the base weights when there is none)."""
+        from safetensors.torch import load_file
+
+        found = loop.find_checkpoint(self.run.output_dir / CHECKPOINTS)
+        if found is None:
+            return
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in load_file(str(found / loop.TRAINABLE)).items():
+                params[name].copy_(value)
+
+    def export(self, destination: Path) -> Path:
+        """A model directory: full weights as ``model.safetensors``, or the base files plus
+        ``lora_weights.safetensors`` and ``lora_config.json``; replaced whole."""
+        from safetensors.torch import save_file
+
+        self.load_trained()
+        base = self.run.model_dir
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+        staging.chmod(0o755)
+        try:
+            if self.recipe.lora is None:
+                state = {k: v.detach().to("cpu", torch.float32).contiguous()
+                         for k, v in self.model.state_dict().items()}
+                save_file(state, str(staging / "model.safetensors"))
+                for name in BASE_FILES:
+                    if (base / name).is_file():
+                        shutil.copy2(base / name, staging / name)
+            else:
+                for name in BASE_FILES + WEIGHT_FILES:
+                    if (base / name).is_file():
+                        link_or_copy((base / name).resolve(), staging / name)
+                write_lora_dir(staging, self.model.to("cpu"), self.recipe.lora,
+                               base_model=self.run.config.model)
+            for path in staging.iterdir():
+                if not path.is_symlink() and path.stat().st_nlink == 1:
+                    path.chmod(0o644)
+            old = destination.with_name(f".{destination.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            if destination.exists():
+                destination.rename(old)
+            staging.rename(destination)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return destination

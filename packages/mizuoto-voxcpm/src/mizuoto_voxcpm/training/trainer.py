@@ -1,0 +1,154 @@
+"""``VoxCPMTrainer``: full and LoRA fine-tuning with upstream's recipe, step for step.
+
+``prepare`` reads the manifest (bad rows reported and skipped), fills the recipe and writes
+``run.json`` + ``prepared.json`` in the run directory; ``train`` runs (or resumes) the loop,
+logging every step to ``metrics.jsonl``; ``export`` writes a model directory the engine (and
+upstream) loads: full fine-tuning as ``model.safetensors`` beside the base model's other files,
+LoRA as the base files (hard links where possible) plus ``lora_weights.safetensors`` and
+``lora_config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from mizuoto.contracts import Trainer, TrainingConfig, TrainingResult
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.atomic import atomic_path
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_SEED = 42
+BASE_FILES = ("config.json", "audiovae.pth", "audiovae.safetensors", "tokenizer.json",
+              "special_tokens_map.json", "tokenizer_config.json")
+
+
+@attrs.frozen
+class Run:
+    """A prepared run: where it lives and what it trains."""
+
+    config: TrainingConfig
+    model_dir: Path
+    output_dir: Path
+    recipe: Any
+    samples: tuple = attrs.field(eq=False, repr=False)
+    #: rows before the max_batch_tokens filter (upstream's epoch counter divides by these)
+    counted_samples: int
+    rejected: tuple[tuple[int, str], ...] = ()
+
+
+class VoxCPMTrainer(Trainer):
+    engine = "voxcpm"
+    methods = frozenset({"full", "lora"})
+    memory_levels = ("default",)
+
+    # -- prepare -------------------------------------------------------------------------
+
+    def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None) -> Run:
+        from mizuoto_voxcpm.config import VoxCPMConfig
+        from mizuoto_voxcpm.training.recipe import build_recipe, generation_of
+
+        self.check(config)
+        model_dir = _resolve_model(config.model)
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        VoxCPMConfig.from_model_dir(model_dir)  # validates
+        recipe = build_recipe(config, generation_of(raw))
+        manifest = _manifest_path(config.dataset)
+        report(progress, "prepare", 0, 1, "reading the manifest")
+        samples, rejected, counted = _read_samples(model_dir, raw, manifest, recipe)
+        for item in rejected:
+            log.warning("%s line %d skipped: %s", manifest, item.line, item.reason)
+        if len(samples) < recipe.batch_size:
+            raise InvalidRequest("dataset", f"{len(samples)} usable rows in {manifest}, fewer "
+                                 f"than one batch of {recipe.batch_size}"
+                                 + (f"; skipped: {rejected[0].reason}" if rejected else ""))
+        output = Path(config.output_dir)
+        output.mkdir(parents=True, exist_ok=True)
+        run_info = {"method": config.method, "model": str(model_dir), "model_id": config.model,
+                    "manifest": str(manifest), "recipe": recipe.to_dict(),
+                    "memory": config.memory, "save_every": config.save_every}
+        previous = output / "run.json"
+        if previous.is_file():
+            old = json.loads(previous.read_text(encoding="utf-8"))
+            if old != run_info:
+                raise InvalidRequest("output_dir", f"{output} holds a run with other settings; "
+                                     "use another directory")
+        with atomic_path(previous) as tmp:
+            tmp.write_text(json.dumps(run_info, indent=2), encoding="utf-8")
+        with atomic_path(output / "prepared.json") as tmp:
+            tmp.write_text(json.dumps({
+                "samples": [{"line": s.line, "audio": s.audio_path, "text_ids": s.text_ids}
+                            for s in samples],
+                "rejected": [{"line": r.line, "reason": r.reason} for r in rejected]},
+                indent=1), encoding="utf-8")
+        report(progress, "prepare", 1, 1)
+        return Run(config, model_dir, output, recipe, tuple(samples), counted,
+                   tuple((r.line, r.reason) for r in rejected))
+
+    # -- train ---------------------------------------------------------------------------
+
+    def train(self, run: Run, *, progress: ProgressCallback | None = None) -> TrainingResult:
+        from mizuoto_voxcpm.training.session import Session
+
+        session = Session.open(run)
+        return session.run_loop(progress)
+
+    # -- export --------------------------------------------------------------------------
+
+    def export(self, run: Run, destination: Path) -> Path:
+        from mizuoto_voxcpm.training.session import Session
+
+        return Session.open(run).export(Path(destination))
+
+
+def _resolve_model(model: str) -> Path:
+    from mizuoto.catalog import resolve_model
+
+    return resolve_model(model).path
+
+
+def _manifest_path(dataset: Path) -> Path:
+    dataset = Path(dataset)
+    if dataset.is_dir():
+        candidates = sorted(dataset.glob("*.jsonl"))
+        if len(candidates) != 1:
+            raise InvalidRequest("dataset", f"{dataset} must hold exactly one .jsonl manifest "
+                                 f"(found {len(candidates)}); or pass the manifest itself")
+        return candidates[0]
+    if not dataset.is_file():
+        raise InvalidRequest("dataset", f"{dataset} does not exist")
+    return dataset
+
+
+def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe):
+    from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
+    from mizuoto_voxcpm.config import VoxCPMConfig
+    from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
+    from mizuoto_voxcpm.training.data import batch_token_filter, read_manifest
+
+    config = VoxCPMConfig.from_model_dir(model_dir)
+    vae = audio_vae_config_from_model_config(raw)
+    tokenizer = VoxCPMTokenizer.from_model_dir(model_dir)
+    samples, rejected = read_manifest(
+        manifest, sample_rate=vae.sample_rate, tokenize=tokenizer.encode,
+        max_length=config.max_length, patch_size=config.patch_size, hop_length=vae.hop_length)
+    kept, dropped = batch_token_filter(
+        samples, sample_rate=vae.sample_rate, frames_per_second=vae.sample_rate / vae.hop_length,
+        patch_size=config.patch_size, max_batch_tokens=recipe.max_batch_tokens,
+        batch_size=recipe.batch_size)
+    return kept, sorted(rejected + dropped, key=lambda r: r.line), len(samples)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
