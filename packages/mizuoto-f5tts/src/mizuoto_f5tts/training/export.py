@@ -1,0 +1,72 @@
+"""Exporting a fine-tuned model: a directory the F5 engine (and upstream) loads.
+
+`export_model(ema_state, update, base_dir, variant, destination, *, base_model) -> Path` writes,
+atomically (built beside ``destination``, then renamed over it):
+
+- ``model_<update>.safetensors``: the EMA weights as upstream's trainer keeps them (``initted``,
+  ``step``, ``ema_model.<CFM key>``), which is also the layout of upstream's releases; a v0 Base
+  model is named ``F5TTS_Base_model_<update>.safetensors`` so that loaders tell it from v1;
+- ``vocab.txt`` and ``vocos/`` copied from the base model directory;
+- ``LICENSE.txt``: the base model's license terms carry over to the fine-tuned weights
+  (the released F5-TTS weights are CC-BY-NC-4.0: non-commercial), and ``training.json``
+  (base model, variant, updates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path
+from mizuoto_f5tts.variants import F5Variant
+
+LICENSE_TEXT = """\
+These weights were fine-tuned by Mizuoto from the base model {base}.
+
+The base model's license applies to them. The released F5-TTS / E2-TTS weights are licensed
+CC-BY-NC-4.0 (https://creativecommons.org/licenses/by-nc/4.0/): non-commercial use only,
+with attribution. Models trained only from your own random initialisation are yours to license.
+"""
+
+
+def checkpoint_file_name(variant: F5Variant, update: int) -> str:
+    prefix = "F5TTS_Base_" if variant.name == "base" else ""
+    return f"{prefix}model_{update}.safetensors"
+
+
+def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: str | Path,
+                 variant: F5Variant, destination: str | Path, *, base_model: str) -> Path:
+    base_dir, destination = Path(base_dir), Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
+        save_file(tensors, str(build / checkpoint_file_name(variant, update)))
+        vocab = base_dir / VOCAB_FILE
+        shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
+        if (base_dir / VOCOS_DIR).is_dir():
+            shutil.copytree(base_dir / VOCOS_DIR, build / VOCOS_DIR)
+        (build / "LICENSE.txt").write_text(LICENSE_TEXT.format(base=base_model), encoding="utf-8")
+        (build / "training.json").write_text(json.dumps(
+            {"base_model": base_model, "variant": variant.name, "updates": update,
+             "license": "the base model's (CC-BY-NC-4.0 for released F5-TTS weights)"},
+            indent=1), encoding="utf-8")
+        os.chmod(build, 0o755)
+        if destination.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{destination.name}.old.", dir=destination.parent))
+            os.replace(destination, old / "previous")
+            os.replace(build, destination)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(build, destination)
+    finally:
+        if build.exists():
+            shutil.rmtree(build, ignore_errors=True)
+    return destination

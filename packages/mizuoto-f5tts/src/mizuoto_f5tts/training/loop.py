@@ -1,0 +1,311 @@
+"""The fine-tuning loop of upstream f5-tts 1.1.22 (``model/trainer.py`` under accelerate, one
+process), without accelerate or ema_pytorch, drawing random numbers in upstream's order.
+
+Per batch (`flow_matching_loss`, upstream's ``CFM.forward``): span fractions ``uniform_``,
+span starts ``rand_like``, noise ``randn_like`` (of the transposed mel, so in its memory
+order), times ``rand``, two Python ``random()`` calls (audio drop, then condition drop), then
+the backbone's dropout masks. Per epoch, before its first batch: the data loader's worker base
+seed (one ``int64`` draw: from torch's global generator with frame batching, from the loader's
+generator with sample batching) in epochs 0 and 1 only (the loader of epoch 0 is accelerate's
+``skip_first_batches`` copy; the persistent loader draws once, at epoch 1).
+
+Updates follow accelerate's gradient accumulation: the loss is divided by the accumulation
+steps; an update happens every ``grad_accumulation`` batches and at the last batch of an epoch
+(the counter restarts there); clipping (``clip_grad_norm_``), fused AdamW, the warm-up + linear
+decay schedule (``SequentialLR`` of two ``LinearLR``: 1e-8 -> 1 over the warm-up, 1 -> 1e-8 over
+the rest of ``ceil(batches / accumulation) * epochs``) and `EMA` step only then.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pad_sequence
+from torch.optim import AdamW
+from torch.optim.lr_scheduler import LinearLR, SequentialLR
+
+from mizuoto_f5tts.training.batching import (
+    MelDataset,
+    SampleBatches,
+    collate,
+    epoch_order,
+    frame_batches,
+    frame_shuffle_seed,
+)
+
+AUDIO_DROP_PROB = 0.3
+COND_DROP_PROB = 0.2
+FRAC_LENGTHS_MASK = (0.7, 1.0)
+
+
+def text_ids(tokens: Sequence[Sequence[str]], vocab: Mapping[str, int]) -> torch.Tensor:
+    """Upstream's ``list_str_to_idx``: ids per item (unknown -> 0), padded with -1."""
+    rows = [torch.tensor([vocab.get(token, 0) for token in item]) for item in tokens]
+    return pad_sequence(rows, padding_value=-1, batch_first=True)
+
+
+def flow_matching_loss(model: nn.Module, mel: torch.Tensor, text: torch.Tensor,
+                       lens: torch.Tensor, draws: random.Random) -> torch.Tensor:
+    """Masked flow-matching MSE of ``model.transformer`` on ``mel`` ``(b, n, channels)``."""
+    batch, seq_len, dtype, device = mel.shape[0], mel.shape[1], mel.dtype, mel.device
+    mask = torch.arange(seq_len, device=device)[None, :] < lens[:, None]
+
+    frac_lengths = torch.zeros((batch,), device=device).float().uniform_(*FRAC_LENGTHS_MASK)
+    lengths = (frac_lengths * lens).long()
+    start = ((lens - lengths) * torch.rand_like(frac_lengths)).long().clamp(min=0)
+    end = start + lengths
+    seq = torch.arange(lens.max().item(), device=device).long()
+    span = (seq[None, :] >= start[:, None]) & (seq[None, :] < end[:, None])
+    span &= mask
+
+    x1 = mel
+    x0 = torch.randn_like(x1)
+    time = torch.rand((batch,), dtype=dtype, device=device)
+    t = time.unsqueeze(-1).unsqueeze(-1)
+    noisy = (1 - t) * x0 + t * x1
+    flow = x1 - x0
+    cond = torch.where(span[..., None], torch.zeros_like(x1), x1)
+
+    drop_audio_cond = draws.random() < AUDIO_DROP_PROB
+    drop_text = draws.random() < COND_DROP_PROB
+    drop_audio_cond = drop_audio_cond or drop_text
+    pred = model.transformer(x=noisy, cond=cond, text=text, time=time,
+                             drop_audio_cond=drop_audio_cond, drop_text=drop_text, mask=mask)
+    loss = F.mse_loss(pred, flow, reduction="none")
+    return loss[span].mean()
+
+
+class EMA:
+    """ema_pytorch 0.8.3's ``EMA`` with its defaults (beta 0.9999, update every 10 steps,
+    copy until step 100, then decay ``1 - (1 + epoch) ** -2/3``). ``state_dict`` has upstream's
+    keys: ``initted``, ``step``, ``ema_model.<key>``."""
+
+    beta, update_after_step, update_every, inv_gamma, power, min_value = (
+        0.9999, 100, 10, 1.0, 2 / 3, 0.0)
+
+    def __init__(self, model: nn.Module, device: str | torch.device | None = None) -> None:
+        self.ema_model = copy.deepcopy(model)
+        if device is not None:
+            self.ema_model.to(device)
+        for p in self.ema_model.parameters():
+            p.detach_()
+        self.initted = torch.tensor(False)
+        self.step = torch.tensor(0)
+
+    def _pairs(self, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        params = [(e, c) for (_, e), (_, c) in zip(self.ema_model.named_parameters(),
+                                                 model.named_parameters(), strict=True)
+                  if e.is_floating_point()]
+        buffers = [(e, c) for (_, e), (_, c) in zip(self.ema_model.named_buffers(),
+                                                  model.named_buffers(), strict=True)
+                   if e.is_floating_point()]
+        return params + buffers
+
+    def _copy(self, model: nn.Module) -> None:
+        for ema, current in self._pairs(model):
+            ema.data.copy_(current.data)
+
+    def current_decay(self) -> float:
+        epoch = (self.step - self.update_after_step - 1).clamp(min=0.0)
+        value = 1 - (1 + epoch / self.inv_gamma) ** -self.power
+        if epoch.item() <= 0:
+            return 0.0
+        return value.clamp(min=self.min_value, max=self.beta).item()
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        step = self.step.item()
+        self.step += 1
+        if not self.initted.item():
+            self._copy(model)
+            self.initted.data.copy_(torch.tensor(True))
+            return
+        if step % self.update_every != 0:
+            return
+        if step <= self.update_after_step:
+            self._copy(model)
+            return
+        weight = 1.0 - self.current_decay()
+        for ema, current in self._pairs(model):
+            ema.data.lerp_(current.data.to(ema.device), weight)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = {"initted": self.initted.clone(), "step": self.step.clone()}
+        state.update({f"ema_model.{k}": v for k, v in self.ema_model.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.initted = state["initted"].clone()
+        self.step = state["step"].clone()
+        self.ema_model.load_state_dict(
+            {k.removeprefix("ema_model."): v for k, v in state.items()
+             if k.startswith("ema_model.")})
+
+
+@attrs.frozen
+class LoopSettings:
+    epochs: int
+    learning_rate: float
+    warmup_updates: int
+    batch_size_type: str = "frame"
+    batch_size: int = 3200
+    max_samples: int = 64
+    grad_accumulation: int = 1
+    max_grad_norm: float = 1.0
+    shuffle_seed: int = 666
+    save_every: int = 500
+    max_updates: int | None = None
+
+
+@attrs.define
+class Record:
+    update: int
+    loss: float
+    lr: float
+
+
+class FineTuning:
+    """One run: model, EMA, optimiser, schedule, batch order and position; `run` trains."""
+
+    def __init__(self, model: nn.Module, vocab: Mapping[str, int], dataset: MelDataset,
+                 durations: Sequence[float], settings: LoopSettings, *,
+                 py_random: random.Random, ema_device: str | torch.device | None = None) -> None:
+        self.model = model
+        self.vocab = vocab
+        self.dataset = dataset
+        self.settings = settings
+        self.draws = py_random
+        self.ema = EMA(model, device=ema_device)
+        self.optimizer = AdamW(model.parameters(), lr=settings.learning_rate, fused=True)
+        if settings.batch_size_type == "frame":
+            self.batches = frame_batches(durations, settings.batch_size, settings.max_samples)
+            self.sampler = None
+            per_epoch = len(self.batches)
+        else:
+            self.batches = []
+            self.sampler = SampleBatches(len(dataset), settings.batch_size, settings.shuffle_seed)
+            per_epoch = len(self.sampler)
+        if per_epoch == 0:
+            raise ValueError("no batch fits: every clip is longer than the frames per batch")
+        self.batches_per_epoch = per_epoch
+        self.total_updates = math.ceil(per_epoch / settings.grad_accumulation) * settings.epochs
+        warmup = settings.warmup_updates
+        self.scheduler = SequentialLR(self.optimizer, schedulers=[
+            LinearLR(self.optimizer, start_factor=1e-8, end_factor=1.0, total_iters=warmup),
+            LinearLR(self.optimizer, start_factor=1.0, end_factor=1e-8,
+                     total_iters=self.total_updates - warmup),
+        ], milestones=[warmup])
+        self.epoch = 0
+        self.index = 0  # next batch of the epoch
+        self.update = 0
+        self.accumulated = 0  # accelerate's step counter
+        self.order: list[list[int]] = []
+        self.records: list[Record] = []
+
+    # -- position -------------------------------------------------------------------------
+
+    def _start_epoch(self) -> None:
+        self.model.train()
+        if self.sampler is None:
+            if self.epoch <= 1:
+                torch.empty((), dtype=torch.int64).random_()
+            self.order = epoch_order(self.batches,
+                                     frame_shuffle_seed(self.settings.shuffle_seed, self.epoch))
+        else:
+            if self.epoch <= 1:
+                self.sampler.draw_worker_seed()
+            self.order = self.sampler.epoch()
+
+    def done(self) -> bool:
+        limit = self.settings.max_updates
+        return self.epoch >= self.settings.epochs or (limit is not None and self.update >= limit)
+
+    # -- one batch ------------------------------------------------------------------------
+
+    def _step(self, indices: list[int]) -> Record | None:
+        batch = collate([self.dataset[i] for i in indices])
+        device = next(self.model.parameters()).device
+        mel = batch["mel"].to(device).permute(0, 2, 1)
+        lens = batch["mel_lengths"].to(device)
+        text = text_ids(batch["text"], self.vocab).to(device)
+
+        last = self.index == len(self.order) - 1
+        if last:
+            self.accumulated = 0
+            sync = True
+        else:
+            self.accumulated += 1
+            sync = self.accumulated % self.settings.grad_accumulation == 0
+
+        loss = flow_matching_loss(self.model, mel, text, lens, self.draws)
+        (loss / self.settings.grad_accumulation).backward()
+        if sync:
+            if self.settings.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                               self.settings.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.ema.update(self.model)
+            self.update += 1
+        record = Record(self.update, loss.item(), self.scheduler.get_last_lr()[0])
+        self.records.append(record)
+        return record if sync else None
+
+    def run(self, on_update: Callable[[Record], None] | None = None,
+            on_save: Callable[[], None] | None = None) -> None:
+        """Train to the end (or ``max_updates``); ``on_save`` every ``save_every`` updates."""
+        while not self.done():
+            if self.index == 0:
+                self._start_epoch()
+            record = self._step(self.order[self.index])
+            self.index += 1
+            if self.index == len(self.order):
+                self.epoch += 1
+                self.index = 0
+            if record is None:
+                continue
+            if on_update is not None:
+                on_update(record)
+            if on_save is not None and self.update % self.settings.save_every == 0:
+                on_save()
+
+    # -- checkpoint state -----------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": self.draws.getstate(),
+            "sampler_rng": None if self.sampler is None else self.sampler.generator.get_state(),
+            "position": {"epoch": self.epoch, "index": self.index, "update": self.update,
+                         "accumulated": self.accumulated},
+            "order": self.order,
+            "records": [attrs.astuple(r) for r in self.records],
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        version, internal, gauss = state["python_rng"]
+        self.draws.setstate((version, tuple(internal), gauss))
+        if self.sampler is not None:
+            self.sampler.generator.set_state(state["sampler_rng"])
+        position = state["position"]
+        self.epoch, self.index = position["epoch"], position["index"]
+        self.update, self.accumulated = position["update"], position["accumulated"]
+        self.order = [list(b) for b in state["order"]]
+        self.records = [Record(*r) for r in state["records"]]

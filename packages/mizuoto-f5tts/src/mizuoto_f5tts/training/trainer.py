@@ -1,0 +1,216 @@
+"""`F5Trainer`: full fine-tuning of F5-TTS v1 Base, v0 Base and E2 as upstream's
+``f5-tts_finetune-cli`` does it, byte for byte on the CPU (see `mizuoto_f5tts.training.loop`).
+
+Stages (the `mizuoto.Trainer` contract):
+
+- `prepare`: resolves the model, checks the run directory, reads and checks the data set
+  (`prepare_dataset`; bad rows reported and skipped) and writes ``prepared/`` in the run
+  directory. Returns an `F5Run`.
+- `train`: seeds torch (in a forked RNG, so the caller's generator is untouched) and a private
+  ``random.Random`` with ``config.seed``, builds the model as upstream does (same random draws),
+  loads the base weights, resumes from ``checkpoints/last.pt`` when there is one, trains, and
+  writes that checkpoint every ``save_every`` updates and at the end.
+- `export`: the EMA weights as a model directory (`export_model`).
+
+``config.params`` (all optional): ``epochs`` (default: enough for ``steps`` updates; the
+learning-rate schedule spans all of them, as upstream's), ``warmup_updates`` (default a tenth
+of the run, at most upstream's 20000; fewer than the run's updates), ``batch_size_type`` (``frame``, upstream's default, or
+``sample``: then ``config.batch_size`` clips per batch), ``batch_frames`` (3200),
+``max_samples`` (64), ``grad_accumulation`` (1), ``max_grad_norm`` (1.0), ``shuffle_seed``
+(666, upstream's ``resumable_with_seed``), ``variant`` (``v1_base``, ``base`` or ``e2_base``;
+default: detected from the checkpoint). Training stops after ``config.steps`` updates or at the
+end of the last epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from pathlib import Path
+
+import attrs
+import torch
+
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.trainer import Trainer, TrainingConfig, TrainingResult
+from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.atomic import atomic_path
+from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto_f5tts.training.batching import MelDataset, frame_batches
+from mizuoto_f5tts.training.data import PreparedData, prepare_dataset
+from mizuoto_f5tts.training.export import export_model
+from mizuoto_f5tts.training.loop import FineTuning, LoopSettings, Record
+from mizuoto_f5tts.training.state import (
+    CHECKPOINT,
+    check_output_dir,
+    load_run_state,
+    save_run_state,
+)
+from mizuoto_f5tts.variants import VARIANT_NAMES, F5Variant
+
+logger = logging.getLogger(__name__)
+
+PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_samples",
+          "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant")
+LOG_FILE = "training_log.jsonl"
+
+
+@attrs.frozen
+class F5Run:
+    """What `F5Trainer.prepare` found: the run's inputs, checked."""
+
+    config: TrainingConfig
+    model_dir: Path
+    checkpoint: Path
+    variant: F5Variant
+    vocab: dict[str, int]
+    data: PreparedData
+    settings: LoopSettings
+    memory: str = "default"
+
+
+def _int_param(params, key: str, default: int, low: int = 0) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidRequest(f"params.{key}", f"must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _settings(config: TrainingConfig, data: PreparedData) -> LoopSettings:
+    params = config.params
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise InvalidRequest("params", f"unknown F5-TTS training settings: {', '.join(unknown)}",
+                             f"known: {', '.join(PARAMS)}")
+    kind = params.get("batch_size_type", "frame")
+    if kind not in ("frame", "sample"):
+        raise InvalidRequest("params.batch_size_type", f"must be 'frame' or 'sample', got {kind!r}")
+    frames = _int_param(params, "batch_frames", 3200, 1)
+    max_samples = _int_param(params, "max_samples", 64)
+    accumulation = _int_param(params, "grad_accumulation", 1, 1)
+    norm = params.get("max_grad_norm", 1.0)
+    if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not 0 <= norm < math.inf:
+        raise InvalidRequest("params.max_grad_norm", f"must be a number >= 0, got {norm!r}")
+    if kind == "frame":
+        per_epoch = len(frame_batches(data.durations, frames, max_samples))
+        if per_epoch == 0:
+            raise InvalidRequest("params.batch_frames", f"no clip fits in {frames} frames",
+                                 "raise batch_frames (24000 / 256 frames per second)")
+    else:
+        per_epoch = -(-len(data.clips) // config.batch_size)
+    updates_per_epoch = math.ceil(per_epoch / accumulation)
+    epochs = _int_param(params, "epochs", math.ceil(config.steps / updates_per_epoch), 1)
+    total = updates_per_epoch * epochs
+    warmup = _int_param(params, "warmup_updates", min(20000, total // 10))
+    if warmup >= total:
+        # upstream's decay LinearLR would then have no iterations and divide by zero
+        raise InvalidRequest("params.warmup_updates", f"must be less than the run's {total} "
+                             f"updates ({epochs} epochs of {updates_per_epoch}), got {warmup}")
+    return LoopSettings(
+        epochs=epochs, learning_rate=config.learning_rate, warmup_updates=warmup,
+        batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
+        max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
+        shuffle_seed=_int_param(params, "shuffle_seed", 666), save_every=config.save_every,
+        max_updates=config.steps)
+
+
+class F5Trainer(Trainer):
+    engine = "f5tts"
+    methods = frozenset({"full"})
+    memory_levels = ("default", "low")
+
+    def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None
+                ) -> F5Run:
+        from mizuoto.catalog import resolve_model
+        from mizuoto_f5tts.checkpoint import (
+            VOCAB_FILE,
+            default_vocab_path,
+            detect_variant,
+            find_checkpoint,
+            read_checkpoint,
+        )
+        from mizuoto_f5tts.text import read_vocab
+
+        self.check(config)
+        family = config.params.get("variant")
+        if family is not None and family not in VARIANT_NAMES:
+            raise InvalidRequest("params.variant", f"must be one of {VARIANT_NAMES}, "
+                                 f"got {family!r}")
+        model_dir = resolve_model(config.model, progress=progress).path
+        checkpoint = find_checkpoint(model_dir)
+        vocab_file = model_dir / VOCAB_FILE
+        vocab = read_vocab(vocab_file if vocab_file.is_file() else default_vocab_path())
+        variant = detect_variant(read_checkpoint(checkpoint), hint=str(checkpoint), family=family)
+        # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced)
+        weights = checkpoint.stat().st_size
+        check_output_dir(config.output_dir, needed_bytes=8 * weights)
+        data = prepare_dataset(config.dataset, vocab, Path(config.output_dir) / "prepared",
+                               progress=progress)
+        if data.bad_rows:
+            logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
+                           len(data.bad_rows) + len(data.clips),
+                           Path(config.output_dir) / "prepared" / "report.json")
+        return F5Run(config, model_dir, checkpoint, variant, vocab, data,
+                     _settings(config, data), config.memory)
+
+    def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
+        """Model (upstream's construction, hence its random draws), base weights and loop."""
+        from mizuoto.nn.flow import ConditionalFlowMatching
+        from mizuoto_f5tts.checkpoint import read_checkpoint
+
+        model = ConditionalFlowMatching(run.variant.build_backbone(len(run.vocab)),
+                                        num_channels=run.variant.mel_dim)
+        load_into(model, read_checkpoint(run.checkpoint), run.checkpoint)
+        model.train()
+        ema_device = "cpu" if run.memory == "low" else None
+        loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
+                          run.settings, py_random=py_random, ema_device=ema_device)
+        raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
+               else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
+        if "initted" in raw and "step" in raw:
+            # upstream loads the base file into its EMA: its update counter carries over
+            loop.ema.initted = raw["initted"].clone()
+            loop.ema.step = raw["step"].clone()
+        return loop
+
+    def train(self, run: F5Run, *, progress: ProgressCallback | None = None) -> TrainingResult:
+        output = Path(run.config.output_dir)
+        state_path = output / CHECKPOINT
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(run.config.seed)
+            py_random = random.Random(run.config.seed)
+            loop = self.build(run, py_random)
+            resumed_from = None
+            if state_path.is_file():
+                loop.load_state_dict(load_run_state(state_path))
+                resumed_from = loop.update
+                logger.info("resuming %s at update %d", output, loop.update)
+            total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
+
+            def on_update(record: Record) -> None:
+                report(progress, "train", record.update, total,
+                       f"loss {record.loss:.4f} lr {record.lr:.3g}")
+
+            def save() -> None:
+                save_run_state(state_path, loop.state_dict())
+                _write_log(output / LOG_FILE, loop.records)
+
+            loop.run(on_update=on_update, on_save=save)
+            save()
+        last = loop.records[-1] if loop.records else None
+        metrics = {} if last is None else {"loss": last.loss, "lr": last.lr}
+        return TrainingResult(output, loop.update, resumed_from, metrics=metrics)
+
+    def export(self, run: F5Run, destination: Path) -> Path:
+        state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
+        return export_model(state["ema"], state["position"]["update"], run.model_dir,
+                            run.variant, destination, base_model=str(run.config.model))
+
+
+def _write_log(path: Path, records: list[Record]) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(attrs.asdict(record)) + "\n")

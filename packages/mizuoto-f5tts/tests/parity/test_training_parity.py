@@ -1,0 +1,134 @@
+"""Fine-tuning against upstream f5-tts 1.1.22's trainer, update for update.
+
+Upstream runs as a subprocess (`f5_train_oracle.py`: ``prepare_csv_wavs`` + ``Trainer`` as
+``finetune_cli.py`` sets them up, one thread) on deterministic synthetic clips and a random
+tiny model directory; Mizuoto's `F5Trainer` trains the same model on the same clips with the
+same seed. Compared exactly: every logged loss and learning rate (``==`` on the Python floats
+upstream logs), and the final model and EMA tensors (``torch.equal``; upstream's
+``model_last.pt`` vs Mizuoto's run checkpoint and export).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mizuoto import TrainingConfig
+from mizuoto_f5tts.checkpoint import find_checkpoint
+from mizuoto_f5tts.fixtures import write_random_model_dir
+from mizuoto_f5tts.training import F5Trainer
+from mizuoto_f5tts.training.data import write_synthetic_dataset
+from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
+from mizuoto_f5tts.variants import get_variant
+
+pytestmark = pytest.mark.parity
+
+ORACLE = Path(__file__).parent / "f5_train_oracle.py"
+SEED = 1234
+
+
+def _absolute_csv(metadata: Path, destination: Path) -> Path:
+    """Upstream's prepare_csv_wavs wants absolute paths."""
+    lines = metadata.read_text(encoding="utf-8").splitlines()
+    rows = [lines[0]] + [f"{(metadata.parent / a).resolve()}|{t}"
+                         for a, t in (line.split("|", 1) for line in lines[1:])]
+    destination.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return destination
+
+
+def run_upstream(tmp: Path, model_dir: Path, metadata: Path, variant: str, **settings) -> dict:
+    v = get_variant(variant, "tiny")
+    work = tmp / "upstream"
+    work.mkdir()
+    config = dict(
+        work_dir=str(work), metadata=str(_absolute_csv(metadata, work / "metadata.csv")),
+        vocab=str(model_dir / "vocab.txt"), checkpoint=str(find_checkpoint(model_dir)),
+        backbone=v.backbone, arch=v.upstream_config(), seed=SEED, **settings)
+    (work / "config.json").write_text(json.dumps(config))
+    done = subprocess.run([sys.executable, str(ORACLE), str(work / "config.json")],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    log = json.loads((work / "log.json").read_text())
+    last = torch.load(work / "ckpts" / "model_last.pt", map_location="cpu", weights_only=True)
+    return {"log": log, "last": last}
+
+
+def run_ours(tmp: Path, model_dir: Path, metadata: Path, settings: dict) -> dict:
+    params = {"epochs": settings["epochs"], "warmup_updates": settings["warmup"],
+              "batch_size_type": settings["batch_size_type"],
+              "max_samples": settings["max_samples"],
+              "grad_accumulation": settings["grad_accumulation"],
+              "max_grad_norm": settings["max_grad_norm"]}
+    if settings["batch_size_type"] == "frame":
+        params["batch_frames"] = settings["batch_size"]
+    config = TrainingConfig(
+        method="full", model=str(model_dir), dataset=metadata, output_dir=tmp / "ours",
+        steps=10_000, learning_rate=settings["learning_rate"],
+        batch_size=settings["batch_size"] if settings["batch_size_type"] == "sample" else 1,
+        seed=SEED, save_every=settings["save_every"], params=params)
+    trainer = F5Trainer()
+    run = trainer.prepare(config)
+    start = time.perf_counter()
+    result = trainer.train(run)
+    seconds = time.perf_counter() - start
+    exported = trainer.export(run, tmp / "export")
+    state = load_run_state(tmp / "ours" / CHECKPOINT)
+    return {"result": result, "state": state, "seconds": seconds, "export": exported}
+
+
+def assert_same_training(upstream: dict, ours: dict) -> None:
+    theirs = [(r["update"], r["loss"], r["lr"]) for r in upstream["log"]["records"]]
+    mine = [tuple(r) for r in ours["state"]["records"]]
+    assert len(mine) == len(theirs)
+    for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        assert a == b, f"record {index}: ours {a}, upstream {b}"
+    last = upstream["last"]
+    assert last["update"] == ours["state"]["position"]["update"]
+    for name, key in (("model", "model_state_dict"), ("ema", "ema_model_state_dict")):
+        mine_state, their_state = ours["state"][name], last[key]
+        assert list(mine_state) == list(their_state), name
+        for k in their_state:
+            assert torch.equal(mine_state[k], their_state[k]), f"{name}: {k}"
+    from safetensors.torch import load_file
+
+    exported = load_file(str(find_checkpoint(ours["export"])))
+    assert set(exported) == set(last["ema_model_state_dict"])
+    for k, v in last["ema_model_state_dict"].items():
+        assert torch.equal(exported[k], v), k
+
+
+BASE = dict(epochs=2, learning_rate=1e-4, warmup=2, save_every=100, batch_size_type="frame",
+            batch_size=300, max_samples=64, grad_accumulation=1, max_grad_norm=1.0)
+
+
+SLOW = pytest.mark.realsize  # more of the same paths: kept out of CI's time budget
+
+
+@pytest.mark.parametrize("variant,overrides", [
+    pytest.param("v1_base", {}, id="v1-frame", marks=SLOW),
+    pytest.param("v1_base", {"epochs": 3, "grad_accumulation": 2, "batch_size": 250},
+                 id="v1-frame-accum"),
+    pytest.param("v1_base", {"batch_size_type": "sample", "batch_size": 2, "epochs": 3},
+                 id="v1-sample"),
+    pytest.param("base", {"epochs": 3}, id="v0-frame"),
+    pytest.param("base", {"batch_size_type": "sample", "batch_size": 4, "grad_accumulation": 2,
+                          "epochs": 3}, id="v0-sample-accum"),
+    pytest.param("e2_base", {}, id="e2-frame", marks=SLOW),
+    pytest.param("e2_base", {"batch_size_type": "sample", "batch_size": 3,
+                             "grad_accumulation": 3, "epochs": 3}, id="e2-sample-accum"),
+])
+def test_training_matches_upstream(tmp_path, variant, overrides):
+    settings = {**BASE, **overrides}
+    model_dir = write_random_model_dir(tmp_path / "model", variant, size="tiny", seed=7)
+    metadata = write_synthetic_dataset(tmp_path / "data", count=6, seed=3)
+    upstream = run_upstream(tmp_path, model_dir, metadata, variant, **settings)
+    ours = run_ours(tmp_path, model_dir, metadata, settings)
+    print(f"{variant} {overrides}: {len(ours['state']['records'])} batches, "
+          f"ours {ours['seconds']:.2f} s, upstream {upstream['log']['seconds']:.2f} s")
+    assert_same_training(upstream, ours)
