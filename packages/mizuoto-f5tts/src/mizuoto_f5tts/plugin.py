@@ -1,4 +1,4 @@
-"""The F5-TTS plugin: the engine, its catalog entries and its contract fixtures.
+"""The F5-TTS plugin: the engine, its trainer, its catalog entries and its contract fixtures.
 
 Nothing here imports torch: the engine is registered by location and imported when a model is
 loaded, so that ``mizuoto plugins`` and ``mizuoto models`` answer at once.
@@ -25,6 +25,14 @@ def register_engines(register):
                       Capability.LONG_TEXT, Capability.VOICE_CACHE},
         options="mizuoto_f5tts.engine:F5Options",
         description="F5-TTS v1 Base, Base and E2: flow matching + Vocos"))
+
+
+@hookimpl
+def register_trainers(register):
+    # called only when a trainer is needed (`mizuoto train`): importing it here keeps torch out
+    from mizuoto_f5tts.training import F5Trainer
+
+    register(F5Trainer)
 
 
 @hookimpl
