@@ -413,6 +413,30 @@ def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate,
     click.echo(f"Trained {result.steps_done} steps; exported {exported}", err=True)
 
 
+@cli.command()
+@click.option("-m", "--model", "models", multiple=True, help="Catalog id or model directory (repeatable); a directory is named by its directory name.")
+@click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable), e.g. tts-1=/path/to/model.")
+@click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY (env MIZUOTO_API_KEY).")
+@click.option("--queue-size", default=16, show_default=True, type=click.IntRange(1), help="Requests waiting per model before 429.")
+@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown.")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
+@click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
+def serve(models, aliases, engine, host, port, api_key, queue_size, grace, option_pairs,
+          options_file):
+    """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
+    try:
+        from mizuoto.serve.app import ServeConfig, model_names, run
+    except ImportError as exc:
+        raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
+                                   "missing): pip install \"mizuoto-core[serve]\"") from None
+    run(ServeConfig(models=model_names(models, aliases), engine=engine,
+                    options=_options(options_file, option_pairs), host=host, port=port,
+                    api_key=api_key, queue_size=queue_size, grace=grace))
+
+
 def main() -> None:
     cli(obj={})
 

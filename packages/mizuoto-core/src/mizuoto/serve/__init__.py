@@ -1,0 +1,16 @@
+"""``mizuoto serve``: an OpenAI-compatible speech server (``pip install "mizuoto-core[serve]"``).
+
+- :mod:`mizuoto.serve.app`: :class:`ServeConfig`, :func:`create_app`, :func:`run`,
+  :func:`serve_in_thread`;
+- :mod:`mizuoto.serve.routes`: the HTTP API;
+- :mod:`mizuoto.serve.worker`: one thread per model, fed by a bounded queue;
+- :mod:`mizuoto.serve.encoders`: WAV, FLAC, MP3, Opus and PCM, whole or streamed;
+- :mod:`mizuoto.serve.voices`: named voices on disk;
+- :mod:`mizuoto.serve.errors` and :mod:`mizuoto.serve.metrics`.
+
+See docs/serve.md.
+"""
+
+from mizuoto.serve.app import ServeConfig, create_app, model_names, run, serve_in_thread
+
+__all__ = ["ServeConfig", "create_app", "model_names", "run", "serve_in_thread"]

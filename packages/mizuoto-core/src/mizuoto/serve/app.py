@@ -1,0 +1,278 @@
+"""The server: configuration, the FastAPI application, and running it with uvicorn.
+
+``create_app(config)`` starts one :class:`~mizuoto.serve.worker.ModelWorker` per model when
+the application starts (each loads its model on its own thread; ``/health`` answers 503 until
+all are ready) and stops them when it shuts down. ``run(config)`` serves until SIGINT or
+SIGTERM: uvicorn stops accepting connections, lets in-flight responses finish within
+``config.grace`` seconds, then the workers stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import attrs
+
+from mizuoto.errors import InvalidRequest
+from mizuoto.serve.errors import APIError, from_mizuoto
+from mizuoto.serve.metrics import Metrics
+from mizuoto.serve.voices import VoiceStore
+from mizuoto.serve.worker import ModelWorker
+
+log = logging.getLogger("mizuoto.serve")
+
+
+@attrs.frozen
+class ServeConfig:
+    """What ``mizuoto serve`` serves, and how.
+
+    ``models`` maps the name a request uses (``model``) to a catalog id or a model directory
+    (:func:`model_names` builds it from ``-m`` and ``--alias``). ``queue_size`` bounds each
+    model's waiting requests (more: 429). ``voices_dir`` defaults to ``$MIZUOTO_HOME/voices``.
+    ``shared_lock`` runs every model's requests under one lock: the single-global-lock
+    baseline of the load test, not a setting to serve with.
+    """
+
+    models: Mapping[str, str] = attrs.field(converter=lambda v: MappingProxyType(dict(v)))
+    engine: str | None = None
+    options: object | None = None  # mizuoto.Options
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    queue_size: int = 16
+    grace: float = 30.0
+    voices_dir: Path | None = None
+    max_upload_bytes: int = 10 << 20
+    max_upload_seconds: float = 60.0
+    shared_lock: bool = False
+
+
+def model_names(models: list[str] | tuple[str, ...], aliases: list[str] | tuple[str, ...] = ()
+                ) -> dict[str, str]:
+    """Request names for ``-m`` values (a directory by its name, a catalog id as itself) and
+    ``--alias NAME=MODEL`` pairs."""
+    names: dict[str, str] = {}
+
+    def add(name: str, model: str, option: str) -> None:
+        if not name:
+            raise InvalidRequest(option, f"{model!r} gives an empty model name")
+        if name in names and names[name] != model:
+            raise InvalidRequest(option, f"two models are named {name!r}",
+                                 "name one of them with --alias NAME=MODEL")
+        names[name] = model
+
+    for model in models:
+        path = Path(model)
+        add(path.resolve().name if path.is_dir() else model, model, "--model")
+    for pair in aliases:
+        name, sep, model = pair.partition("=")
+        if not sep or not model:
+            raise InvalidRequest("--alias", f"{pair!r} must be written NAME=MODEL")
+        add(name.strip(), model.strip(), "--alias")
+    if not names:
+        raise InvalidRequest("--model", "is missing", "give at least one -m MODEL")
+    return names
+
+
+class _State:
+    def __init__(self, config: ServeConfig) -> None:
+        from mizuoto.catalog import mizuoto_home
+
+        self.config = config
+        self.metrics = Metrics()
+        self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices")
+        self.closing = False
+        shared = threading.Lock() if config.shared_lock else None
+        self.workers: dict[str, ModelWorker] = {}
+        for name, model in config.models.items():
+            worker = ModelWorker(name, model, load=_loader(model, config),
+                                 queue_size=config.queue_size, metrics=self.metrics,
+                                 shared_lock=shared)
+            self.metrics.watch_queue(name, worker.depth)
+            self.workers[name] = worker
+
+
+_LOADING = threading.Lock()
+
+
+def _loader(model: str, config: ServeConfig):
+    def load():
+        import mizuoto
+
+        # one load at a time: plugin discovery and the registry are not built for concurrent
+        # first use, and two loads at once would only compete for memory and cores
+        with _LOADING:
+            return mizuoto.load(model, engine=config.engine, options=config.options)
+
+    return load
+
+
+def create_app(config: ServeConfig):
+    """The FastAPI application serving ``config``."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from pydantic import ValidationError
+    from starlette.exceptions import HTTPException
+
+    from mizuoto.serve.routes import router
+
+    state = _State(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        for worker in state.workers.values():
+            worker.start()
+        yield
+        state.closing = True
+        await asyncio.gather(*(asyncio.to_thread(w.stop, config.grace)
+                               for w in state.workers.values()))
+
+    app = FastAPI(title="Mizuoto speech server", lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
+    app.state.mizuoto = state
+    app.include_router(router)
+
+    def respond(error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(request, exc: APIError):
+        return respond(exc)
+
+    @app.exception_handler(ValidationError)
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc):
+        return respond(_validation_error(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return respond(APIError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, exc: Exception):
+        error = from_mizuoto(exc)
+        if error.status >= 500:
+            log.error("unexpected error", exc_info=exc)
+        return respond(error)
+
+    return _Gate(app, state)
+
+
+def _validation_error(errors) -> APIError:
+    first = errors[0] if errors else {}
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # pydantic names a union member in the location (voice.str); OpenAI names the field
+    location = [part for part in location if part not in ("str", "VoiceId")]
+    kind = first.get("type", "")
+    code = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter",
+            "string_too_long": "string_above_max_length"}.get(kind, "invalid_value")
+    param = ".".join(location) or None
+    message = first.get("msg", "invalid request")
+    if kind == "extra_forbidden":
+        message = (f"unknown parameter {param!r}: Mizuoto's own settings go under the "
+                   "'mizuoto' key (seed, steps, guidance, params, stream)")
+    elif param:
+        message = f"{param}: {message}"
+    return APIError(400, message, param=param, code=code)
+
+
+class _Gate:
+    """ASGI wrapper: the API key check (``/health`` stays open) and the request counter.
+    Pure ASGI, so streaming responses and disconnects pass through untouched."""
+
+    def __init__(self, app, state: _State) -> None:
+        self.app = app
+        self.state = state
+        key = state.config.api_key
+        self._expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if self._expected is not None and path != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                await _send_error(send, APIError(
+                    401, "missing or wrong API key: send Authorization: Bearer <key>",
+                    code="invalid_api_key"))
+                return
+        status = 500
+
+        async def send_and_count(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_count)
+        finally:
+            if path.startswith("/v1/"):
+                self.state.metrics.request(scope.get("mizuoto.model", ""), path, status)
+
+
+async def _send_error(send, error: APIError) -> None:
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _uvicorn_config(config: ServeConfig, app, **overrides):
+    import uvicorn
+
+    settings = {"host": config.host, "port": config.port, "lifespan": "on",
+                "timeout_graceful_shutdown": config.grace, "log_level": "info", **overrides}
+    return uvicorn.Config(app, **settings)
+
+
+def run(config: ServeConfig) -> None:
+    """Serve until SIGINT or SIGTERM (graceful: see the module's docstring)."""
+    import uvicorn
+
+    uvicorn.Server(_uvicorn_config(config, create_app(config))).run()
+
+
+@contextlib.contextmanager
+def serve_in_thread(config: ServeConfig, *, ready_timeout: float = 120.0) -> Iterator[str]:
+    """Run the server on a free loopback port in a thread; yields its base URL
+    (``http://127.0.0.1:PORT``) once every model has loaded, and stops it on exit.
+    For tests and benchmarks."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(config)
+    server = uvicorn.Server(_uvicorn_config(config, app, log_level="warning"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
+                              name="mizuoto-serve", daemon=True)
+    thread.start()
+    try:
+        for worker in app.state.workers.values():
+            if not worker.loaded.wait(ready_timeout):
+                raise TimeoutError(f"model {worker.name} did not load in {ready_timeout} s")
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server stopped while starting")
+            threading.Event().wait(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(config.grace + 10)
+        sock.close()

@@ -1,0 +1,75 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with the status
+the OpenAI SDK turns into its typed exceptions, mapped from Mizuoto's named errors."""
+
+from __future__ import annotations
+
+from mizuoto import errors
+
+
+class APIError(Exception):
+    """An error response: HTTP ``status`` and the four fields of OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None,
+                code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def not_found(message: str, param: str | None, code: str) -> APIError:
+    return APIError(404, message, param=param, code=code)
+
+
+def unavailable(message: str, code: str, retry_after: int = 5) -> APIError:
+    return APIError(503, message, type="server_error", code=code,
+                    headers={"Retry-After": str(retry_after)})
+
+
+def from_mizuoto(exc: BaseException, *, param_prefix: str = "") -> APIError:
+    """The response for an error an engine or a request raised.
+
+    Request fields a client sent under the extension key are named as sent
+    (``mizuoto.params.speed``); fields the server derived are named as the request field."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, errors.InvalidRequest):  # InvalidAudio included
+        return bad_request(str(exc), param=_param(exc.field, param_prefix))
+    if isinstance(exc, errors.VoiceMismatch):
+        return bad_request(str(exc), param="voice", code="voice_mismatch")
+    if isinstance(exc, errors.UnsupportedCapability):
+        return bad_request(str(exc), code="unsupported")
+    if isinstance(exc, errors.InvalidOption):
+        return bad_request(str(exc), param=exc.key)
+    if isinstance(exc, (errors.ModelNotFound, errors.EngineNotFound)):
+        return not_found(str(exc), "model", "model_not_found")
+    if isinstance(exc, (errors.ModelFilesMissing, errors.CheckpointMismatch)):
+        return unavailable(f"the model cannot be loaded: {exc}", "model_unavailable", 60)
+    if isinstance(exc, errors.MizuotoError):  # NonFiniteAudio and the rest
+        return APIError(500, str(exc), type="server_error", code="generation_failed")
+    return APIError(500, "internal error: see the server's log", type="server_error",
+                    code="internal_error")
+
+
+_REQUEST_FIELDS = {"text": "input", "instruction": "instructions"}
+
+
+def _param(field: str, prefix: str) -> str:
+    if field in _REQUEST_FIELDS:
+        return _REQUEST_FIELDS[field]
+    if field.startswith("params") or field in ("seed", "steps", "guidance"):
+        return f"{prefix}{field}"
+    return field

@@ -1,0 +1,383 @@
+"""The HTTP API: OpenAI's ``/v1/audio/speech`` and ``/v1/models``, voices, health, metrics.
+
+Handlers validate, build the engine request, hand it to the model's worker and encode what
+comes back; no model code runs here. Encoding and file work run on worker threads
+(``asyncio.to_thread``), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+from typing import Any, Literal
+
+import attrs
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.results import AudioChunk
+from mizuoto.serve.encoders import MEDIA_TYPES, StreamEncoder
+from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
+from mizuoto.serve.voices import DEFAULT_VOICE, check_name
+from mizuoto.serve.worker import DONE, Job
+
+#: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
+MAX_INPUT_CHARS = 4096
+#: Largest JSON body of a speech request (bytes).
+MAX_SPEECH_BODY = 1 << 20
+#: Response formats of OpenAI's spec this server does not encode.
+UNSUPPORTED_FORMATS = {"aac": "libsndfile has no AAC encoder"}
+#: Header carrying the seed a response was generated with.
+SEED_HEADER = "X-Mizuoto-Seed"
+#: Header carrying what the server ignored or changed, ``; ``-separated.
+WARNING_HEADER = "X-Mizuoto-Warning"
+
+router = APIRouter()
+
+
+class VoiceId(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+
+
+class MizuotoExtension(BaseModel):
+    """The extension key ``mizuoto``: what OpenAI's request cannot say."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int | None = None
+    steps: int | None = None
+    guidance: float | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: ``False``: the whole response at once, made by ``engine.synthesize``.
+    stream: bool = True
+
+
+class SpeechBody(BaseModel):
+    """``POST /v1/audio/speech``, as OpenAI's spec (unknown fields rejected), plus ``mizuoto``."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    input: str = Field(max_length=MAX_INPUT_CHARS)
+    voice: str | VoiceId
+    instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    stream_format: Literal["sse", "audio"] = "audio"
+    mizuoto: MizuotoExtension | None = None
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _state(request: Request):
+    return request.app.state.mizuoto
+
+
+def _worker(state, model: str):
+    worker = state.workers.get(model)
+    if worker is None:
+        known = ", ".join(sorted(state.workers))
+        raise not_found(f"model {model!r} is not served here (served: {known})", "model",
+                        "model_not_found")
+    return worker
+
+
+def _check_size(request: Request, limit: int) -> None:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"the request body has {length} bytes, more than {limit}",
+                       code="request_too_large")
+
+
+def _has_speed(engine) -> bool:
+    params_class = type(engine).params_class
+    return params_class is not None and any(a.name == "speed" for a in attrs.fields(params_class))
+
+
+def _build_request(body: SpeechBody, engine, voice):
+    """The engine request for ``body``, and the warnings for what was ignored."""
+    from mizuoto.contracts.requests import SynthesisRequest
+    from mizuoto.runtime.seeds import resolve_seed
+
+    extension = body.mizuoto or MizuotoExtension()
+    params = dict(extension.params)
+    warnings = []
+    instruction = None
+    if body.instructions is not None and body.instructions.strip():
+        if engine.supports(Capability.DESIGN):
+            instruction = body.instructions
+        else:
+            warnings.append(f"instructions ignored: the {engine.name} model cannot design "
+                            "voices")
+    if body.speed != 1.0:
+        if not _has_speed(engine):
+            raise bad_request(f"the {engine.name} engine has no speed setting, and this server "
+                              "does not time-stretch (it would change the engine's audio): "
+                              "send speed 1.0", param="speed", code="unsupported_value")
+        if "speed" in params:
+            raise bad_request("speed is given twice: send either speed or "
+                              "mizuoto.params.speed", param="speed")
+        params["speed"] = body.speed
+    # a seed drawn here, not by the engine, is known before the first byte (and sent back)
+    seed = extension.seed if extension.seed is not None else resolve_seed(None)[0]
+    try:
+        request = SynthesisRequest(body.input, voice=voice, instruction=instruction, seed=seed,
+                                   steps=extension.steps, guidance=extension.guidance,
+                                   params=params)
+        engine.parse_params(request.params)  # a bad setting is named before queueing
+    except Exception as exc:
+        raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
+    return request, warnings, extension.stream
+
+
+def _speech_job(request, stream: bool):
+    def run(engine, job: Job) -> None:
+        if stream and engine.supports(Capability.STREAM):
+            chunks = engine.stream(request, progress=job.check)
+            try:
+                for chunk in chunks:
+                    job.check()
+                    job.audio_seconds += chunk.audio.duration
+                    job.emit(chunk)
+            finally:
+                chunks.close()  # releases the engine at once when the client left
+        else:
+            result = engine.synthesize(request, progress=job.check)
+            job.audio_seconds = result.audio.duration
+            job.emit(AudioChunk(result.audio, 0, is_last=True, applied=result.applied))
+
+    return run
+
+
+async def _next(job: Job, request: Request):
+    """The job's next item; cancels the job when the client disconnects meanwhile."""
+    getter = asyncio.ensure_future(job.items.get())
+    while True:
+        done, _ = await asyncio.wait({getter}, timeout=0.25)
+        if done:
+            item = getter.result()
+            if isinstance(item, BaseException):
+                raise from_mizuoto(item, param_prefix="mizuoto.")
+            return item
+        if await request.is_disconnected():
+            getter.cancel()
+            job.cancel()
+            raise _ClientGone
+
+
+@router.post("/v1/audio/speech")
+async def speech(request: Request):
+    state = _state(request)
+    started = time.monotonic()
+    _check_size(request, MAX_SPEECH_BODY)
+    body = SpeechBody.model_validate(await _json(request))
+    if body.response_format in UNSUPPORTED_FORMATS:
+        supported = ", ".join(MEDIA_TYPES)
+        raise bad_request(f"response_format {body.response_format!r} is not supported: "
+                          f"{UNSUPPORTED_FORMATS[body.response_format]}; use one of "
+                          f"{supported}", param="response_format", code="unsupported_value")
+    worker = _worker(state, body.model)
+    request.scope["mizuoto.model"] = worker.name  # served names only: bounded label values
+    worker.submit_check()
+    engine = worker.engine
+    voice_name = body.voice if isinstance(body.voice, str) else body.voice.id
+    voice = None
+    if voice_name != DEFAULT_VOICE:
+        check_name(voice_name, "voice")
+        voice = await asyncio.to_thread(state.voices.load, voice_name)
+        try:
+            voice.check(engine.name, engine.info.fingerprint)
+        except Exception as exc:
+            raise from_mizuoto(exc) from exc
+    engine_request, warnings, stream = _build_request(body, engine, voice)
+    job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop())
+    worker.submit(job)
+    try:
+        first = await _next(job, request)
+    except _ClientGone:
+        return Response(status_code=499)
+    except BaseException:
+        job.cancel()
+        raise
+    state.metrics.first_audio(worker.name, time.monotonic() - started)
+    headers = {SEED_HEADER: str(engine_request.seed)}
+    if warnings:
+        headers[WARNING_HEADER] = "; ".join(warnings)
+    encoder = StreamEncoder(body.response_format, engine.info.sample_rate,
+                            streaming=stream or body.stream_format == "sse")
+    if body.stream_format == "sse":
+        return StreamingResponse(_sse(job, first, encoder, body, request),
+                                 media_type="text/event-stream", headers=headers)
+    if stream:
+        return StreamingResponse(_audio(job, first, encoder, request),
+                                 media_type=MEDIA_TYPES[body.response_format], headers=headers)
+    chunks = [first]
+    while (item := await _next(job, request)) is not DONE:
+        chunks.append(item)
+    content = await asyncio.to_thread(_encode_all, encoder, chunks)
+    return Response(content, media_type=MEDIA_TYPES[body.response_format], headers=headers)
+
+
+async def _json(request: Request):
+    try:
+        return await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise bad_request("the body is not valid JSON", code="invalid_json") from None
+
+
+def _encode_all(encoder: StreamEncoder, chunks: list[AudioChunk]) -> bytes:
+    return b"".join(encoder.feed(c.audio.numpy()) for c in chunks) + encoder.close()
+
+
+async def _chunks(job: Job, first, request: Request):
+    """The job's audio chunks, ``first`` included; the job is cancelled if the response is
+    abandoned (Starlette cancels a streaming response whose client disconnects)."""
+    try:
+        item = first
+        while item is not DONE:
+            yield item
+            item = await _next(job, request)
+    finally:
+        job.cancel()
+
+
+async def _audio(job: Job, first, encoder: StreamEncoder, request: Request):
+    async for chunk in _chunks(job, first, request):
+        data = await asyncio.to_thread(encoder.feed, chunk.audio.numpy())
+        if data:
+            yield data
+    tail = await asyncio.to_thread(encoder.close)
+    if tail:
+        yield tail
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def _sse(job: Job, first, encoder: StreamEncoder, body: SpeechBody, request: Request):
+    deltas = 0
+    try:
+        async for chunk in _chunks(job, first, request):
+            data = await asyncio.to_thread(encoder.feed, chunk.audio.numpy())
+            if data:
+                deltas += 1
+                yield _event({"type": "speech.audio.delta",
+                              "audio": base64.b64encode(data).decode()})
+    except APIError as exc:  # headers are sent: the error travels as an event
+        yield _event({"type": "error", "error": exc.body()["error"]})
+        return
+    tail = await asyncio.to_thread(encoder.close)
+    if tail:
+        deltas += 1
+        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(tail).decode()})
+    usage = {"input_tokens": len(body.input), "output_tokens": deltas,
+             "total_tokens": len(body.input) + deltas}
+    yield _event({"type": "speech.audio.done", "usage": usage})
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    state = _state(request)
+    data = [{"id": name, "object": "model", "created": 0,
+             "owned_by": f"mizuoto-{worker.engine.name}" if worker.engine else "mizuoto"}
+            for name, worker in state.workers.items()]
+    return {"object": "list", "data": data}
+
+
+@router.get("/v1/audio/voices")
+async def list_voices(request: Request, model: str | None = None):
+    """Every voice (``model=``: those that model can use), ``default`` first."""
+    state = _state(request)
+    fingerprint = None
+    if model is not None:
+        worker = _worker(state, model)
+        worker.submit_check()
+        fingerprint = worker.engine.info.fingerprint
+    saved = await asyncio.to_thread(state.voices.list)
+    voices = [{"id": DEFAULT_VOICE, "name": DEFAULT_VOICE}]
+    voices += [{"id": v["name"], "name": v["name"], "engine": v["engine"]} for v in saved
+               if fingerprint is None or v["fingerprint"] == fingerprint]
+    return {"voices": voices}
+
+
+@router.post("/v1/audio/voices", status_code=201)
+async def create_voice(request: Request, name: str = Form(...), model: str = Form(...),
+                       audio: UploadFile = File(...), text: str | None = Form(None)):
+    """A named voice from a reference clip (and its transcript), built by the engine."""
+    from mizuoto.contracts.requests import Reference
+
+    state = _state(request)
+    check_name(name)
+    worker = _worker(state, model)
+    request.scope["mizuoto.model"] = worker.name
+    worker.submit_check()
+    data = await audio.read(state.config.max_upload_bytes + 1)
+    if len(data) > state.config.max_upload_bytes:
+        raise APIError(413, f"the audio is larger than {state.config.max_upload_bytes} bytes",
+                       param="audio", code="file_too_large")
+    clip = await asyncio.to_thread(_read_clip, data, state.config.max_upload_seconds)
+    try:
+        reference = Reference(clip, text if text and text.strip() else None)
+    except Exception as exc:
+        raise from_mizuoto(exc) from exc
+
+    def build(engine, job: Job) -> None:
+        job.emit(engine.build_voice(reference))
+
+    job = Job(build, asyncio.get_running_loop())
+    worker.submit(job)
+    voice = await _next(job, request)
+    await asyncio.to_thread(state.voices.save, name, voice)
+    return {"id": name, "name": name, "model": model, "engine": voice.engine}
+
+
+def _read_clip(data: bytes, max_seconds: float):
+    import soundfile as sf
+
+    from mizuoto.contracts.audio import Audio
+
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as handle:
+            seconds = handle.frames / handle.samplerate
+            if seconds > max_seconds:
+                raise APIError(413, f"the audio lasts {seconds:.1f} s, more than "
+                               f"{max_seconds:g} s", param="audio", code="audio_too_long")
+            samples = handle.read(dtype="float32", always_2d=True)
+            rate = handle.samplerate
+    except APIError:
+        raise
+    except Exception as exc:  # libsndfile's errors have several types
+        raise bad_request(f"the audio cannot be read ({exc}): send WAV, FLAC, OGG or MP3",
+                          param="audio") from None
+    try:
+        return Audio(samples.mean(axis=1), rate)
+    except Exception as exc:
+        raise from_mizuoto(exc) from exc
+
+
+@router.delete("/v1/audio/voices/{name}")
+async def delete_voice(request: Request, name: str):
+    await asyncio.to_thread(_state(request).voices.delete, name)
+    return {"id": name, "object": "voice", "deleted": True}
+
+
+@router.get("/health")
+async def health(request: Request):
+    state = _state(request)
+    models = {name: worker.state for name, worker in state.workers.items()}
+    ready = not state.closing and all(s == "ready" for s in models.values())
+    status = "shutting_down" if state.closing else ("ok" if ready else "unavailable")
+    return JSONResponse({"status": status, "models": models}, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return PlainTextResponse(_state(request).metrics.render(),
+                             media_type="text/plain; version=0.0.4")

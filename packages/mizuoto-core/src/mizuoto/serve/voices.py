@@ -1,0 +1,86 @@
+"""Named voices: ``<name>.safetensors`` files (``Voice.save``) in one directory,
+``$MIZUOTO_HOME/voices`` by default.
+
+A name is 1 to 64 letters, digits, ``_`` or ``-``, starting with a letter or digit: it can
+never hold a path separator or ``..``, so no client-chosen name reaches outside the directory.
+``default`` is reserved: every model's own voice (F5-TTS: its bundled reference; VoxCPM:
+zero-shot). A voice belongs to the model it was built with (its fingerprint); using it with
+another model is refused by the engine.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mizuoto.serve.errors import APIError, bad_request, not_found
+
+DEFAULT_VOICE = "default"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_SUFFIX = ".safetensors"
+
+
+def check_name(name: str, param: str = "name") -> str:
+    """``name`` if it is a valid voice name, else a 400 naming ``param``."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise bad_request(f"voice name {name!r} is not valid: use 1 to 64 letters, digits, "
+                          "'_' or '-', starting with a letter or digit", param=param)
+    return name
+
+
+class VoiceStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    def path(self, name: str, param: str = "voice") -> Path:
+        path = self.directory / f"{check_name(name, param)}{_SUFFIX}"
+        # the name's pattern already rules it out; this says so where it matters
+        if path.resolve().parent != self.directory.resolve():
+            raise bad_request(f"voice name {name!r} is not valid", param=param)
+        return path
+
+    def load(self, name: str):
+        """The saved voice ``name`` (a :class:`~mizuoto.Voice`); 404 when there is none."""
+        from mizuoto.contracts.voice import Voice
+
+        path = self.path(name)
+        if not path.is_file():
+            raise not_found(f"no voice named {name!r}: GET /v1/audio/voices lists them",
+                            "voice", "voice_not_found")
+        return Voice.load(path)
+
+    def save(self, name: str, voice) -> None:
+        path = self.path(name, "name")
+        if name == DEFAULT_VOICE or path.exists():
+            raise APIError(409, f"a voice named {name!r} exists: delete it first or pick "
+                           "another name", param="name", code="voice_exists")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        voice.save(path)
+
+    def delete(self, name: str) -> None:
+        path = self.path(name, "name")
+        if name == DEFAULT_VOICE:
+            raise bad_request("the default voice cannot be deleted", param="name")
+        if not path.is_file():
+            raise not_found(f"no voice named {name!r}", "name", "voice_not_found")
+        path.unlink()
+
+    def list(self) -> list[dict[str, str]]:
+        """Each saved voice: ``name``, ``engine`` and ``fingerprint`` (from its header)."""
+        from safetensors import safe_open
+
+        found = []
+        if not self.directory.is_dir():
+            return found
+        for path in sorted(self.directory.glob(f"*{_SUFFIX}")):
+            name = path.name[:-len(_SUFFIX)]
+            if not _NAME.fullmatch(name):
+                continue
+            try:
+                with safe_open(str(path), framework="pt") as handle:
+                    header = handle.metadata() or {}
+            except Exception:  # a damaged file is skipped, not fatal
+                continue
+            found.append({"name": name, "engine": header.get("engine", ""),
+                          "fingerprint": header.get("model_fingerprint", "")})
+        return found
