@@ -30,12 +30,13 @@ from mizuoto.errors import (
     InvalidAudio,
     InvalidOption,
     InvalidRequest,
+    NonFiniteAudio,
     UnsupportedCapability,
     VoiceMismatch,
 )
 from mizuoto.options import ComputeOptions, Options
 from mizuoto.registry import get_engine
-from mizuoto_contract.models import ContractModel
+from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
 from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
 
 TEXT = "Hello there, this is a contract test."
@@ -380,3 +381,97 @@ def test_voice_of_another_model_is_refused(contract_model: ContractModel) -> Non
     for foreign in (other_model, other_engine):
         with pytest.raises(VoiceMismatch):
             engine.synthesize(_request(contract_model, voice=foreign, seed=SEED))
+
+
+# -- hostile input ----------------------------------------------------------------------------
+
+def _numeric_params(engine) -> list[str]:
+    """The engine's request params that hold numbers (by default value or annotation)."""
+    if engine.params_class is None:
+        return []
+    names = []
+    for field in attrs.fields(engine.params_class):
+        default, kind = field.default, str(field.type)
+        number = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if number or kind in ("int", "float", "int | None", "float | None"):
+            names.append(field.name)
+    return names
+
+
+def test_non_finite_numbers_are_refused(contract_model: ContractModel) -> None:
+    """NaN is never a setting: request fields and every numeric param refuse it, naming the
+    field. Infinite and huge values are refused or give finite audio."""
+    for field in ("steps", "guidance"):
+        for value in (float("nan"), float("inf"), 10**400):
+            with pytest.raises(InvalidRequest) as raised:
+                SynthesisRequest(TEXT, **{field: value})
+            assert raised.value.field == field
+    base = contract_model.fixture.request_params
+    for name in _numeric_params(contract_model.engine):
+        for value in (float("nan"), float("inf"), float("-inf"), 10**400):
+            request = _plain_request(contract_model, seed=SEED, params={**base, name: value})
+            try:
+                result = contract_model.engine.synthesize(request)
+            except InvalidRequest as exc:
+                assert exc.field.startswith("params"), exc.field
+            else:
+                assert value == value, f"params.{name}=nan was accepted"
+                _check_result(contract_model, result, seed=SEED)
+
+
+def _poison(engine) -> int:
+    """Set every floating-point weight the engine holds (modules and tensors among its
+    attributes) to NaN; returns how many tensors were poisoned."""
+    poisoned = 0
+    with torch.no_grad():
+        for value in vars(engine).values():
+            tensors = []
+            if isinstance(value, torch.nn.Module):
+                tensors = [*value.parameters(), *value.buffers()]
+            elif isinstance(value, torch.Tensor):
+                tensors = [value]
+            for tensor in tensors:
+                if tensor.is_floating_point():
+                    tensor.fill_(float("nan"))
+                    poisoned += 1
+    return poisoned
+
+
+def test_non_finite_audio_is_never_returned(contract_model: ContractModel) -> None:
+    """With NaN weights, synthesis (and streaming) raises NonFiniteAudio naming the stage; no
+    NaN audio comes back."""
+    fixture = contract_model.fixture
+    engine = get_engine(fixture.engine).load(contract_model.directory, options=CONTRACT_OPTIONS,
+                                             model_id=f"contract/{fixture.id}")
+    if not _poison(engine):
+        pytest.skip("the engine holds no torch weights among its attributes to poison")
+    with pytest.raises(NonFiniteAudio) as raised:
+        engine.synthesize(_plain_request(contract_model, seed=SEED))
+    assert raised.value.stage and raised.value.nan + raised.value.inf > 0
+    if Capability.STREAM in engine.capabilities:
+        with pytest.raises(NonFiniteAudio):
+            list(engine.stream(_plain_request(contract_model, seed=SEED)))
+
+
+def test_hostile_requests_give_finite_audio_or_a_named_error(contract_model: ContractModel
+                                                             ) -> None:
+    """Arbitrary text (any Unicode, long words) and numbers: finite audio in [-1, 1] at the
+    model's rate, or a MizuotoError."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from mizuoto_contract.strategies import HOSTILE_NUMBERS, TEXT, check_speaks, mostly
+
+    fixture = contract_model.fixture
+    engine = contract_model.engine
+
+    @settings(max_examples=max(3, settings.default.max_examples // 8), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(text=TEXT, steps=mostly(st.just(fixture.steps), HOSTILE_NUMBERS),
+           guidance=mostly(st.one_of(st.none(), st.floats(0, 10)), HOSTILE_NUMBERS),
+           seed=st.one_of(st.none(), st.integers(0, MAX_SEED)))
+    def speak(text, steps, guidance, seed):
+        check_speaks(engine, lambda: engine.synthesize(_plain_request(
+            contract_model, text=text, steps=steps, guidance=guidance, seed=seed)))
+
+    speak()

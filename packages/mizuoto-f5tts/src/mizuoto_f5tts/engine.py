@@ -357,7 +357,12 @@ class F5Engine(Engine):
         if params.remove_silence:
             from mizuoto_f5tts.silence import remove_silence
 
-            samples = remove_silence(samples, SAMPLE_RATE)
+            trimmed = remove_silence(samples, SAMPLE_RATE)
+            if len(trimmed):
+                samples = trimmed
+            else:  # upstream would write an empty file
+                warnings.append("remove_silence found only silence: the audio is kept as "
+                                "generated")
         samples = samples.astype(np.float32, copy=False)
         applied = self._applied(seed, drawn, steps, guidance, params, len(chunks), fallbacks,
                                 warnings)
@@ -487,17 +492,26 @@ def _join_chunks(waves: list[np.ndarray], cross_fade_duration: float) -> np.ndar
         return waves[0]
     if cross_fade_duration <= 0:
         return np.concatenate(waves)
-    joined = waves[0]
+    fade = int(cross_fade_duration * SAMPLE_RATE)
+    # Upstream concatenates the whole joined audio at every chunk (quadratic in the length).
+    # Here only the tail a crossfade can still reach (the last ``fade`` samples) is rebuilt;
+    # the samples and the final dtype are upstream's.
+    done: list[np.ndarray] = []
+    tail, total = waves[0], len(waves[0])
     for following in waves[1:]:
-        overlap = min(int(cross_fade_duration * SAMPLE_RATE), len(joined), len(following))
+        overlap = min(fade, total, len(following))
         if overlap <= 0:
-            joined = np.concatenate([joined, following])
-            continue
-        fade_out = np.linspace(1, 0, overlap)
-        fade_in = np.linspace(0, 1, overlap)
-        blended = joined[-overlap:] * fade_out + following[:overlap] * fade_in
-        joined = np.concatenate([joined[:-overlap], blended, following[overlap:]])
-    return joined
+            tail = np.concatenate([tail, following])
+        else:
+            fade_out = np.linspace(1, 0, overlap)
+            fade_in = np.linspace(0, 1, overlap)
+            blended = tail[-overlap:] * fade_out + following[:overlap] * fade_in
+            tail = np.concatenate([tail[:-overlap], blended, following[overlap:]])
+        total += len(following) - overlap
+        if len(tail) > fade:
+            done.append(tail[:len(tail) - fade])
+            tail = tail[len(tail) - fade:]
+    return np.concatenate([*done, tail])
 
 
 @contextlib.contextmanager

@@ -291,11 +291,21 @@ class VoxCPMEngine(Engine):
     def _chunks(self, request: SynthesisRequest, params: VoxCPMParams,
                 prompt: PromptCache | None) -> list[str]:
         whole = self._target_text(request.text, request.instruction, params)
-        if params.split_text or not self._fits(whole, prompt, params):
-            pieces = pack_chunks(request.text, lambda s: len(self.tokenizer.encode(s)),
-                                 params.chunk_tokens)
-            return [self._target_text(p, request.instruction, params) for p in pieces]
-        return [whole]
+        if not params.split_text and self._fits(whole, prompt, params):
+            return [whole]
+        pieces = pack_chunks(request.text, lambda s: len(self.tokenizer.encode(s)),
+                             params.chunk_tokens)
+        chunks = [self._target_text(p, request.instruction, params) for p in pieces]
+        for chunk in chunks:
+            # a sentence longer than the context cannot be split further: refuse it up front
+            # (the LM's position table may be shorter than the text, not only its cache)
+            positions = self._sequence(chunk, prompt).tokens.size(1)
+            if positions > self.config.max_length:
+                raise InvalidRequest(
+                    "text", f"a sentence needs {positions} positions (prompt included), more "
+                    f"than the model's context of {self.config.max_length}",
+                    "split it with sentence punctuation or shorten it")
+        return chunks
 
     def _fits(self, target: str, prompt: PromptCache | None, params: VoxCPMParams) -> bool:
         sequence = self._sequence(target, prompt)

@@ -18,6 +18,7 @@ import attrs
 
 import mizuoto
 from mizuoto import Capability, CatalogEntry, ContractFixture, EngineRef, HubFile
+from mizuoto.contracts.ranges import number_in
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -27,11 +28,14 @@ CAPABILITIES = frozenset({Capability.ZERO_SHOT, Capability.CLONE, Capability.STR
 
 @attrs.frozen
 class ToyParams:
-    """Per-request settings, passed as ``SynthesisRequest(params={...})``."""
+    """Per-request settings, passed as ``SynthesisRequest(params={...})``: seconds per
+    character in (0, 1], the longest output in (0, 600] seconds. ``number_in`` refuses NaN,
+    infinities and values out of range with an InvalidRequest naming the param."""
 
-    char_seconds: float = attrs.field(default=0.06, validator=attrs.validators.and_(
-        attrs.validators.gt(0.0), attrs.validators.le(1.0)))
-    max_seconds: float = attrs.field(default=30.0, validator=attrs.validators.gt(0.0))
+    char_seconds: float = attrs.field(
+        default=0.06, validator=number_in("params.char_seconds", 0.0, 1.0, low_open=True))
+    max_seconds: float = attrs.field(
+        default=30.0, validator=number_in("params.max_seconds", 0.0, 600.0, low_open=True))
 
 
 @attrs.frozen

@@ -20,6 +20,9 @@ MAX_SEED = 2**32 - 1
 MAX_STEPS = 1000
 #: Largest guidance (classifier-free guidance strength) a request may ask for.
 MAX_GUIDANCE = 100.0
+#: Longest text (characters) a request may hold: about two hours of speech, whose audio
+#: (hundreds of MB) is held in memory; split longer texts into several requests.
+MAX_TEXT_CHARS = 100_000
 #: Latest time, in seconds, an edited segment may start or end at.
 MAX_SEGMENT_SECONDS = 3600.0
 
@@ -32,12 +35,19 @@ def _freeze_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(value or {}))
 
 
+def _check_length(field_name: str, value: str) -> None:
+    if len(value) > MAX_TEXT_CHARS:
+        raise InvalidRequest(field_name, f"has {len(value)} characters, more than "
+                             f"{MAX_TEXT_CHARS}", "split it into several requests")
+
+
 def _check_text(field_name: str):
     def check(instance, attribute, value):
         if not isinstance(value, str):
             raise InvalidRequest(field_name, f"must be a string, got {type(value).__name__}")
         if not value.strip():
             raise InvalidRequest(field_name, "is empty", "give the words to speak")
+        _check_length(field_name, value)
 
     return check
 
@@ -84,6 +94,8 @@ class Reference:
     def _text(self, attribute, value):
         if value is not None and not isinstance(value, str):
             raise InvalidRequest("reference.text", "must be a string")
+        if value is not None:
+            _check_length("reference.text", value)
 
 
 @attrs.frozen
@@ -114,6 +126,8 @@ class SynthesisRequest:
                                  f"{type(self.voice).__name__}")
         if self.instruction is not None and not isinstance(self.instruction, str):
             raise InvalidRequest("instruction", "must be a string")
+        if self.instruction is not None:
+            _check_length("instruction", self.instruction)
         if self.reference is not None and self.voice is not None:
             raise InvalidRequest("voice", "cannot be combined with reference",
                                  "pass either a reference recording or a saved voice")

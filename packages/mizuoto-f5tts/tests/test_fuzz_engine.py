@@ -1,0 +1,160 @@
+"""Property tests on the tiny random F5-TTS model: synthesize, edit and build_voice with arbitrary
+text, numbers, params and reference audio. Each call gives finite audio in [-1, 1] at 24 kHz,
+or raises a MizuotoError; text extremes (any Unicode, long words, a 1 MB line) included."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import mizuoto
+from mizuoto import Audio, EditRequest, Reference, SynthesisRequest, Voice
+from mizuoto.contracts.requests import MAX_TEXT_CHARS
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto_contract.strategies import (
+    HOSTILE_NUMBERS,
+    TEXT,
+    check_speaks,
+    mostly,
+    reference_samples,
+)
+from mizuoto_f5tts import F5Engine
+from mizuoto_f5tts.fixtures import write_random_model_dir
+
+# Each example runs the model: a quarter of the profile's examples (ci: 10, fuzz: 200).
+ENGINE_RUNS = settings(max_examples=max(5, settings.default.max_examples // 4))
+
+VALID_PARAMS = st.fixed_dictionaries({}, optional={
+    "sway_sampling_coef": st.one_of(st.none(), st.floats(-1, 1)),
+    "speed": st.floats(0.1, 10),
+    "fix_duration": st.one_of(st.none(), st.floats(0.01, 8)),
+    "cross_fade_duration": st.floats(0, 10),
+    "target_rms": st.floats(1e-6, 1, exclude_min=True),
+    "method": st.sampled_from(["euler", "midpoint"]),
+    "use_epss": st.booleans(),
+    "remove_silence": st.booleans(),
+    "tiled_decode": st.booleans(),
+})
+HOSTILE_PARAMS = st.dictionaries(
+    st.sampled_from(["sway_sampling_coef", "speed", "fix_duration", "cross_fade_duration",
+                     "target_rms", "method", "use_epss", "edit_durations", "nope"]),
+    st.one_of(HOSTILE_NUMBERS, st.floats(-2, 12), st.lists(st.floats(-1, 2), max_size=2)),
+    min_size=1, max_size=3)
+PARAMS = mostly(VALID_PARAMS, HOSTILE_PARAMS)
+STEPS = mostly(st.one_of(st.none(), st.integers(1, 3)), HOSTILE_NUMBERS)
+GUIDANCE = mostly(st.one_of(st.none(), st.floats(0, 100)), HOSTILE_NUMBERS)
+
+# Sorted, non-overlapping spans within (and a little past) the 2 s reference.
+SEGMENTS = st.lists(st.floats(0, 2.5), min_size=2, max_size=6, unique=True).map(
+    lambda bounds: list(zip(sorted(bounds)[::2], sorted(bounds)[1::2], strict=False)))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    model_dir = write_random_model_dir(tmp_path_factory.mktemp("f5") / "v1", "v1_base",
+                                       size="tiny")
+    options = mizuoto.Options.from_mapping({"compute.device": "cpu", "compute.cpu_threads": 1})
+    return F5Engine.load(model_dir, options=options)
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    t = np.arange(2 * 16000) / 16000
+    voice = 0.2 * np.sin(2 * np.pi * 150 * t) * (0.6 - 0.4 * np.cos(2 * np.pi * 3 * t))
+    path = tmp_path_factory.mktemp("ref") / "ref.wav"
+    soundfile.write(path, voice.astype(np.float32), 16000, subtype="PCM_16")
+    return Reference(path, text="A short reference line.")
+
+
+@ENGINE_RUNS
+@given(text=TEXT, steps=STEPS, guidance=GUIDANCE, params=PARAMS,
+       seed=st.one_of(st.none(), st.integers(0, 2**32 - 1)))
+def test_synthesize_gives_finite_audio_or_a_named_error(engine, ref, text, steps, guidance,
+                                                        params, seed):
+    def call():
+        return engine.synthesize(SynthesisRequest(text, reference=ref, steps=steps,
+                                                  guidance=guidance, params=params, seed=seed))
+
+    check_speaks(engine, call)
+
+
+@ENGINE_RUNS
+@given(text=TEXT, segments=mostly(SEGMENTS, st.lists(st.tuples(HOSTILE_NUMBERS, st.floats(-1, 3)),
+                                                      max_size=3)),
+       params=PARAMS, steps=STEPS)
+def test_edit_gives_finite_audio_or_a_named_error(engine, ref, text, segments, params, steps):
+    def call():
+        request = EditRequest(ref, text, segments, steps=steps, params=params, seed=1)
+        return engine.edit(request)
+
+    check_speaks(engine, call)
+
+
+@st.composite
+def reference_audio(draw):
+    """In-memory audio of any rate and values, or a (maybe damaged) file's bytes."""
+    samples, rate = draw(reference_samples())
+    if draw(st.booleans()):
+        return ("audio", samples, rate)
+    subtype = draw(st.sampled_from(["PCM_16", "FLOAT", "PCM_24"]))
+    buffer = io.BytesIO()
+    try:
+        soundfile.write(buffer, samples, rate, format="WAV", subtype=subtype)
+    except Exception:  # soundfile refuses some rates: that file cannot exist; use random bytes
+        buffer = io.BytesIO(draw(st.binary(max_size=100)))
+    data = buffer.getvalue()
+    cut = draw(mostly(st.none(), st.integers(0, max(len(data) - 1, 0))))
+    return ("file", data[:cut] if cut is not None else data, rate)
+
+
+@ENGINE_RUNS
+@given(source=reference_audio(), text=mostly(TEXT, st.none()))
+def test_build_voice_and_speak_with_it(engine, tmp_path_factory, source, text):
+    kind, value, rate = source
+    directory = tmp_path_factory.mktemp("voice")
+    try:
+        if kind == "audio":
+            reference = Reference(Audio(value, rate), text)
+        else:
+            path = directory / "ref.wav"
+            path.write_bytes(value)
+            reference = Reference(path, text)
+        voice = engine.build_voice(reference)
+    except MizuotoError as exc:
+        event(f"no voice: {type(exc).__name__}")
+        return
+    voice = Voice.load(voice.save(directory / "voice.safetensors"))
+    check_speaks(engine, lambda: engine.synthesize(SynthesisRequest("Hi there.", voice=voice,
+                                                               steps=2, seed=3)))
+
+
+# -- text extremes ----------------------------------------------------------------------------
+
+def test_a_megabyte_single_line_is_refused_before_any_model_runs():
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_TEXT_CHARS}") as raised:
+        SynthesisRequest("a" * (1 << 20))
+    assert raised.value.field == "text"
+
+
+@pytest.mark.parametrize("text", ["a" * 20_000, "word " * 20_000, "\u0301" * 50_000])
+def test_a_very_long_line_is_a_named_error(engine, ref, text):
+    """One sentence longer than the model's text positions: refused, naming the text."""
+    with pytest.raises(InvalidRequest) as raised:
+        engine.synthesize(SynthesisRequest(text, reference=ref, steps=1, seed=1))
+    assert raised.value.field == "text"
+
+
+@pytest.mark.skipif(settings.default.max_examples < 100, reason="10 s: in the fuzz profile only")
+def test_max_steps_run(engine, ref):
+    from mizuoto.contracts.requests import MAX_STEPS
+
+    result = engine.synthesize(SynthesisRequest("Hi.", reference=ref, steps=MAX_STEPS, seed=1,
+                                                params={"fix_duration": 2.3}))
+    assert result.applied.sampler["steps"] == MAX_STEPS
+    assert bool(torch.isfinite(result.audio.samples).all())
