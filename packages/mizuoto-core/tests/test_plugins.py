@@ -81,14 +81,14 @@ def test_a_broken_plugin_is_logged_and_skipped(monkeypatch, caplog, restore_plug
 
 def test_get_plugins_lists_name_distribution_version_hooks(monkeypatch, restore_plugins):
     # The example plugin (docs/examples/mizuoto-example) is installed wherever the tests run.
-    monkeypatch.setenv("MIZUOTO_PLUGINS", "example")
+    monkeypatch.setenv("MIZUOTO_PLUGINS", "toy")
     plugins.reset_plugins()
     plugins.pm.register(make_plugin("by_hand", trainers=()), name="by_hand")
     by_hand, example = plugins.get_plugins()
     assert by_hand == {"name": "by_hand", "distribution": None, "version": None,
                        "hooks": ["register_contract_fixtures", "register_engines",
                                  "register_models", "register_trainers"], "errors": []}
-    assert example == {"name": "example", "distribution": "mizuoto-example",
+    assert example == {"name": "toy", "distribution": "mizuoto-example",
                        "version": importlib.metadata.version("mizuoto-example"),
                        "hooks": ["register_contract_fixtures", "register_engines",
                                  "register_models"], "errors": []}
