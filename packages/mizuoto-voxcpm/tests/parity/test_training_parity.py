@@ -1,0 +1,142 @@
+"""Training parity with upstream voxcpm 2.0.3's ``scripts/train_voxcpm_finetune.py``.
+
+The same tiny random-init model (``config.json`` dtype float32: upstream's only CPU recipe)
+and the same JSONL manifest are trained by upstream's script (``voxcpm_train_oracle.py``, a
+subprocess) and by ``VoxCPMTrainer`` with seed 42 (upstream's accelerator seeds 42). Every
+step's ``loss/diff``, ``loss/stop``, ``lr`` (the next step's, as logged), ``epoch`` and
+``grad_norm`` must be equal, and so must the saved weights' bytes (``model.safetensors`` for
+full fine-tuning, ``lora_weights.safetensors`` and ``lora_config.json`` for LoRA). The data
+crosses an epoch boundary (new base and sampler seeds) and includes a stereo 22.05 kHz clip
+(resampled with soxr as ``datasets`` does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from mizuoto.contracts import TrainingConfig
+from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
+from mizuoto_voxcpm.training import VoxCPMTrainer
+
+pytestmark = pytest.mark.parity
+
+pytest.importorskip("voxcpm.training")
+pytest.importorskip("argbind")
+
+ORACLE = Path(__file__).parent / "voxcpm_train_oracle.py"
+TEXTS = ["Hello world.", "This is a test of training.", "Short one.",
+         "Another sentence here, a bit longer.", "你好世界。"]
+STEPS = 3
+
+# name: (generation, method, batch size, upstream recipe overrides)
+CASES = {
+    "0.5b-full": ("voxcpm-0.5b", "full", 2, {}),
+    "0.5b-full-accumulated-clipped": ("voxcpm-0.5b", "full", 2,
+                                      {"grad_accum_steps": 2, "max_grad_norm": 1.0}),
+    "0.5b-lora": ("voxcpm-0.5b", "lora", 2, {"lora": {"r": 8, "alpha": 16}}),
+    "0.5b-lora-dropout-proj": ("voxcpm-0.5b", "lora", 1,
+                               {"lora": {"r": 4, "alpha": 8, "dropout": 0.25,
+                                         "enable_proj": True}}),
+    "2-lora-recipe": ("voxcpm2", "lora", 2, {"grad_accum_steps": 2, "max_grad_norm": 1.0,
+                                             "lora": {"r": 32, "alpha": 32}}),
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    """A manifest per encoder rate (16 kHz for both generations here), clips of tones and
+    noise, one of them stereo at 22.05 kHz."""
+    root = tmp_path_factory.mktemp("voxcpm-train")
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, text in enumerate(TEXTS):
+        rate = 22050 if i == 3 else 16000
+        n = int(rate * (0.5 + 0.2 * i))
+        t = np.arange(n) / rate
+        x = 0.3 * np.sin(2 * np.pi * (180 + 40 * i) * t) + 0.05 * rng.standard_normal(n)
+        if i == 3:
+            x = np.stack([x, 0.5 * x], axis=1)
+        sf.write(root / f"{i}.wav", x.astype(np.float32), rate)
+        rows.append({"audio": str(root / f"{i}.wav"), "text": text})
+    manifest = root / "train.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    models = {}
+    for generation in ("voxcpm-0.5b", "voxcpm2"):
+        base = write_random_model(root / generation, generation, seed=5)
+        models[generation] = with_dtype(base, root / f"{generation}-fp32", "float32")
+    return {"manifest": manifest, "root": root, **models}
+
+
+def _upstream(data, name, generation, method, batch_size, overrides) -> tuple[dict, Path]:
+    save = data["root"] / f"upstream-{name}"
+    config = {
+        "pretrained_path": str(data[generation]), "train_manifest": str(data["manifest"]),
+        "val_manifest": "", "sample_rate": 16000, "batch_size": batch_size,
+        "grad_accum_steps": 1, "num_workers": 0, "num_iters": STEPS, "log_interval": 1,
+        "valid_interval": 1000, "save_interval": 1000,
+        "learning_rate": 1e-4 if method == "lora" else 1e-5, "weight_decay": 0.01,
+        "warmup_steps": 1, "max_steps": STEPS, "max_batch_tokens": 8192,
+        "save_path": str(save), "lambdas": {"loss/diff": 1.0, "loss/stop": 1.0},
+        "max_grad_norm": 0.0, "log": str(save.with_suffix(".json")),
+    }
+    config.update({k: v for k, v in overrides.items() if k != "lora"})
+    if method == "lora":
+        config["lora"] = {"enable_lm": True, "enable_dit": True, "enable_proj": False,
+                          "dropout": 0.0, **overrides["lora"]}
+    path = save.with_suffix(".config.json")
+    path.write_text(json.dumps(config), encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    subprocess.run([sys.executable, str(ORACLE), str(path)], check=True, env=env,
+                   cwd=data["root"], capture_output=True)
+    return json.loads(save.with_suffix(".json").read_text(encoding="utf-8")), save
+
+
+def _ours(data, name, generation, method, batch_size, overrides):
+    lora = overrides.get("lora", {})
+    params = {"warmup_steps": 1, "max_batch_tokens": 8192,
+              "grad_accum_steps": overrides.get("grad_accum_steps", 1),
+              "max_grad_norm": overrides.get("max_grad_norm", 0.0)}
+    if method == "lora":
+        params.update({"lora_r": lora["r"], "lora_alpha": lora["alpha"],
+                       "lora_dropout": lora.get("dropout", 0.0),
+                       "lora_enable_proj": lora.get("enable_proj", False)})
+    config = TrainingConfig(method=method, model=str(data[generation]),
+                            dataset=data["manifest"], output_dir=data["root"] / f"ours-{name}",
+                            steps=STEPS, learning_rate=1e-4 if method == "lora" else 1e-5,
+                            batch_size=batch_size, seed=42, save_every=1000, params=params)
+    trainer = VoxCPMTrainer()
+    run = trainer.prepare(config)
+    start = time.perf_counter()
+    trainer.train(run)
+    seconds = time.perf_counter() - start
+    exported = trainer.export(run, data["root"] / f"ours-{name}" / "export")
+    metrics = [json.loads(line) for line in
+               (config.output_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    return metrics, exported, seconds
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_step_matches_upstream(data, name):
+    generation, method, batch_size, overrides = CASES[name]
+    upstream, saved = _upstream(data, name, generation, method, batch_size, overrides)
+    ours, exported, seconds = _ours(data, name, generation, method, batch_size, overrides)
+    assert len(upstream["steps"]) == STEPS
+    for theirs, mine in zip(upstream["steps"], ours, strict=True):
+        for key in ("loss/diff", "loss/stop", "lr", "epoch", "grad_norm"):
+            assert mine[key] == theirs[key], (name, theirs["step"], key, mine[key], theirs[key])
+    final = saved / f"step_{STEPS:07d}"
+    files = (["lora_weights.safetensors", "lora_config.json"] if method == "lora"
+             else ["model.safetensors", "config.json"])
+    for file in files:
+        assert (exported / file).read_bytes() == (final / file).read_bytes(), file
+    print(f"{name}: upstream {upstream['seconds']:.2f} s, ours {seconds:.2f} s for {STEPS} steps")
