@@ -99,10 +99,10 @@ def _jsonl_rows(path: Path) -> list[tuple[int, str, str | None]]:
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:
-                rows.append((number, "", f"!not JSON: {exc.msg}"))
+                rows.append((number, f"!not JSON: {exc.msg}", None))
                 continue
             if not isinstance(item, Mapping):
-                rows.append((number, "", "!not a JSON object"))
+                rows.append((number, "!not a JSON object", None))
                 continue
             audio = item.get("audio", item.get("audio_file", ""))
             text = item.get("text")

@@ -1,0 +1,171 @@
+"""F5Trainer on a tiny random model: data checks, train/export/load, resume after SIGKILL,
+run-directory checks. (Equality with upstream's trainer is in parity/test_training_parity.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+import mizuoto
+from mizuoto import Reference, SynthesisRequest, TrainingConfig
+from mizuoto.errors import InvalidRequest
+from mizuoto_f5tts.fixtures import write_random_model_dir
+from mizuoto_f5tts.text import read_vocab
+from mizuoto_f5tts.training import F5Trainer
+from mizuoto_f5tts.training.batching import SampleBatches, epoch_order, frame_batches
+from mizuoto_f5tts.training.data import prepare_dataset, read_prepared, write_synthetic_dataset
+from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
+
+PARAMS = {"epochs": 3, "warmup_updates": 1, "batch_frames": 300}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_random_model_dir(tmp_path_factory.mktemp("f5") / "v1", "v1_base", size="tiny")
+
+
+@pytest.fixture(scope="module")
+def metadata(tmp_path_factory):
+    return write_synthetic_dataset(tmp_path_factory.mktemp("data"), count=6, seed=3)
+
+
+def _config(model_dir, metadata, output, **fields):
+    fields.setdefault("params", PARAMS)
+    return TrainingConfig(method="full", model=str(model_dir), dataset=metadata,
+                          output_dir=output, steps=fields.pop("steps", 100),
+                          learning_rate=1e-4, seed=5, save_every=fields.pop("save_every", 2),
+                          **fields)
+
+
+def test_bad_rows_are_reported_and_skipped(tmp_path, model_dir, metadata):
+    wavs = metadata.parent / "wavs"
+    silent = tmp_path / "silent.wav"
+    soundfile.write(silent, np.zeros(24000, dtype=np.float32), 24000, subtype="PCM_16")
+    short = tmp_path / "short.wav"
+    soundfile.write(short, 0.1 * np.ones(2400, dtype=np.float32), 24000, subtype="PCM_16")
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"RIFF, but not really")
+    good = wavs / "clip_000.wav"
+    manifest = tmp_path / "data.jsonl"
+    rows = [{"audio": str(good), "text": "Fine."},
+            {"audio": "missing.wav", "text": "Where?"},
+            {"audio": str(silent), "text": "Quiet."},
+            {"audio": str(short), "text": "Too short."},
+            {"audio": str(broken), "text": "Broken."},
+            {"audio": str(good), "text": "  "},
+            {"audio": str(good), "text": "snow \u2603"}]
+    manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    vocab = read_vocab(model_dir / "vocab.txt")
+    prepared = prepare_dataset(manifest, vocab, tmp_path / "prepared")
+    assert [c.text for c in prepared.clips] == ["Fine."]
+    reasons = {b.row: b.reason for b in prepared.bad_rows}
+    assert set(reasons) == {2, 3, 4, 5, 6, 7, 8}
+    assert "not found" in reasons[2] and reasons[3] == "silent"
+    assert "outside [0.3, 30.0] s" in reasons[4] and "unreadable" in reasons[5]
+    assert reasons[6] == "empty text" and "vocabulary" in reasons[7] and "JSON" in reasons[8]
+    assert read_prepared(tmp_path / "prepared") == prepared
+
+
+def test_metadata_csv_relative_paths(model_dir, metadata):
+    prepared = prepare_dataset(metadata, read_vocab(model_dir / "vocab.txt"))
+    assert len(prepared.clips) == 6 and not prepared.bad_rows
+    assert prepared.clips[0].tokens[:5] == ("H", "e", "l", "l", "o")
+    assert all(0.5 <= c.duration <= 1.6 for c in prepared.clips)
+
+
+def test_no_usable_row_is_an_error(tmp_path, model_dir):
+    (tmp_path / "metadata.csv").write_text("audio_file|text\nnope.wav|Hello.\n")
+    with pytest.raises(InvalidRequest, match="no usable rows"):
+        prepare_dataset(tmp_path, read_vocab(model_dir / "vocab.txt"))
+
+
+def test_frame_batches_pack_sorted_clips():
+    durations = [1.0, 0.5, 2.0, 40.0, 0.7]  # 93.75, 46.9, 187.5, 3750 (dropped), 65.6 frames
+    assert frame_batches(durations, frames=210) == [[1, 4, 0], [2]]
+    assert frame_batches(durations, frames=210, max_samples=2) == [[1, 4], [0], [2]]
+    order = epoch_order([[0], [1], [2]], seed=666)
+    assert sorted(map(tuple, order)) == [(0,), (1,), (2,)]
+    batches = SampleBatches(5, 2, seed=666)
+    assert len(batches) == 3 and sorted(sum(batches.epoch(), [])) == list(range(5))
+
+
+def test_train_export_and_speak(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    run = trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=4))
+    seen = []
+    result = trainer.train(run, progress=seen.append)
+    assert result.steps_done == 4 and result.resumed_from is None
+    assert [p.done for p in seen if p.stage == "train"] == [1, 2, 3, 4]
+    assert np.isfinite(result.metrics["loss"])
+    log = (tmp_path / "run" / "training_log.jsonl").read_text().splitlines()
+    assert len(log) == 4 and json.loads(log[-1])["update"] == 4
+    exported = trainer.export(run, tmp_path / "export")
+    assert (exported / "model_4.safetensors").is_file()
+    assert "CC-BY-NC-4.0" in (exported / "LICENSE.txt").read_text()
+    tts = mizuoto.load(exported, options=mizuoto.Options.from_mapping(
+        {"compute.device": "cpu", "compute.cpu_threads": 1}))
+    ref = Reference(metadata.parent / "wavs" / "clip_001.wav", text="The quick brown fox jumps.")
+    audio = tts.synthesize(SynthesisRequest("Hello.", reference=ref, seed=1, steps=2)).audio
+    assert audio.samples.numel() > 0
+
+
+def test_unknown_param_and_unwritable_output(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    with pytest.raises(InvalidRequest, match="no_such"):
+        trainer.prepare(_config(model_dir, metadata, tmp_path / "a", params={"no_such": 1}))
+    with pytest.raises(InvalidRequest, match="warmup"):
+        trainer.prepare(_config(model_dir, metadata, tmp_path / "b",
+                                params={"epochs": 1, "warmup_updates": 50}))
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.raises(InvalidRequest, match="output_dir"):
+        trainer.prepare(_config(model_dir, metadata, blocked / "run"))
+
+
+_KILLED_RUN = """
+import os, signal, sys
+from mizuoto import TrainingConfig
+from mizuoto_f5tts.training import F5Trainer
+model_dir, metadata, output, kill_at = sys.argv[1:5]
+config = TrainingConfig(method="full", model=model_dir, dataset=metadata, output_dir=output,
+                        steps=100, learning_rate=1e-4, seed=5, save_every=2,
+                        params={params!r})
+def progress(p):
+    if p.stage == "train" and p.done == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+trainer = F5Trainer()
+trainer.train(trainer.prepare(config), progress=progress)
+"""
+
+
+@pytest.mark.parametrize("kill_at", [3, 5])
+def test_resume_after_sigkill_gives_the_same_bytes(tmp_path, model_dir, metadata, kill_at):
+    params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
+    script = textwrap.dedent(_KILLED_RUN).format(params=params)
+    killed = subprocess.run([sys.executable, "-c", script, str(model_dir), str(metadata),
+                             str(tmp_path / "run"), str(kill_at)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    saved = load_run_state(tmp_path / "run" / CHECKPOINT)
+    assert saved["position"]["update"] == kill_at - 1
+
+    trainer = F5Trainer()
+    resumed = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run",
+                                                    params=params)))
+    assert resumed.resumed_from == kill_at - 1
+    straight = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "straight",
+                                                     params=params)))
+    assert resumed.steps_done == straight.steps_done > kill_at
+    a = load_run_state(tmp_path / "run" / CHECKPOINT)
+    b = load_run_state(tmp_path / "straight" / CHECKPOINT)
+    assert a["records"] == b["records"]
+    for part in ("model", "ema"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in b[part]), part
