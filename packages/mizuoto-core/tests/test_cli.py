@@ -87,6 +87,27 @@ def test_random_model_writes_the_fixture(fake_plugin, tmp_path):
     assert _run("random-model", "fake/other", str(tmp_path / "n")).exit_code == 2
 
 
+def test_random_model_help_lists_the_fixtures(fake_plugin):
+    result = _run("random-model", "--help")
+    assert result.exit_code == 0
+    assert "Fixtures:" in result.output and "fake/tiny" in result.output
+
+
+def test_no_noise_warning_for_a_fixture_that_is_not_random(fake_plugin, monkeypatch, tmp_path):
+    import functools
+
+    import attrs
+
+    from mizuoto import registry
+
+    fixtures = dict(registry.contract_fixtures())
+    fixtures["fake/tiny"] = attrs.evolve(fixtures["fake/tiny"], random_init=False)
+    monkeypatch.setattr(registry, "contract_fixtures",
+                        functools.cache(lambda: fixtures))
+    result = _run("random-model", "fake/tiny", str(tmp_path / "model"))
+    assert result.exit_code == 0 and "random weights" not in result.output
+
+
 def test_train_without_a_trainer_for_the_engine(fake_plugin, tmp_path):
     result = _run("train", "-e", "voxless", "-m", "x", "--data", str(tmp_path),
                   "--output", str(tmp_path / "run"))

@@ -86,3 +86,40 @@ def test_the_lock_is_reentrant_for_its_holder():
     engine = _engine()
     with engine_lock(engine):
         assert engine.synthesize(_Request("x")) == "x"
+
+
+def test_base_class_defaults_raise_unsupported_capability():
+    import attrs
+
+    from mizuoto import Capability
+    from mizuoto.errors import UnsupportedCapability
+
+    engine = FakeEngine("m", None)
+    with pytest.raises(UnsupportedCapability, match="does not support stream"):
+        engine.stream(None)
+    # declared but not implemented: still a named error, which says it is the plugin's bug
+    engine._info = attrs.evolve(engine._info, capabilities=engine._info.capabilities
+                                | {Capability.EDIT, Capability.VOICE_CACHE})
+    with pytest.raises(UnsupportedCapability, match="does not implement edit"):
+        engine.edit(None)
+    with pytest.raises(UnsupportedCapability, match="bug in the fake plugin"):
+        engine.build_voice(None)
+
+
+def test_a_bad_param_value_names_the_param():
+    import attrs
+
+    from mizuoto.contracts.engine import parse_attrs
+    from mizuoto.errors import InvalidRequest
+
+    @attrs.frozen
+    class Params:
+        speed: float = attrs.field(default=1.0, validator=attrs.validators.gt(0.0))
+        steps: int = attrs.field(default=4, validator=attrs.validators.instance_of(int))
+
+    with pytest.raises(InvalidRequest) as caught:
+        parse_attrs(Params, {"speed": -1.0, "steps": 2}, "params")
+    assert caught.value.field == "params.speed"
+    with pytest.raises(InvalidRequest) as caught:
+        parse_attrs(Params, {"steps": "many"}, "params")
+    assert caught.value.field == "params.steps"

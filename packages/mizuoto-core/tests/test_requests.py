@@ -19,7 +19,7 @@ from mizuoto import (
     Voice,
 )
 from mizuoto.contracts.requests import MAX_SEED
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidAudio, InvalidRequest
 
 VOICE = Voice("fake", "f" * 64, 8000, {"prompt": torch.zeros(2)})
 
@@ -111,10 +111,28 @@ def test_audio_is_mono_float32_on_cpu():
     audio = Audio(np.arange(8, dtype=np.int16), 8000)
     assert audio.samples.dtype == torch.float32 and audio.num_samples == 8
     assert audio.duration == 0.001
-    with pytest.raises(ValueError, match="must be 1-D"):
-        Audio(np.zeros((2, 8)), 8000)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidAudio, match="must be 1-D"):
+        Audio(np.zeros((2, 8)), 8000)  # stereo is a named error, not a bare ValueError
+    with pytest.raises(InvalidAudio):
         Audio(np.zeros(8), 0)
+
+
+@pytest.mark.parametrize(("dtype", "full_scale"), [(np.int16, 32768), (np.int32, 2**31),
+                                                   (np.int8, 128)])
+def test_integer_pcm_is_scaled_by_its_full_range(dtype, full_scale):
+    info = np.iinfo(dtype)
+    audio = Audio(np.array([info.min, 0, info.max], dtype=dtype), 8000)
+    expected = torch.tensor([-1.0, 0.0, info.max / full_scale], dtype=torch.float64)
+    assert torch.equal(audio.samples, expected.to(torch.float32))
+
+
+def test_unsigned_8_bit_is_offset_binary_and_float64_is_rounded():
+    assert torch.equal(Audio(np.array([0, 128, 255], dtype=np.uint8), 8000).samples,
+                       torch.tensor([-1.0, 0.0, 127 / 128]))
+    values = np.array([0.1, -0.25], dtype=np.float64)
+    assert torch.equal(Audio(values, 8000).samples, torch.from_numpy(values).float())
+    with pytest.raises(InvalidAudio, match="real numbers"):
+        Audio(np.array([True, False]), 8000)
 
 
 def test_training_memory_level_is_checked(tmp_path):

@@ -362,14 +362,30 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
     _report(result.applied, output, ctx.obj["quiet"])
 
 
-@cli.command(name="random-model")
+class _FixtureListCommand(click.Command):
+    """Lists the installed contract fixtures at the end of its ``--help``."""
+
+    def format_epilog(self, ctx, formatter):
+        from mizuoto.registry import contract_fixtures
+
+        fixtures = contract_fixtures()
+        with formatter.section("Fixtures"):
+            if not fixtures:
+                formatter.write_text("none: no engine plugin is installed")
+            formatter.write_dl([(fid, fixture.description or "")
+                                for fid, fixture in sorted(fixtures.items())])
+
+
+@cli.command(name="random-model", cls=_FixtureListCommand)
 @click.argument("fixture")
 @click.argument("directory", type=click.Path(file_okay=False))
 def random_model(fixture, directory):
-    """Write a random-init model directory FIXTURE (e.g. f5tts/tiny-v1_base) to DIRECTORY.
+    """Write the model directory of contract fixture FIXTURE (e.g. f5tts/tiny-v1-base) to
+    DIRECTORY.
 
-    The weights are random: such a model speaks noise, not speech. It exists so that plugin
-    authors, tests and offline demos can run the whole synthesis path without any download.
+    Most fixtures have random weights: such a model speaks noise, not speech. They exist so
+    that plugin authors, tests and offline demos can run the whole synthesis path without any
+    download. The installed fixtures are listed below.
     """
     from mizuoto.registry import contract_fixtures
 
@@ -380,7 +396,8 @@ def random_model(fixture, directory):
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     fixtures[fixture].make(path)
-    click.echo(f"Wrote {fixture} to {path} (random weights: noise, not speech)", err=True)
+    note = " (random weights: noise, not speech)" if fixtures[fixture].random_init else ""
+    click.echo(f"Wrote {fixture} to {path}{note}", err=True)
 
 
 @cli.command()

@@ -125,19 +125,26 @@ class Engine(abc.ABC):
     def synthesize(self, request: SynthesisRequest, *,
                    progress: ProgressCallback | None = None) -> SynthesisResult: ...
 
+    # The defaults below are what an engine without the capability gets: UnsupportedCapability,
+    # whether or not the model declares it (declaring a capability without implementing its
+    # method is a plugin bug, named as such).
+
     def stream(self, request: SynthesisRequest, *,
                progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:
-        self.require(Capability.STREAM)
-        raise NotImplementedError
+        self._not_implemented(Capability.STREAM, "stream")
 
     def edit(self, request: EditRequest, *,
              progress: ProgressCallback | None = None) -> SynthesisResult:
-        self.require(Capability.EDIT)
-        raise NotImplementedError
+        self._not_implemented(Capability.EDIT, "edit")
 
     def build_voice(self, reference: Reference) -> Voice:
-        self.require(Capability.VOICE_CACHE)
-        raise NotImplementedError
+        self._not_implemented(Capability.VOICE_CACHE, "build_voice")
+
+    def _not_implemented(self, capability: Capability, method: str):
+        self.require(capability)
+        raise UnsupportedCapability(
+            f"{self.name} model {self.info.model} declares {capability.value} but the engine "
+            f"does not implement {method}(); this is a bug in the {self.name} plugin")
 
     def parse_params(self, params) -> Any:
         """Validate ``request.params`` into ``params_class``; unknown keys are named."""
@@ -238,4 +245,9 @@ def parse_attrs(cls: type | None, values, prefix: str) -> Any:
     except InvalidRequest:
         raise
     except (TypeError, ValueError) as exc:
-        raise InvalidRequest(prefix, str(exc)) from exc
+        # attrs' validators name the attribute in quotes ("'speed' must be > 0"): report the
+        # field as params.<name> so that the caller knows which one to fix
+        message = str(exc)
+        named = [key for key in values if f"'{key}'" in message]
+        field = f"{prefix}.{named[0]}" if len(named) == 1 else prefix
+        raise InvalidRequest(field, message) from exc

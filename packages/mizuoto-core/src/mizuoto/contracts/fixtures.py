@@ -18,6 +18,10 @@ class ContractFixture:
     ``request_params`` are settings that keep contract requests fast (e.g. few steps, a length
     cap). ``stream_matches`` says whether concatenated stream chunks equal the non-streamed audio.
     ``needs_reference_text`` says whether cloning requires the reference transcript.
+    ``may_exceed_full_scale`` lets the engine return samples beyond [-1, 1] (where its upstream
+    does not normalise); the suite otherwise fails audio that peaks over 1.0 or is clipped.
+    ``random_init`` says the weights are random (the audio is noise, not speech); a fixture
+    that writes a real, deterministic model (a rule-based engine) sets it to False.
     """
 
     engine: str
@@ -29,6 +33,8 @@ class ContractFixture:
     stream_matches: bool = False
     needs_reference_text: bool = True
     description: str = ""
+    may_exceed_full_scale: bool = False
+    random_init: bool = True
 
     @property
     def id(self) -> str:
