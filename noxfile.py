@@ -1,8 +1,10 @@
-"""Sessions: tests (unit), contract, parity (against upstream), lint, bench, and ci (what CI runs).
+"""Sessions: tests (unit), contract, parity (against upstream), lint, bench, fuzz (long property
+tests), and ci (what CI runs).
 
     nox -s ci          # unit tests + contract suite + tiny-model parity: the README's test command
     nox -s parity -- --realsize   # also the real-size parity tests (slow; not in CI)
     nox -s bench       # benchmarks against upstream (slow; never in CI)
+    nox -s fuzz        # the Hypothesis property tests, long profile (not in CI)
 """
 
 from __future__ import annotations
@@ -92,7 +94,18 @@ SUITES = {
 }
 
 
-def _run_suites(session, marker: str, names=SUITES) -> None:
+# The Hypothesis property tests (test_fuzz_*.py, the contract suite's hostile-input tests).
+FUZZ_SUITES = {
+    "core": ["packages/mizuoto-core/tests/test_fuzz_requests.py",
+             "packages/mizuoto-core/tests/test_fuzz_audio.py",
+             "packages/mizuoto-core/tests/test_fuzz_cli.py"],
+    "f5tts": ["packages/mizuoto-f5tts/tests/test_fuzz_engine.py"],
+    "voxcpm": ["packages/mizuoto-voxcpm/tests/test_fuzz_engine.py"],
+    "contract": ["--pyargs", "mizuoto_contract", "-k", "hostile or non_finite"],
+}
+
+
+def _run_suites(session, marker: str, names=SUITES, suites=SUITES, env=THREADS) -> None:
     """Run each suite, then print one closing line that totals them all."""
     reports = []
     failed = []
@@ -100,8 +113,8 @@ def _run_suites(session, marker: str, names=SUITES) -> None:
         report = os.path.join(session.create_tmp(), f"junit-{name}.xml")
         reports.append(report)
         try:
-            session.run("pytest", *SUITES[name], "-m", marker, "-p", "no:cacheprovider",
-                        f"--junitxml={report}", *session.posargs, env=THREADS)
+            session.run("pytest", *suites[name], "-m", marker, "-p", "no:cacheprovider",
+                        f"--junitxml={report}", *session.posargs, env=env)
         except nox.command.CommandFailed:
             failed.append(name)
     session.run("python", "-c", _TOTAL, str(len(failed)), *reports)
@@ -162,6 +175,19 @@ def ci(session):
     _install_oracles(session)
     _check_plugin_discovery(session)
     _run_suites(session, "not realsize")
+
+
+@nox.session(python="3.11")
+def fuzz(session):
+    """The property tests with the long Hypothesis profile: twenty times CI's examples, random
+    (CI's are derandomized), failures kept in .hypothesis/ and replayed first (not in CI).
+
+    nox -s fuzz            # about 7 minutes on two cores
+    nox -s fuzz -- -x      # stop at the first failure
+    """
+    _install_base(session)
+    env = {**THREADS, "MIZUOTO_HYPOTHESIS_PROFILE": "fuzz"}
+    _run_suites(session, "not parity", FUZZ_SUITES, suites=FUZZ_SUITES, env=env)
 
 
 @nox.session(python="3.11")
