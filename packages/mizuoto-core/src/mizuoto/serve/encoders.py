@@ -30,6 +30,9 @@ MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"),
               "opus": ("OGG", "OPUS")}
+# Constant bit rate (80 kbit/s at 24 kHz): a streamed MP3 has no Info frame, and decoders then
+# estimate its length from the bit rate, which only a constant one gets right.
+_SETTINGS = {"mp3": {"bitrate_mode": "CONSTANT", "compression_level": 0.5}}
 
 
 def to_int16(samples: np.ndarray) -> np.ndarray:
@@ -136,8 +139,8 @@ class StreamEncoder:
     the rest. Concatenated, they are a complete file of ``response_format``.
 
     What a stream can hand out early: PCM and WAV (a header of unknown length, then samples)
-    every chunk; MP3 every frame, without LAME's leading Info frame (it is written last, so a
-    stream has none — as in any live MP3 stream); Opus every Ogg page (about one second of
+    every chunk; MP3 (constant bit rate) every frame, without LAME's leading Info frame (it is
+    written last, so a stream has none — as in any live MP3 stream); Opus every Ogg page (about one second of
     audio); FLAC only at the end (libsndfile writes its header last, and cannot read a FLAC
     file without it).
     """
@@ -161,7 +164,7 @@ class StreamEncoder:
             container, subtype = _SOUNDFILE[response_format]
             self._sink = _Sink()
             self._file = sf.SoundFile(self._sink, "w", self.rate, 1, format=container,
-                                      subtype=subtype)
+                                      subtype=subtype, **_SETTINGS.get(response_format, {}))
 
     def feed(self, samples: np.ndarray) -> bytes:
         return self._encode(self._resample(np.asarray(samples, dtype=np.float32)))
