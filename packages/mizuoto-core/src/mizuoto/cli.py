@@ -171,9 +171,10 @@ class _ProgressLog:
     returns; one INFO line per finished text chunk, other stages at DEBUG when they finish."""
 
     def __call__(self, progress) -> None:
-        if progress.stage == "chunk":
+        if progress.stage in ("chunk", "section"):
             if progress.done > 0:
-                log.info("chunk %d/%s done", progress.done, progress.total or "?")
+                log.info("%s %d/%s done%s", progress.stage, progress.done, progress.total or "?",
+                         f" ({progress.detail})" if progress.detail else "")
         elif progress.total is not None and progress.done >= progress.total:
             log.debug("%s done (%d)", progress.stage, progress.total)
 
@@ -227,6 +228,17 @@ def _read_text(text, text_file):
     return text
 
 
+def _first_section(text_file):
+    """The start of a long text, to check the request before the model loads."""
+    from mizuoto.longform import iter_sections
+
+    with open(text_file, encoding="utf-8") as handle:
+        first = next(iter_sections([handle.read(1 << 16)], 1 << 16), None)
+    if first is None:
+        raise InvalidRequest("--text-file", "is empty", "give the words to speak")
+    return first
+
+
 _model_options = [
     click.option("-m", "--model", required=True, help="Catalog id (see `mizuoto models`) or a model directory."),
     click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory)."),
@@ -256,10 +268,17 @@ def _with_model_options(function):
 @click.option("--save-voice", type=click.Path(dir_okay=False), help="Build a voice from the reference and save it here.")
 @click.option("--instruction", help="Describe the voice or style (engines that support design).")
 @click.option("--stream", is_flag=True, help="Stream: write audio to the file as it is generated.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted --text-file run (OUTPUT.part/).")
+@click.option("--section-chars", type=click.IntRange(1), default=None, help="Long-form section size in characters (default 1000).")
 @click.pass_context
 def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, params, option_pairs,
-        options_file, ref_audio, ref_text, voice_file, save_voice, instruction, stream):
-    """Speak TEXT (or --text-file) and write it to --output."""
+        options_file, ref_audio, ref_text, voice_file, save_voice, instruction, stream, resume,
+        section_chars):
+    """Speak TEXT (or --text-file) and write it to --output.
+
+    A --text-file of any length is spoken section by section straight to the file (bounded
+    memory; --resume continues after an interruption): see docs/longform.md.
+    """
     import attrs
 
     import mizuoto
@@ -270,9 +289,12 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
         raise InvalidRequest("--ref-text", "needs --ref-audio")
     if save_voice and not ref_audio:
         raise InvalidRequest("--save-voice", "needs --ref-audio")
+    long_form = (text_file is not None or resume or section_chars is not None) and not stream
+    if long_form and text_file is None:
+        raise InvalidRequest("--resume" if resume else "--section-chars", "needs --text-file")
     # Validate the request before loading the model: a bad request fails in milliseconds.
     request = SynthesisRequest(
-        text=_read_text(text, text_file),
+        text=_first_section(text_file) if long_form else _read_text(text, text_file),
         reference=Reference(ref_audio, ref_text) if ref_audio else None,
         voice=Voice.load(voice_file) if voice_file else None,
         instruction=instruction, seed=seed, steps=steps, guidance=guidance, params=_params(params),
@@ -285,7 +307,17 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             voice.save(save_voice)
             request = attrs.evolve(request, reference=None, voice=voice)
             log.info("saved voice to %s", save_voice)
-        if stream:
+        if long_form:
+            from mizuoto.longform import DEFAULT_SECTION_CHARS, synthesize_to
+
+            done = synthesize_to(tts, output, request, text_file=text_file, resume=resume,
+                                 max_chars=section_chars or DEFAULT_SECTION_CHARS,
+                                 progress=progress)
+            applied = done.applied
+            if not quiet:
+                click.echo(f"{done.sections} sections ({done.resumed_at} resumed), "
+                           f"{done.seconds:.1f} s of audio", err=True)
+        elif stream:
             tts.require(Capability.STREAM)
             applied = _stream_to_file(tts, request, output, progress)
         else:

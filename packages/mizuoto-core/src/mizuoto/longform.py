@@ -1,0 +1,439 @@
+"""Long-form synthesis to a file: section by section, in bounded memory, resumable.
+
+A long text is cut into *sections* (whole sentences packed up to ``max_chars`` characters, cut
+as the text is read); each section is one ordinary ``engine.synthesize`` request, and its audio
+goes to disk as soon as it is made. Memory holds one section's text and audio, whatever the
+length of the text, and every engine gets this without code of its own.
+
+On disk, ``OUT.part/`` beside the output holds ``audio.raw`` (the finished sections' samples,
+headerless, in the output's sample format) and ``state.json`` (sections done, bytes written,
+the seed, and what the run depends on). Each section's audio is fsynced before ``state.json``
+names it, so after Ctrl-C, SIGKILL or a power cut ``resume=True`` cuts ``audio.raw`` back to
+the last complete section and goes on from the next. When every section is done the output is
+encoded from ``audio.raw`` in one streaming pass, written atomically, and ``OUT.part/`` is
+removed.
+
+Same samples as one ``synthesize`` call: a text that fits in one section is spoken by exactly
+``engine.synthesize(request)``, and a WAV or FLAC output is byte for byte what ``result.save``
+writes. A longer text differs from one call (where one call could take it: a request holds at
+most ``MAX_TEXT_CHARS``) at the section boundaries only:
+
+- section ``k > 0`` is seeded with :func:`section_seed` ``(seed, k)``, so that every section
+  is a pure function of its text, the settings and ``k``: that is what makes a resumed file
+  byte-identical. Within a section the engine seeds its own chunks as usual (F5-TTS draws them
+  from one generator, VoxCPM from ``seed + 1000 * chunk``), but not across sections;
+- sections are joined end to end. F5-TTS crossfades its own chunks within a section, not
+  across a section boundary; VoxCPM joins its chunks end to end too.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import attrs
+
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.requests import MAX_SEED, SynthesisRequest
+from mizuoto.contracts.results import Applied
+from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.identity import model_identity, request_identity
+
+if TYPE_CHECKING:
+    from mizuoto.contracts.engine import Engine
+
+log = logging.getLogger(__name__)
+
+#: Default section size in characters: about a minute of speech, short enough that an
+#: interruption loses little, long enough that the engine chunks as it would.
+DEFAULT_SECTION_CHARS = 1000
+#: Output formats by extension: (libsndfile format, subtype of the output, subtype kept in
+#: ``audio.raw``). WAV keeps its own 16-bit samples; the others keep float32 and convert at
+#: the end, because libsndfile's FLAC writer rounds float to 16 bits differently from its PCM
+#: writer (one step apart on about half the samples): converting at the end is what makes the
+#: file byte for byte the one ``result.save`` writes.
+FORMATS = {
+    ".wav": ("WAV", "PCM_16", "PCM_16"),
+    ".flac": ("FLAC", "PCM_16", "FLOAT"),
+    ".mp3": ("MP3", "MPEG_LAYER_III", "FLOAT"),
+    ".ogg": ("OGG", "VORBIS", "FLOAT"),
+    ".opus": ("OGG", "OPUS", "FLOAT"),
+}
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+_RAW_DTYPE = {"PCM_16": "<i2", "FLOAT": "<f4"}
+_STATE_VERSION = 1
+_READ_CHARS = 1 << 16  # characters read from a text file at a time
+_ENCODE_FRAMES = 1 << 18  # samples per block of the final encoding pass
+
+# A sentence ends at . ! ? … (with closing quotes or brackets) before a space, at CJK full
+# stops anywhere, and at a blank line. Sections are cut after such an end.
+_SENTENCE_END = re.compile(
+    r"[.!?…]+[\"'”’»)\]]*(?=\s)|[。！？；]+[”’」』)）]*|\n[^\S\n]*\n")
+
+
+@attrs.frozen
+class LongFormResult:
+    """What :func:`synthesize_to` did. ``complete`` is False when ``stop_after`` stopped it
+    (the file is then not written; a call with ``resume=True`` continues)."""
+
+    path: Path
+    complete: bool
+    sections: int  # in the whole text
+    sections_done: int
+    resumed_at: int  # sections already done when this call started
+    seconds: float  # of audio written so far
+    elapsed: float  # seconds this call spent synthesizing
+    applied: Applied | None  # the run as a whole (seed, summed chunks and retries, warnings)
+
+
+def section_seed(seed: int, index: int) -> int:
+    """The seed of section ``index``: ``seed`` itself for the first, then a 32-bit seed derived
+    from ``(seed, index)`` (stable across runs, machines and versions)."""
+    if index == 0:
+        return seed
+    from mizuoto.runtime.seeds import keyed_seed
+
+    return keyed_seed(seed, f"long-form section {index}") % (MAX_SEED + 1)
+
+
+def iter_sections(blocks: Iterable[str], max_chars: int = DEFAULT_SECTION_CHARS
+                  ) -> Iterator[str]:
+    """Cut text, read as consecutive ``blocks``, into sections of at most ``max_chars``
+    characters: whole sentences packed greedily; a sentence longer than that is cut at its
+    last space before the limit (or at the limit itself, in text without spaces).
+
+    A text whose stripped length fits in one section is yielded as it is (not stripped), so
+    that it is spoken exactly as one ``synthesize`` call would; otherwise each section is a
+    stripped slice of the text. Memory holds at most a block and two sections of text.
+    """
+    if max_chars < 1:
+        raise InvalidRequest("max_chars", f"must be at least 1, got {max_chars}")
+    buffer, start, cut_any = "", 0, False
+    for block in blocks:
+        buffer = buffer[start:] + block
+        start = 0
+        while len(buffer) - start > 2 * max_chars:
+            section, start = _cut(buffer, start, max_chars)
+            cut_any = True
+            if section:
+                yield section
+    rest = buffer[start:]
+    if not cut_any and len(rest.strip()) <= max_chars:
+        if rest.strip():
+            yield rest
+        return
+    start = 0
+    while rest[start:].strip():
+        section, start = _cut(rest, start, max_chars)
+        if section:
+            yield section
+
+
+def _cut(text: str, start: int, max_chars: int) -> tuple[str, int]:
+    """The next section of ``text`` from ``start``, and where the one after it starts."""
+    while start < len(text) and text[start].isspace():
+        start += 1
+    limit = start + max_chars
+    if len(text) <= limit:
+        return text[start:].strip(), len(text)
+    end = 0
+    for match in _SENTENCE_END.finditer(text, start, limit + 1):
+        if match.end() <= limit:
+            end = match.end()
+    if end <= start:
+        space = max(text.rfind(" ", start, limit + 1), text.rfind("\n", start, limit + 1))
+        end = space if space > start else limit
+    return text[start:end].strip(), end
+
+
+def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *,
+                  text_file: str | Path | None = None, resume: bool = False,
+                  max_chars: int = DEFAULT_SECTION_CHARS, stop_after: int | None = None,
+                  progress: ProgressCallback | None = None) -> LongFormResult:
+    """Speak ``request`` into the audio file ``path`` (.wav, .flac; .mp3, .ogg, .opus) section
+    by section, in memory bounded whatever the text's length.
+
+    ``text_file``: speak this UTF-8 file instead of ``request.text`` (of any length; the file
+    is read as it is spoken, never whole), with ``request``'s voice, seed and settings.
+    ``resume``: continue the interrupted run in ``PATH.part/`` (its text and settings must be
+    the same; a drawn seed is the one it drew); without it, an interrupted run found there is
+    an error rather than thrown away. ``stop_after``: synthesize at most this many sections in
+    this call and return (the run stays resumable). ``progress`` receives a ``section`` stage
+    (done / total, detail: audio seconds, seconds per section, ETA) around the engine's own.
+    """
+    path = Path(path)
+    file_format, subtype, raw_subtype = _output_format(path, engine.info.sample_rate)
+    if stop_after is not None and stop_after < 0:
+        raise InvalidRequest("stop_after", f"must be 0 or more, got {stop_after}")
+    source = _TextSource(request.text if text_file is None else None, text_file)
+    total, total_chars, text_sha = source.scan(max_chars)
+    if total == 0:
+        raise InvalidRequest("text_file" if text_file is not None else "text", "is empty",
+                             "give the words to speak")
+    depends = {"version": _STATE_VERSION, "text": text_sha, "max_chars": max_chars,
+               "format": [file_format, subtype], **model_identity(engine),
+               **request_identity(request, text=False)}
+    part = _PartialRun(path)
+    state = part.open(depends, request.seed, resume)
+    rate = engine.info.sample_rate
+    frame_bytes = 2 if raw_subtype == "PCM_16" else 4
+    started, chars_done, made_now = time.monotonic(), 0, 0
+    resumed_at = state["sections_done"]
+    report(progress, "section", resumed_at, total, _detail(state, rate, frame_bytes, None))
+    try:
+        with open(part.audio, "ab") as sink:
+            for index, section in enumerate(source.sections(max_chars)):
+                if index < state["sections_done"]:
+                    continue
+                if stop_after is not None and made_now >= stop_after:
+                    break
+                section_request = attrs.evolve(request, text=section,
+                                               seed=section_seed(state["seed"], index))
+                began = time.monotonic()
+                result = engine.synthesize(section_request, progress=progress)
+                if result.audio.sample_rate != rate:
+                    raise InvalidRequest("sample_rate", f"section {index + 1} came back at "
+                                         f"{result.audio.sample_rate} Hz, not {rate} Hz")
+                data = _raw_bytes(result.audio.numpy(), rate, raw_subtype)
+                sink.write(data)
+                sink.flush()
+                os.fsync(sink.fileno())
+                made_now += 1
+                chars_done += len(section)
+                state = _advance(state, len(data), len(section), result.applied)
+                part.save(state)
+                elapsed = time.monotonic() - started
+                eta = elapsed / chars_done * max(total_chars - state["chars"], 0)
+                log.debug("section %d/%d: %.1f s of audio in %.2f s", index + 1, total,
+                          result.audio.duration, time.monotonic() - began)
+                report(progress, "section", state["sections_done"], total,
+                       _detail(state, rate, frame_bytes, eta))
+    except KeyboardInterrupt:
+        log.warning("interrupted after %d of %d sections; rerun with --resume (resume=True) "
+                    "to continue from there", state["sections_done"], total)
+        raise
+    elapsed = time.monotonic() - started
+    done = state["sections_done"]
+    seconds = state["bytes"] / frame_bytes / rate
+    applied = _summary(state)
+    if done < total:
+        return LongFormResult(path, False, total, done, resumed_at, seconds, elapsed, applied)
+    _encode(part.audio, path, rate, file_format, subtype, raw_subtype, applied, total,
+            progress)
+    part.remove()
+    return LongFormResult(path, True, total, done, resumed_at, seconds, elapsed, applied)
+
+
+class _TextSource:
+    """The text to speak: a string, or a file read in blocks each time it is walked."""
+
+    def __init__(self, text: str | None, text_file: str | Path | None) -> None:
+        self._text, self._file = text, None if text_file is None else Path(text_file)
+        self._section_chars: list[int] = []
+
+    def _blocks(self) -> Iterator[str]:
+        if self._file is None:
+            yield self._text
+            return
+        try:
+            with open(self._file, encoding="utf-8") as handle:
+                while block := handle.read(_READ_CHARS):
+                    yield block
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest("text_file", f"{self._file} is not UTF-8 text ({exc})") \
+                from None
+        except OSError as exc:
+            raise InvalidRequest("text_file", f"cannot read {self._file}: {exc}") from None
+
+    def scan(self, max_chars: int) -> tuple[int, int, str]:
+        """Sections, characters in them, and the text's SHA-256, in one streaming pass."""
+        import hashlib
+
+        digest = hashlib.sha256()
+
+        def hashed() -> Iterator[str]:
+            for block in self._blocks():
+                digest.update(block.encode("utf-8"))
+                yield block
+
+        count = chars = 0
+        for section in iter_sections(hashed(), max_chars):
+            count += 1
+            chars += len(section)
+        return count, chars, digest.hexdigest()
+
+    def sections(self, max_chars: int) -> Iterator[str]:
+        return iter_sections(self._blocks(), max_chars)
+
+
+class _PartialRun:
+    """``PATH.part/``: ``audio.raw`` and ``state.json``."""
+
+    def __init__(self, path: Path) -> None:
+        self.directory = path.with_name(path.name + ".part")
+        self.audio = self.directory / "audio.raw"
+        self.state = self.directory / "state.json"
+
+    def open(self, depends: dict, seed: int | None, resume: bool) -> dict:
+        from mizuoto.runtime.seeds import resolve_seed
+
+        if self.state.is_file():
+            if not resume:
+                raise InvalidRequest(
+                    "output", f"{self.directory} holds an interrupted run of this output",
+                    "pass --resume (resume=True) to continue it, or delete that directory")
+            state = self._load()
+            if state.get("depends") != depends:
+                differing = sorted(key for key in set(depends) | set(state.get("depends", {}))
+                                   if depends.get(key) != state.get("depends", {}).get(key))
+                raise InvalidRequest(
+                    "--resume", f"the interrupted run in {self.directory} was made with other "
+                    f"settings (differing: {', '.join(differing)})",
+                    "rerun with the same text, model and settings, or delete that directory")
+            with open(self.audio, "ab") as handle:  # drop what a killed run left unfinished
+                handle.truncate(state["bytes"])
+            log.info("resuming %s: %d sections done", self.directory, state["sections_done"])
+            return state
+        if resume:
+            log.info("nothing to resume in %s: starting", self.directory)
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        self.directory.mkdir(parents=True)
+        drawn_seed, drawn = resolve_seed(seed)
+        self.audio.touch()
+        state = {"depends": depends, "seed": drawn_seed, "seed_drawn": drawn,
+                 "sections_done": 0, "bytes": 0, "chars": 0, "applied": None}
+        self.save(state)
+        return state
+
+    def _load(self) -> dict:
+        try:
+            return json.loads(self.state.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidRequest("--resume", f"cannot read {self.state}: {exc}",
+                                 "delete the directory and start again") from None
+
+    def save(self, state: dict) -> None:
+        tmp = self.state.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(state, handle, ensure_ascii=False, default=repr)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.state)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _advance(state: dict, written: int, chars: int, applied: Applied) -> dict:
+    """The state after one more section: counts, bytes, and the run's summed record."""
+    summary = state["applied"]
+    if summary is None:
+        summary = attrs.asdict(applied, recurse=False)
+        summary.update(seed=state["seed"], seed_drawn=state["seed_drawn"], retries=0, chunks=0,
+                       fallbacks=[], warnings=[], sampler=dict(applied.sampler),
+                       extra=dict(applied.extra))
+    summary["retries"] += applied.retries
+    summary["chunks"] += applied.chunks
+    for key in ("fallbacks", "warnings"):
+        for item in getattr(applied, key):
+            if item not in summary[key] and len(summary[key]) < 50:  # bounded, not per section
+                summary[key].append(item)
+    return {**state, "sections_done": state["sections_done"] + 1,
+            "bytes": state["bytes"] + written, "chars": state["chars"] + chars,
+            "applied": summary}
+
+
+def _summary(state: dict) -> Applied | None:
+    summary = state["applied"]
+    if summary is None:
+        return None
+    extra = dict(summary.get("extra") or {})
+    extra["sections"] = state["sections_done"]
+    return Applied(**{**summary, "extra": extra})
+
+
+def _detail(state: dict, rate: int, frame_bytes: int, eta: float | None) -> str:
+    seconds = state["bytes"] / frame_bytes / rate
+    text = f"{seconds:.1f} s audio"
+    if eta is not None:
+        text += f", ETA {_clock(eta)}"
+    return text
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else \
+        f"{rest // 60}:{rest % 60:02d}"
+
+
+def _output_format(path: Path, rate: int) -> tuple[str, str, str]:
+    entry = FORMATS.get(path.suffix.lower())
+    if entry is None:
+        raise InvalidRequest("output", f"cannot write {path.suffix or 'files without an extension'}"
+                             " section by section", f"name it {', '.join(FORMATS)}")
+    if entry[1] == "OPUS" and rate not in OPUS_RATES:
+        raise InvalidRequest("output", f"Opus cannot hold {rate} Hz audio",
+                             "write .flac or .wav")
+    return entry
+
+
+def _raw_bytes(samples, rate: int, raw_subtype: str) -> bytes:
+    """``samples`` as ``audio.raw`` keeps them: converted by libsndfile, as writing the
+    output directly would convert them (the same rounding and clipping)."""
+    import soundfile as sf
+
+    buffer = io.BytesIO()
+    with sf.SoundFile(buffer, "w", samplerate=rate, channels=1, format="RAW",
+                      subtype=raw_subtype, endian="LITTLE") as raw:
+        raw.write(samples)
+    return buffer.getvalue()
+
+
+def _metadata(applied: Applied | None, sections: int) -> dict[str, str]:
+    """The metadata ``SynthesisResult.save`` writes, plus the section count for long runs."""
+    if applied is None:
+        return {}
+    metadata = {"comment": f"mizuoto {applied.engine} seed={applied.seed}"}
+    if applied.license:
+        metadata["copyright"] = applied.license
+    if applied.non_commercial:
+        metadata["comment"] += f"; non-commercial weights ({applied.license})"
+    if sections > 1:
+        metadata["comment"] += f"; long-form, {sections} sections"
+    return metadata
+
+
+def _encode(raw_path: Path, path: Path, rate: int, file_format: str, subtype: str,
+            raw_subtype: str, applied: Applied | None, sections: int,
+            progress: ProgressCallback | None) -> None:
+    """Write the output from ``audio.raw`` in blocks, atomically."""
+    import numpy as np
+    import soundfile as sf
+
+    from mizuoto.runtime.atomic import atomic_path
+
+    dtype = np.dtype(_RAW_DTYPE[raw_subtype])
+    frames = raw_path.stat().st_size // dtype.itemsize
+    done = 0
+    with atomic_path(path) as tmp, open(raw_path, "rb") as raw, \
+            sf.SoundFile(tmp, "w", samplerate=rate, channels=1, format=file_format,
+                         subtype=subtype) as out:
+        if file_format in ("WAV", "FLAC"):
+            for key, value in _metadata(applied, sections).items():
+                setattr(out, key, value)
+        while block := raw.read(_ENCODE_FRAMES * dtype.itemsize):
+            samples = np.frombuffer(block, dtype=dtype).astype(dtype.newbyteorder("="))
+            out.write(samples)
+            done += len(samples)
+            report(progress, "encoding", done, frames)
+
