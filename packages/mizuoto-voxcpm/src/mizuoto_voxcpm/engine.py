@@ -38,6 +38,8 @@ from mizuoto_voxcpm.generation import (
     patch_cap,
 )
 from mizuoto_voxcpm.long_text import pack_chunks
+from mizuoto_voxcpm.lora import WEIGHTS_FILE as LORA_WEIGHTS
+from mizuoto_voxcpm.lora import AttachedLoRA, attach_lora, remove_lora
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
 from mizuoto_voxcpm.text import model_text, prepare_prompt_text, prepare_target_text
@@ -149,7 +151,9 @@ class VoxCPMEngine(Engine):
         self.vae = vae
         self.tokenizer = tokenizer
         self._info = info
+        self._base_info = info
         self._load_warnings = load_warnings
+        self._lora: AttachedLoRA | None = None
 
     # -- loading ------------------------------------------------------------------------
 
@@ -212,12 +216,36 @@ class VoxCPMEngine(Engine):
         )
         log.info("loaded VoxCPM %s from %s (%s, %s)", config.architecture, model_dir,
                  info.dtype, info.device)
-        return cls(model_dir=model_dir, config=config, model=model, vae=vae,
-                   tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else ())
+        engine = cls(model_dir=model_dir, config=config, model=model, vae=vae,
+                     tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else ())
+        if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
+            engine.set_lora(model_dir)
+        return engine
 
     @property
     def info(self) -> ModelInfo:
         return self._info
+
+    # -- LoRA ---------------------------------------------------------------------------
+
+    @property
+    def lora(self) -> AttachedLoRA | None:
+        """The LoRA applied to the model, if any."""
+        return self._lora
+
+    def set_lora(self, path: str | Path | None) -> None:
+        """Apply the LoRA directory ``path`` (``lora_weights.safetensors`` +
+        ``lora_config.json``), replacing the current one, or remove it with ``None``; the base
+        weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA."""
+        if path is None:
+            if self._lora is not None:
+                remove_lora(self.model)
+            self._lora, self._info = None, self._base_info
+            return
+        self._lora = attach_lora(self.model, path, is_v2=self.config.is_v2, current=self._lora)
+        self._info = attrs.evolve(self._base_info,
+                                  fingerprint=f"{self._base_info.fingerprint}+lora:"
+                                              f"{self._lora.digest[:32]}")
 
     # -- voices -------------------------------------------------------------------------
 
@@ -337,7 +365,8 @@ class VoxCPMEngine(Engine):
             license=LICENSE,
             chunks=len(plan.chunks),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
-                   "normalize": plan.params.normalize, "streamed": streamed},
+                   "normalize": plan.params.normalize, "streamed": streamed,
+                   "lora": self._lora.path if self._lora else None},
         )
 
     def synthesize(self, request: SynthesisRequest, *,

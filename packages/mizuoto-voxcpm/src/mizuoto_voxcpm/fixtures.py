@@ -250,3 +250,27 @@ def with_dtype(source: str | Path, target: str | Path, dtype: str) -> Path:
     config["dtype"] = dtype
     (target / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return target
+
+
+def write_random_lora(directory: str | Path, model_dir: str | Path, *, seed: int = 0,
+                      base_model: str | None = None, **lora: Any) -> Path:
+    """Write ``lora_weights.safetensors`` + ``lora_config.json`` for the model in ``model_dir``
+    (``lora``: ``LoRAConfig`` fields, default LM and DiT at r 8, alpha 16), every tensor drawn
+    from its own keyed generator; ``lora_B`` is non-zero so that the LoRA changes the output."""
+    from mizuoto_voxcpm.config import VoxCPMConfig
+    from mizuoto_voxcpm.lora import apply_lora, lora_config_for, write_lora_dir
+    from mizuoto_voxcpm.model import VoxCPMModel
+
+    config = VoxCPMConfig.from_model_dir(model_dir)
+    lora_config = lora_config_for(config.is_v2, **{"enable_lm": True, "enable_dit": True, **lora})
+    with torch.device("meta"):
+        model = VoxCPMModel(config)
+    model = model.to_empty(device="cpu")
+    apply_lora(model, lora_config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(0.05 * seeded_tensor(seed, name, tuple(parameter.shape)))
+    write_lora_dir(Path(directory), model, lora_config,
+                   base_model=base_model if base_model is not None else str(model_dir))
+    return Path(directory)

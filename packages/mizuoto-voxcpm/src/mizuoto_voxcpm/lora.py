@@ -82,14 +82,14 @@ class LoRALinear(nn.Module):
         self.alpha = alpha
         self.dropout = dropout
         self._base_scaling = alpha / r if r > 0 else 0.0
-        # a 0-dim tensor buffer as upstream's (a model cast rounds it with the model)
-        self.register_buffer("scaling", torch.tensor(self._base_scaling,
-                                                     device=base.weight.device), persistent=False)
+        device, dtype = base.weight.device, base.weight.dtype
+        # a float32 0-dim buffer as upstream's, rounded as its model cast rounds it
+        self.register_buffer("scaling", torch.tensor(self._base_scaling).to(device, dtype),
+                             persistent=False)
         self.weight = base.weight
         self.bias = base.bias
-        device = base.weight.device
-        self.lora_A = nn.Parameter(torch.zeros(r, self.in_features, device=device))
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=device))
+        self.lora_A = nn.Parameter(torch.zeros(r, self.in_features, device=device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=device, dtype=dtype))
         self.dropout_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -225,3 +225,52 @@ def write_lora_dir(directory: Path, model: nn.Module, config: LoRAConfig,
     info = {"base_model": base_model, "lora_config": config.to_dict()}
     with atomic_path(directory / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+@attrs.frozen
+class AttachedLoRA:
+    """A LoRA applied to a loaded model: where it came from and what identifies it."""
+
+    path: str
+    config: LoRAConfig
+    digest: str
+
+
+def _digest(directory: Path, tensors: dict[str, torch.Tensor], config: LoRAConfig) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode())
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(tensors[key].to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def attach_lora(model: nn.Module, path: str | Path, *, is_v2: bool,
+                current: AttachedLoRA | None = None) -> AttachedLoRA:
+    """Apply the LoRA in ``path`` to ``model`` (replacing ``current``), as upstream's
+    ``VoxCPM(lora_config=<its lora_config.json>, lora_weights_path=path)`` applies it: the
+    layers wrapped, never merged, the tensors copied into the model's dtype. On failure the
+    model is left as it was."""
+    config, tensors, _ = read_lora_dir(path, is_v2=is_v2)
+    if current is not None and current.config == config:
+        snapshot = lora_state_dict(model)
+        try:
+            load_lora_tensors(model, tensors, str(path))
+        except Exception:
+            load_lora_tensors(model, snapshot, current.path)
+            raise
+        return AttachedLoRA(str(path), config, _digest(Path(path), tensors, config))
+    previous = lora_state_dict(model) if current is not None else None
+    if current is not None:
+        remove_lora(model)
+    apply_lora(model, config)
+    try:
+        load_lora_tensors(model, tensors, str(path))
+    except Exception:
+        remove_lora(model)
+        if current is not None:
+            apply_lora(model, current.config)
+            load_lora_tensors(model, previous, current.path)
+        raise
+    return AttachedLoRA(str(path), config, _digest(Path(path), tensors, config))
