@@ -1,0 +1,176 @@
+"""The server's parts without a model: encoders, the worker's queue, voice names, errors,
+metrics and model naming."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+import soundfile as sf
+
+from mizuoto import errors
+from mizuoto.serve.app import model_names
+from mizuoto.serve.encoders import (
+    StreamEncoder,
+    _mp3_frame_length,
+    encode,
+    output_rate,
+    to_int16,
+)
+from mizuoto.serve.errors import APIError, from_mizuoto
+from mizuoto.serve.metrics import Metrics
+from mizuoto.serve.voices import VoiceStore, check_name
+from mizuoto.serve.worker import DONE, Job, ModelWorker
+
+NOISE = (np.random.default_rng(0).standard_normal(48000) * 0.3).astype(np.float32)
+
+
+def _streamed(response_format: str, rate: int) -> list[bytes]:
+    encoder = StreamEncoder(response_format, rate)
+    pieces = [encoder.feed(NOISE[i:i + 4800]) for i in range(0, NOISE.size, 4800)]
+    return [*pieces, encoder.close()]
+
+
+@pytest.mark.parametrize("response_format", ["wav", "flac"])
+def test_lossless_files_hold_the_quantized_samples(response_format):
+    samples, rate = sf.read(io.BytesIO(encode(NOISE, 24000, response_format)), dtype="int16")
+    assert rate == 24000 and np.array_equal(samples, to_int16(NOISE))
+
+
+def test_to_int16_clips_and_rounds():
+    assert to_int16(np.array([-2.0, -1.0, 0.0, 0.5, 1.0, 3.0], np.float32)).tolist() == \
+        [-32767, -32767, 0, 16384, 32767, 32767]
+
+
+def test_streamed_wav_and_pcm_arrive_chunk_by_chunk():
+    wav = _streamed("wav", 24000)
+    assert all(wav[:-1]) and wav[0][:4] == b"RIFF"
+    samples, _ = sf.read(io.BytesIO(b"".join(wav)), dtype="int16")
+    assert np.array_equal(samples, to_int16(NOISE))
+    assert b"".join(_streamed("pcm", 24000)) == encode(NOISE, 24000, "pcm")
+
+
+def test_streamed_flac_comes_whole_at_the_end():
+    pieces = _streamed("flac", 24000)
+    assert not any(pieces[:-1]) and pieces[-1] == encode(NOISE, 24000, "flac")
+
+
+def test_streamed_mp3_is_the_file_without_its_info_frame():
+    whole, streamed = encode(NOISE, 24000, "mp3"), b"".join(_streamed("mp3", 24000))
+    assert whole[_mp3_frame_length(whole[:4]):] == streamed
+
+
+def test_pcm_is_24_khz_and_opus_gets_a_rate_it_accepts():
+    assert output_rate("pcm", 48000) == 24000
+    assert output_rate("opus", 44100) == 48000 and output_rate("opus", 24000) == 24000
+    assert len(encode(NOISE, 48000, "pcm")) == NOISE.size  # half the samples, two bytes each
+    assert sf.info(io.BytesIO(encode(NOISE, 44100, "opus"))).samplerate == 48000
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ".hidden", "", "x" * 65, "a b", "é"])
+def test_voice_names_cannot_leave_the_directory(tmp_path, name):
+    with pytest.raises(APIError) as caught:
+        VoiceStore(tmp_path).path(name)
+    assert caught.value.status == 400
+
+
+def test_voice_store_lists_only_voice_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "broken.safetensors").write_bytes(b"not a voice")
+    assert VoiceStore(tmp_path).list() == []
+    assert check_name("Reader_2-b") == "Reader_2-b"
+
+
+@pytest.mark.parametrize("exc, status, param, code", [
+    (errors.InvalidRequest("text", "is empty"), 400, "input", "invalid_value"),
+    (errors.InvalidRequest("params.speed", "too fast"), 400, "mizuoto.params.speed",
+     "invalid_value"),
+    (errors.VoiceMismatch("other model"), 400, "voice", "voice_mismatch"),
+    (errors.UnsupportedCapability("no streaming"), 400, None, "unsupported"),
+    (errors.ModelNotFound("nope"), 404, "model", "model_not_found"),
+    (errors.ModelFilesMissing("/m", ["vocab.txt"]), 503, None, "model_unavailable"),
+    (errors.NonFiniteAudio("vocoder", 1, 0, 10), 500, None, "generation_failed"),
+    (RuntimeError("boom"), 500, None, "internal_error"),
+])
+def test_mizuoto_errors_map_to_statuses(exc, status, param, code):
+    error = from_mizuoto(exc, param_prefix="mizuoto.")
+    assert (error.status, error.param, error.code) == (status, param, code)
+    assert set(error.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_model_names_from_directories_ids_and_aliases(tmp_path):
+    (tmp_path / "my-model").mkdir()
+    names = model_names([str(tmp_path / "my-model"), "f5tts/v1-base"],
+                        [f"tts-1={tmp_path / 'my-model'}"])
+    assert names == {"my-model": str(tmp_path / "my-model"), "f5tts/v1-base": "f5tts/v1-base",
+                     "tts-1": str(tmp_path / "my-model")}
+    with pytest.raises(errors.InvalidRequest):
+        model_names([], ["no-equals-sign"])
+    with pytest.raises(errors.InvalidRequest):
+        model_names([], [])
+
+
+def test_metrics_render_prometheus_text():
+    metrics = Metrics()
+    metrics.watch_queue("m", lambda: 2)
+    metrics.request("m", "/v1/audio/speech", 200)
+    metrics.first_audio("m", 0.3)
+    metrics.generated("m", 1.0, 4.0)
+    text = metrics.render()
+    assert 'mizuoto_requests_total{model="m",endpoint="/v1/audio/speech",status="200"} 1' in text
+    assert 'mizuoto_queue_depth{model="m"} 2' in text
+    assert 'mizuoto_time_to_first_audio_seconds_bucket{model="m",le="0.5"} 1' in text
+    assert 'mizuoto_real_time_factor_sum{model="m"} 0.25' in text
+
+
+def test_a_full_queue_answers_429_and_a_cancelled_job_is_skipped():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        ran = []
+
+        def blocking(engine, job):
+            release.wait(10)
+            ran.append("first")
+
+        def second(engine, job):
+            ran.append("second")
+
+        worker = ModelWorker("m", "m", load=lambda: object(), queue_size=1)
+        worker.start()
+        await asyncio.to_thread(worker.loaded.wait, 10)
+        first = Job(blocking, loop)
+        worker.submit(first)
+        while worker.depth() != 1 or worker._queue.qsize():  # the first one is running
+            await asyncio.sleep(0.01)
+        queued = Job(second, loop)
+        worker.submit(queued)
+        with pytest.raises(APIError) as caught:
+            worker.submit(Job(second, loop))
+        assert caught.value.status == 429 and caught.value.headers["Retry-After"]
+        queued.cancel()
+        release.set()
+        assert await first.items.get() is DONE
+        assert await queued.items.get() is DONE
+        worker.stop(5)
+        return ran
+
+    assert asyncio.run(scenario()) == ["first"]
+
+
+def test_a_model_that_fails_to_load_answers_503():
+    def fail():
+        raise errors.ModelFilesMissing("/m", ["vocab.txt"])
+
+    worker = ModelWorker("m", "/m", load=fail, queue_size=1)
+    worker.start()
+    worker.loaded.wait(10)
+    with pytest.raises(APIError) as caught:
+        worker.submit_check()
+    assert caught.value.status == 503 and "vocab.txt" in caught.value.message
