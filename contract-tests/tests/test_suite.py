@@ -11,8 +11,9 @@ import secrets
 
 import attrs
 import pytest
+import torch
 
-from mizuoto import Capability, plugins
+from mizuoto import Audio, Capability, plugins
 from mizuoto.errors import CheckpointMismatch
 from mizuoto_example import engine as toy_engine
 from mizuoto_example.engine import ToyEngine
@@ -22,13 +23,13 @@ pytest_plugins = ["pytester"]
 # Per toy model: 19 tests, plus test_empty_text_is_refused once; edit, design, long text and
 # the refused-reference-text test do not apply to the toy. Three of them check hostile input
 # (non-finite numbers, NaN weights, a Hypothesis property).
-TOY_TESTS = 23
+TOY_TESTS = 25
 TOY_DESELECTED = 4
 
 
 @pytest.fixture
 def run_suite(pytester, monkeypatch):
-    monkeypatch.setenv("MIZUOTO_PLUGINS", "example")
+    monkeypatch.setenv("MIZUOTO_PLUGINS", "toy")
     plugins.reset_plugins()
 
     def run(*args):
@@ -96,9 +97,118 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
 
     monkeypatch.setattr(ToyEngine, "load", classmethod(broken))
     result = run_suite()
-    # Its capabilities are unknown: of the 26 test functions, only the nine every model gets
-    # are generated, and they error with the load error; test_empty_text_is_refused needs no
-    # model; the other 16 are deselected.
-    result.assert_outcomes(passed=1, errors=9, deselected=16)
+    # Its capabilities are unknown: only the tests every model gets are generated (nine
+    # functions, one of them for three texts), and they error with the load error; the other
+    # 16 are deselected.
+    result.assert_outcomes(passed=0, errors=12, deselected=16)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
+
+
+# -- mutations: each breakage a plugin author could make is caught ---------------------------
+
+def _patch_result(monkeypatch, change):
+    """Route every synthesize result and streamed chunk of the toy through ``change``."""
+    render = ToyEngine._render
+
+    def broken(self, *args, **kwargs):
+        for chunk in render(self, *args, **kwargs):
+            yield attrs.evolve(chunk, audio=change(chunk.audio))
+
+    monkeypatch.setattr(ToyEngine, "_render", broken)
+
+
+def _assert_caught(result, *patterns):
+    assert result.ret != 0, "the suite passed a broken engine"
+    result.stdout.fnmatch_lines([f"*{pattern}*" for pattern in patterns], consecutive=False)
+
+
+def test_unscaled_int16_samples_are_caught(run_suite, monkeypatch):
+    _patch_result(monkeypatch, lambda audio: Audio((audio.samples * 32767).round(),
+                                                    audio.sample_rate))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "beyond full scale (1.0)")
+
+
+def test_clipped_audio_is_caught(run_suite, monkeypatch):
+    _patch_result(monkeypatch, lambda audio: Audio((audio.samples * 1000).clamp(-1, 1),
+                                                   audio.sample_rate))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "the signal is clipped")
+
+
+def test_audio_at_another_rate_than_declared_is_caught(run_suite, monkeypatch):
+    _patch_result(monkeypatch, lambda audio: Audio(audio.samples, audio.sample_rate * 2))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "return audio at the rate the model")
+
+
+def test_stereo_output_is_caught(run_suite, monkeypatch):
+    # Audio refuses 2-D samples: the engine fails with InvalidAudio instead of returning them
+    _patch_result(monkeypatch, lambda audio: Audio(torch.stack([audio.samples] * 2),
+                                                   audio.sample_rate))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "InvalidAudio*must be 1-D")
+
+
+def test_silent_output_is_caught(run_suite, monkeypatch):
+    _patch_result(monkeypatch, lambda audio: Audio(audio.samples * 0, audio.sample_rate))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "is silent")
+
+
+def test_license_missing_from_applied_is_caught(run_suite, monkeypatch):
+    render = ToyEngine._render
+
+    def no_license(self, *args, **kwargs):
+        for chunk in render(self, *args, **kwargs):
+            if chunk.applied is not None:
+                chunk = attrs.evolve(chunk, applied=attrs.evolve(chunk.applied, license=None))
+            yield chunk
+
+    monkeypatch.setattr(ToyEngine, "_render", no_license)
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "applied.license and applied.non_comm")
+
+
+def test_an_unseeded_request_without_a_drawn_seed_is_caught(run_suite, monkeypatch):
+    monkeypatch.setattr(toy_engine, "resolve_seed",
+                        lambda seed: (0 if seed is None else seed, False))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"),
+                   "an unseeded request must report seed_drawn=True")
+
+
+def _declare(monkeypatch, capability):
+    info = ToyEngine.info.fget
+    monkeypatch.setattr(ToyEngine, "info", property(
+        lambda self: attrs.evolve(info(self), capabilities=info(self).capabilities
+                                  | {capability})))
+
+
+def test_design_declared_but_instruction_ignored_is_caught(run_suite, monkeypatch):
+    _declare(monkeypatch, Capability.DESIGN)  # the toy hums the same tune whatever it is told
+    _assert_caught(run_suite("--mizuoto-engine", "toy"),
+                   "test_design?toy/tiny?", "must use request.instruction")
+
+
+def test_a_declared_capability_that_raises_is_caught(run_suite, monkeypatch):
+    _declare(monkeypatch, Capability.EDIT)  # the toy does not implement edit()
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "test_edit?toy/tiny?",
+                   "does not implement edit()")
+
+
+def test_an_undeclared_capability_that_works_is_caught(run_suite, monkeypatch):
+    info = ToyEngine.info.fget
+    monkeypatch.setattr(ToyEngine, "info", property(
+        lambda self: attrs.evolve(info(self),
+                                  capabilities=info(self).capabilities - {Capability.STREAM})))
+    monkeypatch.setattr(ToyEngine, "require", lambda self, capability: None)
+    _assert_caught(run_suite("--mizuoto-engine", "toy"),
+                   "test_unsupported_capability_raises?toy/tiny-stream?")
+
+
+def test_a_crash_on_text_without_words_is_caught(run_suite, monkeypatch):
+    prepare = ToyEngine._prepare
+
+    def crash(self, request):
+        if not any(char.isalnum() for char in request.text):
+            raise IndexError("list index out of range")
+        return prepare(self, request)
+
+    monkeypatch.setattr(ToyEngine, "_prepare", crash)
+    _assert_caught(run_suite("--mizuoto-engine", "toy"),
+                   "test_text_without_words_is_spoken_or_refused_by_name?toy/tiny-*")

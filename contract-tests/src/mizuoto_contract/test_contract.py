@@ -30,6 +30,7 @@ from mizuoto.errors import (
     InvalidAudio,
     InvalidOption,
     InvalidRequest,
+    MizuotoError,
     NonFiniteAudio,
     UnsupportedCapability,
     VoiceMismatch,
@@ -42,6 +43,7 @@ from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
 TEXT = "Hello there, this is a contract test."
 EDITED_TEXT = "A steady voice reads that line."
 INSTRUCTION = "A calm, low voice, speaking slowly."
+OTHER_INSTRUCTION = "A bright, young voice, speaking fast and cheerfully."
 # Twelve sentences, about 700 characters: long enough that engines split it into chunks.
 LONG_TEXT = " ".join(
     f"This is sentence number {n} of a long text, read aloud in one request, chunk by chunk."
@@ -79,15 +81,47 @@ def _plain_request(model: ContractModel, **fields) -> SynthesisRequest:
 
 def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | None = None
                   ) -> None:
-    """Audio is 1-D float32, finite and non-empty; ``applied`` describes this model's run."""
-    info = model.engine.info
-    assert isinstance(result, SynthesisResult)
-    samples = result.audio.samples
-    assert samples.ndim == 1 and samples.dtype == torch.float32
-    assert samples.numel() > 0, "empty audio"
-    assert bool(torch.isfinite(samples).all()), "audio has NaN or infinite samples"
-    assert result.audio.sample_rate == info.sample_rate
+    """Audio is sane (see ``_check_audio``) and not silent; ``applied`` describes this run."""
+    assert isinstance(result, SynthesisResult), "synthesize/edit must return a SynthesisResult"
+    _check_audio(model, result.audio, "the result's audio")
+    _check_not_silent(result.audio.samples, "the result's audio")
     _check_applied(model, result.applied, seed=seed)
+
+
+# Full scale: a sample at or beyond 0.999 counts as clipped; more than this share of them is a
+# clipped signal, not a loud one.
+CLIPPED_SHARE = 0.01
+SILENT_RMS = 1e-5
+
+
+def _check_audio(model: ContractModel, audio, what: str) -> None:
+    """Mono float32 at the declared rate, finite, within full scale and not clipped."""
+    info = model.engine.info
+    samples = audio.samples
+    assert samples.ndim == 1 and samples.dtype == torch.float32, \
+        f"{what} must be mono float32: build it with mizuoto.Audio(samples, rate)"
+    assert audio.sample_rate == info.sample_rate, (
+        f"{what} is at {audio.sample_rate} Hz but ModelInfo.sample_rate says "
+        f"{info.sample_rate} Hz: return audio at the rate the model declares")
+    assert bool(torch.isfinite(samples).all()), \
+        f"{what} has NaN or infinite samples: an engine must never return them"
+    if samples.numel() == 0 or model.fixture.may_exceed_full_scale:
+        return
+    peak = float(samples.abs().max())
+    assert peak <= 1.0, (
+        f"{what} peaks at {peak:.4g}, beyond full scale (1.0): samples are floats in [-1, 1] "
+        f"(scale integer PCM by its range, e.g. int16 / 32768); an engine whose upstream "
+        f"returns louder audio declares it with ContractFixture(may_exceed_full_scale=True)")
+    clipped = float((samples.abs() >= 0.999).float().mean())
+    assert clipped <= CLIPPED_SHARE, (
+        f"{clipped:.1%} of {what} sits at full scale: the signal is clipped; scale it into "
+        f"[-1, 1] instead of clamping it")
+
+
+def _check_not_silent(samples: torch.Tensor, what: str) -> None:
+    assert samples.numel() > 0, f"{what} is empty: a non-empty text must give audio"
+    rms = float(samples.double().pow(2).mean().sqrt())
+    assert rms > SILENT_RMS, f"{what} is silent (RMS {rms:.2g}) for a non-empty text"
 
 
 def _check_applied(model: ContractModel, applied: Applied, *, seed: int | None) -> None:
@@ -95,9 +129,13 @@ def _check_applied(model: ContractModel, applied: Applied, *, seed: int | None) 
     assert isinstance(applied, Applied)
     assert (applied.engine, applied.model) == (info.engine, info.model)
     assert (applied.dtype, applied.device) == (info.dtype, info.device)
-    assert 0 <= applied.seed <= MAX_SEED
+    assert 0 <= applied.seed <= MAX_SEED, "applied.seed must be the 32-bit seed used"
+    assert (applied.license, applied.non_commercial) == (info.license, info.non_commercial), (
+        "applied.license and applied.non_commercial must repeat the model's "
+        "(ModelInfo.license, ModelInfo.non_commercial): copy them into Applied(...)")
     if seed is not None:
-        assert applied.seed == seed and applied.seed_drawn is False
+        assert applied.seed == seed and applied.seed_drawn is False, (
+            "a seeded request must report applied.seed == request.seed and seed_drawn=False")
 
 
 # -- every model ------------------------------------------------------------------------------
@@ -182,7 +220,9 @@ def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> 
 def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> None:
     drawn = contract_model.engine.synthesize(_plain_request(contract_model))
     _check_result(contract_model, drawn)
-    assert drawn.applied.seed_drawn is True
+    assert drawn.applied.seed_drawn is True, (
+        "an unseeded request must report seed_drawn=True and the seed it drew: draw it with "
+        "mizuoto.runtime.seeds.resolve_seed(request.seed)")
     replay = contract_model.engine.synthesize(_plain_request(contract_model,
                                                              seed=drawn.applied.seed))
     _check_result(contract_model, replay, seed=drawn.applied.seed)
@@ -217,11 +257,19 @@ def test_unsupported_capability_raises(contract_model: ContractModel,
             engine.build_voice(_reference(contract_model))
 
 
-def test_empty_text_is_refused() -> None:
-    for text in ("", "  \n"):
-        with pytest.raises(InvalidRequest) as raised:
-            SynthesisRequest(text=text)
-        assert raised.value.field == "text"
+@pytest.mark.parametrize("text", ["?!… —", "\u200b\u200d\u2060", "🙂🙂"])
+def test_text_without_words_is_spoken_or_refused_by_name(contract_model: ContractModel,
+                                                          text: str) -> None:
+    """Text core accepts but that holds no words reaches the engine: it must give sane audio
+    or raise a named MizuotoError (InvalidRequest naming "text"), never crash."""
+    try:
+        result = contract_model.engine.synthesize(_plain_request(contract_model, text=text,
+                                                                 seed=SEED))
+    except MizuotoError:
+        return
+    assert isinstance(result, SynthesisResult)
+    _check_audio(contract_model, result.audio, f"the audio for {text!r}")
+    _check_applied(contract_model, result.applied, seed=SEED)
 
 
 # -- references (cloning) ---------------------------------------------------------------------
@@ -291,6 +339,10 @@ def test_design(contract_model: ContractModel) -> None:
     _check_result(contract_model, result, seed=SEED)
     assert torch.equal(result.audio.samples,
                        contract_model.engine.synthesize(request).audio.samples)
+    other = contract_model.engine.synthesize(attrs.evolve(request, instruction=OTHER_INSTRUCTION))
+    assert not torch.equal(result.audio.samples, other.audio.samples), (
+        "two instructions gave the same audio with the same seed: a model that declares "
+        "DESIGN must use request.instruction")
 
 
 @requires(Capability.EDIT)
@@ -323,8 +375,8 @@ def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]
         assert (chunk.applied is not None) == chunk.is_last, "only the last chunk has applied"
         # audio is never held back to mark the last chunk: it may be empty instead
         assert chunk.is_last or chunk.audio.num_samples > 0, "only the last chunk may be empty"
-        assert chunk.audio.sample_rate == model.engine.info.sample_rate
-        assert chunk.audio.samples.ndim == 1 and chunk.audio.samples.dtype == torch.float32
+        _check_audio(model, chunk.audio, f"stream chunk {position}")
+    _check_not_silent(torch.cat([c.audio.samples for c in chunks]), "the streamed audio")
     return chunks
 
 

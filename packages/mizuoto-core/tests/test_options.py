@@ -126,7 +126,7 @@ def test_engine_sections_are_parsed_by_the_engine_options_class(fake_plugin):
 
 @pytest.mark.parametrize("values, key", [
     ({"engines.fake.levle": 4}, "engines.fake.levle"),
-    ({"engines.fake.level": -1}, "engines.fake"),
+    ({"engines.fake.level": -1}, "engines.fake.level"),  # the bad value is named
 ])
 def test_installed_engine_sections_are_validated(fake_plugin, values, key):
     with pytest.raises(InvalidOption) as raised:
