@@ -255,3 +255,29 @@ def test_audio_rate_is_a_positive_integer(rate):
     assume(not (isinstance(rate, int) and not isinstance(rate, bool) and rate > 0))
     with pytest.raises(InvalidAudio):
         Audio([0.0], rate)
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: SynthesisRequest("hi", guidance=float("nan")), "guidance"),  # was NaN audio
+    (lambda: SynthesisRequest("hi", steps=10**9), "steps"),  # was a bare ValueError
+    (lambda: SynthesisRequest("hi", params=5), "params"),  # was a bare TypeError
+    (lambda: SynthesisRequest("hi", instruction=5), "instruction"),  # was AttributeError
+    (lambda: EditRequest(Reference("a.wav", "t"), "x", [(0, float("inf"))]), "segments"),
+    (lambda: TrainingConfig("full", "m", "d", "o", learning_rate=float("nan")),
+     "training.learning_rate"),
+])
+def test_found_defects_are_named_errors(make, field):
+    with pytest.raises(InvalidRequest) as raised:
+        make()
+    assert raised.value.field == field
+
+
+@pytest.mark.parametrize("values, key", [
+    ({"compute.cpu_threads": 10**9}, "compute.cpu_threads"),  # was accepted
+    ({"compute.device": "cuda:x"}, "compute.device"),  # was accepted, failed at load
+    ({1: "x"}, "1"),  # was a bare AttributeError
+])
+def test_found_option_defects_are_named_errors(values, key):
+    with pytest.raises(InvalidOption) as raised:
+        Options.from_mapping(values)
+    assert raised.value.key == key

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import mizuoto
 from mizuoto import Audio, EditRequest, Reference, SynthesisRequest, Voice
 from mizuoto.contracts.requests import MAX_TEXT_CHARS
-from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.errors import InvalidAudio, InvalidRequest, MizuotoError
 from mizuoto_contract.strategies import (
     HOSTILE_NUMBERS,
     TEXT,
@@ -158,3 +158,36 @@ def test_max_steps_run(engine, ref):
                                                 params={"fix_duration": 2.3}))
     assert result.applied.sampler["steps"] == MAX_STEPS
     assert bool(torch.isfinite(result.audio.samples).all())
+
+
+# -- the defects fuzzing found (each was NaN audio or a bare exception) -----------------------
+
+@pytest.mark.parametrize("fields, field", [
+    ({"guidance": float("nan")}, "guidance"),            # was all-NaN audio
+    ({"steps": 10**9}, "steps"),                         # was a bare ValueError
+    ({"params": {"speed": float("inf")}}, "params.speed"),  # was a bare OverflowError
+    ({"params": {"fix_duration": float("inf")}}, "params.fix_duration"),  # OverflowError
+    ({"params": {"target_rms": float("inf")}}, "params.target_rms"),  # all-NaN audio
+    ({"params": {"sway_sampling_coef": -5.0}}, "params.sway_sampling_coef"),  # ValueError
+    ({"params": {"cross_fade_duration": float("inf")}}, "params.cross_fade_duration"),
+])
+def test_found_defects_are_named_errors(engine, ref, fields, field):
+    with pytest.raises(InvalidRequest) as raised:
+        engine.synthesize(SynthesisRequest("Hello there.", reference=ref, seed=1, **fields))
+    assert raised.value.field == field
+
+
+def test_nan_in_memory_reference_is_invalid_audio(engine):
+    samples = np.full(16000, 0.1, dtype=np.float32)
+    samples[100] = np.nan  # was quantised to 16-bit PCM as if it were a number
+    with pytest.raises(InvalidAudio):
+        engine.synthesize(SynthesisRequest("Hi.", reference=Reference(Audio(samples, 16000), "x"),
+                                           steps=1, seed=1))
+
+
+def test_remove_silence_never_leaves_empty_audio(engine, ref):
+    result = engine.synthesize(SynthesisRequest("𐀀", reference=ref, guidance=0, seed=1,
+                                                params={"remove_silence": True,
+                                                        "target_rms": 1.0}))
+    assert result.audio.num_samples > 0
+    assert any("remove_silence" in warning for warning in result.applied.warnings)

@@ -126,3 +126,17 @@ def test_many_sentences_are_split_and_spoken(engines):
                                                 params={"max_len": 1, "min_len": 0}))
     assert result.applied.chunks > 1
     check_speaks(engine, lambda: result)
+
+
+# -- the defects fuzzing found (each was NaN audio or a bare exception) -----------------------
+
+@pytest.mark.parametrize("params, field", [
+    ({"cfg_value": float("nan")}, "params.cfg_value"),  # was all-NaN audio
+    ({"retry_badcase_ratio_threshold": float("inf")},    # was a bare OverflowError
+     "params.retry_badcase_ratio_threshold"),
+    ({"max_len": 10**30}, "params.max_len"),
+])
+def test_found_defects_are_named_errors(engines, params, field):
+    with pytest.raises(InvalidRequest) as raised:
+        engines["v2"].synthesize(SynthesisRequest("Hello.", seed=1, params=params))
+    assert raised.value.field == field
