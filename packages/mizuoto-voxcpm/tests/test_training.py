@@ -1,0 +1,160 @@
+"""VoxCPMTrainer without the oracle: bad rows, resuming after SIGKILL, exports that load."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+import mizuoto
+from mizuoto.contracts import TrainingConfig
+from mizuoto.errors import InvalidRequest
+from mizuoto.registry import get_trainer
+from mizuoto_voxcpm.engine import VoxCPMEngine
+from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
+from mizuoto_voxcpm.training import VoxCPMTrainer
+
+RATE = 16000
+
+
+def _tone(path: Path, seconds: float, freq: float, rate: int = RATE) -> str:
+    t = np.arange(int(seconds * rate)) / rate
+    sf.write(path, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate)
+    return path.name
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    model = with_dtype(write_random_model(root / "base", "voxcpm-0.5b", seed=6),
+                       root / "model", "float32")
+    rows = [{"audio": _tone(root / f"{i}.wav", 0.4 + 0.1 * i, 150 + 60 * i),
+             "text": f"Line number {i}."} for i in range(4)]
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                      encoding="utf-8")
+    return root, model
+
+
+def _config(root: Path, model: Path, out: str, **kw) -> TrainingConfig:
+    values = dict(method="full", model=str(model), dataset=root / "train.jsonl",
+                  output_dir=root / out, steps=6, learning_rate=1e-4, batch_size=2, seed=42,
+                  save_every=1, params={"warmup_steps": 1})
+    values.update(kw)
+    return TrainingConfig(**values)
+
+
+def test_registered_through_the_plugin():
+    assert get_trainer("voxcpm") is VoxCPMTrainer
+
+
+def test_bad_rows_are_reported_and_skipped(workspace, tmp_path):
+    root, model = workspace
+    sf.write(tmp_path / "silent.wav", np.zeros(RATE, dtype=np.float32), RATE)
+    (tmp_path / "broken.wav").write_bytes(b"RIFF nonsense")
+    long_audio = _tone(tmp_path / "long.wav", 40.0, 200)  # 500 patches > max_length 512 - text
+    good = [json.dumps({"audio": str(root / f"{i}.wav"), "text": "fine"}) for i in range(2)]
+    lines = good + [
+        json.dumps({"audio": "silent.wav", "text": "silence"}),
+        json.dumps({"audio": "broken.wav", "text": "broken"}),
+        json.dumps({"audio": "missing.wav", "text": "missing"}),
+        json.dumps({"audio": str(root / "0.wav"), "text": "   "}),
+        json.dumps({"audio": long_audio, "text": "too long " * 40}),
+        "{not json",
+    ]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = VoxCPMTrainer().prepare(_config(root, model, "bad", dataset=tmp_path / "m.jsonl",
+                                          output_dir=tmp_path / "run"))
+    assert len(run.samples) == 2
+    reasons = dict(run.rejected)
+    assert sorted(reasons) == [3, 4, 5, 6, 7, 8]
+    assert "silent" in reasons[3] and "unreadable" in reasons[4] and "unreadable" in reasons[5]
+    assert reasons[6] == "empty text" and "context" in reasons[7] and "JSON" in reasons[8]
+    prepared = json.loads((tmp_path / "run" / "prepared.json").read_text(encoding="utf-8"))
+    assert [r["line"] for r in prepared["rejected"]] == [3, 4, 5, 6, 7, 8]
+
+
+def test_unsupported_settings_are_refused(workspace):
+    root, model = workspace
+    trainer = VoxCPMTrainer()
+    with pytest.raises(InvalidRequest):
+        trainer.prepare(_config(root, model, "x", method="dpo"))
+    with pytest.raises(InvalidRequest):
+        trainer.prepare(_config(root, model, "x", params={"no_such": 1}))
+    with pytest.raises(InvalidRequest):
+        trainer.prepare(_config(root, model, "x", params={"lora_r": 4}))  # full: no LoRA
+    with pytest.raises(InvalidRequest):
+        trainer.prepare(_config(root, model, "x", batch_size=8))  # four rows
+
+
+_CHILD = """
+import json, sys, torch
+torch.set_num_threads(1)
+from mizuoto.contracts import TrainingConfig
+from mizuoto_voxcpm.training import VoxCPMTrainer
+config = TrainingConfig(**json.loads(sys.argv[1]))
+trainer = VoxCPMTrainer()
+trainer.train(trainer.prepare(config))
+"""
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_resume_after_sigkill_reaches_the_same_bytes(workspace, method):
+    root, model = workspace
+    trainer = VoxCPMTrainer()
+    whole = _config(root, model, f"whole-{method}", method=method)
+    run = trainer.prepare(whole)
+    result = trainer.train(run)
+    assert result.steps_done == 6 and result.resumed_from is None
+    reference = trainer.export(run, root / f"whole-{method}" / "export")
+
+    killed = _config(root, model, f"killed-{method}", method=method)
+    metrics = killed.output_dir / "metrics.jsonl"
+    arguments = json.dumps({"method": method, "model": killed.model,
+                            "dataset": str(killed.dataset), "output_dir": str(killed.output_dir),
+                            "steps": 6, "learning_rate": 1e-4, "batch_size": 2, "seed": 42,
+                            "save_every": 1, "params": {"warmup_steps": 1}})
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, arguments],
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if metrics.is_file() and len(metrics.read_text(encoding="utf-8").splitlines()) >= 2:
+            break
+        time.sleep(0.01)
+    assert child.poll() is None, "the run ended before it could be killed"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    run = trainer.prepare(killed)
+    resumed = trainer.train(run)
+    assert resumed.resumed_from is not None and 1 <= resumed.resumed_from < 6
+    exported = trainer.export(run, killed.output_dir / "export")
+    name = "model.safetensors" if method == "full" else "lora_weights.safetensors"
+    assert (exported / name).read_bytes() == (reference / name).read_bytes()
+    rows = [json.loads(x) for x in metrics.read_text(encoding="utf-8").splitlines()]
+    whole_rows = [json.loads(x) for x in (whole.output_dir / "metrics.jsonl")
+                  .read_text(encoding="utf-8").splitlines()]
+    assert rows == whole_rows
+
+
+def test_full_export_loads_and_differs_from_the_base(workspace):
+    root, model = workspace
+    trainer = VoxCPMTrainer()
+    run = trainer.prepare(_config(root, model, "export-full", steps=2))
+    trainer.train(run)
+    exported = trainer.export(run, root / "export-full" / "out")
+    request = mizuoto.SynthesisRequest("Hello.", seed=1, params={"max_len": 3,
+                                                                 "retry_badcase": False})
+    tuned = VoxCPMEngine.load(exported).synthesize(request).audio.samples
+    base = VoxCPMEngine.load(model).synthesize(request).audio.samples
+    assert tuned.shape != base.shape or not torch.equal(tuned, base)
+    assert sorted(p.name for p in exported.iterdir()) == sorted(
+        ["audiovae.pth", "config.json", "model.safetensors", "special_tokens_map.json",
+         "tokenizer.json", "tokenizer_config.json"])
