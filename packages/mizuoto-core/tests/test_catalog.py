@@ -185,3 +185,9 @@ def test_hub_cache_is_read_only_for_repositories_it_holds(tmp_path, monkeypatch)
     monkeypatch.delitem(sys.modules, "huggingface_hub")  # imported again if it were asked
     assert catalog._hub_cached(HubFile("acme/other", "config.json"), "config.json") is None
     assert "huggingface_hub" not in sys.modules
+
+
+def test_an_entry_without_files_resolves_to_an_existing_directory(home):
+    entry = CatalogEntry(id="rules/en", engine="rules", files={}, license="MIT")
+    resolved = resolve_model("rules/en", catalog={"rules/en": entry}, download=False)
+    assert resolved.path.is_dir() and resolved.entry is entry

@@ -182,6 +182,8 @@ def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | No
                 link.unlink()
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(Path(local).resolve())
+    # an entry with no files (a rule-based engine) still resolves to a directory that exists
+    directory.mkdir(parents=True, exist_ok=True)
     return ResolvedModel(directory, entry)
 
 

@@ -120,7 +120,10 @@ def models():
         files = downloaded_files(entry)
         have = sum(1 for found in files.values() if found is not None)
         needed = len(files)
-        state = "downloaded" if have == needed else f"{have}/{needed} files"
+        if not needed:
+            state = "no files"  # nothing to download: the engine needs no weights
+        else:
+            state = "downloaded" if have == needed else f"{have}/{needed} files"
         license_note = entry.license + (" (non-commercial)" if entry.non_commercial else "")
         click.echo(f"{model_id:<20} {state:<12} {license_note:<28} {entry.description}")
 
