@@ -169,3 +169,17 @@ def test_resume_after_sigkill_gives_the_same_bytes(tmp_path, model_dir, metadata
     assert a["records"] == b["records"]
     for part in ("model", "ema"):
         assert all(torch.equal(a[part][k], b[part][k]) for k in b[part]), part
+
+
+def test_mizuoto_train_command(tmp_path, model_dir, metadata):
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    args = ["--quiet", "train", "-e", "f5tts", "-m", str(model_dir), "--data", str(metadata),
+            "--output", str(tmp_path / "run"), "--steps", "2", "--learning-rate", "1e-4"]
+    result = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "export" / "model_2.safetensors").is_file()
+    again = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
+    assert again.exit_code == 0 and "Trained 2 steps" in again.output
