@@ -93,3 +93,23 @@ def test_a_lora_for_another_model_is_refused_and_nothing_changes(setup, tmp_path
     assert torch.equal(_audio(engine), before)
     with pytest.raises(ModelFilesMissing):
         engine.set_lora(tmp_path)
+
+
+def test_say_applies_a_lora(setup, tmp_path):
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    model, a, _, _ = setup
+    out = tmp_path / "out.wav"
+    result = CliRunner().invoke(cli, ["--quiet", "say", "-m", str(model), "--lora", str(a),
+                                      REQUEST.text, "-o", str(out), "--seed", "3",
+                                      "--param", "max_len=4", "--param", "retry_badcase=false",
+                                      "--param", "inference_timesteps=2",
+                                      "--option", "compute.cpu_threads=1"], obj={})
+    assert result.exit_code == 0, result.output
+    engine = VoxCPMEngine.load(model)
+    engine.set_lora(a)
+    expected = engine.synthesize(REQUEST)
+    expected.save(tmp_path / "expected.wav")
+    assert out.read_bytes() == (tmp_path / "expected.wav").read_bytes()

@@ -273,10 +273,11 @@ def _with_model_options(function):
 @click.option("--stream", is_flag=True, help="Stream: write audio to the file as it is generated.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted --text-file run (OUTPUT.part/).")
 @click.option("--section-chars", type=click.IntRange(1), default=None, help="Long-form section size in characters (default 1000).")
+@click.option("--lora", type=click.Path(exists=True), help="A LoRA directory to apply (engines with set_lora, e.g. VoxCPM).")
 @click.pass_context
 def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, params, option_pairs,
         options_file, ref_audio, ref_text, voice_file, save_voice, instruction, stream, resume,
-        section_chars):
+        section_chars, lora):
     """Speak TEXT (or --text-file) and write it to --output.
 
     A --text-file of any length is spoken section by section straight to the file (bounded
@@ -305,6 +306,10 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     options = _options(options_file, option_pairs)
     with _progress(quiet) as progress:
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
+        if lora:
+            if not hasattr(tts, "set_lora"):
+                raise InvalidRequest("--lora", f"engine {tts.name!r} does not apply LoRAs")
+            tts.set_lora(lora)
         if save_voice:
             voice = tts.build_voice(request.reference)
             voice.save(save_voice)
