@@ -183,3 +183,20 @@ def test_mizuoto_train_command(tmp_path, model_dir, metadata):
     assert (tmp_path / "run" / "export" / "model_2.safetensors").is_file()
     again = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
     assert again.exit_code == 0 and "Trained 2 steps" in again.output
+
+
+@pytest.mark.parametrize("variant", ["base", "e2_base"])
+def test_memory_levels_give_the_same_bytes(tmp_path, metadata, variant):
+    model_dir = write_random_model_dir(tmp_path / "model", variant, size="tiny")
+    trainer = F5Trainer()
+    states = {}
+    for memory in ("default", "low", "lowest"):
+        run = trainer.prepare(_config(model_dir, metadata, tmp_path / memory, steps=3,
+                                      memory=memory))
+        trainer.train(run)
+        states[memory] = load_run_state(tmp_path / memory / CHECKPOINT)
+    for memory in ("low", "lowest"):
+        assert states[memory]["records"] == states["default"]["records"]
+        for part in ("model", "ema"):
+            assert all(torch.equal(states[memory][part][k], v)
+                       for k, v in states["default"][part].items()), (memory, part)

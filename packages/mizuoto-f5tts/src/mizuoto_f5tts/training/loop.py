@@ -171,18 +171,48 @@ class Record:
     lr: float
 
 
+def checkpoint_activations(model: nn.Module) -> int:
+    """Recompute each attention and feed-forward block in the backward pass instead of keeping
+    its activations (``torch.utils.checkpoint``, non-reentrant). The RNG state is replayed for
+    the dropout masks and restored after, so every value and gradient keeps its bytes.
+    Returns the number of wrapped modules."""
+    from torch.utils.checkpoint import checkpoint
+
+    from mizuoto.nn.transformer.attention import Attention
+    from mizuoto.nn.transformer.feedforward import FeedForward
+
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, (Attention, FeedForward)):
+            forward = module.forward
+
+            def recomputed(*args, _forward=forward, **kwargs):
+                if not torch.is_grad_enabled():
+                    return _forward(*args, **kwargs)
+                return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+            module.forward = recomputed
+            wrapped += 1
+    return wrapped
+
+
 class FineTuning:
     """One run: model, EMA, optimiser, schedule, batch order and position; `run` trains."""
 
     def __init__(self, model: nn.Module, vocab: Mapping[str, int], dataset: MelDataset,
                  durations: Sequence[float], settings: LoopSettings, *,
-                 py_random: random.Random, ema_device: str | torch.device | None = None) -> None:
+                 py_random: random.Random, memory: str = "default") -> None:
         self.model = model
         self.vocab = vocab
         self.dataset = dataset
         self.settings = settings
         self.draws = py_random
-        self.ema = EMA(model, device=ema_device)
+        # training.memory: "low" recomputes block activations and keeps the EMA copy in CPU
+        # RAM; "lowest" also keeps AdamW's moments there (on a CPU run: the same bytes)
+        self.memory = memory
+        self.ema = EMA(model, device="cpu" if memory != "default" else None)
+        if memory != "default":
+            checkpoint_activations(model)
         self.optimizer = AdamW(model.parameters(), lr=settings.learning_rate, fused=True)
         if settings.batch_size_type == "frame":
             self.batches = frame_batches(durations, settings.batch_size, settings.max_samples)

@@ -119,7 +119,7 @@ def _settings(config: TrainingConfig, data: PreparedData) -> LoopSettings:
 class F5Trainer(Trainer):
     engine = "f5tts"
     methods = frozenset({"full"})
-    memory_levels = ("default", "low")
+    memory_levels = ("default", "low", "lowest")
 
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None
                 ) -> F5Run:
@@ -164,9 +164,8 @@ class F5Trainer(Trainer):
                                         num_channels=run.variant.mel_dim)
         load_into(model, read_checkpoint(run.checkpoint), run.checkpoint)
         model.train()
-        ema_device = "cpu" if run.memory == "low" else None
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
-                          run.settings, py_random=py_random, ema_device=ema_device)
+                          run.settings, py_random=py_random, memory=run.memory)
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
                else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
         if "initted" in raw and "step" in raw:
