@@ -286,3 +286,15 @@ def test_keyed_generator_depends_on_seed_and_key_only():
     assert torch.equal(draw(1, "x.weight"), draw(1, "x.weight"))
     assert not torch.equal(draw(1, "x.weight"), draw(2, "x.weight"))
     assert not torch.equal(draw(1, "x.weight"), draw(1, "y.weight"))
+
+
+def test_select_device_takes_the_engines_auto_rule():
+    from mizuoto.runtime.device import preferred_device
+
+    assert select_device("auto", auto=lambda: torch.device("cpu")).type == "cpu"
+    assert preferred_device("cpu") == torch.device("cpu")
+    # a config that names a device missing here falls back to the common rule
+    if not torch.cuda.is_available():
+        assert preferred_device("cuda") == select_device("auto")
+    with pytest.raises(InvalidOption, match="compute.device"):
+        select_device("tpu")

@@ -187,7 +187,9 @@ def detect_variant(
     return attrs.evolve(family_variant, size="custom", **fields)
 
 
-def _default_dtype(device: torch.device) -> torch.dtype:
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """F5-TTS's ``auto`` dtype, as upstream: float16 on CUDA devices of compute capability 7
+    or more, else float32."""
     if device.type == "cuda" and torch.cuda.get_device_properties(device).major >= 7:
         return torch.float16
     return torch.float32
@@ -258,7 +260,7 @@ def load_f5_model(
         ode_method=ode_method,
     ).to(device)
     # cast before copying, as upstream's load_checkpoint: stored buffers arrive in `dtype`
-    model = model.to(dtype if dtype is not None else _default_dtype(device))
+    model = model.to(dtype if dtype is not None else auto_dtype(device))
     load_into(model, state, ckpt_path)
     del state
     return model.eval(), vocab

@@ -37,8 +37,9 @@ from mizuoto.contracts.results import Applied, SynthesisResult, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
-from mizuoto.runtime.device import emulated_dtype_warning
+from mizuoto.runtime.device import emulated_dtype_warning, select_device, select_dtype
 from mizuoto.runtime.seeds import resolve_seed
+from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
 from mizuoto_f5tts.text import to_tokens, token_ids
@@ -145,16 +146,6 @@ def default_voice() -> Reference:
     return Reference(data / "default_voice_en.wav", text=text)
 
 
-def _pick_device(requested: str) -> torch.device:
-    if requested != "auto":
-        return torch.device(requested)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
 def _fingerprint(checkpoint: Path, vocab: dict[str, int]) -> str:
     """Identity of the weights: name, size and the first and last MiB of the checkpoint, and
     the vocabulary (a voice's tokens depend on it)."""
@@ -198,7 +189,12 @@ class F5Engine(Engine):
     @classmethod
     def load(cls, model_dir: Path, *, options: Options | None = None,
              model_id: str | None = None, progress: ProgressCallback | None = None) -> F5Engine:
-        from mizuoto_f5tts.checkpoint import find_checkpoint, load_f5_model, load_vocos
+        from mizuoto_f5tts.checkpoint import (
+            auto_dtype,
+            find_checkpoint,
+            load_f5_model,
+            load_vocos,
+        )
 
         model_dir = Path(model_dir)
         options = options or Options()
@@ -211,10 +207,9 @@ class F5Engine(Engine):
             raise ModelFilesMissing(str(model_dir), missing,
                                     "an F5-TTS model directory holds the checkpoint, vocab.txt "
                                     "and vocos/config.yaml + vocos/pytorch_model.bin")
-        if compute.cpu_threads is not None:
-            torch.set_num_threads(compute.cpu_threads)
-        device = _pick_device(compute.device)
-        dtype = None if compute.dtype == "auto" else getattr(torch, compute.dtype)
+        apply_cpu_threads(compute)
+        device = select_device(compute)
+        dtype = select_dtype(compute, device, auto=auto_dtype)
         variant = None if engine_options.variant == "auto" else engine_options.variant
         if variant is None and model_id is not None:
             variant = _catalog_variant(model_id)

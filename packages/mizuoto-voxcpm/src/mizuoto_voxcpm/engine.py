@@ -21,10 +21,17 @@ from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.contracts.requests import MAX_GUIDANCE, MAX_STEPS, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult, check_finite
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
+from mizuoto.errors import CheckpointMismatch, InvalidOption, InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
-from mizuoto.runtime.device import emulated_dtype_warning
+from mizuoto.runtime.device import (
+    dtype_name,
+    emulated_dtype_warning,
+    preferred_device,
+    select_device,
+    select_dtype,
+)
 from mizuoto.runtime.seeds import resolve_seed
+from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
@@ -178,10 +185,11 @@ class VoxCPMEngine(Engine):
         if not (model_dir / "tokenizer.json").is_file():
             raise ModelFilesMissing(str(model_dir), ["tokenizer.json"],
                                     "VoxCPM needs its tokenizer files in the model directory")
-        if options.compute.cpu_threads:
-            torch.set_num_threads(options.compute.cpu_threads)
-        device = _pick_device(options.compute.device, config.device)
-        dtype = _pick_dtype(engine_options.dtype, options.compute.dtype, config, device)
+        apply_cpu_threads(options.compute)
+        # auto follows upstream: the config's device where it is available
+        device = select_device(options.compute, auto=lambda: preferred_device(config.device))
+        dtype = select_dtype(_dtype_setting(engine_options.dtype, options.compute.dtype),
+                             device, auto=lambda device: _auto_dtype(config, device))
         slow = emulated_dtype_warning(dtype, device, setting="engines.voxcpm.dtype",
                                       speedup=FLOAT32_SPEEDUP.get(dtype, ""))
         if slow:
@@ -189,11 +197,13 @@ class VoxCPMEngine(Engine):
         report(progress, "load", 0, 3, "language model")
         model = load_model(model_dir, config, dtype=dtype, device=device)
         report(progress, "load", 1, 3, "audio VAE")
-        raw = _raw_config(model_dir)
-        vae = load_audio_vae(model_dir, audio_vae_config_from_model_config(raw), device)
+        vae_config = audio_vae_config_from_model_config(
+            {"architecture": config.architecture, "audio_vae_config": config.audio_vae})
+        vae = load_audio_vae(model_dir, vae_config, device)
         if vae.latent_dim != config.feat_dim:
-            raise InvalidRequest("model", f"feat_dim {config.feat_dim} differs from the VAE's "
-                                          f"latent_dim {vae.latent_dim}")
+            raise CheckpointMismatch(str(model_dir / "config.json"),
+                                     detail=f"feat_dim {config.feat_dim} differs from the audio "
+                                     f"VAE's latent_dim {vae.latent_dim}")
         report(progress, "load", 2, 3, "tokenizer")
         tokenizer = VoxCPMTokenizer.from_model_dir(model_dir)
         report(progress, "load", 3, 3)
@@ -435,46 +445,19 @@ class VoxCPMEngine(Engine):
                                      is_last=last, applied=applied)
 
 
-def _raw_config(model_dir: Path) -> dict:
-    import json
-
-    return json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-
-
-def _pick_device(requested: str, preferred: str) -> torch.device:
-    """``auto`` follows upstream: the config's ``device`` when it is available (``cpu`` always
-    is), else CUDA, then MPS, then the CPU."""
-    mps = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
-    if requested != "auto":
-        device = torch.device(requested)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise InvalidOption("compute.device", "CUDA is not available here; use auto or cpu")
-        if device.type == "mps" and not mps:
-            raise InvalidOption("compute.device", "MPS is not available here; use auto or cpu")
-        return device
-    if preferred.startswith("cuda") and torch.cuda.is_available():
-        return torch.device(preferred)
-    if preferred == "mps" and mps:
-        return torch.device("mps")
-    if preferred == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if mps:
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def _pick_dtype(engine_dtype: str, compute_dtype: str, config: VoxCPMConfig,
-                device: torch.device) -> torch.dtype:
+def _dtype_setting(engine_dtype: str, compute_dtype: str) -> str:
+    """``engines.voxcpm.dtype`` wins over ``compute.dtype``; upstream's spellings (bf16, fp32)
+    become the canonical names."""
     requested = engine_dtype if engine_dtype != "auto" else compute_dtype
-    if requested != "auto":
-        return torch_dtype(requested)
-    dtype = config.torch_dtype
-    # upstream runs MPS in float32: low precision glitches its autoregressive loop there
-    if device.type == "mps" and dtype != torch.float32:
+    return requested if requested == "auto" else dtype_name(torch_dtype(requested))
+
+
+def _auto_dtype(config: VoxCPMConfig, device: torch.device) -> torch.dtype:
+    """The config's dtype, as upstream; float32 on MPS, where upstream's autoregressive loop
+    glitches in low precision."""
+    if device.type == "mps":
         return torch.float32
-    return dtype
+    return config.torch_dtype
 
 
 __all__ = ["VoxCPMEngine", "VoxCPMOptions", "VoxCPMParams", "WEIGHT_FILES"]

@@ -23,18 +23,37 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 AutoDtype = torch.dtype | Callable[[torch.device], torch.dtype]
 
 
-def select_device(compute: ComputeOptions | str = "auto") -> torch.device:
-    """The device named by ``compute.device`` (``auto``, ``cpu``, ``cuda[:n]``, ``mps``).
+def default_device() -> torch.device:
+    """The common ``auto`` rule: CUDA, then Apple MPS, then the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if _mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def preferred_device(preferred: str) -> torch.device:
+    """An ``auto`` rule for engines whose model files name a device (VoxCPM's config): that
+    device where it is available here, else :func:`default_device`."""
+    if preferred == "cpu":
+        return torch.device("cpu")
+    if preferred.startswith("cuda") and torch.cuda.is_available():
+        return torch.device(preferred)
+    if preferred == "mps" and _mps_available():
+        return torch.device("mps")
+    return default_device()
+
+
+def select_device(compute: ComputeOptions | str = "auto", *,
+                  auto: Callable[[], torch.device] = default_device) -> torch.device:
+    """The device named by ``compute.device`` (``auto``, ``cpu``, ``cuda[:n]``, ``mps``);
+    ``auto`` is the engine's rule (default: :func:`default_device`).
 
     Raises :class:`InvalidOption` when the named backend is not available here.
     """
     name = compute.device if isinstance(compute, ComputeOptions) else compute
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if _mps_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        return auto()
     try:
         device = torch.device(name)
     except RuntimeError as exc:
