@@ -1,5 +1,6 @@
 """``mizuoto serve`` as a process: it starts on a random-init model offline, and SIGTERM lets
-the request in flight finish before the process exits."""
+the request in flight finish before the process exits. Also ``mizuoto say -o`` in the
+server's lossy formats."""
 
 from __future__ import annotations
 
@@ -46,16 +47,36 @@ def _running(url: str) -> bool:
     return 'mizuoto_queue_depth{model="f5"} 1' in httpx.get(f"{url}/metrics").text
 
 
-def test_sigterm_finishes_the_request_in_flight(tmp_path):
+@pytest.fixture(scope="module")
+def f5_dir(tmp_path_factory):
     from mizuoto_f5tts.fixtures import write_random_model_dir
 
-    write_random_model_dir(tmp_path / "f5", "v1_base", size="tiny")
+    directory = tmp_path_factory.mktemp("serve-process") / "f5"
+    write_random_model_dir(directory, "v1_base", size="tiny")
+    return directory
+
+
+@pytest.mark.parametrize("suffix", [".mp3", ".ogg", ".opus"])
+def test_say_writes_mp3_and_opus(f5_dir, tmp_path, suffix):
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    output = tmp_path / f"out{suffix}"
+    result = CliRunner().invoke(cli, ["say", "-m", str(f5_dir), "Hello.", "--steps", "2",
+                                      "--seed", "1", "-o", str(output)], obj={})
+    assert result.exit_code == 0, result.output
+    info = sf.info(str(output))
+    assert info.samplerate == 24000 and info.frames > 0
+
+
+def test_sigterm_finishes_the_request_in_flight(f5_dir, tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MIZUOTO_HOME": str(tmp_path / "home"), "MIZUOTO_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "mizuoto", "serve", "-m", str(tmp_path / "f5"), "--port",
+        [sys.executable, "-m", "mizuoto", "serve", "-m", str(f5_dir), "--port",
          str(port), "--grace", "60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait_ready(url, process)

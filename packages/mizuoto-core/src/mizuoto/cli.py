@@ -1,7 +1,8 @@
 """The ``mizuoto`` command.
 
 Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
-file not found (or a checkpoint that does not match); 4 capability not supported; 130 interrupted.
+file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
+finished with failed lines (its manifest names them); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ def _first_section(text_file):
 _model_options = [
     click.option("-m", "--model", required=True, help="Catalog id (see `mizuoto models`) or a model directory."),
     click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory)."),
-    click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="WAV or FLAC file to write."),
+    click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="WAV, FLAC, MP3 or Ogg/Opus (.ogg, .opus) file to write."),
     click.option("--seed", type=int, help="Seed (default: drawn and printed)."),
     click.option("--steps", type=int, help="Sampler steps (engine default if unset)."),
     click.option("--guidance", type=float, help="Guidance strength (engine default if unset)."),
@@ -330,9 +331,27 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             applied = _stream_to_file(tts, request, output, progress)
         else:
             result = tts.synthesize(request, progress=progress)
-            result.save(output)
+            _save(result.audio, result, output)
             applied = result.applied
     _report(applied, output, quiet)
+
+
+#: Output suffixes written by the server's encoders (lossy: no seed/license metadata).
+_ENCODED = {".mp3": "mp3", ".ogg": "opus", ".opus": "opus"}
+
+
+def _save(audio, result, output) -> None:
+    """Write ``audio``: WAV/FLAC with the result's metadata, MP3/Opus through the encoders."""
+    response_format = _ENCODED.get(Path(output).suffix.lower())
+    if response_format is None:
+        result.save(output)
+        return
+    from mizuoto.runtime.atomic import atomic_path
+    from mizuoto.serve.encoders import encode
+
+    data = encode(audio.numpy(), audio.sample_rate, response_format)
+    with atomic_path(output) as tmp:
+        Path(tmp).write_bytes(data)
 
 
 def _stream_to_file(tts, request, output, progress):
@@ -340,6 +359,15 @@ def _stream_to_file(tts, request, output, progress):
 
     from mizuoto.runtime.atomic import atomic_path
 
+    if Path(output).suffix.lower() in _ENCODED:  # encoded once the stream has ended
+        import torch
+
+        from mizuoto.contracts import Audio
+
+        chunks = list(tts.stream(request, progress=progress))
+        audio = Audio(torch.cat([c.audio.samples for c in chunks]), tts.info.sample_rate)
+        _save(audio, None, output)
+        return chunks[-1].applied
     applied = None
     with atomic_path(output) as tmp:
         with sf.SoundFile(tmp, "w", samplerate=tts.info.sample_rate, channels=1,
@@ -398,7 +426,7 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
                                       steps=steps, guidance=guidance, params=_params(params)),
                           progress=progress)
-        result.save(output)
+        _save(result.audio, result, output)
     _report(result.applied, output, ctx.obj["quiet"])
 
 
@@ -414,6 +442,56 @@ class _FixtureListCommand(click.Command):
                 formatter.write_text("none: no engine plugin is installed")
             formatter.write_dl([(fid, fixture.description or "")
                                 for fid, fixture in sorted(fixtures.items())])
+
+
+@cli.command()
+@click.argument("input_file", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
+@click.option("-m", "--model", required=True, help="Catalog id or model directory (loaded once).")
+@click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for <id>.<format> files and manifest.jsonl.")
+@click.option("--format", "file_format", type=click.Choice(["wav", "flac"]), default="wav", show_default=True)
+@click.option("--steps", type=int, help="Sampler steps for lines that do not set them.")
+@click.option("--guidance", type=float, help="Guidance for lines that do not set it.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
+@click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Local worker processes (CPU cores shared; one GPU each).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Run on Ray (mizuoto-core[ray]): a local instance, or ADDRESS.")
+@click.option("--ray-actors", type=click.IntRange(1), default=2, show_default=True, help="Ray actors (model copies).")
+@click.option("--ray-cpus", type=float, default=0.5, show_default=True, help="CPUs per Ray actor.")
+@click.option("--ray-gpus", type=float, default=0.0, show_default=True, help="GPUs per Ray actor.")
+@click.pass_context
+def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidance, params,
+          option_pairs, options_file, workers, ray_address, ray_actors, ray_cpus, ray_gpus):
+    """Speak every line of INPUT (JSONL, CSV, TSV or plain text) into --output-dir.
+
+    Each line gives id, text and optionally voice, reference, reference_text, instruction, seed,
+    steps, guidance, params. A bad line is recorded in manifest.jsonl with its error and the
+    batch goes on; lines already written with the same request are skipped, so a rerun
+    resumes. Exit code 5 when any line failed. See docs/batch.md.
+    """
+    from mizuoto.batch.run import BatchJob, ModelLoader, run_batch
+
+    defaults = {"steps": steps, "guidance": guidance, "params": _params(params)}
+    job = BatchJob(input_file, output_dir, file_format,
+                   {key: value for key, value in defaults.items() if value not in (None, {})})
+    options = _options(options_file, option_pairs)
+    actors = ray_actors if ray_address else workers
+    loader = ModelLoader(model, engine, options, workers=actors)
+    records = None
+    if ray_address:
+        from mizuoto.batch.ray import RaySettings, ray_records
+
+        settings = RaySettings(None if ray_address == "local" else ray_address, ray_actors,
+                               ray_cpus, ray_gpus)
+        records = ray_records(loader, settings)
+    with _progress(ctx.obj["quiet"]) as progress:
+        summary = run_batch(job, load=loader, workers=workers, progress=progress,
+                            records=records)
+    click.echo(f"{summary.lines} lines: {summary.ok} written, {summary.skipped} already done, "
+               f"{summary.failed} failed; manifest {summary.manifest}", err=True)
+    if summary.failed:
+        ctx.exit(5)
 
 
 @cli.command(name="random-model", cls=_FixtureListCommand)

@@ -53,7 +53,8 @@ class MizuotoExtension(BaseModel):
     steps: int | None = None
     guidance: float | None = None
     params: dict[str, Any] = Field(default_factory=dict)
-    #: ``False``: the whole response at once, made by ``engine.synthesize``.
+    #: ``False``: the whole response at once, made by ``engine.synthesize`` (engines that
+    #: cannot stream always answer so).
     stream: bool = True
 
 
@@ -138,7 +139,7 @@ def _build_request(body: SpeechBody, engine, voice):
 
 def _speech_job(request, stream: bool):
     def run(engine, job: Job) -> None:
-        if stream and engine.supports(Capability.STREAM):
+        if stream:
             chunks = engine.stream(request, progress=job.check)
             try:
                 for chunk in chunks:
@@ -196,6 +197,9 @@ async def speech(request: Request):
         except Exception as exc:
             raise from_mizuoto(exc) from exc
     engine_request, warnings, stream = _build_request(body, engine, voice)
+    # an engine that cannot stream has the whole audio before the first byte: a whole file
+    # (with its length in the header) then comes as early as a stream would
+    stream = stream and engine.supports(Capability.STREAM)
     job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop())
     worker.submit(job)
     try:

@@ -1,0 +1,154 @@
+"""Load test of ``mizuoto serve``: concurrent streaming requests across a tiny random-init
+F5-TTS model and a tiny random-init VoxCPM2 model, against a single-global-lock baseline.
+
+Each server runs in this process on a free loopback port (127.0.0.1 only). First every
+request runs alone, one after the other (the reference bytes); then all of them are sent at
+once, streamed (``stream_format="audio"``, raw PCM). The report gives, for the server with one
+worker per model and for the same server with one lock around every request (coqui's design):
+errors, whether each concurrent response is byte-identical to its single run, the time to
+first audio (p50, p95, from sending the request to its first body bytes), the wall time and the
+throughput (seconds of audio per second, requests per second).
+
+    python packages/mizuoto-core/benchmarks/bench_serve.py               # 16 requests
+    python packages/mizuoto-core/benchmarks/bench_serve.py --requests 8 --rounds 1
+
+Bounded: every request has a timeout, the servers stop at the end. Never run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per worker: parallelism is ours
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+TIMEOUT = 120.0
+
+
+def _body(index: int, args) -> dict:
+    """Request ``index``: even ones to F5-TTS, odd ones to VoxCPM2; each its own seed."""
+    if index % 2 == 0:
+        return {"model": "f5", "input": TEXT, "voice": "default", "response_format": "pcm",
+                "mizuoto": {"seed": index, "steps": args.f5_steps}}
+    return {"model": "vox", "input": TEXT, "voice": "default", "response_format": "pcm",
+            "mizuoto": {"seed": index, "steps": 2, "params": {"max_len": args.vox_patches}}}
+
+
+async def _one(client, url: str, body: dict) -> dict:
+    started = time.perf_counter()
+    first = None
+    data = bytearray()
+    async with client.stream("POST", f"{url}/v1/audio/speech", json=body,
+                             timeout=TIMEOUT) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return {"error": f"{response.status_code} {response.text[:200]}"}
+        async for piece in response.aiter_bytes():
+            if first is None and piece:
+                first = time.perf_counter() - started
+            data += piece
+    return {"ttfa": first, "seconds": time.perf_counter() - started, "data": bytes(data),
+            "model": body["model"]}
+
+
+async def _run(url: str, bodies: list[dict], concurrent: bool) -> tuple[list[dict], float]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(limits=limits) as client:
+        started = time.perf_counter()
+        if concurrent:
+            results = await asyncio.gather(*(_one(client, url, b) for b in bodies),
+                                           return_exceptions=True)
+        else:
+            results = [await _one(client, url, b) for b in bodies]
+        wall = time.perf_counter() - started
+    return [r if isinstance(r, dict) else {"error": repr(r)} for r in results], wall
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _measure(models: Path, args, shared_lock: bool, reference: list[bytes] | None):
+    from mizuoto.serve import ServeConfig, serve_in_thread
+
+    config = ServeConfig(models={"f5": str(models / "f5"), "vox": str(models / "vox")},
+                         queue_size=args.requests, shared_lock=shared_lock,
+                         voices_dir=models / "voices")
+    bodies = [_body(i, args) for i in range(args.requests)]
+    rounds = []
+    with serve_in_thread(config) as url:
+        asyncio.run(_run(url, bodies[:2], concurrent=False))  # warm-up
+        if reference is None:
+            singles, _ = asyncio.run(_run(url, bodies, concurrent=False))
+            reference = [r.get("data") for r in singles]
+        for _ in range(args.rounds):
+            rounds.append(asyncio.run(_run(url, bodies, concurrent=True)))
+    rows = []
+    for results, wall in rounds:
+        errors = [r["error"] for r in results if "error" in r]
+        ok = [r for r in results if "error" not in r]
+        identical = sum(r.get("data") == ref for r, ref in zip(results, reference, strict=True))
+        ttfa = [r["ttfa"] for r in ok]
+        audio = sum(len(r["data"]) / 2 / 24000 for r in ok)  # pcm: 16-bit at 24 kHz
+        by_model = {m: statistics.median(r["ttfa"] for r in ok if r["model"] == m)
+                    for m in ("f5", "vox") if any(r["model"] == m for r in ok)}
+        rows.append({"errors": len(errors), "identical": identical, "n": len(results),
+                     "p50": _percentile(ttfa, 0.5), "p95": _percentile(ttfa, 0.95),
+                     "wall": wall, "audio_per_s": audio / wall, "req_per_s": len(ok) / wall,
+                     "by_model": by_model, "first_error": errors[0] if errors else ""})
+    return rows, reference
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--f5-steps", type=int, default=8)
+    parser.add_argument("--vox-patches", type=int, default=24)
+    parser.add_argument("--dir", type=Path, help="model directory to reuse (default: temp)")
+    args = parser.parse_args()
+
+    from mizuoto_f5tts.fixtures import write_random_model_dir
+    from mizuoto_voxcpm.fixtures import write_random_model
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="mizuoto-bench-serve-"))
+    if not (root / "f5").is_dir():
+        write_random_model_dir(root / "f5", "v1_base", size="tiny")
+    if not (root / "vox").is_dir():
+        write_random_model(root / "vox", "voxcpm2", dtype="float32")
+
+    print(f"{args.requests} concurrent streaming requests (half F5-TTS tiny at "
+          f"{args.f5_steps} steps, half VoxCPM2 tiny at {args.vox_patches} patches), "
+          f"{args.rounds} rounds, {os.cpu_count()} CPUs, OMP_NUM_THREADS="
+          f"{os.environ['OMP_NUM_THREADS']}", file=sys.stderr)
+    reference = None
+    table = []
+    for label, shared in (("one worker per model", False), ("single global lock", True)):
+        rows, reference = _measure(root, args, shared, reference)
+        for round_index, row in enumerate(rows):
+            table.append((label, round_index + 1, row))
+    print("| server | round | errors | identical to single runs | TTFA p50 (s) | TTFA p95 (s) "
+          "| TTFA p50 F5 / VoxCPM (s) | wall (s) | audio s / s | requests / s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, round_index, row in table:
+        per_model = " / ".join(f"{row['by_model'].get(m, float('nan')):.2f}"
+                               for m in ("f5", "vox"))
+        print(f"| {label} | {round_index} | {row['errors']} | {row['identical']}/{row['n']} "
+              f"| {row['p50']:.2f} | {row['p95']:.2f} | {per_model} | {row['wall']:.2f} "
+              f"| {row['audio_per_s']:.2f} | {row['req_per_s']:.2f} |")
+        if row["first_error"]:
+            print(f"  first error: {row['first_error']}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
