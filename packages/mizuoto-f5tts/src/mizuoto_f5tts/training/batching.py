@@ -45,9 +45,14 @@ def one_thread() -> Iterator[None]:
 
 
 class MelDataset:
-    def __init__(self, clips: Sequence[Clip]) -> None:
+    """Mels are computed once and kept while they fit in ``cache_bytes`` (upstream recomputes
+    them every epoch; the values are the same)."""
+
+    def __init__(self, clips: Sequence[Clip], cache_bytes: int = 1 << 30) -> None:
         self.clips = list(clips)
         self._resamplers: dict[int, SincResampler] = {}
+        self._cache: dict[int, torch.Tensor] = {}
+        self._cache_left = cache_bytes
 
     def __len__(self) -> int:
         return len(self.clips)
@@ -62,10 +67,17 @@ class MelDataset:
         return samples
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, list[str]]:
-        with one_thread():
-            mel = log_mel_spectrogram(self.audio(index), sample_rate=SAMPLE_RATE, n_fft=N_FFT,
-                                      hop_length=HOP_LENGTH, win_length=WIN_LENGTH,
-                                      n_mels=N_MELS, clip_val=1e-5).squeeze(0)
+        mel = self._cache.get(index)
+        if mel is None:
+            with one_thread():
+                mel = log_mel_spectrogram(self.audio(index), sample_rate=SAMPLE_RATE,
+                                          n_fft=N_FFT, hop_length=HOP_LENGTH,
+                                          win_length=WIN_LENGTH, n_mels=N_MELS,
+                                          clip_val=1e-5).squeeze(0)
+            size = mel.numel() * mel.element_size()
+            if size <= self._cache_left:
+                self._cache[index] = mel
+                self._cache_left -= size
         return mel, list(self.clips[index].tokens)
 
 
