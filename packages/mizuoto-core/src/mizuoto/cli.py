@@ -1,7 +1,8 @@
 """The ``mizuoto`` command.
 
 Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
-file not found (or a checkpoint that does not match); 4 capability not supported; 130 interrupted.
+file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
+finished with failed lines (its manifest names them); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -441,6 +442,56 @@ class _FixtureListCommand(click.Command):
                 formatter.write_text("none: no engine plugin is installed")
             formatter.write_dl([(fid, fixture.description or "")
                                 for fid, fixture in sorted(fixtures.items())])
+
+
+@cli.command()
+@click.argument("input_file", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
+@click.option("-m", "--model", required=True, help="Catalog id or model directory (loaded once).")
+@click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for <id>.<format> files and manifest.jsonl.")
+@click.option("--format", "file_format", type=click.Choice(["wav", "flac"]), default="wav", show_default=True)
+@click.option("--steps", type=int, help="Sampler steps for lines that do not set them.")
+@click.option("--guidance", type=float, help="Guidance for lines that do not set it.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
+@click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Local worker processes (CPU cores shared; one GPU each).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Run on Ray (mizuoto-core[ray]): a local instance, or ADDRESS.")
+@click.option("--ray-actors", type=click.IntRange(1), default=2, show_default=True, help="Ray actors (model copies).")
+@click.option("--ray-cpus", type=float, default=0.5, show_default=True, help="CPUs per Ray actor.")
+@click.option("--ray-gpus", type=float, default=0.0, show_default=True, help="GPUs per Ray actor.")
+@click.pass_context
+def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidance, params,
+          option_pairs, options_file, workers, ray_address, ray_actors, ray_cpus, ray_gpus):
+    """Speak every line of INPUT (JSONL, CSV, TSV or plain text) into --output-dir.
+
+    Each line gives id, text and optionally voice, reference, reference_text, instruction, seed,
+    steps, guidance, params. A bad line is recorded in manifest.jsonl with its error and the
+    batch goes on; lines already written with the same request are skipped, so a rerun
+    resumes. Exit code 5 when any line failed. See docs/batch.md.
+    """
+    from mizuoto.batch.run import BatchJob, ModelLoader, run_batch
+
+    defaults = {"steps": steps, "guidance": guidance, "params": _params(params)}
+    job = BatchJob(input_file, output_dir, file_format,
+                   {key: value for key, value in defaults.items() if value not in (None, {})})
+    options = _options(options_file, option_pairs)
+    actors = ray_actors if ray_address else workers
+    loader = ModelLoader(model, engine, options, workers=actors)
+    records = None
+    if ray_address:
+        from mizuoto.batch.ray import RaySettings, ray_records
+
+        settings = RaySettings(None if ray_address == "local" else ray_address, ray_actors,
+                               ray_cpus, ray_gpus)
+        records = ray_records(loader, settings)
+    with _progress(ctx.obj["quiet"]) as progress:
+        summary = run_batch(job, load=loader, workers=workers, progress=progress,
+                            records=records)
+    click.echo(f"{summary.lines} lines: {summary.ok} written, {summary.skipped} already done, "
+               f"{summary.failed} failed; manifest {summary.manifest}", err=True)
+    if summary.failed:
+        ctx.exit(5)
 
 
 @cli.command(name="random-model", cls=_FixtureListCommand)

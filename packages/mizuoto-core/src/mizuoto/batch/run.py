@@ -1,0 +1,273 @@
+"""Running a batch: each line to ``OUT/<id>.<ext>``, its record to ``OUT/manifest.jsonl``.
+
+:func:`speak_line` is the whole work of one line, the same in every backend (this process,
+``workers`` local processes, Ray actors), so that the files are the same whichever runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from mizuoto.batch.items import BatchLine, build_request, count_lines, read_lines
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.identity import digest, model_identity, request_identity
+
+if TYPE_CHECKING:
+    from mizuoto.contracts.engine import Engine
+    from mizuoto.options import Options
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.jsonl"
+FORMATS = ("wav", "flac")
+
+
+@attrs.frozen
+class BatchSummary:
+    """How a batch went: lines ``ok`` (written now), ``skipped`` (already written by an
+    earlier run with the same request) and ``failed``; the manifest's path."""
+
+    ok: int
+    skipped: int
+    failed: int
+    manifest: Path
+    elapsed: float
+
+    @property
+    def lines(self) -> int:
+        return self.ok + self.skipped + self.failed
+
+
+@attrs.frozen
+class BatchJob:
+    """What every line of a batch shares: where its input is, where outputs go, the format,
+    and request defaults (``steps``, ``guidance``, ``params``)."""
+
+    input: Path = attrs.field(converter=Path)
+    output_dir: Path = attrs.field(converter=Path)
+    format: str = "wav"
+    defaults: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self):
+        if self.format not in FORMATS:
+            raise InvalidRequest("format", f"must be one of {', '.join(FORMATS)}, "
+                                 f"got {self.format!r}")
+
+
+def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
+               previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Synthesize one line and write its file atomically; return its manifest record.
+
+    A line whose ``previous`` record is ``ok`` with the same request hash, and whose file is
+    still there, is not synthesized again (``"resumed": true``). Any error (a bad field, a
+    missing file, an engine failure) becomes the record's ``error``; only an interruption
+    (``KeyboardInterrupt``) propagates.
+    """
+    record: dict[str, Any] = {"line": line.number, "id": line.id}
+    started = time.monotonic()
+    try:
+        request = build_request(line, base=job.input.parent, defaults=job.defaults)
+        path = job.output_dir / f"{line.id}.{job.format}"
+        key = digest({"model": model_identity(engine), "request": request_identity(request),
+                      "format": job.format})
+        if previous and previous.get("status") == "ok" and previous.get("hash") == key \
+                and path.is_file():
+            return {**previous, "line": line.number, "resumed": True}
+        result = engine.synthesize(request)
+        result.save(path)
+    except (MizuotoError, OSError, ValueError, RuntimeError, TypeError) as exc:
+        return {**record, "status": "error", "error": _error(exc)}
+    applied = attrs.asdict(result.applied, recurse=False)
+    applied.update(sampler=dict(result.applied.sampler), extra=dict(result.applied.extra),
+                   fallbacks=list(result.applied.fallbacks),
+                   warnings=list(result.applied.warnings))
+    return {**record, "status": "ok", "path": path.name, "hash": key,
+            "seconds": round(result.audio.duration, 6),
+            "elapsed": round(time.monotonic() - started, 3), "applied": applied}
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    error = {"type": type(exc).__name__, "message": str(exc)}
+    field = getattr(exc, "field", None) or getattr(exc, "key", None)
+    if field:
+        error["field"] = field
+    return error
+
+
+class Manifest:
+    """``manifest.jsonl``: records are appended as lines finish (a killed batch keeps what it
+    did), then :meth:`compact` rewrites it atomically with one record per input line, in
+    input order."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.path = Path(output_dir) / MANIFEST
+        self.previous = self._read()
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        records: dict[str, dict[str, Any]] = {}
+        if self.path.is_file():
+            with open(self.path, encoding="utf-8") as handle:
+                for raw in handle:
+                    try:
+                        record = json.loads(raw)
+                    except ValueError:  # a line cut short by a kill
+                        continue
+                    if isinstance(record, dict) and "id" in record:
+                        records[str(record["id"])] = record
+        return records
+
+    def __enter__(self) -> Manifest:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = open(self.path, "a", encoding="utf-8")
+        self.records: dict[str, dict[str, Any]] = {}
+        return self
+
+    def add(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
+        self._handle.flush()
+        self.records[str(record["id"])] = record
+
+    def __exit__(self, *exc_info) -> None:
+        self._handle.close()
+
+    def compact(self, order: Iterable[BatchLine]) -> None:
+        from mizuoto.runtime.atomic import atomic_path
+
+        with atomic_path(self.path) as tmp, open(tmp, "w", encoding="utf-8") as out:
+            for line in order:
+                record = self.records.get(line.id)
+                if record is not None and record.get("line") == line.number:
+                    out.write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
+
+
+def run_batch(job: BatchJob, *, engine: Engine | None = None, load: Callable[[], Engine] | None
+              = None, workers: int = 1, progress: ProgressCallback | None = None,
+              records: Callable[[BatchJob, list[tuple[BatchLine, dict | None]]],
+                                Iterator[dict[str, Any]]] | None = None) -> BatchSummary:
+    """Run every line of ``job``. Pass a loaded ``engine`` (one process), or ``load`` (called
+    once per worker) with ``workers`` > 1; ``records`` replaces the backend (see
+    :mod:`mizuoto.batch.ray`). A ``lines`` progress stage counts lines, with ``detail`` the
+    failures so far."""
+    started = time.monotonic()
+    total = count_lines(job.input)
+    ok = skipped = failed = 0
+    report(progress, "lines", 0, total)
+    with Manifest(job.output_dir) as manifest:
+        pending = ((line, manifest.previous.get(line.id)) for line in read_lines(job.input))
+        if records is not None:
+            stream = records(job, list(pending))
+        elif workers > 1:
+            stream = _in_workers(job, pending, load, workers)
+        else:
+            if engine is None:
+                engine = load()
+            stream = (speak_line(engine, job, line, previous) for line, previous in pending)
+        for record in stream:
+            manifest.add(record)
+            if record["status"] != "ok":
+                failed += 1
+                log.warning("line %s (%s): %s", record["line"], record["id"],
+                            record["error"]["message"])
+            elif record.get("resumed"):
+                skipped += 1
+            else:
+                ok += 1
+            report(progress, "lines", ok + skipped + failed, total,
+                   f"{failed} failed" if failed else "")
+    manifest.compact(read_lines(job.input))
+    return BatchSummary(ok, skipped, failed, manifest.path, time.monotonic() - started)
+
+
+# -- local worker processes -----------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _in_workers(job: BatchJob, pending: Iterator[tuple[BatchLine, dict | None]], load,
+                workers: int) -> Iterator[dict[str, Any]]:
+    """Lines spread over ``workers`` processes, each loading the model once; at most two
+    lines per worker in flight, records yielded as lines finish."""
+    import concurrent.futures
+    import multiprocessing
+
+    if load is None:
+        raise InvalidRequest("workers", "needs a loader (load=...) to load the model in each "
+                             "worker")
+    context = multiprocessing.get_context("spawn")
+    slots = context.Queue()
+    for slot in range(workers):
+        slots.put(slot)
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                                initializer=_start_worker,
+                                                initargs=(load, job, slots)) as pool:
+        in_flight: set = set()
+        for line, previous in pending:
+            if line.error is not None:  # unreadable: no model needed (and errors do not pickle)
+                yield speak_line(None, job, line, previous)
+                continue
+            in_flight.add(pool.submit(_work, line, previous))
+            if len(in_flight) >= 2 * workers:
+                done, in_flight = concurrent.futures.wait(
+                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                yield from (future.result() for future in done)
+        for future in concurrent.futures.as_completed(in_flight):
+            yield future.result()
+
+
+def _start_worker(load, job: BatchJob, slots) -> None:
+    slot = slots.get()
+    os.environ["MIZUOTO_WORKER"] = str(slot)
+    _WORKER.update(engine=load(slot), job=job)
+
+
+def _work(line: BatchLine, previous: dict | None) -> dict[str, Any]:
+    return speak_line(_WORKER["engine"], _WORKER["job"], line, previous)
+
+
+@attrs.frozen
+class ModelLoader:
+    """Loads ``model`` with ``options`` in a worker (picklable). Worker ``slot`` of several on
+    a machine with CUDA devices gets ``cuda:<slot mod count>`` when the device is ``auto`` or
+    ``cuda``; on the CPU each worker gets an equal share of the cores unless
+    ``compute.cpu_threads`` is set."""
+
+    model: str = attrs.field(converter=str)
+    engine: str | None = None
+    # kept as plain mappings: Options hold mapping proxies, which do not pickle
+    options: dict[str, Any] = attrs.field(factory=dict, converter=lambda o: _plain_options(o))
+    workers: int = 1
+
+    def __call__(self, slot: int = 0) -> Engine:
+        import mizuoto
+        from mizuoto.options import Options
+
+        options = Options.from_mapping(self.options)
+        overrides = []
+        if self.workers > 1:
+            import torch
+
+            device = options.compute.device
+            if device in ("auto", "cuda") and torch.cuda.is_available():
+                overrides.append(f"compute.device=cuda:{slot % torch.cuda.device_count()}")
+            elif options.compute.cpu_threads is None:
+                threads = max(1, (os.cpu_count() or 1) // self.workers)
+                overrides.append(f"compute.cpu_threads={threads}")
+        if overrides:
+            options = options.with_overrides(overrides)
+        return mizuoto.load(self.model, engine=self.engine, options=options)
+
+
+def _plain_options(options: Options | dict | None) -> dict[str, Any]:
+    if options is None or isinstance(options, dict):
+        return dict(options or {})
+    return {"compute": attrs.asdict(options.compute),
+            "engines": {name: dict(section) for name, section in options.engines.items()}}
