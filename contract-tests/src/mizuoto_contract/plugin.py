@@ -40,6 +40,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "mizuoto_requires(*capabilities, when=None): generate this contract test "
         "only for models that declare the capabilities (and whose fixture passes `when`)")
     config.stash[_UNUSED] = set()
+    from mizuoto_contract.profiles import load_profile
+
+    try:  # the Hypothesis profile of every package's property tests (see profiles.py)
+        load_profile()
+    except ImportError:  # Hypothesis is not installed: no property tests to configure
+        pass
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
