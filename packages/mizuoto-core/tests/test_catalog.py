@@ -7,8 +7,8 @@ import types
 from pathlib import Path
 
 import pytest
-
 from conftest import FAKE_ENTRY
+
 from mizuoto import CatalogEntry, HubFile, catalog, resolve_model
 from mizuoto.errors import ModelFilesMissing, ModelNotFound
 

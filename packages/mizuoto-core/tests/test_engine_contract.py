@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import FakeEngine
+
 from mizuoto import Options
 from mizuoto.contracts.engine import engine_lock
 from mizuoto.errors import InvalidOption

@@ -7,9 +7,9 @@ import logging
 import sys
 
 import pytest
+from conftest import make_plugin
 
 import mizuoto
-from conftest import make_plugin
 from mizuoto import hookspecs, plugins, registry
 
 

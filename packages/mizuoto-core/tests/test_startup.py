@@ -16,9 +16,9 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
+from conftest import FakeEngine, FakeOptions, make_plugin
 
 import mizuoto
-from conftest import FakeEngine, FakeOptions, make_plugin
 from mizuoto import Capability, EngineRef, Progress, registry
 from mizuoto.cli import _progress, _ProgressBars, _ProgressLog, cli
 from mizuoto.errors import EngineNotFound, InvalidOption, MizuotoError
