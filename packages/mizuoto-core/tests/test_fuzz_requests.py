@@ -281,3 +281,15 @@ def test_found_option_defects_are_named_errors(values, key):
     with pytest.raises(InvalidOption) as raised:
         Options.from_mapping(values)
     assert raised.value.key == key
+
+
+def test_voice_with_non_finite_tensors_is_refused(tmp_path):
+    voice = Voice("fake", "f" * 64, 8000, {"prompt": torch.tensor([0.0, float("nan")])})
+    with pytest.raises(InvalidRequest, match="NaN or infinite"):
+        Voice.load(voice.save(tmp_path / "nan.voice"))
+
+
+def test_empty_in_memory_reference_is_invalid_audio():
+    # VoxCPM's first generation resampled it and crashed in the kernel's reshape
+    with pytest.raises(InvalidAudio, match="no samples"):
+        Reference(Audio([], 16000), "text")

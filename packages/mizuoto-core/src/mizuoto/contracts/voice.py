@@ -76,6 +76,9 @@ class Voice:
             raise InvalidRequest("voice", f"{path} is not a voice file ({exc})") from exc
         if header.get("format") != _FORMAT:
             raise InvalidRequest("voice", f"{path} is not a Mizuoto voice file")
+        if any(t.is_floating_point() and not bool(t.isfinite().all()) for t in tensors.values()):
+            raise InvalidRequest("voice", f"{path} holds NaN or infinite values",
+                                 "build the voice again")
         try:
             engine, fingerprint = header["engine"], header["model_fingerprint"]
             sample_rate = int(header["sample_rate"])

@@ -45,8 +45,12 @@ def check_sample_rate(sample_rate: int, field: str, name: str = "the audio") -> 
 def check_input_audio(samples: Tensor | np.ndarray, sample_rate: int, field: str,
                       name: str = "the audio") -> None:
     """Raise :class:`InvalidAudio` for ``field`` unless the rate is within
-    [:data:`MIN_SAMPLE_RATE`, :data:`MAX_SAMPLE_RATE`] and every sample is finite."""
+    [:data:`MIN_SAMPLE_RATE`, :data:`MAX_SAMPLE_RATE`], there are samples and every one is
+    finite."""
     check_sample_rate(sample_rate, field, name)
+    count = samples.numel() if isinstance(samples, Tensor) else np.asarray(samples).size
+    if count == 0:
+        raise InvalidAudio(field, f"{name} has no samples", "pass audio with speech in it")
     finite = torch.isfinite(samples).all() if isinstance(samples, Tensor) \
         else np.isfinite(samples).all()
     if not finite:
