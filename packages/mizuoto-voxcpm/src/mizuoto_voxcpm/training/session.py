@@ -19,6 +19,7 @@ from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_l
 from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
 from mizuoto_voxcpm.training import construction, loop
 from mizuoto_voxcpm.training.data import EpochSampler, encode_audio, pack
+from mizuoto_voxcpm.training.memory import checkpoint_blocks
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
 from mizuoto_voxcpm.training.trainer import BASE_FILES, Run, link_or_copy
 
@@ -63,8 +64,13 @@ class Session:
             apply_lora(model, recipe.lora, kaiming_init_a(self.generator))
             for layer in lora_layers(model):
                 layer.dropout_fn = dropout_with(self.forward_generator, recipe.lora.dropout)
+        if run.config.memory == "low":
+            checkpoint_blocks(model, self.forward_generator)
         self.model = model.to(device).train()
-        self.vae = load_audio_vae(model_dir, vae_config, device)
+        # training only encodes: the VAE decoder never reaches the device
+        vae = load_audio_vae(model_dir, vae_config, "cpu")
+        vae.decoder = None
+        self.vae = vae.to(device)
         self.sampler = EpochSampler(len(run.samples), recipe.batch_size, self.generator)
         self._latents: dict[int, torch.Tensor] = {}
 

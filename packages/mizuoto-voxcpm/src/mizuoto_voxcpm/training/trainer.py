@@ -48,7 +48,7 @@ class Run:
 class VoxCPMTrainer(Trainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
-    memory_levels = ("default",)
+    memory_levels = ("default", "low")
 
     # -- prepare -------------------------------------------------------------------------
 
@@ -110,7 +110,7 @@ class VoxCPMTrainer(Trainer):
 
 
 def _resolve_model(model: str) -> Path:
-    from mizuoto.catalog import resolve_model
+    from mizuoto import resolve_model
 
     return resolve_model(model).path
 
