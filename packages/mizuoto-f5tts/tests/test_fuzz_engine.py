@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from hypothesis import event, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import mizuoto
@@ -56,9 +56,12 @@ SEGMENTS = st.lists(st.floats(0, 2.5), min_size=2, max_size=6, unique=True).map(
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    model_dir = write_random_model_dir(tmp_path_factory.mktemp("f5") / "v1", "v1_base",
-                                       size="tiny")
+def model_dir(tmp_path_factory):
+    return write_random_model_dir(tmp_path_factory.mktemp("f5") / "v1", "v1_base", size="tiny")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
     options = mizuoto.Options.from_mapping({"compute.device": "cpu", "compute.cpu_threads": 1})
     return F5Engine.load(model_dir, options=options)
 
@@ -191,3 +194,42 @@ def test_remove_silence_never_leaves_empty_audio(engine, ref):
                                                         "target_rms": 1.0}))
     assert result.audio.num_samples > 0
     assert any("remove_silence" in warning for warning in result.applied.warnings)
+
+
+# -- the command line on the tiny model -------------------------------------------------------
+
+CLI_ARGS = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["--steps", "--guidance", "--seed"]),
+              st.sampled_from(["1", "2", "0", "-1", "nan", "inf", "1e999", "1001", "2.5", "x"])),
+    st.tuples(st.just("--param"), st.sampled_from(
+        ["speed=inf", "speed=nan", "speed=0.5", "speed=[1", "fix_duration=1e999",
+         "fix_duration=2.0", "target_rms=-1", "cross_fade_duration=nan", "method=rk4",
+         "sway_sampling_coef=9", "use_epss=2", "nope=1", "=", "speed"])),
+    st.tuples(st.just("--option"), st.sampled_from(
+        ["compute.cpu_threads=0", "compute.cpu_threads=1", "compute.device=cuda:x",
+         "engines.f5tts.variant=v9", "compute.dtype=nan"]))), max_size=3)
+
+
+@settings(max_examples=max(3, settings.default.max_examples // 10),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=CLI_ARGS, text=TEXT)
+def test_say_on_the_tiny_model_exits_with_a_documented_code(model_dir, ref, tmp_path, pairs,
+                                                             text):
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    output = tmp_path / "out.wav"
+    output.unlink(missing_ok=True)
+    args = ["-q", "say", "-m", str(model_dir), "--ref-audio", str(ref.audio),
+            "--ref-text", ref.text, "-o", str(output), "--steps", "1",
+            *[token for pair in pairs for token in pair], "--", text]
+    result = CliRunner().invoke(cli, args, obj={})
+    event(f"exit {result.exit_code}")
+    assert result.exit_code in {0, 1, 2, 3, 4}, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    assert "Traceback" not in result.output
+    if result.exit_code == 0:
+        samples, rate = soundfile.read(output, dtype="float32")
+        assert rate == 24000 and len(samples) and np.isfinite(samples).all()
