@@ -76,15 +76,16 @@ def data(tmp_path_factory) -> dict[str, Path]:
     return {"manifest": manifest, "root": root, **models}
 
 
-def _upstream(data, name, generation, method, batch_size, overrides) -> tuple[dict, Path]:
+def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
+              ) -> tuple[dict, Path]:
     save = data["root"] / f"upstream-{name}"
     config = {
         "pretrained_path": str(data[generation]), "train_manifest": str(data["manifest"]),
         "val_manifest": "", "sample_rate": 16000, "batch_size": batch_size,
-        "grad_accum_steps": 1, "num_workers": 0, "num_iters": STEPS, "log_interval": 1,
+        "grad_accum_steps": 1, "num_workers": 0, "num_iters": steps, "log_interval": 1,
         "valid_interval": 1000, "save_interval": 1000,
         "learning_rate": 1e-4 if method == "lora" else 1e-5, "weight_decay": 0.01,
-        "warmup_steps": 1, "max_steps": STEPS, "max_batch_tokens": 8192,
+        "warmup_steps": 1, "max_steps": steps, "max_batch_tokens": 8192,
         "save_path": str(save), "lambdas": {"loss/diff": 1.0, "loss/stop": 1.0},
         "max_grad_norm": 0.0, "log": str(save.with_suffix(".json")),
     }
@@ -101,7 +102,7 @@ def _upstream(data, name, generation, method, batch_size, overrides) -> tuple[di
     return json.loads(save.with_suffix(".json").read_text(encoding="utf-8")), save
 
 
-def _ours(data, name, generation, method, batch_size, overrides):
+def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
     lora = overrides.get("lora", {})
     params = {"warmup_steps": 1, "max_batch_tokens": 8192,
               "grad_accum_steps": overrides.get("grad_accum_steps", 1),
@@ -112,7 +113,7 @@ def _ours(data, name, generation, method, batch_size, overrides):
                        "lora_enable_proj": lora.get("enable_proj", False)})
     config = TrainingConfig(method=method, model=str(data[generation]),
                             dataset=data["manifest"], output_dir=data["root"] / f"ours-{name}",
-                            steps=STEPS, learning_rate=1e-4 if method == "lora" else 1e-5,
+                            steps=steps, learning_rate=1e-4 if method == "lora" else 1e-5,
                             batch_size=batch_size, seed=42, save_every=1000, params=params)
     trainer = VoxCPMTrainer()
     run = trainer.prepare(config)
@@ -125,18 +126,41 @@ def _ours(data, name, generation, method, batch_size, overrides):
     return metrics, exported, seconds
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_every_step_matches_upstream(data, name):
-    generation, method, batch_size, overrides = CASES[name]
-    upstream, saved = _upstream(data, name, generation, method, batch_size, overrides)
-    ours, exported, seconds = _ours(data, name, generation, method, batch_size, overrides)
-    assert len(upstream["steps"]) == STEPS
+def _compare(data, name, generation, method, batch_size, overrides, steps=STEPS):
+    upstream, saved = _upstream(data, name, generation, method, batch_size, overrides, steps)
+    ours, exported, seconds = _ours(data, name, generation, method, batch_size, overrides, steps)
+    assert len(upstream["steps"]) == steps
     for theirs, mine in zip(upstream["steps"], ours, strict=True):
         for key in ("loss/diff", "loss/stop", "lr", "epoch", "grad_norm"):
             assert mine[key] == theirs[key], (name, theirs["step"], key, mine[key], theirs[key])
-    final = saved / f"step_{STEPS:07d}"
+    final = saved / f"step_{steps:07d}"
     files = (["lora_weights.safetensors", "lora_config.json"] if method == "lora"
              else ["model.safetensors", "config.json"])
     for file in files:
         assert (exported / file).read_bytes() == (final / file).read_bytes(), file
-    print(f"{name}: upstream {upstream['seconds']:.2f} s, ours {seconds:.2f} s for {STEPS} steps")
+    print(f"{name}: upstream {upstream['seconds']:.2f} s, ours {seconds:.2f} s for {steps} steps")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_step_matches_upstream(data, name):
+    _compare(data, name, *CASES[name])
+
+
+REALSIZE = {
+    "0.5b-full-realsize": ("voxcpm-0.5b", "full", 1, {}),
+    "0.5b-lora-realsize": ("voxcpm-0.5b", "lora", 1, {"lora": {"r": 8, "alpha": 16}}),
+    "2-lora-realsize": ("voxcpm2", "lora", 1, {"max_grad_norm": 1.0,
+                                              "lora": {"r": 32, "alpha": 32}}),
+}
+
+
+@pytest.mark.realsize
+@pytest.mark.parametrize("name", sorted(REALSIZE))
+def test_one_realsize_step_matches_upstream(data, tmp_path, name):
+    """The released models' sizes (random weights): one step each (0.5B full needs about
+    12 GB per side, VoxCPM2 LoRA about 12 GB)."""
+    generation, *rest = REALSIZE[name]
+    base = write_random_model(tmp_path / "base", generation, seed=5, size="realsize")
+    realsize = {**data, generation: with_dtype(base, tmp_path / "fp32", "float32"),
+                "root": tmp_path}
+    _compare(realsize, name, generation, *rest, steps=1)
