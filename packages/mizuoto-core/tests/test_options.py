@@ -129,11 +129,29 @@ def test_engine_sections_are_parsed_by_the_engine_options_class(fake_plugin):
     ({"engines.fake.level": -1}, "engines.fake.level"),  # the bad value is named
 ])
 def test_installed_engine_sections_are_validated(fake_plugin, values, key):
+    from mizuoto.registry import validate_engine_options
+
+    options = Options.from_mapping(values)  # parsing alone imports no plugin
     with pytest.raises(InvalidOption) as raised:
-        Options.from_mapping(values)
+        validate_engine_options(options)
+    assert raised.value.key == key
+    with pytest.raises(InvalidOption) as raised:
+        options.engine_options(FakeEngine)  # what an engine's load does
     assert raised.value.key == key
     with pytest.raises(InvalidOption):
-        Options().with_overrides([f"{k}={v}" for k, v in values.items()])
+        validate_engine_options(Options().with_overrides([f"{k}={v}" for k, v in values.items()]))
+
+
+def test_parsing_options_imports_no_plugin():
+    import subprocess
+    import sys
+
+    code = ("import sys; from mizuoto import Options; from mizuoto import plugins; "
+            "Options.from_mapping({'engines.f5tts.variant': 'v1_base', 'compute.device': 'cpu'}); "
+            "print(plugins._loaded, sorted(m for m in sys.modules if m.startswith('mizuoto_')))")
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert output == ["False", "[]"]
 
 
 def test_sections_of_engines_not_installed_are_kept(fake_plugin):
@@ -153,5 +171,7 @@ def test_an_engine_without_options_class_takes_none(fake_plugin):
 
 
 def test_unknown_engine_option_lists_the_known_ones(fake_plugin):
+    from mizuoto.registry import validate_engine_options
+
     with pytest.raises(InvalidOption, match=r"known: label, level"):
-        Options.from_mapping({"engines.fake.levle": 4})
+        validate_engine_options(Options.from_mapping({"engines.fake.levle": 4}))

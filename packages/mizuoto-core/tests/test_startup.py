@@ -128,11 +128,16 @@ def test_get_engine_imports_it(lazy_plugin):
 
 
 def test_engine_options_are_checked_with_the_options_class_alone(lazy_plugin):
-    assert mizuoto.Options.from_mapping({"engines.lazy.level": 2}).engine("lazy")["level"] == 2
+    def check(values):
+        options = mizuoto.Options.from_mapping(values)
+        registry.validate_engine_options(options)
+        return options
+
+    assert check({"engines.lazy.level": 2}).engine("lazy")["level"] == 2
     with pytest.raises(InvalidOption, match="engines.lazy.*level"):
-        mizuoto.Options.from_mapping({"engines.lazy.level": -1})
+        check({"engines.lazy.level": -1})
     with pytest.raises(InvalidOption, match="engines.lazy.colour"):
-        mizuoto.Options.from_mapping({"engines.lazy.colour": "red"})
+        check({"engines.lazy.colour": "red"})
     assert "mizuoto_test_lazy_options" in sys.modules
     assert "mizuoto_test_lazy_engine" not in sys.modules
 

@@ -141,17 +141,14 @@ def _offline() -> bool:
         os.environ.get("MIZUOTO_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
-def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | None = None,
-                  download: bool = True, progress: ProgressCallback | None = None
-                  ) -> ResolvedModel:
-    """Turn a directory or a catalog id into a local directory, downloading when possible."""
+def resolve_in(model: str | Path, catalog: Mapping[str, CatalogEntry], *,
+               download: bool = True, progress: ProgressCallback | None = None
+               ) -> ResolvedModel:
+    """Turn a directory or an id of ``catalog`` into a local directory, downloading when
+    possible. :func:`mizuoto.resolve_model` is the same with the installed plugins' catalog."""
     path = Path(model).expanduser()
     if path.is_dir():
         return ResolvedModel(path.resolve())
-    if catalog is None:
-        from mizuoto.registry import catalog as registered
-
-        catalog = registered()
     entry = catalog.get(str(model))
     if entry is None:
         known = ", ".join(sorted(catalog)) or "none (no engine installed)"

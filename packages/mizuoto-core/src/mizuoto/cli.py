@@ -207,9 +207,12 @@ def _progress(quiet: bool) -> Iterator:
 
 def _options(option_file, option_pairs):
     from mizuoto.options import Options
+    from mizuoto.registry import validate_engine_options
 
     options = Options.from_toml(option_file) if option_file else Options()
-    return options.with_overrides(option_pairs) if option_pairs else options
+    options = options.with_overrides(option_pairs) if option_pairs else options
+    validate_engine_options(options)  # a typo in engines.<name>.* fails before any loading
+    return options
 
 
 def _params(pairs):

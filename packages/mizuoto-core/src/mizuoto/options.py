@@ -17,6 +17,7 @@ import attrs
 
 from mizuoto.contracts.ranges import integer_in, shown
 from mizuoto.errors import InvalidOption, InvalidRequest
+from mizuoto.validation import parse_attrs
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -101,9 +102,10 @@ class Options:
         for name, section in engines.items():
             if not isinstance(section, Mapping):
                 raise InvalidOption(f"engines.{name}", "must be a table of options")
-        options = cls(ComputeOptions(**compute), engines)
-        options.validate_engines()
-        return options
+        # engines.<name> sections are checked by each engine's options class when that engine
+        # loads (or by mizuoto.registry.validate_engine_options): parsing options imports no
+        # plugin
+        return cls(ComputeOptions(**compute), engines)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Options:
@@ -130,25 +132,12 @@ class Options:
 
     def engine_options(self, engine_cls) -> Any:
         """The ``engines.<name>`` section parsed into the engine's ``options_class``."""
-        from mizuoto.contracts.engine import parse_attrs
-
         try:
             return parse_attrs(engine_cls.options_class, self.engine(engine_cls.name),
                                f"engines.{engine_cls.name}")
         except InvalidRequest as exc:
             problem = f"{exc.problem} ({exc.fix})" if exc.fix else exc.problem
             raise InvalidOption(exc.field, problem) from exc
-
-    def validate_engines(self) -> None:
-        """Check ``engines.<name>`` sections of installed engines (others are kept as given)."""
-        if not self.engines:
-            return
-        from mizuoto.registry import engine_refs
-
-        installed = engine_refs()  # an EngineRef imports only its options class, not the engine
-        for name in self.engines:
-            if name in installed:
-                self.engine_options(installed[name])
 
 
 def _nest(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -84,9 +84,18 @@ def reset_plugins() -> None:
     _distributions.clear()
     _errors.clear()
     _loaded = False
-    from mizuoto import registry
+    for callback in _on_reset:
+        callback()
 
-    registry.clear_cache()
+
+_on_reset: list = []
+
+
+def on_reset(callback) -> None:
+    """Call ``callback()`` whenever :func:`reset_plugins` runs (the registry clears its caches);
+    modules above this one register here, so that this one imports none of them."""
+    if callback not in _on_reset:
+        _on_reset.append(callback)
 
 
 def get_plugins() -> list[dict]:

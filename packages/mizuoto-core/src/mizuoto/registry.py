@@ -14,7 +14,8 @@ from mizuoto.contracts.engine_ref import EngineRef
 from mizuoto.contracts.fixtures import ContractFixture
 from mizuoto.contracts.trainer import Trainer
 from mizuoto.errors import EngineNotFound, MizuotoError
-from mizuoto.plugins import load_plugins, pm
+from mizuoto.options import Options
+from mizuoto.plugins import load_plugins, on_reset, pm
 
 
 def _collect(hook, key, kind: str, convert=lambda item: item) -> dict:
@@ -72,6 +73,19 @@ def contract_fixtures() -> dict[str, ContractFixture]:
 def clear_cache() -> None:
     for function in (engine_refs, engines, trainers, catalog, contract_fixtures):
         function.cache_clear()
+
+
+on_reset(clear_cache)
+
+
+def validate_engine_options(options: Options) -> None:
+    """Check the ``engines.<name>`` sections of installed engines now (others are kept as
+    given); an engine checks its own section again when it loads. Imports each named engine's
+    options class only."""
+    installed = engine_refs()
+    for name in options.engines:
+        if name in installed:
+            options.engine_options(installed[name])
 
 
 def get_engine(name: str) -> type[Engine]:

@@ -17,7 +17,8 @@ from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import AudioChunk, SynthesisResult
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import InvalidOption, InvalidRequest, UnsupportedCapability
+from mizuoto.errors import InvalidOption, UnsupportedCapability
+from mizuoto.validation import parse_attrs
 
 if TYPE_CHECKING:
     from mizuoto.options import Options
@@ -79,10 +80,9 @@ class Engine(abc.ABC):
         """
         if options is None:
             return
-        from mizuoto.options import ComputeOptions
-
-        defaults = ComputeOptions()
-        for field in attrs.fields(ComputeOptions):
+        compute_class = type(options.compute)  # ComputeOptions, without importing options
+        defaults = compute_class()
+        for field in attrs.fields(compute_class):
             if field.name in cls.compute_options:
                 continue
             default = getattr(defaults, field.name)
@@ -226,28 +226,3 @@ def _serialized(method):
 def _locked_iteration(engine: Engine, chunks):
     with engine_lock(engine):
         yield from chunks
-
-
-def parse_attrs(cls: type | None, values, prefix: str) -> Any:
-    """Build the attrs class ``cls`` from a mapping, naming unknown keys and bad values."""
-    values = dict(values or {})
-    if cls is None:
-        if values:
-            raise InvalidRequest(f"{prefix}.{next(iter(values))}", "is not a known setting")
-        return None
-    known = {a.name for a in attrs.fields(cls)}
-    for key in values:
-        if key not in known:
-            raise InvalidRequest(f"{prefix}.{key}", "is not a known setting",
-                                 f"known: {', '.join(sorted(known))}")
-    try:
-        return cls(**values)
-    except InvalidRequest:
-        raise
-    except (TypeError, ValueError) as exc:
-        # attrs' validators name the attribute in quotes ("'speed' must be > 0"): report the
-        # field as params.<name> so that the caller knows which one to fix
-        message = str(exc)
-        named = [key for key in values if f"'{key}'" in message]
-        field = f"{prefix}.{named[0]}" if len(named) == 1 else prefix
-        raise InvalidRequest(field, message) from exc

@@ -53,7 +53,7 @@ from mizuoto_f5tts.variants import VARIANT_NAMES, F5Variant
 logger = logging.getLogger(__name__)
 
 PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_samples",
-          "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant")
+          "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches")
 LOG_FILE = "training_log.jsonl"
 
 
@@ -123,7 +123,7 @@ class F5Trainer(Trainer):
 
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None
                 ) -> F5Run:
-        from mizuoto.catalog import resolve_model
+        from mizuoto import resolve_model
         from mizuoto_f5tts.checkpoint import (
             VOCAB_FILE,
             default_vocab_path,
@@ -164,8 +164,12 @@ class F5Trainer(Trainer):
                                         num_channels=run.variant.mel_dim)
         load_into(model, read_checkpoint(run.checkpoint), run.checkpoint)
         model.train()
+        shard = run.config.params.get("shard_batches", True)
+        if not isinstance(shard, bool):
+            raise InvalidRequest("params.shard_batches", f"must be true or false, got {shard!r}")
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
-                          run.settings, py_random=py_random, memory=run.memory)
+                          run.settings, py_random=py_random, memory=run.memory,
+                          world=distributed_world(), shard_batches=shard)
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
                else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
         if "initted" in raw and "step" in raw:
@@ -177,13 +181,23 @@ class F5Trainer(Trainer):
     def train(self, run: F5Run, *, progress: ProgressCallback | None = None) -> TrainingResult:
         output = Path(run.config.output_dir)
         state_path = output / CHECKPOINT
+        rank, world_size = distributed_world()
+        if rank != 0:
+            progress = None
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(run.config.seed)
             py_random = random.Random(run.config.seed)
             loop = self.build(run, py_random)
             resumed_from = None
             if state_path.is_file():
-                loop.load_state_dict(load_run_state(state_path))
+                state = load_run_state(state_path)
+                loop.load_state_dict(state)
+                ranks = state.get("rank_rng") or [loop.rng_state()]
+                if len(ranks) != world_size:
+                    raise InvalidRequest("output_dir", f"{output} holds a run of {len(ranks)} "
+                                         f"process(es); resume it with as many, not "
+                                         f"{world_size}")
+                loop.set_rng_state(ranks[rank])
                 resumed_from = loop.update
                 logger.info("resuming %s at update %d", output, loop.update)
             total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
@@ -193,8 +207,17 @@ class F5Trainer(Trainer):
                        f"loss {record.loss:.4f} lr {record.lr:.3g}")
 
             def save() -> None:
-                save_run_state(state_path, loop.state_dict())
-                _write_log(output / LOG_FILE, loop.records)
+                state = loop.state_dict()
+                if world_size > 1:
+                    import torch.distributed as dist
+
+                    ranks = [None] * world_size
+                    dist.all_gather_object(ranks, loop.rng_state())
+                    state["rank_rng"] = ranks
+                if rank == 0:
+                    save_run_state(state_path, state)
+                    _write_log(output / LOG_FILE, loop.records)
+                _barrier()
 
             loop.run(on_update=on_update, on_save=save)
             save()
@@ -203,9 +226,33 @@ class F5Trainer(Trainer):
         return TrainingResult(output, loop.update, resumed_from, metrics=metrics)
 
     def export(self, run: F5Run, destination: Path) -> Path:
-        state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
-        return export_model(state["ema"], state["position"]["update"], run.model_dir,
-                            run.variant, destination, base_model=str(run.config.model))
+        if distributed_world()[0] == 0:
+            state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
+            export_model(state["ema"], state["position"]["update"], run.model_dir,
+                         run.variant, destination, base_model=str(run.config.model))
+        _barrier()
+        return Path(destination)
+
+
+def distributed_world() -> tuple[int, int]:
+    """``(rank, world size)``: under ``torchrun`` (``WORLD_SIZE`` > 1) the process group is
+    joined on first use (gloo: the trainer runs on the CPU), else ``(0, 1)``."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo")  # the trainer runs on the CPU
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def _write_log(path: Path, records: list[Record]) -> None:

@@ -1,0 +1,52 @@
+"""The top of the layering: resolve a model against the installed plugins' catalog, and load it
+with the engine that owns it.
+
+Modules import downwards only: errors -> validation -> contracts -> options -> catalog ->
+plugins -> registry -> loading (simonw/llm's layering); nothing below imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
+from mizuoto.contracts.engine import Engine
+from mizuoto.contracts.progress import ProgressCallback
+from mizuoto.errors import EngineNotFound
+from mizuoto.options import Options
+from mizuoto.registry import catalog as registered_catalog
+from mizuoto.registry import engines, get_engine
+
+
+def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | None = None,
+                  download: bool = True, progress: ProgressCallback | None = None
+                  ) -> ResolvedModel:
+    """Turn a directory or a catalog id into a local directory, downloading when possible.
+
+    ``catalog`` defaults to the entries the installed plugins register.
+    """
+    if catalog is None and not Path(model).expanduser().is_dir():
+        catalog = registered_catalog()
+    return resolve_in(model, catalog or {}, download=download, progress=progress)
+
+
+def load(model: str | Path, *, engine: str | None = None, options: Options | None = None,
+         progress: ProgressCallback | None = None) -> Engine:
+    """Load a model (a directory or a catalog id) with the engine that owns it."""
+    resolved = resolve_model(model, progress=progress)
+    if engine is None and resolved.entry is not None:
+        engine = resolved.entry.engine
+    if engine is None:
+        candidates = [cls for cls in engines().values() if cls.recognizes(resolved.path)]
+        if len(candidates) != 1:
+            names = ", ".join(sorted(c.name for c in candidates)) or "none"
+            raise EngineNotFound(f"cannot tell which engine loads {resolved.path} "
+                                 f"(recognized by: {names}); pass engine=...")
+        engine_cls = candidates[0]
+    else:
+        engine_cls = get_engine(engine)
+    options = options or Options()
+    options.engine_options(engine_cls)  # a bad engines.<name> value fails before any loading
+    return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
+                           progress=progress)

@@ -1,0 +1,39 @@
+"""Parsing attrs settings classes from user mappings, with errors that name the field.
+
+A leaf module (it imports only :mod:`mizuoto.errors`): request params, engine options and
+trainer settings are all parsed here, so that contracts, options and plugins can use it without
+importing one another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from mizuoto.errors import InvalidRequest
+
+
+def parse_attrs(cls: type | None, values, prefix: str) -> Any:
+    """Build the attrs class ``cls`` from a mapping, naming unknown keys and bad values."""
+    values = dict(values or {})
+    if cls is None:
+        if values:
+            raise InvalidRequest(f"{prefix}.{next(iter(values))}", "is not a known setting")
+        return None
+    known = {a.name for a in attrs.fields(cls)}
+    for key in values:
+        if key not in known:
+            raise InvalidRequest(f"{prefix}.{key}", "is not a known setting",
+                                 f"known: {', '.join(sorted(known))}")
+    try:
+        return cls(**values)
+    except InvalidRequest:
+        raise
+    except (TypeError, ValueError) as exc:
+        # attrs' validators name the attribute in quotes ("'speed' must be > 0"): report the
+        # field as params.<name> so that the caller knows which one to fix
+        message = str(exc)
+        named = [key for key in values if f"'{key}'" in message]
+        field = f"{prefix}.{named[0]}" if len(named) == 1 else prefix
+        raise InvalidRequest(field, message) from exc
