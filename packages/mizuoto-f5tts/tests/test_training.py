@@ -200,3 +200,66 @@ def test_memory_levels_give_the_same_bytes(tmp_path, metadata, variant):
         for part in ("model", "ema"):
             assert all(torch.equal(states[memory][part][k], v)
                        for k, v in states["default"][part].items()), (memory, part)
+
+
+_DDP_DRIVER = """
+import json, sys
+import torch
+import torch.distributed as dist
+from mizuoto import TrainingConfig
+from mizuoto_f5tts.training import F5Trainer, loop
+model_dir, metadata, root = sys.argv[1:4]
+checked = []
+step = loop.FineTuning._step
+def checked_step(self, indices):
+    record = step(self, indices)
+    if record is not None:  # after every update: the same parameters on every rank
+        flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, flat)
+        assert all(torch.equal(x, every[0]) for x in every), record.update
+        checked.append(record.update)
+    return record
+loop.FineTuning._step = checked_step
+report = {{}}
+for name, shard in (("sharded", True), ("replicated", False)):
+    output = f"{{root}}/{{name}}"
+    config = TrainingConfig(method="full", model=model_dir, dataset=metadata, output_dir=output,
+                            steps=100, learning_rate=1e-4, seed=5, save_every=2,
+                            params={{**{params!r}, "shard_batches": shard}})
+    checked.clear()
+    trainer = F5Trainer()
+    run = trainer.prepare(config)
+    result = trainer.train(run)
+    trainer.export(run, output + "/export")
+    report[name] = {{"checked": list(checked), "steps": result.steps_done}}
+if dist.get_rank() == 0:
+    with open(root + "/checked.json", "w") as f:
+        json.dump(report, f)
+"""
+
+
+def test_two_processes_stay_identical_and_match_one_when_not_sharded(tmp_path, model_dir,
+                                                                      metadata):
+    params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
+    script = tmp_path / "ddp_driver.py"
+    script.write_text(textwrap.dedent(_DDP_DRIVER).format(params=params))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(script), str(model_dir), str(metadata), str(tmp_path)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
+    report = json.loads((tmp_path / "checked.json").read_text())
+    sharded, replicated = report["sharded"], report["replicated"]
+    assert sharded["checked"] == list(range(1, sharded["steps"] + 1))
+    assert (tmp_path / "sharded" / "export").is_dir()
+
+    trainer = F5Trainer()
+    single = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "single",
+                                                   params=params)))
+    assert replicated["checked"] == list(range(1, single.steps_done + 1))
+    a = load_run_state(tmp_path / "replicated" / CHECKPOINT)
+    b = load_run_state(tmp_path / "single" / CHECKPOINT)
+    assert a["records"] == b["records"]
+    for part in ("model", "ema"):
+        assert all(torch.equal(a[part][k], v) for k, v in b[part].items()), part

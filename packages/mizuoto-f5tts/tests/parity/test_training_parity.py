@@ -45,8 +45,9 @@ def _absolute_csv(metadata: Path, destination: Path) -> Path:
     return destination
 
 
-def run_upstream(tmp: Path, model_dir: Path, metadata: Path, variant: str, **settings) -> dict:
-    v = get_variant(variant, "tiny")
+def run_upstream(tmp: Path, model_dir: Path, metadata: Path, variant: str, size: str = "tiny",
+                 **settings) -> dict:
+    v = get_variant(variant, size)
     work = tmp / "upstream"
     work.mkdir()
     config = dict(
@@ -111,6 +112,37 @@ def assert_same_training(upstream: dict, ours: dict) -> None:
         assert torch.equal(exported[k], v), k
 
 
+def assert_cross_loads(tmp: Path, upstream_ckpts: Path, export: Path, variant: str) -> None:
+    """Upstream's inference loader takes our export, and our engine's loader takes upstream's
+    ``model_last.pt``, each with the other's weights (synthesis from equal weights is equal:
+    test_pipeline_parity.py)."""
+    import shutil
+
+    from f5_tts.infer.utils_infer import load_checkpoint
+    from f5_tts.model import CFM, DiT, UNetT
+    from f5_tts.model.utils import get_tokenizer
+
+    from mizuoto_f5tts.checkpoint import load_f5_model, read_checkpoint
+
+    v = get_variant(variant, "tiny")
+    vocab_map, vocab_size = get_tokenizer(str(export / "vocab.txt"), "custom")
+    backbone = DiT if v.backbone == "dit" else UNetT
+    theirs = CFM(transformer=backbone(**v.upstream_config(), text_num_embeds=vocab_size,
+                                      mel_dim=100),
+                 mel_spec_kwargs=dict(mel_spec_type="vocos"), vocab_char_map=vocab_map)
+    theirs = load_checkpoint(theirs, str(find_checkpoint(export)), "cpu", use_ema=True)
+    mine = read_checkpoint(find_checkpoint(export))
+    assert all(torch.equal(theirs.state_dict()[k], t) for k, t in mine.items())
+
+    their_dir = tmp / "upstream-model"
+    their_dir.mkdir()
+    shutil.copy(upstream_ckpts / "model_last.pt", their_dir / "model_last.pt")
+    shutil.copy(export / "vocab.txt", their_dir / "vocab.txt")
+    loaded, _ = load_f5_model(their_dir, variant)
+    state = loaded.state_dict()
+    assert all(torch.equal(state[k], t) for k, t in mine.items())
+
+
 BASE = dict(epochs=2, learning_rate=1e-4, warmup=2, save_every=100, batch_size_type="frame",
             batch_size=300, max_samples=64, grad_accumulation=1, max_grad_norm=1.0)
 
@@ -130,19 +162,24 @@ SLOW = pytest.mark.realsize  # more of the same paths: kept out of CI's time bud
     pytest.param("base", {"batch_size_type": "sample", "batch_size": 4, "grad_accumulation": 2,
                           "epochs": 3}, id="v0-sample-accum"),
     pytest.param("e2_base", {}, id="e2-frame", marks=SLOW),
+    pytest.param("v1_base", {"size": "real", "clips": 2, "epochs": 1, "warmup": 0,
+                             "batch_size": 3200}, id="v1-real-one-update", marks=SLOW),
     pytest.param("e2_base", {"batch_size_type": "sample", "batch_size": 3,
                              "grad_accumulation": 3, "epochs": 3}, id="e2-sample-accum"),
 ])
 def test_training_matches_upstream(tmp_path, variant, overrides):
     settings = {**BASE, **overrides}
     stop_at = settings.pop("stop_at", None)
-    model_dir = write_random_model_dir(tmp_path / "model", variant, size="tiny", seed=7)
-    metadata = write_synthetic_dataset(tmp_path / "data", count=6, seed=3)
-    upstream = run_upstream(tmp_path, model_dir, metadata, variant, **settings)
+    size = settings.pop("size", "tiny")
+    model_dir = write_random_model_dir(tmp_path / "model", variant, size=size, seed=7)
+    metadata = write_synthetic_dataset(tmp_path / "data", count=settings.pop("clips", 6), seed=3)
+    upstream = run_upstream(tmp_path, model_dir, metadata, variant, size=size, **settings)
     ours = run_ours(tmp_path, model_dir, metadata, settings, stop_at=stop_at)
     print(f"{variant} {overrides}: {len(ours['state']['records'])} batches, "
           f"ours {ours['seconds']:.2f} s, upstream {upstream['log']['seconds']:.2f} s")
     assert_same_training(upstream, ours)
+    if size == "tiny":
+        assert_cross_loads(tmp_path, tmp_path / "upstream" / "ckpts", ours["export"], variant)
 
 
 def test_ema_matches_ema_pytorch():

@@ -18,6 +18,7 @@ the rest of ``ceil(batches / accumulation) * epochs``) and `EMA` step only then.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
@@ -51,9 +52,11 @@ def text_ids(tokens: Sequence[Sequence[str]], vocab: Mapping[str, int]) -> torch
     return pad_sequence(rows, padding_value=-1, batch_first=True)
 
 
-def flow_matching_loss(model: nn.Module, mel: torch.Tensor, text: torch.Tensor,
-                       lens: torch.Tensor, draws: random.Random) -> torch.Tensor:
-    """Masked flow-matching MSE of ``model.transformer`` on ``mel`` ``(b, n, channels)``."""
+def flow_matching_loss(backbone: Callable[..., torch.Tensor], mel: torch.Tensor,
+                       text: torch.Tensor, lens: torch.Tensor, draws: random.Random
+                       ) -> torch.Tensor:
+    """Masked flow-matching MSE of ``backbone`` (a DiT/UNetT, or its DDP wrapper) on ``mel``
+    ``(b, n, channels)``."""
     batch, seq_len, dtype, device = mel.shape[0], mel.shape[1], mel.dtype, mel.device
     mask = torch.arange(seq_len, device=device)[None, :] < lens[:, None]
 
@@ -76,8 +79,8 @@ def flow_matching_loss(model: nn.Module, mel: torch.Tensor, text: torch.Tensor,
     drop_audio_cond = draws.random() < AUDIO_DROP_PROB
     drop_text = draws.random() < COND_DROP_PROB
     drop_audio_cond = drop_audio_cond or drop_text
-    pred = model.transformer(x=noisy, cond=cond, text=text, time=time,
-                             drop_audio_cond=drop_audio_cond, drop_text=drop_text, mask=mask)
+    pred = backbone(x=noisy, cond=cond, text=text, time=time,
+                    drop_audio_cond=drop_audio_cond, drop_text=drop_text, mask=mask)
     loss = F.mse_loss(pred, flow, reduction="none")
     return loss[span].mean()
 
@@ -201,8 +204,16 @@ class FineTuning:
 
     def __init__(self, model: nn.Module, vocab: Mapping[str, int], dataset: MelDataset,
                  durations: Sequence[float], settings: LoopSettings, *,
-                 py_random: random.Random, memory: str = "default") -> None:
+                 py_random: random.Random, memory: str = "default",
+                 world: tuple[int, int] = (0, 1), shard_batches: bool = True) -> None:
         self.model = model
+        # multi-process (DDP): rank r takes batches r, r + N, ... of every epoch's order,
+        # wrapping around so that all ranks make the same number of updates; with
+        # shard_batches=False every rank trains on every batch (a check: then the weights
+        # equal a single process's)
+        self.rank, self.world_size = world
+        self.shard = shard_batches and self.world_size > 1
+
         self.vocab = vocab
         self.dataset = dataset
         self.settings = settings
@@ -213,6 +224,12 @@ class FineTuning:
         self.ema = EMA(model, device="cpu" if memory != "default" else None)
         if memory != "default":
             checkpoint_activations(model)
+        self.backbone = model.transformer
+        if self.world_size > 1:  # after the EMA copy: DDP hooks stay on the trained model only
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.backbone = DistributedDataParallel(model.transformer,
+                                                    find_unused_parameters=True)
         self.optimizer = AdamW(model.parameters(), lr=settings.learning_rate, fused=True)
         if settings.batch_size_type == "frame":
             self.batches = frame_batches(durations, settings.batch_size, settings.max_samples)
@@ -224,6 +241,8 @@ class FineTuning:
             per_epoch = len(self.sampler)
         if per_epoch == 0:
             raise ValueError("no batch fits: every clip is longer than the frames per batch")
+        if self.shard:
+            per_epoch = -(-per_epoch // self.world_size)
         self.batches_per_epoch = per_epoch
         self.total_updates = math.ceil(per_epoch / settings.grad_accumulation) * settings.epochs
         warmup = settings.warmup_updates
@@ -252,6 +271,10 @@ class FineTuning:
             if self.epoch <= 1:
                 self.sampler.draw_worker_seed()
             self.order = self.sampler.epoch()
+        if self.shard:
+            count = len(self.order)
+            self.order = [self.order[(self.rank + i * self.world_size) % count]
+                          for i in range(self.batches_per_epoch)]
 
     def done(self) -> bool:
         limit = self.settings.max_updates
@@ -274,8 +297,12 @@ class FineTuning:
             self.accumulated += 1
             sync = self.accumulated % self.settings.grad_accumulation == 0
 
-        loss = flow_matching_loss(self.model, mel, text, lens, self.draws)
-        (loss / self.settings.grad_accumulation).backward()
+        skip_sync = contextlib.nullcontext()
+        if self.world_size > 1 and not sync:
+            skip_sync = self.backbone.no_sync()  # gradients all-reduced at the update only
+        with skip_sync:
+            loss = flow_matching_loss(self.backbone, mel, text, lens, self.draws)
+            (loss / self.settings.grad_accumulation).backward()
         if sync:
             if self.settings.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(),
@@ -309,6 +336,14 @@ class FineTuning:
 
     # -- checkpoint state -----------------------------------------------------------------
 
+    def rng_state(self) -> dict:
+        return {"torch_rng": torch.get_rng_state(), "python_rng": self.draws.getstate()}
+
+    def set_rng_state(self, state: Mapping) -> None:
+        torch.set_rng_state(state["torch_rng"])
+        version, internal, gauss = state["python_rng"]
+        self.draws.setstate((version, tuple(internal), gauss))
+
     def state_dict(self) -> dict:
         return {
             "model": self.model.state_dict(),
@@ -329,9 +364,7 @@ class FineTuning:
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        version, internal, gauss = state["python_rng"]
-        self.draws.setstate((version, tuple(internal), gauss))
+        self.set_rng_state(state)
         if self.sampler is not None:
             self.sampler.generator.set_state(state["sampler_rng"])
         position = state["position"]

@@ -39,7 +39,7 @@ def check_output_dir(path: str | Path, needed_bytes: int = 0) -> None:
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".mizuoto-write-test"
+        probe = path / f".mizuoto-write-test-{os.getpid()}"
         probe.write_bytes(b"\0" * 4096)
         probe.unlink()
     except OSError as exc:
