@@ -1,13 +1,15 @@
 """Load test of ``mizuoto serve``: concurrent streaming requests across a tiny random-init
 F5-TTS model and a tiny random-init VoxCPM2 model, against a single-global-lock baseline.
 
-Each server runs in this process on a free loopback port (127.0.0.1 only). First every
-request runs alone, one after the other (the reference bytes); then all of them are sent at
-once, streamed (``stream_format="audio"``, raw PCM). The report gives, for the server with one
-worker per model and for the same server with one lock around every request (coqui's design):
-errors, whether each concurrent response is byte-identical to its single run, the time to
-first audio (p50, p95, from sending the request to its first body bytes), the wall time and the
-throughput (seconds of audio per second, requests per second).
+Each server runs in its own process on a free loopback port (127.0.0.1 only), so that the
+client's work does not share the server's interpreter. First every request runs alone, one
+after the other (the reference bytes); then all of them are sent at once, streamed
+(``stream_format="audio"``, raw PCM). Rounds alternate between the server as designed (one
+worker per model) and the same server with one lock around every request (coqui's design).
+The report gives, per round: errors, whether each concurrent response is byte-identical to its
+single run, the time to first audio (p50, p95, from sending the request to its first body
+bytes; and the median per model), the wall time, the throughput (seconds of audio per second,
+requests per second) and the CPU the server process used (cores: CPU seconds per wall second).
 
     python packages/mizuoto-core/benchmarks/bench_serve.py               # 16 requests
     python packages/mizuoto-core/benchmarks/bench_serve.py --requests 8 --rounds 1
@@ -19,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -78,45 +83,96 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _measure(models: Path, args, shared_lock: bool, reference: list[bytes] | None):
-    from mizuoto.serve import ServeConfig, serve_in_thread
+def _serve(args) -> None:
+    """The server process (``--serve``): runs until SIGTERM."""
+    from mizuoto.serve import ServeConfig
+    from mizuoto.serve.app import run
 
-    config = ServeConfig(models={"f5": str(models / "f5"), "vox": str(models / "vox")},
-                         queue_size=args.requests, shared_lock=shared_lock,
-                         voices_dir=models / "voices")
+    run(ServeConfig(models={"f5": str(args.dir / "f5"), "vox": str(args.dir / "vox")},
+                    port=args.port, queue_size=4 * args.requests, shared_lock=args.shared_lock,
+                    voices_dir=args.dir / "voices", grace=5))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@contextlib.contextmanager
+def _server(root: Path, args, shared_lock: bool):
+    import httpx
+
+    port = _free_port()
+    command = [sys.executable, __file__, "--serve", "--dir", str(root), "--port", str(port),
+               "--requests", str(args.requests)] + (["--shared-lock"] if shared_lock else [])
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _round(root: Path, args, shared_lock: bool, reference: list[bytes] | None):
     bodies = [_body(i, args) for i in range(args.requests)]
-    rounds = []
-    with serve_in_thread(config) as url:
+    with _server(root, args, shared_lock) as (url, pid):
         asyncio.run(_run(url, bodies[:2], concurrent=False))  # warm-up
         if reference is None:
             singles, _ = asyncio.run(_run(url, bodies, concurrent=False))
             reference = [r.get("data") for r in singles]
-        for _ in range(args.rounds):
-            rounds.append(asyncio.run(_run(url, bodies, concurrent=True)))
-    rows = []
-    for results, wall in rounds:
-        errors = [r["error"] for r in results if "error" in r]
-        ok = [r for r in results if "error" not in r]
-        identical = sum(r.get("data") == ref for r, ref in zip(results, reference, strict=True))
-        ttfa = [r["ttfa"] for r in ok]
-        audio = sum(len(r["data"]) / 2 / 24000 for r in ok)  # pcm: 16-bit at 24 kHz
-        by_model = {m: statistics.median(r["ttfa"] for r in ok if r["model"] == m)
-                    for m in ("f5", "vox") if any(r["model"] == m for r in ok)}
-        rows.append({"errors": len(errors), "identical": identical, "n": len(results),
-                     "p50": _percentile(ttfa, 0.5), "p95": _percentile(ttfa, 0.95),
-                     "wall": wall, "audio_per_s": audio / wall, "req_per_s": len(ok) / wall,
-                     "by_model": by_model, "first_error": errors[0] if errors else ""})
-    return rows, reference
+        cpu = _cpu_seconds(pid)
+        results, wall = asyncio.run(_run(url, bodies, concurrent=True))
+        cpu = _cpu_seconds(pid) - cpu
+    errors = [r["error"] for r in results if "error" in r]
+    ok = [r for r in results if "error" not in r]
+    identical = sum(r.get("data") == ref for r, ref in zip(results, reference, strict=True))
+    ttfa = [r["ttfa"] for r in ok]
+    audio = sum(len(r["data"]) / 2 / 24000 for r in ok)  # pcm: 16-bit at 24 kHz
+    by_model = {m: statistics.median(r["ttfa"] for r in ok if r["model"] == m)
+                for m in ("f5", "vox") if any(r["model"] == m for r in ok)}
+    row = {"errors": len(errors), "identical": identical, "n": len(results),
+           "p50": _percentile(ttfa, 0.5), "p95": _percentile(ttfa, 0.95), "wall": wall,
+           "audio_per_s": audio / wall, "req_per_s": len(ok) / wall, "cores": cpu / wall,
+           "by_model": by_model, "first_error": errors[0] if errors else "",
+           "load": os.getloadavg()[0]}
+    return row, reference
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--f5-steps", type=int, default=8)
     parser.add_argument("--vox-patches", type=int, default=24)
     parser.add_argument("--dir", type=Path, help="model directory to reuse (default: temp)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--shared-lock", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        _serve(args)
+        return
 
     from mizuoto_f5tts.fixtures import write_random_model_dir
     from mizuoto_voxcpm.fixtures import write_random_model
@@ -131,23 +187,22 @@ def main() -> None:
           f"{args.f5_steps} steps, half VoxCPM2 tiny at {args.vox_patches} patches), "
           f"{args.rounds} rounds, {os.cpu_count()} CPUs, OMP_NUM_THREADS="
           f"{os.environ['OMP_NUM_THREADS']}", file=sys.stderr)
-    reference = None
-    table = []
-    for label, shared in (("one worker per model", False), ("single global lock", True)):
-        rows, reference = _measure(root, args, shared, reference)
-        for round_index, row in enumerate(rows):
-            table.append((label, round_index + 1, row))
     print("| server | round | errors | identical to single runs | TTFA p50 (s) | TTFA p95 (s) "
-          "| TTFA p50 F5 / VoxCPM (s) | wall (s) | audio s / s | requests / s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for label, round_index, row in table:
-        per_model = " / ".join(f"{row['by_model'].get(m, float('nan')):.2f}"
-                               for m in ("f5", "vox"))
-        print(f"| {label} | {round_index} | {row['errors']} | {row['identical']}/{row['n']} "
-              f"| {row['p50']:.2f} | {row['p95']:.2f} | {per_model} | {row['wall']:.2f} "
-              f"| {row['audio_per_s']:.2f} | {row['req_per_s']:.2f} |")
-        if row["first_error"]:
-            print(f"  first error: {row['first_error']}", file=sys.stderr)
+          "| TTFA p50 F5 / VoxCPM (s) | wall (s) | audio s / s | requests / s "
+          "| server CPU (cores) | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    reference = None
+    for round_index in range(1, args.rounds + 1):
+        for label, shared in (("one worker per model", False), ("single global lock", True)):
+            row, reference = _round(root, args, shared, reference)
+            per_model = " / ".join(f"{row['by_model'].get(m, float('nan')):.2f}"
+                                   for m in ("f5", "vox"))
+            print(f"| {label} | {round_index} | {row['errors']} | {row['identical']}/{row['n']} "
+                  f"| {row['p50']:.2f} | {row['p95']:.2f} | {per_model} | {row['wall']:.2f} "
+                  f"| {row['audio_per_s']:.2f} | {row['req_per_s']:.2f} | {row['cores']:.2f} "
+                  f"| {row['load']:.1f} |", flush=True)
+            if row["first_error"]:
+                print(f"  first error: {row['first_error']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

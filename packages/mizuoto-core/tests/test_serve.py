@@ -308,3 +308,14 @@ def test_api_key_is_required_when_set(model_dirs, tmp_path):
         assert httpx.get(f"{url}/health").status_code == 200
         right = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0)
         assert [m.id for m in right.models.list()] == ["f5"]
+
+
+def test_bodies_and_uploads_over_the_limits_are_refused(server):
+    big = httpx.post(f"{server}/v1/audio/speech", content=b" " * ((1 << 20) + 1),
+                     headers={"Content-Type": "application/json"})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    buffer = io.BytesIO()
+    sf.write(buffer, np.full(8000 * 61, 0.1, np.float32), 8000, format="WAV", subtype="PCM_16")
+    long = httpx.post(f"{server}/v1/audio/voices", data={"name": "long", "model": "f5"},
+                      files={"audio": ("long.wav", buffer.getvalue(), "audio/wav")})
+    assert long.status_code == 413 and long.json()["error"]["code"] == "audio_too_long"

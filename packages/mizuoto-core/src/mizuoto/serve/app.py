@@ -23,7 +23,7 @@ from types import MappingProxyType
 import attrs
 
 from mizuoto.errors import InvalidRequest
-from mizuoto.serve.errors import APIError, from_mizuoto
+from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
 from mizuoto.serve.metrics import Metrics
 from mizuoto.serve.voices import VoiceStore
 from mizuoto.serve.worker import ModelWorker
@@ -159,6 +159,12 @@ def create_app(config: ServeConfig):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return respond(APIError(exc.status_code, str(exc.detail), code=code))
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request, exc):
+        from fastapi.responses import Response
+
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
         error = from_mizuoto(exc)
@@ -187,8 +193,13 @@ def _validation_error(errors) -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
+#: Largest JSON body of a speech request (bytes).
+MAX_SPEECH_BODY = 1 << 20
+
+
 class _Gate:
-    """ASGI wrapper: the API key check (``/health`` stays open) and the request counter.
+    """ASGI wrapper: the API key check (``/health`` stays open), body size limits (by
+    ``Content-Length``) and the request counter.
     Pure ASGI, so streaming responses and disconnects pass through untouched."""
 
     def __init__(self, app, state: _State) -> None:
@@ -196,6 +207,9 @@ class _Gate:
         self.state = state
         key = state.config.api_key
         self._expected = f"Bearer {key}".encode() if key else None
+        # refused before the body is read (a voice's multipart form: the clip and its fields)
+        self._limits = {"/v1/audio/speech": MAX_SPEECH_BODY,
+                        "/v1/audio/voices": state.config.max_upload_bytes + (64 << 10)}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -209,6 +223,13 @@ class _Gate:
                     401, "missing or wrong API key: send Authorization: Bearer <key>",
                     code="invalid_api_key"))
                 return
+        limit = self._limits.get(path)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if limit is not None and length.isdigit() and int(length) > limit:
+            await _send_error(send, APIError(
+                413, f"the request body has {int(length)} bytes, more than {limit}",
+                code="request_too_large"))
+            return
         status = 500
 
         async def send_and_count(message) -> None:

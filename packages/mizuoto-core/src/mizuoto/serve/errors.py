@@ -25,6 +25,10 @@ class APIError(Exception):
                           "code": self.code}}
 
 
+class ClientGone(Exception):
+    """The client disconnected before its response: nothing is sent."""
+
+
 def bad_request(message: str, param: str | None = None,
                 code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)

@@ -22,14 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.results import AudioChunk
 from mizuoto.serve.encoders import MEDIA_TYPES, StreamEncoder
-from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
+from mizuoto.serve.errors import APIError, ClientGone, bad_request, from_mizuoto, not_found
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
 from mizuoto.serve.worker import DONE, Job
 
 #: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
 MAX_INPUT_CHARS = 4096
-#: Largest JSON body of a speech request (bytes).
-MAX_SPEECH_BODY = 1 << 20
 #: Response formats of OpenAI's spec this server does not encode.
 UNSUPPORTED_FORMATS = {"aac": "libsndfile has no AAC encoder"}
 #: Header carrying the seed a response was generated with.
@@ -72,10 +70,6 @@ class SpeechBody(BaseModel):
     mizuoto: MizuotoExtension | None = None
 
 
-class _ClientGone(Exception):
-    pass
-
-
 def _state(request: Request):
     return request.app.state.mizuoto
 
@@ -87,13 +81,6 @@ def _worker(state, model: str):
         raise not_found(f"model {model!r} is not served here (served: {known})", "model",
                         "model_not_found")
     return worker
-
-
-def _check_size(request: Request, limit: int) -> None:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError(413, f"the request body has {length} bytes, more than {limit}",
-                       code="request_too_large")
 
 
 def _has_speed(engine) -> bool:
@@ -156,27 +143,29 @@ def _speech_job(request, stream: bool):
     return run
 
 
-async def _next(job: Job, request: Request):
-    """The job's next item; cancels the job when the client disconnects meanwhile."""
-    getter = asyncio.ensure_future(job.items.get())
-    while True:
-        done, _ = await asyncio.wait({getter}, timeout=0.25)
-        if done:
-            item = getter.result()
-            if isinstance(item, BaseException):
-                raise from_mizuoto(item, param_prefix="mizuoto.")
-            return item
-        if await request.is_disconnected():
-            getter.cancel()
-            job.cancel()
-            raise _ClientGone
+async def _next(job: Job, request: Request | None):
+    """The job's next item (an error it emitted is raised). With ``request``, the job is
+    cancelled when the client disconnects meanwhile; a streaming response passes none, since
+    Starlette watches its client and cancels the response (see :func:`_chunks`)."""
+    if request is None:
+        item = await job.items.get()
+    else:
+        getter = asyncio.ensure_future(job.items.get())
+        while not (await asyncio.wait({getter}, timeout=0.25))[0]:
+            if await request.is_disconnected():
+                getter.cancel()
+                job.cancel()
+                raise ClientGone
+        item = getter.result()
+    if isinstance(item, BaseException):
+        raise from_mizuoto(item, param_prefix="mizuoto.")
+    return item
 
 
 @router.post("/v1/audio/speech")
 async def speech(request: Request):
     state = _state(request)
     started = time.monotonic()
-    _check_size(request, MAX_SPEECH_BODY)
     body = SpeechBody.model_validate(await _json(request))
     if body.response_format in UNSUPPORTED_FORMATS:
         supported = ", ".join(MEDIA_TYPES)
@@ -204,8 +193,6 @@ async def speech(request: Request):
     worker.submit(job)
     try:
         first = await _next(job, request)
-    except _ClientGone:
-        return Response(status_code=499)
     except BaseException:
         job.cancel()
         raise
@@ -216,14 +203,16 @@ async def speech(request: Request):
     encoder = StreamEncoder(body.response_format, engine.info.sample_rate,
                             streaming=stream or body.stream_format == "sse")
     if body.stream_format == "sse":
-        return StreamingResponse(_sse(job, first, encoder, body, request),
+        return StreamingResponse(_sse(job, first, encoder, body),
                                  media_type="text/event-stream", headers=headers)
     if stream:
-        return StreamingResponse(_audio(job, first, encoder, request),
+        return StreamingResponse(_audio(job, first, encoder),
                                  media_type=MEDIA_TYPES[body.response_format], headers=headers)
-    chunks = [first]
-    while (item := await _next(job, request)) is not DONE:
+    chunks = []
+    item = first
+    while item is not DONE:
         chunks.append(item)
+        item = await _next(job, request)
     content = await asyncio.to_thread(_encode_all, encoder, chunks)
     return Response(content, media_type=MEDIA_TYPES[body.response_format], headers=headers)
 
@@ -239,20 +228,20 @@ def _encode_all(encoder: StreamEncoder, chunks: list[AudioChunk]) -> bytes:
     return b"".join(encoder.feed(c.audio.numpy()) for c in chunks) + encoder.close()
 
 
-async def _chunks(job: Job, first, request: Request):
+async def _chunks(job: Job, first):
     """The job's audio chunks, ``first`` included; the job is cancelled if the response is
     abandoned (Starlette cancels a streaming response whose client disconnects)."""
     try:
         item = first
         while item is not DONE:
             yield item
-            item = await _next(job, request)
+            item = await _next(job, None)
     finally:
         job.cancel()
 
 
-async def _audio(job: Job, first, encoder: StreamEncoder, request: Request):
-    async for chunk in _chunks(job, first, request):
+async def _audio(job: Job, first, encoder: StreamEncoder):
+    async for chunk in _chunks(job, first):
         data = await asyncio.to_thread(encoder.feed, chunk.audio.numpy())
         if data:
             yield data
@@ -265,10 +254,10 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-async def _sse(job: Job, first, encoder: StreamEncoder, body: SpeechBody, request: Request):
+async def _sse(job: Job, first, encoder: StreamEncoder, body: SpeechBody):
     deltas = 0
     try:
-        async for chunk in _chunks(job, first, request):
+        async for chunk in _chunks(job, first):
             data = await asyncio.to_thread(encoder.feed, chunk.audio.numpy())
             if data:
                 deltas += 1
