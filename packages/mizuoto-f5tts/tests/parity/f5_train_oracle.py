@@ -14,6 +14,8 @@ what ``f5-tts_finetune-cli`` does after its hub download, with local files:
 
 Writes ``log.json``: every ``accelerator.log`` call (``loss``, ``lr``, ``update``) in order,
 and the seconds the training loop took. Checkpoints land in ``ckpts/`` as upstream writes them.
+CONFIG.json may hold a list of configurations: they run one after the other in this process
+(accelerate's shared state reset in between), which saves the imports.
 """
 
 from __future__ import annotations
@@ -33,13 +35,22 @@ torch.set_num_threads(1)
 
 
 def main(config_path: str) -> None:
+    from accelerate.state import AcceleratorState, GradientState
+
+    configs = json.loads(Path(config_path).read_text())
+    for cfg in configs if isinstance(configs, list) else [configs]:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        run(cfg)
+
+
+def run(cfg: dict) -> None:
     from datasets import Dataset as HFDataset
     from f5_tts.model import CFM, DiT, Trainer, UNetT
     from f5_tts.model.dataset import CustomDataset
     from f5_tts.model.utils import get_tokenizer
     from f5_tts.train.datasets.prepare_csv_wavs import prepare_and_save_set
 
-    cfg = json.loads(Path(config_path).read_text())
     work = Path(cfg["work_dir"])
     prepared = work / "prepared"
     prepare_and_save_set(cfg["metadata"], str(prepared), is_finetune=False, num_workers=1)

@@ -45,19 +45,24 @@ def _absolute_csv(metadata: Path, destination: Path) -> Path:
     return destination
 
 
-def run_upstream(tmp: Path, model_dir: Path, metadata: Path, variant: str, size: str = "tiny",
-                 **settings) -> dict:
+def upstream_config(work: Path, model_dir: Path, metadata: Path, variant: str,
+                    size: str = "tiny", **settings) -> dict:
     v = get_variant(variant, size)
-    work = tmp / "upstream"
-    work.mkdir()
-    config = dict(
+    work.mkdir(parents=True)
+    return dict(
         work_dir=str(work), metadata=str(_absolute_csv(metadata, work / "metadata.csv")),
         vocab=str(model_dir / "vocab.txt"), checkpoint=str(find_checkpoint(model_dir)),
         backbone=v.backbone, arch=v.upstream_config(), seed=SEED, **settings)
-    (work / "config.json").write_text(json.dumps(config))
-    done = subprocess.run([sys.executable, str(ORACLE), str(work / "config.json")],
-                          capture_output=True, text=True, timeout=900)
+
+
+def run_oracle(configs: list[dict], config_path: Path) -> None:
+    config_path.write_text(json.dumps(configs))
+    done = subprocess.run([sys.executable, str(ORACLE), str(config_path)],
+                          capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def upstream_result(work: Path) -> dict:
     log = json.loads((work / "log.json").read_text())
     last = torch.load(work / "ckpts" / "model_last.pt", map_location="cpu", weights_only=True)
     return {"log": log, "last": last}
@@ -150,7 +155,7 @@ BASE = dict(epochs=2, learning_rate=1e-4, warmup=2, save_every=100, batch_size_t
 SLOW = pytest.mark.realsize  # more of the same paths: kept out of CI's time budget
 
 
-@pytest.mark.parametrize("variant,overrides", [
+CASES = [
     pytest.param("v1_base", {}, id="v1-frame", marks=SLOW),
     pytest.param("v1_base", {"epochs": 3, "grad_accumulation": 2, "batch_size": 250},
                  id="v1-frame-accum"),
@@ -166,20 +171,48 @@ SLOW = pytest.mark.realsize  # more of the same paths: kept out of CI's time bud
                              "batch_size": 3200}, id="v1-real-one-update", marks=SLOW),
     pytest.param("e2_base", {"batch_size_type": "sample", "batch_size": 3,
                              "grad_accumulation": 3, "epochs": 3}, id="e2-sample-accum"),
-])
-def test_training_matches_upstream(tmp_path, variant, overrides):
+]
+def _case(root: Path, variant: str, overrides: dict) -> dict:
     settings = {**BASE, **overrides}
-    stop_at = settings.pop("stop_at", None)
-    size = settings.pop("size", "tiny")
-    model_dir = write_random_model_dir(tmp_path / "model", variant, size=size, seed=7)
-    metadata = write_synthetic_dataset(tmp_path / "data", count=settings.pop("clips", 6), seed=3)
-    upstream = run_upstream(tmp_path, model_dir, metadata, variant, size=size, **settings)
-    ours = run_ours(tmp_path, model_dir, metadata, settings, stop_at=stop_at)
-    print(f"{variant} {overrides}: {len(ours['state']['records'])} batches, "
+    case = {"variant": variant, "stop_at": settings.pop("stop_at", None),
+            "size": settings.pop("size", "tiny"), "root": root}
+    case["model_dir"] = write_random_model_dir(root / "model", variant, size=case["size"],
+                                               seed=7)
+    case["metadata"] = write_synthetic_dataset(root / "data", count=settings.pop("clips", 6),
+                                               seed=3)
+    case["settings"] = settings
+    case["upstream"] = upstream_config(root / "upstream", case["model_dir"], case["metadata"],
+                                       variant, size=case["size"], **settings)
+    return case
+
+
+@pytest.fixture(scope="module")
+def cases(request, tmp_path_factory):
+    """Every selected case's inputs, and upstream's runs of all of them in one process."""
+    chosen = {}
+    for item in request.session.items:
+        if item.module is request.module and getattr(item, "originalname", "") == \
+                "test_training_matches_upstream":
+            chosen[item.callspec.id] = (item.callspec.params["variant"],
+                                        item.callspec.params["overrides"])
+    root = tmp_path_factory.mktemp("training-parity")
+    prepared = {name: _case(root / name, *args) for name, args in chosen.items()}
+    run_oracle([c["upstream"] for c in prepared.values()], root / "oracle.json")
+    return prepared
+
+
+@pytest.mark.parametrize("variant,overrides", CASES)
+def test_training_matches_upstream(request, cases, variant, overrides):
+    case = cases[request.node.callspec.id]
+    root, settings = case["root"], case["settings"]
+    upstream = upstream_result(root / "upstream")
+    ours = run_ours(root, case["model_dir"], case["metadata"], settings,
+                    stop_at=case["stop_at"])
+    print(f"{request.node.callspec.id}: {len(ours['state']['records'])} batches, "
           f"ours {ours['seconds']:.2f} s, upstream {upstream['log']['seconds']:.2f} s")
     assert_same_training(upstream, ours)
-    if size == "tiny":
-        assert_cross_loads(tmp_path, tmp_path / "upstream" / "ckpts", ours["export"], variant)
+    if case["size"] == "tiny":
+        assert_cross_loads(root, root / "upstream" / "ckpts", ours["export"], variant)
 
 
 def test_ema_matches_ema_pytorch():
