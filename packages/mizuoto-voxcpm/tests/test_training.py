@@ -178,3 +178,57 @@ def test_low_memory_gives_the_same_bits(workspace, method):
         outputs[memory] = ((config.output_dir / "metrics.jsonl").read_text(encoding="utf-8"),
                            (exported / name).read_bytes())
     assert outputs["low"] == outputs["default"]
+
+
+_DDP_CHILD = """
+import hashlib, json, os, sys, torch
+torch.set_num_threads(1)
+from mizuoto.contracts import TrainingConfig
+from mizuoto_voxcpm.training import VoxCPMTrainer
+from mizuoto_voxcpm.training.session import Session
+config = TrainingConfig(**json.loads(sys.argv[1]))
+trainer = VoxCPMTrainer()
+run = trainer.prepare(config)
+session = Session.open(run)
+session.run_loop()
+digest = hashlib.sha256()
+for name, p in session.model.named_parameters():
+    if p.requires_grad:
+        digest.update(p.detach().numpy().tobytes())
+rank = os.environ["RANK"]
+(config.output_dir / f"rank{rank}.sha256").write_text(digest.hexdigest())
+session.export(config.output_dir / "export")
+"""
+
+
+def test_torchrun_two_processes_on_gloo(workspace):
+    """Two CPU processes (gloo): they stay in step (same weights on both), accumulate without
+    syncing but on the last micro-batch, and a rerun gives the same bytes."""
+    root, model = workspace
+    outputs = []
+    for attempt in range(2):
+        out = root / f"ddp-{attempt}"
+        arguments = json.dumps({"method": "lora", "model": str(model),
+                                "dataset": str(root / "train.jsonl"), "output_dir": str(out),
+                                "steps": 3, "learning_rate": 1e-3, "batch_size": 1, "seed": 42,
+                                "save_every": 2,
+                                "params": {"warmup_steps": 1, "grad_accum_steps": 2}})
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--master_port", str(29500 + os.getpid() % 1000 + attempt),
+             str(_child_script(root)), arguments],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+        hashes = {(out / f"rank{r}.sha256").read_text() for r in (0, 1)}
+        assert len(hashes) == 1
+        rows = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
+        assert json.loads(rows[1])["epoch"] == 1 * 2 * 1 * 2 / 4
+        outputs.append(((out / "export" / "lora_weights.safetensors").read_bytes(), rows))
+    assert outputs[0] == outputs[1]
+
+
+def _child_script(root: Path) -> Path:
+    path = root / "ddp_child.py"
+    path.write_text(_DDP_CHILD, encoding="utf-8")
+    return path

@@ -214,3 +214,44 @@ def pack(samples: Sequence[Sample], latents: Sequence[torch.Tensor], max_length:
                                          dtype=x.dtype)], dim=0)
 
     return Batch(*[torch.stack([padded(row[i]) for row in rows]) for i in range(6)])
+
+
+class DistributedEpochSampler(EpochSampler):
+    """Upstream's loader under ``torchrun``: a ``DistributedSampler`` (seed 0 + epoch, padded
+    to a multiple of the world size, every ``world``-th index from ``rank``) batched with
+    ``drop_last``. Each pass still draws the loader's base seed from the generator."""
+
+    def __init__(self, size: int, batch_size: int, generator: torch.Generator, *, rank: int,
+                 world: int) -> None:
+        per_rank = -(-size // world)
+        if per_rank < batch_size:
+            raise ValueError(f"{per_rank} samples per process, fewer than one batch of "
+                             f"{batch_size}")
+        self.size = size
+        self.batch_size = batch_size
+        self.generator = generator
+        self.rank, self.world = rank, world
+        self.order: list[int] = []
+        self.position = 0
+        self.epoch = -1
+
+    def _new_epoch(self) -> None:
+        draw_seed(self.generator)  # the loader's base seed
+        self.epoch += 1
+        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.epoch))
+        order = order.tolist()
+        total = -(-self.size // self.world) * self.world
+        padding = total - len(order)
+        if padding <= len(order):
+            order += order[:padding]
+        else:
+            order += (order * math.ceil(padding / len(order)))[:padding]
+        self.order = order[self.rank:total:self.world]
+        self.position = 0
+
+    def next_batch(self) -> list[int]:
+        if self.epoch < 0 or self.position + self.batch_size > len(self.order):
+            self._new_epoch()
+        batch = self.order[self.position:self.position + self.batch_size]
+        self.position += self.batch_size
+        return batch

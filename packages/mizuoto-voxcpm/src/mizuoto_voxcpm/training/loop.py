@@ -75,19 +75,22 @@ class GradScaling:
 
 
 def train_step(model, optimizer, scheduler, scaling: GradScaling, next_batch, losses_of,
-               recipe, step: int) -> dict[str, float]:
-    """One optimiser step; returns upstream's logged values for it."""
+               recipe, step: int, no_sync=None) -> dict[str, float]:
+    """One optimiser step; returns upstream's logged values for it. ``no_sync``: DDP's
+    context that skips the gradient all-reduce (all micro-batches but the last)."""
     optimizer.zero_grad(set_to_none=True)
     logged: dict[str, torch.Tensor] = {}
-    for _ in range(recipe.grad_accum_steps):
+    for micro in range(recipe.grad_accum_steps):
         batch = next_batch()
-        with scaling.autocast():
-            outputs = losses_of(batch, progress=step / max(1, recipe.num_iters))
-        total = 0.0
-        for key, value in outputs.items():
-            total = total + value * recipe.lambdas.get(key, 1.0) / recipe.grad_accum_steps
-            logged[key] = value.detach()
-        scaling.backward(total)
+        last = micro == recipe.grad_accum_steps - 1
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            with scaling.autocast():
+                outputs = losses_of(batch, progress=step / max(1, recipe.num_iters))
+            total = 0.0
+            for key, value in outputs.items():
+                total = total + value * recipe.lambdas.get(key, 1.0) / recipe.grad_accum_steps
+                logged[key] = value.detach()
+            scaling.backward(total)
     scaling.unscale(optimizer)
     max_norm = recipe.max_grad_norm if recipe.max_grad_norm > 0 else CLIP_OFF
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
@@ -111,27 +114,37 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: GradScaling,
-                    generator: torch.Generator, sampler: EpochSampler, step: int) -> None:
-    """Write ``directory/latest`` whole or not at all (a new folder renamed over the old)."""
+                    generator: torch.Generator, sampler: EpochSampler, step: int,
+                    rank: int = 0) -> None:
+    """Write ``directory/latest`` whole or not at all (a new folder renamed over the old).
+    Under torchrun every process adds its generator and data position; process 0 the rest."""
     from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    staging = directory / f".{LATEST}.{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    save_file(trainable_state(model), str(staging / TRAINABLE))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaling.scaler.state_dict() if scaling.scaler else None,
-                "generator": generator.get_state()}, staging / "state.pt")
-    (staging / "training_state.json").write_text(
-        json.dumps({"step": step, "sampler": sampler.state()}), encoding="utf-8")
-    _fsync_tree(staging)
-    latest, old = directory / LATEST, directory / f"{LATEST}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if latest.exists():
-        os.replace(latest, old)
-    os.replace(staging, latest)
-    shutil.rmtree(old, ignore_errors=True)
+    from mizuoto_voxcpm.training.distributed import barrier
+
+    staging = directory / f".{LATEST}.staging"
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    barrier()
+    torch.save({"generator": generator.get_state(), "sampler": sampler.state()},
+               staging / f"rank{rank}.pt")
+    barrier()
+    if rank == 0:
+        save_file(trainable_state(model), str(staging / TRAINABLE))
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "scaler": scaling.scaler.state_dict() if scaling.scaler else None},
+                   staging / "state.pt")
+        (staging / "training_state.json").write_text(json.dumps({"step": step}),
+                                                     encoding="utf-8")
+        _fsync_tree(staging)
+        latest, old = directory / LATEST, directory / f"{LATEST}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if latest.exists():
+            os.replace(latest, old)
+        os.replace(staging, latest)
+        shutil.rmtree(old, ignore_errors=True)
+    barrier()
 
 
 def _fsync_tree(path: Path) -> None:
@@ -149,7 +162,7 @@ def find_checkpoint(directory: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, *, model, optimizer, scheduler, scaling: GradScaling,
-                    generator: torch.Generator, sampler: EpochSampler) -> int:
+                    generator: torch.Generator, sampler: EpochSampler, rank: int = 0) -> int:
     """Restore a checkpoint written by :func:`save_checkpoint`; returns its step count."""
     from safetensors.torch import load_file
 
@@ -163,9 +176,10 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, scaling: GradSca
     scheduler.load_state_dict(state["scheduler"])
     if scaling.scaler and state["scaler"]:
         scaling.scaler.load_state_dict(state["scaler"])
-    generator.set_state(state["generator"])
+    own = torch.load(path / f"rank{rank}.pt", map_location="cpu", weights_only=True)
+    generator.set_state(own["generator"])
+    sampler.restore(own["sampler"])
     info = json.loads((path / "training_state.json").read_text(encoding="utf-8"))
-    sampler.restore(info["sampler"])
     return int(info["step"])
 
 

@@ -17,8 +17,13 @@ from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_aud
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
 from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
-from mizuoto_voxcpm.training import construction, loop
-from mizuoto_voxcpm.training.data import EpochSampler, encode_audio, pack
+from mizuoto_voxcpm.training import construction, distributed, loop
+from mizuoto_voxcpm.training.data import (
+    DistributedEpochSampler,
+    EpochSampler,
+    encode_audio,
+    pack,
+)
 from mizuoto_voxcpm.training.memory import checkpoint_blocks
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
 from mizuoto_voxcpm.training.trainer import BASE_FILES, Run, link_or_copy
@@ -27,9 +32,9 @@ CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 
 
-def pick_device() -> torch.device:
+def pick_device(local_rank: int = 0) -> torch.device:
     """Upstream's accelerator: CUDA when present, else the CPU."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
 class Session:
@@ -39,7 +44,10 @@ class Session:
         model_dir = run.model_dir
         self.raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         self.config = config = VoxCPMConfig.from_model_dir(model_dir)
-        self.device = device = pick_device()
+        self.world_size, self.rank, local_rank = distributed.world()
+        self.device = device = pick_device(local_rank)
+        if self.world_size > 1:
+            distributed.init(device.type)
         # the CPU has no bf16 training recipe upstream (its forward casts inputs to the config
         # dtype while the weights stay fp32): float32 there; CUDA: the config dtype + autocast
         self.dtype = config.torch_dtype if device.type == "cuda" else torch.float32
@@ -71,7 +79,15 @@ class Session:
         vae = load_audio_vae(model_dir, vae_config, "cpu")
         vae.decoder = None
         self.vae = vae.to(device)
-        self.sampler = EpochSampler(len(run.samples), recipe.batch_size, self.generator)
+        if self.world_size > 1:
+            self.sampler = DistributedEpochSampler(len(run.samples), recipe.batch_size,
+                                                   self.generator, rank=self.rank,
+                                                   world=self.world_size)
+        else:
+            self.sampler = EpochSampler(len(run.samples), recipe.batch_size, self.generator)
+        self.forward, self.no_sync = distributed.wrap(
+            distributed.TrainingForward(self.model, self._training_losses), device,
+            self.world_size)
         self._latents: dict[int, torch.Tensor] = {}
 
     @classmethod
@@ -91,9 +107,12 @@ class Session:
         return pack([self.run.samples[i] for i in indices], [self._latent(i) for i in indices],
                     self.config.max_length)
 
-    def losses(self, batch, *, progress: float):
-        return training_losses(self.model, batch, cfm=self.cfm, generator=self.forward_generator,
+    def _training_losses(self, model, batch, progress: float):
+        return training_losses(model, batch, cfm=self.cfm, generator=self.forward_generator,
                                progress=progress, dtype=self.dtype)
+
+    def losses(self, batch, *, progress: float):
+        return self.forward(batch, progress)
 
     # -- training ------------------------------------------------------------------------
 
@@ -107,27 +126,34 @@ class Session:
         if found is not None:
             start = loop.load_checkpoint(found, model=self.model, optimizer=optimizer,
                                          scheduler=scheduler, scaling=scaling,
-                                         generator=self.generator, sampler=self.sampler)
+                                         generator=self.generator, sampler=self.sampler,
+                                         rank=self.rank)
             if self.forward_generator is not self.generator:
                 self.forward_generator.manual_seed(recipe.seed + start)
             resumed = start
+        main = self.rank == 0
         metrics_path = run.output_dir / METRICS
-        rows = loop.read_metrics(metrics_path, upto=start)
+        rows = loop.read_metrics(metrics_path, upto=start) if main else []
+        distributed.barrier()
         last = rows[-1] if rows else {}
         for step in range(start, recipe.num_iters):
             values = loop.train_step(self.model, optimizer, scheduler, scaling, self.next_batch,
-                                     self.losses, recipe, step)
-            values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size)
-                                    / max(1, run.counted_samples))
-            loop.append_metrics(metrics_path, step, values)
+                                     self.losses, recipe, step, no_sync=self.no_sync)
+            values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
+                                     * self.world_size) / max(1, run.counted_samples))
+            if main:
+                loop.append_metrics(metrics_path, step, values)
             last = {"step": step, **values}
             done = step + 1
             if done % run.config.save_every == 0 or done == recipe.num_iters:
                 loop.save_checkpoint(checkpoints, model=self.model, optimizer=optimizer,
                                      scheduler=scheduler, scaling=scaling,
-                                     generator=self.generator, sampler=self.sampler, step=done)
-            report(progress, "train", done, recipe.num_iters,
-                   f"loss/diff {values['loss/diff']:.4f} loss/stop {values['loss/stop']:.4f}")
+                                     generator=self.generator, sampler=self.sampler, step=done,
+                                     rank=self.rank)
+            if main:
+                report(progress, "train", done, recipe.num_iters,
+                       f"loss/diff {values['loss/diff']:.4f} "
+                       f"loss/stop {values['loss/stop']:.4f}")
         metrics = {k: float(v) for k, v in last.items() if k != "step"}
         return TrainingResult(run.output_dir, recipe.num_iters, resumed, metrics=metrics)
 
@@ -151,6 +177,9 @@ class Session:
         from safetensors.torch import save_file
 
         self.load_trained()
+        if self.rank != 0:  # process 0 writes it
+            distributed.barrier()
+            return destination
         base = self.run.model_dir
         destination.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
@@ -180,4 +209,5 @@ class Session:
             shutil.rmtree(old, ignore_errors=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        distributed.barrier()
         return destination
