@@ -263,3 +263,35 @@ def test_two_processes_stay_identical_and_match_one_when_not_sharded(tmp_path, m
     assert a["records"] == b["records"]
     for part in ("model", "ema"):
         assert all(torch.equal(a[part][k], v) for k, v in b[part].items()), part
+
+
+def test_extend_vocab_grows_the_embedding_as_upstream(tmp_path, metadata):
+    from safetensors.torch import load_file
+
+    from mizuoto_f5tts.checkpoint import find_checkpoint, read_checkpoint
+
+    model_dir = write_random_model_dir(tmp_path / "model", "v1_base", size="tiny",
+                                       vocab=[" ", "a", "b"])
+    new_csv = metadata.parent / "small.csv"
+    new_csv.write_text("audio_file|text\nwavs/clip_000.wav|abc!\nwavs/clip_001.wav|bad\n")
+    trainer = F5Trainer()
+    with pytest.raises(InvalidRequest, match="no usable rows"):
+        trainer.prepare(_config(model_dir, new_csv, tmp_path / "refused", steps=1,
+                                params={"epochs": 1}))
+    run = trainer.prepare(_config(model_dir, new_csv, tmp_path / "run", steps=1,
+                                  params={"epochs": 1, "extend_vocab": True}))
+    assert run.new_tokens == 3 and list(run.vocab) == [" ", "a", "b", "c", "!", "d"]
+    trainer.train(run)
+    exported = trainer.export(run, tmp_path / "export")
+    assert (exported / "vocab.txt").read_text() == " \na\nb\nc\n!\nd\n"
+    base = read_checkpoint(find_checkpoint(model_dir))["transformer.text_embed.text_embed.weight"]
+    torch.manual_seed(666)  # upstream's expand_model_embeddings
+    expected = torch.cat([base, torch.randn((3, base.shape[1]))])
+    state = load_run_state(tmp_path / "run" / CHECKPOINT)
+    assert state["model"]["transformer.text_embed.text_embed.weight"].shape == expected.shape
+    ema = load_file(str(find_checkpoint(exported)))
+    assert ema["ema_model.transformer.text_embed.text_embed.weight"].shape == (7, base.shape[1])
+    assert mizuoto.load(exported) is not None
+    from mizuoto_f5tts.training.trainer import expand_text_embedding
+
+    assert torch.equal(expand_text_embedding(base, 3), expected)

@@ -13,7 +13,8 @@ never fatal: unreadable or missing audio, silence, a duration outside [0.3, 30] 
 loader would silently train on the next row instead), empty text, or tokens outside the model's
 vocabulary (upstream would map them to the space). Text becomes tokens as upstream's
 ``convert_char_to_pinyin`` (polyphone) does; the duration is ``soundfile.info(path).duration``,
-the value upstream's ``duration.json`` holds. With ``destination`` the result is written there
+the value upstream's ``duration.json`` holds (``vocab=None`` accepts every token: the caller
+extends the vocabulary). With ``destination`` the result is written there
 as ``manifest.jsonl`` + ``report.json`` (atomically) and can be read back with `read_prepared`.
 
 `write_synthetic_dataset(directory, count=6, seed=0) -> Path` writes deterministic 24 kHz
@@ -155,7 +156,7 @@ def _check_audio(path: str) -> tuple[float | None, str]:
 
 def prepare_dataset(
     source: str | Path,
-    vocab: Mapping[str, int],
+    vocab: Mapping[str, int] | None,
     destination: str | Path | None = None,
     *,
     progress: ProgressCallback | None = None,
@@ -178,7 +179,7 @@ def prepare_dataset(
         tokens: list[str] = []
         if not reason:
             tokens = to_tokens(text)
-            unknown = sorted({t for t in tokens if t not in vocab})
+            unknown = sorted({t for t in tokens if vocab is not None and t not in vocab})
             if unknown:
                 reason = f"tokens outside the vocabulary: {' '.join(map(repr, unknown[:8]))}"
         if reason:
@@ -194,6 +195,19 @@ def prepare_dataset(
     if destination is not None:
         write_prepared(prepared, destination)
     return prepared
+
+
+def extended_vocab(vocab: Mapping[str, int], clips, symbols=None) -> list[str]:
+    """The tokens to add to ``vocab``: ``symbols`` (spaces removed, as upstream's
+    ``vocab_extend``) or else the clips' tokens, in order of first use, minus those it has."""
+    wanted = ([s.replace(" ", "") for s in symbols] if symbols is not None
+              else [t for clip in clips for t in clip.tokens])
+    return list(dict.fromkeys(t for t in wanted if t and t not in vocab))
+
+
+def write_vocab(path: str | Path, tokens: list[str]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(f"{t}\n" for t in tokens), encoding="utf-8")
 
 
 def write_prepared(prepared: PreparedData, destination: str | Path) -> None:

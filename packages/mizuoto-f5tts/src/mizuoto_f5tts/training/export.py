@@ -6,7 +6,8 @@ atomically (built beside ``destination``, then renamed over it):
 - ``model_<update>.safetensors``: the EMA weights as upstream's trainer keeps them (``initted``,
   ``step``, ``ema_model.<CFM key>``), which is also the layout of upstream's releases; a v0 Base
   model is named ``F5TTS_Base_model_<update>.safetensors`` so that loaders tell it from v1;
-- ``vocab.txt`` and ``vocos/`` copied from the base model directory;
+- ``vocab.txt`` (``vocab_file``: the run's, extended or not) and ``vocos/`` copied from the base
+  model directory;
 - ``LICENSE.txt``: the base model's license terms carry over to the fine-tuned weights
   (the released F5-TTS weights are CC-BY-NC-4.0: non-commercial), and ``training.json``
   (base model, variant, updates).
@@ -42,14 +43,15 @@ def checkpoint_file_name(variant: F5Variant, update: int) -> str:
 
 
 def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: str | Path,
-                 variant: F5Variant, destination: str | Path, *, base_model: str) -> Path:
+                 variant: F5Variant, destination: str | Path, *, base_model: str,
+                 vocab_file: str | Path | None = None) -> Path:
     base_dir, destination = Path(base_dir), Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
         save_file(tensors, str(build / checkpoint_file_name(variant, update)))
-        vocab = base_dir / VOCAB_FILE
+        vocab = Path(vocab_file) if vocab_file is not None else base_dir / VOCAB_FILE
         shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
         if (base_dir / VOCOS_DIR).is_dir():
             shutil.copytree(base_dir / VOCOS_DIR, build / VOCOS_DIR)

@@ -18,7 +18,9 @@ of the run, at most upstream's 20000; fewer than the run's updates), ``batch_siz
 ``sample``: then ``config.batch_size`` clips per batch), ``batch_frames`` (3200),
 ``max_samples`` (64), ``grad_accumulation`` (1), ``max_grad_norm`` (1.0), ``shuffle_seed``
 (666, upstream's ``resumable_with_seed``), ``variant`` (``v1_base``, ``base`` or ``e2_base``;
-default: detected from the checkpoint). Training stops after ``config.steps`` updates or at the
+default: detected from the checkpoint), ``extend_vocab`` (``true``: add the data's tokens the
+vocabulary lacks; or a list of tokens; the text embedding grows as upstream's
+``expand_model_embeddings`` grows it), ``shard_batches`` (under torchrun; default true). Training stops after ``config.steps`` updates or at the
 end of the last epoch.
 """
 
@@ -39,7 +41,13 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
-from mizuoto_f5tts.training.data import PreparedData, prepare_dataset
+from mizuoto_f5tts.training.data import (
+    PreparedData,
+    extended_vocab,
+    prepare_dataset,
+    write_prepared,
+    write_vocab,
+)
 from mizuoto_f5tts.training.export import export_model
 from mizuoto_f5tts.training.loop import FineTuning, LoopSettings, Record
 from mizuoto_f5tts.training.state import (
@@ -53,7 +61,8 @@ from mizuoto_f5tts.variants import VARIANT_NAMES, F5Variant
 logger = logging.getLogger(__name__)
 
 PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_samples",
-          "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches")
+          "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches",
+          "extend_vocab")
 LOG_FILE = "training_log.jsonl"
 
 
@@ -69,6 +78,8 @@ class F5Run:
     data: PreparedData
     settings: LoopSettings
     memory: str = "default"
+    vocab_file: Path | None = None  # the base model's, or the extended one in prepared/
+    new_tokens: int = 0  # text-embedding rows added for an extended vocabulary
 
 
 def _int_param(params, key: str, default: int, low: int = 0) -> int:
@@ -146,14 +157,37 @@ class F5Trainer(Trainer):
         # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced)
         weights = checkpoint.stat().st_size
         check_output_dir(config.output_dir, needed_bytes=8 * weights)
-        data = prepare_dataset(config.dataset, vocab, Path(config.output_dir) / "prepared",
-                               progress=progress)
+        vocab_file = vocab_file if vocab_file.is_file() else default_vocab_path()
+        prepared_dir = Path(config.output_dir) / "prepared"
+        extend = config.params.get("extend_vocab", False)
+        new_tokens = 0
+        if extend is False:
+            data = prepare_dataset(config.dataset, vocab, prepared_dir, progress=progress)
+        else:
+            if extend is not True and not (isinstance(extend, (list, tuple))
+                                           and all(isinstance(t, str) for t in extend)):
+                raise InvalidRequest("params.extend_vocab", "must be true (the data's new "
+                                     "tokens) or a list of tokens", f"got {extend!r}")
+            with open(vocab_file, encoding="utf-8") as handle:
+                tokens = [line[:-1] for line in handle]  # every line, repeats too (upstream)
+            added = extended_vocab(vocab, [], extend) if extend is not True else []
+            vocab = read_vocab_lines(tokens + added)
+            data = prepare_dataset(config.dataset, None if extend is True else vocab,
+                                   progress=progress)
+            if extend is True:
+                added = extended_vocab(vocab, data.clips)
+                vocab = read_vocab_lines(tokens + added)
+            new_tokens = len(added)
+            vocab_file = prepared_dir / VOCAB_FILE
+            write_vocab(vocab_file, tokens + added)
+            write_prepared(data, prepared_dir)
+            logger.info("vocabulary extended by %d token(s): %s", new_tokens, " ".join(added))
         if data.bad_rows:
             logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
         return F5Run(config, model_dir, checkpoint, variant, vocab, data,
-                     _settings(config, data), config.memory)
+                     _settings(config, data), config.memory, vocab_file, new_tokens)
 
     def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -162,7 +196,10 @@ class F5Trainer(Trainer):
 
         model = ConditionalFlowMatching(run.variant.build_backbone(len(run.vocab)),
                                         num_channels=run.variant.mel_dim)
-        load_into(model, read_checkpoint(run.checkpoint), run.checkpoint)
+        base = read_checkpoint(run.checkpoint)
+        if run.new_tokens:
+            base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
+        load_into(model, base, run.checkpoint)
         model.train()
         shard = run.config.params.get("shard_batches", True)
         if not isinstance(shard, bool):
@@ -229,9 +266,32 @@ class F5Trainer(Trainer):
         if distributed_world()[0] == 0:
             state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
             export_model(state["ema"], state["position"]["update"], run.model_dir,
-                         run.variant, destination, base_model=str(run.config.model))
+                         run.variant, destination, base_model=str(run.config.model),
+                         vocab_file=run.vocab_file)
         _barrier()
         return Path(destination)
+
+
+TEXT_EMBED = "transformer.text_embed.text_embed.weight"
+
+
+def expand_text_embedding(weight: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Upstream's ``expand_model_embeddings`` (finetune_gradio): the new rows are
+    ``randn`` drawn right after ``torch.manual_seed(666)``."""
+    rows = torch.randn((new_tokens, weight.shape[1]),
+                       generator=torch.Generator().manual_seed(666))
+    expanded = torch.zeros((weight.shape[0] + new_tokens, weight.shape[1]))
+    expanded[:weight.shape[0]] = weight
+    expanded[weight.shape[0]:] = rows
+    return expanded
+
+
+def read_vocab_lines(tokens: list[str]) -> dict[str, int]:
+    """``read_vocab`` of a file holding ``tokens``, one per line."""
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        vocab[token] = index
+    return vocab
 
 
 def distributed_world() -> tuple[int, int]:
