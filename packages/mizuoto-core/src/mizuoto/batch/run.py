@@ -52,8 +52,9 @@ class BatchJob:
     """What every line of a batch shares: where its input is, where outputs go, the format,
     and request defaults (``steps``, ``guidance``, ``params``)."""
 
-    input: Path = attrs.field(converter=Path)
-    output_dir: Path = attrs.field(converter=Path)
+    # absolute: Ray actors and worker processes need not share this process's directory
+    input: Path = attrs.field(converter=lambda p: Path(p).absolute())
+    output_dir: Path = attrs.field(converter=lambda p: Path(p).absolute())
     format: str = "wav"
     defaults: dict[str, Any] = attrs.field(factory=dict)
 
