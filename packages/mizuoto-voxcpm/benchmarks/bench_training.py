@@ -99,6 +99,7 @@ def main() -> None:
                  "output_dir": str(root / "ours"), "steps": args.steps, "learning_rate": lr,
                  "batch_size": args.batch_size, "seed": 42, "save_every": 10**6,
                  "params": {"warmup_steps": 1, "max_grad_norm": 0.0, "grad_accum_steps": 1,
+                            "preview": False,
                             **({"lora_r": 8, "lora_alpha": 16} if args.method == "lora" else {})}}
     start = time.perf_counter()
     ours = subprocess.run([sys.executable, "-c", _OURS, json.dumps(ours_args), str(args.threads)],

@@ -232,3 +232,24 @@ def _child_script(root: Path) -> Path:
     path = root / "ddp_child.py"
     path.write_text(_DDP_CHILD, encoding="utf-8")
     return path
+
+
+def test_preview_clones_a_long_clip_or_reads_zero_shot(workspace, tmp_path, caplog):
+    import logging
+
+    root, model = workspace
+    trainer = VoxCPMTrainer()
+    for name, seconds, mode in (("short", 0.5, "zero-shot"), ("long", 3.2, "cloned")):
+        rows = [{"audio": _tone(tmp_path / f"{name}{i}.wav", seconds, 200 + 50 * i),
+                 "text": f"Preview line {i}."} for i in range(2)]
+        manifest = tmp_path / f"{name}.jsonl"
+        manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        config = _config(root, model, "x", dataset=manifest, output_dir=tmp_path / name,
+                         steps=1, batch_size=1, params={"warmup_steps": 1})
+        run = trainer.prepare(config)
+        trainer.train(run)
+        with caplog.at_level(logging.INFO, logger="mizuoto_voxcpm.training.trainer"):
+            trainer.export(run, tmp_path / name / "export")
+        assert (tmp_path / name / "preview.wav").is_file()
+        assert any(f"preview ({mode})" in r.getMessage() for r in caplog.records)
+        caplog.clear()

@@ -98,7 +98,7 @@ def test_trained_export_speaks_as_upstream(dirs, tmp_path):
     run = trainer.prepare(TrainingConfig(
         method="lora", model=str(base), dataset=tmp_path / "train.jsonl",
         output_dir=tmp_path / "run", steps=2, learning_rate=1e-2, batch_size=1, seed=42,
-        params={"warmup_steps": 0}))
+        params={"warmup_steps": 0, "preview": False}))
     trainer.train(run)
     export = trainer.export(run, tmp_path / "export")
     expected = _upstream(export, export)

@@ -104,7 +104,7 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
 
 def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
     lora = overrides.get("lora", {})
-    params = {"warmup_steps": 1, "max_batch_tokens": 8192,
+    params = {"warmup_steps": 1, "max_batch_tokens": 8192, "preview": False,
               "grad_accum_steps": overrides.get("grad_accum_steps", 1),
               "max_grad_norm": overrides.get("max_grad_norm", 0.0)}
     if method == "lora":

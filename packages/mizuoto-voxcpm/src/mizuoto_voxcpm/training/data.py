@@ -31,6 +31,7 @@ class Sample:
     audio_path: str
     audio: np.ndarray = attrs.field(eq=False, repr=False)
     text_ids: tuple[int, ...]
+    text: str = ""
 
 
 @attrs.frozen
@@ -90,7 +91,7 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
             rejected.append(Rejected(number, f"{length} positions (text + audio patches) exceed "
                                              f"the model's context of {max_length}"))
             continue
-        samples.append(Sample(number, str(path), audio, ids))
+        samples.append(Sample(number, str(path), audio, ids, text))
     return samples, rejected
 
 

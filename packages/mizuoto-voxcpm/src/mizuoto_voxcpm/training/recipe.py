@@ -80,7 +80,9 @@ class Recipe:
 def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     base = RECIPES[generation]
     params = dict(config.params)
-    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS))
+    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - {"preview"})
+    if not isinstance(params.get("preview", True), bool):
+        raise InvalidRequest("params.preview", "must be true or false")
     if unknown:
         raise InvalidRequest("params", f"unknown training settings {unknown}; known: "
                              f"{', '.join(TUNABLE + LORA_PARAMS)}")

@@ -43,6 +43,7 @@ class Run:
     #: rows before the max_batch_tokens filter (upstream's epoch counter divides by these)
     counted_samples: int
     rejected: tuple[tuple[int, str], ...] = ()
+    texts: tuple[str, ...] = ()
 
 
 class VoxCPMTrainer(Trainer):
@@ -91,7 +92,8 @@ class VoxCPMTrainer(Trainer):
                 indent=1), encoding="utf-8")
         report(progress, "prepare", 1, 1)
         return Run(config, model_dir, output, recipe, tuple(samples), counted,
-                   tuple((r.line, r.reason) for r in rejected))
+                   tuple((r.line, r.reason) for r in rejected),
+                   tuple(s.text for s in samples))
 
     # -- train ---------------------------------------------------------------------------
 
@@ -104,9 +106,50 @@ class VoxCPMTrainer(Trainer):
     # -- export --------------------------------------------------------------------------
 
     def export(self, run: Run, destination: Path) -> Path:
+        """Write the model directory; then (process 0, unless ``params.preview`` is false)
+        speak a preview with it into ``<output_dir>/preview.wav``."""
+        from mizuoto_voxcpm.training.distributed import world
         from mizuoto_voxcpm.training.session import Session
 
-        return Session.open(run).export(Path(destination))
+        exported = Session.open(run).export(Path(destination))
+        if run.config.params.get("preview", True) and world()[1] == 0:
+            write_preview(run, exported, run.output_dir / PREVIEW)
+        return exported
+
+
+PREVIEW = "preview.wav"
+#: a data clip this long (seconds) with its transcript is the preview's voice
+PREVIEW_REFERENCE_SECONDS = (3.0, 15.0)
+
+
+def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
+    """The first row's text spoken by the exported model: cloning the first 3-15 s clip of the
+    data (with its transcript) when there is one, else zero-shot."""
+    import tempfile
+
+    import soundfile as sf
+
+    from mizuoto.contracts import Reference, SynthesisRequest
+    from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
+    from mizuoto_voxcpm.engine import VoxCPMEngine
+
+    raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    rate = audio_vae_config_from_model_config(raw).sample_rate
+    engine = VoxCPMEngine.load(model_dir)
+    text = run.texts[0]
+    low, high = PREVIEW_REFERENCE_SECONDS
+    clips = [i for i, s in enumerate(run.samples) if low <= s.audio.size / rate <= high]
+    with tempfile.TemporaryDirectory() as tmp:
+        reference = None
+        if clips:
+            clip = Path(tmp) / "reference.wav"
+            sf.write(clip, run.samples[clips[0]].audio, rate, subtype="FLOAT")
+            reference = Reference(clip, run.texts[clips[0]])
+        result = engine.synthesize(SynthesisRequest(text, reference=reference, seed=run.config.seed,
+                                                    params={"retry_badcase": False}))
+    result.save(path)
+    log.info("preview (%s) written to %s", "cloned" if clips else "zero-shot", path)
+    return path
 
 
 def _resolve_model(model: str) -> Path:
