@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import soundfile as sf
 from click.testing import CliRunner
 
@@ -50,6 +51,19 @@ def test_say_reads_the_text_from_a_file(fake_plugin, tmp_path):
     assert result.exit_code == 0, result.output
     assert "(drawn)" in result.output  # no --seed: the drawn one is reported
     assert sf.info(str(tmp_path / "out.flac")).format == "FLAC"
+
+
+@pytest.mark.parametrize("long_form", [False, True])
+def test_a_text_file_that_is_not_utf8_is_named_with_its_byte_offset(fake_plugin, tmp_path,
+                                                                     long_form):
+    (tmp_path / "fake.json").write_text("{}")
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Un café.".encode("latin-1"))
+    args = ["say", "-m", str(tmp_path), "-f", str(path), "-o", str(tmp_path / "out.wav")]
+    result = _run(*args, *(["--section-chars", "100"] if long_form else []))
+    assert result.exit_code == 2, result.output
+    assert "--text-file" in result.output and "byte 6 (e9)" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_empty_text_is_a_usage_error_without_traceback(fake_plugin, tmp_path):

@@ -229,7 +229,9 @@ def _params(pairs):
 
 def _read_text(text, text_file):
     if text_file is not None:
-        return Path(text_file).read_text(encoding="utf-8")
+        from mizuoto.text.files import read_utf8
+
+        return read_utf8(text_file, "--text-file")
     if text is None:
         raise InvalidRequest("TEXT", "is missing", "give the text or --text-file")
     return text
@@ -238,7 +240,9 @@ def _read_text(text, text_file):
 def _first_section(text_file):
     """The start of a long text, to check the request before the model loads."""
     from mizuoto.longform import iter_sections
+    from mizuoto.text.files import check_utf8
 
+    check_utf8(text_file, "--text-file")  # the whole file, before any model loads
     with open(text_file, encoding="utf-8") as handle:
         first = next(iter_sections([handle.read(1 << 16)], 1 << 16), None)
     if first is None:

@@ -1,0 +1,48 @@
+"""Reading text files users give (``--text-file``, manifests): UTF-8 or a named error.
+
+A file in another encoding used to end in a traceback; here it is an ``InvalidRequest`` naming
+the file, the byte offset and the bytes, and how to convert it. Checking streams through the
+file in blocks, so a multi-GB text costs no memory.
+"""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+from mizuoto.errors import InvalidRequest
+
+_BLOCK = 1 << 20
+
+
+def check_utf8(path: str | Path, field: str) -> None:
+    """Raise :class:`InvalidRequest` for ``field`` unless the file is valid UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        with open(path, "rb") as handle:
+            while block := handle.read(_BLOCK):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as exc:
+                    raise _not_utf8(path, field, offset + exc.start - len(decoder.getstate()[0]),
+                                    exc) from None
+                offset += len(block)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:  # the file ends inside a multi-byte character
+        raise _not_utf8(path, field, offset - len(exc.object) + exc.start, exc) from None
+    except OSError as exc:
+        raise InvalidRequest(field, f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def read_utf8(path: str | Path, field: str) -> str:
+    """The whole file as text; a file that is not UTF-8 raises :class:`InvalidRequest`."""
+    check_utf8(path, field)
+    return Path(path).read_text(encoding="utf-8")
+
+
+def _not_utf8(path, field: str, offset: int, exc: UnicodeDecodeError) -> InvalidRequest:
+    bad = exc.object[exc.start:exc.end].hex(" ")
+    return InvalidRequest(
+        field, f"{path} is not UTF-8 text: byte {max(offset, 0)} ({bad}) cannot be decoded "
+        f"({exc.reason})", "convert it to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > NEW")
