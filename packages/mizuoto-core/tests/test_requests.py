@@ -140,3 +140,30 @@ def test_training_memory_level_is_checked(tmp_path):
         TrainingConfig("full", "m", tmp_path, tmp_path, memory="tiny")
     assert raised.value.field == "training.memory"
     assert TrainingConfig("lora", "m", str(tmp_path), tmp_path).dataset == tmp_path
+
+
+def test_control_characters_are_dropped_and_reported():
+    request = SynthesisRequest("Hello\x00 there\x1b[0m.\r\n\tNext line\x07")
+    assert request.text == "Hello there[0m.\r\n\tNext line"
+    assert request.notices == ("text: dropped 3 control character(s) (U+0000, U+0007, U+001B)",)
+    assert SynthesisRequest("Plain.\nText\t").notices == ()
+
+
+@pytest.mark.parametrize("text", ["\x00\x01", "\x07 \n\x1b", "\x00\t"])
+def test_text_of_control_characters_only_is_refused(text):
+    with pytest.raises(InvalidRequest, match="only control characters") as caught:
+        SynthesisRequest(text)
+    assert caught.value.field == "text"
+
+
+def test_edit_text_is_cleaned_too(tmp_path):
+    request = EditRequest(Reference(tmp_path / "a.wav", "A line."), "New\x00 line.", [(0.1, 0.2)])
+    assert request.text == "New line." and request.notices
+
+
+def test_notices_reach_applied_warnings(fake_plugin, tmp_path):
+    from conftest import FakeEngine
+
+    engine = FakeEngine("m", None)
+    result = engine.synthesize(SynthesisRequest("Hi\x00 there.", seed=1))
+    assert any("control character" in w for w in result.applied.warnings)

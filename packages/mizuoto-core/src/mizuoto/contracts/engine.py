@@ -201,12 +201,15 @@ def _checking_compute(load):
 
 
 def _serialized(method):
+    """The public call under the engine's lock; the request's notices (what validation
+    changed, e.g. control characters dropped) join the result's ``applied.warnings``."""
     if inspect.isgeneratorfunction(method):
         @functools.wraps(method)
         def stream(self, *args, **kwargs):
             # held from the first chunk to the last (or until the consumer closes the stream)
             with engine_lock(self):
-                yield from method(self, *args, **kwargs)
+                for chunk in method(self, *args, **kwargs):
+                    yield _with_notices(args, chunk)
 
         wrapper = stream
     else:
@@ -215,14 +218,27 @@ def _serialized(method):
             with engine_lock(self):
                 result = method(self, *args, **kwargs)
             if inspect.isgenerator(result):  # a stream built by a helper generator
-                return _locked_iteration(self, result)
-            return result
+                return _locked_iteration(self, result, args)
+            return _with_notices(args, result)
 
         wrapper = call
     wrapper._mizuoto_serialized = True
     return wrapper
 
 
-def _locked_iteration(engine: Engine, chunks):
+def _locked_iteration(engine: Engine, chunks, args):
     with engine_lock(engine):
-        yield from chunks
+        for chunk in chunks:
+            yield _with_notices(args, chunk)
+
+
+def _with_notices(args, value):
+    notices = getattr(args[0], "notices", ()) if args else ()
+    applied = getattr(value, "applied", None)
+    if not notices or applied is None or not isinstance(value, (SynthesisResult, AudioChunk)):
+        return value
+    missing = tuple(n for n in notices if n not in applied.warnings)
+    if not missing:
+        return value
+    return attrs.evolve(value, applied=attrs.evolve(applied,
+                                                    warnings=applied.warnings + missing))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -39,6 +40,27 @@ def _check_length(field_name: str, value: str) -> None:
     if len(value) > MAX_TEXT_CHARS:
         raise InvalidRequest(field_name, f"has {len(value)} characters, more than "
                              f"{MAX_TEXT_CHARS}", "split it into several requests")
+
+
+#: Control characters kept in text: line breaks and tabs are layout, and upstream handles them.
+KEPT_CONTROL = frozenset("\n\r\t")
+
+
+def drop_control_characters(field_name: str, text: str) -> tuple[str, tuple[str, ...]]:
+    """``text`` without control characters (Unicode category Cc other than line breaks and
+    tabs: NUL, bell, escape sequences pasted from a terminal, ...), and the warning to report.
+
+    Text made only of control characters raises :class:`InvalidRequest` for ``field_name``.
+    """
+    dropped = [c for c in text if c not in KEPT_CONTROL and unicodedata.category(c) == "Cc"]
+    if not dropped:
+        return text, ()
+    kept = "".join(c for c in text if c in KEPT_CONTROL or unicodedata.category(c) != "Cc")
+    if not kept.strip():
+        raise InvalidRequest(field_name, "holds only control characters",
+                             "give the words to speak")
+    codes = ", ".join(f"U+{ord(c):04X}" for c in sorted(set(dropped))[:6])
+    return kept, (f"{field_name}: dropped {len(dropped)} control character(s) ({codes})",)
 
 
 def _check_text(field_name: str):
@@ -116,8 +138,14 @@ class SynthesisRequest:
     steps: int | None = attrs.field(default=None, validator=_check_steps)
     guidance: float | None = attrs.field(default=None, validator=_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
+    #: What validation changed in the request (control characters dropped from ``text``);
+    #: the engine base class adds these to the result's ``applied.warnings``.
+    notices: tuple[str, ...] = attrs.field(default=(), init=False, eq=False)
 
     def __attrs_post_init__(self):
+        text, notices = drop_control_characters("text", self.text)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "notices", notices)
         if self.reference is not None and not isinstance(self.reference, Reference):
             raise InvalidRequest("reference", f"must be a Reference, got "
                                  f"{type(self.reference).__name__}")
@@ -179,8 +207,12 @@ class EditRequest:
     steps: int | None = attrs.field(default=None, validator=_check_steps)
     guidance: float | None = attrs.field(default=None, validator=_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
+    notices: tuple[str, ...] = attrs.field(default=(), init=False, eq=False)
 
     def __attrs_post_init__(self):
+        text, notices = drop_control_characters("text", self.text)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "notices", notices)
         if not isinstance(self.reference, Reference):
             raise InvalidRequest("reference", "must be a Reference (the recording and its "
                                  f"transcript), got {type(self.reference).__name__}")
