@@ -48,6 +48,8 @@ CASES = {
                                          "enable_proj": True}}),
     "2-lora-recipe": ("voxcpm2", "lora", 2, {"grad_accum_steps": 2, "max_grad_norm": 1.0,
                                              "lora": {"r": 32, "alpha": 32}}),
+    # rows 0 and 2 carry a reference recording: [103, ref, 104, text, 101, audio, 102]
+    "2-full-reference-audio": ("voxcpm2", "full", 2, {"manifest": "with_ref"}),
 }
 
 
@@ -69,18 +71,23 @@ def data(tmp_path_factory) -> dict[str, Path]:
         rows.append({"audio": str(root / f"{i}.wav"), "text": text})
     manifest = root / "train.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with_ref = [dict(r, ref_audio=rows[(i + 1) % len(rows)]["audio"]) if i in (0, 2) else r
+                for i, r in enumerate(rows)]
+    (root / "with_ref.jsonl").write_text("".join(json.dumps(r) + "\n" for r in with_ref),
+                                         encoding="utf-8")
     models = {}
     for generation in ("voxcpm-0.5b", "voxcpm2"):
         base = write_random_model(root / generation, generation, seed=5)
         models[generation] = with_dtype(base, root / f"{generation}-fp32", "float32")
-    return {"manifest": manifest, "root": root, **models}
+    return {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models}
 
 
 def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
               ) -> tuple[dict, Path]:
     save = data["root"] / f"upstream-{name}"
+    manifest = data[overrides.get("manifest", "manifest")]
     config = {
-        "pretrained_path": str(data[generation]), "train_manifest": str(data["manifest"]),
+        "pretrained_path": str(data[generation]), "train_manifest": str(manifest),
         "val_manifest": "", "sample_rate": 16000, "batch_size": batch_size,
         "grad_accum_steps": 1, "num_workers": 0, "num_iters": steps, "log_interval": 1,
         "valid_interval": 1000, "save_interval": 1000,
@@ -89,7 +96,7 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
         "save_path": str(save), "lambdas": {"loss/diff": 1.0, "loss/stop": 1.0},
         "max_grad_norm": 0.0, "log": str(save.with_suffix(".json")),
     }
-    config.update({k: v for k, v in overrides.items() if k != "lora"})
+    config.update({k: v for k, v in overrides.items() if k not in ("lora", "manifest")})
     if method == "lora":
         config["lora"] = {"enable_lm": True, "enable_dit": True, "enable_proj": False,
                           "dropout": 0.0, **overrides["lora"]}
@@ -112,7 +119,8 @@ def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
                        "lora_dropout": lora.get("dropout", 0.0),
                        "lora_enable_proj": lora.get("enable_proj", False)})
     config = TrainingConfig(method=method, model=str(data[generation]),
-                            dataset=data["manifest"], output_dir=data["root"] / f"ours-{name}",
+                            dataset=data[overrides.get("manifest", "manifest")],
+                            output_dir=data["root"] / f"ours-{name}",
                             steps=steps, learning_rate=1e-4 if method == "lora" else 1e-5,
                             batch_size=batch_size, seed=42, save_every=1000, params=params)
     trainer = VoxCPMTrainer()

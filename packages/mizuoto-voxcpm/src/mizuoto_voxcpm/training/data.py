@@ -2,7 +2,9 @@
 epoch order its ``DataLoader`` draws, and the packed sequences its ``AudioFeatureProcessingPacker``
 builds.
 
-A manifest line is ``{"audio": path, "text": ...}`` (paths relative to the manifest's folder).
+A manifest line is ``{"audio": path, "text": ...}`` (paths relative to the manifest's folder),
+optionally with ``"ref_audio"``: a recording of the voice that is prepended to the sequence
+(``[103, reference patches, 104, text, 101, audio patches, 102]``, loss on the audio only).
 Audio is read as ``datasets.Audio(sampling_rate=<VAE rate>)`` decodes it: soundfile float64,
 channels averaged, ``librosa.resample`` (soxr) when the rate differs.
 """
@@ -20,7 +22,7 @@ import torch
 
 from mizuoto.nn.dsp.audio_io import SILENCE_PEAK
 
-AUDIO_START, AUDIO_END = 101, 102
+AUDIO_START, AUDIO_END, PROMPT_START, PROMPT_END = 101, 102, 103, 104
 
 
 @attrs.frozen
@@ -32,6 +34,7 @@ class Sample:
     audio: np.ndarray = attrs.field(eq=False, repr=False)
     text_ids: tuple[int, ...]
     text: str = ""
+    ref_audio: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -73,26 +76,46 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
         if not isinstance(text, str) or not text.strip():
             rejected.append(Rejected(number, "empty text"))
             continue
-        path = Path(row["audio"])
-        if not path.is_absolute():
-            path = manifest.parent / path
-        try:
-            audio = read_audio(path, sample_rate)
-        except Exception as exc:  # soundfile/librosa raise many types for unreadable files
-            rejected.append(Rejected(number, f"unreadable audio {path}: {exc}"))
+        path = _resolve(manifest, row["audio"])
+        audio = _load(path, sample_rate)
+        if isinstance(audio, str):
+            rejected.append(Rejected(number, audio))
             continue
-        if audio.size == 0 or not np.all(np.isfinite(audio)) or np.max(np.abs(audio)) < SILENCE_PEAK:
-            rejected.append(Rejected(number, f"silent, empty or non-finite audio {path}"))
-            continue
+        reference = row.get("ref_audio")
+        if reference is not None:
+            if not isinstance(reference, str):
+                rejected.append(Rejected(number, '"ref_audio" must be a path'))
+                continue
+            reference = _load(_resolve(manifest, reference), sample_rate)
+            if isinstance(reference, str):
+                rejected.append(Rejected(number, f"ref_audio: {reference}"))
+                continue
         ids = tuple(tokenize(text))
-        patches = -(-audio.size // patch_len)
-        length = len(ids) + patches + 2
+        length = len(ids) + -(-audio.size // patch_len) + 2
+        if reference is not None:
+            length += -(-reference.size // patch_len) + 2
         if length > max_length:
             rejected.append(Rejected(number, f"{length} positions (text + audio patches) exceed "
                                              f"the model's context of {max_length}"))
             continue
-        samples.append(Sample(number, str(path), audio, ids, text))
+        samples.append(Sample(number, str(path), audio, ids, text, reference))
     return samples, rejected
+
+
+def _resolve(manifest: Path, value: str) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else manifest.parent / path
+
+
+def _load(path: Path, sample_rate: int) -> np.ndarray | str:
+    """The samples, or why they are unusable."""
+    try:
+        audio = read_audio(path, sample_rate)
+    except Exception as exc:  # soundfile/librosa raise many types for unreadable files
+        return f"unreadable audio {path}: {exc}"
+    if audio.size == 0 or not np.all(np.isfinite(audio)) or np.max(np.abs(audio)) < SILENCE_PEAK:
+        return f"silent, empty or non-finite audio {path}"
+    return audio
 
 
 def batch_token_filter(samples: Sequence[Sample], *, sample_rate: int, frames_per_second: float,
@@ -104,10 +127,14 @@ def batch_token_filter(samples: Sequence[Sample], *, sample_rate: int, frames_pe
         return list(samples), []
     limit = max_batch_tokens // batch_size
     kept, dropped = [], []
+    def patches(audio: np.ndarray) -> int:
+        frames = math.ceil(float(audio.size / float(sample_rate)) * frames_per_second)
+        return math.ceil(frames / patch_size)
+
     for sample in samples:
-        duration = sample.audio.size / float(sample_rate)
-        frames = math.ceil(float(duration) * frames_per_second)
-        length = len(sample.text_ids) + math.ceil(frames / patch_size) + 2
+        length = len(sample.text_ids) + patches(sample.audio) + 2
+        if sample.ref_audio is not None:  # upstream: + ref patches, + 2 more special tokens
+            length += patches(sample.ref_audio) + 2
         if length <= limit:
             kept.append(sample)
         else:
@@ -187,13 +214,19 @@ def _device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-def pack(samples: Sequence[Sample], latents: Sequence[torch.Tensor], max_length: int) -> Batch:
-    """``[text, 101, audio patches, 102]`` per sample, padded with zeros to the longest.
+def pack(samples: Sequence[Sample], latents: Sequence[torch.Tensor], max_length: int,
+         ref_latents: Sequence[torch.Tensor | None] | None = None) -> Batch:
+    """``[text, 101, audio patches, 102]`` per sample (``[103, reference patches, 104, ...]``
+    in front when it has a reference), padded with zeros to the longest.
 
-    The stop label is on the last audio patch; the loss covers audio positions only.
+    The stop label is on the last audio patch; the loss covers the target audio only.
     """
     rows = []
-    for sample, feats in zip(samples, latents, strict=True):
+    ref_latents = ref_latents or [None] * len(samples)
+    for sample, feats, ref in zip(samples, latents, ref_latents, strict=True):
+        if ref is not None:
+            rows.append(_with_reference(sample, feats, ref))
+            continue
         text = torch.tensor(sample.text_ids + (AUDIO_START,), dtype=torch.int32)
         n_text, n_audio = text.size(0), feats.size(0)
         tokens = torch.cat([text, torch.zeros(n_audio, dtype=torch.int32),
@@ -215,6 +248,32 @@ def pack(samples: Sequence[Sample], latents: Sequence[torch.Tensor], max_length:
                                          dtype=x.dtype)], dim=0)
 
     return Batch(*[torch.stack([padded(row[i]) for row in rows]) for i in range(6)])
+
+
+def _with_reference(sample: Sample, feats: torch.Tensor, ref: torch.Tensor) -> tuple:
+    """Upstream's ``process_tts_data_with_ref``: ``[103, 0×R, 104, text, 101, 0×A, 102]``."""
+    n_text, n_ref, n_audio = len(sample.text_ids), ref.size(0), feats.size(0)
+
+    def ids(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32)
+
+    tokens = torch.cat([ids([PROMPT_START]), torch.zeros(n_ref, dtype=torch.int32),
+                        ids([PROMPT_END]), ids(sample.text_ids), ids([AUDIO_START]),
+                        torch.zeros(n_audio, dtype=torch.int32), ids([AUDIO_END])])
+    one = torch.zeros((1,) + tuple(feats.shape[1:]), dtype=torch.float32)
+    text_zeros = torch.zeros((n_text,) + tuple(feats.shape[1:]), dtype=torch.float32)
+    audio = torch.cat([one, ref.to(torch.float32), one, text_zeros, one,
+                       feats.to(torch.float32), one], dim=0)
+    text_mask = torch.cat([torch.ones(1), torch.zeros(n_ref), torch.ones(1), torch.ones(n_text),
+                           torch.ones(1), torch.zeros(n_audio), torch.ones(1)]).to(torch.int32)
+    audio_mask = torch.cat([torch.zeros(1), torch.ones(n_ref), torch.zeros(1),
+                            torch.zeros(n_text), torch.zeros(1), torch.ones(n_audio),
+                            torch.zeros(1)]).to(torch.int32)
+    loss_mask = torch.cat([torch.zeros(1 + n_ref + 1), torch.zeros(n_text), torch.zeros(1),
+                           torch.ones(n_audio), torch.zeros(1)]).to(torch.int32)
+    labels = torch.zeros(tokens.size(0), dtype=torch.int32)
+    labels[-2] = 1
+    return tokens, audio, text_mask, audio_mask, loss_mask, labels
 
 
 class DistributedEpochSampler(EpochSampler):

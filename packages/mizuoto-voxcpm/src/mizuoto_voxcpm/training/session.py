@@ -88,7 +88,7 @@ class Session:
         self.forward, self.no_sync = distributed.wrap(
             distributed.TrainingForward(self.model, self._training_losses), device,
             self.world_size)
-        self._latents: dict[int, torch.Tensor] = {}
+        self._latents: dict[tuple[int, bool], torch.Tensor | None] = {}
 
     @classmethod
     def open(cls, run: Run) -> Session:
@@ -96,16 +96,19 @@ class Session:
 
     # -- data ----------------------------------------------------------------------------
 
-    def _latent(self, index: int) -> torch.Tensor:
-        if index not in self._latents:
+    def _latent(self, index: int, reference: bool = False) -> torch.Tensor | None:
+        key = (index, reference)
+        if key not in self._latents:
             sample = self.run.samples[index]
-            self._latents[index] = encode_audio(self.vae, sample.audio, self.config.patch_size)
-        return self._latents[index]
+            audio = sample.ref_audio if reference else sample.audio
+            self._latents[key] = (None if audio is None else
+                                  encode_audio(self.vae, audio, self.config.patch_size))
+        return self._latents[key]
 
     def next_batch(self):
         indices = self.sampler.next_batch()
         return pack([self.run.samples[i] for i in indices], [self._latent(i) for i in indices],
-                    self.config.max_length)
+                    self.config.max_length, [self._latent(i, True) for i in indices])
 
     def _training_losses(self, model, batch, progress: float):
         return training_losses(model, batch, cfm=self.cfm, generator=self.forward_generator,
