@@ -295,3 +295,14 @@ def test_extend_vocab_grows_the_embedding_as_upstream(tmp_path, metadata):
     from mizuoto_f5tts.training.trainer import expand_text_embedding
 
     assert torch.equal(expand_text_embedding(base, 3), expected)
+
+
+def test_a_full_disk_is_refused_before_training(tmp_path, model_dir, metadata, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(InvalidRequest, match="MiB free"):
+        F5Trainer().prepare(_config(model_dir, metadata, tmp_path / "run"))
+    assert not (tmp_path / "run" / "checkpoints").exists()
