@@ -12,6 +12,10 @@ __all__ = ["F5Engine", "F5Options", "F5Params"]
 def __getattr__(name: str):
     # The engine (and torch) is imported on first use: the plugin module, imported whenever
     # Mizuoto lists its plugins, lives in this package.
+    if name in ("F5Options", "F5Params"):  # torch-free
+        from mizuoto_f5tts import settings
+
+        return getattr(settings, name)
     if name in __all__:
         from mizuoto_f5tts import engine
 

@@ -34,6 +34,7 @@ its own message).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Mapping
@@ -269,3 +270,17 @@ def load_f5_model(
 def load_vocos(vocos_dir: str | Path, device: str | torch.device = "cpu") -> Vocos:
     """The Vocos in ``vocos_dir`` (usually ``model_dir / "vocos"``), float32, eval mode."""
     return _load_vocos(vocos_dir, device=device)
+
+
+def weights_fingerprint(checkpoint: Path, vocab: dict[str, int]) -> str:
+    """Identity of the weights: name, size and the first and last MiB of the checkpoint, and
+    the vocabulary (a voice's tokens depend on it)."""
+    digest = hashlib.sha256()
+    size = checkpoint.stat().st_size
+    digest.update(f"{checkpoint.name}:{size}".encode())
+    with open(checkpoint, "rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, size - (1 << 20)))
+        digest.update(handle.read(1 << 20))
+    digest.update("\n".join(sorted(vocab)).encode())
+    return digest.hexdigest()

@@ -18,9 +18,7 @@ import attrs
 import torch
 
 from mizuoto.errors import InvalidRequest
-
-SAMPLE_RATE = 24000
-HOP_LENGTH = 256
+from mizuoto_f5tts.variants import HOP_LENGTH, SAMPLE_RATE
 
 
 @attrs.frozen

@@ -10,15 +10,9 @@ once per request, as ``F5TTS.infer`` seeds the global one.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
-from collections.abc import Iterator
-from importlib.resources import files
 from pathlib import Path
-from typing import Literal
 
-import attrs
 import numpy as np
 import torch
 
@@ -26,9 +20,7 @@ from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.ranges import check_number, number_in
 from mizuoto.contracts.requests import (
-    MAX_SEGMENT_SECONDS,
     EditRequest,
     Reference,
     SynthesisRequest,
@@ -42,12 +34,19 @@ from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
+from mizuoto_f5tts.duration import chunk_durations
+from mizuoto_f5tts.joining import join_chunks
+from mizuoto_f5tts.settings import F5Options, F5Params
 from mizuoto_f5tts.text import to_tokens, token_ids
+from mizuoto_f5tts.variants import (
+    HOP_LENGTH,
+    SAMPLE_RATE,
+    catalog_variant,
+    variant_of_model,
+)
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24000
-HOP_LENGTH = 256
 DEFAULT_STEPS = 32
 DEFAULT_GUIDANCE = 2.0
 LICENSE = "CC-BY-NC-4.0"
@@ -56,108 +55,6 @@ VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
 TILE_FRAMES, TILE_OVERLAP = 256, 32
 _MAX_DURATION = 65536  # upstream CFM.sample's cap on frames
 _VOICE_TEXT = "reference_text"
-# Ranges of the params (docs/engines/f5tts.md, Settings); durations are in seconds.
-SPEED_RANGE = (0.1, 10.0)
-MAX_CROSS_FADE = 10.0
-
-
-def _boolean(instance, attribute, value):
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"params.{attribute.name}", f"must be true or false, got {value!r}")
-
-
-def _durations(value):
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        value = (value,)
-    if not isinstance(value, (list, tuple)):
-        raise InvalidRequest("params.edit_durations", "must be a list of seconds, one per segment")
-    for seconds in value:
-        check_number("params.edit_durations", seconds, 0.0, MAX_SEGMENT_SECONDS, low_open=True)
-    return tuple(float(v) for v in value)
-
-
-def _param(name: str, low: float, high: float, **kwargs):
-    return number_in(f"params.{name}", low, high, **kwargs)
-
-
-@attrs.frozen
-class F5Params:
-    """F5-TTS settings of one request (``SynthesisRequest.params`` / ``EditRequest.params``).
-
-    Defaults are upstream's. ``speed`` scales the estimated duration (a chunk under 10 bytes
-    is spoken at 0.3, as upstream does); ``fix_duration`` (seconds) is the total length of
-    reference + generated audio instead of the estimate. ``cross_fade_duration`` (seconds)
-    joins chunks of long text. ``target_rms`` is the loudness a quiet reference is raised to
-    (and the output lowered back from). ``method`` is the ODE solver; ``use_epss`` uses the
-    pruned time grid for 5, 6, 7, 10, 12 or 16 steps; ``sway_sampling_coef`` (None: off)
-    crowds the steps near the noise. ``remove_silence`` applies upstream's optional
-    post-processing (cut silences over 1 s down to 0.5 s each side, on 16-bit samples).
-    ``edit_durations`` (editing only) gives each regenerated span its new length in seconds.
-    ``tiled_decode`` forces the Vocos tile decoding used as the out-of-memory fallback.
-    Ranges (finite numbers): ``sway_sampling_coef`` [-1, 1], ``speed`` [0.1, 10],
-    ``fix_duration`` and each of ``edit_durations`` (0, 3600], ``cross_fade_duration`` [0, 10],
-    ``target_rms`` (0, 1].
-    """
-
-    sway_sampling_coef: float | None = attrs.field(
-        default=-1.0, validator=_param("sway_sampling_coef", -1.0, 1.0, optional=True))
-    speed: float = attrs.field(default=1.0, validator=_param("speed", *SPEED_RANGE))
-    fix_duration: float | None = attrs.field(
-        default=None, validator=_param("fix_duration", 0.0, MAX_SEGMENT_SECONDS, low_open=True,
-                                       optional=True))
-    cross_fade_duration: float = attrs.field(
-        default=0.15, validator=_param("cross_fade_duration", 0.0, MAX_CROSS_FADE))
-    target_rms: float = attrs.field(default=0.1,
-                                    validator=_param("target_rms", 0.0, 1.0, low_open=True))
-    method: Literal["euler", "midpoint"] = attrs.field(default="euler")
-    use_epss: bool = attrs.field(default=True, validator=_boolean)
-    remove_silence: bool = attrs.field(default=False, validator=_boolean)
-    edit_durations: tuple[float, ...] | None = attrs.field(default=None, converter=_durations)
-    tiled_decode: bool = attrs.field(default=False, validator=_boolean)
-
-    @method.validator
-    def _method(self, attribute, value):
-        if value not in ("euler", "midpoint"):
-            raise InvalidRequest("params.method", f"must be euler or midpoint, got {value!r}")
-
-
-@attrs.frozen
-class F5Options:
-    """``engines.f5tts.*`` options: ``variant`` (``auto`` detects it from the checkpoint)."""
-
-    variant: str = attrs.field(default="auto")
-
-    @variant.validator
-    def _variant(self, attribute, value):
-        from mizuoto_f5tts.variants import VARIANT_NAMES
-
-        if value != "auto" and value not in VARIANT_NAMES:
-            raise InvalidRequest("engines.f5tts.variant",
-                                 f"must be auto or one of {', '.join(VARIANT_NAMES)}, "
-                                 f"got {value!r}")
-
-
-def default_voice() -> Reference:
-    """Upstream's CLI default reference (``basic_ref_en.wav``), shipped with this package."""
-    data = Path(str(files("mizuoto_f5tts").joinpath("data")))
-    text = (data / "default_voice_en.txt").read_text(encoding="utf-8").strip()
-    return Reference(data / "default_voice_en.wav", text=text)
-
-
-def _fingerprint(checkpoint: Path, vocab: dict[str, int]) -> str:
-    """Identity of the weights: name, size and the first and last MiB of the checkpoint, and
-    the vocabulary (a voice's tokens depend on it)."""
-    digest = hashlib.sha256()
-    size = checkpoint.stat().st_size
-    digest.update(f"{checkpoint.name}:{size}".encode())
-    with open(checkpoint, "rb") as handle:
-        digest.update(handle.read(1 << 20))
-        handle.seek(max(0, size - (1 << 20)))
-        digest.update(handle.read(1 << 20))
-    digest.update("\n".join(sorted(vocab)).encode())
-    return digest.hexdigest()
 
 
 class F5Engine(Engine):
@@ -194,6 +91,7 @@ class F5Engine(Engine):
             find_checkpoint,
             load_f5_model,
             load_vocos,
+            weights_fingerprint,
         )
 
         model_dir = Path(model_dir)
@@ -212,17 +110,17 @@ class F5Engine(Engine):
         dtype = select_dtype(compute, device, auto=auto_dtype)
         variant = None if engine_options.variant == "auto" else engine_options.variant
         if variant is None and model_id is not None:
-            variant = _catalog_variant(model_id)
+            variant = catalog_variant(model_id)
         report(progress, "load", 0, 2, "flow-matching model")
         checkpoint = find_checkpoint(model_dir)
         model, vocab = load_f5_model(model_dir, variant, device=device, dtype=dtype)
         report(progress, "load", 1, 2, "vocoder")
         vocoder = load_vocos(model_dir / "vocos", device=device)
         report(progress, "load", 2, 2)
-        catalog_weights = model_id is not None and _catalog_variant(model_id) is not None
+        catalog_weights = model_id is not None and catalog_variant(model_id) is not None
         capabilities = frozenset({Capability.ZERO_SHOT, Capability.CLONE, Capability.EDIT,
                                   Capability.LONG_TEXT, Capability.VOICE_CACHE})
-        variant_name = _variant_name(model)
+        variant_name = variant_of_model(model)
         info = ModelInfo(
             engine=cls.name,
             model=model_id or str(model_dir),
@@ -233,7 +131,7 @@ class F5Engine(Engine):
             capabilities=capabilities,
             license=LICENSE if catalog_weights else None,
             non_commercial=catalog_weights,
-            fingerprint=_fingerprint(checkpoint, vocab),
+            fingerprint=weights_fingerprint(checkpoint, vocab),
         )
         # only when asked for: auto is float32 on the CPU, as upstream
         slow = emulated_dtype_warning(model.dtype, device, setting="compute.dtype",
@@ -257,24 +155,12 @@ class F5Engine(Engine):
             self._resamplers[rate, new_rate] = SincResampler(rate, new_rate)
         return self._resamplers[rate, new_rate](audio)
 
-    def _prepared_pcm(self, ref: Reference) -> tuple[torch.Tensor, int, str]:
-        text = reference.prepare_reference_text(ref.text)
-        waveform, rate = reference.prepare_pcm(ref.audio)
-        return waveform, rate, text
-
-    def _condition(self, waveform: torch.Tensor, rate: int, text: str,
-                   params: F5Params) -> reference.PreparedReference:
-        audio, rms = reference.condition_audio(waveform, rate, params.target_rms, self._resample)
-        return reference.PreparedReference(
-            audio=audio, rms=rms, text=text, prompt_text=reference.prompt_text(text),
-            source_samples=int(waveform.shape[-1]), source_rate=rate,
-            target_rms=params.target_rms)
-
     def build_voice(self, reference_: Reference) -> Voice:
         """A saved voice: the reference prepared as upstream prepares it (clipped, trimmed,
         padded, at its own rate) and its transcript. Loudness and resampling are applied when
         it is used, so a voice speaks exactly like its reference with any ``target_rms``."""
-        waveform, rate, text = self._prepared_pcm(reference_)
+        waveform, rate = reference.prepare_pcm(reference_.audio)
+        text = reference.prepare_reference_text(reference_.text)
         return Voice(engine=self.name, model_fingerprint=self.info.fingerprint,
                      sample_rate=rate, tensors={"waveform": waveform.contiguous()},
                      texts={_VOICE_TEXT: text}, meta={"variant": self.info.variant})
@@ -287,15 +173,16 @@ class F5Engine(Engine):
             if "waveform" not in voice.tensors or _VOICE_TEXT not in voice.texts:
                 raise InvalidRequest("voice", "is not an F5-TTS voice (no waveform/text)",
                                      "build it with this engine's build_voice")
-            return self._condition(voice.tensors["waveform"].to(torch.float32),
-                                   voice.sample_rate, voice.texts[_VOICE_TEXT], params)
+            return reference.condition_prepared(
+                voice.tensors["waveform"].to(torch.float32), voice.sample_rate,
+                voice.texts[_VOICE_TEXT], target_rms=params.target_rms, resample=self._resample)
         ref = request.reference
         if ref is None:
-            ref = default_voice()
+            ref = reference.default_voice()
             warnings.append("no reference given: spoke with the default voice "
                             "(upstream's basic_ref_en.wav)")
-        waveform, rate, text = self._prepared_pcm(ref)
-        return self._condition(waveform, rate, text, params)
+        return reference.prepare_reference(ref.audio, ref.text, target_rms=params.target_rms,
+                                           resample=self._resample)
 
     # -- synthesis ------------------------------------------------------------------------
 
@@ -318,7 +205,8 @@ class F5Engine(Engine):
         chunks = chunk_text(request.text, max_bytes)
         if not chunks:
             raise InvalidRequest("text", "has nothing to speak after splitting")
-        durations = self._chunk_durations(prepared, chunks, params)
+        durations = chunk_durations(prepared.audio.shape[-1] // HOP_LENGTH,
+                                    prepared.prompt_text, chunks, params)
         token_batches = [token_ids(to_tokens(prepared.prompt_text + chunk), self.vocab)[None]
                          for chunk in chunks]
         cond_frames = prepared.audio.shape[-1] // HOP_LENGTH + 1
@@ -333,11 +221,10 @@ class F5Engine(Engine):
         for index, (chunk, tokens, frames) in enumerate(
                 zip(chunks, token_batches, durations, strict=True)):
             report(progress, "chunk", index, len(chunks), chunk)
-            with _step_progress(self.model, progress, steps, params.method):
-                mel, _ = self.model.sample(
-                    cond, tokens, frames, steps=steps, cfg_strength=guidance,
-                    sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
-                    method=params.method, generator=generator)
+            mel, _ = self.model.sample(
+                cond, tokens, frames, steps=steps, cfg_strength=guidance,
+                sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
+                method=params.method, generator=generator, on_step=_on_step(progress))
             stage = f" (chunk {index + 1} of {len(chunks)})" if len(chunks) > 1 else ""
             check_finite(mel, f"f5tts sampler{stage}")
             mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
@@ -348,7 +235,7 @@ class F5Engine(Engine):
             waves.append(wave.squeeze().cpu().numpy())
         report(progress, "chunk", len(chunks), len(chunks))
 
-        samples = _join_chunks(waves, params.cross_fade_duration)
+        samples = join_chunks(waves, params.cross_fade_duration)
         if params.remove_silence:
             from mizuoto_f5tts.silence import remove_silence
 
@@ -362,30 +249,6 @@ class F5Engine(Engine):
         applied = self._applied(seed, drawn, steps, guidance, params, len(chunks), fallbacks,
                                 warnings)
         return SynthesisResult(Audio(torch.from_numpy(samples), SAMPLE_RATE), applied)
-
-    def _chunk_durations(self, prepared: reference.PreparedReference, chunks: list[str],
-                         params: F5Params) -> list[int]:
-        """Total frames (reference + new speech) per chunk, as upstream estimates them."""
-        ref_frames = prepared.audio.shape[-1] // HOP_LENGTH
-        if params.fix_duration is not None and len(chunks) > 1:
-            # upstream shares a fixed total among the chunks by byte count (crossfades added)
-            ref_seconds = ref_frames * HOP_LENGTH / SAMPLE_RATE
-            weights = [len(c.encode("utf-8")) for c in chunks]
-            spare = (params.fix_duration - ref_seconds
-                     + params.cross_fade_duration * (len(chunks) - 1))
-            fixed = [ref_seconds + spare * w / sum(weights) for w in weights]
-        else:
-            fixed = [params.fix_duration] * len(chunks)
-        ref_bytes = len(prepared.prompt_text.encode("utf-8"))
-        durations = []
-        for chunk, fix in zip(chunks, fixed, strict=True):
-            if fix is not None:
-                durations.append(int(fix * SAMPLE_RATE / HOP_LENGTH))
-                continue
-            chunk_bytes = len(chunk.encode("utf-8"))
-            speed = 0.3 if chunk_bytes < 10 else params.speed  # upstream: short text slowly
-            durations.append(ref_frames + int(ref_frames / ref_bytes * chunk_bytes / speed))
-        return durations
 
     def _check_positions(self, text_len: int, cond_frames: int, duration: int,
                          what: str) -> None:
@@ -461,11 +324,11 @@ class F5Engine(Engine):
         tokens = token_ids(to_tokens(request.text), self.vocab)[None]
         self._check_positions(tokens.shape[-1], plan.frames, plan.frames, "the edited recording")
         generator = torch.Generator(device=self.model.device).manual_seed(seed)
-        with _step_progress(self.model, progress, steps, params.method):
-            mel, _ = self.model.sample(
-                plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
-                sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
-                method=params.method, generator=generator, edit_mask=plan.edit_mask)
+        mel, _ = self.model.sample(
+            plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
+            sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
+            method=params.method, generator=generator, edit_mask=plan.edit_mask,
+            on_step=_on_step(progress))
         check_finite(mel, "f5tts sampler")
         wave = self._vocode(mel.to(torch.float32).permute(0, 2, 1), params, fallbacks)
         check_finite(wave, "f5tts vocoder")
@@ -476,73 +339,8 @@ class F5Engine(Engine):
         return SynthesisResult(Audio(wave.squeeze(0).cpu(), SAMPLE_RATE), applied)
 
 
-def _join_chunks(waves: list[np.ndarray], cross_fade_duration: float) -> np.ndarray:
-    """Join chunk audio as upstream does, in upstream's dtype.
-
-    Upstream's crossfade weights are float64 ``np.linspace``, so its multi-chunk output is
-    float64 (one chunk, or no crossfade, stays float32). The engine casts the result to
-    float32 last, after the optional silence removal, which quantises upstream's dtype.
-    """
-    if len(waves) == 1:
-        return waves[0]
-    if cross_fade_duration <= 0:
-        return np.concatenate(waves)
-    fade = int(cross_fade_duration * SAMPLE_RATE)
-    # Upstream concatenates the whole joined audio at every chunk (quadratic in the length).
-    # Here only the tail a crossfade can still reach (the last ``fade`` samples) is rebuilt;
-    # the samples and the final dtype are upstream's.
-    done: list[np.ndarray] = []
-    tail, total = waves[0], len(waves[0])
-    for following in waves[1:]:
-        overlap = min(fade, total, len(following))
-        if overlap <= 0:
-            tail = np.concatenate([tail, following])
-        else:
-            fade_out = np.linspace(1, 0, overlap)
-            fade_in = np.linspace(0, 1, overlap)
-            blended = tail[-overlap:] * fade_out + following[:overlap] * fade_in
-            tail = np.concatenate([tail[:-overlap], blended, following[overlap:]])
-        total += len(following) - overlap
-        if len(tail) > fade:
-            done.append(tail[:len(tail) - fade])
-            tail = tail[len(tail) - fade:]
-    return np.concatenate([*done, tail])
-
-
-@contextlib.contextmanager
-def _step_progress(model, progress: ProgressCallback | None, steps: int,
-                   method: str) -> Iterator[None]:
-    """Report each backbone evaluation of the ODE solver as a ``sampling`` step."""
+def _on_step(progress: ProgressCallback | None):
+    """Each ODE step of the sampler as a ``sampling`` progress report."""
     if progress is None:
-        yield
-        return
-    total = steps * (2 if method == "midpoint" else 1)
-    done = [0]
-
-    def hook(module, inputs, output):
-        done[0] += 1
-        report(progress, "sampling", done[0], total)
-
-    handle = model.transformer.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-def _catalog_variant(model_id: str) -> str | None:
-    from mizuoto_f5tts.catalog import ENTRIES
-
-    for entry in ENTRIES:
-        if entry.id == model_id:
-            return entry.variant
-    return None
-
-
-def _variant_name(model) -> str:
-    from mizuoto.nn.transformer import DiT
-
-    backbone = model.transformer
-    if not isinstance(backbone, DiT):
-        return "e2_base"
-    return "v1_base" if backbone.text_embed.mask_padding else "base"
+        return None
+    return lambda done, total: report(progress, "sampling", done, total)

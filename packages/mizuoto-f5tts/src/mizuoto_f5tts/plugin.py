@@ -23,7 +23,7 @@ def register_engines(register):
         "f5tts", "mizuoto_f5tts.engine:F5Engine",
         capabilities={Capability.ZERO_SHOT, Capability.CLONE, Capability.EDIT,
                       Capability.LONG_TEXT, Capability.VOICE_CACHE},
-        options="mizuoto_f5tts.engine:F5Options",
+        options="mizuoto_f5tts.settings:F5Options",
         description="F5-TTS v1 Base, Base and E2: flow matching + Vocos"))
 
 

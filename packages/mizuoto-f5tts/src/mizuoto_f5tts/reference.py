@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+from importlib.resources import files
 from pathlib import Path
 
 import attrs
@@ -26,13 +27,14 @@ import soundfile
 import torch
 
 from mizuoto.contracts.audio import Audio
+from mizuoto.contracts.requests import Reference
 from mizuoto.errors import InvalidAudio, InvalidRequest
 from mizuoto.nn.dsp.audio_io import check_input_audio, check_sample_rate
 from mizuoto_f5tts.pcm import PcmSegment, leading_silence_ms, split_on_silence
+from mizuoto_f5tts.variants import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24000
 MAX_REFERENCE_MS = 12000
 _TAIL_SILENCE_MS = 50
 _EDGE_THRESHOLD_DBFS = -42.0
@@ -209,8 +211,24 @@ def prepare_reference(source: Audio | Path, text: str | None, *, target_rms: flo
         from mizuoto.nn.dsp.resample import resample
     prepared_text = prepare_reference_text(text)
     waveform, rate = prepare_pcm(source)
+    return condition_prepared(waveform, rate, prepared_text, target_rms=target_rms,
+                              resample=resample)
+
+
+def condition_prepared(waveform: torch.Tensor, rate: int, prepared_text: str, *,
+                       target_rms: float, resample) -> PreparedReference:
+    """A prepared reference (clipped PCM at its own rate and its prepared transcript: what
+    :func:`prepare_pcm` and :func:`prepare_reference_text` give, or a saved voice holds) made
+    ready for sampling: loudness raised, resampled to 24 kHz."""
     audio, rms = condition_audio(waveform, rate, target_rms, resample)
     return PreparedReference(audio=audio, rms=rms, text=prepared_text,
                              prompt_text=prompt_text(prepared_text),
                              source_samples=int(waveform.shape[-1]), source_rate=rate,
                              target_rms=target_rms)
+
+
+def default_voice() -> Reference:
+    """Upstream's CLI default reference (``basic_ref_en.wav``), shipped with this package."""
+    data = Path(str(files("mizuoto_f5tts").joinpath("data")))
+    text = (data / "default_voice_en.txt").read_text(encoding="utf-8").strip()
+    return Reference(data / "default_voice_en.wav", text=text)

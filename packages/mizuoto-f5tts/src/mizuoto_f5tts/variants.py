@@ -146,3 +146,21 @@ def known_variants() -> list[F5Variant]:
 
 def checkpoint_name(name: str, checkpoint_format: str = "safetensors") -> str:
     return f"model_{_CHECKPOINT_STEPS[name]}.{checkpoint_format}"
+
+
+def catalog_variant(model_id: str) -> str | None:
+    from mizuoto_f5tts.catalog import ENTRIES
+
+    for entry in ENTRIES:
+        if entry.id == model_id:
+            return entry.variant
+    return None
+
+
+def variant_of_model(model) -> str:
+    from mizuoto.nn.transformer import DiT
+
+    backbone = model.transformer
+    if not isinstance(backbone, DiT):
+        return "e2_base"
+    return "v1_base" if backbone.text_embed.mask_padding else "base"
