@@ -63,6 +63,14 @@ def drop_control_characters(field_name: str, text: str) -> tuple[str, tuple[str,
     return kept, (f"{field_name}: dropped {len(dropped)} control character(s) ({codes})",)
 
 
+def _clean_text(request) -> None:
+    """Drop control characters from a request's ``text`` and record the notice (frozen class:
+    set once, in ``__attrs_post_init__``)."""
+    text, notices = drop_control_characters("text", request.text)
+    object.__setattr__(request, "text", text)
+    object.__setattr__(request, "notices", notices)
+
+
 def _check_text(field_name: str):
     def check(instance, attribute, value):
         if not isinstance(value, str):
@@ -143,9 +151,7 @@ class SynthesisRequest:
     notices: tuple[str, ...] = attrs.field(default=(), init=False, eq=False)
 
     def __attrs_post_init__(self):
-        text, notices = drop_control_characters("text", self.text)
-        object.__setattr__(self, "text", text)
-        object.__setattr__(self, "notices", notices)
+        _clean_text(self)
         if self.reference is not None and not isinstance(self.reference, Reference):
             raise InvalidRequest("reference", f"must be a Reference, got "
                                  f"{type(self.reference).__name__}")
@@ -210,9 +216,7 @@ class EditRequest:
     notices: tuple[str, ...] = attrs.field(default=(), init=False, eq=False)
 
     def __attrs_post_init__(self):
-        text, notices = drop_control_characters("text", self.text)
-        object.__setattr__(self, "text", text)
-        object.__setattr__(self, "notices", notices)
+        _clean_text(self)
         if not isinstance(self.reference, Reference):
             raise InvalidRequest("reference", "must be a Reference (the recording and its "
                                  f"transcript), got {type(self.reference).__name__}")
