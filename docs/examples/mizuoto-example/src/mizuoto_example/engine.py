@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from mizuoto import (
     Applied,
@@ -31,13 +31,14 @@ from mizuoto import (
     Voice,
 )
 from mizuoto.contracts.progress import report
-from mizuoto.errors import CheckpointMismatch, InvalidOption, ModelFilesMissing
+from mizuoto.errors import InvalidOption, ModelFilesMissing
 from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
+from mizuoto.runtime.checkpoint import check_state_dict, load_state_dict_file
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_example import CAPABILITIES, CONFIG_FILE, WEIGHTS_FILE, ToyOptions, ToyParams
 
-_WEIGHT_SHAPES = {"pitch": "(vocab_size,)", "level": "(vocab_size,)"}
+_WEIGHT_NAMES = ("pitch", "level")  # each of shape (vocab_size,)
 
 
 @attrs.frozen
@@ -92,15 +93,10 @@ class ToyEngine(Engine):
             raise ModelFilesMissing(str(model_dir), missing)
         config = json.loads((model_dir / CONFIG_FILE).read_text())
         weights_path = model_dir / WEIGHTS_FILE
-        weights = load_file(str(weights_path))
+        weights = load_state_dict_file(weights_path)
         vocab_size = int(config["toy_vocab_size"])
-        absent = sorted(set(_WEIGHT_SHAPES) - set(weights))
-        extra = sorted(set(weights) - set(_WEIGHT_SHAPES))
-        shapes = [f"{k}: {tuple(v.shape)} != {_WEIGHT_SHAPES[k]}" for k, v in weights.items()
-                  if k in _WEIGHT_SHAPES and tuple(v.shape) != (vocab_size,)]
-        if absent or extra or shapes:
-            raise CheckpointMismatch(str(weights_path), missing=absent, unexpected=extra,
-                                     shapes=shapes)
+        # every missing, unexpected and mis-shaped tensor reported at once (CheckpointMismatch)
+        check_state_dict({name: (vocab_size,) for name in _WEIGHT_NAMES}, weights, weights_path)
         info = ModelInfo(
             engine=cls.name,
             model=model_id or str(model_dir),
