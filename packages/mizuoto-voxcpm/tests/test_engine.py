@@ -70,8 +70,10 @@ def test_dtype_option_overrides_config(dirs):
         {"engines": {"voxcpm": {"dtype": "float32"}}}))
     assert engine.info.dtype == "float32" and engine.model.dtype == torch.float32
     assert next(engine.vae.parameters()).dtype == torch.float32
+    # parsing options imports no engine: the bad value is refused when the engine loads
     with pytest.raises(InvalidOption, match="engines.voxcpm.dtype"):
-        Options.from_mapping({"engines": {"voxcpm": {"dtype": "int8"}}})
+        VoxCPMEngine.load(dirs["v1"], options=Options.from_mapping(
+            {"engines": {"voxcpm": {"dtype": "int8"}}}))
 
 
 def test_applied_record(engines):

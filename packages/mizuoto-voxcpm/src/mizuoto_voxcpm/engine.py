@@ -37,6 +37,7 @@ from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
 from mizuoto_voxcpm.generation import (
     PromptCache,
+    PromptSequence,
     Sampling,
     build_sequence,
     context_latents,
@@ -142,6 +143,16 @@ class _Plan:
     seed: int
     seed_drawn: bool
     warnings: tuple[str, ...]
+
+
+@attrs.frozen
+class _ChunkRun:
+    """One text chunk of a plan, ready to generate (see ``VoxCPMEngine._chunk_run``)."""
+
+    sequence: PromptSequence
+    tokens: int
+    sampling: Sampling
+    seed: int
 
 
 class VoxCPMEngine(Engine):
@@ -351,7 +362,7 @@ class VoxCPMEngine(Engine):
                         params.retry_badcase_ratio_threshold, params.max_len)
         return sequence.tokens.size(1) + cap <= self.config.max_length
 
-    def _sequence(self, target: str, prompt: PromptCache | None):
+    def _sequence(self, target: str, prompt: PromptCache | None) -> PromptSequence:
         prompt_text = prompt.prompt_text if prompt is not None else None
         ids = self.tokenizer.encode(model_text(target, prompt_text))
         return build_sequence(ids, prompt, patch_size=self.config.patch_size,
@@ -379,21 +390,27 @@ class VoxCPMEngine(Engine):
                    "lora": self._lora.path if self._lora else None},
         )
 
+    def _chunk_run(self, plan: _Plan, index: int, target: str) -> _ChunkRun:
+        """What generating text chunk ``index`` needs, the same whether streamed or not: its
+        token sequence, its patch cap (upstream's badcase rule) and its seed."""
+        tokens = len(self.tokenizer.encode(target))
+        cap = patch_cap(tokens, plan.params.retry_badcase_ratio_threshold, plan.params.max_len)
+        return _ChunkRun(sequence=self._sequence(target, plan.prompt), tokens=tokens,
+                         sampling=attrs.evolve(plan.sampling, max_patches=cap),
+                         seed=plan.seed + CHUNK_SEED_STRIDE * index)
+
     def synthesize(self, request: SynthesisRequest, *,
                    progress: ProgressCallback | None = None) -> SynthesisResult:
         plan = self._plan(request)
         pieces, retries, patches = [], 0, 0
         for index, target in enumerate(plan.chunks):
-            sequence = self._sequence(target, plan.prompt)
-            tokens = len(self.tokenizer.encode(target))
-            params = plan.params
-            cap = patch_cap(tokens, params.retry_badcase_ratio_threshold, params.max_len)
-            sampling = attrs.evolve(plan.sampling, max_patches=cap)
+            run = self._chunk_run(plan, index, target)
+            params, cap = plan.params, run.sampling.max_patches
             stage = f"sampling {index + 1}/{len(plan.chunks)}" if len(plan.chunks) > 1 \
                 else "sampling"
             result = generate(
-                self.model, sequence, sampling, seed=plan.seed + CHUNK_SEED_STRIDE * index,
-                target_tokens=tokens, retry_badcase=params.retry_badcase,
+                self.model, run.sequence, run.sampling, seed=run.seed,
+                target_tokens=run.tokens, retry_badcase=params.retry_badcase,
                 retry_max_times=params.retry_badcase_max_times,
                 retry_ratio=params.retry_badcase_ratio_threshold,
                 on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap))
@@ -423,14 +440,9 @@ class VoxCPMEngine(Engine):
         v2 = self.config.is_v2
         index = 0
         for chunk_index, target in enumerate(plan.chunks):
-            sequence = self._sequence(target, plan.prompt)
-            tokens = len(self.tokenizer.encode(target))
-            cap = patch_cap(tokens, plan.params.retry_badcase_ratio_threshold,
-                            plan.params.max_len)
-            sampling = attrs.evolve(plan.sampling, max_patches=cap)
-            generated = generate_patches(self.model, sequence, sampling,
-                                         seed=plan.seed + CHUNK_SEED_STRIDE * chunk_index)
-            context = context_latents(sequence, v2=v2, device=self.model.device,
+            run = self._chunk_run(plan, chunk_index, target)
+            generated = generate_patches(self.model, run.sequence, run.sampling, seed=run.seed)
+            context = context_latents(run.sequence, v2=v2, device=self.model.device,
                                       dtype=self.model.dtype)
             with segment_decoder(self.vae, context=context, v2=v2,
                                  patch_size=self.config.patch_size) as decode:
