@@ -169,6 +169,15 @@ def test_a_drawn_seed_is_kept_across_a_resume(engine, tmp_path):
     assert again.applied.seed == first.applied.seed
 
 
+def test_resume_refuses_a_damaged_partial_run(engine, tmp_path):
+    request = SynthesisRequest(TEXT, seed=1)
+    synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, stop_after=2)
+    raw = tmp_path / "a.wav.part" / "audio.raw"
+    raw.write_bytes(raw.read_bytes()[:-2])  # lost its last bytes: no silence padding
+    with pytest.raises(InvalidRequest, match="less than"):
+        synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, resume=True)
+
+
 def test_an_interrupted_run_is_not_overwritten_without_resume(engine, tmp_path):
     request = SynthesisRequest(TEXT, seed=1)
     synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, stop_after=1)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.requests import MAX_SEED, SynthesisRequest
+from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS, SynthesisRequest
 from mizuoto.contracts.results import Applied
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.identity import model_identity, request_identity
@@ -171,6 +171,8 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
     """
     path = Path(path)
     file_format, subtype, raw_subtype = _output_format(path, engine.info.sample_rate)
+    if not 1 <= max_chars <= MAX_TEXT_CHARS:
+        raise InvalidRequest("max_chars", f"must be in [1, {MAX_TEXT_CHARS}], got {max_chars}")
     if stop_after is not None and stop_after < 0:
         raise InvalidRequest("stop_after", f"must be 0 or more, got {stop_after}")
     source = _TextSource(request.text if text_file is None else None, text_file)
@@ -298,6 +300,11 @@ class _PartialRun:
                     "--resume", f"the interrupted run in {self.directory} was made with other "
                     f"settings (differing: {', '.join(differing)})",
                     "rerun with the same text, model and settings, or delete that directory")
+            size = self.audio.stat().st_size if self.audio.is_file() else -1
+            if size < state["bytes"]:
+                raise InvalidRequest("--resume", f"{self.audio} holds {max(size, 0)} bytes, "
+                                     f"less than the {state['bytes']} its state names",
+                                     "delete the directory and start again")
             with open(self.audio, "ab") as handle:  # drop what a killed run left unfinished
                 handle.truncate(state["bytes"])
             log.info("resuming %s: %d sections done", self.directory, state["sections_done"])
