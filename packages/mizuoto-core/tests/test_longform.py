@@ -158,6 +158,21 @@ def test_a_resumed_run_writes_the_same_bytes(engine, tmp_path, suffix):
         assert filecmp.cmp(tmp_path / f"whole{suffix}", out, shallow=False)
 
 
+def test_ctrl_c_leaves_a_run_that_resumes_to_the_same_bytes(engine, tmp_path):
+    request = SynthesisRequest(TEXT, seed=6)
+    synthesize_to(engine, tmp_path / "whole.wav", request, max_chars=120)
+
+    def interrupt(progress):  # Ctrl-C while the third section is being spoken
+        if progress.stage == "section" and progress.done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, progress=interrupt)
+    done = synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, resume=True)
+    assert done.resumed_at == 2
+    assert filecmp.cmp(tmp_path / "whole.wav", tmp_path / "a.wav", shallow=False)
+
+
 def test_a_drawn_seed_is_kept_across_a_resume(engine, tmp_path):
     request = SynthesisRequest(TEXT)
     first = synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, stop_after=1)

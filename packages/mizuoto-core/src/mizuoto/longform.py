@@ -43,7 +43,7 @@ import attrs
 
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS, SynthesisRequest
-from mizuoto.contracts.results import Applied
+from mizuoto.contracts.results import Applied, file_metadata
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.identity import model_identity, request_identity
 
@@ -410,11 +410,7 @@ def _metadata(applied: Applied | None, sections: int) -> dict[str, str]:
     """The metadata ``SynthesisResult.save`` writes, plus the section count for long runs."""
     if applied is None:
         return {}
-    metadata = {"comment": f"mizuoto {applied.engine} seed={applied.seed}"}
-    if applied.license:
-        metadata["copyright"] = applied.license
-    if applied.non_commercial:
-        metadata["comment"] += f"; non-commercial weights ({applied.license})"
+    metadata = file_metadata(applied)
     if sections > 1:
         metadata["comment"] += f"; long-form, {sections} sections"
     return metadata

@@ -63,12 +63,17 @@ class SynthesisResult:
 
     def save(self, path) -> None:
         """Write the audio atomically, with the applied record (and license mark) as metadata."""
-        metadata = {"comment": f"mizuoto {self.applied.engine} seed={self.applied.seed}"}
-        if self.applied.license:
-            metadata["copyright"] = self.applied.license
-        if self.applied.non_commercial:
-            metadata["comment"] += f"; non-commercial weights ({self.applied.license})"
-        self.audio.save(path, metadata=metadata)
+        self.audio.save(path, metadata=file_metadata(self.applied))
+
+
+def file_metadata(applied: Applied) -> dict[str, str]:
+    """What a written result carries as metadata: engine and seed, and the license mark."""
+    metadata = {"comment": f"mizuoto {applied.engine} seed={applied.seed}"}
+    if applied.license:
+        metadata["copyright"] = applied.license
+    if applied.non_commercial:
+        metadata["comment"] += f"; non-commercial weights ({applied.license})"
+    return metadata
 
 
 @attrs.frozen
