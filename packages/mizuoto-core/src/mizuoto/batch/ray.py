@@ -73,6 +73,9 @@ def ray_records(loader: ModelLoader, settings: RaySettings):
         if not ray.is_initialized():
             ray.init(address=settings.address, include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # the batch's own "lines" progress reports
+        context.print_on_execution_start = False
         rows = [{"line": _pack(line, previous)} for line, previous in pending]
         blocks = min(len(rows), settings.actors * 4)
         dataset = ray.data.from_items(rows, override_num_blocks=blocks).map_batches(
