@@ -306,3 +306,15 @@ def test_a_full_disk_is_refused_before_training(tmp_path, model_dir, metadata, m
     with pytest.raises(InvalidRequest, match="MiB free"):
         F5Trainer().prepare(_config(model_dir, metadata, tmp_path / "run"))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=2)))
+    longer = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run",
+                                                   steps=3)))
+    assert longer.resumed_from == 2 and longer.steps_done == 3
+    other = trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=4,
+                                    params={**PARAMS, "grad_accumulation": 2}))
+    with pytest.raises(InvalidRequest, match="other settings"):
+        trainer.train(other)

@@ -357,7 +357,16 @@ class FineTuning:
                          "accumulated": self.accumulated},
             "order": self.order,
             "records": [attrs.astuple(r) for r in self.records],
+            "settings": self.recipe(),
         }
+
+    def recipe(self) -> dict:
+        """What a resumed run must share with the one it resumes (not its length or saves)."""
+        recipe = attrs.asdict(self.settings)
+        for free in ("max_updates", "save_every"):
+            recipe.pop(free)
+        recipe.update(world_size=self.world_size, shard=self.shard)
+        return recipe
 
     def load_state_dict(self, state: Mapping) -> None:
         self.model.load_state_dict(state["model"])

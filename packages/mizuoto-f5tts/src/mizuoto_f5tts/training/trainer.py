@@ -228,6 +228,11 @@ class F5Trainer(Trainer):
             resumed_from = None
             if state_path.is_file():
                 state = load_run_state(state_path)
+                if state.get("settings") != loop.recipe():
+                    raise InvalidRequest(
+                        "output_dir", f"{output} holds a run with other settings "
+                        f"({state.get('settings')}); resume it with the same ones or use "
+                        "another directory")
                 loop.load_state_dict(state)
                 ranks = state.get("rank_rng") or [loop.rng_state()]
                 if len(ranks) != world_size:
