@@ -298,3 +298,14 @@ def test_select_device_takes_the_engines_auto_rule():
         assert preferred_device("cuda") == select_device("auto")
     with pytest.raises(InvalidOption, match="compute.device"):
         select_device("tpu")
+
+
+def test_weights_fingerprint_sees_files_and_context(tmp_path):
+    from mizuoto.runtime.checkpoint import weights_fingerprint
+
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"x" * 3_000_000)
+    b.write_bytes(b"x" * 2_999_999 + b"y")  # differs only in the last MiB
+    assert weights_fingerprint([a]) == weights_fingerprint([a])
+    assert weights_fingerprint([a]) != weights_fingerprint([b])
+    assert weights_fingerprint([a], context={"vocab": ["a"]}) != weights_fingerprint([a])

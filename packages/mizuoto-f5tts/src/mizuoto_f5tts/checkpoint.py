@@ -34,7 +34,6 @@ its own message).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections.abc import Mapping
@@ -50,6 +49,7 @@ from mizuoto.nn.flow import ConditionalFlowMatching
 from mizuoto.nn.vocoders import Vocos
 from mizuoto.nn.vocoders import load_vocos as _load_vocos
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto.runtime.checkpoint import weights_fingerprint as core_fingerprint
 from mizuoto_f5tts.text import read_vocab
 from mizuoto_f5tts.variants import (
     HOP_LENGTH,
@@ -273,14 +273,6 @@ def load_vocos(vocos_dir: str | Path, device: str | torch.device = "cpu") -> Voc
 
 
 def weights_fingerprint(checkpoint: Path, vocab: dict[str, int]) -> str:
-    """Identity of the weights: name, size and the first and last MiB of the checkpoint, and
-    the vocabulary (a voice's tokens depend on it)."""
-    digest = hashlib.sha256()
-    size = checkpoint.stat().st_size
-    digest.update(f"{checkpoint.name}:{size}".encode())
-    with open(checkpoint, "rb") as handle:
-        digest.update(handle.read(1 << 20))
-        handle.seek(max(0, size - (1 << 20)))
-        digest.update(handle.read(1 << 20))
-    digest.update("\n".join(sorted(vocab)).encode())
-    return digest.hexdigest()
+    """Identity of the weights (core's fingerprint of the checkpoint) and the vocabulary: a
+    voice's tokens depend on it."""
+    return core_fingerprint([checkpoint], context={"vocab": sorted(vocab)})

@@ -8,11 +8,11 @@ right-padded) so the request can still choose ``reference_prefix``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from mizuoto.contracts.voice import Voice
+from mizuoto.runtime.checkpoint import weights_fingerprint
 from mizuoto_voxcpm.generation import PromptCache
 
 ENGINE = "voxcpm"
@@ -20,28 +20,17 @@ PROMPT_LATENTS = "prompt_latents"
 REFERENCE_LATENTS = "reference_latents"
 PROMPT_TEXT = "prompt_text"
 
-_FINGERPRINT_BYTES = 1 << 20
-
-
 def model_fingerprint(model_dir: str | Path, files: list[str]) -> str:
-    """Identity of a model: its config and the size and first MiB of each weight file.
+    """Identity of a model: its config and its weight files (core's fingerprint).
 
     Independent of the dtype and device it runs in (voices hold float32 VAE latents), so the
     config's ``dtype`` and ``device`` keys are left out.
     """
     model_dir = Path(model_dir)
-    digest = hashlib.sha256()
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     for key in ("dtype", "device"):
         config.pop(key, None)
-    digest.update(json.dumps(config, sort_keys=True).encode())
-    for name in files:
-        path = model_dir / name
-        digest.update(name.encode())
-        digest.update(str(path.stat().st_size).encode())
-        with path.open("rb") as handle:
-            digest.update(handle.read(_FINGERPRINT_BYTES))
-    return digest.hexdigest()
+    return weights_fingerprint([model_dir / name for name in files], context=config)
 
 
 def voice_from_prompt(cache: PromptCache, *, fingerprint: str, sample_rate: int,

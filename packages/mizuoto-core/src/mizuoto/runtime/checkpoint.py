@@ -7,6 +7,8 @@ unexpected key and shape mismatch in one :class:`~mizuoto.errors.CheckpointMisma
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -144,3 +146,27 @@ def _select(data: object, key: str | Sequence[str], path: Path) -> object:
     top = ", ".join(map(str, data)) if isinstance(data, Mapping) else type(data).__name__
     raise CheckpointMismatch(str(path), detail=f"has no {' or '.join(map(repr, candidates))} "
                              f"(top-level keys: {top})")
+
+
+_FINGERPRINT_BYTES = 1 << 20
+
+
+def weights_fingerprint(files: Sequence[str | Path], *, context: object = None) -> str:
+    """The identity of a model's weights, for saved voices (``ModelInfo.fingerprint``).
+
+    A SHA-256 over ``context`` (JSON: what else decides the voice's meaning, e.g. the config
+    without its dtype and device, or the vocabulary) and, per file, its name, size and first
+    and last MiB: cheap on multi-GB files, and different for any retrained or other model.
+    """
+    digest = hashlib.sha256()
+    if context is not None:
+        digest.update(json.dumps(context, sort_keys=True, ensure_ascii=False).encode())
+    for file in files:
+        path = Path(file)
+        size = path.stat().st_size
+        digest.update(f"{path.name}:{size}".encode())
+        with path.open("rb") as handle:
+            digest.update(handle.read(_FINGERPRINT_BYTES))
+            handle.seek(max(0, size - _FINGERPRINT_BYTES))
+            digest.update(handle.read(_FINGERPRINT_BYTES))
+    return digest.hexdigest()
