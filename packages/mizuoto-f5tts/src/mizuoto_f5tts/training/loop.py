@@ -14,6 +14,10 @@ steps; an update happens every ``grad_accumulation`` batches and at the last bat
 (the counter restarts there); clipping (``clip_grad_norm_``), fused AdamW, the warm-up + linear
 decay schedule (``SequentialLR`` of two ``LinearLR``: 1e-8 -> 1 over the warm-up, 1 -> 1e-8 over
 the rest of ``ceil(batches / accumulation) * epochs``) and `EMA` step only then.
+
+Under torchrun the backbone is wrapped in ``DistributedDataParallel`` and each rank takes every
+N-th batch of the epoch's order (see `FineTuning`); ``training.memory`` other than ``default``
+recomputes activations (`checkpoint_activations`) and keeps the EMA copy on the CPU.
 """
 
 from __future__ import annotations
