@@ -17,6 +17,7 @@ import mizuoto
 from mizuoto import Audio, EditRequest, Reference, SynthesisRequest, Voice
 from mizuoto.contracts.requests import MAX_TEXT_CHARS
 from mizuoto.errors import InvalidAudio, InvalidRequest, MizuotoError
+from mizuoto.nn.flow import time_grid
 from mizuoto_contract.strategies import (
     HOSTILE_NUMBERS,
     TEXT,
@@ -233,3 +234,17 @@ def test_say_on_the_tiny_model_exits_with_a_documented_code(model_dir, ref, tmp_
     if result.exit_code == 0:
         samples, rate = soundfile.read(output, dtype="float32")
         assert rate == 24000 and len(samples) and np.isfinite(samples).all()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_grid_that_repeats_is_a_named_error(model_dir, ref, dtype):
+    """Sway sampling rounds the first points of a fine grid together in half precision: the ODE
+    solver raised a bare ValueError ("t must be strictly increasing")."""
+    options = mizuoto.Options.from_mapping({"compute.device": "cpu", "compute.dtype": dtype,
+                                            "compute.cpu_threads": 1})
+    half = F5Engine.load(model_dir, options=options)
+    with pytest.raises(InvalidRequest) as raised:
+        half.synthesize(SynthesisRequest("Hi.", reference=ref, steps=100, seed=1))
+    assert raised.value.field == "steps" and dtype in str(raised.value)
+    grid = time_grid(100, use_epss=True, sway_sampling_coef=None, dtype=getattr(torch, dtype))
+    assert bool((grid[1:] > grid[:-1]).all())  # without sway the same steps are fine

@@ -194,6 +194,7 @@ class F5Engine(Engine):
         if params.edit_durations is not None:
             raise InvalidRequest("params.edit_durations", "applies to editing only")
         steps = request.steps or DEFAULT_STEPS
+        self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
         seed, drawn = resolve_seed(request.seed)
         warnings: list[str] = []
@@ -249,6 +250,21 @@ class F5Engine(Engine):
         applied = self._applied(seed, drawn, steps, guidance, params, len(chunks), fallbacks,
                                 warnings)
         return SynthesisResult(Audio(torch.from_numpy(samples), SAMPLE_RATE), applied)
+
+    def _check_time_grid(self, steps: int, params: F5Params) -> None:
+        """Refuse a time grid that repeats values in the model's dtype (half precision, many
+        steps, sway: points near t = 0 round together), which the ODE solver cannot run."""
+        from mizuoto.nn.flow import time_grid
+
+        grid = time_grid(steps, use_epss=params.use_epss,
+                         sway_sampling_coef=params.sway_sampling_coef, device=self.model.device,
+                         dtype=self.model.dtype)
+        if not bool((grid[1:] > grid[:-1]).all()):
+            dtype = str(self.model.dtype).removeprefix("torch.")
+            raise InvalidRequest(
+                "steps", f"{steps} steps with sway_sampling_coef={params.sway_sampling_coef} "
+                f"give a time grid with repeated values in {dtype}",
+                "use fewer steps, params.sway_sampling_coef=None, or compute.dtype=float32")
 
     def _check_positions(self, text_len: int, cond_frames: int, duration: int,
                          what: str) -> None:
@@ -309,6 +325,7 @@ class F5Engine(Engine):
 
         params = self.parse_params(request.params)
         steps = request.steps or DEFAULT_STEPS
+        self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
         seed, drawn = resolve_seed(request.seed)
         fallbacks: list[str] = []

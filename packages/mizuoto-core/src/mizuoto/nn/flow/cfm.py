@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from mizuoto.nn.flow.ode import METHODS, odeint_fixed
-from mizuoto.nn.flow.timesteps import epss_timesteps, sway_sampling, uniform_timesteps
+from mizuoto.nn.flow.timesteps import time_grid
 
 MelSpec = Callable[[torch.Tensor], torch.Tensor]
 
@@ -177,12 +177,8 @@ class ConditionalFlowMatching(nn.Module):
             return pred + (pred - null_pred) * cfg_strength
 
         y0 = self._noise(duration, step_cond.dtype, seed, generator)
-        if use_epss:
-            t = epss_timesteps(steps, device=self.device, dtype=step_cond.dtype)
-        else:
-            t = uniform_timesteps(steps, device=self.device, dtype=step_cond.dtype)
-        if sway_sampling_coef is not None:
-            t = sway_sampling(t, sway_sampling_coef)
+        t = time_grid(steps, use_epss=use_epss, sway_sampling_coef=sway_sampling_coef,
+                      device=self.device, dtype=step_cond.dtype)
 
         self.transformer.clear_cache()
         try:

@@ -5,6 +5,9 @@
   ``steps`` in {5, 6, 7, 10, 12, 16} (multiples of 1/32), else the uniform grid.
 - `sway_sampling(t, coef)`: ``t + coef * (cos(pi / 2 * t) - 1 + t)``; negative ``coef`` crowds
   the steps near t = 0.
+- `time_grid(steps, use_epss, sway_sampling_coef, device, dtype)`: the grid ``CFM.sample``
+  integrates over (EPSS or uniform, then sway). In half precision many steps with sway give
+  repeated values near t = 0 (the ODE solver refuses such a grid): engines check it first.
 
 All computed in ``dtype`` op for op as F5-TTS does, so grids match bitwise in half precision too.
 """
@@ -40,3 +43,16 @@ def epss_timesteps(
 
 def sway_sampling(t: torch.Tensor, coef: float) -> torch.Tensor:
     return t + coef * (torch.cos(torch.pi / 2 * t) - 1 + t)
+
+
+def time_grid(steps: int, *, use_epss: bool, sway_sampling_coef: float | None,
+              device: torch.device | str | None = None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """EPSS (``use_epss``) or uniform timesteps, then sway sampling unless the coef is None."""
+    if use_epss:
+        t = epss_timesteps(steps, device=device, dtype=dtype)
+    else:
+        t = uniform_timesteps(steps, device=device, dtype=dtype)
+    if sway_sampling_coef is not None:
+        t = sway_sampling(t, sway_sampling_coef)
+    return t
