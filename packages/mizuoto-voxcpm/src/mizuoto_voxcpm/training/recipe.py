@@ -70,12 +70,6 @@ class Recipe:
         data["lora"] = self.lora.to_dict() if self.lora else None
         return data
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
-        data = dict(data)
-        data["lora"] = LoRAConfig.from_dict(data["lora"]) if data.get("lora") else None
-        return cls(**data)
-
 
 def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     base = RECIPES[generation]
