@@ -193,6 +193,22 @@ def test_resume_refuses_a_damaged_partial_run(engine, tmp_path):
         synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, resume=True)
 
 
+def test_two_runs_cannot_write_one_output_at_once(engine, tmp_path):
+    request = SynthesisRequest(TEXT, seed=1)
+    refused = []
+
+    def second_run(progress):
+        if progress.stage == "section" and progress.done == 1 and not refused:
+            with pytest.raises(InvalidRequest, match="another run") as caught:
+                synthesize_to(NoiseEngine(), tmp_path / "a.wav", request, max_chars=120,
+                              resume=True)
+            refused.append(caught.value)
+
+    done = synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120,
+                         progress=second_run)
+    assert refused and done.complete
+
+
 def test_an_interrupted_run_is_not_overwritten_without_resume(engine, tmp_path):
     request = SynthesisRequest(TEXT, seed=1)
     synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120, stop_after=1)

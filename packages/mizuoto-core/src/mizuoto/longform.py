@@ -185,6 +185,19 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
                **request_identity(request, text=False)}
     part = _PartialRun(path)
     state = part.open(depends, request.seed, resume)
+    try:
+        return _run(engine, path, request, part, state, source, total, total_chars,
+                    max_chars, stop_after, (file_format, subtype, raw_subtype), progress)
+    finally:
+        part.unlock()
+
+
+def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRun, state: dict,
+         source: _TextSource, total: int, total_chars: int, max_chars: int,
+         stop_after: int | None, formats: tuple[str, str, str],
+         progress: ProgressCallback | None) -> LongFormResult:
+    """The sections not done yet, appended to ``audio.raw``; then the output, when all are."""
+    file_format, subtype, raw_subtype = formats
     rate = engine.info.sample_rate
     frame_bytes = 2 if raw_subtype == "PCM_16" else 4
     started, chars_done, made_now = time.monotonic(), 0, 0
@@ -207,7 +220,7 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
                 data = _raw_bytes(result.audio.numpy(), rate, raw_subtype)
                 sink.write(data)
                 sink.flush()
-                os.fsync(sink.fileno())
+                os.fsync(sink.fileno())  # the audio is on disk before the state names it
                 made_now += 1
                 chars_done += len(section)
                 state = _advance(state, len(data), len(section), result.applied)
@@ -287,6 +300,7 @@ class _PartialRun:
     def open(self, depends: dict, seed: int | None, resume: bool) -> dict:
         from mizuoto.runtime.seeds import resolve_seed
 
+        self.lock()
         if self.state.is_file():
             if not resume:
                 raise InvalidRequest(
@@ -311,15 +325,27 @@ class _PartialRun:
             return state
         if resume:
             log.info("nothing to resume in %s: starting", self.directory)
-        if self.directory.exists():
-            shutil.rmtree(self.directory)
-        self.directory.mkdir(parents=True)
         drawn_seed, drawn = resolve_seed(seed)
-        self.audio.touch()
+        self.audio.write_bytes(b"")
         state = {"depends": depends, "seed": drawn_seed, "seed_drawn": drawn,
                  "sections_done": 0, "bytes": 0, "chars": 0, "applied": None}
         self.save(state)
         return state
+
+    def lock(self) -> None:
+        """Hold ``lock`` in the directory (released by :meth:`unlock` or when the process
+        ends): two runs writing one output would interleave their sections."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.directory / "lock", "a")
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            return
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise InvalidRequest("output", f"another run is writing {self.directory}",
+                                 "wait for it to finish, or write another file") from None
 
     def _load(self) -> dict:
         try:
@@ -335,6 +361,9 @@ class _PartialRun:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, self.state)
+
+    def unlock(self) -> None:
+        self._lock_file.close()
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
