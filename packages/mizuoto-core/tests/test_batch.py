@@ -140,6 +140,16 @@ def test_a_rerun_skips_written_lines_and_redoes_changed_ones(tmp_path):
     assert records["a"]["resumed"] and records["b"]["applied"]["seed"] == 22
 
 
+def test_a_repeated_id_is_an_error_on_its_later_line_only(tmp_path):
+    job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", [*GOOD, {"id": "a", "text": "Again."}]),
+                   tmp_path / "out")
+    summary = run_batch(job, engine=ToneEngine())
+    assert (summary.ok, summary.failed) == (2, 1)
+    records = [json.loads(raw) for raw in (tmp_path / "out" / "manifest.jsonl").open()]
+    assert [(r["id"], r["status"]) for r in records] == [("a", "ok"), ("b", "ok"), ("a", "error")]
+    assert run_batch(job, engine=ToneEngine()).skipped == 2
+
+
 def test_a_killed_batch_keeps_the_lines_it_finished(tmp_path):
     engine = ToneEngine()
     job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", GOOD), tmp_path / "out")

@@ -18,7 +18,7 @@ import attrs
 
 from mizuoto.batch.items import BatchLine, build_request, count_lines, read_lines
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.identity import digest, model_identity, request_identity
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
             return {**previous, "line": line.number, "resumed": True}
         result = engine.synthesize(request)
         result.save(path)
-    except (MizuotoError, OSError, ValueError, RuntimeError, TypeError) as exc:
+    except Exception as exc:  # any failure is this line's, not the batch's
         return {**record, "status": "error", "error": _error(exc)}
     applied = attrs.asdict(result.applied, recurse=False)
     applied.update(sampler=dict(result.applied.sampler), extra=dict(result.applied.extra),
@@ -114,6 +114,7 @@ class Manifest:
         self.previous = self._read()
 
     def _read(self) -> dict[str, dict[str, Any]]:
+        """The last ``ok`` record of each id (what a rerun may skip)."""
         records: dict[str, dict[str, Any]] = {}
         if self.path.is_file():
             with open(self.path, encoding="utf-8") as handle:
@@ -122,20 +123,20 @@ class Manifest:
                         record = json.loads(raw)
                     except ValueError:  # a line cut short by a kill
                         continue
-                    if isinstance(record, dict) and "id" in record:
+                    if isinstance(record, dict) and record.get("status") == "ok":
                         records[str(record["id"])] = record
         return records
 
     def __enter__(self) -> Manifest:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = open(self.path, "a", encoding="utf-8")
-        self.records: dict[str, dict[str, Any]] = {}
+        self.records: dict[int, dict[str, Any]] = {}  # by line number: ids may repeat
         return self
 
     def add(self, record: dict[str, Any]) -> None:
         self._handle.write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
         self._handle.flush()
-        self.records[str(record["id"])] = record
+        self.records[record["line"]] = record
 
     def __exit__(self, *exc_info) -> None:
         self._handle.close()
@@ -145,8 +146,8 @@ class Manifest:
 
         with atomic_path(self.path) as tmp, open(tmp, "w", encoding="utf-8") as out:
             for line in order:
-                record = self.records.get(line.id)
-                if record is not None and record.get("line") == line.number:
+                record = self.records.get(line.number)
+                if record is not None:
                     out.write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
 
 
