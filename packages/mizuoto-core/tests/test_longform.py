@@ -230,6 +230,9 @@ def test_resume_refuses_other_settings_and_names_them(engine, tmp_path, change, 
     with pytest.raises(InvalidRequest, match=f"differing: .*{named}"):
         synthesize_to(engine, tmp_path / "a.wav", attrs.evolve(request, **change),
                       max_chars=120, resume=True)
+    # the refusal let go of the run: the right settings resume it at once
+    assert synthesize_to(engine, tmp_path / "a.wav", request, max_chars=120,
+                         resume=True).complete
 
 
 def test_progress_counts_sections_with_audio_seconds_and_eta(engine, tmp_path):

@@ -184,8 +184,8 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
                "format": [file_format, subtype], **model_identity(engine),
                **request_identity(request, text=False)}
     part = _PartialRun(path)
-    state = part.open(depends, request.seed, resume)
     try:
+        state = part.open(depends, request.seed, resume)
         return _run(engine, path, request, part, state, source, total, total_chars,
                     max_chars, stop_after, (file_format, subtype, raw_subtype), progress)
     finally:
@@ -296,6 +296,7 @@ class _PartialRun:
         self.directory = path.with_name(path.name + ".part")
         self.audio = self.directory / "audio.raw"
         self.state = self.directory / "state.json"
+        self._lock_file = None
 
     def open(self, depends: dict, seed: int | None, resume: bool) -> dict:
         from mizuoto.runtime.seeds import resolve_seed
@@ -363,7 +364,9 @@ class _PartialRun:
         os.replace(tmp, self.state)
 
     def unlock(self) -> None:
-        self._lock_file.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
