@@ -319,3 +319,22 @@ def test_bodies_and_uploads_over_the_limits_are_refused(server):
     long = httpx.post(f"{server}/v1/audio/voices", data={"name": "long", "model": "f5"},
                       files={"audio": ("long.wav", buffer.getvalue(), "audio/wav")})
     assert long.status_code == 413 and long.json()["error"]["code"] == "audio_too_long"
+
+
+def test_with_one_model_loaded_at_a_time_a_reloaded_model_speaks_the_same(model_dirs, engines,
+                                                                          tmp_path):
+    config = ServeConfig(models={"f5": str(model_dirs / "f5"), "vox": str(model_dirs / "vox")},
+                         voices_dir=tmp_path, max_loaded=1)
+    with serve_in_thread(config) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert httpx.get(f"{url}/health").json()["models"] == {"f5": "ready",
+                                                               "vox": "unloaded"}
+        for model, extension in (("f5", F5), ("vox", VOX), ("f5", F5)):
+            extension = {**extension, "seed": 8}
+            response = client.audio.speech.create(model=model, input=TEXT, voice="default",
+                                                  response_format="wav",
+                                                  extra_body={"mizuoto": extension})
+            expected = _expected(engines[model], extension, stream=model == "vox")
+            assert np.array_equal(_int16(response.content), to_int16(expected.numpy()))
+        states = httpx.get(f"{url}/health").json()["models"]
+        assert states == {"f5": "ready", "vox": "unloaded"}

@@ -156,8 +156,8 @@ def test_a_full_queue_answers_429_and_a_cancelled_job_is_skipped():
         assert caught.value.status == 429 and caught.value.headers["Retry-After"]
         queued.cancel()
         release.set()
-        assert await first.items.get() is DONE
-        assert await queued.items.get() is DONE
+        assert await asyncio.wait_for(first.items.get(), 10) is DONE
+        assert await asyncio.wait_for(queued.items.get(), 10) is DONE
         worker.stop(5)
         return ran
 
@@ -174,3 +174,66 @@ def test_a_model_that_fails_to_load_answers_503():
     with pytest.raises(APIError) as caught:
         worker.submit_check()
     assert caught.value.status == 503 and "vocab.txt" in caught.value.message
+
+
+class _Weights:
+    """An engine holding ``megabytes`` of float32 weights."""
+
+    name = "fake"
+
+    def __init__(self, megabytes: float) -> None:
+        import torch
+
+        self.model = torch.nn.Linear(1, int(megabytes * (1 << 20) / 4), bias=False)
+
+
+def _pool_run(pool_kwargs, sizes, order):
+    """Run one job per name in ``order`` on workers sharing a pool; the loaded set after each,
+    and each worker's load count."""
+    from mizuoto.serve.worker import ModelPool
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        pool = ModelPool(**pool_kwargs)
+        workers = {name: ModelWorker(name, name, load=lambda mb=mb: _Weights(mb), queue_size=2,
+                                     pool=pool, preload=False)
+                   for name, mb in sizes.items()}
+        for worker in workers.values():
+            worker.start()
+        loaded = []
+        for name in order:
+            job = Job(lambda engine, job: None, loop)
+            workers[name].submit(job)
+            assert await asyncio.wait_for(job.items.get(), 10) is DONE
+            deadline = loop.time() + 10
+            while (pool._over() or any(w.depth() or w._engine_lock.locked()
+                                       for w in workers.values())) and loop.time() < deadline:
+                await asyncio.sleep(0.005)  # every worker idle, the limits hold: settled
+            loaded.append(sorted(n for n, w in workers.items() if w.engine is not None))
+        for worker in workers.values():
+            worker.stop(5)
+        return loaded, {name: w.loads for name, w in workers.items()}
+
+    return asyncio.run(scenario())
+
+
+def test_the_pool_keeps_at_most_max_loaded_models_least_recently_used_out():
+    loaded, loads = _pool_run({"max_loaded": 2}, {"a": 0.1, "b": 0.1, "c": 0.1},
+                              ["a", "b", "a", "c", "b"])
+    assert loaded == [["a"], ["a", "b"], ["a", "b"], ["a", "c"], ["b", "c"]]
+    assert loads == {"a": 1, "b": 2, "c": 1}
+
+
+def test_the_pool_keeps_weights_within_the_memory_budget():
+    loaded, _ = _pool_run({"memory_budget": 3 << 20}, {"a": 1, "b": 1, "c": 2},
+                          ["a", "b", "c", "a"])
+    assert loaded == [["a"], ["a", "b"], ["b", "c"], ["a", "c"]]
+
+
+def test_memory_budget_sizes():
+    from mizuoto.cli import _size
+
+    assert _size("8G") == 8 << 30 and _size("500MB") == 500 << 20 and _size("1024") == 1024
+    for bad in ("lots", "0", "-1G", "inf"):
+        with pytest.raises(errors.InvalidRequest):
+            _size(bad)

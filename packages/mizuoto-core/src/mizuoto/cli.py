@@ -564,10 +564,12 @@ def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate,
 @click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY (env MIZUOTO_API_KEY).")
 @click.option("--queue-size", default=16, show_default=True, type=click.IntRange(1), help="Requests waiting per model before 429.")
 @click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown.")
+@click.option("--max-loaded", type=click.IntRange(1), help="Models kept loaded at once (least recently used unloaded; default: all).")
+@click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
-def serve(models, aliases, engine, host, port, api_key, queue_size, grace, option_pairs,
-          options_file):
+def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
+          memory_budget, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -576,7 +578,26 @@ def serve(models, aliases, engine, host, port, api_key, queue_size, grace, optio
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
     run(ServeConfig(models=model_names(models, aliases), engine=engine,
                     options=_options(options_file, option_pairs), host=host, port=port,
-                    api_key=api_key, queue_size=queue_size, grace=grace))
+                    api_key=api_key, queue_size=queue_size, grace=grace,
+                    max_loaded=max_loaded, memory_budget=_size(memory_budget)))
+
+
+def _size(text):
+    """Bytes from ``8G``, ``500M``, ``64K`` or a plain number; None stays None."""
+    if text is None:
+        return None
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.strip().upper().removesuffix("B"), 1
+    if number[-1:] in units:
+        number, unit = number[:-1], units[number[-1]]
+    try:
+        value = float(number)
+    except ValueError:
+        raise InvalidRequest("--memory-budget", f"{text!r} is not a size", "e.g. 8G or 500M") \
+            from None
+    if not 0 < value < float("inf"):
+        raise InvalidRequest("--memory-budget", f"{text!r} must be a positive size")
+    return int(value * unit)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
 from mizuoto.serve.metrics import Metrics
 from mizuoto.serve.voices import VoiceStore
-from mizuoto.serve.worker import ModelWorker
+from mizuoto.serve.worker import ModelPool, ModelWorker
 
 log = logging.getLogger("mizuoto.serve")
 
@@ -38,6 +38,9 @@ class ServeConfig:
     ``models`` maps the name a request uses (``model``) to a catalog id or a model directory
     (:func:`model_names` builds it from ``-m`` and ``--alias``). ``queue_size`` bounds each
     model's waiting requests (more: 429). ``voices_dir`` defaults to ``$MIZUOTO_HOME/voices``.
+    ``max_loaded`` (models) and ``memory_budget`` (bytes of weights) bound what stays loaded:
+    the first ``max_loaded`` models load at start, the others on their first request, and
+    the least recently used idle models are unloaded to make room (:class:`ModelPool`).
     ``shared_lock`` runs every model's requests under one lock: the single-global-lock
     baseline of the load test, not a setting to serve with.
     """
@@ -53,6 +56,8 @@ class ServeConfig:
     voices_dir: Path | None = None
     max_upload_bytes: int = 10 << 20
     max_upload_seconds: float = 60.0
+    max_loaded: int | None = None
+    memory_budget: int | None = None
     shared_lock: bool = False
 
 
@@ -92,11 +97,15 @@ class _State:
         self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices")
         self.closing = False
         shared = threading.Lock() if config.shared_lock else None
+        pool = None
+        if config.max_loaded is not None or config.memory_budget is not None:
+            pool = ModelPool(config.max_loaded, config.memory_budget)
         self.workers: dict[str, ModelWorker] = {}
-        for name, model in config.models.items():
+        for index, (name, model) in enumerate(config.models.items()):
+            preload = config.max_loaded is None or index < config.max_loaded
             worker = ModelWorker(name, model, load=_loader(model, config),
                                  queue_size=config.queue_size, metrics=self.metrics,
-                                 shared_lock=shared)
+                                 shared_lock=shared, pool=pool, preload=preload)
             self.metrics.watch_queue(name, worker.depth)
             self.workers[name] = worker
 

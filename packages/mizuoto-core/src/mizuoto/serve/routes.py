@@ -22,7 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.results import AudioChunk
 from mizuoto.serve.encoders import MEDIA_TYPES, StreamEncoder
-from mizuoto.serve.errors import APIError, ClientGone, bad_request, from_mizuoto, not_found
+from mizuoto.serve.errors import (
+    APIError,
+    ClientGone,
+    bad_request,
+    from_mizuoto,
+    not_found,
+    unavailable,
+)
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
 from mizuoto.serve.worker import DONE, Job
 
@@ -162,6 +169,20 @@ async def _next(job: Job, request: Request | None):
     return item
 
 
+async def _loaded_engine(worker, request: Request):
+    """The worker's engine, loaded first (by a job in its queue) if the pool unloaded it."""
+    for _ in range(3):
+        engine = worker.engine
+        if engine is not None:
+            return engine
+        job = Job(lambda engine, job: None, asyncio.get_running_loop())
+        worker.submit(job)
+        while await _next(job, request) is not DONE:
+            pass
+    raise unavailable(f"model {worker.name!r} was unloaded again before it could be used: "
+                      "raise --max-loaded or --memory-budget", "model_unavailable")
+
+
 @router.post("/v1/audio/speech")
 async def speech(request: Request):
     state = _state(request)
@@ -174,8 +195,7 @@ async def speech(request: Request):
                           f"{supported}", param="response_format", code="unsupported_value")
     worker = _worker(state, body.model)
     request.scope["mizuoto.model"] = worker.name  # served names only: bounded label values
-    worker.submit_check()
-    engine = worker.engine
+    engine = await _loaded_engine(worker, request)
     voice_name = body.voice if isinstance(body.voice, str) else body.voice.id
     voice = None
     if voice_name != DEFAULT_VOICE:
@@ -279,7 +299,7 @@ async def _sse(job: Job, first, encoder: StreamEncoder, body: SpeechBody):
 async def models(request: Request):
     state = _state(request)
     data = [{"id": name, "object": "model", "created": 0,
-             "owned_by": f"mizuoto-{worker.engine.name}" if worker.engine else "mizuoto"}
+             "owned_by": f"mizuoto-{worker.engine_name or 'unknown'}"}
             for name, worker in state.workers.items()]
     return {"object": "list", "data": data}
 
@@ -290,9 +310,7 @@ async def list_voices(request: Request, model: str | None = None):
     state = _state(request)
     fingerprint = None
     if model is not None:
-        worker = _worker(state, model)
-        worker.submit_check()
-        fingerprint = worker.engine.info.fingerprint
+        fingerprint = (await _loaded_engine(_worker(state, model), request)).info.fingerprint
     saved = await asyncio.to_thread(state.voices.list)
     voices = [{"id": DEFAULT_VOICE, "name": DEFAULT_VOICE}]
     voices += [{"id": v["name"], "name": v["name"], "engine": v["engine"]} for v in saved
@@ -365,7 +383,9 @@ async def delete_voice(request: Request, name: str):
 async def health(request: Request):
     state = _state(request)
     models = {name: worker.state for name, worker in state.workers.items()}
-    ready = not state.closing and all(s == "ready" for s in models.values())
+    # a model the pool reloads on demand is "loading" but takes requests: still healthy
+    ready = not state.closing and all(w.loaded.is_set() and w.state != "failed"
+                                      for w in state.workers.values())
     status = "shutting_down" if state.closing else ("ok" if ready else "unavailable")
     return JSONResponse({"status": status, "models": models}, status_code=200 if ready else 503)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import queue
 import threading
@@ -64,28 +65,43 @@ class Job:
 
 
 class ModelWorker:
-    """Loads one model on its own thread, then runs that model's jobs one at a time.
+    """Owns one model on its own thread and runs that model's jobs one at a time.
 
-    ``state``: ``loading``, ``ready``, ``failed`` (``error`` says why) or ``stopped``.
+    ``state``: ``loading``, ``ready``, ``unloaded`` (not loaded yet, or evicted by the
+    :class:`ModelPool`: the next job loads it again), ``failed`` (``error`` says why) or
+    ``stopped``. ``preload`` loads the model when the thread starts, else on its first job.
     ``shared_lock`` (benchmarks only) makes every worker take one lock around each job: the
     single-global-lock server this design is measured against.
     """
 
     def __init__(self, name: str, model: str, *, load: Callable[[], object], queue_size: int,
-                 metrics=None, shared_lock: threading.Lock | None = None) -> None:
+                 metrics=None, shared_lock: threading.Lock | None = None,
+                 pool: ModelPool | None = None, preload: bool = True) -> None:
         self.name = name
         self.model = model
         self._load = load
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._metrics = metrics
         self._shared_lock = shared_lock
+        self._pool = pool
+        self._preload = preload
         self._running: Job | None = None
+        # held by the worker while it loads or runs a job: the pool evicts only an idle model
+        self._engine_lock = threading.Lock()
         self.engine = None
-        self.state = "loading"
+        self.engine_name: str | None = None  # kept once known, also while unloaded
+        self.engine_bytes = 0
+        self.last_used = 0.0
+        self.loads = 0
+        self.state = "loading" if preload else "unloaded"
         self.error: BaseException | None = None
-        self.loaded = threading.Event()
+        self.loaded = threading.Event()  # set once the first load ended (or was not asked)
+        if not preload:
+            self.loaded.set()
         self._thread = threading.Thread(target=self._main, name=f"mizuoto-model-{name}",
                                         daemon=True)
+        if pool is not None:
+            pool.add(self)
 
     def start(self) -> None:
         self._thread.start()
@@ -95,13 +111,13 @@ class ModelWorker:
         return self._queue.qsize() + (self._running is not None)
 
     def submit_check(self) -> None:
-        """An :class:`APIError` (503) unless the model is loaded and taking requests."""
-        if self.state == "loading":
+        """An :class:`APIError` (503) unless the model takes requests (loaded or loadable)."""
+        if self.state == "loading" and not self.loaded.is_set():
             raise unavailable(f"model {self.name!r} is still loading", "model_loading")
         if self.state == "failed":
             raise unavailable(f"model {self.name!r} failed to load: {self.error}",
                               "model_unavailable", 60)
-        if self.state != "ready":
+        if self.state == "stopped":
             raise unavailable("the server is shutting down", "shutting_down")
 
     def submit(self, job: Job) -> None:
@@ -114,11 +130,26 @@ class ModelWorker:
                            "waiting: try again shortly", type="rate_limit_error",
                            code="queue_full", headers={"Retry-After": "1"}) from None
 
+    def evict(self) -> bool:
+        """Unload the model if it is idle (nothing running or queued); True if it was."""
+        if not self._engine_lock.acquire(blocking=False):
+            return False
+        try:
+            if self.engine is None or self._running is not None or not self._queue.empty():
+                return False
+            self.engine = None
+            self.engine_bytes = 0
+            self.state = "unloaded"
+        finally:
+            self._engine_lock.release()
+        gc.collect()
+        log.info("model %s unloaded (least recently used)", self.name)
+        return True
+
     def stop(self, timeout: float) -> None:
         """Take no more jobs, cancel queued ones, let the running one finish within
         ``timeout`` seconds."""
-        if self.state in ("loading", "ready"):
-            self.state = "stopped"
+        self.state = "stopped"
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -131,28 +162,57 @@ class ModelWorker:
             self._queue.put_nowait(None)
         self._thread.join(timeout)
 
-    def _main(self) -> None:
+    def _load_engine(self) -> None:
+        """Load the model (on this thread, holding the engine lock); raises on failure."""
+        self.state = "loading"
         try:
-            self.engine = self._load()
+            engine = self._load()
+            self.engine, self.engine_bytes = engine, _engine_bytes(engine)
+            self.engine_name = getattr(engine, "name", None)
         except BaseException as exc:  # reported to every request for this model
-            self.error = exc
-            self.state = "failed"
+            self.engine, self.error, self.state = None, exc, "failed"
             log.error("model %s failed to load: %s", self.name, exc)
-            self.loaded.set()
-            return
+            raise
+        self.loads += 1
+        self.last_used = time.monotonic()
         if self.state == "loading":
             self.state = "ready"
         log.info("model %s ready (%s)", self.name, self.model)
-        self.loaded.set()
+
+    def _main(self) -> None:
+        if self._preload:
+            try:
+                with self._engine_lock:
+                    self._load_engine()
+            except BaseException:
+                return
+            finally:
+                self.loaded.set()
+            if self._pool is not None:
+                self._pool.loaded(self)
         while True:
             job = self._queue.get()
             if job is None:
                 return
             self._running = job
+            self.last_used = time.monotonic()  # at the start too: the client may be done first
             try:
-                self._execute(job)
+                with self._engine_lock:
+                    if self.engine is None and not job.cancelled:
+                        try:
+                            self._load_engine()
+                        except BaseException as exc:
+                            job.emit(unavailable(f"model {self.name!r} failed to load: {exc}",
+                                                 "model_unavailable", 60))
+                            job.emit(DONE)
+                            continue
+                        if self._pool is not None:
+                            self._pool.loaded(self)
+                    self._execute(job)
             finally:
                 self._running = None
+            if self._pool is not None:  # a model busy when another loaded may go now
+                self._pool.rebalance()
 
     def _execute(self, job: Job) -> None:
         started = time.monotonic()
@@ -173,4 +233,57 @@ class ModelWorker:
             if self._metrics is not None and job.audio_seconds:
                 self._metrics.generated(self.name, time.monotonic() - started, job.audio_seconds)
         finally:
+            self.last_used = time.monotonic()
             job.emit(DONE)
+
+
+def _engine_bytes(engine) -> int:
+    """Bytes of the torch modules' parameters and buffers an engine holds as attributes."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for value in getattr(engine, "__dict__", {}).values():
+        if isinstance(value, torch.nn.Module):
+            for tensor in (*value.parameters(), *value.buffers()):
+                if id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    total += tensor.numel() * tensor.element_size()
+    return total
+
+
+class ModelPool:
+    """Which models stay loaded: at most ``max_loaded`` of them, and at most ``memory_budget``
+    bytes of weights (parameters and buffers). When a model has loaded, the least recently used
+    idle ones are unloaded until both hold; a busy model is never unloaded, so a budget can be
+    exceeded while every model is busy."""
+
+    def __init__(self, max_loaded: int | None = None, memory_budget: int | None = None) -> None:
+        self.max_loaded = max_loaded
+        self.memory_budget = memory_budget
+        self.workers: list[ModelWorker] = []
+        self._lock = threading.Lock()
+
+    def add(self, worker: ModelWorker) -> None:
+        self.workers.append(worker)
+
+    def _over(self) -> bool:
+        loaded = [w for w in self.workers if w.engine is not None]
+        if self.max_loaded is not None and len(loaded) > self.max_loaded:
+            return True
+        return self.memory_budget is not None and \
+            sum(w.engine_bytes for w in loaded) > self.memory_budget
+
+    def loaded(self, worker: ModelWorker) -> None:
+        """``worker`` has loaded its model: unload others, least recently used first."""
+        self.rebalance(keep=worker)
+
+    def rebalance(self, keep: ModelWorker | None = None) -> None:
+        """Unload idle models, least recently used first, until the limits hold."""
+        with self._lock:
+            others = sorted((w for w in self.workers if w is not keep and w.engine is not None),
+                            key=lambda w: w.last_used)
+            for other in others:
+                if not self._over():
+                    break
+                other.evict()
