@@ -120,7 +120,7 @@ def main() -> None:
         model_dir=str(model_dir), vocab=str(model_dir / "vocab.txt"),
         checkpoint=str(find_checkpoint(model_dir)), backbone=variant.backbone,
         arch=variant.upstream_config(), seed=SEED, epochs=args.epochs, learning_rate=1e-4,
-        warmup=1, save_every=10_000, batch_size_type="frame", batch_size=args.batch_frames,
+        warmup=0, save_every=10_000, batch_size_type="frame", batch_size=args.batch_frames,
         max_samples=64, grad_accumulation=1, max_grad_norm=1.0)
     config_path = work / "config.json"
     config_path.write_text(json.dumps(config))
