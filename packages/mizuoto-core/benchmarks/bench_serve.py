@@ -106,7 +106,7 @@ def _cpu_seconds(pid: int) -> float:
 
 @contextlib.contextmanager
 def _server(root: Path, args, shared_lock: bool):
-    import httpx
+    from mizuoto.serve.app import wait_healthy
 
     port = _free_port()
     command = [sys.executable, __file__, "--serve", "--dir", str(root), "--port", str(port),
@@ -114,16 +114,7 @@ def _server(root: Path, args, shared_lock: bool):
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(url, process, TIMEOUT)
         yield url, process.pid
     finally:
         process.terminate()

@@ -21,26 +21,13 @@ pytest.importorskip("mizuoto_f5tts")
 
 import soundfile as sf  # noqa: E402
 
+from mizuoto.serve.app import wait_healthy  # noqa: E402
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _wait_ready(url: str, process: subprocess.Popen, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited with {process.returncode}: "
-                                 f"{process.stderr.read().decode(errors='replace')}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not become ready")
 
 
 def _running(url: str) -> bool:
@@ -79,7 +66,7 @@ def test_sigterm_finishes_the_request_in_flight(f5_dir, tmp_path):
         [sys.executable, "-m", "mizuoto", "serve", "-m", str(f5_dir), "--port",
          str(port), "--grace", "60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_ready(url, process)
+        wait_healthy(url, process)
         outcome = {}
 
         def speak() -> None:

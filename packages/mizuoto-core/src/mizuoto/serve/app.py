@@ -306,3 +306,24 @@ def serve_in_thread(config: ServeConfig, *, ready_timeout: float = 120.0) -> Ite
         server.should_exit = True
         thread.join(config.grace + 10)
         sock.close()
+
+
+def wait_healthy(url: str, process=None, timeout: float = 90.0) -> None:
+    """Wait until ``url``'s ``/health`` answers 200 (a server started as a process: raise as
+    soon as ``process``, a ``subprocess.Popen``, has exited). For tests and benchmarks."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):  # refused, or 503 while loading
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} was not healthy within {timeout} s")
