@@ -183,7 +183,7 @@ def fuzz(session):
     """The property tests with the long Hypothesis profile: twenty times CI's examples, random
     (CI's are derandomized), failures kept in .hypothesis/ and replayed first (not in CI).
 
-    nox -s fuzz            # about 7 minutes on two cores
+    nox -s fuzz            # about 8 minutes on two cores
     nox -s fuzz -- -x      # stop at the first failure
     """
     _install_base(session)
