@@ -117,6 +117,15 @@ def test_one_section_is_the_file_result_save_writes(engine, tmp_path, suffix):
     assert not (tmp_path / f"long{suffix}.part").exists()
 
 
+def test_one_section_mp3_is_what_say_writes(engine, tmp_path):
+    from mizuoto.serve.encoders import encode
+
+    request = SynthesisRequest("Just one sentence.", seed=11)
+    samples = engine.synthesize(request).audio.numpy()
+    synthesize_to(engine, tmp_path / "long.mp3", request)
+    assert (tmp_path / "long.mp3").read_bytes() == encode(samples, RATE, "mp3")
+
+
 def test_sections_are_the_engine_output_for_their_text_and_seed(engine, tmp_path):
     import soundfile as sf
 
@@ -150,7 +159,7 @@ def test_a_resumed_run_writes_the_same_bytes(engine, tmp_path, suffix):
     second = synthesize_to(engine, out, request, max_chars=120, resume=True)
     assert second.complete and second.resumed_at == 2
     assert engine.calls - calls == whole.sections - 2  # done sections are not redone
-    if suffix == ".ogg":  # libsndfile gives each Ogg stream a random serial number
+    if suffix == ".ogg":  # Opus; libsndfile gives each Ogg stream a random serial number
         import soundfile as sf
 
         assert np.array_equal(sf.read(tmp_path / f"whole{suffix}")[0], sf.read(out)[0])

@@ -64,10 +64,13 @@ FORMATS = {
     ".wav": ("WAV", "PCM_16", "PCM_16"),
     ".flac": ("FLAC", "PCM_16", "FLOAT"),
     ".mp3": ("MP3", "MPEG_LAYER_III", "FLOAT"),
-    ".ogg": ("OGG", "VORBIS", "FLOAT"),
+    ".ogg": ("OGG", "OPUS", "FLOAT"),  # Opus in Ogg, as `say -o x.ogg` and the server write
     ".opus": ("OGG", "OPUS", "FLOAT"),
 }
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+# MP3 at a constant bit rate, as `mizuoto say -o x.mp3` and the server encode it (the same
+# bytes for one section)
+_WRITE_SETTINGS = {"MP3": {"bitrate_mode": "CONSTANT", "compression_level": 0.5}}
 _RAW_DTYPE = {"PCM_16": "<i2", "FLOAT": "<f4"}
 _STATE_VERSION = 1
 _READ_CHARS = 1 << 16  # characters read from a text file at a time
@@ -158,7 +161,7 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
                   text_file: str | Path | None = None, resume: bool = False,
                   max_chars: int = DEFAULT_SECTION_CHARS, stop_after: int | None = None,
                   progress: ProgressCallback | None = None) -> LongFormResult:
-    """Speak ``request`` into the audio file ``path`` (.wav, .flac; .mp3, .ogg, .opus) section
+    """Speak ``request`` into the audio file ``path`` (.wav, .flac; .mp3, .ogg/.opus) section
     by section, in memory bounded whatever the text's length.
 
     ``text_file``: speak this UTF-8 file instead of ``request.text`` (of any length; the file
@@ -462,7 +465,7 @@ def _encode(raw_path: Path, path: Path, rate: int, file_format: str, subtype: st
     done = 0
     with atomic_path(path) as tmp, open(raw_path, "rb") as raw, \
             sf.SoundFile(tmp, "w", samplerate=rate, channels=1, format=file_format,
-                         subtype=subtype) as out:
+                         subtype=subtype, **_WRITE_SETTINGS.get(file_format, {})) as out:
         if file_format in ("WAV", "FLAC"):
             for key, value in _metadata(applied, sections).items():
                 setattr(out, key, value)
