@@ -45,8 +45,9 @@ class VoiceStore:
 
         path = self.path(name)
         if not path.is_file():
-            raise not_found(f"no voice named {name!r}: GET /v1/audio/voices lists them",
-                            "voice", "voice_not_found")
+            raise not_found(f"no voice named {name!r}: every model has {DEFAULT_VOICE!r}, "
+                            "and GET /v1/audio/voices lists the saved ones", "voice",
+                            "voice_not_found")
         return Voice.load(path)
 
     def save(self, name: str, voice) -> None:
