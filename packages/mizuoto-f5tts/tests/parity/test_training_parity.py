@@ -5,7 +5,8 @@ Upstream runs as a subprocess (`f5_train_oracle.py`: ``prepare_csv_wavs`` + ``Tr
 tiny model directory; Mizuoto's `F5Trainer` trains the same model on the same clips with the
 same seed. Compared exactly: every logged loss and learning rate (``==`` on the Python floats
 upstream logs), and the final model and EMA tensors (``torch.equal``; upstream's
-``model_last.pt`` vs Mizuoto's run checkpoint and export). A resumed case stops Mizuoto's run
+``model_last.pt`` vs Mizuoto's run checkpoint and export), and the speech of each side's
+fine-tuned model synthesized by the other side. A resumed case stops Mizuoto's run
 early and resumes it from its checkpoint: it still ends on upstream's uninterrupted bytes.
 Cases marked ``realsize`` repeat covered paths and stay out of CI's time budget.
 """
@@ -117,35 +118,46 @@ def assert_same_training(upstream: dict, ours: dict) -> None:
         assert torch.equal(exported[k], v), k
 
 
-def assert_cross_loads(tmp: Path, upstream_ckpts: Path, export: Path, variant: str) -> None:
-    """Upstream's inference loader takes our export, and our engine's loader takes upstream's
-    ``model_last.pt``, each with the other's weights (synthesis from equal weights is equal:
-    test_pipeline_parity.py)."""
+def assert_cross_loads(tmp: Path, upstream_ckpts: Path, export: Path, variant: str,
+                       monkeypatch) -> None:
+    """A model fine-tuned by either side speaks identically through the other: upstream's
+    inference (``load_model`` on Mizuoto's export) and Mizuoto's engine (on upstream's
+    ``model_last.pt``) give the same mel and audio (test_pipeline_parity.py's drivers)."""
     import shutil
 
-    from f5_tts.infer.utils_infer import load_checkpoint
-    from f5_tts.model import CFM, DiT, UNetT
-    from f5_tts.model.utils import get_tokenizer
+    from f5_tts.infer import utils_infer
+    from f5_tts.model import DiT, UNetT
+    from test_pipeline_parity import (
+        EN_GEN,
+        EN_TEXT,
+        EN_WAV,
+        _assert_same,
+        _ours_synthesize,
+        _upstream_synthesize,
+    )
 
-    from mizuoto_f5tts.checkpoint import load_f5_model, read_checkpoint
+    import mizuoto
+    from mizuoto_f5tts.engine import F5Engine
 
     v = get_variant(variant, "tiny")
-    vocab_map, vocab_size = get_tokenizer(str(export / "vocab.txt"), "custom")
-    backbone = DiT if v.backbone == "dit" else UNetT
-    theirs = CFM(transformer=backbone(**v.upstream_config(), text_num_embeds=vocab_size,
-                                      mel_dim=100),
-                 mel_spec_kwargs=dict(mel_spec_type="vocos"), vocab_char_map=vocab_map)
-    theirs = load_checkpoint(theirs, str(find_checkpoint(export)), "cpu", use_ema=True)
-    mine = read_checkpoint(find_checkpoint(export))
-    assert all(torch.equal(theirs.state_dict()[k], t) for k, t in mine.items())
+    model = utils_infer.load_model(
+        DiT if v.backbone == "dit" else UNetT, v.upstream_config(), str(find_checkpoint(export)),
+        mel_spec_type="vocos", vocab_file=str(export / "vocab.txt"), device="cpu")
+    vocoder = utils_infer.load_vocoder("vocos", is_local=True, local_path=str(export / "vocos"),
+                                       device="cpu")
+    wave, their_mels = _upstream_synthesize(utils_infer, model, vocoder, EN_WAV, EN_TEXT, EN_GEN,
+                                            steps=4, monkeypatch=monkeypatch)
 
     their_dir = tmp / "upstream-model"
     their_dir.mkdir()
     shutil.copy(upstream_ckpts / "model_last.pt", their_dir / "model_last.pt")
     shutil.copy(export / "vocab.txt", their_dir / "vocab.txt")
-    loaded, _ = load_f5_model(their_dir, variant)
-    state = loaded.state_dict()
-    assert all(torch.equal(state[k], t) for k, t in mine.items())
+    shutil.copytree(export / "vocos", their_dir / "vocos")
+    options = mizuoto.Options.from_mapping({"compute.device": "cpu",
+                                            "engines.f5tts.variant": variant})
+    engine = F5Engine.load(their_dir, options=options)
+    result, mels = _ours_synthesize(engine, EN_WAV, EN_TEXT, EN_GEN, steps=4)
+    _assert_same(result, mels, wave, their_mels, several=False)
 
 
 BASE = dict(epochs=2, learning_rate=1e-4, warmup=2, save_every=100, batch_size_type="frame",
@@ -202,7 +214,7 @@ def cases(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("variant,overrides", CASES)
-def test_training_matches_upstream(request, cases, variant, overrides):
+def test_training_matches_upstream(request, cases, variant, overrides, monkeypatch):
     case = cases[request.node.callspec.id]
     root, settings = case["root"], case["settings"]
     upstream = upstream_result(root / "upstream")
@@ -212,7 +224,8 @@ def test_training_matches_upstream(request, cases, variant, overrides):
           f"ours {ours['seconds']:.2f} s, upstream {upstream['log']['seconds']:.2f} s")
     assert_same_training(upstream, ours)
     if case["size"] == "tiny":
-        assert_cross_loads(root, root / "upstream" / "ckpts", ours["export"], variant)
+        assert_cross_loads(root, root / "upstream" / "ckpts", ours["export"], variant,
+                           monkeypatch)
 
 
 def test_ema_matches_ema_pytorch():
