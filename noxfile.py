@@ -63,14 +63,15 @@ def _ensure_ffmpeg(session):
 def tests(session):
     """Unit tests of every package (no upstream oracles)."""
     _install_base(session)
-    _run_suites(session, "not parity", ["core", "f5tts", "voxcpm", "contract-selftest"])
+    _run_suites(session, "not parity and not fuzz_only", ["core", "f5tts", "voxcpm",
+                                                        "contract-selftest"])
 
 
 @nox.session(python="3.11")
 def contract(session):
     """The contract suite against every installed engine (ours and the example plugin)."""
     _install_base(session)
-    _run_suites(session, "not realsize", ["contract"])
+    _run_suites(session, "not realsize and not fuzz_only", ["contract"])
 
 
 @nox.session(python="3.11")
@@ -175,7 +176,7 @@ def ci(session):
     _install_base(session)
     _install_oracles(session)
     _check_plugin_discovery(session)
-    _run_suites(session, "not realsize")
+    _run_suites(session, "not realsize and not fuzz_only")
 
 
 @nox.session(python="3.11")

@@ -154,7 +154,7 @@ def test_a_very_long_line_is_a_named_error(engine, ref, text):
     assert raised.value.field == "text"
 
 
-@pytest.mark.skipif(settings.default.max_examples < 100, reason="10 s: in the fuzz profile only")
+@pytest.mark.fuzz_only  # 10 s: run by `nox -s fuzz`, deselected in CI
 def test_max_steps_run(engine, ref):
     from mizuoto.contracts.requests import MAX_STEPS
 
