@@ -1,7 +1,9 @@
-"""How long each chunk's mel is: upstream's estimate from the reference's speaking rate."""
+"""How long each chunk's mel is (upstream's estimate from the reference's speaking rate), and
+whether the model's text positions cover it."""
 
 from __future__ import annotations
 
+from mizuoto.errors import InvalidRequest
 from mizuoto_f5tts.settings import F5Params
 from mizuoto_f5tts.variants import HOP_LENGTH, SAMPLE_RATE
 
@@ -28,3 +30,23 @@ def chunk_durations(ref_frames: int, prompt_text: str, chunks: list[str],
         speed = 0.3 if chunk_bytes < 10 else params.speed  # upstream: short text slowly
         durations.append(ref_frames + int(ref_frames / ref_bytes * chunk_bytes / speed))
     return durations
+
+
+# upstream CFM.sample's cap on frames
+MAX_DURATION = 65536
+
+
+def check_positions(backbone, text_len: int, cond_frames: int, duration: int, what: str) -> None:
+    """Refuse what upstream's DiT cannot run: more frames than its text position table."""
+    from mizuoto.nn.transformer import DiT
+
+    if not isinstance(backbone, DiT):
+        return  # UNetT clamps positions past its table, as upstream
+    limit = backbone.text_embed.max_positions
+    frames = min(max(max(text_len, cond_frames) + 1, duration), MAX_DURATION)
+    if frames > limit:
+        seconds = limit * HOP_LENGTH / SAMPLE_RATE
+        raise InvalidRequest(
+            "text", f"{what} needs {frames} frames (reference included), more than the "
+            f"{limit} ({seconds:.1f} s) this model's text positions cover",
+            "shorten the text or the reference, or raise params.speed")

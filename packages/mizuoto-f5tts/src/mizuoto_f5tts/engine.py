@@ -34,7 +34,7 @@ from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
-from mizuoto_f5tts.duration import chunk_durations
+from mizuoto_f5tts.duration import check_positions, chunk_durations
 from mizuoto_f5tts.joining import join_chunks
 from mizuoto_f5tts.settings import F5Options, F5Params
 from mizuoto_f5tts.text import to_tokens, token_ids
@@ -44,6 +44,7 @@ from mizuoto_f5tts.variants import (
     catalog_variant,
     variant_of_model,
 )
+from mizuoto_f5tts.vocoding import vocode
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,6 @@ DEFAULT_STEPS = 32
 DEFAULT_GUIDANCE = 2.0
 LICENSE = "CC-BY-NC-4.0"
 VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
-# Vocos tiles when decoding runs out of memory (frames; overlap frames shared by neighbours).
-TILE_FRAMES, TILE_OVERLAP = 256, 32
-_MAX_DURATION = 65536  # upstream CFM.sample's cap on frames
 _VOICE_TEXT = "reference_text"
 
 
@@ -212,7 +210,7 @@ class F5Engine(Engine):
                          for chunk in chunks]
         cond_frames = prepared.audio.shape[-1] // HOP_LENGTH + 1
         for index, (tokens, frames) in enumerate(zip(token_batches, durations, strict=True)):
-            self._check_positions(tokens.shape[-1], cond_frames, frames,
+            check_positions(self.model.transformer, tokens.shape[-1], cond_frames, frames,
                                   f"chunk {index + 1} of {len(chunks)}")
 
         generator = torch.Generator(device=self.model.device).manual_seed(seed)
@@ -229,7 +227,8 @@ class F5Engine(Engine):
             stage = f" (chunk {index + 1} of {len(chunks)})" if len(chunks) > 1 else ""
             check_finite(mel, f"f5tts sampler{stage}")
             mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
-            wave = self._vocode(mel, params, fallbacks)
+            wave = vocode(self.vocoder, mel, tiled=params.tiled_decode,
+                          oom_fallback=self._oom_fallback, fallbacks=fallbacks)
             check_finite(wave, f"f5tts vocoder{stage}")
             if prepared.raised:
                 wave = wave * prepared.rms / params.target_rms
@@ -266,45 +265,6 @@ class F5Engine(Engine):
                 f"give a time grid with repeated values in {dtype}",
                 "use fewer steps, params.sway_sampling_coef=None, or compute.dtype=float32")
 
-    def _check_positions(self, text_len: int, cond_frames: int, duration: int,
-                         what: str) -> None:
-        """Refuse what upstream's DiT cannot run: more frames than its text position table."""
-        from mizuoto.nn.transformer import DiT
-
-        backbone = self.model.transformer
-        if not isinstance(backbone, DiT):
-            return  # UNetT clamps positions past its table, as upstream
-        limit = backbone.text_embed.max_positions
-        frames = min(max(max(text_len, cond_frames) + 1, duration), _MAX_DURATION)
-        if frames > limit:
-            seconds = limit * HOP_LENGTH / SAMPLE_RATE
-            raise InvalidRequest(
-                "text", f"{what} needs {frames} frames (reference included), more than the "
-                f"{limit} ({seconds:.1f} s) this model's text positions cover",
-                "shorten the text or the reference, or raise params.speed")
-
-    def _vocode(self, mel: torch.Tensor, params: F5Params, fallbacks: list[str]) -> torch.Tensor:
-        from mizuoto.nn.dsp.tiles import decode_tiled
-
-        if params.tiled_decode:
-            return self._decode_tiled(mel, decode_tiled, fallbacks)
-        try:
-            return self.vocoder.decode(mel)
-        except torch.OutOfMemoryError:
-            if not self._oom_fallback:
-                raise
-            log.warning("Vocos ran out of memory on %d frames: decoding in tiles",
-                        mel.shape[-1])
-            if mel.is_cuda:
-                torch.cuda.empty_cache()
-            return self._decode_tiled(mel, decode_tiled, fallbacks)
-
-    def _decode_tiled(self, mel, decode_tiled, fallbacks: list[str]) -> torch.Tensor:
-        if "vocos_tiled" not in fallbacks:
-            fallbacks.append("vocos_tiled")
-        return decode_tiled(self.vocoder.decode, mel, tile=TILE_FRAMES, overlap=TILE_OVERLAP,
-                            hop=HOP_LENGTH)
-
     def _applied(self, seed: int, drawn: bool, steps: int, guidance: float, params: F5Params,
                  chunks: int, fallbacks: list[str], warnings: list[str], **extra) -> Applied:
         sampler = {"steps": steps, "guidance": guidance, "sway": params.sway_sampling_coef,
@@ -339,7 +299,8 @@ class F5Engine(Engine):
         original_mel = self.model.mel_spec(audio.to(self.model.device)).permute(0, 2, 1)
         plan = editing.plan_edit(original_mel, request.segments, params.edit_durations)
         tokens = token_ids(to_tokens(request.text), self.vocab)[None]
-        self._check_positions(tokens.shape[-1], plan.frames, plan.frames, "the edited recording")
+        check_positions(self.model.transformer, tokens.shape[-1], plan.frames, plan.frames,
+                        "the edited recording")
         generator = torch.Generator(device=self.model.device).manual_seed(seed)
         mel, _ = self.model.sample(
             plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
@@ -347,7 +308,9 @@ class F5Engine(Engine):
             method=params.method, generator=generator, edit_mask=plan.edit_mask,
             on_step=_on_step(progress))
         check_finite(mel, "f5tts sampler")
-        wave = self._vocode(mel.to(torch.float32).permute(0, 2, 1), params, fallbacks)
+        wave = vocode(self.vocoder, mel.to(torch.float32).permute(0, 2, 1),
+                      tiled=params.tiled_decode, oom_fallback=self._oom_fallback,
+                      fallbacks=fallbacks)
         check_finite(wave, "f5tts vocoder")
         if rms < params.target_rms:
             wave = wave * rms / params.target_rms
