@@ -176,6 +176,7 @@ CASES = [
     pytest.param("v1_base", {"epochs": 3, "grad_accumulation": 2, "batch_size": 250,
                              "stop_at": 2}, id="v1-frame-accum-resumed"),
     pytest.param("base", {"epochs": 3}, id="v0-frame", marks=SLOW),
+    pytest.param("base", {"checkpoint_format": "pt"}, id="v0-frame-pt-checkpoint", marks=SLOW),
     pytest.param("base", {"batch_size_type": "sample", "batch_size": 4, "grad_accumulation": 2,
                           "epochs": 3}, id="v0-sample-accum"),
     pytest.param("e2_base", {}, id="e2-frame", marks=SLOW),
@@ -188,8 +189,9 @@ def _case(root: Path, variant: str, overrides: dict) -> dict:
     settings = {**BASE, **overrides}
     case = {"variant": variant, "stop_at": settings.pop("stop_at", None),
             "size": settings.pop("size", "tiny"), "root": root}
-    case["model_dir"] = write_random_model_dir(root / "model", variant, size=case["size"],
-                                               seed=7)
+    case["model_dir"] = write_random_model_dir(
+        root / "model", variant, size=case["size"], seed=7,
+        checkpoint_format=settings.pop("checkpoint_format", "safetensors"))
     case["metadata"] = write_synthetic_dataset(root / "data", count=settings.pop("clips", 6),
                                                seed=3)
     case["settings"] = settings
