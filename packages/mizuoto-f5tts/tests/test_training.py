@@ -318,3 +318,44 @@ def test_resuming_with_other_settings_is_refused(tmp_path, model_dir, metadata):
                                     params={**PARAMS, "grad_accumulation": 2}))
     with pytest.raises(InvalidRequest, match="other settings"):
         trainer.train(other)
+
+
+_DDP_KILLED = """
+import os, signal, sys
+from mizuoto import TrainingConfig
+from mizuoto_f5tts.training import F5Trainer
+model_dir, metadata, output, kill_at = sys.argv[1:5]
+config = TrainingConfig(method="full", model=model_dir, dataset=metadata, output_dir=output,
+                        steps=100, learning_rate=1e-4, seed=5, save_every=2,
+                        params={params!r})
+def progress(p):  # only rank 0 reports progress
+    if p.stage == "train" and p.done == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+trainer = F5Trainer()
+trainer.train(trainer.prepare(config), progress=progress)
+"""
+
+
+@pytest.mark.realsize  # three two-process runs: out of CI's time budget
+def test_two_processes_resume_after_sigkill(tmp_path, model_dir, metadata):
+    params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(_DDP_KILLED).format(params=params))
+
+    def torchrun(output, kill_at):
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+             "2", str(script), str(model_dir), str(metadata), str(output), str(kill_at)],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+
+    assert torchrun(tmp_path / "run", 3).returncode != 0
+    assert load_run_state(tmp_path / "run" / CHECKPOINT)["position"]["update"] == 2
+    for output in (tmp_path / "run", tmp_path / "straight"):
+        done = torchrun(output, 0)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    a = load_run_state(tmp_path / "run" / CHECKPOINT)
+    b = load_run_state(tmp_path / "straight" / CHECKPOINT)
+    assert a["position"] == b["position"] and a["records"] == b["records"]
+    assert a["rank_rng"][1]["torch_rng"].equal(b["rank_rng"][1]["torch_rng"])
+    for part in ("model", "ema"):
+        assert all(torch.equal(a[part][k], v) for k, v in b[part].items()), part
