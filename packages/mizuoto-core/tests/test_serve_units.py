@@ -237,3 +237,23 @@ def test_memory_budget_sizes():
     for bad in ("lots", "0", "-1G", "inf"):
         with pytest.raises(errors.InvalidRequest):
             _size(bad)
+
+
+def test_aac_streams_in_adts_frames_that_join_into_the_whole_file():
+    import io
+
+    import av
+    import numpy as np
+
+    from mizuoto.serve.encoders import StreamEncoder, encode
+
+    samples = (0.1 * np.sin(np.arange(48000) / 10)).astype(np.float32)
+    whole = encode(samples, 24000, "aac")
+    encoder = StreamEncoder("aac", 24000)
+    parts = [encoder.feed(samples[:12000]), encoder.feed(samples[12000:]), encoder.close()]
+    assert parts[0] and b"".join(parts) == whole  # bytes before the end: streamable
+    assert whole[:2] == b"\xff\xf1"  # an ADTS sync word: MPEG-4 AAC, no CRC
+    with av.open(io.BytesIO(whole)) as container:
+        decoded = sum(frame.samples for frame in container.decode(audio=0))
+    assert abs(decoded - samples.size) <= 2048
+    assert StreamEncoder("aac", 22000).rate == 48000  # not an AAC rate: resampled

@@ -3,8 +3,8 @@ chunk, all through libsndfile (``soundfile``) and soxr, which core already depen
 
 Samples are quantized once, here, for the 16-bit formats: ``rint(clip(x, -1, 1) * 32767)``
 (:func:`to_int16`), so a client decoding WAV, FLAC or PCM gets exactly those integers.
-MP3 and Opus take the float samples. ``aac`` is refused: libsndfile has no AAC encoder and
-the only wheel that has one (PyAV) is about 70 MB of FFmpeg.
+MP3 and Opus take the float samples. AAC (in ADTS frames, streamable) comes from PyAV's FFmpeg
+(the ``serve`` extra installs it): libsndfile has no AAC encoder.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ MEDIA_TYPES = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",
+    "aac": "audio/aac",
 }
 #: The raw ``pcm`` format's rate: 16-bit little-endian mono at 24 kHz, as OpenAI clients assume.
 PCM_RATE = 24000
@@ -27,6 +28,8 @@ PCM_RATE = 24000
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 #: Rates an MPEG layer III stream can have; other rates are resampled to 48 kHz.
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+#: Rates an ADTS AAC stream can signal; other rates are resampled to 48 kHz.
+AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"),
               "opus": ("OGG", "OPUS")}
@@ -47,6 +50,8 @@ def output_rate(response_format: str, sample_rate: int) -> int:
     if response_format == "opus" and sample_rate not in OPUS_RATES:
         return 48000
     if response_format == "mp3" and sample_rate not in MP3_RATES:
+        return 48000
+    if response_format == "aac" and sample_rate not in AAC_RATES:
         return 48000
     return sample_rate
 
@@ -134,6 +139,38 @@ class _Resampler:
         return self._stream.resample_chunk(samples, last=last)
 
 
+class _AacWriter:
+    """AAC-LC in ADTS frames through PyAV: each encoded packet is a self-contained frame, so a
+    stream hands them out as they come (the encoder holds about two frames of lookahead)."""
+
+    def __init__(self, rate: int) -> None:
+        try:
+            import av
+        except ImportError:
+            raise RuntimeError("AAC needs PyAV: pip install 'mizuoto-core[serve]'") from None
+        self._av = av
+        self.sink = _Sink()
+        self._container = av.open(self.sink, "w", format="adts")
+        self._stream = self._container.add_stream("aac", rate=rate)
+        self._stream.layout = "mono"
+        self._rate = rate
+        self._pts = 0
+
+    def write(self, samples: np.ndarray) -> None:
+        frame = self._av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(samples, dtype=np.float32)[None], format="fltp", layout="mono")
+        frame.sample_rate = self._rate
+        frame.pts = self._pts
+        self._pts += samples.size
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def close(self) -> None:
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
+
+
 class StreamEncoder:
     """Encode audio chunk by chunk: :meth:`feed` returns the bytes ready so far, :meth:`close`
     the rest. Concatenated, they are a complete file of ``response_format``.
@@ -158,7 +195,10 @@ class StreamEncoder:
         self._sink = None
         self._hold_from = 0
         self._header_sent = False
-        if response_format in _SOUNDFILE:
+        if response_format == "aac":
+            self._file = _AacWriter(self.rate)
+            self._sink = self._file.sink
+        elif response_format in _SOUNDFILE:
             import soundfile as sf
 
             container, subtype = _SOUNDFILE[response_format]

@@ -36,7 +36,8 @@ from mizuoto.serve.worker import DONE, Job
 #: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
 MAX_INPUT_CHARS = 4096
 #: Response formats of OpenAI's spec this server does not encode.
-UNSUPPORTED_FORMATS = {"aac": "libsndfile has no AAC encoder"}
+#: Formats of the OpenAI spec this server cannot encode, with why (none at present).
+UNSUPPORTED_FORMATS: dict[str, str] = {}
 #: Header carrying the seed a response was generated with.
 SEED_HEADER = "X-Mizuoto-Seed"
 #: Header carrying what the server ignored or changed, ``; ``-separated.
