@@ -6,9 +6,10 @@
 Writes a random-init v1 Base model directory (``--size real``: the released architecture)
 and synthetic clips, then runs, each in its own subprocess with the same thread count:
 upstream's ``prepare_csv_wavs`` + ``Trainer`` (``tests/parity/f5_train_oracle.py``) and
-Mizuoto's `F5Trainer` at each ``training.memory`` level. Prints seconds per update (the
-training loop only, data preparation and model loading excluded), the ratio Mizuoto /
-upstream, the peak resident memory of each process, and checks that every run logged the same
+Mizuoto's `F5Trainer` at each ``training.memory`` level. Prints seconds per update: upstream's
+``Trainer.train`` call (loader start-up, loading the base weights, the updates, the last
+checkpoint) and Mizuoto's ``train`` call without building the model and loading its weights
+(upstream builds its model before), the ratio Mizuoto / upstream, the peak resident memory of each process, and checks that every run logged the same
 losses and learning rates. Never run in CI.
 """
 
@@ -62,9 +63,19 @@ def _child_ours(config_path: str, memory: str) -> dict:
                 "batch_frames": cfg["batch_size"], "max_samples": cfg["max_samples"]})
     trainer = F5Trainer()
     run = trainer.prepare(config)
+    build = trainer.build
+    built = []
+
+    def timed_build(*args, **kwargs):  # model construction: before upstream's Trainer.train
+        begin = time.perf_counter()
+        result = build(*args, **kwargs)
+        built.append(time.perf_counter() - begin)
+        return result
+
+    trainer.build = timed_build
     start = time.perf_counter()
     trainer.train(run)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - sum(built)
     records = [tuple(r) for r in load_run_state(output / CHECKPOINT)["records"]]
     return {"seconds": seconds, "records": records, "peak_mb": _peak_rss_mb()}
 
