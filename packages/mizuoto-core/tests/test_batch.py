@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,17 @@ def test_cli_batch_exit_code_says_whether_a_line_failed(tone_model, tmp_path):
     result = CliRunner().invoke(cli, [*args, "--format", "flac", str(mixed)], obj={})
     assert result.exit_code == 5 and "5 failed" in result.output
     assert (tmp_path / "out" / "a.flac").is_file()
+
+
+def test_a_local_ray_instance_keeps_its_files_outside_the_virtualenv(monkeypatch):
+    # nox sets TMPDIR inside its virtualenv; Ray's workers refuse that and die at start
+    import sys
+    import tempfile
+
+    from mizuoto.batch import ray as ray_backend
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(Path(sys.prefix) / "tmp"))
+    chosen = ray_backend._local_temp_dir()["_temp_dir"]
+    assert not Path(chosen).resolve().is_relative_to(Path(sys.prefix).resolve())
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: "/tmp")
+    assert ray_backend._local_temp_dir() == {}  # outside it: Ray's default is fine
