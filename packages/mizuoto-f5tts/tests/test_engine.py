@@ -4,37 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import soundfile
 import torch
 
 import mizuoto
-from mizuoto import Capability, EditRequest, Reference, SynthesisRequest
+from mizuoto import Capability, EditRequest, SynthesisRequest
 from mizuoto.errors import InvalidRequest, ModelFilesMissing, VoiceMismatch
 from mizuoto_f5tts import F5Engine
-from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.joining import join_chunks
 
 TEXT = "Hello there, this is a test."
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_random_model_dir(tmp_path_factory.mktemp("f5") / "v1", "v1_base", size="tiny")
-
-
-@pytest.fixture(scope="module")
-def engine(model_dir):
-    options = mizuoto.Options.from_mapping({"compute.device": "cpu", "compute.cpu_threads": 1})
-    return F5Engine.load(model_dir, options=options)
-
-
-@pytest.fixture(scope="module")
-def ref(tmp_path_factory):
-    t = np.arange(2 * 16000) / 16000
-    voice = (0.2 * np.sin(2 * np.pi * 150 * t) * (0.6 - 0.4 * np.cos(2 * np.pi * 3 * t)))
-    path = tmp_path_factory.mktemp("ref") / "ref.wav"
-    soundfile.write(path, voice.astype(np.float32), 16000, subtype="PCM_16")
-    return Reference(path, text="A short reference line.")
 
 
 def _request(ref, text=TEXT, **fields):

@@ -26,7 +26,6 @@ from mizuoto_contract.strategies import (
     reference_samples,
 )
 from mizuoto_f5tts import F5Engine
-from mizuoto_f5tts.fixtures import write_random_model_dir
 
 # Each example runs the model: a quarter of the profile's examples (ci: 10, fuzz: 200).
 ENGINE_RUNS = settings(max_examples=max(5, settings.default.max_examples // 4))
@@ -54,26 +53,6 @@ GUIDANCE = mostly(st.one_of(st.none(), st.floats(0, 100)), HOSTILE_NUMBERS)
 # Sorted, non-overlapping spans within (and a little past) the 2 s reference.
 SEGMENTS = st.lists(st.floats(0, 2.5), min_size=2, max_size=6, unique=True).map(
     lambda bounds: list(zip(sorted(bounds)[::2], sorted(bounds)[1::2], strict=False)))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_random_model_dir(tmp_path_factory.mktemp("f5") / "v1", "v1_base", size="tiny")
-
-
-@pytest.fixture(scope="module")
-def engine(model_dir):
-    options = mizuoto.Options.from_mapping({"compute.device": "cpu", "compute.cpu_threads": 1})
-    return F5Engine.load(model_dir, options=options)
-
-
-@pytest.fixture(scope="module")
-def ref(tmp_path_factory):
-    t = np.arange(2 * 16000) / 16000
-    voice = 0.2 * np.sin(2 * np.pi * 150 * t) * (0.6 - 0.4 * np.cos(2 * np.pi * 3 * t))
-    path = tmp_path_factory.mktemp("ref") / "ref.wav"
-    soundfile.write(path, voice.astype(np.float32), 16000, subtype="PCM_16")
-    return Reference(path, text="A short reference line.")
 
 
 @ENGINE_RUNS
