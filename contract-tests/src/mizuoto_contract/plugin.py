@@ -88,12 +88,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not params:
         # No selected model has what this test needs: deselect it (pytest would otherwise
         # report the empty parameter set as a skip).
-        metafunc.config.stash[_UNUSED].add(metafunc.definition.nodeid)
+        deselect(metafunc)
     if wants_lacking:
         metafunc.parametrize(("contract_model", "lacking_capability"), params, ids=ids,
                              indirect=["contract_model"])
     else:
         metafunc.parametrize("contract_model", params, ids=ids, indirect=True)
+
+
+def deselect(metafunc: pytest.Metafunc) -> None:
+    """Deselect every instance of the test being generated (nothing selected can run it):
+    reported as deselected, never as a skip."""
+    metafunc.config.stash[_UNUSED].add(metafunc.definition.nodeid)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
