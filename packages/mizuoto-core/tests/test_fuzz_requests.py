@@ -112,7 +112,7 @@ KEYS = st.sampled_from(["compute.device", "compute.dtype", "compute.compile",
                         "engines.f5tts.variant", "engines.voxcpm.dtype", "engines.fake.level",
                         "compute.nope", "other", "compute..device", ".", ""])
 VALUES = st.one_of(ANYTHING, st.sampled_from(["cpu", "cuda:1", "cuda:x", "cuda:99999", "auto:0",
-                                              "float16", "sdpa", "jemalloc"]),
+                                              "float16", "fast", "jemalloc"]),
                    st.dictionaries(st.text(max_size=6), ANYTHING, max_size=3))
 
 

@@ -21,7 +21,9 @@ from mizuoto.validation import parse_attrs
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-ATTENTION = ("auto", "sdpa", "math")
+# exact: the arithmetic of upstream (on GPU the whole static cache, as upstream attends);
+# fast: attend to the filled part of the cache only (or FlashAttention), not bit-identical
+ATTENTION = ("exact", "fast")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 MAX_CPU_THREADS = 1024
 MAX_DEVICE_INDEX = 1023
@@ -69,7 +71,8 @@ class ComputeOptions:
     cpu_threads: int | None = attrs.field(default=None, validator=_threads)
     cpu_allocator: str = attrs.field(default="default",
                                      validator=_choice("compute.cpu_allocator", ALLOCATORS))
-    attention: str = attrs.field(default="auto", validator=_choice("compute.attention", ATTENTION))
+    attention: str = attrs.field(default="exact",
+                                 validator=_choice("compute.attention", ATTENTION))
     cuda_graphs: bool = attrs.field(default=False, validator=_bool("compute.cuda_graphs"))
 
 
