@@ -382,7 +382,7 @@ def _advance(state: dict, written: int, chars: int, applied: Applied) -> dict:
         summary = attrs.asdict(applied, recurse=False)
         summary.update(seed=state["seed"], seed_drawn=state["seed_drawn"], retries=0, chunks=0,
                        fallbacks=[], warnings=[], sampler=dict(applied.sampler),
-                       extra=dict(applied.extra))
+                       compute=dict(applied.compute), extra=dict(applied.extra))
     summary["retries"] += applied.retries
     summary["chunks"] += applied.chunks
     for key in ("fallbacks", "warnings"):

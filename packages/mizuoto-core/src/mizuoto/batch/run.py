@@ -89,6 +89,7 @@ def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
         return {**record, "status": "error", "error": _error(exc)}
     applied = attrs.asdict(result.applied, recurse=False)
     applied.update(sampler=dict(result.applied.sampler), extra=dict(result.applied.extra),
+                   compute=dict(result.applied.compute),
                    fallbacks=list(result.applied.fallbacks),
                    warnings=list(result.applied.warnings))
     return {**record, "status": "ok", "path": path.name, "hash": key,

@@ -47,6 +47,10 @@ class Applied:
     license: str | None = None
     non_commercial: bool = False
     chunks: int = 1
+    #: the speed options in effect that the engine implements (``compile``, ``attention``,
+    #: ``cuda_graphs``, ``cpu_threads``, ``cpu_allocator``, ...): a result made with an option
+    #: that is not bit-identical to upstream (``compile``, ``attention=fast``) says so here
+    compute: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
 
 
