@@ -1,4 +1,4 @@
-"""Runtime helpers: devices, threads, compile fallback, weight-norm folding, checkpoints."""
+"""Runtime helpers: devices, threads, weight-norm folding, checkpoints (compile: test_compile.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from mizuoto.runtime.checkpoint import (
     load_into,
     load_state_dict_file,
 )
-from mizuoto.runtime.compile import maybe_compile
 from mizuoto.runtime.device import describe, half_precision_or_float32, select_device, select_dtype
 from mizuoto.runtime.seeds import keyed_generator
 from mizuoto.runtime.threads import apply_cpu_threads, check_cpu_allocator, loaded_allocator
@@ -79,48 +78,6 @@ def test_allocator_detection(tmp_path):
     assert "using tcmalloc" in check_cpu_allocator(ComputeOptions(cpu_allocator="jemalloc"),
                                                    maps=maps)
     assert loaded_allocator(tmp_path / "absent") is None
-
-
-# --- compile ------------------------------------------------------------------------------
-
-
-def _failing_backend(graph_module, example_inputs):
-    raise RuntimeError("no compiler here")
-
-
-def test_maybe_compile_disabled_and_eager_backend():
-    def double(x):
-        return x * 2
-
-    assert maybe_compile(double, False) == (double, None)
-    compiled, note = maybe_compile(double, True, backend="eager")
-    assert note is None
-    x = torch.arange(5.0)
-    assert torch.equal(compiled(x), x * 2)
-    assert compiled.compile_fallback_note is None
-
-
-def test_maybe_compile_falls_back_to_eager(caplog):
-    torch._dynamo.reset()
-    layer = nn.Linear(4, 3)
-    keys = list(layer.state_dict())
-    x = torch.randn(2, 4)
-    expected = layer(x)
-    compiled, note = maybe_compile(layer, True, backend=_failing_backend)
-    assert compiled is layer and note is None
-    with caplog.at_level("WARNING"):
-        assert torch.equal(compiled(x), expected)
-    assert "no compiler here" in layer.compile_fallback_note
-    assert "running eagerly" in caplog.text
-    assert torch.equal(compiled(x), expected)  # stays eager
-    assert list(layer.state_dict()) == keys
-
-
-def test_maybe_compile_raises_genuine_errors():
-    torch._dynamo.reset()
-    compiled, _ = maybe_compile(nn.Linear(4, 3), True, backend=_failing_backend)
-    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        compiled(torch.randn(2, 5))
 
 
 # --- weight norm --------------------------------------------------------------------------
@@ -212,7 +169,7 @@ def test_load_state_dict_file_errors(tmp_path):
 
 
 def test_pickles_are_loaded_weights_only(tmp_path):
-    torch.save({"weight": torch.zeros(1), "f": _failing_backend}, tmp_path / "code.pt")
+    torch.save({"weight": torch.zeros(1), "f": _model}, tmp_path / "code.pt")
     with pytest.raises(CheckpointMismatch, match="cannot read"):
         load_state_dict_file(tmp_path / "code.pt")
 
