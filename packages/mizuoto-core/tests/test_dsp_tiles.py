@@ -1,4 +1,5 @@
-"""Tiled decoding: exact for frame-local decoders, close for convolutional ones."""
+"""Tiled decoding: exact for frame-local decoders, close for convolutional ones; the
+out-of-memory fallback to tiles."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from mizuoto.nn.dsp.tiles import decode_tiled, iter_decoded_tiles
+from mizuoto.nn.dsp.tiles import decode_or_tile, decode_tiled, iter_decoded_tiles
+from mizuoto.runtime.out_of_memory import is_out_of_memory
 
 
 def _frames(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -72,3 +74,63 @@ def test_bad_arguments():
         decode_tiled(lambda t: t, frames, tile=100, overlap=60, hop=1)
     with pytest.raises(ValueError, match="hop=4"):
         decode_tiled(lambda t: t, frames, tile=100, overlap=10, hop=4)
+
+
+def _failing_above(limit: int, error: BaseException):
+    """A frame-local decoder that raises ``error`` on inputs longer than ``limit`` frames."""
+    calls = []
+
+    def decode(tile):
+        calls.append(tile.shape[-1])
+        if tile.shape[-1] > limit:
+            raise error
+        return tile.repeat_interleave(4, dim=-1)
+
+    return decode, calls
+
+
+@pytest.mark.parametrize("error", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                 "allocate memory: you tried to allocate 8589934592 bytes."),
+    RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB)"),
+])
+def test_out_of_memory_falls_back_to_tiles(error):
+    frames = _frames(1, 3, 600, seed=3)
+    decode, calls = _failing_above(256, error)
+    samples, tiled = decode_or_tile(decode, frames, tile=256, overlap=32, hop=4,
+                                    oom_fallback=True)
+    assert tiled and calls == [600, 256, 256, 152]
+    assert torch.equal(samples, frames.repeat_interleave(4, dim=-1))
+    with pytest.raises(type(error)) as raised:
+        decode_or_tile(decode, frames, tile=256, overlap=32, hop=4, oom_fallback=False)
+    assert raised.value is error
+
+
+def test_whole_decode_and_forced_tiles():
+    frames = _frames(1, 3, 300, seed=4)
+    decode, calls = _failing_above(300, torch.OutOfMemoryError("never raised"))
+    samples, tiled = decode_or_tile(decode, frames, tile=256, overlap=32, hop=4,
+                                    oom_fallback=True)
+    assert not tiled and calls == [300]
+    samples, tiled = decode_or_tile(decode, frames, tile=256, overlap=32, hop=4,
+                                    oom_fallback=False, force_tiles=True)
+    assert tiled and calls == [300, 256, 76]
+
+
+def test_other_errors_are_not_out_of_memory():
+    bad_shape = RuntimeError("Given groups=1, weight of size [8, 8, 7], expected input[1, 3, 9]")
+    decode, calls = _failing_above(0, bad_shape)
+    with pytest.raises(RuntimeError, match="groups=1"):
+        decode_or_tile(decode, _frames(1, 3, 600), tile=256, overlap=32, hop=4,
+                       oom_fallback=True)
+    assert calls == [600] and not is_out_of_memory(bad_shape)
+
+
+def test_a_failed_cpu_allocation_is_out_of_memory():
+    try:  # 1 PiB: more than any address space, refused at once (no memory is touched)
+        torch.empty(2**50, dtype=torch.uint8)
+    except RuntimeError as error:
+        assert is_out_of_memory(error), str(error)
+    else:
+        pytest.fail("a 1 PiB allocation succeeded")

@@ -4,6 +4,8 @@
   ``cpu_native_dtype`` and ``emulated_dtype_warning`` (bfloat16/float16 emulated on this CPU);
 - :mod:`~mizuoto.runtime.threads`: ``apply_cpu_threads``, ``check_cpu_allocator``;
 - :mod:`~mizuoto.runtime.compile`: ``maybe_compile`` (falls back to eager);
+- :mod:`~mizuoto.runtime.out_of_memory`: ``is_out_of_memory`` (CUDA, MPS and the CPU
+  allocator), ``release_cached_memory``;
 - :mod:`~mizuoto.runtime.weight_norm`: ``fold_weight_norm`` for state dicts;
 - :mod:`~mizuoto.runtime.checkpoint`: ``load_state_dict_file``, strict ``load_into``;
 - :mod:`~mizuoto.runtime.module_state`: ``kernel_state`` (what picks kernels, for parity tests);

@@ -4,6 +4,8 @@ A vocoder or codec decoder maps ``T`` frames to ``T * hop`` samples; run on a lo
 once its activations grow with ``T``. Here the frames are cut into tiles of ``tile`` frames,
 neighbours sharing ``overlap`` frames, each tile is decoded on its own and the pieces are
 joined, so the decoder never holds more than one tile (DAC decodes long audio the same way).
+:func:`decode_or_tile` decodes the whole input at once and falls back to tiles when that runs
+out of memory: the engines' ``compute.oom_fallback``.
 
 Crossfade placement: tile ``k + 1`` starts ``tile - overlap`` frames after tile ``k``, so
 both decode the ``overlap`` shared frames. Near its own edge a tile is spoilt by the
@@ -18,12 +20,48 @@ agree: a decoder without context across frames gives bit-identical output tiled 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 
+log = logging.getLogger(__name__)
+
 Decode = Callable[[Tensor], Tensor]
+
+
+def decode_or_tile(
+    decode: Decode,
+    frames: Tensor,
+    *,
+    tile: int,
+    overlap: int,
+    hop: int,
+    oom_fallback: bool,
+    force_tiles: bool = False,
+) -> tuple[Tensor, bool]:
+    """``decode(frames)`` in one call, or in tiles (:func:`decode_tiled`) when ``force_tiles``
+    or when the one call runs out of memory and ``oom_fallback`` is on.
+
+    Returns the samples and whether they were decoded in tiles. Without ``oom_fallback`` the
+    out-of-memory error propagates unchanged (``torch.OutOfMemoryError`` on CUDA, the
+    allocator's ``RuntimeError`` on the CPU), as does any other error.
+    """
+    from mizuoto.runtime.out_of_memory import is_out_of_memory, release_cached_memory
+
+    if not force_tiles:
+        try:
+            return decode(frames), False
+        except RuntimeError as error:  # torch.OutOfMemoryError is one
+            if not (oom_fallback and is_out_of_memory(error)):
+                raise
+            log.warning("decoding %d frames at once ran out of memory: decoding in tiles of %d "
+                        "frames sharing %d", frames.shape[-1], tile, overlap)
+        # out of the except block: the failed call's activations, held by the traceback, are
+        # freed before the tiles are decoded
+        release_cached_memory(frames.device)
+    return decode_tiled(decode, frames, tile=tile, overlap=overlap, hop=hop), True
 
 
 def iter_decoded_tiles(
