@@ -38,6 +38,7 @@ VALID_PARAMS = st.fixed_dictionaries({"max_len": st.integers(1, 4)}, optional={
     "reference_prefix": st.booleans(),
     "split_text": st.booleans(),
     "chunk_tokens": st.integers(1, 400),
+    "tiled_decode": st.booleans(),
 })
 HOSTILE_PARAMS = st.dictionaries(
     st.sampled_from(["inference_timesteps", "cfg_value", "min_len", "max_len", "normalize",

@@ -1,6 +1,9 @@
 """Latent patches to waveform: whole utterances and per-patch streaming, per generation.
 
 The VAE always runs in float32 (latents are cast from the model dtype first, as upstream).
+A whole utterance that runs out of memory in the VAE is decoded in tiles of
+``VAE_TILE_FRAMES`` latent frames (``compute.oom_fallback``); a stream decodes one patch at a
+time and needs no fallback.
 """
 
 from __future__ import annotations
@@ -10,9 +13,26 @@ from contextlib import contextmanager
 
 import torch
 
+from mizuoto.nn.dsp.tiles import decode_or_tile
+
 # The first generation decodes the last three patches for each streamed segment and, without
 # streaming, drops two patches of prompt context whenever there is prompt audio.
 V1_STREAM_WINDOW = 3
+# Latent frames per tile of the out-of-memory fallback: 10.24 s (all generations: 25 Hz).
+VAE_TILE_FRAMES = 256
+# what Applied.fallbacks lists when an utterance was decoded in tiles
+VAE_TILED = "vae_tiled"
+
+
+def vae_tile_overlap(vae) -> int:
+    """Latent frames shared by neighbouring tiles: four times the decoder's receptive field.
+
+    The crossfade (``mizuoto.nn.dsp.tiles``) takes the first quarter of the shared frames from
+    the earlier tile and blends from there on; both decoders are causal, so a later tile's
+    samples are exact (up to rounding) once it has decoded ``decoder_receptive_field`` frames
+    (19 to 21 for the released strides: overlaps of 76 to 84 frames).
+    """
+    return min(4 * vae.decoder_receptive_field, VAE_TILE_FRAMES // 2)
 
 
 def patches_to_latents(patches: torch.Tensor) -> torch.Tensor:
@@ -22,10 +42,21 @@ def patches_to_latents(patches: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool,
-                     patch_size: int) -> torch.Tensor:
-    """Decode context + new patches; drop the context's audio. Returns ``(samples,)`` float32."""
-    audio = vae.decode(patches_to_latents(patches).to(_device(vae)))
+def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool, patch_size: int,
+                     fallbacks: list[str], oom_fallback: bool = True,
+                     tiled: bool = False) -> torch.Tensor:
+    """Decode context + new patches; drop the context's audio. Returns ``(samples,)`` float32.
+
+    In tiles (``vae_tile_overlap``) when ``tiled`` or, with ``oom_fallback``, when the whole
+    utterance runs out of memory; then ``"vae_tiled"`` is added to ``fallbacks``. Without
+    ``oom_fallback`` the out-of-memory error propagates unchanged.
+    """
+    audio, in_tiles = decode_or_tile(
+        vae.decode, patches_to_latents(patches).to(_device(vae)), tile=VAE_TILE_FRAMES,
+        overlap=vae_tile_overlap(vae), hop=vae.decode_hop_length, oom_fallback=oom_fallback,
+        force_tiles=tiled)
+    if in_tiles and VAE_TILED not in fallbacks:
+        fallbacks.append(VAE_TILED)
     if v2:
         # VoxCPM2 drops exactly the decoded context patches (the prompt's last min(3, n))
         drop = patch_size * vae.decode_hop_length * context

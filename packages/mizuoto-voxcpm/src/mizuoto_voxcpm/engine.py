@@ -96,6 +96,7 @@ class VoxCPMParams:
     reference voice and as a continuation prompt; ``False`` uses it as a continuation prompt only.
     ``split_text`` splits the text at sentence ends into chunks of at most ``chunk_tokens`` text
     tokens (always done when the text would not fit the model's context).
+    ``tiled_decode`` forces the AudioVAE tile decoding used as the out-of-memory fallback.
     Ranges: ``inference_timesteps`` [1, 1000], ``cfg_value`` [0, 100] (finite), ``min_len``
     [0, 65536], ``max_len`` and ``chunk_tokens`` [1, 65536], ``retry_badcase_max_times``
     [1, 100], ``retry_badcase_ratio_threshold`` [0, 100] (finite).
@@ -116,6 +117,7 @@ class VoxCPMParams:
     split_text: bool = attrs.field(default=False, validator=_flag("split_text"))
     chunk_tokens: int = attrs.field(default=300,
                                     validator=_integer("chunk_tokens", 1, MAX_PATCHES))
+    tiled_decode: bool = attrs.field(default=False, validator=_flag("tiled_decode"))
 
 
 def _dtype_option(instance, attribute, value):
@@ -159,10 +161,11 @@ class VoxCPMEngine(Engine):
     name = "voxcpm"
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
+    compute_options = Engine.compute_options | {"oom_fallback"}
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
                  tokenizer: VoxCPMTokenizer, info: ModelInfo,
-                 load_warnings: tuple[str, ...] = ()) -> None:
+                 load_warnings: tuple[str, ...] = (), oom_fallback: bool = True) -> None:
         self.model_dir = model_dir
         self.config = config
         self.model = model
@@ -171,6 +174,7 @@ class VoxCPMEngine(Engine):
         self._info = info
         self._base_info = info
         self._load_warnings = load_warnings
+        self._oom_fallback = oom_fallback
         self._lora: AttachedLoRA | None = None
 
     # -- loading ------------------------------------------------------------------------
@@ -238,7 +242,8 @@ class VoxCPMEngine(Engine):
         log.info("loaded VoxCPM %s from %s (%s, %s)", config.architecture, model_dir,
                  info.dtype, info.device)
         engine = cls(model_dir=model_dir, config=config, model=model, vae=vae,
-                     tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else ())
+                     tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else (),
+                     oom_fallback=options.compute.oom_fallback)
         if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
             engine.set_lora(model_dir)
         return engine
@@ -368,7 +373,8 @@ class VoxCPMEngine(Engine):
         return build_sequence(ids, prompt, patch_size=self.config.patch_size,
                               feat_dim=self.config.feat_dim)
 
-    def _applied(self, plan: _Plan, *, retries: int, patches: int, streamed: bool) -> Applied:
+    def _applied(self, plan: _Plan, *, retries: int, patches: int, streamed: bool,
+                 fallbacks: tuple[str, ...] = ()) -> Applied:
         mode = plan.prompt.mode if plan.prompt is not None else "zero_shot"
         return Applied(
             engine=self.name,
@@ -382,9 +388,11 @@ class VoxCPMEngine(Engine):
                      "sway_sampling": 1.0, "min_len": plan.sampling.min_len,
                      "max_len": plan.sampling.max_patches},
             retries=retries,
+            fallbacks=fallbacks,
             warnings=self._load_warnings + plan.warnings,
             license=LICENSE,
             chunks=len(plan.chunks),
+            compute={"oom_fallback": self._oom_fallback},
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
                    "lora": self._lora.path if self._lora else None},
@@ -402,7 +410,7 @@ class VoxCPMEngine(Engine):
     def synthesize(self, request: SynthesisRequest, *,
                    progress: ProgressCallback | None = None) -> SynthesisResult:
         plan = self._plan(request)
-        pieces, retries, patches = [], 0, 0
+        pieces, retries, patches, fallbacks = [], 0, 0, []
         for index, target in enumerate(plan.chunks):
             run = self._chunk_run(plan, index, target)
             params, cap = plan.params, run.sampling.max_patches
@@ -421,11 +429,13 @@ class VoxCPMEngine(Engine):
             report(progress, "decoding", index, len(plan.chunks))
             pieces.append(decode_utterance(self.vae, result.patches, context=result.context,
                                            v2=self.config.is_v2,
-                                           patch_size=self.config.patch_size))
+                                           patch_size=self.config.patch_size,
+                                           fallbacks=fallbacks, oom_fallback=self._oom_fallback,
+                                           tiled=params.tiled_decode))
             check_finite(pieces[-1], f"voxcpm audio VAE{part}")
         audio = Audio(torch.cat(pieces), self.info.sample_rate)
         return SynthesisResult(audio, self._applied(plan, retries=retries, patches=patches,
-                                                    streamed=False))
+                                                    streamed=False, fallbacks=tuple(fallbacks)))
 
     def stream(self, request: SynthesisRequest, *,
                progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:

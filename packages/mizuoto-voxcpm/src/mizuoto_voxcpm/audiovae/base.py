@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto_voxcpm.audiovae.blocks import CausalEncoder
+from mizuoto_voxcpm.audiovae.blocks import CausalEncoder, earliest_input
 
 
 def pad_to_hop(audio: torch.Tensor, hop_length: int) -> torch.Tensor:
@@ -61,6 +61,12 @@ class AudioVAEBase(nn.Module):
     @property
     def decode_hop_length(self) -> int:
         return self.config.decode_hop_length
+
+    @property
+    def decoder_receptive_field(self) -> int:
+        """How many latent frames before a frame reach its samples through the decoder (the
+        decoder is causal: no later frame does). 19 to 21 for the released strides."""
+        return -earliest_input(self.decoder.model, 0)
 
     def encode(self, audio: torch.Tensor, sample_rate: int | None = None) -> torch.Tensor:
         """Latent means ``(B, latent_dim, ceil(T / hop_length))`` of ``(B, T)`` or ``(B, 1, T)``.

@@ -22,6 +22,7 @@ __all__ = [
     "CausalResidualUnit",
     "NoiseBlock",
     "decoder_input_layers",
+    "earliest_input",
     "run_layers",
 ]
 
@@ -173,6 +174,25 @@ def decoder_input_layers(
         nn.Tanh(),
     ]
     return layers
+
+
+def earliest_input(layers: Iterable[nn.Module], index: int) -> int:
+    """The earliest input position that output position ``index`` of ``layers`` (applied in
+    order, causal) depends on; the latest is ``index`` itself, scaled by the strides.
+
+    Walks the layers backwards: a causal convolution reaches ``left_pad`` positions back, a
+    transposed one (kernel ``k``, stride ``s``) maps output ``t`` to input
+    ``ceil((t - k + 1) / s)``, a residual unit reaches as far as its branch. Every other layer
+    (Snake, tanh, the noise and sample-rate blocks' 1x1 convolutions) is pointwise in time.
+    """
+    for layer in reversed(list(layers)):
+        if isinstance(layer, CausalConvTranspose1d):
+            index = -((layer.kernel_size[0] - 1 - index) // layer.stride[0])
+        elif isinstance(layer, CausalConv1d):
+            index -= layer.left_pad
+        elif isinstance(layer, (CausalResidualUnit, CausalDecoderBlock)):
+            index = earliest_input(layer.block, index)
+    return index
 
 
 _STREAMED = (CausalConv1d, CausalConvTranspose1d, CausalResidualUnit, CausalDecoderBlock)
