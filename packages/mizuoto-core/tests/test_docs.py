@@ -35,7 +35,7 @@ def _documented_hooks() -> dict[str, str]:
 
 
 def test_there_are_hookspecs_to_check():
-    assert len(_hookspecs()) == 5
+    assert len(_hookspecs()) == 6
 
 
 @pytest.mark.parametrize("name", sorted(_hookspecs()))

@@ -53,7 +53,8 @@ def test_listing_commands_import_no_torch(tmp_path):
     found = _heavy_modules_after("""
         from click.testing import CliRunner
         from mizuoto.cli import cli
-        for args in (["--help"], ["plugins"], ["models"], ["random-model", "--help"]):
+        for args in (["--help"], ["plugins"], ["models"], ["random-model", "--help"],
+                     ["bench", "--help"]):
             result = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
             assert result.exit_code == 0, (args, result.output)
             print(result.output)

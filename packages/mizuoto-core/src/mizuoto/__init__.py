@@ -26,6 +26,7 @@ from mizuoto.contracts import (
     Trainer,
     TrainingConfig,
     TrainingResult,
+    UpstreamBaseline,
     Voice,
 )
 from mizuoto.errors import MizuotoError
@@ -57,6 +58,7 @@ __all__ = [
     "Trainer",
     "TrainingConfig",
     "TrainingResult",
+    "UpstreamBaseline",
     "Voice",
     "hookimpl",
     "load",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from mizuoto.benchmarking.command import bench, bench_run
 from mizuoto.errors import InvalidRequest, MizuotoError
 
 log = logging.getLogger("mizuoto")
@@ -441,9 +442,9 @@ class _FixtureListCommand(click.Command):
     """Lists the installed contract fixtures at the end of its ``--help``."""
 
     def format_epilog(self, ctx, formatter):
-        from mizuoto.registry import contract_fixtures
+        from mizuoto.registry import random_models
 
-        fixtures = contract_fixtures()
+        fixtures = random_models()
         with formatter.section("Fixtures"):
             if not fixtures:
                 formatter.write_text("none: no engine plugin is installed")
@@ -512,9 +513,9 @@ def random_model(fixture, directory):
     that plugin authors, tests and offline demos can run the whole synthesis path without any
     download. The installed fixtures are listed below.
     """
-    from mizuoto.registry import contract_fixtures
+    from mizuoto.registry import random_models
 
-    fixtures = contract_fixtures()
+    fixtures = random_models()
     if fixture not in fixtures:
         known = ", ".join(sorted(fixtures)) or "none (no engine installed)"
         raise InvalidRequest("FIXTURE", f"unknown fixture {fixture!r}", f"known: {known}")
@@ -598,6 +599,10 @@ def _size(text):
     if not 0 < value < float("inf"):
         raise InvalidRequest("--memory-budget", f"{text!r} must be a positive size")
     return int(value * unit)
+
+
+cli.add_command(bench)
+cli.add_command(bench_run)
 
 
 def main() -> None:

@@ -31,5 +31,10 @@ def register_contract_fixtures(register):
 
 
 @hookspec
+def register_upstream_baselines(register):
+    """Register the upstream packages engines reproduce: ``register(UpstreamBaseline(...))``."""
+
+
+@hookspec
 def register_commands(cli):
     """Add commands to the ``mizuoto`` command line: ``@cli.command()`` or ``cli.add_command``."""

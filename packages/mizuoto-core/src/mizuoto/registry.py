@@ -1,4 +1,5 @@
-"""What the loaded plugins registered: engines, trainers, catalog entries, contract fixtures.
+"""What the loaded plugins registered: engines, trainers, catalog entries, contract fixtures,
+upstream baselines.
 
 Engines are kept as :class:`~mizuoto.contracts.engine_ref.EngineRef`: listing them
 (:func:`engine_refs`) imports no engine module; :func:`get_engine` and :func:`engines` do.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from mizuoto.catalog import CatalogEntry
+from mizuoto.contracts.baselines import UpstreamBaseline
 from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.engine_ref import EngineRef
 from mizuoto.contracts.fixtures import ContractFixture
@@ -66,12 +68,29 @@ def catalog() -> dict[str, CatalogEntry]:
 
 
 @functools.cache
-def contract_fixtures() -> dict[str, ContractFixture]:
+def random_models() -> dict[str, ContractFixture]:
+    """Every random-init model recipe, real-size ones included (``mizuoto random-model``,
+    ``mizuoto bench random:ID``)."""
     return _collect(pm.hook.register_contract_fixtures, lambda f: f.id, "contract fixture")
 
 
+@functools.cache
+def contract_fixtures() -> dict[str, ContractFixture]:
+    """The small recipes the contract suite runs: real-size ones (minutes per request) left
+    out."""
+    return {key: fixture for key, fixture in random_models().items() if not fixture.realsize}
+
+
+@functools.cache
+def upstream_baselines() -> dict[str, UpstreamBaseline]:
+    """The upstream package each engine reproduces, by engine name (``mizuoto bench
+    --against-upstream``); nothing is imported."""
+    return _collect(pm.hook.register_upstream_baselines, lambda b: b.engine, "upstream baseline")
+
+
 def clear_cache() -> None:
-    for function in (engine_refs, engines, trainers, catalog, contract_fixtures):
+    for function in (engine_refs, engines, trainers, catalog, random_models, contract_fixtures,
+                     upstream_baselines):
         function.cache_clear()
 
 

@@ -1,4 +1,5 @@
-"""The F5-TTS plugin: the engine, its trainer, its catalog entries and its contract fixtures.
+"""The F5-TTS plugin: the engine, its trainer, its catalog entries, its contract fixtures and
+its upstream baseline (f5-tts, for ``mizuoto bench --against-upstream``).
 
 Nothing here imports torch: the engine is registered by location and imported when a model is
 loaded, so that ``mizuoto plugins`` and ``mizuoto models`` answer at once.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from mizuoto import Capability, ContractFixture, EngineRef, hookimpl
+from mizuoto import Capability, ContractFixture, EngineRef, UpstreamBaseline, hookimpl
 
 # Few sampling steps keep contract requests fast on tiny models; the duration stays upstream's
 # estimate, so outputs are as long as a real request's (a short fix_duration would cut them to
@@ -43,10 +44,10 @@ def register_models(register):
         register(entry)
 
 
-def _write_tiny(variant: str, directory) -> None:
+def _write_random(variant: str, size: str, directory) -> None:
     from mizuoto_f5tts.fixtures import write_random_model_dir
 
-    write_random_model_dir(directory, variant, size="tiny", seed=0)
+    write_random_model_dir(directory, variant, size=size, seed=0)
 
 
 @hookimpl
@@ -55,6 +56,20 @@ def register_contract_fixtures(register):
                            ("e2_base", "E2-TTS Base")):
         register(ContractFixture(
             engine="f5tts", name=f"tiny-{variant.replace('_', '-')}",
-            make=partial(_write_tiny, variant), request_params=_FAST, steps=_FAST_STEPS,
-            needs_reference_text=True,
+            make=partial(_write_random, variant, "tiny"), request_params=_FAST,
+            steps=_FAST_STEPS, needs_reference_text=True,
             description=f"{label} architecture at dim 64, random weights, tiny Vocos"))
+        # the released sizes, for benchmarks (`mizuoto bench random:f5tts/realsize-v1-base`)
+        register(ContractFixture(
+            engine="f5tts", name=f"realsize-{variant.replace('_', '-')}",
+            make=partial(_write_random, variant, "real"), needs_reference_text=True,
+            realsize=True,
+            description=f"{label} at its released size (dim 1024), random weights"))
+
+
+@hookimpl
+def register_upstream_baselines(register):
+    register(UpstreamBaseline(
+        engine="f5tts", distribution="f5-tts",
+        driver="mizuoto_f5tts.benchmarking.upstream:F5Upstream",
+        description="upstream f5-tts through load_model and infer_process"))

@@ -1,4 +1,5 @@
-"""The VoxCPM plugin: engine, trainer, catalog entries and contract fixtures.
+"""The VoxCPM plugin: engine, trainer, catalog entries, contract fixtures and the upstream
+baseline (voxcpm, for ``mizuoto bench --against-upstream``).
 
 Nothing here imports torch: the engine is registered by location and imported when a model is
 loaded, so that ``mizuoto plugins`` and ``mizuoto models`` answer at once.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from mizuoto import Capability, ContractFixture, EngineRef, hookimpl
+from mizuoto import Capability, ContractFixture, EngineRef, UpstreamBaseline, hookimpl
 
 # few steps and patches: contract requests stay fast on random weights
 _FAST = {"inference_timesteps": 2, "max_len": 4, "min_len": 1, "retry_badcase": False}
@@ -42,10 +43,15 @@ def register_models(register):
         register(entry)
 
 
-def _write(directory, generation: str) -> None:
+# the random real-size models never stop (stop="never"): a fixed number of patches, as the
+# benchmarks have always measured, and no retry
+_REALSIZE = {"max_len": 20, "retry_badcase": False}
+
+
+def _write(directory, generation: str, size: str = "tiny") -> None:
     from mizuoto_voxcpm.fixtures import write_random_model
 
-    write_random_model(directory, generation)
+    write_random_model(directory, generation, size=size)
 
 
 @hookimpl
@@ -63,3 +69,21 @@ def register_contract_fixtures(register):
             needs_reference_text=text_needed,
             description=f"random-init {generation} with a few tiny layers (audio is noise)",
         ))
+        register(ContractFixture(
+            engine="voxcpm",
+            name=name.replace("tiny", "realsize"),
+            make=partial(_write, generation=generation, size="realsize"),
+            request_params=_REALSIZE,
+            needs_reference_text=text_needed,
+            realsize=True,
+            description=f"random-init {generation} at its released sizes, never stops: "
+                        f"{_REALSIZE['max_len']} patches",
+        ))
+
+
+@hookimpl
+def register_upstream_baselines(register):
+    register(UpstreamBaseline(
+        engine="voxcpm", distribution="voxcpm",
+        driver="mizuoto_voxcpm.benchmarking.upstream:VoxCPMUpstream",
+        description="upstream voxcpm through voxcpm.core.VoxCPM (no denoiser, no compile)"))

@@ -1,6 +1,7 @@
 """The public contracts every engine and trainer implements, and the objects they exchange."""
 
 from mizuoto.contracts.audio import Audio
+from mizuoto.contracts.baselines import UpstreamBaseline
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.engine_ref import EngineRef
@@ -29,5 +30,6 @@ __all__ = [
     "Trainer",
     "TrainingConfig",
     "TrainingResult",
+    "UpstreamBaseline",
     "Voice",
 ]

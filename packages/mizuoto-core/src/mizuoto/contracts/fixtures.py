@@ -22,6 +22,9 @@ class ContractFixture:
     does not normalise); the suite otherwise fails audio that peaks over 1.0 or is clipped.
     ``random_init`` says the weights are random (the audio is noise, not speech); a fixture
     that writes a real, deterministic model (a rule-based engine) sets it to False.
+    ``realsize`` marks a recipe at the released architecture's sizes, for benchmarks
+    (``mizuoto bench random:ID``) and ``mizuoto random-model``: the contract suite leaves it
+    out (:func:`mizuoto.registry.contract_fixtures`), its requests take minutes.
     """
 
     engine: str
@@ -35,6 +38,7 @@ class ContractFixture:
     description: str = ""
     may_exceed_full_scale: bool = False
     random_init: bool = True
+    realsize: bool = False
 
     @property
     def id(self) -> str:

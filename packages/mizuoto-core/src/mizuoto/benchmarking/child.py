@@ -1,0 +1,149 @@
+"""The measurement inside one benchmark child process (``mizuoto bench-run``, hidden).
+
+A fresh interpreter per measurement: loading, caches, the allocator and peak memory start from
+nothing, as a user's first request does. Times are wall clock (``time.perf_counter``) with the
+process's CPU time beside them (steadier on a shared machine); importing the engine or the
+upstream package (torch with it) is timed apart from loading the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mizuoto.benchmarking.spec import RunSpec
+
+#: What each measurement reports (docs/performance.md, "mizuoto bench").
+FIELDS = ("side", "import_s", "load_s", "load_cpu_s", "request_s", "request_cpu_s",
+          "warm_request_s", "first_audio_s", "audio_s", "rtf", "sample_rate", "samples",
+          "chunks", "audio_sha256", "same_audio_every_request", "peak_rss_mb", "peak_gpu_mb",
+          "threads", "device", "dtype", "compute", "upstream_version")
+
+
+class _Side:
+    """A loaded model on one side: its sample rate and how to send it a request."""
+
+    def __init__(self, sample_rate: int, synthesize: Callable, stream: Callable,
+                 describe: Callable[[], dict[str, Any]]) -> None:
+        self.sample_rate = sample_rate
+        self.synthesize = synthesize  # request -> mono float32 samples
+        self.stream = stream  # request -> iterator of mono float32 samples
+        self.describe = describe  # () -> device, dtype, compute after the last request
+
+
+def _load_mizuoto(spec: RunSpec, options, imported: Callable[[], None]) -> _Side:
+    import mizuoto
+    from mizuoto.registry import get_engine
+
+    get_engine(spec.engine)  # the engine module, torch with it
+    imported()
+    tts = mizuoto.load(spec.model, engine=spec.engine, options=options)
+    last: dict[str, Any] = {}
+
+    def synthesize(request):
+        result = tts.synthesize(request)
+        last["applied"] = result.applied
+        return result.audio.numpy()
+
+    def stream(request) -> Iterator:
+        for chunk in tts.stream(request):
+            if chunk.applied is not None:
+                last["applied"] = chunk.applied
+            yield chunk.audio.numpy()
+
+    def describe() -> dict[str, Any]:
+        applied = last.get("applied")
+        return {"device": tts.info.device, "dtype": tts.info.dtype,
+                "compute": dict(applied.compute) if applied is not None else {},
+                "upstream_version": None}
+
+    return _Side(tts.info.sample_rate, synthesize, stream, describe)
+
+
+def _load_upstream(spec: RunSpec, options, imported: Callable[[], None]) -> _Side:
+    from mizuoto.registry import upstream_baselines
+
+    baseline = upstream_baselines()[spec.engine]
+    driver_class = baseline.load_driver()  # the upstream package, torch with it
+    imported()
+    from mizuoto.runtime.device import select_device
+    from mizuoto.runtime.threads import apply_cpu_threads
+
+    apply_cpu_threads(options.compute)
+    device = str(select_device(options.compute))  # where Mizuoto's base configuration runs
+    driver = driver_class.load(Path(spec.model_dir), device=device)
+    version = importlib.metadata.version(baseline.distribution)
+
+    def describe() -> dict[str, Any]:
+        return {"device": device, "dtype": None, "compute": {}, "upstream_version": version}
+
+    return _Side(driver.sample_rate, driver.synthesize, driver.stream, describe)
+
+
+def _request(side: _Side, request, stream: bool) -> dict[str, Any]:
+    import numpy as np
+
+    start, start_cpu = time.perf_counter(), time.process_time()
+    first = None
+    pieces = []
+    for piece in side.stream(request) if stream else iter((side.synthesize(request),)):
+        if first is None:
+            first = time.perf_counter() - start
+        pieces.append(np.asarray(piece, dtype=np.float32))
+    done, done_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    return {"request_s": done, "request_cpu_s": done_cpu,
+            "first_audio_s": first if stream else None, "samples": int(audio.size),
+            "chunks": [int(p.size) for p in pieces] if stream else None,
+            "audio_sha256": hashlib.sha256(np.ascontiguousarray(audio, "<f4").tobytes())
+            .hexdigest()}
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024  # bytes / KiB
+
+
+def _peak_gpu_mb() -> float | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.max_memory_allocated() / (1 << 20)
+
+
+def measure(spec: RunSpec, options) -> dict[str, Any]:
+    """Import, load, send the request ``spec.requests`` times; every field of :data:`FIELDS`.
+
+    ``options`` are Mizuoto's parsed options for this configuration (on the upstream side:
+    the base configuration's, for the device and the thread count)."""
+    load = _load_mizuoto if spec.side == "mizuoto" else _load_upstream
+    marks = [(time.perf_counter(), time.process_time())]
+    side = load(spec, options, lambda: marks.append((time.perf_counter(), time.process_time())))
+    marks.append((time.perf_counter(), time.process_time()))
+    (start, _), (imported, imported_cpu), (loaded, loaded_cpu) = marks
+    request = spec.request()
+    requests = [_request(side, request, spec.stream) for _ in range(spec.requests)]
+    first = requests[0]
+    torch = sys.modules["torch"]
+    audio_s = first["samples"] / side.sample_rate
+    return {
+        "side": spec.side, "import_s": imported - start, "load_s": loaded - imported,
+        "load_cpu_s": loaded_cpu - imported_cpu,
+        "request_s": first["request_s"], "request_cpu_s": first["request_cpu_s"],
+        "warm_request_s": statistics.median(r["request_s"] for r in requests[1:])
+        if len(requests) > 1 else None,
+        "first_audio_s": first["first_audio_s"], "audio_s": audio_s,
+        "rtf": first["request_s"] / audio_s if audio_s else None,
+        "sample_rate": side.sample_rate, "samples": first["samples"], "chunks": first["chunks"],
+        "audio_sha256": first["audio_sha256"],
+        "same_audio_every_request": len({r["audio_sha256"] for r in requests}) == 1,
+        "peak_rss_mb": _peak_rss_mb(), "peak_gpu_mb": _peak_gpu_mb(),
+        "threads": torch.get_num_threads(), **side.describe(),
+    }
