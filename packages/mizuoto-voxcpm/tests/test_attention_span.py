@@ -22,12 +22,17 @@ def _config(hidden: int, head_dim: int) -> TransformerConfig:
         dim_model_base=256)
 
 
+def _filled(span: int, position: int) -> torch.Tensor:
+    return (torch.arange(span) <= position).view(1, 1, 1, -1)
+
+
 POSITIONS = (0, 1, 100, 255, 256, 257, 511, 700, 1023, 2000, 3000, 4095)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("hidden", "head_dim", "max_length"),
                          [(1024, 64, 4096), (2048, 128, 8192)])
+@torch.inference_mode()  # as generation runs
 def test_span_is_bit_exact(hidden, head_dim, max_length, dtype):
     config = _config(hidden, head_dim)
     torch.manual_seed(0)
@@ -46,8 +51,11 @@ def test_span_is_bit_exact(hidden, head_dim, max_length, dtype):
         rope = (cos, torch.randn(1, head_dim, generator=generator))
         span = cache.attend_span(position)
         assert span % ATTEND_SPAN_MULTIPLE == 0 and span > position
-        short = attention.step(hidden_state, rope, position, span, cache.layer(0))
-        full = attention.step(hidden_state, rope, position, max_length, cache.layer(0))
+        index = torch.tensor([position])
+        short = attention.step(hidden_state, rope, index, span, _filled(span, position),
+                               cache.layer(0))
+        full = attention.step(hidden_state, rope, index, max_length,
+                              _filled(max_length, position), cache.layer(0))
         if not torch.equal(short, full):
             mismatches.append(position)
     assert mismatches == []

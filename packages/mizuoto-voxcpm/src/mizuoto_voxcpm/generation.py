@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import attrs
 import torch
@@ -18,6 +17,7 @@ import torch
 from mizuoto.errors import InvalidRequest
 from mizuoto_voxcpm.minicpm4 import CacheFull
 from mizuoto_voxcpm.model import VoxCPMModel
+from mizuoto_voxcpm.patch_decoder import PatchBuffers, decode_patch
 from mizuoto_voxcpm.tokenizer import (
     AUDIO_START_TOKEN_ID,
     REF_AUDIO_END_TOKEN_ID,
@@ -138,6 +138,9 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
 
     The stop head reads the LM state the patch was sampled from, so whether a patch is the last
     is known as soon as it is sampled: a stream marks its last chunk without holding one back.
+    Each patch (:func:`~mizuoto_voxcpm.patch_decoder.decode_patch`, or its CUDA graph) steps
+    the LMs before its stop flag is read, the one wait for the device per patch; a step after
+    the last patch is discarded.
     """
     device, dtype = model.device, model.dtype
     feats = sequence.feats.to(device).to(dtype)
@@ -148,33 +151,31 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
     except CacheFull as exc:
         raise InvalidRequest("text", str(exc), "shorten the text or the prompt audio") from exc
     generator = torch.Generator(device=device).manual_seed(seed)
-    previous = feats[:, -1]
-    shape = (1, model.feat_dim, model.patch_size)
+    graphs = model.patch_graphs
+    buffers = graphs.buffers if graphs is not None else PatchBuffers.allocate(model)
+    buffers.start(lm_hidden, residual_hidden, feats[:, -1])
     for index in range(sampling.max_patches):
-        noise = torch.randn(shape, generator=generator, device=device, dtype=dtype)
-        patch = model.sample(lm_hidden, residual_hidden, previous, noise, steps=sampling.steps,
-                             guidance=sampling.guidance)
-        previous = patch
-        stopped = index > sampling.min_len and model.stops(lm_hidden)
+        room = model.has_room
+        if graphs is not None and room:
+            patch = graphs.decode_patch(steps=sampling.steps, guidance=sampling.guidance,
+                                        generator=generator)
+        else:
+            patch = decode_patch(model, buffers, steps=sampling.steps,
+                                 guidance=sampling.guidance, generator=generator,
+                                 step_lms=room)
+        # before min_len the stop head cannot end speech: no need to wait for its flag
+        stopped = index > sampling.min_len and bool(buffers.stop.item())
         capped = index == sampling.max_patches - 1
-        if capped and not stopped:
-            # upstream runs one more (unused) LM step here; only its cache check matters
-            with _cache_full_is_max_len():
-                model.check_room()
+        if not room and not stopped:
+            # upstream's LM step after this patch would find the cache full (also on the
+            # last patch of the cap: upstream still steps there)
+            raise InvalidRequest("max_len", str(model.cache_full()),
+                                 "lower max_len or shorten the text")
+        if stopped and room:
+            model.rewind()
         yield patch, stopped or capped
         if stopped or capped:
             return
-        with _cache_full_is_max_len():
-            embed = model.encode_patches(patch.unsqueeze(1))[:, 0]
-            lm_hidden, residual_hidden = model.advance(embed)
-
-
-@contextmanager
-def _cache_full_is_max_len() -> Iterator[None]:
-    try:
-        yield
-    except CacheFull as exc:
-        raise InvalidRequest("max_len", str(exc), "lower max_len or shorten the text") from exc
 
 
 @attrs.frozen

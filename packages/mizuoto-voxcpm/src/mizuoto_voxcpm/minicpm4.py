@@ -18,7 +18,11 @@ from mizuoto_voxcpm.config import TransformerConfig
 # On CPU a decoding step attends over the cache only up to the next multiple of this past the
 # current length; the masked tail contributes exact zeros, so the bits equal attending over the
 # whole cache as upstream does (proven at the real shapes in tests/test_attention_span.py).
+# On CUDA only the whole cache is bit-identical to upstream (the kernels split the reduction by
+# length), so there ``attention="exact"`` attends over all of it and ``"fast"`` over the filled
+# part only.
 ATTEND_SPAN_MULTIPLE = 256
+ATTENTION_MODES = ("exact", "fast")
 
 
 class CacheFull(RuntimeError):
@@ -84,7 +88,9 @@ class LongRoPE(nn.Module):
             setattr(self, name, table.to(dtype))
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos_cached[positions], self.sin_cached[positions]
+        # index_select, not advanced indexing: the same rows, and capturable in a CUDA graph
+        return self.cos_cached.index_select(0, positions), \
+            self.sin_cached.index_select(0, positions)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -103,14 +109,24 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
 
 
 class KVCache:
-    """A static key/value cache: ``(2, layers, batch, kv_heads, max_length, head_dim)``."""
+    """A static key/value cache: ``(2, layers, batch, kv_heads, max_length, head_dim)``.
+
+    The next position is kept twice: ``length`` on the host (to check room and pick the attention
+    span) and ``position`` on the device (a one-element tensor that steps read and advance
+    themselves, so a step can be replayed as a CUDA graph).
+    """
 
     def __init__(self, config: TransformerConfig, max_length: int, *, batch_size: int = 1,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 attention: str = "exact") -> None:
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
         self.max_length = max_length
+        self.attention = attention
         self.tensor = torch.zeros(2, config.num_hidden_layers, batch_size,
                                   config.num_key_value_heads, max_length, config.head_dim,
                                   device=device, dtype=dtype)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.length = 0
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,20 +139,35 @@ class KVCache:
             raise CacheFull(f"the prompt is {length} positions long but the model's context "
                             f"(max_length) holds {self.max_length}")
         self.length = length
+        self.position.fill_(length)
         self.tensor.zero_()
         for index, (key, value) in enumerate(pairs):
             self.tensor[0, index, :, :, :length] = key
             self.tensor[1, index, :, :, :length] = value
 
+    @property
+    def has_room(self) -> bool:
+        return self.length < self.max_length
+
     def next_position(self) -> int:
-        if self.length >= self.max_length:
+        """Claim the next position on the host; the step advances ``position`` itself."""
+        if not self.has_room:
             raise CacheFull(f"the model's context (max_length {self.max_length}) is full")
         position = self.length
         self.length += 1
         return position
 
+    def rewind(self) -> None:
+        """Discard the last step (its keys and values stay behind the mask until overwritten)."""
+        if self.length == 0:
+            raise ValueError("nothing to rewind: the cache is empty")
+        self.length -= 1
+        self.position.sub_(1)
+
     def attend_span(self, position: int) -> int:
         """How many cache positions a step at ``position`` attends over."""
+        if self.attention == "fast":
+            return position + 1
         if self.tensor.device.type != "cpu":
             return self.max_length
         span = (position // ATTEND_SPAN_MULTIPLE + 1) * ATTEND_SPAN_MULTIPLE
@@ -174,14 +205,17 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).contiguous().reshape(batch, length, -1)
         return self.o_proj(out), (k, v)
 
-    def step(self, hidden: torch.Tensor, rope, position: int, span: int,
-             cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def step(self, hidden: torch.Tensor, rope, position: torch.Tensor, span: int,
+             mask: torch.Tensor | None, cache: tuple[torch.Tensor, torch.Tensor]
+             ) -> torch.Tensor:
+        """One position against the cache: ``position`` is a one-element device tensor,
+        ``span`` how many cache positions to attend over, ``mask`` which of them are filled
+        (``None`` when all are)."""
         batch = hidden.size(0)
         q, k, v = self._project(hidden, 1, rope)
         key_cache, value_cache = cache
-        key_cache[:, :, position] = k[:, :, 0]
-        value_cache[:, :, position] = v[:, :, 0]
-        mask = (torch.arange(span, device=key_cache.device) <= position).view(1, 1, 1, -1)
+        key_cache.index_copy_(2, position, k)
+        value_cache.index_copy_(2, position, v)
         out = F.scaled_dot_product_attention(
             q.contiguous(), key_cache[:, :, :span].contiguous(),
             value_cache[:, :, :span].contiguous(), attn_mask=mask, enable_gqa=True)
@@ -222,8 +256,10 @@ class DecoderLayer(nn.Module):
         hidden = self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
         return hidden, kv
 
-    def step(self, hidden: torch.Tensor, rope, position: int, span: int, cache) -> torch.Tensor:
-        update = self.self_attn.step(self.input_layernorm(hidden), rope, position, span, cache)
+    def step(self, hidden: torch.Tensor, rope, position: torch.Tensor, span: int,
+             mask: torch.Tensor | None, cache) -> torch.Tensor:
+        update = self.self_attn.step(self.input_layernorm(hidden), rope, position, span, mask,
+                                     cache)
         hidden = self._add(hidden, update)
         return self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
 
@@ -254,13 +290,21 @@ class MiniCPM4(nn.Module):
         return self.norm(hidden), pairs
 
     def step(self, embed: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Decode one position (``embed``: ``(batch, hidden)``) against ``cache``."""
-        position = cache.next_position()
-        span = cache.attend_span(position)
+        """Decode one position (``embed``: ``(batch, hidden)``) against ``cache``.
+
+        Reads and advances ``cache.position`` on the device (no host value enters the tensors
+        but the span), so the step can be captured in a CUDA graph.
+        """
+        span = cache.attend_span(cache.next_position())
+        position = cache.position
         rope = None
         if self.rope_emb is not None:
-            rope = self.rope_emb(torch.tensor([position], device=embed.device))
+            rope = self.rope_emb(position)
+        mask = None
+        if cache.attention == "exact":
+            mask = (torch.arange(span, device=embed.device) <= position).view(1, 1, 1, -1)
         hidden = embed
         for index, layer in enumerate(self.layers):
-            hidden = layer.step(hidden, rope, position, span, cache.layer(index))
+            hidden = layer.step(hidden, rope, position, span, mask, cache.layer(index))
+        position.add_(1)
         return self.norm(hidden)

@@ -81,6 +81,8 @@ class VoxCPMModel(nn.Module):
         self.scale_emb = lm.scale_emb if lm.use_mup else 1.0
         self.lm_cache: KVCache | None = None
         self.residual_cache: KVCache | None = None
+        #: CUDA graphs of one patch (``compute.cuda_graphs``), set by the engine
+        self.patch_graphs = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -90,11 +92,23 @@ class VoxCPMModel(nn.Module):
     def device(self) -> torch.device:
         return self.stop_head.weight.device
 
-    def allocate_caches(self) -> None:
-        """Static caches of ``max_length`` positions, allocated once and reused per request."""
-        kwargs = dict(device=self.device, dtype=self.dtype)
+    def allocate_caches(self, attention: str = "exact") -> None:
+        """Static caches of ``max_length`` positions, allocated once and reused per request.
+
+        ``attention``: ``exact`` (upstream's bits) or ``fast`` (the filled part of the cache
+        only; see :data:`~mizuoto_voxcpm.minicpm4.ATTENTION_MODES`).
+        """
+        kwargs = dict(device=self.device, dtype=self.dtype, attention=attention)
         self.lm_cache = KVCache(self.base_lm.config, self.config.max_length, **kwargs)
         self.residual_cache = KVCache(self.residual_lm.config, self.config.max_length, **kwargs)
+        self.patch_graphs = None  # graphs capture the caches' memory: they go with them
+
+    def _apply(self, fn, recurse=True):
+        # moving or casting the model leaves the caches (and any CUDA graph over them) behind
+        moved = super()._apply(fn, recurse)
+        if self.lm_cache is not None:
+            self.allocate_caches(self.lm_cache.attention)
+        return moved
 
     # -- the pieces of one generation ------------------------------------------------------
 
@@ -141,9 +155,11 @@ class VoxCPMModel(nn.Module):
                                   steps=steps, guidance=guidance)
         return patch.transpose(1, 2)
 
-    def stops(self, lm_hidden: torch.Tensor) -> bool:
+    def stop_flag(self, lm_hidden: torch.Tensor) -> torch.Tensor:
+        """Whether the stop head ends speech at this LM state: ``(b,)`` bool, on the device
+        (reading it is the host's only wait per patch)."""
         logits = self.stop_head(F.silu(self.stop_proj(lm_hidden)))
-        return int(logits.argmax(dim=-1)[0].item()) == 1
+        return logits.argmax(dim=-1) == 1
 
     def advance(self, patch_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed one generated patch (``(b, hidden)``) to both LMs; return their new states."""
@@ -151,10 +167,18 @@ class VoxCPMModel(nn.Module):
         residual_in = self._residual_input(lm_hidden, patch_embed)
         return lm_hidden, self.residual_lm.step(residual_in, self.residual_cache)
 
-    def check_room(self) -> None:
-        """Raise where upstream's (skipped) last LM step would find the cache full."""
-        if self.lm_cache.length >= self.lm_cache.max_length:
-            raise CacheFull(f"the model's context (max_length {self.lm_cache.max_length}) is full")
+    @property
+    def has_room(self) -> bool:
+        """Whether both LMs can take another step."""
+        return self.lm_cache.has_room and self.residual_cache.has_room
+
+    def rewind(self) -> None:
+        """Discard the last :meth:`advance` (a step taken before the stop flag was read)."""
+        self.lm_cache.rewind()
+        self.residual_cache.rewind()
+
+    def cache_full(self) -> CacheFull:
+        return CacheFull(f"the model's context (max_length {self.lm_cache.max_length}) is full")
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""One patch of VoxCPM generation on fixed tensors, with one wait for the device per patch.
+
+A patch is: the local DiT's guided Euler steps from fresh noise, the stop head on the LM state
+the patch was sampled from, the local encoder on the new patch and one step of each LM. All of
+it reads and writes the same :class:`PatchBuffers` every patch, so it can also be replayed as a
+CUDA graph (:mod:`mizuoto_voxcpm.patch_graphs`).
+
+Upstream reads the stop flag (``.cpu().item()``) before stepping the LMs and creates each
+step's position tensor on the host (two more transfers). Here the LMs step before the flag is
+read, and reading it is the only time the host waits: when it says stop, that step is
+discarded (:meth:`VoxCPMModel.rewind`; its keys and values stay behind the attention mask until
+the next prefill overwrites them). The values are the same either way: the extra step feeds
+nothing that was already decided.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from mizuoto_voxcpm.model import VoxCPMModel
+
+
+@attrs.define
+class PatchBuffers:
+    """The fixed tensors one patch reads and writes (each patch overwrites them in place)."""
+
+    lm_hidden: torch.Tensor  # (1, hidden): the LM state the next patch is sampled from
+    residual_hidden: torch.Tensor  # (1, hidden)
+    previous: torch.Tensor  # (1, patch_size, feat_dim): the DiT's prefix condition
+    patch: torch.Tensor  # (1, patch_size, feat_dim): the patch just sampled
+    stop: torch.Tensor  # (1,) bool: the stop head's verdict on the state ``patch`` came from
+
+    @classmethod
+    def allocate(cls, model: VoxCPMModel) -> PatchBuffers:
+        hidden = model.config.lm.hidden_size
+        kwargs = dict(device=model.device, dtype=model.dtype)
+        return cls(lm_hidden=torch.zeros(1, hidden, **kwargs),
+                   residual_hidden=torch.zeros(1, hidden, **kwargs),
+                   previous=torch.zeros(1, model.patch_size, model.feat_dim, **kwargs),
+                   patch=torch.zeros(1, model.patch_size, model.feat_dim, **kwargs),
+                   stop=torch.zeros(1, dtype=torch.bool, device=model.device))
+
+    def start(self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor,
+              previous: torch.Tensor) -> None:
+        """Load the prefill's last states and the prompt's last patch."""
+        self.lm_hidden.copy_(lm_hidden)
+        self.residual_hidden.copy_(residual_hidden)
+        self.previous.copy_(previous)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.lm_hidden, self.residual_hidden, self.previous, self.patch, self.stop)
+
+
+def noise_shape(model: VoxCPMModel) -> tuple[int, int, int]:
+    return (1, model.feat_dim, model.patch_size)
+
+
+def decode_patch(model: VoxCPMModel, buffers: PatchBuffers, *, steps: int, guidance: float,
+                 generator: torch.Generator, step_lms: bool = True) -> torch.Tensor:
+    """Sample one patch into ``buffers`` and (``step_lms``) feed it to both LMs; return it.
+
+    Nothing here waits for the device: no ``.item()``, no host tensors. The noise is one
+    ``randn`` in the model dtype from ``generator``, as upstream's single draw per patch.
+    """
+    noise = torch.randn(noise_shape(model), generator=generator, device=model.device,
+                        dtype=model.dtype)
+    patch = model.sample(buffers.lm_hidden, buffers.residual_hidden, buffers.previous, noise,
+                         steps=steps, guidance=guidance)
+    buffers.stop.copy_(model.stop_flag(buffers.lm_hidden))
+    buffers.patch.copy_(patch)
+    buffers.previous.copy_(patch)
+    if step_lms:
+        embed = model.encode_patches(patch.unsqueeze(1))[:, 0]
+        lm_hidden, residual_hidden = model.advance(embed)
+        buffers.lm_hidden.copy_(lm_hidden)
+        buffers.residual_hidden.copy_(residual_hidden)
+    return patch
