@@ -23,6 +23,7 @@ from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult, chec
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import CheckpointMismatch, InvalidOption, InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
+from mizuoto.runtime.compile import Compilation, compile_module
 from mizuoto.runtime.device import (
     dtype_name,
     emulated_dtype_warning,
@@ -161,11 +162,12 @@ class VoxCPMEngine(Engine):
     name = "voxcpm"
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
-    compute_options = Engine.compute_options | {"oom_fallback"}
+    compute_options = Engine.compute_options | {"oom_fallback", "compile"}
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
                  tokenizer: VoxCPMTokenizer, info: ModelInfo,
-                 load_warnings: tuple[str, ...] = (), oom_fallback: bool = True) -> None:
+                 load_warnings: tuple[str, ...] = (), oom_fallback: bool = True,
+                 compilation: Compilation | None = None) -> None:
         self.model_dir = model_dir
         self.config = config
         self.model = model
@@ -175,6 +177,7 @@ class VoxCPMEngine(Engine):
         self._base_info = info
         self._load_warnings = load_warnings
         self._oom_fallback = oom_fallback
+        self._compilation = compilation or Compilation(False)
         self._lora: AttachedLoRA | None = None
 
     # -- loading ------------------------------------------------------------------------
@@ -211,6 +214,10 @@ class VoxCPMEngine(Engine):
             log.warning("%s", slow)
         report(progress, "load", 0, 3, "language model")
         model = load_model(model_dir, config, dtype=dtype, device=device)
+        # the local DiT only, as upstream's optimize() (which compiles the LMs too, on CUDA
+        # only); its shapes are fixed per model, so no dynamic shapes. A LoRA attached later
+        # replaces layers inside it: dynamo's guards see that and recompile
+        compilation = compile_module(model.feat_decoder.estimator, options.compute.compile)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(
             {"architecture": config.architecture, "audio_vae_config": config.audio_vae})
@@ -243,7 +250,7 @@ class VoxCPMEngine(Engine):
                  info.dtype, info.device)
         engine = cls(model_dir=model_dir, config=config, model=model, vae=vae,
                      tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else (),
-                     oom_fallback=options.compute.oom_fallback)
+                     oom_fallback=options.compute.oom_fallback, compilation=compilation)
         if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
             engine.set_lora(model_dir)
         return engine
@@ -388,11 +395,12 @@ class VoxCPMEngine(Engine):
                      "sway_sampling": 1.0, "min_len": plan.sampling.min_len,
                      "max_len": plan.sampling.max_patches},
             retries=retries,
-            fallbacks=fallbacks,
+            fallbacks=fallbacks + self._compilation.fallbacks,
             warnings=self._load_warnings + plan.warnings,
             license=LICENSE,
             chunks=len(plan.chunks),
-            compute={"oom_fallback": self._oom_fallback},
+            compute={"oom_fallback": self._oom_fallback,
+                     "compile": self._compilation.active},
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
                    "lora": self._lora.path if self._lora else None},
