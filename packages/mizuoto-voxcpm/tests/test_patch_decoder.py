@@ -1,0 +1,104 @@
+"""The patch decoder: one wait for the device per patch, the speculative LM step rewound, the
+cache's device position kept with its host length, and what CUDA graphs refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mizuoto_voxcpm.engine import VoxCPMEngine
+from mizuoto_voxcpm.fixtures import write_random_model
+from mizuoto_voxcpm.generation import Sampling, build_sequence, generate_patches
+from mizuoto_voxcpm.minicpm4 import KVCache
+from mizuoto_voxcpm.patch_graphs import PatchGraphs
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "v1": VoxCPMEngine.load(write_random_model(root / "v1", "voxcpm-0.5b")),
+        "v2": VoxCPMEngine.load(write_random_model(root / "v2", "voxcpm2", dtype="float32")),
+        "v1-stop": VoxCPMEngine.load(write_random_model(root / "v1s", "voxcpm-0.5b",
+                                                        stop="always")),
+        "v2-stop": VoxCPMEngine.load(write_random_model(root / "v2s", "voxcpm2",
+                                                        stop="always")),
+    }
+
+
+def _sequence(engine, text="hello world"):
+    config = engine.config
+    return build_sequence(engine.tokenizer.encode(text), None, patch_size=config.patch_size,
+                          feat_dim=config.feat_dim)
+
+
+class _CountingItem:
+    """Counts ``Tensor.item`` calls: each is the host waiting for the device."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = torch.Tensor.item
+
+        def item(tensor):
+            self.calls += 1
+            return original(tensor)
+
+        monkeypatch.setattr(torch.Tensor, "item", item)
+
+
+@pytest.mark.parametrize("name", ["v1", "v2"])
+def test_one_wait_per_patch(engines, monkeypatch, name):
+    engine = engines[name]
+    counter = _CountingItem(monkeypatch)
+    sequence = _sequence(engine)
+    sampling = Sampling(steps=2, guidance=2.0, min_len=2, max_patches=7)
+    patches = list(generate_patches(engine.model, sequence, sampling, seed=3))
+    assert len(patches) == 7
+    # patches 0..min_len cannot stop: their flag is not read at all; each later one once
+    assert counter.calls == len(patches) - (sampling.min_len + 1)
+
+
+@pytest.mark.parametrize("name", ["v1", "v2"])
+def test_speculative_step_after_the_last_patch_is_rewound(engines, name):
+    engine = engines[f"{name}-stop"]  # a stop head that fires at every state
+    model = engine.model
+    sequence = _sequence(engine)
+    sampling = Sampling(steps=2, guidance=2.0, min_len=1, max_patches=50)
+    patches = list(generate_patches(model, sequence, sampling, seed=3))
+    # the stop head fires at the first patch past min_len; the LMs stepped after every patch
+    # but the last, as upstream steps them
+    assert len(patches) == sampling.min_len + 2
+    assert [last for _, last in patches] == [False] * (len(patches) - 1) + [True]
+    prefill = sequence.tokens.size(1)
+    for cache in (model.lm_cache, model.residual_cache):
+        assert cache.length == prefill + len(patches) - 1
+        assert int(cache.position) == cache.length
+
+
+def test_cache_position_follows_the_host_length(engines):
+    cache = engines["v1"].model.lm_cache
+    config = engines["v1"].model.base_lm.config
+    scratch = KVCache(config, 8)
+    assert int(scratch.position) == scratch.length == 0
+    scratch.fill([(torch.zeros(1, config.num_key_value_heads, 3, config.head_dim),) * 2]
+                 * config.num_hidden_layers)
+    assert int(scratch.position) == scratch.length == 3
+    scratch.next_position()
+    scratch.position.add_(1)  # what a step does on the device
+    scratch.rewind()
+    assert int(scratch.position) == scratch.length == 3
+    assert cache.attention == "exact"
+
+
+def test_fast_attention_spans_the_filled_part_only(engines):
+    config = engines["v1"].model.base_lm.config
+    exact, fast = KVCache(config, 600), KVCache(config, 600, attention="fast")
+    assert [exact.attend_span(p) for p in (0, 300, 599)] == [256, 512, 600]
+    assert [fast.attend_span(p) for p in (0, 300, 599)] == [1, 301, 600]
+    with pytest.raises(ValueError, match="attention"):
+        KVCache(config, 8, attention="flash")
+
+
+def test_graphs_need_a_cuda_model(engines):
+    with pytest.raises(ValueError, match="CUDA"):
+        PatchGraphs(engines["v1"].model)
