@@ -108,7 +108,7 @@ def test_reference_with_any_source(audio):
 
 KEYS = st.sampled_from(["compute.device", "compute.dtype", "compute.compile",
                         "compute.oom_fallback", "compute.cpu_threads", "compute.cpu_allocator",
-                        "compute.attention", "compute.cuda_graphs", "compute", "engines",
+                        "compute.cpu_pinning", "compute.attention", "compute.cuda_graphs", "compute", "engines",
                         "engines.f5tts.variant", "engines.voxcpm.dtype", "engines.fake.level",
                         "compute.nope", "other", "compute..device", ".", ""])
 VALUES = st.one_of(ANYTHING, st.sampled_from(["cpu", "cuda:1", "cuda:x", "cuda:99999", "auto:0",

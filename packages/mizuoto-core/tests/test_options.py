@@ -49,6 +49,7 @@ def test_device_may_name_an_index():
     ({"compute.cpu_threads": 1.5}, "compute.cpu_threads"),
     ({"compute.attention": "flash"}, "compute.attention"),
     ({"compute.cpu_allocator": "mimalloc"}, "compute.cpu_allocator"),
+    ({"compute.cpu_pinning": "close"}, "compute.cpu_pinning"),
     ({"compute": "cpu"}, "compute"),
     ({"engines": "f5tts"}, "engines"),
     ({"engines.f5tts": 3}, "engines.f5tts"),

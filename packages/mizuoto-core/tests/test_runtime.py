@@ -18,7 +18,7 @@ from mizuoto.runtime.checkpoint import (
 )
 from mizuoto.runtime.device import describe, half_precision_or_float32, select_device, select_dtype
 from mizuoto.runtime.seeds import keyed_generator
-from mizuoto.runtime.threads import apply_cpu_threads, check_cpu_allocator, loaded_allocator
+from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto.runtime.weight_norm import fold_weight_norm
 
 # --- device and dtype ---------------------------------------------------------------------
@@ -52,7 +52,7 @@ def test_describe():
     assert describe(torch.device("mps")) == "mps"
 
 
-# --- threads and allocator ----------------------------------------------------------------
+# --- threads (the allocator and pinning: test_cpu_startup.py) ----------------------------
 
 
 def test_apply_cpu_threads_sets_and_reports():
@@ -63,21 +63,6 @@ def test_apply_cpu_threads_sets_and_reports():
         assert apply_cpu_threads(ComputeOptions()) == 1  # None leaves it alone
     finally:
         torch.set_num_threads(before)
-
-
-def test_allocator_detection(tmp_path):
-    maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
-    assert loaded_allocator(maps) is None
-    assert check_cpu_allocator(ComputeOptions(), maps=maps) is None
-    warning = check_cpu_allocator(ComputeOptions(cpu_allocator="jemalloc"), maps=maps)
-    assert "libjemalloc" in warning and "LD_PRELOAD" in warning
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libtcmalloc_minimal.so.4\n")
-    assert loaded_allocator(maps) == "tcmalloc"
-    assert check_cpu_allocator(ComputeOptions(cpu_allocator="tcmalloc"), maps=maps) is None
-    assert "using tcmalloc" in check_cpu_allocator(ComputeOptions(cpu_allocator="jemalloc"),
-                                                   maps=maps)
-    assert loaded_allocator(tmp_path / "absent") is None
 
 
 # --- weight norm --------------------------------------------------------------------------

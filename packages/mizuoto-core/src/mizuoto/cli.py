@@ -213,7 +213,20 @@ def _options(option_file, option_pairs):
     options = Options.from_toml(option_file) if option_file else Options()
     options = options.with_overrides(option_pairs) if option_pairs else options
     validate_engine_options(options)  # a typo in engines.<name>.* fails before any loading
+    _start_with(options.compute)
     return options
+
+
+def _start_with(compute):
+    """Restart the command with the allocator preloaded and the threads bound, when
+    ``compute`` asks for them, before torch is imported and the model loads. Only the command
+    itself restarts (``main``): a caller invoking ``cli`` in its own process gets the load's
+    error saying how to start with them."""
+    from mizuoto.runtime.startup import restart, startup_environment
+
+    environment = startup_environment(compute)
+    if environment is not None and click.get_current_context().obj.get("may_restart"):
+        restart(environment)
 
 
 def _params(pairs):
@@ -400,8 +413,18 @@ def _report(applied, output, quiet):
         drawn = " (drawn)" if applied.seed_drawn else ""
         click.echo(f"Wrote {output}  seed={applied.seed}{drawn}  dtype={applied.dtype}  "
                    f"device={applied.device}" + (f"  retries={applied.retries}" if applied.retries else "")
-                   + (f"  fallbacks={','.join(applied.fallbacks)}" if applied.fallbacks else ""),
-                   err=True)
+                   + (f"  fallbacks={','.join(applied.fallbacks)}" if applied.fallbacks else "")
+                   + _compute_report(applied.compute), err=True)
+
+
+def _compute_report(compute) -> str:
+    """The compute settings in effect that differ from the defaults (the thread count always):
+    ``  cpu_threads=2  cpu_allocator=jemalloc``."""
+    from mizuoto.options import ComputeOptions
+
+    defaults = ComputeOptions()
+    return "".join(f"  {key}={value}" for key, value in compute.items()
+                   if getattr(defaults, key, None) != value)
 
 
 cli.add_command(say, name="synth")
@@ -485,6 +508,13 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
                    {key: value for key, value in defaults.items() if value not in (None, {})})
     options = _options(options_file, option_pairs)
     actors = ray_actors if ray_address else workers
+    if options.compute.cpu_pinning and (actors > 1 or ray_address):
+        from mizuoto.errors import InvalidOption
+
+        # each worker would bind its threads to the same first cores of the machine
+        raise InvalidOption("compute.cpu_pinning", "binds a process's threads to the first "
+                            "cores: several batch workers would all share them; leave it off "
+                            "with --workers or --ray")
     loader = ModelLoader(model, engine, options, workers=actors)
     records = None
     if ray_address:
@@ -606,7 +636,7 @@ cli.add_command(bench_run)
 
 
 def main() -> None:
-    cli(obj={})
+    cli(obj={"may_restart": True})
 
 
 if __name__ == "__main__":

@@ -71,6 +71,8 @@ class ComputeOptions:
     cpu_threads: int | None = attrs.field(default=None, validator=_threads)
     cpu_allocator: str = attrs.field(default="default",
                                      validator=_choice("compute.cpu_allocator", ALLOCATORS))
+    # bind torch's threads to cores (OMP_PROC_BIND=close, OMP_PLACES=cores at process start)
+    cpu_pinning: bool = attrs.field(default=False, validator=_bool("compute.cpu_pinning"))
     attention: str = attrs.field(default="exact",
                                  validator=_choice("compute.attention", ATTENTION))
     cuda_graphs: bool = attrs.field(default=False, validator=_bool("compute.cuda_graphs"))

@@ -34,6 +34,7 @@ from mizuoto.contracts.progress import report
 from mizuoto.errors import InvalidOption, ModelFilesMissing
 from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
 from mizuoto.runtime.checkpoint import check_state_dict, load_state_dict_file
+from mizuoto.runtime.in_effect import compute_in_effect
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_example import CAPABILITIES, CONFIG_FILE, WEIGHTS_FILE, ToyOptions, ToyParams
@@ -165,7 +166,8 @@ class ToyEngine(Engine):
         applied = Applied(engine=self.name, model=self._info.model, seed=seed, seed_drawn=drawn,
                           dtype=self._info.dtype, device=self._info.device,
                           sampler={"char_seconds": params.char_seconds},
-                          license=self._info.license, chunks=len(words))
+                          license=self._info.license, chunks=len(words),
+                          compute=compute_in_effect())
         for index, word in enumerate(words):
             pieces = []
             for char in word:

@@ -54,8 +54,12 @@ class Engine(abc.ABC):
     options_class: ClassVar[type | None] = None
     #: The ``compute.*`` options this engine implements. Any other one set to a value other
     #: than its default is refused at load (:meth:`check_compute`): an option that silently
-    #: does nothing is a defect. Add a name here only once ``load`` honours it.
-    compute_options: ClassVar[frozenset[str]] = frozenset({"device", "dtype", "cpu_threads"})
+    #: does nothing is a defect. Add a name here only once ``load`` honours it (a subclass
+    #: extends the base set: ``Engine.compute_options | {"oom_fallback"}``). The allocator and
+    #: thread pinning act on the whole process, not on an engine: the base class checks them
+    #: at every load (:func:`mizuoto.runtime.startup.check_startup_options`).
+    compute_options: ClassVar[frozenset[str]] = frozenset(
+        {"device", "dtype", "cpu_threads", "cpu_allocator", "cpu_pinning"})
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Serialize each engine's requests: the public calls a subclass defines run under the
@@ -194,6 +198,10 @@ def _checking_compute(load):
     @functools.wraps(load)
     def checked(cls, model_dir, *args, options=None, **kwargs):
         cls.check_compute(options)
+        if options is not None:
+            from mizuoto.runtime.startup import check_startup_options
+
+            check_startup_options(options.compute)
         return load(cls, model_dir, *args, options=options, **kwargs)
 
     checked._mizuoto_checked = True

@@ -2,7 +2,12 @@
 
 - :mod:`~mizuoto.runtime.device`: ``select_device``, ``select_dtype``, ``describe``,
   ``cpu_native_dtype`` and ``emulated_dtype_warning`` (bfloat16/float16 emulated on this CPU);
-- :mod:`~mizuoto.runtime.threads`: ``apply_cpu_threads``, ``check_cpu_allocator``;
+- :mod:`~mizuoto.runtime.threads`: ``apply_cpu_threads``, ``openmp_binding`` (pinning);
+- :mod:`~mizuoto.runtime.allocator`: ``find_allocator_library`` (jemalloc, tcmalloc),
+  ``loaded_allocator`` (the one that provides malloc), ``check_cpu_allocator``;
+- :mod:`~mizuoto.runtime.startup`: ``check_startup_options`` (allocator and pinning, at every
+  load) and the environment the ``mizuoto`` command restarts itself with;
+- :mod:`~mizuoto.runtime.in_effect`: ``compute_in_effect``, a result's ``Applied.compute``;
 - :mod:`~mizuoto.runtime.compile`: ``maybe_compile`` (falls back to eager);
 - :mod:`~mizuoto.runtime.out_of_memory`: ``is_out_of_memory`` (CUDA, MPS and the CPU
   allocator), ``release_cached_memory``;

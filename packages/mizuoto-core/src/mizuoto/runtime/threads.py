@@ -1,22 +1,35 @@
-"""CPU threads and memory allocator (``compute.cpu_threads``, ``compute.cpu_allocator``).
+"""CPU threads: their count (``compute.cpu_threads``) and their binding to cores
+(``compute.cpu_pinning``).
 
 Results on the CPU depend on the thread count (reductions split differently), so parity runs
-fix it. jemalloc and tcmalloc replace malloc only when preloaded (``LD_PRELOAD``) before the
-process starts; Mizuoto cannot switch them on, only tell whether they are in use.
+fix it; which cores the threads run on changes nothing in the arithmetic. torch's intra-op
+threads are OpenMP threads, and OpenMP reads its binding (``OMP_PROC_BIND``, ``OMP_PLACES``)
+once, when torch is imported: from Python pinning can only be checked, not switched on; the
+``mizuoto`` command restarts itself with it (:mod:`mizuoto.runtime.startup`). torch is imported
+only by the functions that need it, so the command can decide before loading it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import re
 from pathlib import Path
+from types import MappingProxyType
 
-import torch
-
+from mizuoto.errors import InvalidOption
 from mizuoto.options import ComputeOptions
 
 logger = logging.getLogger(__name__)
 
-_ALLOCATOR_LIBRARIES = {"jemalloc": "libjemalloc", "tcmalloc": "libtcmalloc"}
+#: What ``compute.cpu_pinning`` sets before OpenMP starts: thread i on core i of the cores
+#: this process may use (one thread per physical core, hyperthread siblings left to it).
+PINNING_ENVIRONMENT = MappingProxyType({"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"})
+
+# omp_proc_bind_t (OpenMP 4.5): 0 is omp_proc_bind_false
+_BINDINGS = {1: "true", 2: "primary", 3: "close", 4: "spread"}
+_OPENMP_LIBRARY = re.compile(r"/lib(gomp|iomp5|omp)[-.\w]*\.so[.\d]*$")
 
 
 def apply_cpu_threads(compute: ComputeOptions) -> int:
@@ -24,39 +37,54 @@ def apply_cpu_threads(compute: ComputeOptions) -> int:
 
     ``None`` leaves torch's default (the number of cores, or ``OMP_NUM_THREADS``).
     """
+    import torch
+
     if compute.cpu_threads is not None and torch.get_num_threads() != compute.cpu_threads:
         torch.set_num_threads(compute.cpu_threads)
         logger.debug("torch.set_num_threads(%d)", compute.cpu_threads)
     return torch.get_num_threads()
 
 
-def loaded_allocator(maps: str | Path = "/proc/self/maps") -> str | None:
-    """``"jemalloc"`` or ``"tcmalloc"`` if mapped into this process, else ``None``.
+@functools.cache
+def openmp_binding() -> str | None:
+    """How torch's OpenMP runtime binds its threads to cores (``"close"``, ``"spread"``, ...),
+    or ``None`` when it does not (or torch's threads are not OpenMP threads).
 
-    Reads the memory map (Linux); elsewhere it returns ``None``.
+    Asked of the runtime itself (``omp_get_proc_bind``), so it is what is in effect, however
+    the environment was set. Fixed once OpenMP has started, hence cached.
     """
+    import torch
+
+    library = _openmp_library(Path(torch.__file__).parent)
+    if library is None:
+        return None
     try:
-        text = Path(maps).read_text()
+        bind = ctypes.CDLL(library).omp_get_proc_bind()
+    except (OSError, AttributeError):
+        return None
+    return _BINDINGS.get(bind)
+
+
+def _openmp_library(torch_dir: Path, maps: str | Path = "/proc/self/maps") -> str | None:
+    """The OpenMP runtime mapped into this process, torch's own copy first."""
+    try:
+        lines = Path(maps).read_text().splitlines()
     except OSError:
         return None
-    for name, library in _ALLOCATOR_LIBRARIES.items():
-        if library in text:
-            return name
-    return None
+    found = sorted({line.split(maxsplit=5)[5] for line in lines
+                    if len(line.split(maxsplit=5)) == 6 and _OPENMP_LIBRARY.search(line)},
+                   key=lambda path: not path.startswith(str(torch_dir)))
+    return found[0] if found else None
 
 
-def check_cpu_allocator(compute: ComputeOptions, *, maps: str | Path = "/proc/self/maps"
-                        ) -> str | None:
-    """A warning when ``compute.cpu_allocator`` asks for an allocator that is not loaded."""
-    wanted = compute.cpu_allocator
-    if wanted == "default":
-        return None
-    loaded = loaded_allocator(maps)
-    if loaded == wanted:
-        return None
-    library = _ALLOCATOR_LIBRARIES[wanted]
-    return (
-        f"compute.cpu_allocator={wanted} asked for, but {library} is not loaded "
-        f"({'using ' + loaded if loaded else 'using the system malloc'}); start the process "
-        f"with LD_PRELOAD=/path/to/{library}.so to use it"
-    )
+def check_cpu_pinning(compute: ComputeOptions) -> None:
+    """Raise :class:`InvalidOption` when ``compute.cpu_pinning`` is asked for but torch's
+    threads are not bound to cores (OpenMP started without a binding)."""
+    if not compute.cpu_pinning or openmp_binding() is not None:
+        return
+    settings = " ".join(f"{k}={v}" for k, v in PINNING_ENVIRONMENT.items())
+    raise InvalidOption("compute.cpu_pinning", "torch's threads are not bound to cores: "
+                        "OpenMP reads its binding once, when torch is imported; start the "
+                        f"process with {settings} (e.g. {settings} python ...) or set them in "
+                        "os.environ before importing torch, or use the mizuoto command, which "
+                        "restarts itself with them")
