@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import nox
 
@@ -51,12 +52,51 @@ def _ensure_ffmpeg(session):
     """torchaudio.load (used by the upstream oracles) needs the system FFmpeg libraries."""
     if shutil.which("ffmpeg"):
         return
-    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", "ffmpeg", external=True,
-                    env={"DEBIAN_FRONTEND": "noninteractive"})
-    else:
+    if not _apt_install(session, ["ffmpeg"]):
         session.error("FFmpeg is required for the parity oracles: install it (apt-get install ffmpeg)")
+
+
+def _can_apt_install() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get") is not None
+
+
+def _apt_install(session, packages: list[str]) -> bool:
+    """Install Debian ``packages`` where this session may (root, apt-get); False otherwise."""
+    if not _can_apt_install():
+        return False
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", *packages, external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+    return True
+
+
+# The allocators compute.cpu_allocator preloads (library name -> Debian package).
+ALLOCATOR_PACKAGES = {"libjemalloc.so": "libjemalloc2",
+                      "libtcmalloc_minimal.so": "libtcmalloc-minimal4"}
+
+
+def _missing_allocators() -> list[str]:
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        listing = subprocess.run([ldconfig, "-p"], capture_output=True, text=True,
+                                 check=False).stdout
+    except OSError:
+        listing = ""
+    return [package for library, package in ALLOCATOR_PACKAGES.items() if library not in listing]
+
+
+def _allocator_env(session) -> dict[str, str]:
+    """Install jemalloc and tcmalloc where the session may, so that the tests proving they keep
+    the audio bit-identical run; once they are there, a test that cannot find one fails
+    (MIZUOTO_REQUIRE_ALLOCATORS=1) instead of skipping. Elsewhere those tests skip, saying so."""
+    missing = _missing_allocators()
+    if missing and _apt_install(session, missing):
+        missing = _missing_allocators()
+    if missing:
+        session.warn(f"not installed: {', '.join(missing)}; the compute.cpu_allocator tests "
+                     "will skip (apt-get install " + " ".join(missing) + ")")
+        return {}
+    return {"MIZUOTO_REQUIRE_ALLOCATORS": "1"}
 
 
 @nox.session(python="3.11")
@@ -64,7 +104,8 @@ def tests(session):
     """Unit tests of every package (no upstream oracles)."""
     _install_base(session)
     _run_suites(session, "not parity and not fuzz_only", ["core", "f5tts", "voxcpm",
-                                                        "contract-selftest"])
+                                                        "contract-selftest"],
+                env={**THREADS, **_allocator_env(session)})
 
 
 @nox.session(python="3.11")
@@ -176,7 +217,8 @@ def ci(session):
     _install_base(session)
     _install_oracles(session)
     _check_plugin_discovery(session)
-    _run_suites(session, "not realsize and not fuzz_only")
+    _run_suites(session, "not realsize and not fuzz_only",
+                env={**THREADS, **_allocator_env(session)})
 
 
 @nox.session(python="3.11")
