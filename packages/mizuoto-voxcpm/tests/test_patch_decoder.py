@@ -102,3 +102,41 @@ def test_fast_attention_spans_the_filled_part_only(engines):
 def test_graphs_need_a_cuda_model(engines):
     with pytest.raises(ValueError, match="CUDA"):
         PatchGraphs(engines["v1"].model)
+
+
+@pytest.mark.parametrize(("settings", "key", "says"), [
+    ({"attention": "fast"}, "compute.attention", "CUDA only"),
+    ({"cuda_graphs": True}, "compute.cuda_graphs", "CUDA device"),
+])
+def test_gpu_options_are_refused_on_the_cpu(tmp_path, settings, key, says):
+    import mizuoto
+    from mizuoto.errors import InvalidOption
+
+    directory = write_random_model(tmp_path / "m", "voxcpm-0.5b")
+    options = mizuoto.Options.from_mapping({"compute": {"device": "cpu", **settings}})
+    with pytest.raises(InvalidOption, match=says) as caught:
+        VoxCPMEngine.load(directory, options=options)
+    assert caught.value.key == key
+
+
+def test_cpu_results_report_exact_attention_and_no_graphs(engines):
+    from mizuoto import SynthesisRequest
+
+    result = engines["v1"].synthesize(SynthesisRequest(
+        "hi", seed=0, params={"inference_timesteps": 2, "max_len": 4}))
+    assert result.applied.compute["attention"] == "exact"
+    assert result.applied.compute["cuda_graphs"] is False
+
+
+@pytest.mark.parametrize(("settings", "says"), [
+    ({"cuda_graphs": True, "compile": True}, "compile"),
+    ({"cuda_graphs": True, "attention": "fast"}, "attention=exact"),
+])
+def test_cuda_graphs_refuse_what_they_cannot_replay(settings, says):
+    from mizuoto.errors import InvalidOption
+    from mizuoto.options import ComputeOptions
+    from mizuoto_voxcpm.engine import _check_gpu_options
+
+    with pytest.raises(InvalidOption, match=says):
+        _check_gpu_options(ComputeOptions(**settings), torch.device("cuda"))
+    _check_gpu_options(ComputeOptions(cuda_graphs=True), torch.device("cuda"))  # alone: fine

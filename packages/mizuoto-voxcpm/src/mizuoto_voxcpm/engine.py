@@ -50,6 +50,7 @@ from mizuoto_voxcpm.long_text import pack_chunks
 from mizuoto_voxcpm.lora import WEIGHTS_FILE as LORA_WEIGHTS
 from mizuoto_voxcpm.lora import AttachedLoRA, attach_lora, remove_lora
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
+from mizuoto_voxcpm.patch_graphs import PatchGraphs
 from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
 from mizuoto_voxcpm.text import model_text, prepare_prompt_text, prepare_target_text
 from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
@@ -162,7 +163,8 @@ class VoxCPMEngine(Engine):
     name = "voxcpm"
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
-    compute_options = Engine.compute_options | {"oom_fallback", "compile"}
+    compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
+                                                "cuda_graphs"}
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
                  tokenizer: VoxCPMTokenizer, info: ModelInfo,
@@ -179,6 +181,8 @@ class VoxCPMEngine(Engine):
         self._oom_fallback = oom_fallback
         self._compilation = compilation or Compilation(False)
         self._lora: AttachedLoRA | None = None
+        self._attention = model.lm_cache.attention
+        self._cuda_graphs = model.patch_graphs is not None
 
     # -- loading ------------------------------------------------------------------------
 
@@ -213,7 +217,12 @@ class VoxCPMEngine(Engine):
         if slow:
             log.warning("%s", slow)
         report(progress, "load", 0, 3, "language model")
+        _check_gpu_options(options.compute, device)
         model = load_model(model_dir, config, dtype=dtype, device=device)
+        if options.compute.attention != "exact":
+            model.allocate_caches(options.compute.attention)
+        if options.compute.cuda_graphs:
+            model.patch_graphs = PatchGraphs(model)
         # the local DiT only, as upstream's optimize() (which compiles the LMs too, on CUDA
         # only); its shapes are fixed per model, so no dynamic shapes. A LoRA attached later
         # replaces layers inside it: dynamo's guards see that and recompile
@@ -274,11 +283,18 @@ class VoxCPMEngine(Engine):
             if self._lora is not None:
                 remove_lora(self.model)
             self._lora, self._info = None, self._base_info
+            self._recapture()
             return
         self._lora = attach_lora(self.model, path, is_v2=self.config.is_v2, current=self._lora)
         self._info = attrs.evolve(self._base_info,
                                   fingerprint=f"{self._base_info.fingerprint}+lora:"
                                               f"{self._lora.digest[:32]}")
+        self._recapture()
+
+    def _recapture(self) -> None:
+        """Drop the captured patches (they hold the old layers); new ones are captured on use."""
+        if self._cuda_graphs:
+            self.model.patch_graphs = PatchGraphs(self.model)
 
     # -- voices -------------------------------------------------------------------------
 
@@ -400,7 +416,8 @@ class VoxCPMEngine(Engine):
             license=LICENSE,
             chunks=len(plan.chunks),
             compute={"oom_fallback": self._oom_fallback,
-                     "compile": self._compilation.active},
+                     "compile": self._compilation.active, "attention": self._attention,
+                     "cuda_graphs": self._cuda_graphs},
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
                    "lora": self._lora.path if self._lora else None},
@@ -473,6 +490,27 @@ class VoxCPMEngine(Engine):
                         if last else None
                     yield AudioChunk(Audio(segment, self.info.sample_rate), index - 1,
                                      is_last=last, applied=applied)
+
+
+def _check_gpu_options(compute, device: torch.device) -> None:
+    """``compute.attention=fast`` and ``compute.cuda_graphs`` are CUDA-only; refuse them, and
+    the combinations that cannot work, by name rather than ignore them."""
+    if compute.attention == "fast" and device.type != "cuda":
+        raise InvalidOption("compute.attention", f"fast is offered on CUDA only (the model "
+                            f"is on {device}): on the CPU, exact attention already spans only "
+                            "the filled part of the cache (in steps of 256 positions) with "
+                            "upstream's bits")
+    if not compute.cuda_graphs:
+        return
+    if device.type != "cuda":
+        raise InvalidOption("compute.cuda_graphs", f"needs the model on a CUDA device (it is "
+                            f"on {device}); set compute.device=cuda or leave it off")
+    if compute.compile:
+        raise InvalidOption("compute.cuda_graphs", "does not combine with compute.compile "
+                            "(both take over the same kernels): choose one")
+    if compute.attention != "exact":
+        raise InvalidOption("compute.cuda_graphs", "replays a fixed attention span, so it "
+                            "needs compute.attention=exact")
 
 
 def _dtype_setting(engine_dtype: str, compute_dtype: str) -> str:
