@@ -9,11 +9,15 @@ import os
 import platform
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mizuoto.benchmarking.runner import BASE, RESULT_PREFIX, UPSTREAM, Configuration
 from mizuoto.errors import InvalidRequest, UnsupportedCapability
+
+if TYPE_CHECKING:
+    from mizuoto.contracts.fixtures import ContractFixture
 
 log = logging.getLogger("mizuoto")
 
@@ -73,14 +77,16 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
     for configuration in configurations:  # a typo fails here, before any model is written
         _options(options_file, (*configuration.option_pairs, *threads_pair))
     request_params = _params(params)
-    model_arg, model_dir, engine, defaults = _resolve(model, engine, random_dir)
-    request_params = {**defaults.get("params", {}), **request_params}
-    steps = steps if steps is not None else defaults.get("steps")
+    model_arg, model_dir, engine, fixture = _resolve(model, engine, random_dir)
     if stream:
         _require_stream(engine)
     if against_upstream:
         _check_upstream(engine)
         configurations.append(Configuration(UPSTREAM, "upstream", option_pairs))
+    if fixture is not None:  # its fast settings, under the ones given
+        _write_random(fixture, model_dir)
+        request_params = {**fixture.request_params, **request_params}
+        steps = steps if steps is not None else fixture.steps
     plan = [(c, RunSpec(side=c.side, model=model_arg, model_dir=str(model_dir), engine=engine,
                         text=text, seed=seed, option_pairs=(*c.option_pairs, *threads_pair),
                         options_file=options_file, ref_audio=ref_audio, ref_text=ref_text,
@@ -111,9 +117,10 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
 
 
 def _resolve(model: str, engine: str | None, random_dir: str | None
-             ) -> tuple[str, Path, str, dict]:
+             ) -> tuple[str, Path, str, ContractFixture | None]:
     """What the children load (``mizuoto.load``'s argument), the directory upstream loads,
-    the engine, and request defaults (a fixture's fast settings)."""
+    the engine, and for ``random:`` the fixture (written later, once the arguments are
+    checked)."""
     if model.startswith(RANDOM_PREFIX):
         from mizuoto.catalog import mizuoto_home
         from mizuoto.registry import random_models
@@ -129,9 +136,7 @@ def _resolve(model: str, engine: str | None, random_dir: str | None
                                  f"not {engine!r}")
         directory = Path(random_dir) if random_dir else \
             mizuoto_home() / "random-models" / fixture_id.replace("/", "--")
-        _write_random(fixture, directory)
-        defaults = {"params": dict(fixture.request_params), "steps": fixture.steps}
-        return str(directory), directory, fixture.engine, defaults
+        return str(directory), directory, fixture.engine, fixture
     from mizuoto.loading import resolve_model
     from mizuoto.registry import engines
 
@@ -145,10 +150,10 @@ def _resolve(model: str, engine: str | None, random_dir: str | None
                                  f"(recognized by: {', '.join(found) or 'none'})",
                                  "pass --engine")
         engine = found[0]
-    return model, resolved.path, engine, {}
+    return model, resolved.path, engine, None
 
 
-def _write_random(fixture, directory: Path) -> None:
+def _write_random(fixture: ContractFixture, directory: Path) -> None:
     if (directory / _COMPLETE).is_file():
         if (directory / _COMPLETE).read_text().strip() != fixture.id:
             raise InvalidRequest("--random-dir", f"{directory} holds another random model",
