@@ -255,3 +255,14 @@ def bench(session):
         session.run("python", "packages/mizuoto-voxcpm/benchmarks/bench_voxcpm.py", "--dir", model)
         session.run("python", "packages/mizuoto-voxcpm/benchmarks/bench_voxcpm.py", "--dir", model,
                     "--stream", "--patches", "4")
+
+
+@nox.session(python="3.11")
+def gpu(session):
+    """The GPU checks (needs CUDA; never part of CI): VoxCPM bf16 and F5-TTS fp16 on CUDA
+    against upstream, CUDA graphs identical to eager, fast attention flagged, timings.
+    Under 8 minutes on one H200. On a machine without PyPI see docs/performance.md, "GPU
+    checks" (benchmarks/gpu/wheels.sh, then benchmarks/gpu/checks.py)."""
+    _install_base(session)
+    _install_oracles(session)
+    session.run("python", "benchmarks/gpu/checks.py", *session.posargs)

@@ -1,0 +1,134 @@
+"""The GPU checks of the speed options, as one prepared run (``nox -s gpu``, or by hand on a
+machine with CUDA; see docs/performance.md, "GPU checks").
+
+For each case, one ``mizuoto bench --json`` on CUDA, each configuration in its own process:
+
+- VoxCPM (bfloat16, the config's dtype) against upstream ``voxcpm`` with ``optimize=False``
+  (its eager path; ``optimize`` would wrap it in torch.compile): the base must equal upstream
+  bit for bit, ``compute.cuda_graphs=true`` must equal the base, ``compute.attention=fast`` must
+  say so in ``applied.compute``; request times of each.
+- F5-TTS v1 Base (float16 on CUDA, as upstream picks) against upstream ``f5-tts``: identical.
+
+Prints one line per check (PASS/FAIL) and a table of timings, writes everything as JSON to
+``--out``; exits 1 when a check fails. Sized for under 8 minutes on one H200: tiny models prove
+the bits quickly, the released sizes give the timings (the VoxCPM2 case also proves its
+real-size parity on the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: (name, model, compares, against upstream, requests per run)
+CASES = [
+    ("voxcpm tiny-0.5b", "random:voxcpm/tiny-0.5b",
+     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
+    ("voxcpm tiny-2", "random:voxcpm/tiny-2",
+     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
+    ("f5tts tiny-v1-base", "random:f5tts/tiny-v1-base", [], True, 1),
+    ("voxcpm realsize-0.5b", "random:voxcpm/realsize-0.5b",
+     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
+    ("voxcpm realsize-2", "random:voxcpm/realsize-2",
+     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
+    ("f5tts realsize-v1-base", "random:f5tts/realsize-v1-base", [], True, 2),
+]
+
+
+def run_case(model: str, compares: list[str], upstream: bool, requests: int,
+             random_root: Path) -> dict:
+    command = [sys.executable, "-m", "mizuoto", "bench", model, "--json", "--runs", "1",
+               "--requests", str(requests), "--option", "compute.device=cuda",
+               "--random-dir", str(random_root / model.replace("/", "_").replace(":", "_"))]
+    for compare in compares:
+        command += ["--compare", compare]
+    if upstream:
+        command.append("--against-upstream")
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr[-4000:] or done.stdout[-4000:],
+                "seconds": time.perf_counter() - started}
+    report = json.loads(done.stdout)
+    report["seconds"] = time.perf_counter() - started
+    return report
+
+
+def _entries(report: dict) -> dict[str, dict]:
+    return {entry["name"]: entry for entry in report.get("configurations", [])}
+
+
+def checks(name: str, report: dict) -> list[tuple[str, bool, str]]:
+    """(check, passed, detail) for one case's report."""
+    if "error" in report:
+        return [(f"{name}: ran", False, report["error"].strip().splitlines()[-1]
+                 if report["error"].strip() else "no output")]
+    entries = _entries(report)
+    base = entries.get("base", {})
+    results = [(f"{name}: deterministic", bool(base.get("deterministic")), "")]
+    if "upstream" in entries:
+        results.append((f"{name}: identical to upstream", base.get("identical_to_upstream")
+                        is True, ""))
+    if "graphs" in entries:
+        graphs = entries["graphs"]
+        results.append((f"{name}: cuda_graphs identical to eager",
+                        graphs.get("identical_to_base") is True, ""))
+        ran = graphs["runs"][0].get("compute", {}) if graphs.get("runs") else {}
+        results.append((f"{name}: cuda_graphs reported", ran.get("cuda_graphs") is True,
+                        str(ran)))
+    if "fast" in entries:
+        fast = entries["fast"]
+        ran = fast["runs"][0].get("compute", {}) if fast.get("runs") else {}
+        results.append((f"{name}: fast attention flagged in applied.compute",
+                        ran.get("attention") == "fast", str(ran)))
+    return results
+
+
+def _median(entry: dict, metric: str) -> str:
+    value = (entry.get("summary") or {}).get(metric)
+    return "-" if not value else f"{value['median']:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) /
+                        "gpu-checks.json")
+    parser.add_argument("--random-root", type=Path, default=Path("/tmp/mizuoto-gpu-models"))
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the cases whose name contains this (repeatable)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("FAIL: no CUDA device", flush=True)
+        return 1
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    results, reports = [], {}
+    for name, model, compares, upstream, requests in CASES:
+        if args.only and not any(part in name for part in args.only):
+            continue
+        report = run_case(model, compares, upstream, requests, args.random_root)
+        reports[name] = report
+        for check, passed, detail in checks(name, report):
+            results.append((check, passed))
+            print(f"{'PASS' if passed else 'FAIL'}: {check} {detail if not passed else ''}",
+                  flush=True)
+        for entry in _entries(report).values():
+            print(f"    {name:24} {entry['name']:9} request {_median(entry, 'request_s')} s"
+                  f"  warm {_median(entry, 'warm_request_s')} s"
+                  f"  peak GPU {_median(entry, 'peak_gpu_mb')} MB", flush=True)
+        print(f"    ({report.get('seconds', 0):.0f} s)", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"checks": results, "reports": reports}, indent=1))
+    failed = [check for check, passed in results if not passed]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
