@@ -114,10 +114,9 @@ def test_no_noise_warning_for_a_fixture_that_is_not_random(fake_plugin, monkeypa
 
     from mizuoto import registry
 
-    fixtures = dict(registry.contract_fixtures())
+    fixtures = dict(registry.random_models())
     fixtures["fake/tiny"] = attrs.evolve(fixtures["fake/tiny"], random_init=False)
-    monkeypatch.setattr(registry, "contract_fixtures",
-                        functools.cache(lambda: fixtures))
+    monkeypatch.setattr(registry, "random_models", functools.cache(lambda: fixtures))
     result = _run("random-model", "fake/tiny", str(tmp_path / "model"))
     assert result.exit_code == 0 and "random weights" not in result.output
 

@@ -34,7 +34,7 @@ def restore_plugins():
 def test_hookspecs_are_the_register_hooks():
     names = sorted(n for n in dir(hookspecs) if n.startswith("register_"))
     assert names == ["register_commands", "register_contract_fixtures", "register_engines",
-                     "register_models", "register_trainers"]
+                     "register_models", "register_trainers", "register_upstream_baselines"]
     assert sorted(plugins.pm.hook.__dict__) >= names
 
 
