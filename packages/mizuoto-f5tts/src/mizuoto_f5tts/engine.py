@@ -29,7 +29,9 @@ from mizuoto.contracts.results import Applied, SynthesisResult, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
+from mizuoto.runtime.compile import Compilation, compile_module
 from mizuoto.runtime.device import emulated_dtype_warning, select_device, select_dtype
+from mizuoto.runtime.in_effect import compute_in_effect
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_f5tts import editing, reference
@@ -61,10 +63,11 @@ class F5Engine(Engine):
     name = "f5tts"
     params_class = F5Params
     options_class = F5Options
-    compute_options = frozenset({"device", "dtype", "cpu_threads", "oom_fallback"})
+    compute_options = Engine.compute_options | {"oom_fallback", "compile"}
 
     def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo,
-                 oom_fallback: bool = True, load_warnings: tuple[str, ...] = ()) -> None:
+                 oom_fallback: bool = True, load_warnings: tuple[str, ...] = (),
+                 compilation: Compilation | None = None) -> None:
         self.model = model
         self.vocab = vocab
         self.vocoder = vocoder
@@ -72,6 +75,7 @@ class F5Engine(Engine):
         self._resamplers: dict[tuple[int, int], torch.nn.Module] = {}
         self._oom_fallback = oom_fallback
         self._load_warnings = load_warnings
+        self._compilation = compilation or Compilation(False)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -112,6 +116,9 @@ class F5Engine(Engine):
         report(progress, "load", 0, 2, "flow-matching model")
         checkpoint = find_checkpoint(model_dir)
         model, vocab = load_f5_model(model_dir, variant, device=device, dtype=dtype)
+        # the backbone only (the ODE loop and guidance stay eager); dynamic: every request has
+        # its own number of frames and tokens
+        compilation = compile_module(model.transformer, compute.compile, dynamic=True)
         report(progress, "load", 1, 2, "vocoder")
         vocoder = load_vocos(model_dir / "vocos", device=device)
         report(progress, "load", 2, 2)
@@ -137,7 +144,8 @@ class F5Engine(Engine):
         if slow:
             log.warning("%s", slow)
         return cls(model=model, vocab=vocab, vocoder=vocoder, info=info,
-                   oom_fallback=compute.oom_fallback, load_warnings=(slow,) if slow else ())
+                   oom_fallback=compute.oom_fallback, load_warnings=(slow,) if slow else (),
+                   compilation=compilation)
 
     @property
     def info(self) -> ModelInfo:
@@ -272,9 +280,12 @@ class F5Engine(Engine):
         return Applied(
             engine=self.name, model=self.info.model, seed=seed, seed_drawn=drawn,
             dtype=self.info.dtype, device=self.info.device, sampler=sampler,
-            fallbacks=tuple(fallbacks), warnings=self._load_warnings + tuple(warnings),
+            fallbacks=tuple(fallbacks) + self._compilation.fallbacks,
+            warnings=self._load_warnings + tuple(warnings),
             license=self.info.license,
-            non_commercial=self.info.non_commercial, chunks=chunks, extra=extra)
+            non_commercial=self.info.non_commercial, chunks=chunks,
+            compute=compute_in_effect(oom_fallback=self._oom_fallback,
+                                      compile=self._compilation.active), extra=extra)
 
     # -- editing --------------------------------------------------------------------------
 
