@@ -31,6 +31,7 @@ from mizuoto.runtime.device import (
     select_device,
     select_dtype,
 )
+from mizuoto.runtime.in_effect import compute_in_effect
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
@@ -415,9 +416,9 @@ class VoxCPMEngine(Engine):
             warnings=self._load_warnings + plan.warnings,
             license=LICENSE,
             chunks=len(plan.chunks),
-            compute={"oom_fallback": self._oom_fallback,
-                     "compile": self._compilation.active, "attention": self._attention,
-                     "cuda_graphs": self._cuda_graphs},
+            compute=compute_in_effect(oom_fallback=self._oom_fallback,
+                                      compile=self._compilation.active,
+                                      attention=self._attention, cuda_graphs=self._cuda_graphs),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
                    "lora": self._lora.path if self._lora else None},
