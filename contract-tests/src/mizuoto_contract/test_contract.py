@@ -37,6 +37,7 @@ from mizuoto.errors import (
 )
 from mizuoto.options import ComputeOptions, Options
 from mizuoto.registry import get_engine
+from mizuoto.runtime.allocator import loaded_allocator
 from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
 from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
 
@@ -136,6 +137,11 @@ def _check_applied(model: ContractModel, applied: Applied, *, seed: int | None) 
     if seed is not None:
         assert applied.seed == seed and applied.seed_drawn is False, (
             "a seeded request must report applied.seed == request.seed and seed_drawn=False")
+    in_effect = {"cpu_threads": torch.get_num_threads(),
+                 "cpu_allocator": loaded_allocator() or "default"}
+    assert {key: applied.compute.get(key) for key in in_effect} == in_effect, (
+        "applied.compute must report the CPU settings in effect: build it with "
+        "mizuoto.runtime.in_effect.compute_in_effect(**your_options)")
 
 
 # -- every model ------------------------------------------------------------------------------
