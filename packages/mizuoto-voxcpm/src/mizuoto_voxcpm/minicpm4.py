@@ -60,7 +60,14 @@ class LongRoPE(nn.Module):
         original = config.rope_scaling.original_max_position_embeddings
         scale = config.max_position_embeddings / original
         self.scaling_factor = math.sqrt(1 + math.log(scale) / math.log(original))
-        inv_freq, cos, sin = self._tables(device=None)
+        if torch.get_default_device().type == "meta":
+            # loading builds on the meta device and calls rebuild() once there is one; the
+            # tables' arithmetic on meta tensors would import torch._dynamo (2.5 s)
+            rows, dim = config.max_position_embeddings, config.head_dim
+            inv_freq, cos, sin = torch.empty(dim // 2), torch.empty(rows, dim), \
+                torch.empty(rows, dim)
+        else:
+            inv_freq, cos, sin = self._tables(device=None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
@@ -271,7 +278,12 @@ class MiniCPM4(nn.Module):
         super().__init__()
         self.config = config
         if config.vocab_size > 0:
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            # built on the meta device (loading: the checkpoint fills it), the embedding skips
+            # its normal_ init, whose meta kernel imports torch._dynamo: 2.5 s of every load
+            weight = torch.empty(config.vocab_size, config.hidden_size) \
+                if torch.get_default_device().type == "meta" else None
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                             _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope_emb = None if config.no_rope else LongRoPE(config)

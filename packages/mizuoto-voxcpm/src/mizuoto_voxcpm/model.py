@@ -16,7 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto.runtime.checkpoint import check_state_dict, find_weights_file, load_state_dict_file
+from mizuoto.runtime.checkpoint import (
+    check_state_dict,
+    find_weights_file,
+    load_state_dict_file,
+    materialize_empty,
+)
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.flow import sample_patch
 from mizuoto_voxcpm.local_dit import LocalDiT
@@ -206,8 +211,8 @@ def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtyp
     # built on the meta device (no random init), materialised uninitialised, RoPE tables
     # recomputed: the same values as upstream's build-in-float32-then-cast, without the init cost
     with torch.device("meta"):
-        model = VoxCPMModel(config).to(dtype)
-    model = model.to_empty(device=device)
+        model = VoxCPMModel(config)
+    model = materialize_empty(model, device, dtype)
     for module in model.modules():
         if isinstance(module, LongRoPE):
             module.rebuild(dtype)
