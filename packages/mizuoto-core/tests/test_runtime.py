@@ -251,3 +251,21 @@ def test_weights_fingerprint_sees_files_and_context(tmp_path):
     assert weights_fingerprint([a]) == weights_fingerprint([a])
     assert weights_fingerprint([a]) != weights_fingerprint([b])
     assert weights_fingerprint([a], context={"vocab": ["a"]}) != weights_fingerprint([a])
+
+
+def test_materialize_empty_allocates_what_meta_described():
+    import torch
+    from torch import nn
+
+    from mizuoto.runtime.checkpoint import materialize_empty
+
+    with torch.device("meta"):
+        module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Embedding(5, 2))
+    module[0].bias.requires_grad_(False)
+    materialize_empty(module, "cpu", torch.bfloat16)
+    state = module.state_dict()
+    assert all(t.device.type == "cpu" for t in state.values())
+    assert state["0.weight"].dtype == torch.bfloat16 and state["0.weight"].shape == (4, 3)
+    assert state["1.num_batches_tracked"].dtype == torch.long  # integers keep their dtype
+    assert module[0].weight.requires_grad and not module[0].bias.requires_grad
+    assert isinstance(module[2].weight, nn.Parameter)
