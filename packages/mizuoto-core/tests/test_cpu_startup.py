@@ -220,14 +220,18 @@ def test_startup_environment(tmp_path, monkeypatch):
         startup_environment(ComputeOptions(cpu_allocator=wanted), plain)
 
 
-def test_the_command_in_process_does_not_restart_and_the_load_says_why(fake_plugin, tmp_path):
-    """``cli`` invoked inside another program (not ``main``) never replaces that process."""
+def test_the_command_in_process_does_not_restart_and_the_load_says_why(fake_plugin, tmp_path,
+                                                                       monkeypatch):
+    """``cli`` invoked inside another program (not ``main``) never replaces that process; a
+    restarted process does not hand its guard down to the processes it starts."""
     (tmp_path / "fake.json").write_text("{}")
+    monkeypatch.setenv(RESTARTED_ENV, "1")
     result = CliRunner().invoke(cli, ["say", "-m", str(tmp_path), "-o", str(tmp_path / "o.wav"),
                                       "--option", f"compute.cpu_allocator={_not_loaded()}",
                                       "hello"], obj={})
     assert result.exit_code == 2
     assert "is not loaded" in result.output and "LD_PRELOAD=" in result.output
+    assert RESTARTED_ENV not in os.environ
 
 
 def test_the_command_restarts_itself_with_the_allocator_and_pinning(tmp_path):

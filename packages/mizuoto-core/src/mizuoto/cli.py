@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,20 +214,23 @@ def _options(option_file, option_pairs):
     options = Options.from_toml(option_file) if option_file else Options()
     options = options.with_overrides(option_pairs) if option_pairs else options
     validate_engine_options(options)  # a typo in engines.<name>.* fails before any loading
-    _start_with(options.compute)
     return options
 
 
-def _start_with(compute):
-    """Restart the command with the allocator preloaded and the threads bound, when
-    ``compute`` asks for them, before torch is imported and the model loads. Only the command
-    itself restarts (``main``): a caller invoking ``cli`` in its own process gets the load's
-    error saying how to start with them."""
-    from mizuoto.runtime.startup import restart, startup_environment
+def _options_to_load(option_file, option_pairs):
+    """:func:`_options` for a command that loads the model in this process: first restart it
+    with the allocator preloaded and the threads bound when the options ask for them, before
+    torch is imported. Only the command itself restarts (``main``): a program invoking ``cli``
+    in its own process gets the load's error saying how to start with them."""
+    from mizuoto.runtime.startup import RESTARTED_ENV, restart, startup_environment
 
-    environment = startup_environment(compute)
+    options = _options(option_file, option_pairs)
+    environment = startup_environment(options.compute)
+    # the guard against a second restart is for this process: its own children start afresh
+    os.environ.pop(RESTARTED_ENV, None)
     if environment is not None and click.get_current_context().obj.get("may_restart"):
         restart(environment)
+    return options
 
 
 def _params(pairs):
@@ -325,7 +329,7 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
         voice=Voice.load(voice_file) if voice_file else None,
         instruction=instruction, seed=seed, steps=steps, guidance=guidance, params=_params(params),
     )
-    options = _options(options_file, option_pairs)
+    options = _options_to_load(options_file, option_pairs)
     with _progress(quiet) as progress:
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
         if lora:
@@ -450,9 +454,9 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         except ValueError:
             raise InvalidRequest("--segment", f"{segment!r} must be START:END in seconds") from None
         spans.append((start, end))
+    options = _options_to_load(options_file, option_pairs)
     with _progress(ctx.obj["quiet"]) as progress:
-        tts = mizuoto.load(model, engine=engine, options=_options(options_file, option_pairs),
-                           progress=progress)
+        tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
         tts.require(Capability.EDIT)
         result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
                                       steps=steps, guidance=guidance, params=_params(params)),
@@ -506,7 +510,7 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
     defaults = {"steps": steps, "guidance": guidance, "params": _params(params)}
     job = BatchJob(input_file, output_dir, file_format,
                    {key: value for key, value in defaults.items() if value not in (None, {})})
-    options = _options(options_file, option_pairs)
+    options = _options_to_load(options_file, option_pairs)
     actors = ray_actors if ray_address else workers
     if options.compute.cpu_pinning and (actors > 1 or ray_address):
         from mizuoto.errors import InvalidOption
@@ -608,7 +612,7 @@ def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_l
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
     run(ServeConfig(models=model_names(models, aliases), engine=engine,
-                    options=_options(options_file, option_pairs), host=host, port=port,
+                    options=_options_to_load(options_file, option_pairs), host=host, port=port,
                     api_key=api_key, queue_size=queue_size, grace=grace,
                     max_loaded=max_loaded, memory_budget=_size(memory_budget)))
 

@@ -201,10 +201,11 @@ def bench_run(spec_json):
     """One measurement of `mizuoto bench`, in a process of its own (internal)."""
     from mizuoto.benchmarking.child import measure
     from mizuoto.benchmarking.spec import RunSpec
-    from mizuoto.cli import _options
+    from mizuoto.cli import _options_to_load
 
     spec = RunSpec.from_json(spec_json)
-    # Mizuoto's side goes through the same option path as `mizuoto say`
-    options = _options(spec.options_file, spec.option_pairs)
+    # Mizuoto's side goes through the same option path as `mizuoto say` (restarting with the
+    # allocator and thread binding its configuration asks for)
+    options = _options_to_load(spec.options_file, spec.option_pairs)
     result = measure(spec, options)
     sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
