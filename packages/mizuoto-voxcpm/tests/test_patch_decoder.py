@@ -46,25 +46,28 @@ class _CountingItem:
         monkeypatch.setattr(torch.Tensor, "item", item)
 
 
+@pytest.mark.parametrize("speculate", [True, False])
 @pytest.mark.parametrize("name", ["v1", "v2"])
-def test_one_wait_per_patch(engines, monkeypatch, name):
+def test_one_wait_per_patch(engines, monkeypatch, name, speculate):
     engine = engines[name]
     counter = _CountingItem(monkeypatch)
     sequence = _sequence(engine)
     sampling = Sampling(steps=2, guidance=2.0, min_len=2, max_patches=7)
-    patches = list(generate_patches(engine.model, sequence, sampling, seed=3))
+    patches = list(generate_patches(engine.model, sequence, sampling, seed=3,
+                                    speculate=speculate))
     assert len(patches) == 7
     # patches 0..min_len cannot stop: their flag is not read at all; each later one once
     assert counter.calls == len(patches) - (sampling.min_len + 1)
 
 
+@pytest.mark.parametrize("speculate", [True, False])
 @pytest.mark.parametrize("name", ["v1", "v2"])
-def test_speculative_step_after_the_last_patch_is_rewound(engines, name):
+def test_no_step_is_left_after_the_last_patch(engines, name, speculate):
     engine = engines[f"{name}-stop"]  # a stop head that fires at every state
     model = engine.model
     sequence = _sequence(engine)
     sampling = Sampling(steps=2, guidance=2.0, min_len=1, max_patches=50)
-    patches = list(generate_patches(model, sequence, sampling, seed=3))
+    patches = list(generate_patches(model, sequence, sampling, seed=3, speculate=speculate))
     # the stop head fires at the first patch past min_len; the LMs stepped after every patch
     # but the last, as upstream steps them
     assert len(patches) == sampling.min_len + 2
@@ -73,6 +76,19 @@ def test_speculative_step_after_the_last_patch_is_rewound(engines, name):
     for cache in (model.lm_cache, model.residual_cache):
         assert cache.length == prefill + len(patches) - 1
         assert int(cache.position) == cache.length
+
+
+@pytest.mark.parametrize("name", ["v1", "v2", "v1-stop", "v2-stop"])
+def test_speculating_gives_the_same_patches(engines, name):
+    """The CPU steps the LMs after yielding a patch, other devices before reading its stop
+    flag (then rewinding): the same samples, the same ends."""
+    engine = engines[name]
+    sequence = _sequence(engine)
+    sampling = Sampling(steps=3, guidance=2.0, min_len=1, max_patches=6)
+    runs = [list(generate_patches(engine.model, sequence, sampling, seed=11, speculate=flag))
+            for flag in (False, True)]
+    assert [last for _, last in runs[0]] == [last for _, last in runs[1]]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(*runs, strict=True))
 
 
 def test_cache_position_follows_the_host_length(engines):

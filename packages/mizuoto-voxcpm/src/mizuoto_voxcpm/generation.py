@@ -17,7 +17,7 @@ import torch
 from mizuoto.errors import InvalidRequest
 from mizuoto_voxcpm.minicpm4 import CacheFull
 from mizuoto_voxcpm.model import VoxCPMModel
-from mizuoto_voxcpm.patch_decoder import PatchBuffers, decode_patch
+from mizuoto_voxcpm.patch_decoder import PatchBuffers, decode_patch, step_language_models
 from mizuoto_voxcpm.tokenizer import (
     AUDIO_START_TOKEN_ID,
     REF_AUDIO_END_TOKEN_ID,
@@ -132,15 +132,18 @@ class Sampling:
 
 @torch.inference_mode()
 def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *,
-                     seed: int) -> Iterator[tuple[torch.Tensor, bool]]:
+                     seed: int, speculate: bool | None = None
+                     ) -> Iterator[tuple[torch.Tensor, bool]]:
     """Yield each new patch ``(1, patch_size, feat_dim)`` (model dtype) of one attempt, with
     whether it is the attempt's last.
 
     The stop head reads the LM state the patch was sampled from, so whether a patch is the last
     is known as soon as it is sampled: a stream marks its last chunk without holding one back.
-    Each patch (:func:`~mizuoto_voxcpm.patch_decoder.decode_patch`, or its CUDA graph) steps
-    the LMs before its stop flag is read, the one wait for the device per patch; a step after
-    the last patch is discarded.
+    ``speculate`` (default: off the CPU, and always with CUDA graphs): each patch
+    (:func:`~mizuoto_voxcpm.patch_decoder.decode_patch`, or its graph) steps the LMs before its
+    stop flag is read, the one wait for the device per patch, and a step after the last patch
+    is discarded. Otherwise the LMs step after the patch is yielded, as upstream orders it.
+    The samples are the same either way.
     """
     device, dtype = model.device, model.dtype
     feats = sequence.feats.to(device).to(dtype)
@@ -152,6 +155,8 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
         raise InvalidRequest("text", str(exc), "shorten the text or the prompt audio") from exc
     generator = torch.Generator(device=device).manual_seed(seed)
     graphs = model.patch_graphs
+    if speculate is None:
+        speculate = graphs is not None or device.type != "cpu"
     buffers = graphs.buffers if graphs is not None else PatchBuffers.allocate(model)
     buffers.start(lm_hidden, residual_hidden, feats[:, -1])
     for index in range(sampling.max_patches):
@@ -162,7 +167,7 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
         else:
             patch = decode_patch(model, buffers, steps=sampling.steps,
                                  guidance=sampling.guidance, generator=generator,
-                                 step_lms=room)
+                                 step_lms=speculate and room)
         # before min_len the stop head cannot end speech: no need to wait for its flag
         stopped = index > sampling.min_len and bool(buffers.stop.item())
         capped = index == sampling.max_patches - 1
@@ -171,11 +176,13 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
             # last patch of the cap: upstream still steps there)
             raise InvalidRequest("max_len", str(model.cache_full()),
                                  "lower max_len or shorten the text")
-        if stopped and room:
+        if stopped and speculate and room:
             model.rewind()
         yield patch, stopped or capped
         if stopped or capped:
             return
+        if not speculate:
+            step_language_models(model, buffers, patch)
 
 
 @attrs.frozen

@@ -10,7 +10,9 @@ step's position tensor on the host (two more transfers). Here the LMs step befor
 read, and reading it is the only time the host waits: when it says stop, that step is
 discarded (:meth:`VoxCPMModel.rewind`; its keys and values stay behind the attention mask until
 the next prefill overwrites them). The values are the same either way: the extra step feeds
-nothing that was already decided.
+nothing that was already decided. On the CPU, where reading the flag costs no wait, the LMs
+step after the patch is handed on instead, as upstream orders it: a stream's first chunk then
+does not wait for an LM step, and no step is thrown away.
 """
 
 from __future__ import annotations
@@ -71,8 +73,15 @@ def decode_patch(model: VoxCPMModel, buffers: PatchBuffers, *, steps: int, guida
     buffers.patch.copy_(patch)
     buffers.previous.copy_(patch)
     if step_lms:
-        embed = model.encode_patches(patch.unsqueeze(1))[:, 0]
-        lm_hidden, residual_hidden = model.advance(embed)
-        buffers.lm_hidden.copy_(lm_hidden)
-        buffers.residual_hidden.copy_(residual_hidden)
+        step_language_models(model, buffers, patch)
     return patch
+
+
+def step_language_models(model: VoxCPMModel, buffers: PatchBuffers,
+                         patch: torch.Tensor) -> None:
+    """Feed ``patch`` through the local encoder to both LMs; their new states go to
+    ``buffers`` (the states the next patch is sampled from)."""
+    embed = model.encode_patches(patch.unsqueeze(1))[:, 0]
+    lm_hidden, residual_hidden = model.advance(embed)
+    buffers.lm_hidden.copy_(lm_hidden)
+    buffers.residual_hidden.copy_(residual_hidden)
