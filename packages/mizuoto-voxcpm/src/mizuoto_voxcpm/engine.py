@@ -219,9 +219,8 @@ class VoxCPMEngine(Engine):
             log.warning("%s", slow)
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
-        model = load_model(model_dir, config, dtype=dtype, device=device)
-        if options.compute.attention != "exact":
-            model.allocate_caches(options.compute.attention)
+        model = load_model(model_dir, config, dtype=dtype, device=device,
+                           attention=options.compute.attention)
         if options.compute.cuda_graphs:
             model.patch_graphs = PatchGraphs(model)
         # the local DiT only, as upstream's optimize() (which compiles the LMs too, on CUDA

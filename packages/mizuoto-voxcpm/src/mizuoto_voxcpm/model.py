@@ -200,7 +200,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtype,
-               device: torch.device | str = "cpu") -> VoxCPMModel:
+               device: torch.device | str = "cpu", attention: str = "exact") -> VoxCPMModel:
     """Build the model in ``dtype`` (RoPE tables computed in float32 and rounded to ``dtype``,
     as upstream's cast before copying the checkpoint in does), then load the weights strictly."""
     model_dir = Path(model_dir)
@@ -228,5 +228,5 @@ def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtyp
     # weight requires grad, else runs bmm -- 1 ulp apart in fp32 for patch 2 and width >= 16.
     # Generation runs under inference_mode, so no graph is recorded either way.
     model = model.eval()
-    model.allocate_caches()
+    model.allocate_caches(attention)
     return model

@@ -54,10 +54,6 @@ class PatchBuffers:
         return (self.lm_hidden, self.residual_hidden, self.previous, self.patch, self.stop)
 
 
-def noise_shape(model: VoxCPMModel) -> tuple[int, int, int]:
-    return (1, model.feat_dim, model.patch_size)
-
-
 def decode_patch(model: VoxCPMModel, buffers: PatchBuffers, *, steps: int, guidance: float,
                  generator: torch.Generator, step_lms: bool = True) -> torch.Tensor:
     """Sample one patch into ``buffers`` and (``step_lms``) feed it to both LMs; return it.
@@ -65,8 +61,8 @@ def decode_patch(model: VoxCPMModel, buffers: PatchBuffers, *, steps: int, guida
     Nothing here waits for the device: no ``.item()``, no host tensors. The noise is one
     ``randn`` in the model dtype from ``generator``, as upstream's single draw per patch.
     """
-    noise = torch.randn(noise_shape(model), generator=generator, device=model.device,
-                        dtype=model.dtype)
+    shape = (1, model.feat_dim, model.patch_size)
+    noise = torch.randn(shape, generator=generator, device=model.device, dtype=model.dtype)
     patch = model.sample(buffers.lm_hidden, buffers.residual_hidden, buffers.previous, noise,
                          steps=steps, guidance=guidance)
     buffers.stop.copy_(model.stop_flag(buffers.lm_hidden))

@@ -42,10 +42,6 @@ class PatchGraphs:
         self._graphs: dict[tuple[int, float], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle()
 
-    @property
-    def captured(self) -> tuple[tuple[int, float], ...]:
-        return tuple(self._graphs)
-
     def decode_patch(self, *, steps: int, guidance: float,
                      generator: torch.Generator) -> torch.Tensor:
         """What :func:`decode_patch` does (LMs stepped), as one graph replay; returns a copy of
