@@ -8,7 +8,7 @@ import soundfile as sf
 import torch
 
 from mizuoto.errors import InvalidAudio
-from mizuoto.nn.dsp.soxr_resample import load_like_librosa, resample_soxr
+from mizuoto.nn.dsp.soxr_resample import load_like_librosa, mono_like_librosa, resample_soxr
 
 librosa = pytest.importorskip("librosa")
 
@@ -112,3 +112,13 @@ def test_load_missing_and_unreadable(tmp_path):
     junk.write_bytes(b"not audio at all")
     with pytest.raises(InvalidAudio, match="cannot read"):
         load_like_librosa(junk, 16000)
+
+
+@pytest.mark.parametrize("shape", [(4000,), (2, 4000), (3, 4000)])
+def test_mono_equals_librosa_to_mono(shape):
+    audio = _signal(*shape, dtype=np.float64)
+    expected = librosa.to_mono(audio)
+    got = mono_like_librosa(audio)
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+    with pytest.raises(ValueError, match="non-finite"):
+        mono_like_librosa(np.full(shape, np.nan))

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mizuoto.nn.dsp.audio_io import SILENCE_PEAK
+from mizuoto.nn.dsp.soxr_resample import mono_like_librosa, resample_soxr
 
 AUDIO_START, AUDIO_END, PROMPT_START, PROMPT_END = 101, 102, 103, 104
 
@@ -45,13 +46,12 @@ class Rejected:
 
 def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:
     """Mono float64 samples at ``sample_rate``, as ``datasets.Audio`` decodes them."""
-    import librosa
     import soundfile as sf
 
     array, rate = sf.read(str(path))
-    array = librosa.to_mono(array.T)
+    array = mono_like_librosa(array.T)
     if rate != sample_rate:
-        array = librosa.resample(array, orig_sr=rate, target_sr=sample_rate)
+        array = resample_soxr(array, rate, sample_rate, "HQ")  # librosa's default soxr_hq
     return array
 
 

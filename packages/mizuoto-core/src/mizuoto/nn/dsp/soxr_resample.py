@@ -79,12 +79,19 @@ def load_like_librosa(
                            "use WAV, FLAC, OGG or MP3") from exc
     check_input_audio(samples, native_sr, field, str(path))
     if mono:
-        _check_librosa_audio(samples)  # librosa's to_mono validates even one channel
-        if samples.ndim > 1:
-            samples = np.mean(samples, axis=tuple(range(samples.ndim - 1)))
+        samples = mono_like_librosa(samples)
     if sr is None:
         return samples, native_sr
     return resample_soxr(samples, native_sr, sr, "HQ"), sr
+
+
+def mono_like_librosa(samples: np.ndarray) -> np.ndarray:
+    """``librosa.to_mono``: channels first, averaged over every leading dim; validated even
+    when already mono (float, finite), as librosa does."""
+    _check_librosa_audio(samples)
+    if samples.ndim > 1:
+        samples = np.mean(samples, axis=tuple(range(samples.ndim - 1)))
+    return samples
 
 
 def _fix_length(data: np.ndarray, size: int, axis: int) -> np.ndarray:
