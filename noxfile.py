@@ -1,7 +1,8 @@
 """Sessions: tests (unit), contract, parity (against upstream), lint, bench, fuzz (long property
-tests), and ci (what CI runs).
+tests), compat (Python 3.12 and 3.13), and ci (what CI runs, with lint and compat).
 
-    nox -s ci          # unit tests + contract suite + tiny-model parity: the README's test command
+    nox -s lint ci compat  # the README's test command: lint, unit tests + contract suite +
+                           # tiny-model parity, then the contract suite on 3.12 and 3.13
     nox -s parity -- --realsize   # also the real-size parity tests (slow; not in CI)
     nox -s bench       # benchmarks against upstream (slow; never in CI)
     nox -s fuzz        # the Hypothesis property tests, long profile (not in CI)
@@ -9,13 +10,46 @@ tests), and ci (what CI runs).
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
+import tempfile
 
 import nox
 
-nox.options.sessions = ["lint", "ci"]
+nox.options.sessions = ["lint", "ci", "compat"]
+COMPAT_PYTHONS = ["3.12", "3.13"]
+
+
+def _expose_interpreters(versions: list[str]) -> None:
+    """Put ``pythonX.Y`` of pyenv's installed versions on PATH for nox to find: pyenv's shims
+    answer "command not found" for a version that is installed but not selected."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    links = os.path.join(tempfile.gettempdir(), "mizuoto-nox-pythons")
+    for version in versions:
+        if _runs(f"python{version}"):
+            continue
+        found = sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin",
+                                              f"python{version}")))
+        if found:
+            os.makedirs(links, exist_ok=True)
+            link = os.path.join(links, f"python{version}")
+            if os.path.lexists(link):
+                os.remove(link)
+            os.symlink(found[-1], link)
+    if os.path.isdir(links):
+        os.environ["PATH"] = links + os.pathsep + os.environ.get("PATH", "")
+
+
+def _runs(command: str) -> bool:
+    try:
+        return subprocess.run([command, "--version"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+_expose_interpreters(COMPAT_PYTHONS)
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = ["torch==2.14.1", "torchaudio==2.11.0"]
@@ -219,6 +253,35 @@ def ci(session):
     _check_plugin_discovery(session)
     _run_suites(session, "not realsize and not fuzz_only",
                 env={**THREADS, **_allocator_env(session)})
+
+
+@nox.session(python=COMPAT_PYTHONS)
+def compat(session):
+    """The newer Pythons: regular (not editable) installs of core and both engines with only
+    their declared dependencies (no librosa, no upstream oracles, torch without torchaudio),
+    then the contract suite against both engines and the engines' command line."""
+    session.install(TORCH[0])
+    session.install("./packages/mizuoto-core[text,test,serve]", "./packages/mizuoto-f5tts",
+                    "./packages/mizuoto-voxcpm", "./contract-tests")
+    for undeclared in ("librosa", "torchaudio", "f5_tts", "voxcpm"):
+        session.run("python", "-c", f"import importlib.util, sys; "
+                    f"importlib.util.find_spec({undeclared!r}) and "
+                    f"sys.exit('{undeclared} is installed: this session proves we run without it')")
+    _check_plugin_listing(session)
+    tmp = session.create_tmp()
+    for fixture in ("f5tts/tiny-v1-base", "voxcpm/tiny-2"):
+        model = os.path.join(tmp, fixture.replace("/", "-"))
+        if not os.path.isdir(model):
+            session.run("mizuoto", "-q", "random-model", fixture, model)
+        session.run("mizuoto", "-q", "say", "-m", model, "Hello from Mizuoto.",
+                    "-o", os.path.join(tmp, "hello.wav"), env=THREADS)
+    _run_suites(session, "not realsize and not fuzz_only", ["contract"], env=THREADS)
+
+
+def _check_plugin_listing(session) -> None:
+    output = _plugins_output(session)
+    if not (_listed(output, "f5tts") and _listed(output, "voxcpm")):
+        session.error(f"mizuoto plugins should list both engines, got: {output!r}")
 
 
 @nox.session(python="3.11")
