@@ -35,6 +35,7 @@ from mizuoto.runtime.in_effect import compute_in_effect
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
+from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
 from mizuoto_voxcpm.generation import (
@@ -46,6 +47,7 @@ from mizuoto_voxcpm.generation import (
     generate,
     generate_patches,
     patch_cap,
+    sampling_generator,
 )
 from mizuoto_voxcpm.long_text import pack_chunks
 from mizuoto_voxcpm.lora import WEIGHTS_FILE as LORA_WEIGHTS
@@ -452,11 +454,13 @@ class VoxCPMEngine(Engine):
             part = f" (chunk {index + 1} of {len(plan.chunks)})" if len(plan.chunks) > 1 else ""
             check_finite(result.patches, f"voxcpm language model and local DiT{part}")
             report(progress, "decoding", index, len(plan.chunks))
-            pieces.append(decode_utterance(self.vae, result.patches, context=result.context,
-                                           v2=self.config.is_v2,
-                                           patch_size=self.config.patch_size,
-                                           fallbacks=fallbacks, oom_fallback=self._oom_fallback,
-                                           tiled=params.tiled_decode))
+            with noise_drawn_from(self.vae, result.generator):
+                pieces.append(decode_utterance(self.vae, result.patches, context=result.context,
+                                               v2=self.config.is_v2,
+                                               patch_size=self.config.patch_size,
+                                               fallbacks=fallbacks,
+                                               oom_fallback=self._oom_fallback,
+                                               tiled=params.tiled_decode))
             check_finite(pieces[-1], f"voxcpm audio VAE{part}")
         audio = Audio(torch.cat(pieces), self.info.sample_rate)
         return SynthesisResult(audio, self._applied(plan, retries=retries, patches=patches,
@@ -476,11 +480,15 @@ class VoxCPMEngine(Engine):
         index = 0
         for chunk_index, target in enumerate(plan.chunks):
             run = self._chunk_run(plan, chunk_index, target)
-            generated = generate_patches(self.model, run.sequence, run.sampling, seed=run.seed)
+            generator = sampling_generator(self.model, run.seed)
+            generated = generate_patches(self.model, run.sequence, run.sampling, seed=run.seed,
+                                         generator=generator)
             context = context_latents(run.sequence, v2=v2, device=self.model.device,
                                       dtype=self.model.dtype)
+            # the decoder's noise (if any) draws between the patches' draws, as upstream's
             with segment_decoder(self.vae, context=context, v2=v2,
-                                 patch_size=self.config.patch_size) as decode:
+                                 patch_size=self.config.patch_size) as decode, \
+                    noise_drawn_from(self.vae, generator):
                 for patch, last_patch in generated:
                     segment = decode(patch)
                     index += 1

@@ -184,11 +184,16 @@ def random_state_dict(config: dict[str, Any], *, seed: int = 0, stop: str = "nev
 def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
                        dtype: str = "bfloat16", stop: str = "never", realsize: bool = False,
                        size: str = "tiny", weights_format: str = "safetensors",
-                       legacy_tokenizer: bool = True) -> Path:
+                       legacy_tokenizer: bool = True, overrides: dict[str, Any] | None = None,
+                       vae_overrides: dict[str, Any] | None = None) -> Path:
     """Write a random-init model directory of ``generation`` in upstream's layout.
 
     ``size``: ``"tiny"`` (CI), ``"wide"`` (tiny depth, released DiT and latent widths) or
     ``"realsize"`` (the released transformer sizes; ``realsize=True`` is the same).
+    ``overrides``: ``config.json`` values to change (a dict for a section is merged into it,
+    ``dit_config.cfm_config`` too); ``vae_overrides``: audio VAE config fields to change (its
+    ``latent_dim`` becomes ``feat_dim``). Custom widths must keep upstream's constraints (one
+    head dim for all stacks, twice the rope factors).
     """
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
@@ -209,9 +214,11 @@ def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
         config = realsize_config(generation, dtype=dtype)
     else:
         config = tiny_config(generation, vocab_size=vocab_size, dtype=dtype, wide=size == "wide")
+    _merge(config, overrides or {})
     vae = _vae_config(generation, realsize)
     if size == "wide":
         vae = attrs.evolve(vae, latent_dim=RELEASED_LATENT_DIM)
+    vae = attrs.evolve(vae, **(vae_overrides or {}))
     write_random_audiovae(directory, vae, seed=seed,
                           fmt="safetensors" if generation == "voxcpm2" else "pth")
     config["audio_vae_config"] = {k: list(v) if isinstance(v, tuple) else v
@@ -224,6 +231,14 @@ def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
     else:
         torch.save({"state_dict": state}, str(directory / "pytorch_model.bin"))
     return directory
+
+
+def _merge(config: dict[str, Any], overrides: dict[str, Any]) -> None:
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            _merge(config[key], value)
+        else:
+            config[key] = value
 
 
 def _vae_config(generation: str, realsize: bool):

@@ -3,7 +3,9 @@
 Randomness: the flow sampler's starting noise is the only draw, one ``randn`` per patch in the
 model dtype, from a fresh ``torch.Generator`` seeded per attempt (attempt ``k`` uses
 ``seed + k``). Upstream draws from the global generator and never reseeds between attempts; its
-parity harness seeds the global generator the same way before each attempt.
+parity harness seeds the global generator the same way before each attempt. An audio VAE with
+noise blocks draws from the same generator when it decodes (upstream's global one), after the
+kept attempt's draws, or between patches when streaming.
 """
 
 from __future__ import annotations
@@ -130,10 +132,15 @@ class Sampling:
     max_patches: int = 4096
 
 
+def sampling_generator(model: VoxCPMModel, seed: int) -> torch.Generator:
+    """The generator one attempt draws from, on the model's device."""
+    return torch.Generator(device=model.device).manual_seed(seed)
+
+
 @torch.inference_mode()
 def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *,
-                     seed: int, speculate: bool | None = None
-                     ) -> Iterator[tuple[torch.Tensor, bool]]:
+                     seed: int, generator: torch.Generator | None = None,
+                     speculate: bool | None = None) -> Iterator[tuple[torch.Tensor, bool]]:
     """Yield each new patch ``(1, patch_size, feat_dim)`` (model dtype) of one attempt, with
     whether it is the attempt's last.
 
@@ -143,7 +150,8 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
     (:func:`~mizuoto_voxcpm.patch_decoder.decode_patch`, or its graph) steps the LMs before its
     stop flag is read, the one wait for the device per patch, and a step after the last patch
     is discarded. Otherwise the LMs step after the patch is yielded, as upstream orders it.
-    The samples are the same either way.
+    The samples are the same either way. ``generator`` (default: a new one seeded with
+    ``seed``) is the one the patches draw from.
     """
     device, dtype = model.device, model.dtype
     feats = sequence.feats.to(device).to(dtype)
@@ -153,7 +161,8 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
                                                    sequence.feat_mask.to(device))
     except CacheFull as exc:
         raise InvalidRequest("text", str(exc), "shorten the text or the prompt audio") from exc
-    generator = torch.Generator(device=device).manual_seed(seed)
+    if generator is None:
+        generator = sampling_generator(model, seed)
     graphs = model.patch_graphs
     if speculate is None:
         speculate = graphs is not None or device.type != "cpu"
@@ -193,6 +202,7 @@ class Generated:
     context: int
     attempts: int
     seed: int  # the seed of the kept attempt
+    generator: torch.Generator  # the kept attempt's, after its draws: the decoder's noise
 
 
 def patch_cap(target_tokens: int, ratio: float, max_len: int) -> int:
@@ -214,7 +224,9 @@ def generate(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *
     attempt = 0
     while True:
         new = []
-        for patch, _ in generate_patches(model, sequence, sampling, seed=seed + attempt):
+        generator = sampling_generator(model, seed + attempt)
+        for patch, _ in generate_patches(model, sequence, sampling, seed=seed + attempt,
+                                         generator=generator):
             new.append(patch.unsqueeze(1))
             if on_patch is not None:
                 on_patch(len(new))
@@ -226,4 +238,4 @@ def generate(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *
             attempt += 1
             continue
         return Generated(torch.cat(context + new, dim=1), len(context), attempt + 1,
-                         seed + attempt)
+                         seed + attempt, generator)

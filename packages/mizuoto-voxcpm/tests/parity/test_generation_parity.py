@@ -60,6 +60,10 @@ def model_dirs(tmp_path_factory) -> dict[tuple[str, str], Path]:
     dirs["voxcpm2", "stop"] = stop
     dirs["voxcpm-0.5b", "stop"] = write_random_model(root / "v05-stop", "voxcpm-0.5b", seed=3,
                                                      stop="always")
+    for generation in ("voxcpm-0.5b", "voxcpm2"):  # a VAE whose decoder draws noise
+        dirs[generation, "noise"] = write_random_model(root / f"{generation}-noise", generation,
+                                                       seed=3, vae_overrides={
+                                                           "use_noise_block": True})
     return dirs
 
 
@@ -321,6 +325,107 @@ def test_v2_instruction_with_saved_voice(model_dirs, references):
                   upstream_kwargs={"text": f"({instruction}){ZH}", "reference_wav_path": str(ref)},
                   request_kwargs={"text": ZH, "instruction": instruction, "voice": voice})
     assert result.applied.extra["mode"] == "reference" and result.applied.warnings
+
+
+def _rope(head_dim: int, original: int) -> dict:
+    return {"long_factor": [1.0 + 0.37 * i for i in range(head_dim // 2)],
+            "short_factor": [1.0 + 0.11 * i for i in range(head_dim // 2)],
+            "original_max_position_embeddings": original}
+
+
+# Widths unlike the fixture's, each within upstream's constraints (one head dim for all stacks,
+# twice the rope factors; local stacks share the LM's key/value heads), with the request
+# settings swept against them: name -> (generation, config overrides, VAE overrides, request)
+CUSTOM = {
+    # head dim 8, patch 1, no muP, cache of 300 (no multiple of the CPU attention span),
+    # max_position_embeddings == original (the short rope factors), an 8 kHz VAE
+    "0.5b-head8-patch1": ("voxcpm-0.5b", {
+        "lm_config": {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1,
+                      "num_hidden_layers": 3, "use_mup": False, "rope_theta": 1e6,
+                      "max_position_embeddings": 512, "rope_scaling": _rope(8, 512)},
+        "encoder_config": {"hidden_dim": 8, "num_heads": 1, "num_layers": 1},
+        "dit_config": {"hidden_dim": 32, "num_heads": 4, "ffn_dim": 100, "num_layers": 3},
+        "patch_size": 1, "residual_lm_num_layers": 3, "max_length": 300,
+        "scalar_quantization_scale": 3, "dit_mean_mode": True},
+        {"encoder_rates": (2, 4, 5), "decoder_rates": (5, 4, 2), "sample_rate": 8000,
+         "latent_dim": 4},
+        {"seed": 0, "steps": 2, "guidance": 0.0, "text": "Hi", "lang": "en",
+         "modes": ("clone", "stream")}),
+    # head dim 32 through kv_channels (hidden 48), patch 5, rope theta 1e6, 22.05 kHz VAE
+    "1.5-kv-channels-patch5": ("voxcpm-1.5", {
+        "lm_config": {"hidden_size": 48, "kv_channels": 32, "num_attention_heads": 2,
+                      "num_key_value_heads": 2, "scale_emb": 2.5, "scale_depth": 1.0,
+                      "rope_theta": 1e6, "rope_scaling": _rope(32, 256)},
+        "encoder_config": {"hidden_dim": 40, "num_heads": 2, "kv_channels": 32},
+        "dit_config": {"hidden_dim": 128, "num_heads": 4},
+        "patch_size": 5, "residual_lm_num_layers": 1, "scalar_quantization_latent_dim": 24},
+        {"encoder_rates": (2, 3, 4, 5), "decoder_rates": (5, 4, 3, 2), "sample_rate": 22050,
+         "latent_dim": 16, "depthwise": False},
+        {"seed": 2**31 - 1, "steps": 25, "guidance": 1.5, "text": ZH, "lang": "zh",
+         "modes": ("zero_shot", "stream")}),
+    # VoxCPM2: a rotary residual LM, the mean-mode DiT, a 24 kHz decoder conditioned by concat
+    "2-rope-residual-24k": ("voxcpm2", {
+        "lm_config": {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 1,
+                      "num_hidden_layers": 1, "rope_scaling": _rope(8, 256)},
+        "encoder_config": {"hidden_dim": 16, "num_heads": 2},
+        "dit_config": {"hidden_dim": 8, "num_heads": 1, "num_layers": 3, "dit_mean_mode": True},
+        "patch_size": 3, "residual_lm_no_rope": False, "max_length": 1000},
+        {"out_sample_rate": 24000, "sr_bin_boundaries": (16000,), "cond_type": "concat",
+         "cond_out_layer": True, "cond_dim": 16, "latent_dim": 4, "decoder_dim": 64},
+        {"seed": 2**32 - 1, "steps": 3, "guidance": 3.0, "text": "A. B. C.", "lang": "en",
+         "modes": ("clone", "stream")}),
+    "2-no-rope-lm-unconditioned-vae": ("voxcpm2", {
+        "lm_config": {"no_rope": True, "use_mup": False, "num_hidden_layers": 3},
+        "patch_size": 2, "residual_lm_num_layers": 1},
+        {"sr_bin_boundaries": None, "cond_type": "add", "latent_dim": 16},
+        {"seed": 1, "steps": 1, "guidance": 1.0, "text": "混合 mixed 文本 42。", "lang": "zh",
+         "modes": ("zero_shot", "clone")}),
+}
+
+
+@pytest.fixture(scope="module")
+def custom_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("voxcpm-custom")
+    return {name: write_random_model(root / name, generation, seed=8, overrides=overrides,
+                                     vae_overrides=vae, dtype="float32" if i % 2 else "bfloat16")
+            for i, (name, (generation, overrides, vae, _)) in enumerate(CUSTOM.items())}
+
+
+@pytest.mark.parametrize(("name", "mode"), [(name, mode) for name in sorted(CUSTOM)
+                                             for mode in CUSTOM[name][3]["modes"]])
+def test_custom_widths(custom_dirs, references, name, mode):
+    generation, _, _, request = CUSTOM[name]
+    directory, text, lang = custom_dirs[name], request["text"], request["lang"]
+    settings = {"inference_timesteps": request["steps"], "cfg_value": request["guidance"]}
+    if mode == "stream":
+        up = _upstream(directory)
+        expected = up.stream(request["seed"], text=text, max_len=3, **settings)
+        chunks = list(_engine(directory).stream(mizuoto.SynthesisRequest(
+            text, seed=request["seed"], params={"max_len": 3, **settings})))
+        assert [c.audio.num_samples for c in chunks] == [len(e) for e in expected]
+        for want, got in zip(expected, chunks, strict=True):
+            _assert_same(want, got.audio.samples)
+        return
+    upstream_kwargs, request_kwargs = {"text": text}, {"text": text}
+    if mode == "clone":
+        ref = references[lang]
+        upstream_kwargs.update(_clone_upstream(generation, ref, REF_TEXT[lang]))
+        request_kwargs["reference"] = mizuoto.Reference(ref, REF_TEXT[lang])
+    _run(directory, upstream_kwargs=upstream_kwargs, request_kwargs=request_kwargs,
+         params={"max_len": 3, **settings}, seed=request["seed"])
+
+
+@pytest.mark.parametrize("generation", ["voxcpm-0.5b", "voxcpm2"])
+def test_vae_noise_continues_the_sampler(model_dirs, references, generation):
+    """Upstream's VAE noise blocks draw from the global generator its sampler used: after the
+    kept (third) attempt's draws, and when streaming between one patch's draw and the next."""
+    directory = model_dirs[generation, "noise"]
+    ref = references["en"]
+    _run(directory, upstream_kwargs={"text": EN, **_clone_upstream(generation, ref,
+                                                                    REF_TEXT["en"])},
+         request_kwargs={"text": EN, "reference": mizuoto.Reference(ref, REF_TEXT["en"])},
+         params={"max_len": 3, "retry_badcase_ratio_threshold": 0.1})
+    _stream_both(directory, {"text": EN}, {"text": EN}, {"max_len": 3})
 
 
 def test_pytorch_model_bin(tmp_path_factory):

@@ -50,6 +50,24 @@ CASES = {
                                              "lora": {"r": 32, "alpha": 32}}),
     # rows 0 and 2 carry a reference recording: [103, ref, 104, text, 101, audio, 102]
     "2-full-reference-audio": ("voxcpm2", "full", 2, {"manifest": "with_ref"}),
+    # other widths (head dim 8, patch 3, mean-mode DiT, uniform times, noisy conditions) and
+    # other settings (no warm-up then a short cosine, weight decay 0.1, loss weights, LoRA on
+    # the LMs and the projections only)
+    "2-custom-lora-lm-proj": ("voxcpm2", "lora", 3, {
+        "model": "voxcpm2-custom", "manifest": "with_ref", "learning_rate": 3e-3,
+        "warmup_steps": 0, "weight_decay": 0.1, "lambdas": {"loss/diff": 0.5, "loss/stop": 2.0},
+        "lora": {"r": 2, "alpha": 3, "enable_dit": False, "enable_proj": True}}),
+}
+# a VoxCPM2 of other widths, as config.json overrides (see fixtures.write_random_model)
+CUSTOM_V2 = {
+    "lm_config": {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 1,
+                  "rope_scaling": {"long_factor": [1.0, 1.3, 1.6, 1.9],
+                                   "short_factor": [1.0, 1.1, 1.2, 1.3]}},
+    "encoder_config": {"hidden_dim": 16, "num_heads": 2, "num_layers": 1},
+    "dit_config": {"hidden_dim": 24, "num_heads": 3, "num_layers": 1, "dit_mean_mode": True,
+                   "cfm_config": {"t_scheduler": "uniform", "noise_cond_scale": 0.3,
+                                  "noise_cond_prob_range": [0.2, 0.9]}},
+    "patch_size": 3, "residual_lm_num_layers": 1,
 }
 
 
@@ -79,6 +97,9 @@ def data(tmp_path_factory) -> dict[str, Path]:
     for generation in ("voxcpm-0.5b", "voxcpm2"):
         base = write_random_model(root / generation, generation, seed=5)
         models[generation] = with_dtype(base, root / f"{generation}-fp32", "float32")
+    models["voxcpm2-custom"] = write_random_model(root / "voxcpm2-custom", "voxcpm2", seed=6,
+                                                  dtype="float32", overrides=CUSTOM_V2,
+                                                  vae_overrides={"latent_dim": 4})
     return {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models}
 
 
@@ -87,7 +108,8 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
     save = data["root"] / f"upstream-{name}"
     manifest = data[overrides.get("manifest", "manifest")]
     config = {
-        "pretrained_path": str(data[generation]), "train_manifest": str(manifest),
+        "pretrained_path": str(data[overrides.get("model", generation)]),
+        "train_manifest": str(manifest),
         "val_manifest": "", "sample_rate": 16000, "batch_size": batch_size,
         "grad_accum_steps": 1, "num_workers": 0, "num_iters": steps, "log_interval": 1,
         "valid_interval": 1000, "save_interval": 1000,
@@ -96,7 +118,7 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
         "save_path": str(save), "lambdas": {"loss/diff": 1.0, "loss/stop": 1.0},
         "max_grad_norm": 0.0, "log": str(save.with_suffix(".json")),
     }
-    config.update({k: v for k, v in overrides.items() if k not in ("lora", "manifest")})
+    config.update({k: v for k, v in overrides.items() if k not in ("lora", "manifest", "model")})
     if method == "lora":
         config["lora"] = {"enable_lm": True, "enable_dit": True, "enable_proj": False,
                           "dropout": 0.0, **overrides["lora"]}
@@ -111,17 +133,24 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
 
 def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
     lora = overrides.get("lora", {})
-    params = {"warmup_steps": 1, "max_batch_tokens": 8192, "preview": False,
-              "grad_accum_steps": overrides.get("grad_accum_steps", 1),
-              "max_grad_norm": overrides.get("max_grad_norm", 0.0)}
+    lambdas = overrides.get("lambdas", {})
+    params = {"warmup_steps": overrides.get("warmup_steps", 1), "max_batch_tokens": 8192,
+              "preview": False, "grad_accum_steps": overrides.get("grad_accum_steps", 1),
+              "max_grad_norm": overrides.get("max_grad_norm", 0.0),
+              "weight_decay": overrides.get("weight_decay", 0.01),
+              "lambda_diff": lambdas.get("loss/diff", 1.0),
+              "lambda_stop": lambdas.get("loss/stop", 1.0)}
     if method == "lora":
         params.update({"lora_r": lora["r"], "lora_alpha": lora["alpha"],
                        "lora_dropout": lora.get("dropout", 0.0),
+                       "lora_enable_lm": lora.get("enable_lm", True),
+                       "lora_enable_dit": lora.get("enable_dit", True),
                        "lora_enable_proj": lora.get("enable_proj", False)})
-    config = TrainingConfig(method=method, model=str(data[generation]),
+    learning_rate = overrides.get("learning_rate", 1e-4 if method == "lora" else 1e-5)
+    config = TrainingConfig(method=method, model=str(data[overrides.get("model", generation)]),
                             dataset=data[overrides.get("manifest", "manifest")],
                             output_dir=data["root"] / f"ours-{name}",
-                            steps=steps, learning_rate=1e-4 if method == "lora" else 1e-5,
+                            steps=steps, learning_rate=learning_rate,
                             batch_size=batch_size, seed=42, save_every=1000, params=params)
     trainer = VoxCPMTrainer()
     run = trainer.prepare(config)

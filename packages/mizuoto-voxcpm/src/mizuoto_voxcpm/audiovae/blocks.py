@@ -7,7 +7,8 @@ keys map one to one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ __all__ = [
     "NoiseBlock",
     "decoder_input_layers",
     "earliest_input",
+    "noise_drawn_from",
     "run_layers",
 ]
 
@@ -106,16 +108,37 @@ class CausalEncoder(nn.Module):
 
 
 class NoiseBlock(nn.Module):
-    """Adds ``noise * W x`` with one Gaussian per time step, drawn from torch's global generator."""
+    """Adds ``noise * W x`` with one Gaussian per time step, drawn from ``generator`` (torch's
+    global generator when ``None``; see :func:`noise_drawn_from`)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.linear = CausalConv1d(dim, dim, 1, bias=False)
+        self.generator: torch.Generator | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, _, frames = x.shape
-        noise = torch.randn((batch, 1, frames), device=x.device, dtype=x.dtype)
+        noise = torch.randn((batch, 1, frames), device=x.device, dtype=x.dtype,
+                            generator=self.generator)
         return x + noise * self.linear(x)
+
+
+@contextmanager
+def noise_drawn_from(vae: nn.Module, generator: torch.Generator | None) -> Iterator[None]:
+    """Within the block, every noise block of ``vae`` draws from ``generator``.
+
+    Upstream's noise blocks draw from the global generator that its sampler has just used, so
+    a decode continues the sampler's stream of numbers (and, streaming, the next patch's draw
+    continues after the decode's). Passing the sampler's own generator reproduces that.
+    """
+    blocks = [m for m in vae.modules() if isinstance(m, NoiseBlock)]
+    for block in blocks:
+        block.generator = generator
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.generator = None
 
 
 class CausalDecoderBlock(nn.Module):
