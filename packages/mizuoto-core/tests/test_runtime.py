@@ -15,6 +15,7 @@ from mizuoto.runtime.checkpoint import (
     find_weights_file,
     load_into,
     load_state_dict_file,
+    load_weights_into,
 )
 from mizuoto.runtime.device import describe, half_precision_or_float32, select_device, select_dtype
 from mizuoto.runtime.seeds import keyed_generator
@@ -179,6 +180,55 @@ def test_load_into_names_every_problem():
     assert error.value.shapes == ["0.weight: checkpoint (5, 3), model (4, 3)"]
     assert "model.safetensors" in str(error.value)
     assert torch.equal(model[0].bias, before)  # nothing was loaded
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_load_weights_into_equals_load_into(tmp_path, suffix, dtype):
+    torch.manual_seed(0)
+    state = {k: torch.randn(v.shape) if v.is_floating_point() else v + 5
+             for k, v in _model().state_dict().items()}
+    path = tmp_path / f"m{suffix}"
+    stored = {**state, "vae.weight": torch.zeros(9)}
+    save_file(stored, path) if suffix == ".safetensors" else torch.save({"state_dict": stored}, path)
+    whole, streamed = _model().to(dtype), _model().to(dtype)
+    load_into(whole, state, path)
+    assert load_weights_into(streamed, path, key=("state_dict", ""),
+                             skip_prefixes=("vae.",)) is streamed
+    for (name, a), b in zip(whole.state_dict().items(), streamed.state_dict().values(),
+                            strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_load_weights_into_checks_before_copying(tmp_path):
+    bad = dict(_model().state_dict())
+    del bad["1.running_var"]
+    bad["0.weight"] = torch.zeros(5, 3)
+    bad["0.bias"] = torch.full((4,), 7.0)
+    save_file(bad, tmp_path / "bad.safetensors")
+    model = _model()
+    before = model[0].bias.clone()
+    with pytest.raises(CheckpointMismatch) as error:
+        load_weights_into(model, tmp_path / "bad.safetensors")
+    assert error.value.missing == ["1.running_var"]
+    assert error.value.shapes == ["0.weight: checkpoint (5, 3), model (4, 3)"]
+    assert torch.equal(model[0].bias, before)  # nothing was loaded
+    (tmp_path / "damaged.safetensors").write_bytes(b"\x00" * 20)
+    with pytest.raises(CheckpointMismatch, match="cannot read"):
+        load_weights_into(model, tmp_path / "damaged.safetensors")
+    truncated = tmp_path / "truncated.safetensors"
+    save_file(dict(_model().state_dict()), truncated)
+    truncated.write_bytes(truncated.read_bytes()[:-8])
+    with pytest.raises(CheckpointMismatch, match="do not fit"):
+        load_weights_into(model, truncated)
+    assert torch.equal(model[0].bias, before)
+    with pytest.raises(ModelFilesMissing, match="nope.safetensors"):
+        load_weights_into(model, tmp_path / "nope.safetensors")
+    extra = {**_model().state_dict(), "extra.weight": torch.zeros(2)}
+    save_file(extra, tmp_path / "extra.safetensors")
+    with pytest.raises(CheckpointMismatch, match="extra.weight"):
+        load_weights_into(model, tmp_path / "extra.safetensors")
+    load_weights_into(model, tmp_path / "extra.safetensors", tolerate_unexpected=True)
 
 
 def test_tolerated_unexpected_keys_are_dropped_with_a_warning(caplog):

@@ -16,12 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto.runtime.checkpoint import (
-    check_state_dict,
-    find_weights_file,
-    load_state_dict_file,
-    materialize_empty,
-)
+from mizuoto.runtime.checkpoint import find_weights_file, load_weights_into, materialize_empty
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.flow import sample_patch
 from mizuoto_voxcpm.local_dit import LocalDiT
@@ -194,20 +189,12 @@ def find_weights(model_dir: Path) -> Path:
                              "the VoxCPM LM weights are missing from the model directory")
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    # upstream reads checkpoint.get("state_dict", checkpoint) from a .bin
-    return load_state_dict_file(path, key=("state_dict", ""))
-
-
 def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtype,
                device: torch.device | str = "cpu", attention: str = "exact") -> VoxCPMModel:
     """Build the model in ``dtype`` (RoPE tables computed in float32 and rounded to ``dtype``,
     as upstream's cast before copying the checkpoint in does), then load the weights strictly."""
     model_dir = Path(model_dir)
     path = find_weights(model_dir)
-    state = read_state_dict(path)
-    # upstream overwrites any audio_vae.* entries with audiovae.*: they are not LM weights
-    state = {k: v for k, v in state.items() if not k.startswith("audio_vae.")}
     # built on the meta device (no random init), materialised uninitialised, RoPE tables
     # recomputed: the same values as upstream's build-in-float32-then-cast, without the init cost
     with torch.device("meta"):
@@ -217,11 +204,12 @@ def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtyp
         if isinstance(module, LongRoPE):
             module.rebuild(dtype)
     # upstream loads with strict=False: extra tensors are ignored (with a warning here), while
-    # a missing one would silently stay uninitialised, so missing and mis-shaped keys are errors
-    layout = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    for key in check_state_dict(layout, state, path, tolerate_unexpected=True):
-        del state[key]
-    model.load_state_dict(state, strict=True)
+    # a missing one would silently stay uninitialised, so missing and mis-shaped keys are errors.
+    # Upstream overwrites any audio_vae.* entries with audiovae.*: they are not LM weights.
+    # Tensor by tensor: a float32 VoxCPM2 file into bfloat16 no longer holds both at once.
+    # (a .bin: upstream reads checkpoint.get("state_dict", checkpoint))
+    load_weights_into(model, path, key=("state_dict", ""), skip_prefixes=("audio_vae.",),
+                      tolerate_unexpected=True)
     # upstream's from_local only calls .eval(): parameters keep requires_grad=True, and that
     # picks the kernel. F.linear on a non-contiguous 3-D input (the DiT's out_proj on
     # hidden[:, skip:]) goes through at::matmul, which folds the batch into one mm only when the
