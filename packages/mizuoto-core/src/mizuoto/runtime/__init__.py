@@ -12,7 +12,8 @@
 - :mod:`~mizuoto.runtime.out_of_memory`: ``is_out_of_memory`` (CUDA, MPS and the CPU
   allocator), ``release_cached_memory``;
 - :mod:`~mizuoto.runtime.weight_norm`: ``fold_weight_norm`` for state dicts;
-- :mod:`~mizuoto.runtime.checkpoint`: ``load_state_dict_file``, strict ``load_into``;
+- :mod:`~mizuoto.runtime.checkpoint`: ``load_state_dict_file``, strict ``load_into`` and
+  ``load_weights_into`` (a weights file copied in tensor by tensor);
 - :mod:`~mizuoto.runtime.module_state`: ``kernel_state`` (what picks kernels, for parity tests);
 - :mod:`~mizuoto.runtime.atomic` and :mod:`~mizuoto.runtime.seeds`.
 """
