@@ -98,6 +98,16 @@ def test_detect_unknown_size_is_custom(tmp_path):
     assert detected.size == "custom" and (detected.depth, detected.heads) == (3, 2)
 
 
+@pytest.mark.parametrize(("name", "dim", "ff_mult"), [("v1_base", 112, 4.3), ("e2_base", 208, 2.3)])
+def test_detect_fractional_ff_mult_rebuilds_the_inner_width(tmp_path, name, dim, ff_mult):
+    """int(dim * ff_mult) is 481 / 478, and inner / dim multiplied back gives one less."""
+    variant = attrs.evolve(get_variant(name, "tiny"), dim=dim, ff_mult=ff_mult)
+    model_dir = write_random_model_dir(tmp_path, variant, vocab=SMALL_VOCAB)
+    model, _ = load_f5_model(model_dir)  # a narrower feed-forward would not load
+    detected = detect_variant(read_checkpoint(find_checkpoint(model_dir)))
+    assert int(dim * detected.ff_mult) == int(dim * ff_mult)
+
+
 def test_use_ema_false_reads_model_state_dict(tmp_path):
     model_dir = write_random_model_dir(tmp_path, "base", vocab=SMALL_VOCAB, checkpoint_format="pt")
     ema, _ = load_f5_model(model_dir, get_variant("base", "tiny"))

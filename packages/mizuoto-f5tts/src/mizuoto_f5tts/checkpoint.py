@@ -35,6 +35,7 @@ its own message).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
 from importlib.resources import files
@@ -129,6 +130,18 @@ def _is_v0_hint(hint: str) -> bool:
     return bool(re.search(r"\b(base|v0)\b", hint))
 
 
+def _ff_mult(inner: int, dim: int) -> float:
+    """A multiplier the feed-forward rebuilds ``inner`` from (``int(dim * mult)``, as
+    upstream): ``inner / dim`` can round to a float whose product falls just short (dim 112,
+    inner 481), so step it up to the next float until the product reaches ``inner``."""
+    if inner % dim == 0:
+        return inner // dim
+    mult = inner / dim
+    while int(dim * mult) < inner:
+        mult = math.nextafter(mult, math.inf)
+    return mult
+
+
 def detect_variant(
     state: Mapping[str, torch.Tensor], hint: str = "", family: str | None = None
 ) -> F5Variant:
@@ -161,8 +174,7 @@ def detect_variant(
             f"{family_variant.backbone.upper()}; choose a matching variant or auto-detection",
         )
     inner = state[attn + "to_q.weight"].shape[0]
-    ff_inner = state[ff].shape[0]
-    ff_mult = ff_inner // dim if ff_inner % dim == 0 else ff_inner / dim
+    ff_mult = _ff_mult(state[ff].shape[0], dim)
     fields = dict(
         backbone=backbone,
         dim=dim,
