@@ -77,6 +77,17 @@ def test_text_beyond_the_position_table_is_refused(engine, ref):
     assert raised.value.field == "text" and "8192" in str(raised.value)
 
 
+def test_dit_without_text_conv_layers_has_no_position_table():
+    """Upstream's DiT without conv layers runs past 8192 frames (no sinusoidal table)."""
+    from mizuoto.nn.transformer import DiT
+    from mizuoto_f5tts.duration import check_positions
+
+    kwargs = dict(dim=16, depth=1, heads=1, dim_head=16, text_num_embeds=4, text_dim=16)
+    check_positions(DiT(**kwargs, conv_layers=0), 10, 10, 9000, "text")
+    with pytest.raises(InvalidRequest, match="8192"):
+        check_positions(DiT(**kwargs, conv_layers=1), 10, 10, 9000, "text")
+
+
 def test_long_text_is_chunked_and_crossfaded(engine, ref):
     text = " ".join(f"Sentence number {i} is here." for i in range(12))
     result = engine.synthesize(_request(ref, text=text))

@@ -40,8 +40,8 @@ def check_positions(backbone, text_len: int, cond_frames: int, duration: int, wh
     """Refuse what upstream's DiT cannot run: more frames than its text position table."""
     from mizuoto.nn.transformer import DiT
 
-    if not isinstance(backbone, DiT):
-        return  # UNetT clamps positions past its table, as upstream
+    if not isinstance(backbone, DiT) or not backbone.text_embed.extra_modeling:
+        return  # UNetT clamps positions past its table, as upstream; no conv layers, no table
     limit = backbone.text_embed.max_positions
     frames = min(max(max(text_len, cond_frames) + 1, duration), MAX_DURATION)
     if frames > limit:
