@@ -4,7 +4,9 @@ Random tiny model directories of each variant are loaded by upstream (``load_mod
 ``load_vocoder(is_local=True)``) and by Mizuoto. Upstream is driven as ``F5TTS.infer`` drives
 it (``torch.manual_seed`` once, ``preprocess_ref_audio_text``, ``infer_process``) with its
 chunk thread pool cut to one worker, so chunks draw their noise in order. Speech editing is
-``infer/speech_edit.py``'s logic with local files.
+``infer/speech_edit.py``'s logic with local files. Besides the tiny released layouts, a few
+other widths (``WIDE``: qk-norm, long skip, additive UNetT skips, fractional ``ff_mult``) are
+written in upstream's layout and left to Mizuoto's auto-detection.
 
 Compared with ``torch.equal``: the mel fed to Vocos (every chunk) and the final audio. One
 chunk is float32 on both sides. Several chunks: upstream's crossfade makes float64, and
@@ -18,6 +20,7 @@ import concurrent.futures
 from importlib.resources import files
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -42,6 +45,23 @@ LONG_GEN = ("I don't really care what you call me. I've been a silent spectator,
             "consequences.")
 SEED = 1234
 VARIANTS = ("v1_base", "base", "e2_base")
+# other widths, written in upstream's layout and auto-detected (checkpoint.detect_variant);
+# ff_mult 4.3 at dim 112 and 2.3 at dim 208 give inner widths (481, 478) that inner / dim
+# does not rebuild through int(dim * mult)
+WIDE = {
+    "wide_v1": attrs.evolve(get_variant("v1_base", "tiny"), size="custom", dim=112, depth=1,
+                            heads=7, text_dim=48, conv_layers=1, ff_mult=4.3, qk_norm="rms_norm"),
+    "wide_v0": attrs.evolve(get_variant("base", "tiny"), size="custom", dim=96, depth=3, heads=2,
+                            dim_head=64, text_dim=48, conv_layers=0, ff_mult=3,
+                            long_skip_connection=True),
+    "wide_e2": attrs.evolve(get_variant("e2_base", "tiny"), size="custom", dim=208, depth=2,
+                            heads=2, dim_head=32, text_dim=48, conv_layers=1, ff_mult=2.3,
+                            skip_connect_type="add"),
+}
+
+
+def _variant(name: str):
+    return WIDE[name] if name in WIDE else get_variant(name, "tiny")
 
 
 def _silent(*args, **kwargs):
@@ -58,8 +78,8 @@ def upstream():
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("f5models")
-    return {name: write_random_model_dir(root / name, name, size="tiny", seed=7)
-            for name in VARIANTS}
+    return {name: write_random_model_dir(root / name, _variant(name), seed=7)
+            for name in (*VARIANTS, *WIDE)}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +99,7 @@ def theirs(upstream, model_dirs):
 
     def get(name: str, method: str = "euler"):
         if (name, method) not in cache:
-            variant = get_variant(name, "tiny")
+            variant = _variant(name)
             directory = model_dirs[name]
             model = upstream.load_model(
                 DiT if variant.backbone == "dit" else UNetT, variant.upstream_config(),
@@ -105,13 +125,13 @@ def _record_decode(vocoder, into: list):
 
 def _upstream_synthesize(upstream, model, vocoder, ref_wav, ref_text, gen_text, *, steps,
                          cfg=2.0, sway=-1.0, speed=1.0, fix_duration=None, target_rms=0.1,
-                         cross_fade=0.15, monkeypatch):
+                         cross_fade=0.15, seed=SEED, monkeypatch):
     mels: list[torch.Tensor] = []
     monkeypatch.setattr(vocoder, "decode", _record_decode(vocoder, mels))
     # one worker: the chunks draw from the global generator in order (upstream's pool races)
     monkeypatch.setattr(upstream, "ThreadPoolExecutor",
                         lambda: concurrent.futures.ThreadPoolExecutor(max_workers=1))
-    torch.manual_seed(SEED)  # what F5TTS.infer's seed_everything does to torch
+    torch.manual_seed(seed)  # what F5TTS.infer's seed_everything does to torch
     ref_file, ref_text = upstream.preprocess_ref_audio_text(str(ref_wav), ref_text,
                                                             show_info=_silent)
     wave, rate, _ = upstream.infer_process(
@@ -124,12 +144,13 @@ def _upstream_synthesize(upstream, model, vocoder, ref_wav, ref_text, gen_text, 
     return wave, mels
 
 
-def _ours_synthesize(engine, ref_wav, ref_text, gen_text, *, steps, cfg=2.0, **params):
+def _ours_synthesize(engine, ref_wav, ref_text, gen_text, *, steps, cfg=2.0, seed=SEED,
+                     **params):
     mels: list[torch.Tensor] = []
     engine.vocoder.decode = _record_decode(engine.vocoder, mels)
     try:
         result = engine.synthesize(SynthesisRequest(
-            gen_text, reference=Reference(ref_wav, text=ref_text), seed=SEED, steps=steps,
+            gen_text, reference=Reference(ref_wav, text=ref_text), seed=seed, steps=steps,
             guidance=cfg, params=params))
     finally:
         del engine.vocoder.decode
@@ -179,25 +200,65 @@ _UPSTREAM_NAMES = {"sway_sampling_coef": "sway", "speed": "speed", "fix_duration
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     import soundfile
+    import torchaudio
 
-    quiet = tmp_path_factory.mktemp("refs") / "quiet.wav"
+    folder = tmp_path_factory.mktemp("refs")
+    quiet, stereo = folder / "quiet.wav", folder / "stereo44.wav"
     data, rate = soundfile.read(EN_WAV, dtype="int16")
     soundfile.write(quiet, (data // 8).astype(np.int16), rate, subtype="PCM_16")
-    return {"en": (EN_WAV, EN_TEXT), "zh": (ZH_WAV, ZH_TEXT), "quiet": (quiet, EN_TEXT)}
+    mono = torchaudio.functional.resample(torch.from_numpy(data / 32768.0).float(), rate, 44100)
+    soundfile.write(stereo, torch.stack([mono, mono.roll(300) * 0.7], 1).numpy(), 44100,
+                    subtype="PCM_16")
+    # the transcript without final punctuation and with trailing spaces: upstream ends it
+    return {"en": (EN_WAV, EN_TEXT), "zh": (ZH_WAV, ZH_TEXT), "quiet": (quiet, EN_TEXT),
+            "stereo44": (stereo, EN_TEXT[:-1] + "  ")}
 
 
 @pytest.mark.parametrize(("name", "variant", "ref", "text", "steps", "params", "several"),
                          CASES, ids=[case[0] for case in CASES])
 def test_synthesis_matches_upstream(name, variant, ref, text, steps, params, several, ours,
                                     theirs, upstream, references, monkeypatch):
+    _check_synthesis(variant, ref, text, steps, params, several, ours=ours, theirs=theirs,
+                     upstream=upstream, references=references, monkeypatch=monkeypatch)
+
+
+def _check_synthesis(variant, ref, text, steps, params, several, *, cfg=2.0, seed=SEED, ours,
+                     theirs, upstream, references, monkeypatch):
     ref_wav, ref_text = references[ref]
     model, vocoder = theirs(variant, params.get("method", "euler"))
     upstream_kwargs = {_UPSTREAM_NAMES[k]: v for k, v in params.items() if k != "method"}
     wave, upstream_mels = _upstream_synthesize(upstream, model, vocoder, ref_wav, ref_text, text,
-                                               steps=steps, monkeypatch=monkeypatch,
-                                               **upstream_kwargs)
-    result, mels = _ours_synthesize(ours[variant], ref_wav, ref_text, text, steps=steps, **params)
+                                               steps=steps, cfg=cfg, seed=seed,
+                                               monkeypatch=monkeypatch, **upstream_kwargs)
+    result, mels = _ours_synthesize(ours[variant], ref_wav, ref_text, text, steps=steps, cfg=cfg,
+                                    seed=seed, **params)
     _assert_same(result, mels, wave, upstream_mels, several)
+
+
+MIXED_GEN = "我爱Python编程, and 数字123。"
+# name, variant, reference, text, steps, guidance, seed, params, several chunks
+OTHER_CASES = [
+    ("wide-v1-qk-ff4.3", "wide_v1", "en", EN_GEN, 3, 3.7, 0, {"sway_sampling_coef": 0.3},
+     False),
+    ("wide-v0-long-skip", "wide_v0", "stereo44", ZH_GEN, 2, 0.0, 2**32 - 1, {"speed": 1.3},
+     False),
+    ("wide-e2-add-ff2.3", "wide_e2", "zh", MIXED_GEN, 5, 0.5, 2**31 - 1,
+     {"method": "midpoint"}, False),
+    ("v1-one-step-one-char", "v1_base", "en", "A", 1, 1.0, 0, {"sway_sampling_coef": None},
+     False),
+    ("e2-long-fixed-under-reference", "e2_base", "stereo44", LONG_GEN, 2, 2.0, 987654321,
+     {"speed": 0.7, "fix_duration": 3.0}, True),
+]
+
+
+@pytest.mark.parametrize(("name", "variant", "ref", "text", "steps", "cfg", "seed", "params",
+                          "several"), OTHER_CASES, ids=[case[0] for case in OTHER_CASES])
+def test_other_widths_and_seeds_match_upstream(name, variant, ref, text, steps, cfg, seed, params,
+                                               several, ours, theirs, upstream, references,
+                                               monkeypatch):
+    _check_synthesis(variant, ref, text, steps, params, several, cfg=cfg, seed=seed, ours=ours,
+                     theirs=theirs, upstream=upstream, references=references,
+                     monkeypatch=monkeypatch)
 
 
 def _upstream_edit(upstream, model, vocoder, wav, target_text, parts, durations, *, steps,
@@ -250,6 +311,8 @@ EDITS = [
      [(0.84, 1.4), (1.92, 2.4), (4.26, 6.26)], None),
     ("base-zh", "base", ZH_WAV, ZH_TEXT, "对，这就是你，万人敬仰的李白金星。",
      [(1.5, 2.784), (4.083, 6.76)], [1.284, 2.677]),
+    ("wide-e2-en", "wide_e2", EN_WAV, EN_TEXT, "Call me whatever you want.",
+     [(0.5, 1.0), (3.0, 4.0), (4.2, 6.0)], [0.05, 1.0, 0.3]),
 ]
 
 

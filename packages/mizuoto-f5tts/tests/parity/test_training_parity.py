@@ -46,14 +46,21 @@ def _absolute_csv(metadata: Path, destination: Path) -> Path:
     return destination
 
 
+def _arch(variant: str, size: str = "tiny"):
+    """A released family at ``size``, or one of test_pipeline_parity's other widths."""
+    from test_pipeline_parity import WIDE
+
+    return WIDE[variant] if variant in WIDE else get_variant(variant, size)
+
+
 def upstream_config(work: Path, model_dir: Path, metadata: Path, variant: str,
-                    size: str = "tiny", **settings) -> dict:
-    v = get_variant(variant, size)
+                    size: str = "tiny", seed: int = SEED, **settings) -> dict:
+    v = _arch(variant, size)
     work.mkdir(parents=True)
     return dict(
         work_dir=str(work), metadata=str(_absolute_csv(metadata, work / "metadata.csv")),
         vocab=str(model_dir / "vocab.txt"), checkpoint=str(find_checkpoint(model_dir)),
-        backbone=v.backbone, arch=v.upstream_config(), seed=SEED, **settings)
+        backbone=v.backbone, arch=v.upstream_config(), seed=seed, **settings)
 
 
 def run_oracle(configs: list[dict], config_path: Path) -> None:
@@ -70,7 +77,7 @@ def upstream_result(work: Path) -> dict:
 
 
 def run_ours(tmp: Path, model_dir: Path, metadata: Path, settings: dict,
-             stop_at: int | None = None) -> dict:
+             stop_at: int | None = None, seed: int = SEED) -> dict:
     params = {"epochs": settings["epochs"], "warmup_updates": settings["warmup"],
               "batch_size_type": settings["batch_size_type"],
               "max_samples": settings["max_samples"],
@@ -82,7 +89,7 @@ def run_ours(tmp: Path, model_dir: Path, metadata: Path, settings: dict,
         method="full", model=str(model_dir), dataset=metadata, output_dir=tmp / "ours",
         steps=10_000, learning_rate=settings["learning_rate"],
         batch_size=settings["batch_size"] if settings["batch_size_type"] == "sample" else 1,
-        seed=SEED, save_every=settings["save_every"], params=params)
+        seed=seed, save_every=settings["save_every"], params=params)
     trainer = F5Trainer()
     start = time.perf_counter()
     if stop_at is not None:  # a first run that stops early; the second resumes it
@@ -139,7 +146,7 @@ def assert_cross_loads(tmp: Path, upstream_ckpts: Path, export: Path, variant: s
     import mizuoto
     from mizuoto_f5tts.engine import F5Engine
 
-    v = get_variant(variant, "tiny")
+    v = _arch(variant)
     model = utils_infer.load_model(
         DiT if v.backbone == "dit" else UNetT, v.upstream_config(), str(find_checkpoint(export)),
         mel_spec_type="vocos", vocab_file=str(export / "vocab.txt"), device="cpu")
@@ -154,7 +161,7 @@ def assert_cross_loads(tmp: Path, upstream_ckpts: Path, export: Path, variant: s
     shutil.copy(export / "vocab.txt", their_dir / "vocab.txt")
     shutil.copytree(export / "vocos", their_dir / "vocos")
     options = mizuoto.Options.from_mapping({"compute.device": "cpu",
-                                            "engines.f5tts.variant": variant})
+                                            "engines.f5tts.variant": v.name})
     engine = F5Engine.load(their_dir, options=options)
     result, mels = _ours_synthesize(engine, EN_WAV, EN_TEXT, EN_GEN, steps=4)
     _assert_same(result, mels, wave, their_mels, several=False)
@@ -184,19 +191,28 @@ CASES = [
                              "batch_size": 3200}, id="v1-real-one-update", marks=SLOW),
     pytest.param("e2_base", {"batch_size_type": "sample", "batch_size": 3,
                              "grad_accumulation": 3, "epochs": 3}, id="e2-sample-accum"),
+    # other widths (auto-detected by Mizuoto), seeds, rates, clipping and schedules
+    pytest.param("wide_v1", {"seed": 0, "batch_size_type": "sample", "batch_size": 2,
+                             "learning_rate": 1e-3, "warmup": 1, "max_grad_norm": 0.05},
+                 id="wide-v1-sample-seed0"),
+    pytest.param("wide_e2", {"seed": 2**31 - 1, "grad_accumulation": 3, "batch_size": 350,
+                             "epochs": 3, "warmup": 0, "max_grad_norm": 0.0},
+                 id="wide-e2-frame-accum3-no-clip"),
 ]
 def _case(root: Path, variant: str, overrides: dict) -> dict:
     settings = {**BASE, **overrides}
     case = {"variant": variant, "stop_at": settings.pop("stop_at", None),
-            "size": settings.pop("size", "tiny"), "root": root}
+            "size": settings.pop("size", "tiny"), "seed": settings.pop("seed", SEED),
+            "root": root}
     case["model_dir"] = write_random_model_dir(
-        root / "model", variant, size=case["size"], seed=7,
+        root / "model", _arch(variant, case["size"]), seed=7,
         checkpoint_format=settings.pop("checkpoint_format", "safetensors"))
     case["metadata"] = write_synthetic_dataset(root / "data", count=settings.pop("clips", 6),
                                                seed=3)
     case["settings"] = settings
     case["upstream"] = upstream_config(root / "upstream", case["model_dir"], case["metadata"],
-                                       variant, size=case["size"], **settings)
+                                       variant, size=case["size"], seed=case["seed"],
+                                       **settings)
     return case
 
 
@@ -221,7 +237,7 @@ def test_training_matches_upstream(request, cases, variant, overrides, monkeypat
     root, settings = case["root"], case["settings"]
     upstream = upstream_result(root / "upstream")
     ours = run_ours(root, case["model_dir"], case["metadata"], settings,
-                    stop_at=case["stop_at"])
+                    stop_at=case["stop_at"], seed=case["seed"])
     print(f"{request.node.callspec.id}: {len(ours['state']['records'])} batches, "
           f"ours {ours['seconds']:.2f} s, upstream {upstream['log']['seconds']:.2f} s")
     assert_same_training(upstream, ours)
