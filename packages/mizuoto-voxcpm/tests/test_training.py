@@ -95,6 +95,74 @@ def test_unsupported_settings_are_refused(workspace):
         trainer.prepare(_config(root, model, "x", batch_size=8))  # four rows
 
 
+@pytest.mark.parametrize("params, field", [
+    ({"lora_target_modules_lm": ["gate_proj", "mlp"]}, "params.lora_target_modules_lm"),
+    ({"lora_target_modules_lm": []}, "params.lora_target_modules_lm"),
+    ({"lora_target_modules_dit": "q_proj"}, "params.lora_target_modules_dit"),
+    ({"lora_target_modules_dit": ["q_proj", "q_proj"]}, "params.lora_target_modules_dit"),
+    # VoxCPM2's fusion projection is not in a VoxCPM-0.5B
+    ({"lora_enable_proj": True, "lora_target_proj_modules": ["fusion_concat_proj"]},
+     "params.lora_target_proj_modules"),
+    ({"lora_target_proj_modules": ["stop_head"]}, "params.lora_target_proj_modules"),  # proj off
+    ({"max_steps": -1}, "params.max_steps"),
+    ({"max_steps": 2.5}, "params.max_steps"),
+])
+def test_bad_lora_targets_and_schedule_lengths_are_named(workspace, params, field):
+    root, model = workspace
+    with pytest.raises(InvalidRequest) as caught:
+        VoxCPMTrainer().prepare(_config(root, model, "x", method="lora",
+                                        params={"warmup_steps": 1, **params}))
+    assert caught.value.field == field
+    if "lora_target_modules_lm" in params and params["lora_target_modules_lm"]:
+        assert "down_proj" in str(caught.value)  # the allowed names are listed
+
+
+def test_chosen_lora_targets_reach_the_export_and_inference(workspace):
+    """The targets a run trains are the ones its export names and loading it applies; the
+    schedule's length travels in the checkpoint."""
+    from mizuoto_voxcpm.lora import LoRALinear
+    from mizuoto_voxcpm.training import loop
+    from mizuoto_voxcpm.training.session import CHECKPOINTS, Session
+
+    root, model = workspace
+    params = {"warmup_steps": 1, "max_steps": 9, "lora_enable_proj": True,
+              "lora_target_modules_lm": ["up_proj"], "lora_target_modules_dit": ["in_proj"],
+              "lora_target_proj_modules": ["stop_proj"]}
+    trainer = VoxCPMTrainer()
+    run = trainer.prepare(_config(root, model, "targets", method="lora", steps=1,
+                                  params=params))
+    trainer.train(run)
+    exported = trainer.export(run, root / "targets" / "export")
+
+    def wrapped(module):
+        return sorted(n for n, m in module.named_modules() if isinstance(m, LoRALinear))
+
+    trained = wrapped(Session.open(run).model)
+    assert trained and all(n.endswith(("up_proj", "estimator.in_proj", "stop_proj"))
+                           for n in trained)
+    assert wrapped(VoxCPMEngine.load(exported).model) == trained
+    saved = json.loads((exported / "lora_config.json").read_text(encoding="utf-8"))
+    assert saved["lora_config"]["target_modules_lm"] == ["up_proj"]
+    assert saved["lora_config"]["target_proj_modules"] == ["stop_proj"]
+    state = torch.load(root / "targets" / CHECKPOINTS / loop.LATEST / "state.pt",
+                       weights_only=True)
+    assert state["scheduler"]["lr_lambdas"] == [{"warmup": 1, "total": 9}]
+
+
+def test_a_resumed_schedule_keeps_its_length():
+    from mizuoto_voxcpm.training import loop
+
+    weights = torch.nn.Linear(2, 2)
+    recipe = type("R", (), dict(learning_rate=1.0, weight_decay=0.0, warmup_steps=0,
+                                max_steps=4, num_iters=2))
+    _, saved = loop.build_optimizer(weights, recipe)
+    recipe.max_steps = 0  # upstream's 0: num_iters
+    _, restored = loop.build_optimizer(weights, recipe)
+    assert restored.lr_lambdas[0].total == 2
+    restored.load_state_dict(saved.state_dict())
+    assert restored.lr_lambdas[0].total == 4
+
+
 _CHILD = """
 import json, sys, torch
 torch.set_num_threads(1)

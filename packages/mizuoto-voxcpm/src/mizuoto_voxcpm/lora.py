@@ -29,6 +29,18 @@ ATTENTION = ("q_proj", "v_proj", "k_proj", "o_proj")
 PROJECTIONS = ("enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj")
 # VoxCPM2's LoRAConfig adds its fusion projection to the default targets
 PROJECTIONS_V2 = (*PROJECTIONS, "fusion_concat_proj")
+# every name a target list can usefully hold: the linear layers of a MiniCPM block (both LMs),
+# of the local DiT (its block layers plus its input, condition, output and time-MLP layers),
+# and the model's own linear attributes (upstream skips a name that matches no linear layer)
+LM_LINEARS = (*ATTENTION, "gate_proj", "up_proj", "down_proj")
+DIT_LINEARS = (*LM_LINEARS, "in_proj", "cond_proj", "out_proj", "linear_1", "linear_2")
+HEADS = ("stop_proj", "stop_head")
+
+
+def target_names(is_v2: bool) -> dict[str, tuple[str, ...]]:
+    """The layer names each ``LoRAConfig`` target list may name, by field."""
+    return {"target_modules_lm": LM_LINEARS, "target_modules_dit": DIT_LINEARS,
+            "target_proj_modules": (*(PROJECTIONS_V2 if is_v2 else PROJECTIONS), *HEADS)}
 
 
 @attrs.frozen

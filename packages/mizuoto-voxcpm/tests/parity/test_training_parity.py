@@ -57,6 +57,18 @@ CASES = {
         "model": "voxcpm2-custom", "manifest": "with_ref", "learning_rate": 3e-3,
         "warmup_steps": 0, "weight_decay": 0.1, "lambdas": {"loss/diff": 0.5, "loss/stop": 2.0},
         "lora": {"r": 2, "alpha": 3, "enable_dit": False, "enable_proj": True}}),
+    # chosen target lists: the LMs' MLPs, some of the DiT's layers (its attention values and
+    # outputs, its input layer, the time MLPs' second layers), the stop head and one projection
+    # (listed against the model's order: upstream wraps them, drawing A, in list order)
+    "0.5b-lora-targets": ("voxcpm-0.5b", "lora", 2, {"lora": {
+        "r": 4, "alpha": 8, "enable_proj": True,
+        "target_modules_lm": ["gate_proj", "up_proj", "down_proj"],
+        "target_modules_dit": ["v_proj", "o_proj", "in_proj", "linear_2"],
+        "target_proj_modules": ["stop_head", "lm_to_dit_proj"]}}),
+    # a cosine schedule longer than the run (max_steps != num_iters); the mean-mode DiT's and
+    # noisy conditions' progress still counts num_iters
+    "2-custom-full-longer-schedule": ("voxcpm2", "full", 2, {
+        "model": "voxcpm2-custom", "learning_rate": 1e-3, "max_steps": 7}),
 }
 # a VoxCPM2 of other widths, as config.json overrides (see fixtures.write_random_model)
 CUSTOM_V2 = {
@@ -139,13 +151,15 @@ def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
               "max_grad_norm": overrides.get("max_grad_norm", 0.0),
               "weight_decay": overrides.get("weight_decay", 0.01),
               "lambda_diff": lambdas.get("loss/diff", 1.0),
-              "lambda_stop": lambdas.get("loss/stop", 1.0)}
+              "lambda_stop": lambdas.get("loss/stop", 1.0),
+              "max_steps": overrides.get("max_steps")}
     if method == "lora":
         params.update({"lora_r": lora["r"], "lora_alpha": lora["alpha"],
                        "lora_dropout": lora.get("dropout", 0.0),
                        "lora_enable_lm": lora.get("enable_lm", True),
                        "lora_enable_dit": lora.get("enable_dit", True),
-                       "lora_enable_proj": lora.get("enable_proj", False)})
+                       "lora_enable_proj": lora.get("enable_proj", False),
+                       **{f"lora_{k}": v for k, v in lora.items() if k.startswith("target_")}})
     learning_rate = overrides.get("learning_rate", 1e-4 if method == "lora" else 1e-5)
     config = TrainingConfig(method=method, model=str(data[overrides.get("model", generation)]),
                             dataset=data[overrides.get("manifest", "manifest")],

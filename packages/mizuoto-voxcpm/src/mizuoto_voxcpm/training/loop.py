@@ -13,7 +13,6 @@ at any point resumes from the last checkpoint to the same bits an uninterrupted 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
@@ -39,11 +38,27 @@ def cosine_with_warmup(step: int, *, warmup: int, total: int) -> float:
     return max(0, factor)
 
 
+class Schedule:
+    """The scheduler's factor function. An object rather than a closure: ``LambdaLR`` saves an
+    object's attributes in its state, so a checkpoint carries the warm-up and the length, and a
+    resumed run keeps them."""
+
+    def __init__(self, warmup: int, total: int) -> None:
+        self.warmup = warmup
+        self.total = total
+
+    def __call__(self, step: int) -> float:
+        return cosine_with_warmup(step, warmup=self.warmup, total=self.total)
+
+
 def build_optimizer(model: torch.nn.Module, recipe) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the trainable weights and the cosine schedule: ``max_steps`` long (upstream's
+    ``0``: ``num_iters``), which may differ from the steps run (past its end the factor rises
+    again along the cosine, as upstream's does)."""
     optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad),
                                   lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
     total = recipe.max_steps if recipe.max_steps > 0 else recipe.num_iters
-    schedule = functools.partial(cosine_with_warmup, warmup=recipe.warmup_steps, total=total)
+    schedule = Schedule(recipe.warmup_steps, total)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 

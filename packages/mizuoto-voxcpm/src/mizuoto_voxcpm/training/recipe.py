@@ -1,11 +1,12 @@
 """Upstream's fine-tuning recipes (``conf/<model>/voxcpm_finetune_{all,lora}.yaml``, VoxCPM
 2.0.3) and how a ``TrainingConfig`` fills them.
 
-``steps`` sets both ``num_iters`` and ``max_steps`` (the cosine schedule's length), as every
-recipe has them equal; ``learning_rate``, ``batch_size`` and ``seed`` come from the config.
-Everything else comes from the recipe of the model's generation unless ``params`` names it
-(``None`` also means "the recipe's value"; ``max_grad_norm: 0`` turns clipping off, as
-upstream's ``0``).
+``steps`` sets ``num_iters``, and ``max_steps`` (the cosine schedule's length) too unless
+``params`` names it (every recipe has them equal; upstream's ``max_steps: 0`` also means
+``num_iters``); ``learning_rate``, ``batch_size`` and ``seed`` come from the config. Everything
+else comes from the recipe of the model's generation unless ``params`` names it (``None`` also
+means "the recipe's value"; ``max_grad_norm: 0`` turns clipping off, as upstream's ``0``).
+LoRA's settings are upstream's ``lora:`` keys prefixed ``lora_``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import attrs
 
 from mizuoto.contracts import TrainingConfig
 from mizuoto.errors import InvalidRequest
-from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for
+from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for, target_names
 
 _COMMON = {"weight_decay": 0.01, "warmup_steps": 100, "max_batch_tokens": 8192,
            "lambda_diff": 1.0, "lambda_stop": 1.0}
@@ -34,10 +35,14 @@ RECIPES: dict[str, dict[str, Any]] = {
                 "num_iters": 1000, "lora_r": 32, "lora_alpha": 32},
 }
 #: ``params`` a run accepts (besides ``lora_*``).
-TUNABLE = ("weight_decay", "warmup_steps", "max_batch_tokens", "grad_accum_steps",
-           "max_grad_norm", "lambda_diff", "lambda_stop")
+TUNABLE = ("weight_decay", "warmup_steps", "max_steps", "max_batch_tokens",
+           "grad_accum_steps", "max_grad_norm", "lambda_diff", "lambda_stop")
+LORA_TARGETS = ("lora_target_modules_lm", "lora_target_modules_dit", "lora_target_proj_modules")
 LORA_PARAMS = ("lora_r", "lora_alpha", "lora_dropout", "lora_enable_lm", "lora_enable_dit",
-               "lora_enable_proj")
+               "lora_enable_proj", *LORA_TARGETS)
+# which enable flag each target list belongs to
+_TARGET_FLAG = {"target_modules_lm": "enable_lm", "target_modules_dit": "enable_dit",
+                "target_proj_modules": "enable_proj"}
 
 
 def generation_of(raw_config: Mapping[str, Any]) -> str:
@@ -91,6 +96,8 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
             value = base.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise InvalidRequest(f"params.{name}", f"must be a number >= 0, got {value!r}")
+        if kind is int and value != int(value):
+            raise InvalidRequest(f"params.{name}", f"must be a whole number, got {value!r}")
         return kind(value)
 
     lora = None
@@ -106,16 +113,46 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
         if not any(flags.values()):
             raise InvalidRequest("params", "LoRA needs at least one of lora_enable_lm, "
                                  "lora_enable_dit, lora_enable_proj")
+        targets = _lora_targets(params, flags, generation == "voxcpm2")
         lora = lora_config_for(generation == "voxcpm2", r=pick("lora_r", int),
-                               alpha=pick("lora_alpha", int), dropout=float(dropout), **flags)
+                               alpha=pick("lora_alpha", int), dropout=float(dropout), **flags,
+                               **targets)
         if lora.r < 1:
             raise InvalidRequest("params.lora_r", "must be at least 1")
     accum = pick("grad_accum_steps", int)
     return Recipe(
-        method=config.method, num_iters=config.steps, max_steps=config.steps,
+        method=config.method, num_iters=config.steps,
+        max_steps=config.steps if params.get("max_steps") is None else pick("max_steps", int),
         learning_rate=float(config.learning_rate), batch_size=config.batch_size,
         seed=config.seed, weight_decay=pick("weight_decay", float),
         warmup_steps=pick("warmup_steps", int), max_batch_tokens=pick("max_batch_tokens", int),
         grad_accum_steps=max(accum, 1), max_grad_norm=pick("max_grad_norm", float),
         lambdas={"loss/diff": pick("lambda_diff", float), "loss/stop": pick("lambda_stop", float)},
         lora=lora)
+
+
+def _lora_targets(params: dict[str, Any], flags: dict[str, bool], is_v2: bool
+                  ) -> dict[str, tuple[str, ...]]:
+    """The target lists ``params`` sets (the others keep upstream's defaults), each a
+    non-empty list of distinct layer names of its part of the model, for an enabled part."""
+    targets = {}
+    for field, allowed in target_names(is_v2).items():
+        value = params.get(f"lora_{field}")
+        if value is None:
+            continue
+        where = f"params.lora_{field}"
+        if (not isinstance(value, (list, tuple)) or not value
+                or not all(isinstance(name, str) for name in value)):
+            raise InvalidRequest(where, f"must be a non-empty list of layer names from "
+                                 f"{', '.join(allowed)}; got {value!r}")
+        unknown = [name for name in value if name not in allowed]
+        if unknown:
+            raise InvalidRequest(where, f"unknown layer names {unknown}; this model's are "
+                                 f"{', '.join(allowed)}")
+        if len(set(value)) != len(value):
+            raise InvalidRequest(where, f"names a layer twice: {list(value)}")
+        flag = _TARGET_FLAG[field]
+        if not flags[flag]:
+            raise InvalidRequest(where, f"applies only with lora_{flag} true")
+        targets[field] = tuple(value)
+    return targets
