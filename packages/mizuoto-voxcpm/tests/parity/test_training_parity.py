@@ -7,7 +7,9 @@ step's ``loss/diff``, ``loss/stop``, ``lr`` (the next step's, as logged), ``epoc
 ``grad_norm`` must be equal, and so must the saved weights' bytes (``model.safetensors`` for
 full fine-tuning, ``lora_weights.safetensors`` and ``lora_config.json`` for LoRA). The data
 crosses an epoch boundary (new base and sampler seeds) and includes a stereo 22.05 kHz clip
-(resampled with soxr as ``datasets`` does).
+(resampled with soxr as ``datasets`` does). Manifests declaring ``duration``/``ref_duration``
+other than the clips' lengths make upstream's ``max_batch_tokens`` filter keep other rows than
+measuring would; both must keep the same ones.
 """
 
 from __future__ import annotations
@@ -105,6 +107,14 @@ def data(tmp_path_factory) -> dict[str, Path]:
                 for i, r in enumerate(rows)]
     (root / "with_ref.jsonl").write_text("".join(json.dumps(r) + "\n" for r in with_ref),
                                          encoding="utf-8")
+    for name, extras in DECLARED_MANIFESTS.items():
+        declared = []
+        for row, extra in zip(rows, extras, strict=True):
+            if "ref_audio" in extra:
+                extra = dict(extra, ref_audio=rows[extra["ref_audio"]]["audio"])
+            declared.append({**row, **extra})
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in declared),
+                                            encoding="utf-8")
     models = {}
     for generation in ("voxcpm-0.5b", "voxcpm2"):
         base = write_random_model(root / generation, generation, seed=5)
@@ -112,7 +122,8 @@ def data(tmp_path_factory) -> dict[str, Path]:
     models["voxcpm2-custom"] = write_random_model(root / "voxcpm2-custom", "voxcpm2", seed=6,
                                                   dtype="float32", overrides=CUSTOM_V2,
                                                   vae_overrides={"latent_dim": 4})
-    return {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models}
+    return {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models,
+            **{name: root / f"{name}.jsonl" for name in DECLARED_MANIFESTS}}
 
 
 def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
@@ -146,7 +157,8 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
 def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
     lora = overrides.get("lora", {})
     lambdas = overrides.get("lambdas", {})
-    params = {"warmup_steps": overrides.get("warmup_steps", 1), "max_batch_tokens": 8192,
+    params = {"warmup_steps": overrides.get("warmup_steps", 1),
+              "max_batch_tokens": overrides.get("max_batch_tokens", 8192),
               "preview": False, "grad_accum_steps": overrides.get("grad_accum_steps", 1),
               "max_grad_norm": overrides.get("max_grad_norm", 0.0),
               "weight_decay": overrides.get("weight_decay", 0.01),
@@ -195,6 +207,49 @@ def _compare(data, name, generation, method, batch_size, overrides, steps=STEPS)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_step_matches_upstream(data, name):
     _compare(data, name, *CASES[name])
+
+
+# Declared lengths (seconds) that upstream's max_batch_tokens estimate uses instead of the
+# clips' (0.5, 0.7, 0.9, 1.1, 1.3 s; 25 VAE frames a second). Per row: extra manifest keys;
+# "ref_audio" names a row whose clip is the reference.
+DECLARED_MANIFESTS = {
+    # 0.5B (patch 2), limit 52 // 2 = 26 positions; measured lengths 17, 30, 22, 42, 26 keep
+    # rows 1, 3, 5; declared 38, 25, 22, 42, 22 keep rows 2, 3, 5 (an int, a value rounded to
+    # 0.01 s; dataset_id only feeds upstream's per-dataset counters)
+    "declared": [{"duration": 2.2, "dataset_id": 0}, {"duration": 0.3, "dataset_id": 2},
+                 {"duration": 0.91, "dataset_id": 1}, {"duration": 1.1, "dataset_id": 0},
+                 {"duration": 1, "dataset_id": 2}],
+    # the same as text (upstream reads a column of strings with float())
+    "declared_text": [{"duration": "2.2"}, {"duration": "0.3"}, {"duration": "0.91"},
+                      {"duration": "1.1"}, {"duration": "1"}],
+    # VoxCPM2 (patch 4), limit 26, no duration column: row 1's declared reference (1.7 s for
+    # 0.7) drops it; row 2 has no reference but its ref_duration counts (drops it); row 3's
+    # reference (1.3 s) goes uncounted, as the column is there but not on its row (keeps it);
+    # row 5 declares its reference rounded. Measured 21, 26, 27, 35, 24 keep rows 1, 2, 5;
+    # declared 27, 29, 16, 35, 24 keep rows 3, 5.
+    "declared_ref": [{"ref_audio": 1, "ref_duration": 1.7}, {"ref_duration": 0.1},
+                     {"ref_audio": 4}, {}, {"ref_audio": 0, "ref_duration": 0.52}],
+}
+DECLARED = {
+    "0.5b-full-declared-durations": ("voxcpm-0.5b", "full", 2,
+                                     {"manifest": "declared", "max_batch_tokens": 52}),
+    "0.5b-lora-declared-durations-as-text": ("voxcpm-0.5b", "lora", 1, {
+        "manifest": "declared_text", "max_batch_tokens": 26, "lora": {"r": 4, "alpha": 8}}),
+    "2-full-declared-ref-durations": ("voxcpm2", "full", 2,
+                                      {"manifest": "declared_ref", "max_batch_tokens": 52}),
+}
+DECLARED_DROPS = {"declared": [1, 4], "declared_text": [1, 4], "declared_ref": [1, 2, 4]}
+
+
+@pytest.mark.parametrize("name", sorted(DECLARED))
+def test_declared_durations_filter_as_upstream(data, name):
+    _compare(data, name, *DECLARED[name])
+    manifest = DECLARED[name][3]["manifest"]
+    prepared = json.loads((data["root"] / f"ours-{name}" / "prepared.json").read_text(
+        encoding="utf-8"))
+    assert [r["line"] for r in prepared["rejected"]] == DECLARED_DROPS[manifest]
+    log = (data["root"] / f"upstream-{name}" / "train.log").read_text(encoding="utf-8")
+    assert f"Filtering {len(DECLARED_DROPS[manifest])} / 5 training samples" in log
 
 
 REALSIZE = {

@@ -7,6 +7,11 @@ optionally with ``"ref_audio"``: a recording of the voice that is prepended to t
 (``[103, reference patches, 104, text, 101, audio patches, 102]``, loss on the audio only).
 Audio is read as ``datasets.Audio(sampling_rate=<VAE rate>)`` decodes it: soundfile float64,
 channels averaged, ``librosa.resample`` (soxr) when the rate differs.
+
+``"duration"`` and ``"ref_duration"`` (seconds) stand in for the measured lengths in upstream's
+``max_batch_tokens`` estimate (``compute_sample_lengths``), the only place upstream reads them,
+with its column rules (see ``Sample.estimate_seconds``). ``"dataset_id"`` only feeds upstream's
+per-dataset counters, never the model, and is ignored.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ class Sample:
     text_ids: tuple[int, ...]
     text: str = ""
     ref_audio: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
+    #: seconds of audio upstream's max_batch_tokens estimate counts: the row's declared
+    #: ``duration``, else the audio's length
+    estimate_seconds: float = attrs.field(default=0.0, kw_only=True)
+    #: the reference's seconds in that estimate (none counted when None or 0). Upstream counts
+    #: nothing without a ``ref_audio`` column; with a ``ref_duration`` column, the row's declared
+    #: value even on a row without a reference (and nothing on a row that lacks it, reference
+    #: or not); else the reference's length.
+    ref_estimate_seconds: float | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -58,23 +71,31 @@ def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:
 def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int,
                   patch_size: int, hop_length: int) -> tuple[list[Sample], list[Rejected]]:
     """Usable rows and the rejected ones with their reasons (unreadable or silent audio, empty
-    text, a sequence longer than the model's context)."""
-    samples, rejected = [], []
+    text, a sequence longer than the model's context, a declared duration that is not a
+    non-negative number of seconds)."""
+    samples, rejected, rows = [], [], []
     patch_len = hop_length * patch_size
     for number, raw in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
+            rows.append((number, json.loads(raw)))
         except ValueError as exc:
             rejected.append(Rejected(number, f"not JSON: {exc}"))
-            continue
+    # upstream's ``datasets`` table has a column for every key any row holds (None elsewhere)
+    columns = {key for _, row in rows if isinstance(row, dict) for key in row}
+    for number, row in rows:
         if not isinstance(row, dict) or not isinstance(row.get("audio"), str):
             rejected.append(Rejected(number, 'needs "audio" (a path) and "text"'))
             continue
         text = row.get("text")
         if not isinstance(text, str) or not text.strip():
             rejected.append(Rejected(number, "empty text"))
+            continue
+        declared = {field: _declared_seconds(row, field) for field in DURATION_FIELDS}
+        bad = [reason for reason in declared.values() if isinstance(reason, str)]
+        if bad:
+            rejected.append(Rejected(number, bad[0]))
             continue
         path = _resolve(manifest, row["audio"])
         audio = _load(path, sample_rate)
@@ -98,8 +119,39 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
             rejected.append(Rejected(number, f"{length} positions (text + audio patches) exceed "
                                              f"the model's context of {max_length}"))
             continue
-        samples.append(Sample(number, str(path), audio, ids, text, reference))
+        seconds = declared["duration"]
+        ref_seconds = None
+        if "ref_audio" in columns:
+            if "ref_duration" in columns:
+                ref_seconds = declared["ref_duration"]
+            elif reference is not None:
+                ref_seconds = reference.size / float(sample_rate)
+        samples.append(Sample(
+            number, str(path), audio, ids, text, reference,
+            estimate_seconds=audio.size / float(sample_rate) if seconds is None else seconds,
+            ref_estimate_seconds=ref_seconds))
     return samples, rejected
+
+
+DURATION_FIELDS = ("duration", "ref_duration")
+
+
+def _declared_seconds(row: dict, field: str) -> float | None | str:
+    """The row's declared ``field`` in seconds (None when absent or null), or why it is
+    unusable. Numbers and numeric strings are read with ``float`` as upstream reads them."""
+    value = row.get(field)
+    if value is None:
+        return None
+    seconds = math.nan
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except (ValueError, OverflowError):
+            pass
+    if not math.isfinite(seconds) or seconds < 0:
+        return (f'"{field}" must be a non-negative number of seconds, '
+                f"not {json.dumps(value)[:40]}")
+    return seconds
 
 
 def _resolve(manifest: Path, value: str) -> Path:
@@ -118,23 +170,24 @@ def _load(path: Path, sample_rate: int) -> np.ndarray | str:
     return audio
 
 
-def batch_token_filter(samples: Sequence[Sample], *, sample_rate: int, frames_per_second: float,
-                       patch_size: int, max_batch_tokens: int, batch_size: int
+def batch_token_filter(samples: Sequence[Sample], *, frames_per_second: float, patch_size: int,
+                       max_batch_tokens: int, batch_size: int
                        ) -> tuple[list[Sample], list[Rejected]]:
-    """Drop rows upstream drops for ``max_batch_tokens`` (estimated length over
-    ``max_batch_tokens // batch_size``)."""
+    """Drop rows upstream drops for ``max_batch_tokens`` (estimated length, from the samples'
+    ``estimate_seconds``, over ``max_batch_tokens // batch_size``)."""
     if not max_batch_tokens or max_batch_tokens <= 0:
         return list(samples), []
     limit = max_batch_tokens // batch_size
     kept, dropped = [], []
-    def patches(audio: np.ndarray) -> int:
-        frames = math.ceil(float(audio.size / float(sample_rate)) * frames_per_second)
+    def patches(seconds: float) -> int:
+        frames = math.ceil(float(seconds) * frames_per_second)
         return math.ceil(frames / patch_size)
 
     for sample in samples:
-        length = len(sample.text_ids) + patches(sample.audio) + 2
-        if sample.ref_audio is not None:  # upstream: + ref patches, + 2 more special tokens
-            length += patches(sample.ref_audio) + 2
+        length = len(sample.text_ids) + patches(sample.estimate_seconds) + 2
+        ref_seconds = sample.ref_estimate_seconds
+        if ref_seconds is not None and ref_seconds > 0:  # + ref patches, + 2 more special tokens
+            length += patches(ref_seconds) + 2
         if length <= limit:
             kept.append(sample)
         else:

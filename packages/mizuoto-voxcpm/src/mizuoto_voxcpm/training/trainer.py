@@ -184,7 +184,7 @@ def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe):
         manifest, sample_rate=vae.sample_rate, tokenize=tokenizer.encode,
         max_length=config.max_length, patch_size=config.patch_size, hop_length=vae.hop_length)
     kept, dropped = batch_token_filter(
-        samples, sample_rate=vae.sample_rate, frames_per_second=vae.sample_rate / vae.hop_length,
+        samples, frames_per_second=vae.sample_rate / vae.hop_length,
         patch_size=config.patch_size, max_batch_tokens=recipe.max_batch_tokens,
         batch_size=recipe.batch_size)
     return kept, sorted(rejected + dropped, key=lambda r: r.line), len(samples)

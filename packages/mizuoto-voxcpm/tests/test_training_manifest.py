@@ -1,0 +1,108 @@
+"""The manifest's declared lengths (``duration``, ``ref_duration``): what upstream's
+``max_batch_tokens`` estimate reads from them, and rows whose values are unusable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from mizuoto.contracts import TrainingConfig
+from mizuoto_voxcpm.fixtures import write_random_model
+from mizuoto_voxcpm.training import VoxCPMTrainer
+from mizuoto_voxcpm.training.data import Sample, batch_token_filter, read_manifest
+
+RATE = 16000
+
+
+@pytest.fixture
+def clips(tmp_path) -> Path:
+    for name, seconds in (("a", 0.5), ("b", 0.96)):
+        t = np.arange(round(seconds * RATE)) / RATE
+        sf.write(tmp_path / f"{name}.wav", (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32),
+                 RATE)
+    return tmp_path
+
+
+def _read(folder: Path, rows: list) -> tuple[list[Sample], dict[int, str]]:
+    manifest = folder / "m.jsonl"
+    manifest.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n"
+                                for r in rows), encoding="utf-8")
+    samples, rejected = read_manifest(manifest, sample_rate=RATE, tokenize=lambda t: [5] * len(t),
+                                      max_length=512, patch_size=2, hop_length=640)
+    return samples, {r.line: r.reason for r in rejected}
+
+
+def _row(**extra) -> dict:
+    return {"audio": "a.wav", "text": "hi", **extra}
+
+
+def test_unusable_declared_lengths_are_skipped_with_the_field_named(clips):
+    rows = [_row(duration=1.0), _row(duration="abc"), _row(duration=-0.5), _row(duration=True),
+            _row(duration=[1.0]), _row(ref_duration=-1), _row(duration="nan"),
+            '{"audio": "a.wav", "text": "hi", "duration": Infinity}', _row(duration="1e999"),
+            _row(ref_duration={"s": 1}), _row(duration="-0")]
+    samples, rejected = _read(clips, rows)
+    assert [s.line for s in samples] == [1, 11]  # "-0" is 0.0, not negative
+    assert sorted(rejected) == list(range(2, 11))
+    for line, reason in rejected.items():
+        field = "ref_duration" if line in (6, 10) else "duration"
+        assert reason.startswith(f'"{field}" must be a non-negative number of seconds'), reason
+    assert rejected[2].endswith('not "abc"') and rejected[3].endswith("not -0.5")
+
+
+def test_declared_durations_stand_in_for_the_measured_length(clips):
+    """Numbers and numeric strings read with ``float``; absent or null (a column some rows
+    lack reads as None upstream): the audio's length."""
+    rows = [_row(duration=1), _row(duration=1.25), _row(duration="0.5"), _row(duration=" 2 "),
+            _row(duration=0), _row(duration=None), _row()]
+    samples, rejected = _read(clips, rows)
+    assert not rejected
+    assert [s.estimate_seconds for s in samples] == [1.0, 1.25, 0.5, 2.0, 0.0, 0.5, 0.5]
+
+
+@pytest.mark.parametrize(("refs", "expected"), [
+    # no ref_audio column: upstream never reads ref_duration
+    ([{"ref_duration": 3.0}, {}], [None, None]),
+    # ref_audio without a ref_duration column: the reference's length
+    ([{"ref_audio": "b.wav"}, {}], [0.96, None]),
+    # with a ref_duration column: each row's value, reference or not, None where it lacks one
+    ([{"ref_audio": "b.wav"}, {"ref_duration": 0.7}, {"ref_audio": "b.wav", "ref_duration": 0.3}],
+     [None, 0.7, 0.3]),
+])
+def test_reference_lengths_follow_upstreams_columns(clips, refs, expected):
+    samples, rejected = _read(clips, [_row(**extra) for extra in refs])
+    assert not rejected
+    assert [s.ref_estimate_seconds for s in samples] == expected
+    assert [s.ref_audio is not None for s in samples] == ["ref_audio" in r for r in refs]
+
+
+def test_a_rounded_duration_can_cross_a_patch(clips):
+    """0.96 s is 24 frames (12 patches of 2); a manifest's 0.97 is 25 frames (13 patches)."""
+    b = {"audio": "b.wav"}
+    samples, _ = _read(clips, [_row(**b), _row(**b, duration=0.97),
+                               _row(**b, ref_audio="a.wav", ref_duration=0),
+                               _row(**b, ref_duration=0.04)])
+    kept, dropped = batch_token_filter(samples, frames_per_second=25.0, patch_size=2,
+                                       max_batch_tokens=32, batch_size=2)
+    assert [s.line for s in kept] == [1, 3]  # 2 + 12 + 2 = 16; a zero reference counts nothing
+    # 2 + 13 + 2; a 1-frame reference (no ref_audio on the row) adds its patch and 103/104
+    assert [(r.line, r.reason.split(",")[0]) for r in dropped] == [(2, "about 17 tokens"),
+                                                                 (4, "about 19 tokens")]
+
+
+def test_prepare_reports_bad_durations_and_filters_by_declared_ones(clips):
+    model = write_random_model(clips / "model", "voxcpm-0.5b", seed=6)
+    rows = [_row(duration=0.5), _row(duration=0.6), _row(duration="long"), _row(duration=9.0)]
+    (clips / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = TrainingConfig(method="full", model=str(model), dataset=clips / "d.jsonl",
+                            output_dir=clips / "run", steps=1, learning_rate=1e-4, batch_size=2,
+                            seed=42, params={"max_batch_tokens": 2 * 60})
+    run = VoxCPMTrainer().prepare(config)
+    assert [s.line for s in run.samples] == [1, 2]
+    assert run.counted_samples == 3  # before max_batch_tokens, as upstream's epoch counts
+    reasons = dict(run.rejected)
+    assert reasons[3].startswith('"duration" must be') and "max_batch_tokens" in reasons[4]
