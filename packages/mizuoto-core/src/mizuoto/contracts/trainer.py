@@ -57,20 +57,32 @@ class TrainingConfig:
 
 @attrs.frozen
 class TrainingResult:
+    """What `Trainer.train` did. ``interrupted``: the name of the signal (``"SIGINT"``,
+    ``"SIGTERM"``) that stopped the run early, its checkpoint saved after update
+    ``steps_done`` (train again on the same ``output_dir`` to resume); None when the run
+    finished."""
+
     output_dir: Path
     steps_done: int
     resumed_from: int | None
     exported: Path | None = None
     metrics: Mapping[str, float] = attrs.field(factory=dict,
                                                converter=lambda v: MappingProxyType(dict(v)))
+    interrupted: str | None = None
 
 
 class Trainer(abc.ABC):
-    """Fine-tunes models of one engine. ``methods`` lists what it supports."""
+    """Fine-tunes models of one engine. ``methods`` lists what it supports.
+
+    ``graceful_stop``: `train` stops on SIGINT or SIGTERM after the current update, saves its
+    checkpoint and returns a result with ``interrupted`` set
+    (:mod:`mizuoto.runtime.interruption`); the contract suite tests it where it is true.
+    """
 
     engine: ClassVar[str]
     methods: ClassVar[frozenset[str]]
     memory_levels: ClassVar[tuple[str, ...]] = ("default",)
+    graceful_stop: ClassVar[bool] = False
 
     def check(self, config: TrainingConfig) -> None:
         if config.method not in self.methods:
@@ -86,7 +98,8 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def train(self, run: Any, *, progress: ProgressCallback | None = None) -> TrainingResult:
-        """Train, checkpointing atomically every ``save_every`` steps; resumes if interrupted."""
+        """Train, checkpointing atomically every ``save_every`` steps; resumes if interrupted.
+        With ``graceful_stop``, a SIGINT or SIGTERM ends it early, checkpoint saved."""
 
     @abc.abstractmethod
     def export(self, run: Any, destination: Path) -> Path:
