@@ -130,40 +130,65 @@ def test_unknown_param_and_unwritable_output(tmp_path, model_dir, metadata):
         trainer.prepare(_config(model_dir, metadata, blocked / "run"))
 
 
-_KILLED_RUN = """
+_SIGNALLED_RUN = """
 import os, signal, sys
 from mizuoto import TrainingConfig
 from mizuoto_f5tts.training import F5Trainer
-model_dir, metadata, output, kill_at = sys.argv[1:5]
+model_dir, metadata, output, kill_at, name = sys.argv[1:6]
 config = TrainingConfig(method="full", model=model_dir, dataset=metadata, output_dir=output,
                         steps=100, learning_rate=1e-4, seed=5, save_every=2,
                         params={params!r})
 def progress(p):
     if p.stage == "train" and p.done == int(kill_at):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, name))
 trainer = F5Trainer()
-trainer.train(trainer.prepare(config), progress=progress)
+result = trainer.train(trainer.prepare(config), progress=progress)
+print(result.interrupted, result.steps_done)
 """
+
+
+def _signalled_run(output, model_dir, metadata, params, kill_at, name):
+    script = textwrap.dedent(_SIGNALLED_RUN).format(params=params)
+    return subprocess.run([sys.executable, "-c", script, str(model_dir), str(metadata),
+                           str(output), str(kill_at), name],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
 
 
 @pytest.mark.parametrize("kill_at", [3, 5])
 def test_resume_after_sigkill_gives_the_same_bytes(tmp_path, model_dir, metadata, kill_at):
     params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
-    script = textwrap.dedent(_KILLED_RUN).format(params=params)
-    killed = subprocess.run([sys.executable, "-c", script, str(model_dir), str(metadata),
-                             str(tmp_path / "run"), str(kill_at)],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
+    killed = _signalled_run(tmp_path / "run", model_dir, metadata, params, kill_at, "SIGKILL")
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
     saved = load_run_state(tmp_path / "run" / CHECKPOINT)
     assert saved["position"]["update"] == kill_at - 1
+    _assert_resumes_to_the_straight_run(tmp_path, model_dir, metadata, params, kill_at - 1)
 
+
+@pytest.mark.parametrize(("name", "stop_at"), [("SIGTERM", 3), ("SIGINT", 5)])
+def test_a_signal_saves_the_checkpoint_and_resumes_to_the_same_bytes(tmp_path, model_dir,
+                                                                    metadata, name, stop_at):
+    """SIGTERM / SIGINT at an update that is not a multiple of save_every (2): the run stops
+    after that update (with accumulation: never between micro-batches), saves it and returns."""
+    params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
+    stopped = _signalled_run(tmp_path / "run", model_dir, metadata, params, stop_at, name)
+    assert stopped.returncode == 0, stopped.stderr.decode()[-2000:]
+    assert stopped.stdout.decode().split() == [name, str(stop_at)]
+    saved = load_run_state(tmp_path / "run" / CHECKPOINT)
+    assert saved["position"]["update"] == stop_at
+    assert saved["records"][-1][0] == stop_at  # the log ends at the update
+    log = (tmp_path / "run" / "training_log.jsonl").read_text().splitlines()
+    assert json.loads(log[-1])["update"] == stop_at
+    _assert_resumes_to_the_straight_run(tmp_path, model_dir, metadata, params, stop_at)
+
+
+def _assert_resumes_to_the_straight_run(tmp_path, model_dir, metadata, params, resumed_from):
     trainer = F5Trainer()
     resumed = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run",
                                                     params=params)))
-    assert resumed.resumed_from == kill_at - 1
+    assert resumed.resumed_from == resumed_from and resumed.interrupted is None
     straight = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "straight",
                                                      params=params)))
-    assert resumed.steps_done == straight.steps_done > kill_at
+    assert resumed.steps_done == straight.steps_done > resumed_from
     a = load_run_state(tmp_path / "run" / CHECKPOINT)
     b = load_run_state(tmp_path / "straight" / CHECKPOINT)
     assert a["records"] == b["records"]
@@ -324,16 +349,24 @@ _DDP_KILLED = """
 import os, signal, sys
 from mizuoto import TrainingConfig
 from mizuoto_f5tts.training import F5Trainer
-model_dir, metadata, output, kill_at = sys.argv[1:5]
+model_dir, metadata, output, kill_at, name = sys.argv[1:6]
 config = TrainingConfig(method="full", model=model_dir, dataset=metadata, output_dir=output,
                         steps=100, learning_rate=1e-4, seed=5, save_every=2,
                         params={params!r})
 def progress(p):  # only rank 0 reports progress
     if p.stage == "train" and p.done == int(kill_at):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, name))
 trainer = F5Trainer()
-trainer.train(trainer.prepare(config), progress=progress)
+result = trainer.train(trainer.prepare(config), progress=progress)
+os.write(1, f"{{os.environ['RANK']}} {{result.interrupted}} {{result.steps_done}}\\n".encode())
 """
+
+
+def _torchrun(script, model_dir, metadata, output, kill_at, name="SIGKILL"):
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         "2", str(script), str(model_dir), str(metadata), str(output), str(kill_at), name],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
 
 
 @pytest.mark.realsize  # three two-process runs: out of CI's time budget
@@ -341,17 +374,30 @@ def test_two_processes_resume_after_sigkill(tmp_path, model_dir, metadata):
     params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
     script = tmp_path / "killed.py"
     script.write_text(textwrap.dedent(_DDP_KILLED).format(params=params))
-
-    def torchrun(output, kill_at):
-        return subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-             "2", str(script), str(model_dir), str(metadata), str(output), str(kill_at)],
-            env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
-
-    assert torchrun(tmp_path / "run", 3).returncode != 0
+    assert _torchrun(script, model_dir, metadata, tmp_path / "run", 3).returncode != 0
     assert load_run_state(tmp_path / "run" / CHECKPOINT)["position"]["update"] == 2
+    _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir, metadata)
+
+
+@pytest.mark.realsize  # three two-process runs: out of CI's time budget
+def test_two_processes_stop_together_on_a_signal_to_one(tmp_path, model_dir, metadata):
+    """SIGTERM reaches rank 0 only, at update 1 (of 3): both ranks agree (all-reduce) to stop
+    after it, the checkpoint holds update 1 and every rank's RNG state, and resuming gives the
+    bytes of an uninterrupted run."""
+    params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(_DDP_KILLED).format(params=params))
+    stopped = _torchrun(script, model_dir, metadata, tmp_path / "run", 1, "SIGTERM")
+    assert stopped.returncode == 0, stopped.stderr.decode(errors="replace")[-3000:]
+    assert sorted(stopped.stdout.decode().splitlines()) == ["0 SIGTERM 1", "1 SIGTERM 1"]
+    saved = load_run_state(tmp_path / "run" / CHECKPOINT)
+    assert saved["position"]["update"] == 1 and len(saved["rank_rng"]) == 2
+    _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir, metadata)
+
+
+def _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir, metadata):
     for output in (tmp_path / "run", tmp_path / "straight"):
-        done = torchrun(output, 0)
+        done = _torchrun(script, model_dir, metadata, output, 0)
         assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
     a = load_run_state(tmp_path / "run" / CHECKPOINT)
     b = load_run_state(tmp_path / "straight" / CHECKPOINT)

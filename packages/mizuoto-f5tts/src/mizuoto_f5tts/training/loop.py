@@ -321,8 +321,12 @@ class FineTuning:
         return record if sync else None
 
     def run(self, on_update: Callable[[Record], None] | None = None,
-            on_save: Callable[[], None] | None = None) -> None:
-        """Train to the end (or ``max_updates``); ``on_save`` every ``save_every`` updates."""
+            on_save: Callable[[], None] | None = None,
+            stop: Callable[[], str | None] | None = None) -> str | None:
+        """Train to the end (or ``max_updates``); ``on_save`` every ``save_every`` updates.
+        ``stop``, asked after every update but the last (on every rank: it may be a
+        collective), ends the run there when it returns a reason, which is returned; None
+        when the run finished."""
         while not self.done():
             if self.index == 0:
                 self._start_epoch()
@@ -337,6 +341,11 @@ class FineTuning:
                 on_update(record)
             if on_save is not None and self.update % self.settings.save_every == 0:
                 on_save()
+            if stop is not None and not self.done():
+                reason = stop()
+                if reason is not None:
+                    return reason
+        return None
 
     # -- checkpoint state -----------------------------------------------------------------
 

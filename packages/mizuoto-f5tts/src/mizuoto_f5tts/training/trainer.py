@@ -9,7 +9,8 @@ Stages (the `mizuoto.Trainer` contract):
 - `train`: seeds torch (in a forked RNG, so the caller's generator is untouched) and a private
   ``random.Random`` with ``config.seed``, builds the model as upstream does (same random draws),
   loads the base weights, resumes from ``checkpoints/last.pt`` when there is one, trains, and
-  writes that checkpoint every ``save_every`` updates and at the end.
+  writes that checkpoint every ``save_every`` updates and at the end; on SIGINT or SIGTERM
+  it stops after the current update, writes it and returns (``TrainingResult.interrupted``).
 - `export`: the EMA weights as a model directory (`export_model`).
 
 ``config.params`` (all optional): ``epochs`` (default: enough for ``steps`` updates; the
@@ -40,6 +41,7 @@ from mizuoto.contracts.trainer import Trainer, TrainingConfig, TrainingResult
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto.runtime.interruption import catch_interruption
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
     PreparedData,
@@ -131,6 +133,7 @@ class F5Trainer(Trainer):
     engine = "f5tts"
     methods = frozenset({"full"})
     memory_levels = ("default", "low", "lowest")
+    graceful_stop = True
 
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None
                 ) -> F5Run:
@@ -248,7 +251,10 @@ class F5Trainer(Trainer):
                 report(progress, "train", record.update, total,
                        f"loss {record.loss:.4f} lr {record.lr:.3g}")
 
+            saved = [resumed_from]  # the update the checkpoint on disk holds (None: none)
+
             def save() -> None:
+                saved[0] = loop.update
                 state = loop.state_dict()
                 if world_size > 1:
                     import torch.distributed as dist
@@ -261,11 +267,18 @@ class F5Trainer(Trainer):
                     _write_log(output / LOG_FILE, loop.records)
                 _barrier()
 
-            loop.run(on_update=on_update, on_save=save)
-            save()
+            with catch_interruption() as interruption:
+                interrupted = loop.run(on_update=on_update, on_save=save,
+                                       stop=interruption.stop_now)
+                if saved[0] != loop.update:  # not just saved: the same on every rank
+                    save()
+        if interrupted is not None and rank == 0:
+            logger.info("%s: stopped at update %d, checkpoint saved in %s; train again on it "
+                        "to resume", interrupted, loop.update, output)
         last = loop.records[-1] if loop.records else None
         metrics = {} if last is None else {"loss": last.loss, "lr": last.lr}
-        return TrainingResult(output, loop.update, resumed_from, metrics=metrics)
+        return TrainingResult(output, loop.update, resumed_from, metrics=metrics,
+                              interrupted=interrupted)
 
     def export(self, run: F5Run, destination: Path) -> Path:
         if distributed_world()[0] == 0:
