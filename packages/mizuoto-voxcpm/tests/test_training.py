@@ -212,6 +212,59 @@ def test_resume_after_sigkill_reaches_the_same_bytes(workspace, method):
     assert rows == whole_rows
 
 
+_SIGNALLED = """
+import json, os, signal, sys, torch
+torch.set_num_threads(1)
+from mizuoto.contracts import TrainingConfig
+from mizuoto_voxcpm.training import VoxCPMTrainer
+config = TrainingConfig(**json.loads(sys.argv[1]))
+stop_at, name = int(sys.argv[2]), sys.argv[3]
+def progress(p):
+    if p.stage == "train" and p.done == stop_at:
+        os.kill(os.getpid(), getattr(signal, name))
+trainer = VoxCPMTrainer()
+result = trainer.train(trainer.prepare(config), progress=progress)
+print(result.interrupted, result.steps_done)
+"""
+
+
+@pytest.mark.parametrize(("name", "method", "stop_at"), [("SIGTERM", "full", 2),
+                                                         ("SIGINT", "lora", 1)])
+def test_a_signal_saves_the_checkpoint_and_resumes_to_the_same_bytes(workspace, name, method,
+                                                                    stop_at):
+    """SIGTERM / SIGINT at a step that is not a multiple of save_every (3): the run stops after
+    that step, saves it and returns; resumed, it ends as an uninterrupted run does."""
+    root, model = workspace
+    fields = dict(method=method, steps=4, save_every=3)
+    stopped = _config(root, model, f"stopped-{name}", **fields)
+    arguments = json.dumps({"method": method, "model": stopped.model,
+                            "dataset": str(stopped.dataset),
+                            "output_dir": str(stopped.output_dir), "steps": 4,
+                            "learning_rate": 1e-4, "batch_size": 2, "seed": 42,
+                            "save_every": 3, "params": {"warmup_steps": 1}})
+    child = subprocess.run([sys.executable, "-c", _SIGNALLED, arguments, str(stop_at), name],
+                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stderr.decode(errors="replace")[-3000:]
+    assert child.stdout.decode().split() == [name, str(stop_at)]
+    latest = stopped.output_dir / "checkpoints" / "latest"
+    assert json.loads((latest / "training_state.json").read_text())["step"] == stop_at
+
+    trainer = VoxCPMTrainer()
+    resumed = trainer.train(trainer.prepare(stopped))
+    assert resumed.resumed_from == stop_at and resumed.steps_done == 4
+    assert resumed.interrupted is None
+    whole = _config(root, model, f"unstopped-{name}", **fields)
+    trainer.train(trainer.prepare(whole))
+    for config in (stopped, whole):
+        assert json.loads((config.output_dir / "checkpoints" / "latest" /
+                           "training_state.json").read_text())["step"] == 4
+    weights = "checkpoints/latest/trainable.safetensors"
+    assert (stopped.output_dir / weights).read_bytes() == (whole.output_dir / weights).read_bytes()
+    assert ((stopped.output_dir / "metrics.jsonl").read_text(encoding="utf-8")
+            == (whole.output_dir / "metrics.jsonl").read_text(encoding="utf-8"))
+
+
 def test_full_export_loads_and_differs_from_the_base(workspace):
     root, model = workspace
     trainer = VoxCPMTrainer()
@@ -274,23 +327,26 @@ def test_torchrun_two_processes_on_gloo(workspace):
     data), accumulating without syncing but on the last micro-batch."""
     root, model = workspace
     out = root / "ddp"
-    arguments = json.dumps({"method": "lora", "model": str(model),
-                            "dataset": str(root / "train.jsonl"), "output_dir": str(out),
-                            "steps": 3, "learning_rate": 1e-3, "batch_size": 1, "seed": 42,
-                            "save_every": 2,
-                            "params": {"warmup_steps": 1, "grad_accum_steps": 2}})
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", str(29500 + os.getpid() % 1000),
-         str(_child_script(root)), arguments],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    _two_process_lora_run(_child_script(root), model, root / "train.jsonl", out)
     hashes = {(out / f"rank{r}.sha256").read_text() for r in (0, 1)}
     assert len(hashes) == 1
     rows = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
     assert json.loads(rows[1])["epoch"] == 1 * 2 * 1 * 2 / 4
     assert (out / "export" / "lora_weights.safetensors").is_file()
+
+
+def _two_process_lora_run(script: Path, model: Path, dataset: Path, out: Path, *extra: str):
+    """``script`` under torchrun, 2 processes on gloo: LoRA, 3 steps of 2 micro-batches."""
+    arguments = json.dumps({"method": "lora", "model": str(model), "dataset": str(dataset),
+                            "output_dir": str(out), "steps": 3, "learning_rate": 1e-3,
+                            "batch_size": 1, "seed": 42, "save_every": 2,
+                            "params": {"warmup_steps": 1, "grad_accum_steps": 2}})
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(29500 + os.getpid() % 1000), str(script), arguments, *extra],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
 
 
 def _child_script(root: Path) -> Path:
@@ -337,3 +393,46 @@ def test_read_audio_decodes_as_datasets_audio_does(tmp_path, rate, channels):
     got = read_audio(path, 16000)
     assert got.dtype == expected.dtype == np.float64
     assert np.array_equal(got, expected)
+
+
+_DDP_SIGNALLED = """
+import json, os, signal, sys, torch
+torch.set_num_threads(1)
+from mizuoto.contracts import TrainingConfig
+from mizuoto_voxcpm.training import VoxCPMTrainer
+config = TrainingConfig(**json.loads(sys.argv[1]))
+stop_at = int(sys.argv[2])
+def progress(p):  # process 0 alone reports progress, so it alone gets the signal
+    if p.stage == "train" and p.done == stop_at:
+        os.kill(os.getpid(), signal.SIGTERM)
+trainer = VoxCPMTrainer()
+result = trainer.train(trainer.prepare(config), progress=progress)
+(config.output_dir / f"result{os.environ['RANK']}").write_text(
+    f"{result.interrupted} {result.steps_done}")
+"""
+
+
+@pytest.mark.realsize  # three two-process runs: out of CI's time budget
+def test_torchrun_two_processes_stop_together_on_a_signal_to_one(workspace):
+    """SIGTERM reaches process 0 only, after step 1 (of 3): both processes agree (all-reduce)
+    to stop there, the checkpoint holds both processes' generators and data positions, and
+    the resumed run ends with the weights and metrics of an uninterrupted one."""
+    root, model = workspace
+    script = root / "ddp_signalled.py"
+    script.write_text(_DDP_SIGNALLED, encoding="utf-8")
+
+    def torchrun(out, stop_at):
+        _two_process_lora_run(script, model, root / "train.jsonl", out, str(stop_at))
+        return [(out / f"result{r}").read_text() for r in (0, 1)]
+
+    stopped, whole = root / "ddp-stopped", root / "ddp-whole"
+    assert torchrun(stopped, 1) == ["SIGTERM 1", "SIGTERM 1"]
+    latest = stopped / "checkpoints" / "latest"
+    assert json.loads((latest / "training_state.json").read_text())["step"] == 1
+    assert (latest / "rank0.pt").is_file() and (latest / "rank1.pt").is_file()
+    assert torchrun(stopped, 0) == ["None 3", "None 3"]
+    assert torchrun(whole, 0) == ["None 3", "None 3"]
+    weights = "checkpoints/latest/trainable.safetensors"
+    assert (stopped / weights).read_bytes() == (whole / weights).read_bytes()
+    assert ((stopped / "metrics.jsonl").read_text(encoding="utf-8")
+            == (whole / "metrics.jsonl").read_text(encoding="utf-8"))

@@ -5,6 +5,7 @@ export."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 
 from mizuoto.contracts import TrainingResult
 from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.runtime.interruption import catch_interruption
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
@@ -27,6 +29,8 @@ from mizuoto_voxcpm.training.data import (
 from mizuoto_voxcpm.training.memory import checkpoint_blocks
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
 from mizuoto_voxcpm.training.trainer import BASE_FILES, Run, link_or_copy
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
@@ -139,26 +143,44 @@ class Session:
         rows = loop.read_metrics(metrics_path, upto=start) if main else []
         distributed.barrier()
         last = rows[-1] if rows else {}
-        for step in range(start, recipe.num_iters):
-            values = loop.train_step(self.model, optimizer, scheduler, scaling, self.next_batch,
-                                     self.losses, recipe, step, no_sync=self.no_sync)
-            values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
-                                     * self.world_size) / max(1, run.counted_samples))
-            if main:
-                loop.append_metrics(metrics_path, step, values)
-            last = {"step": step, **values}
-            done = step + 1
-            if done % run.config.save_every == 0 or done == recipe.num_iters:
-                loop.save_checkpoint(checkpoints, model=self.model, optimizer=optimizer,
-                                     scheduler=scheduler, scaling=scaling,
-                                     generator=self.generator, sampler=self.sampler, step=done,
-                                     rank=self.rank)
-            if main:
-                report(progress, "train", done, recipe.num_iters,
-                       f"loss/diff {values['loss/diff']:.4f} "
-                       f"loss/stop {values['loss/stop']:.4f}")
+
+        def save(done: int) -> None:
+            loop.save_checkpoint(checkpoints, model=self.model, optimizer=optimizer,
+                                 scheduler=scheduler, scaling=scaling,
+                                 generator=self.generator, sampler=self.sampler, step=done,
+                                 rank=self.rank)
+
+        done, interrupted = start, None
+        with catch_interruption() as interruption:
+            for step in range(start, recipe.num_iters):
+                values = loop.train_step(self.model, optimizer, scheduler, scaling,
+                                         self.next_batch, self.losses, recipe, step,
+                                         no_sync=self.no_sync)
+                values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
+                                         * self.world_size) / max(1, run.counted_samples))
+                if main:
+                    loop.append_metrics(metrics_path, step, values)
+                last = {"step": step, **values}
+                done = step + 1
+                saved = done % run.config.save_every == 0 or done == recipe.num_iters
+                if saved:
+                    save(done)
+                if main:
+                    report(progress, "train", done, recipe.num_iters,
+                           f"loss/diff {values['loss/diff']:.4f} "
+                           f"loss/stop {values['loss/stop']:.4f}")
+                if done < recipe.num_iters:  # every process asks, at every step
+                    interrupted = interruption.stop_now(self.device)
+                    if interrupted is not None:
+                        if not saved:
+                            save(done)
+                        break
+        if interrupted is not None and main:
+            log.info("%s: stopped at step %d, checkpoint saved in %s; train again on it to "
+                     "resume", interrupted, done, checkpoints)
         metrics = {k: float(v) for k, v in last.items() if k != "step"}
-        return TrainingResult(run.output_dir, recipe.num_iters, resumed, metrics=metrics)
+        return TrainingResult(run.output_dir, done, resumed, metrics=metrics,
+                              interrupted=interrupted)
 
     # -- export --------------------------------------------------------------------------
 

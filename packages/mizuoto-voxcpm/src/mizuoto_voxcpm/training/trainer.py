@@ -2,10 +2,11 @@
 
 ``prepare`` reads the manifest (bad rows reported and skipped), fills the recipe and writes
 ``run.json`` + ``prepared.json`` in the run directory; ``train`` runs (or resumes) the loop,
-logging every step to ``metrics.jsonl``; ``export`` writes a model directory the engine (and
-upstream) loads: full fine-tuning as ``model.safetensors`` beside the base model's other files,
-LoRA as the base files (hard links where possible) plus ``lora_weights.safetensors`` and
-``lora_config.json``.
+logging every step to ``metrics.jsonl`` (on SIGINT or SIGTERM it stops after the current step,
+its checkpoint saved: ``TrainingResult.interrupted``); ``export`` writes a model directory the
+engine (and upstream) loads: full fine-tuning as ``model.safetensors`` beside the base model's
+other files, LoRA as the base files (hard links where possible) plus
+``lora_weights.safetensors`` and ``lora_config.json``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class VoxCPMTrainer(Trainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low")
+    graceful_stop = True  # SIGINT / SIGTERM: checkpoint saved after the current step
 
     # -- prepare -------------------------------------------------------------------------
 
