@@ -128,3 +128,36 @@ def test_train_without_a_trainer_for_the_engine(fake_plugin, tmp_path):
     result = _run("train", "-e", "fake", "--method", "lora", "-m", "x", "--data", str(tmp_path),
                   "--output", str(tmp_path / "run"))
     assert result.exit_code == 2 and "method" in result.output
+
+
+@pytest.mark.parametrize(("signal_name", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_train_stopped_by_a_signal_says_how_to_resume(no_plugins, tmp_path, signal_name,
+                                                      status):
+    from conftest import FakeTrainer, make_plugin
+
+    from mizuoto import TrainingResult, registry
+
+    exported = []
+
+    class StoppedTrainer(FakeTrainer):
+        graceful_stop = True
+
+        def train(self, run, *, progress=None):
+            return TrainingResult(run.output_dir, 7, None, interrupted=signal_name)
+
+        def export(self, run, destination):
+            exported.append(destination)
+            return destination
+
+    no_plugins.register(make_plugin(trainers=(StoppedTrainer,)), name="fake_plugin")
+    registry.clear_cache()
+    data = tmp_path / "my data"
+    data.mkdir()
+    result = _run("train", "-e", "fake", "-m", "fake/base", "--data", str(data),
+                  "--output", str(tmp_path / "run"), "--steps", "20")
+    assert result.exit_code == status and not exported
+    assert f"Stopped by {signal_name} after step 7" in result.output
+    assert f"saved in {tmp_path / 'run'}" in result.output
+    assert (f"mizuoto train -e fake --method full -m fake/base --data '{data}' --output "
+            f"{tmp_path / 'run'} --steps 20 --learning-rate 1e-05 --batch-size 1 --seed 0 "
+            "--memory default") in result.output

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
 file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
-finished with failed lines (its manifest names them); 130 interrupted.
+finished with failed lines (its manifest names them); 130 interrupted (SIGINT; also a training
+run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -586,8 +587,40 @@ def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate,
     with _progress(ctx.obj["quiet"]) as progress:
         run = trainer.prepare(config, progress=progress)
         result = trainer.train(run, progress=progress)
-        exported = trainer.export(run, Path(output_dir) / "export")
+        if result.interrupted is None:
+            exported = trainer.export(run, Path(output_dir) / "export")
+    if result.interrupted is not None:
+        _stopped_training(ctx, result, _resume_command(ctx.params))
     click.echo(f"Trained {result.steps_done} steps; exported {exported}", err=True)
+
+
+def _resume_command(params: dict) -> str:
+    """The ``mizuoto train`` command line that continues a run (the same options, as given);
+    under torchrun, with as many processes."""
+    import shlex
+
+    words = ["mizuoto", "train"]
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes > 1:
+        words = ["torchrun", "--nproc_per_node", str(processes), "-m", *words]
+    for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
+                        ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
+                        ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
+                        ("--seed", "seed"), ("--memory", "memory")):
+        words += [option, str(params[key])]
+    return shlex.join(words)
+
+
+def _stopped_training(ctx, result, command: str) -> None:
+    """Say where a run stopped by a signal stands and how to resume it; exit as a process
+    ended by that signal (130 SIGINT, 143 SIGTERM). Under torchrun, process 0 says it."""
+    from mizuoto.runtime.interruption import exit_status
+
+    if os.environ.get("RANK", "0") == "0":
+        click.echo(f"Stopped by {result.interrupted} after step {result.steps_done}; the "
+                   f"checkpoint is saved in {result.output_dir} (not exported). To resume:\n"
+                   f"  {command}", err=True)
+    ctx.exit(exit_status(result.interrupted))
 
 
 @cli.command()
