@@ -7,6 +7,7 @@ with one contract point broken at a time.
 
 from __future__ import annotations
 
+import functools
 import secrets
 
 import attrs
@@ -103,6 +104,32 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
     result.assert_outcomes(passed=0, errors=12, deselected=16)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
+
+
+@pytest.mark.parametrize("graceful_stop", [False, True])
+def test_the_stop_signal_test_is_generated_for_trainers_that_declare_it(run_suite, monkeypatch,
+                                                                        graceful_stop):
+    """A trainer written before ``Trainer.graceful_stop`` existed (False by default) gets the
+    other trainer tests, not the stop-signal one."""
+    from mizuoto import Trainer, registry
+
+    class ToyTrainer(Trainer):
+        engine = "toy"
+        methods = frozenset({"full"})
+
+        def prepare(self, config, *, progress=None): ...
+        def train(self, run, *, progress=None): ...
+        def export(self, run, destination): ...
+
+    ToyTrainer.graceful_stop = graceful_stop
+    monkeypatch.setattr(registry, "trainers",  # cached, as the real one (cache_clear)
+                        functools.cache(lambda: {("toy", "ToyTrainer"): ToyTrainer}))
+    result = run_suite("--mizuoto-engine", "toy", "--collect-only", "-q",
+                       "-k", "trainer_contract")
+    collected = result.stdout.str()
+    assert "test_resume_after_sigkill_exports_the_same_weights[toy-ToyTrainer-full]" in collected
+    stop_test = "test_a_stop_signal_saves_the_checkpoint_and_resumes_identically"
+    assert (f"{stop_test}[toy-ToyTrainer-full]" in collected) is graceful_stop
 
 
 # -- mutations: each breakage a plugin author could make is caught ---------------------------

@@ -7,6 +7,9 @@ to the manifest) of voiced clips. Every method the trainer declares is tested:
 - prepare -> train a few steps -> export -> the engine loads the export and speaks;
 - a run killed with SIGKILL (a real one, in a subprocess) resumes from its last checkpoint and
   exports the same weight files, byte for byte, as a run that was never interrupted;
+- for a trainer that declares ``graceful_stop``: a run sent SIGTERM stops at the next update
+  boundary, saves its checkpoint there and returns ``interrupted="SIGTERM"``; resumed, it
+  exports the weights of an uninterrupted run (a trainer without it is not tested for this);
 - bad rows (a missing audio file, an empty text) are skipped with a warning naming the row,
   and the run trains on the rest.
 
@@ -47,8 +50,13 @@ __test__ = _any_trainer()  # no trainer installed: nothing to collect here (not 
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "trainer_case" not in metafunc.fixturenames:
-        return
+    # trainer_case: every trainer; stopping_trainer_case: those that declare graceful_stop
+    for argname in ("trainer_case", "stopping_trainer_case"):
+        if argname in metafunc.fixturenames:
+            _parametrize(metafunc, argname, graceful_only=argname == "stopping_trainer_case")
+
+
+def _parametrize(metafunc: pytest.Metafunc, argname: str, graceful_only: bool) -> None:
     from mizuoto.registry import contract_fixtures, trainers
 
     wanted = set(metafunc.config.getoption("mizuoto_engine", default=[]) or [])
@@ -56,6 +64,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params, ids = [], []
     for (engine, name), trainer in sorted(trainers().items()):
         if wanted and engine not in wanted:
+            continue
+        if graceful_only and not getattr(trainer, "graceful_stop", False):
             continue
         own = [fixtures[key] for key in sorted(fixtures) if fixtures[key].engine == engine]
         for method in sorted(trainer.methods):
@@ -65,13 +75,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         from mizuoto_contract.plugin import deselect
 
         deselect(metafunc)
-        metafunc.parametrize("trainer_case", [None])
+        metafunc.parametrize(argname, [None])
         return
-    metafunc.parametrize("trainer_case", params, ids=ids)
+    metafunc.parametrize(argname, params, ids=ids)
 
 
 @pytest.fixture
 def case(trainer_case, tmp_path_factory):
+    return _case(trainer_case, tmp_path_factory)
+
+
+@pytest.fixture
+def stopping_case(stopping_trainer_case, tmp_path_factory):
+    return _case(stopping_trainer_case, tmp_path_factory)
+
+
+def _case(trainer_case, tmp_path_factory):
     trainer_cls, fixture, method = trainer_case
     assert fixture is not None, (f"trainer {trainer_cls.__name__} of engine {trainer_cls.engine} "
                                  "has no contract fixture to fine-tune: register one")
@@ -100,12 +119,12 @@ def write_dataset(directory: Path, extra_rows: list[dict] | None = None) -> Path
     return manifest
 
 
-def _config(method, model_dir, manifest, output, steps=STEPS):
+def _config(method, model_dir, manifest, output, steps=STEPS, save_every=1):
     from mizuoto import TrainingConfig
 
     return TrainingConfig(method=method, model=str(model_dir), dataset=manifest,
                           output_dir=output, steps=steps, learning_rate=1e-4, seed=3,
-                          save_every=1)
+                          save_every=save_every)
 
 
 def _weight_files(directory: Path) -> dict[str, bytes]:
@@ -145,43 +164,84 @@ def test_prepare_train_export_and_speak(case, tmp_path):
     assert samples.size > 0 and np.isfinite(samples).all()
 
 
-_KILLED = """
-import os, signal, sys
+_SIGNALLED = """
+import json, os, signal, sys
 from mizuoto import TrainingConfig
 from mizuoto.registry import trainers
-engine, name, method, model, data, output, kill_at = sys.argv[1:8]
+engine, name, method, model, data, output, kill_at, signal_name, save_every = sys.argv[1:10]
 trainer = trainers()[(engine, name)]()
 config = TrainingConfig(method=method, model=model, dataset=data, output_dir=output,
-                        steps={steps}, learning_rate=1e-4, seed=3, save_every=1)
+                        steps={steps}, learning_rate=1e-4, seed=3, save_every=int(save_every))
 def progress(p):
     if p.stage == "train" and p.done == int(kill_at):
-        os.kill(os.getpid(), signal.SIGKILL)
-trainer.train(trainer.prepare(config), progress=progress)
+        os.kill(os.getpid(), getattr(signal, signal_name))
+result = trainer.train(trainer.prepare(config), progress=progress)
+print(json.dumps({{"interrupted": result.interrupted, "steps_done": result.steps_done}}))
 """
+
+
+def _signalled_run(trainer_cls, method, model_dir, manifest, output, kill_at, signal_name,
+                   save_every):
+    """A training run in a subprocess that sends itself ``signal_name`` from its
+    ``kill_at``-th ``train`` progress report."""
+    script = textwrap.dedent(_SIGNALLED).format(steps=STEPS)
+    return subprocess.run(
+        [sys.executable, "-c", script, trainer_cls.engine, trainer_cls.__name__, method,
+         str(model_dir), str(manifest), str(output), str(kill_at), signal_name,
+         str(save_every)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
 
 
 def test_resume_after_sigkill_exports_the_same_weights(case, tmp_path):
     trainer_cls, _, method, model_dir, manifest = case
-    script = textwrap.dedent(_KILLED).format(steps=STEPS)
-    killed = subprocess.run(
-        [sys.executable, "-c", script, trainer_cls.engine, trainer_cls.__name__, method,
-         str(model_dir), str(manifest), str(tmp_path / "killed"), "2"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    killed = _signalled_run(trainer_cls, method, model_dir, manifest, tmp_path / "killed", 2,
+                            "SIGKILL", save_every=1)
     assert killed.returncode == -9, killed.stderr.decode(errors="replace")[-3000:]
+    resumed = _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path,
+                                  "killed", save_every=1)
+    assert resumed.resumed_from in (1, 2)
 
+
+def test_a_stop_signal_saves_the_checkpoint_and_resumes_identically(stopping_case, tmp_path):
+    """SIGTERM at the first progress report, with no periodic save before the end: the run
+    returns (no exception) with ``interrupted="SIGTERM"`` at an update before the last, its
+    checkpoint saved there; resumed, it exports the weights of an uninterrupted run."""
+    trainer_cls, _, method, model_dir, manifest = stopping_case
+    stopped = _signalled_run(trainer_cls, method, model_dir, manifest, tmp_path / "stopped", 1,
+                             "SIGTERM", save_every=STEPS)
+    assert stopped.returncode == 0, (
+        f"{trainer_cls.__name__} declares graceful_stop but SIGTERM ended the process "
+        f"({stopped.returncode}): " + stopped.stderr.decode(errors="replace")[-3000:])
+    result = json.loads(stopped.stdout.decode().strip().splitlines()[-1])
+    assert result["interrupted"] == "SIGTERM", f"TrainingResult.interrupted is {result}"
+    assert 1 <= result["steps_done"] < STEPS, (
+        f"a stop requested at update 1 of {STEPS} must end the run at the next update "
+        f"boundary; it ended at {result['steps_done']}")
+    resumed = _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path,
+                                  "stopped", save_every=STEPS)
+    assert resumed.resumed_from == result["steps_done"], (
+        "the resumed run did not start from the checkpoint saved at the stop")
+
+
+def _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path, name, save_every):
+    """Train again on ``tmp_path / name`` to the end, and an uninterrupted run; their exported
+    weight files must be the same bytes. Returns the resumed run's result."""
     trainer = trainer_cls()
-    run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / "killed"))
+    run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / name,
+                                  save_every=save_every))
     resumed = trainer.train(run)
-    assert resumed.resumed_from in (1, 2) and resumed.steps_done == STEPS
+    assert resumed.steps_done == STEPS and resumed.interrupted is None
     resumed_weights = _weight_files(trainer.export(run, tmp_path / "resumed-export"))
 
-    straight_run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / "straight"))
+    straight_run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / "straight",
+                                           save_every=save_every))
     straight = trainer.train(straight_run)
     assert straight.steps_done == STEPS
     straight_weights = _weight_files(trainer.export(straight_run, tmp_path / "straight-export"))
     assert resumed_weights.keys() == straight_weights.keys()
-    for name, data in straight_weights.items():
-        assert resumed_weights[name] == data, f"{name} differs after the resumed run"
+    for file, data in straight_weights.items():
+        assert resumed_weights[file] == data, f"{file} differs after the resumed run"
+    return resumed
 
 
 def test_bad_rows_are_skipped_and_named(case, tmp_path, caplog):
