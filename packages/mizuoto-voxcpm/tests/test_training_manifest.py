@@ -1,5 +1,6 @@
 """The manifest's declared lengths (``duration``, ``ref_duration``): what upstream's
-``max_batch_tokens`` estimate reads from them, and rows whose values are unusable."""
+``max_batch_tokens`` estimate reads from them, and rows whose values are unusable; the
+``is_prompt`` flag and the sequences it packs."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 from mizuoto.contracts import TrainingConfig
 from mizuoto_voxcpm.fixtures import write_random_model
 from mizuoto_voxcpm.training import VoxCPMTrainer
-from mizuoto_voxcpm.training.data import Sample, batch_token_filter, read_manifest
+from mizuoto_voxcpm.training.data import Sample, batch_token_filter, pack, read_manifest
 
 RATE = 16000
 
@@ -106,3 +108,40 @@ def test_prepare_reports_bad_durations_and_filters_by_declared_ones(clips):
     assert run.counted_samples == 3  # before max_batch_tokens, as upstream's epoch counts
     reasons = dict(run.rejected)
     assert reasons[3].startswith('"duration" must be') and "max_batch_tokens" in reasons[4]
+
+
+def test_is_prompt_accepts_flags_and_skips_other_values_with_the_field_named(clips):
+    """Booleans and 0/1 (upstream's ``bool()`` of a bool or int column); absent or null (a key
+    other rows hold reads as None upstream): not a prompt. Strings (``bool("false")`` is True
+    upstream), other numbers, lists and objects are refused."""
+    rows = [_row(is_prompt=True), _row(is_prompt=False), _row(), _row(is_prompt=None),
+            _row(is_prompt=1), _row(is_prompt=0), _row(is_prompt="false"), _row(is_prompt=2),
+            _row(is_prompt=1.0), _row(is_prompt=[True]), _row(is_prompt={"a": 1}),
+            _row(is_prompt="yes", duration="bad")]
+    samples, rejected = _read(clips, rows)
+    assert [(s.line, s.is_prompt) for s in samples] == [
+        (1, True), (2, False), (3, False), (4, False), (5, True), (6, False)]
+    assert sorted(rejected) == list(range(7, 13))
+    for line in range(7, 12):
+        assert rejected[line].startswith('"is_prompt" must be true or false, not '), rejected
+    assert rejected[7].endswith('not "false"') and rejected[8].endswith("not 2")
+    assert rejected[12].startswith('"duration"')
+
+
+def test_a_prompt_row_is_framed_by_103_104_without_loss(clips):
+    """``[text, 103, audio, 104]`` with every loss mask 0 (the stop label stays on the last
+    patch, masked out); a prompt row with a reference packs as a reference row (upstream
+    ignores the flag there)."""
+    samples, _ = _read(clips, [_row(is_prompt=True), _row(),
+                               _row(is_prompt=True, ref_audio="b.wav")])
+    feats = [torch.ones(3, 2, 4), torch.ones(3, 2, 4), torch.ones(3, 2, 4)]
+    batch = pack(samples[:2], feats[:2], 512)
+    assert batch.text_tokens[0].tolist() == [5, 5, 103, 0, 0, 0, 104]
+    assert batch.text_tokens[1].tolist() == [5, 5, 101, 0, 0, 0, 102]
+    assert batch.loss_mask[0].tolist() == [0] * 7
+    assert batch.loss_mask[1].tolist() == batch.audio_mask[1].tolist() == [0, 0, 0, 1, 1, 1, 0]
+    assert batch.audio_mask[0].tolist() == batch.audio_mask[1].tolist()
+    assert batch.labels[0].tolist() == batch.labels[1].tolist() == [0, 0, 0, 0, 0, 1, 0]
+    ref = pack(samples[2:], feats[2:], 512, [torch.ones(2, 2, 4)])
+    assert ref.text_tokens[0].tolist() == [103, 0, 0, 104, 5, 5, 101, 0, 0, 0, 102]
+    assert ref.loss_mask[0].tolist() == [0] * 7 + [1, 1, 1, 0]

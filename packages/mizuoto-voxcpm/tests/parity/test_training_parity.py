@@ -71,7 +71,18 @@ CASES = {
     # noisy conditions' progress still counts num_iters
     "2-custom-full-longer-schedule": ("voxcpm2", "full", 2, {
         "model": "voxcpm2-custom", "learning_rate": 1e-3, "max_steps": 7}),
+    # is_prompt rows: [text, 103, audio, 104], no loss on them (see PROMPT_ROWS)
+    "0.5b-full-prompt": ("voxcpm-0.5b", "full", 2, {"manifest": "prompt"}),
+    "0.5b-lora-prompt": ("voxcpm-0.5b", "lora", 2, {"manifest": "prompt",
+                                                    "lora": {"r": 4, "alpha": 8}}),
+    "2-full-prompt-with-ref": ("voxcpm2", "full", 2, {"manifest": "prompt_with_ref"}),
+    "2-lora-prompt": ("voxcpm2", "lora", 3, {"manifest": "prompt", "lora": {"r": 8, "alpha": 16}}),
 }
+# per row: its is_prompt key (absent where None is listed: upstream reads a missing key of a
+# column other rows hold as None). "prompt_with_ref" adds with_ref's references (rows 0 and 2):
+# upstream ignores the flag on row 0, which has one. (Booleans only: a column mixing them
+# with numbers fails upstream's JSON loading.)
+PROMPT_ROWS = [True, False, None, True, None]
 # a VoxCPM2 of other widths, as config.json overrides (see fixtures.write_random_model)
 CUSTOM_V2 = {
     "lm_config": {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 1,
@@ -107,6 +118,11 @@ def data(tmp_path_factory) -> dict[str, Path]:
                 for i, r in enumerate(rows)]
     (root / "with_ref.jsonl").write_text("".join(json.dumps(r) + "\n" for r in with_ref),
                                          encoding="utf-8")
+    for name, base in (("prompt", rows), ("prompt_with_ref", with_ref)):
+        flagged = [r if flag is None else dict(r, is_prompt=flag)
+                   for r, flag in zip(base, PROMPT_ROWS, strict=True)]
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flagged),
+                                            encoding="utf-8")
     for name, extras in DECLARED_MANIFESTS.items():
         declared = []
         for row, extra in zip(rows, extras, strict=True):
@@ -123,6 +139,7 @@ def data(tmp_path_factory) -> dict[str, Path]:
                                                   dtype="float32", overrides=CUSTOM_V2,
                                                   vae_overrides={"latent_dim": 4})
     return {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models,
+            "prompt": root / "prompt.jsonl", "prompt_with_ref": root / "prompt_with_ref.jsonl",
             **{name: root / f"{name}.jsonl" for name in DECLARED_MANIFESTS}}
 
 

@@ -12,6 +12,11 @@ channels averaged, ``librosa.resample`` (soxr) when the rate differs.
 ``max_batch_tokens`` estimate (``compute_sample_lengths``), the only place upstream reads them,
 with its column rules (see ``Sample.estimate_seconds``). ``"dataset_id"`` only feeds upstream's
 per-dataset counters, never the model, and is ignored.
+
+``"is_prompt": true`` makes the row a prompt: its audio is framed by 103/104 instead of 101/102
+and left out of both losses (``[text, 103, audio patches, 104]``, loss mask all zero). Upstream
+reads ``bool(row.get("is_prompt"))`` (None where a row lacks a key others hold) and ignores it on
+a row with a reference.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Sample:
     #: value even on a row without a reference (and nothing on a row that lacks it, reference
     #: or not); else the reference's length.
     ref_estimate_seconds: float | None = attrs.field(default=None, kw_only=True)
+    #: a prompt row: audio framed by 103/104, no loss on it (ignored with a reference)
+    is_prompt: bool = attrs.field(default=False, kw_only=True)
 
 
 @attrs.frozen
@@ -72,7 +79,7 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
                   patch_size: int, hop_length: int) -> tuple[list[Sample], list[Rejected]]:
     """Usable rows and the rejected ones with their reasons (unreadable or silent audio, empty
     text, a sequence longer than the model's context, a declared duration that is not a
-    non-negative number of seconds)."""
+    non-negative number of seconds, an ``is_prompt`` that is not a flag)."""
     samples, rejected, rows = [], [], []
     patch_len = hop_length * patch_size
     for number, raw in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
@@ -94,6 +101,9 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
             continue
         declared = {field: _declared_seconds(row, field) for field in DURATION_FIELDS}
         bad = [reason for reason in declared.values() if isinstance(reason, str)]
+        prompt = _prompt_flag(row)
+        if isinstance(prompt, str):
+            bad.append(prompt)
         if bad:
             rejected.append(Rejected(number, bad[0]))
             continue
@@ -129,7 +139,7 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
         samples.append(Sample(
             number, str(path), audio, ids, text, reference,
             estimate_seconds=audio.size / float(sample_rate) if seconds is None else seconds,
-            ref_estimate_seconds=ref_seconds))
+            ref_estimate_seconds=ref_seconds, is_prompt=prompt))
     return samples, rejected
 
 
@@ -152,6 +162,18 @@ def _declared_seconds(row: dict, field: str) -> float | None | str:
         return (f'"{field}" must be a non-negative number of seconds, '
                 f"not {json.dumps(value)[:40]}")
     return seconds
+
+
+def _prompt_flag(row: dict) -> bool | str:
+    """The row's ``is_prompt`` (False when absent or null), or why it is unusable: JSON
+    booleans and the integers 0 and 1, which upstream's ``bool()`` reads as the same flag. Other
+    values are refused rather than read as upstream would (``bool("false")`` is True)."""
+    value = row.get("is_prompt")
+    if value is None:
+        return False
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    return f'"is_prompt" must be true or false, not {json.dumps(value)[:40]}'
 
 
 def _resolve(manifest: Path, value: str) -> Path:
@@ -270,9 +292,11 @@ def _device(module: torch.nn.Module) -> torch.device:
 def pack(samples: Sequence[Sample], latents: Sequence[torch.Tensor], max_length: int,
          ref_latents: Sequence[torch.Tensor | None] | None = None) -> Batch:
     """``[text, 101, audio patches, 102]`` per sample (``[103, reference patches, 104, ...]``
-    in front when it has a reference), padded with zeros to the longest.
+    in front when it has a reference; ``[text, 103, audio patches, 104]`` for a prompt row
+    without one), padded with zeros to the longest.
 
-    The stop label is on the last audio patch; the loss covers the target audio only.
+    The stop label is on the last audio patch; the loss covers the target audio only (none of a
+    prompt row's).
     """
     rows = []
     ref_latents = ref_latents or [None] * len(samples)
@@ -280,18 +304,20 @@ def pack(samples: Sequence[Sample], latents: Sequence[torch.Tensor], max_length:
         if ref is not None:
             rows.append(_with_reference(sample, feats, ref))
             continue
-        text = torch.tensor(sample.text_ids + (AUDIO_START,), dtype=torch.int32)
+        start, end = (PROMPT_START, PROMPT_END) if sample.is_prompt else (AUDIO_START, AUDIO_END)
+        text = torch.tensor(sample.text_ids + (start,), dtype=torch.int32)
         n_text, n_audio = text.size(0), feats.size(0)
         tokens = torch.cat([text, torch.zeros(n_audio, dtype=torch.int32),
-                            torch.tensor([AUDIO_END], dtype=torch.int32)])
+                            torch.tensor([end], dtype=torch.int32)])
         pad = torch.zeros((n_text,) + tuple(feats.shape[1:]), dtype=torch.float32)
         audio = torch.cat([pad, feats.to(torch.float32), pad[0:1]], dim=0)
         text_mask = torch.cat([torch.ones(n_text), torch.zeros(n_audio), torch.ones(1)])
         audio_mask = torch.cat([torch.zeros(n_text), torch.ones(n_audio), torch.zeros(1)])
         labels = torch.zeros(n_text + n_audio + 1, dtype=torch.int32)
         labels[-2] = 1
+        loss_mask = torch.zeros_like(audio_mask) if sample.is_prompt else audio_mask
         rows.append((tokens, audio, text_mask.to(torch.int32), audio_mask.to(torch.int32),
-                     audio_mask.to(torch.int32), labels))
+                     loss_mask.to(torch.int32), labels))
     length = min(max_length, max(row[0].size(0) for row in rows))
 
     def padded(x: torch.Tensor) -> torch.Tensor:

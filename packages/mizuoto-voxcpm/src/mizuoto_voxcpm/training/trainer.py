@@ -88,8 +88,8 @@ class VoxCPMTrainer(Trainer):
             tmp.write_text(json.dumps(run_info, indent=2), encoding="utf-8")
         with atomic_path(output / "prepared.json") as tmp:
             tmp.write_text(json.dumps({
-                "samples": [{"line": s.line, "audio": s.audio_path, "text_ids": s.text_ids}
-                            for s in samples],
+                "samples": [{"line": s.line, "audio": s.audio_path, "text_ids": s.text_ids,
+                             **({"is_prompt": True} if s.is_prompt else {})} for s in samples],
                 "rejected": [{"line": r.line, "reason": r.reason} for r in rejected]},
                 indent=1), encoding="utf-8")
         report(progress, "prepare", 1, 1)
