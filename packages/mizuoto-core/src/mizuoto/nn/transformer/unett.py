@@ -69,11 +69,6 @@ class UNetT(TextConditionedBackbone):
         self.layers = nn.ModuleList()
         for idx in range(depth):
             later_half = idx >= depth // 2
-            skip_proj = (
-                nn.Linear(dim * 2, dim, bias=False)
-                if skip_connect_type == "concat" and later_half
-                else None
-            )
             attn = Attention(
                 dim,
                 heads=heads,
@@ -84,6 +79,13 @@ class UNetT(TextConditionedBackbone):
                 attn_mask_enabled=attn_mask_enabled,
             )
             ff = FeedForward(dim=dim, mult=ff_mult, dropout=dropout, approximate="tanh")
+            # built after the block, as upstream builds it: a random initialisation then
+            # draws the same values
+            skip_proj = (
+                nn.Linear(dim * 2, dim, bias=False)
+                if skip_connect_type == "concat" and later_half
+                else None
+            )
             self.layers.append(nn.ModuleList([skip_proj, RMSNorm(dim), attn, RMSNorm(dim), ff]))
 
         self.norm_out = RMSNorm(dim)
