@@ -121,9 +121,25 @@ def test_unknown_param_and_unwritable_output(tmp_path, model_dir, metadata):
     trainer = F5Trainer()
     with pytest.raises(InvalidRequest, match="no_such"):
         trainer.prepare(_config(model_dir, metadata, tmp_path / "a", params={"no_such": 1}))
-    with pytest.raises(InvalidRequest, match="warmup"):
+    vocab = read_vocab(model_dir / "vocab.txt")
+    updates = len(frame_batches(prepare_dataset(metadata, vocab).durations, 300))
+    with pytest.raises(InvalidRequest, match="warmup"):  # upstream divides by zero
         trainer.prepare(_config(model_dir, metadata, tmp_path / "b",
-                                params={"epochs": 1, "warmup_updates": 50}))
+                                params={"epochs": 1, "warmup_updates": updates,
+                                        "batch_frames": 300}))
+    # longer than the run: upstream's CLI default on small data sets; it runs there
+    trainer.prepare(_config(model_dir, metadata, tmp_path / "b",
+                            params={"epochs": 1, "warmup_updates": 50}))
+    bad = [({"vocab_file": str(tmp_path / "none.txt")}, "params.vocab_file"),
+           ({"vocab_file": 3}, "params.vocab_file"),
+           ({"finetune": "yes"}, "params.finetune"),
+           ({"keep_last_n_checkpoints": -2}, "params.keep_last_n_checkpoints"),
+           ({"checkpoint_every": 0}, "params.checkpoint_every")]
+    for params, field in bad:
+        with pytest.raises(InvalidRequest) as caught:
+            trainer.prepare(_config(model_dir, metadata, tmp_path / "c",
+                                    params={**PARAMS, **params}))
+        assert caught.value.field == field, params
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     with pytest.raises(InvalidRequest, match="output_dir"):
@@ -320,6 +336,48 @@ def test_extend_vocab_grows_the_embedding_as_upstream(tmp_path, metadata):
     from mizuoto_f5tts.training.trainer import expand_text_embedding
 
     assert torch.equal(expand_text_embedding(base, 3), expected)
+
+
+def test_vocab_file_and_training_from_scratch(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    short = tmp_path / "short_vocab.txt"
+    tokens = (model_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    short.write_text("".join(f"{t}\n" for t in tokens[:-1]), encoding="utf-8")
+    with pytest.raises(InvalidRequest, match="text embedding") as caught:
+        trainer.prepare(_config(model_dir, metadata, tmp_path / "a",
+                                params={**PARAMS, "vocab_file": str(short)}))
+    assert caught.value.field == "params.vocab_file"
+    # from scratch the vocabulary sets the embedding's size; no base weights are loaded
+    run = trainer.prepare(_config(model_dir, metadata, tmp_path / "b", steps=1,
+                                  params={**PARAMS, "vocab_file": str(short),
+                                          "finetune": False}))
+    trainer.train(run)
+    state = load_run_state(tmp_path / "b" / CHECKPOINT)
+    assert state["model"]["transformer.text_embed.text_embed.weight"].shape[0] == len(tokens)
+    assert state["ema"]["step"].item() == 1  # a fresh EMA, not the base file's counter
+    exported = trainer.export(run, tmp_path / "export")
+    assert (exported / "vocab.txt").read_bytes() == short.read_bytes()
+    assert "random initialisation" in (exported / "LICENSE.txt").read_text()
+    assert json.loads((exported / "training.json").read_text())["initialisation"] == "random"
+
+
+def test_numbered_checkpoints_rotate_across_a_resume(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    params = {**PARAMS, "keep_last_n_checkpoints": 2, "checkpoint_every": 1}
+    folder = tmp_path / "run" / "checkpoints"
+    trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=4,
+                                          save_every=3, params=params)))
+    assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "model_3.pt", "model_4.pt"]
+    assert load_run_state(folder / "model_3.pt")["position"]["update"] == 3
+    trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=6,
+                                          save_every=3, params={**params,
+                                                                "checkpoint_every": 5})))
+    assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "model_4.pt", "model_5.pt"]
+    # a numbered copy is a whole run checkpoint: put back as last.pt it resumes from there
+    last = load_run_state(folder / "last.pt")
+    assert last["position"]["update"] == 6
+    five = load_run_state(folder / "model_5.pt")
+    assert five["position"]["update"] == 5 and len(five["records"]) < len(last["records"])
 
 
 def test_a_full_disk_is_refused_before_training(tmp_path, model_dir, metadata, monkeypatch):

@@ -7,10 +7,16 @@ what ``f5-tts_finetune-cli`` does after its hub download, with local files:
 - seeds Python's ``random`` and torch with ``seed`` (upstream seeds neither; its conditional
   dropout draws from the unseeded ``random``), then builds ``CFM(DiT|UNetT(...))`` with the
   model directory's vocab as ``finetune_cli.py`` does;
-- copies the model's checkpoint to ``ckpts/pretrained_<name>`` and runs ``Trainer.train`` on
+- copies the model's checkpoint to ``ckpts/pretrained_<name>`` (``--finetune``; with
+  ``"finetune": false`` it does not, and the model keeps its random initialisation: upstream's
+  default) and runs ``Trainer.train`` on
   ``CustomDataset(Dataset.from_file(raw.arrow), durations)`` (what ``load_dataset`` builds; its
   ``CustomDatasetPath`` branch has a NameError) with ``resumable_with_seed=666`` and one
   loader worker (``persistent_workers=True`` is hard-coded, so 0 workers crash).
+
+Optional keys: ``vocab_file`` (``--tokenizer custom --tokenizer_path``; default the model's
+vocab), ``keep_last_n`` (``--keep_last_n_checkpoints``, default -1) and ``last_every``
+(``--last_per_updates``, default ``save_every``, which is ``--save_per_updates``).
 
 Writes ``log.json``: every ``accelerator.log`` call (``loss``, ``lr``, ``update``) in order,
 and the seconds the training loop took. Checkpoints land in ``ckpts/`` as upstream writes them.
@@ -58,7 +64,7 @@ def run(cfg: dict) -> None:
 
     random.seed(cfg["seed"])
     torch.manual_seed(cfg["seed"])
-    vocab_char_map, vocab_size = get_tokenizer(cfg["vocab"], "custom")
+    vocab_char_map, vocab_size = get_tokenizer(cfg.get("vocab_file", cfg["vocab"]), "custom")
     mel_spec_kwargs = dict(n_fft=1024, hop_length=256, win_length=1024, n_mel_channels=100,
                            target_sample_rate=24000, mel_spec_type="vocos")
     backbone = DiT if cfg["backbone"] == "dit" else UNetT
@@ -67,16 +73,18 @@ def run(cfg: dict) -> None:
 
     ckpts = work / "ckpts"
     ckpts.mkdir(parents=True, exist_ok=True)
-    pretrained = Path(cfg["checkpoint"])
-    shutil.copy2(pretrained, ckpts / f"pretrained_{pretrained.name}")
+    if cfg.get("finetune", True):
+        pretrained = Path(cfg["checkpoint"])
+        shutil.copy2(pretrained, ckpts / f"pretrained_{pretrained.name}")
 
     trainer = Trainer(
         model, cfg["epochs"], cfg["learning_rate"],
         num_warmup_updates=cfg["warmup"], save_per_updates=cfg["save_every"],
-        keep_last_n_checkpoints=-1, checkpoint_path=str(ckpts),
+        keep_last_n_checkpoints=cfg.get("keep_last_n", -1), checkpoint_path=str(ckpts),
         batch_size_per_gpu=cfg["batch_size"], batch_size_type=cfg["batch_size_type"],
         max_samples=cfg["max_samples"], grad_accumulation_steps=cfg["grad_accumulation"],
-        max_grad_norm=cfg["max_grad_norm"], logger=None, last_per_updates=cfg["save_every"],
+        max_grad_norm=cfg["max_grad_norm"], logger=None,
+        last_per_updates=cfg.get("last_every", cfg["save_every"]),
     )
     records = []
 

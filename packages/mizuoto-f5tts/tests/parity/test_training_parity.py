@@ -8,6 +8,11 @@ upstream logs), and the final model and EMA tensors (``torch.equal``; upstream's
 ``model_last.pt`` vs Mizuoto's run checkpoint and export), and the speech of each side's
 fine-tuned model synthesized by the other side. A resumed case stops Mizuoto's run
 early and resumes it from its checkpoint: it still ends on upstream's uninterrupted bytes.
+Upstream's other result-affecting options each have a case: a custom vocabulary
+(``--tokenizer custom``), training from the random initialisation (no ``--finetune``), a
+warm-up longer than the run (its CLI default on small data), and numbered checkpoints with
+rotation (``--save_per_updates``, ``--keep_last_n_checkpoints``, ``--last_per_updates``:
+the same files kept, holding the same model, EMA and optimiser tensors).
 Cases marked ``realsize`` repeat covered paths and stay out of CI's time budget.
 """
 
@@ -85,11 +90,19 @@ def run_ours(tmp: Path, model_dir: Path, metadata: Path, settings: dict,
               "max_grad_norm": settings["max_grad_norm"]}
     if settings["batch_size_type"] == "frame":
         params["batch_frames"] = settings["batch_size"]
+    save_every = settings["save_every"]
+    for key in ("vocab_file", "finetune"):
+        if key in settings:
+            params[key] = settings[key]
+    if "keep_last_n" in settings:  # upstream's save_per_updates / last_per_updates
+        params.update(keep_last_n_checkpoints=settings["keep_last_n"],
+                      checkpoint_every=settings["save_every"])
+        save_every = settings.get("last_every", save_every)
     config = TrainingConfig(
         method="full", model=str(model_dir), dataset=metadata, output_dir=tmp / "ours",
         steps=10_000, learning_rate=settings["learning_rate"],
         batch_size=settings["batch_size"] if settings["batch_size_type"] == "sample" else 1,
-        seed=seed, save_every=settings["save_every"], params=params)
+        seed=seed, save_every=save_every, params=params)
     trainer = F5Trainer()
     start = time.perf_counter()
     if stop_at is not None:  # a first run that stops early; the second resumes it
@@ -123,6 +136,25 @@ def assert_same_training(upstream: dict, ours: dict) -> None:
     assert set(exported) == set(last["ema_model_state_dict"])
     for k, v in last["ema_model_state_dict"].items():
         assert torch.equal(exported[k], v), k
+
+
+def assert_same_numbered(upstream_ckpts: Path, ours: Path) -> None:
+    """Upstream's kept ``model_<update>.pt`` files and ours: same names, same tensors."""
+    def numbered(folder):
+        return sorted(p.name for p in folder.glob("model_*.pt") if p.name != "model_last.pt")
+
+    names = numbered(upstream_ckpts)
+    assert names and numbered(ours) == names
+    for name in names:
+        theirs = torch.load(upstream_ckpts / name, map_location="cpu", weights_only=True)
+        mine = load_run_state(ours / name)
+        assert mine["position"]["update"] == theirs["update"], name
+        for part, key in (("model", "model_state_dict"), ("ema", "ema_model_state_dict")):
+            assert all(torch.equal(mine[part][k], v) for k, v in theirs[key].items()), name
+        their_moments, my_moments = theirs["optimizer_state_dict"], mine["optimizer"]
+        for index, moments in their_moments["state"].items():
+            for k in ("exp_avg", "exp_avg_sq", "step"):
+                assert torch.equal(my_moments["state"][index][k], moments[k]), (name, index, k)
 
 
 def assert_cross_loads(tmp: Path, upstream_ckpts: Path, export: Path, variant: str,
@@ -198,7 +230,25 @@ CASES = [
     pytest.param("wide_e2", {"seed": 2**31 - 1, "grad_accumulation": 3, "batch_size": 350,
                              "epochs": 3, "warmup": 0, "max_grad_norm": 0.0},
                  id="wide-e2-frame-accum3-no-clip"),
+    # upstream's other options that change the bytes
+    pytest.param("v1_base", {"vocab_file": "swapped"}, id="v1-custom-vocab"),
+    pytest.param("v1_base", {"finetune": False}, id="v1-from-scratch"),
+    pytest.param("e2_base", {"finetune": False, "batch_size_type": "sample", "batch_size": 3},
+                 id="e2-sample-from-scratch"),
+    pytest.param("v1_base", {"warmup": 50}, id="v1-warmup-past-the-end"),
+    pytest.param("v1_base", {"epochs": 3, "save_every": 2, "last_every": 3, "keep_last_n": 2},
+                 id="v1-numbered-checkpoints"),
 ]
+
+
+def _swapped_vocab(model_dir: Path, destination: Path) -> str:
+    """The model's vocabulary with two tokens the data uses trading places (same size)."""
+    lines = (model_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    a, b = lines.index("e"), lines.index("o")
+    lines[a], lines[b] = lines[b], lines[a]
+    destination.write_text("".join(f"{t}\n" for t in lines), encoding="utf-8")
+    return str(destination)
+
 def _case(root: Path, variant: str, overrides: dict) -> dict:
     settings = {**BASE, **overrides}
     case = {"variant": variant, "stop_at": settings.pop("stop_at", None),
@@ -209,6 +259,8 @@ def _case(root: Path, variant: str, overrides: dict) -> dict:
         checkpoint_format=settings.pop("checkpoint_format", "safetensors"))
     case["metadata"] = write_synthetic_dataset(root / "data", count=settings.pop("clips", 6),
                                                seed=3)
+    if settings.get("vocab_file") == "swapped":
+        settings["vocab_file"] = _swapped_vocab(case["model_dir"], root / "custom_vocab.txt")
     case["settings"] = settings
     case["upstream"] = upstream_config(root / "upstream", case["model_dir"], case["metadata"],
                                        variant, size=case["size"], seed=case["seed"],
@@ -241,6 +293,8 @@ def test_training_matches_upstream(request, cases, variant, overrides, monkeypat
     print(f"{request.node.callspec.id}: {len(ours['state']['records'])} batches, "
           f"ours {ours['seconds']:.2f} s, upstream {upstream['log']['seconds']:.2f} s")
     assert_same_training(upstream, ours)
+    if "keep_last_n" in settings:
+        assert_same_numbered(root / "upstream" / "ckpts", root / "ours" / "checkpoints")
     if case["size"] == "tiny":
         assert_cross_loads(root, root / "upstream" / "ckpts", ours["export"], variant,
                            monkeypatch)

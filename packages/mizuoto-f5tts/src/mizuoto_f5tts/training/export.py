@@ -9,8 +9,9 @@ atomically (built beside ``destination``, then renamed over it):
 - ``vocab.txt`` (``vocab_file``: the run's, extended or not) and ``vocos/`` copied from the base
   model directory;
 - ``LICENSE.txt``: the base model's license terms carry over to the fine-tuned weights
-  (the released F5-TTS weights are CC-BY-NC-4.0: non-commercial), and ``training.json``
-  (base model, variant, updates).
+  (the released F5-TTS weights are CC-BY-NC-4.0: non-commercial; ``finetuned=False``: trained
+  from a random initialisation, none of the base weights are in them), and ``training.json``
+  (base model, variant, updates, initialisation).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ CC-BY-NC-4.0 (https://creativecommons.org/licenses/by-nc/4.0/): non-commercial u
 with attribution. Models trained only from your own random initialisation are yours to license.
 """
 
+SCRATCH_LICENSE_TEXT = """\
+These weights were trained by Mizuoto from a random initialisation, with the architecture and
+vocabulary of {base}; none of that model's weights are in them. Their license is the trainer's
+choice (mind the training data's terms). The vocos/ vocoder copied beside them keeps its own
+license.
+"""
+
 
 def checkpoint_file_name(variant: F5Variant, update: int) -> str:
     prefix = "F5TTS_Base_" if variant.name == "base" else ""
@@ -44,7 +52,7 @@ def checkpoint_file_name(variant: F5Variant, update: int) -> str:
 
 def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: str | Path,
                  variant: F5Variant, destination: str | Path, *, base_model: str,
-                 vocab_file: str | Path | None = None) -> Path:
+                 vocab_file: str | Path | None = None, finetuned: bool = True) -> Path:
     base_dir, destination = Path(base_dir), Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
@@ -55,10 +63,13 @@ def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: s
         shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
         if (base_dir / VOCOS_DIR).is_dir():
             shutil.copytree(base_dir / VOCOS_DIR, build / VOCOS_DIR)
-        (build / "LICENSE.txt").write_text(LICENSE_TEXT.format(base=base_model), encoding="utf-8")
+        license_text = LICENSE_TEXT if finetuned else SCRATCH_LICENSE_TEXT
+        (build / "LICENSE.txt").write_text(license_text.format(base=base_model), encoding="utf-8")
         (build / "training.json").write_text(json.dumps(
             {"base_model": base_model, "variant": variant.name, "updates": update,
-             "license": "the base model's (CC-BY-NC-4.0 for released F5-TTS weights)"},
+             "initialisation": "base model" if finetuned else "random",
+             "license": "the base model's (CC-BY-NC-4.0 for released F5-TTS weights)"
+             if finetuned else "the trainer's choice"},
             indent=1), encoding="utf-8")
         os.chmod(build, 0o755)
         if destination.exists():

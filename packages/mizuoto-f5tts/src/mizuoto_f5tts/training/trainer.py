@@ -21,8 +21,14 @@ of the run, at most upstream's 20000; fewer than the run's updates), ``batch_siz
 (666, upstream's ``resumable_with_seed``), ``variant`` (``v1_base``, ``base`` or ``e2_base``;
 default: detected from the checkpoint), ``extend_vocab`` (``true``: add the data's tokens the
 vocabulary lacks; or a list of tokens; the text embedding grows as upstream's
-``expand_model_embeddings`` grows it), ``shard_batches`` (under torchrun; default true). Training stops after ``config.steps`` updates or at the
-end of the last epoch.
+``expand_model_embeddings`` grows it), ``shard_batches`` (under torchrun; default true),
+``vocab_file`` (upstream's ``--tokenizer custom --tokenizer_path``: this vocabulary instead of
+the model directory's), ``finetune`` (default true; false: upstream without ``--finetune``, the
+model starts from its random initialisation), ``keep_last_n_checkpoints`` (default 0; -1: all;
+N: the newest N) copies of the run checkpoint as ``checkpoints/model_<update>.pt`` every
+``checkpoint_every`` updates (default ``save_every``; upstream's ``save_per_updates``, while
+``save_every`` is its ``last_per_updates``). Training stops after ``config.steps`` updates or
+at the end of the last epoch.
 """
 
 from __future__ import annotations
@@ -64,7 +70,9 @@ logger = logging.getLogger(__name__)
 
 PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_samples",
           "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches",
-          "extend_vocab")
+          "extend_vocab", "vocab_file", "finetune", "keep_last_n_checkpoints",
+          "checkpoint_every")
+NUMBERED = "model_{}.pt"  # checkpoints/model_<update>.pt, as upstream names its numbered saves
 LOG_FILE = "training_log.jsonl"
 
 
@@ -82,6 +90,47 @@ class F5Run:
     memory: str = "default"
     vocab_file: Path | None = None  # the base model's, or the extended one in prepared/
     new_tokens: int = 0  # text-embedding rows added for an extended vocabulary
+    finetune: bool = True  # false: random initialisation, no base weights
+    keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
+    checkpoint_every: int = 0  # updates between numbered copies
+
+
+def _bool_param(params, key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"params.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def _retention(config: TrainingConfig) -> tuple[int, int]:
+    """``(keep_last_n_checkpoints, checkpoint_every)``, checked."""
+    keep = _int_param(config.params, "keep_last_n_checkpoints", 0, -1)
+    every = _int_param(config.params, "checkpoint_every", config.save_every, 1)
+    return keep, every
+
+
+def _vocab_file(params, model_dir: Path) -> Path:
+    from mizuoto_f5tts.checkpoint import VOCAB_FILE, default_vocab_path
+
+    custom = params.get("vocab_file")
+    if custom is None:
+        own = model_dir / VOCAB_FILE
+        return own if own.is_file() else default_vocab_path()
+    if not isinstance(custom, (str, Path)) or not Path(custom).is_file():
+        raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {custom!r}",
+                             "one token per line, as upstream's --tokenizer_path")
+    return Path(custom)
+
+
+def _check_vocab_size(base: dict, vocab: dict, field: str, vocab_file: Path) -> None:
+    """A fine-tune keeps the base model's text embedding: ``len(vocab) + 1`` rows (upstream
+    would fail loading the weights with a size mismatch)."""
+    rows = next((w.shape[0] for k, w in base.items() if k.endswith("text_embed.weight")), None)
+    if rows is not None and rows != len(vocab) + 1:
+        raise InvalidRequest(field, f"{vocab_file} has {len(vocab)} tokens but the base model's "
+                             f"text embedding has {rows - 1}",
+                             "fine-tune with the base model's vocabulary (extend_vocab adds "
+                             "tokens), or set finetune: false to train from scratch")
 
 
 def _int_param(params, key: str, default: int, low: int = 0) -> int:
@@ -117,10 +166,16 @@ def _settings(config: TrainingConfig, data: PreparedData) -> LoopSettings:
     epochs = _int_param(params, "epochs", math.ceil(config.steps / updates_per_epoch), 1)
     total = updates_per_epoch * epochs
     warmup = _int_param(params, "warmup_updates", min(20000, total // 10))
-    if warmup >= total:
-        # upstream's decay LinearLR would then have no iterations and divide by zero
-        raise InvalidRequest("params.warmup_updates", f"must be less than the run's {total} "
-                             f"updates ({epochs} epochs of {updates_per_epoch}), got {warmup}")
+    if warmup == total:
+        # upstream's decay LinearLR then has no iterations: it divides by zero at the last update
+        raise InvalidRequest("params.warmup_updates", f"must not equal the run's {total} "
+                             f"updates ({epochs} epochs of {updates_per_epoch})")
+    if warmup > total:
+        # upstream runs it (its CLI default of 20000 does on small data sets): the rate rises
+        # for the whole run and never decays
+        logger.warning("warmup_updates %d exceeds the run's %d updates: the learning rate "
+                       "rises all run and never reaches %g (upstream's behaviour)", warmup,
+                       total, config.learning_rate)
     return LoopSettings(
         epochs=epochs, learning_rate=config.learning_rate, warmup_updates=warmup,
         batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
@@ -140,7 +195,6 @@ class F5Trainer(Trainer):
         from mizuoto import resolve_model
         from mizuoto_f5tts.checkpoint import (
             VOCAB_FILE,
-            default_vocab_path,
             detect_variant,
             find_checkpoint,
             read_checkpoint,
@@ -154,13 +208,20 @@ class F5Trainer(Trainer):
                                  f"got {family!r}")
         model_dir = resolve_model(config.model, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
-        vocab_file = model_dir / VOCAB_FILE
-        vocab = read_vocab(vocab_file if vocab_file.is_file() else default_vocab_path())
-        variant = detect_variant(read_checkpoint(checkpoint), hint=str(checkpoint), family=family)
-        # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced)
+        finetune = _bool_param(config.params, "finetune", True)
+        keep, every = _retention(config)
+        vocab_file = _vocab_file(config.params, model_dir)
+        vocab = read_vocab(vocab_file)
+        base = read_checkpoint(checkpoint)
+        variant = detect_variant(base, hint=str(checkpoint), family=family)
+        if finetune:
+            _check_vocab_size(base, vocab, "params.vocab_file" if "vocab_file" in config.params
+                              else "model", vocab_file)
+        del base
+        # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced),
+        # plus the numbered copies kept
         weights = checkpoint.stat().st_size
-        check_output_dir(config.output_dir, needed_bytes=8 * weights)
-        vocab_file = vocab_file if vocab_file.is_file() else default_vocab_path()
+        check_output_dir(config.output_dir, needed_bytes=4 * weights * (2 + max(keep, 0)))
         prepared_dir = Path(config.output_dir) / "prepared"
         extend = config.params.get("extend_vocab", False)
         new_tokens = 0
@@ -190,7 +251,8 @@ class F5Trainer(Trainer):
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
         return F5Run(config, model_dir, checkpoint, variant, vocab, data,
-                     _settings(config, data), config.memory, vocab_file, new_tokens)
+                     _settings(config, data), config.memory, vocab_file,
+                     new_tokens if finetune else 0, finetune, keep, every)
 
     def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -199,17 +261,19 @@ class F5Trainer(Trainer):
 
         model = ConditionalFlowMatching(run.variant.build_backbone(len(run.vocab)),
                                         num_channels=run.variant.mel_dim)
-        base = read_checkpoint(run.checkpoint)
-        if run.new_tokens:
-            base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
-        load_into(model, base, run.checkpoint)
+        if run.finetune:
+            base = read_checkpoint(run.checkpoint)
+            if run.new_tokens:
+                base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
+            load_into(model, base, run.checkpoint)
+            del base
         model.train()
-        shard = run.config.params.get("shard_batches", True)
-        if not isinstance(shard, bool):
-            raise InvalidRequest("params.shard_batches", f"must be true or false, got {shard!r}")
+        shard = _bool_param(run.config.params, "shard_batches", True)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           run.settings, py_random=py_random, memory=run.memory,
                           world=distributed_world(), shard_batches=shard)
+        if not run.finetune:  # upstream without a pretrained_ file: a fresh EMA
+            return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
                else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
         if "initted" in raw and "step" in raw:
@@ -247,11 +311,16 @@ class F5Trainer(Trainer):
                 logger.info("resuming %s at update %d", output, loop.update)
             total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
 
+            saved = [resumed_from]  # the update the checkpoint on disk holds (None: none)
+
             def on_update(record: Record) -> None:
                 report(progress, "train", record.update, total,
                        f"loss {record.loss:.4f} lr {record.lr:.3g}")
-
-            saved = [resumed_from]  # the update the checkpoint on disk holds (None: none)
+                if run.keep_checkpoints != 0 and record.update % run.checkpoint_every == 0:
+                    if saved[0] != loop.update:
+                        save()
+                    if rank == 0:
+                        keep_numbered(state_path, loop.update, run.keep_checkpoints)
 
             def save() -> None:
                 saved[0] = loop.update
@@ -268,7 +337,11 @@ class F5Trainer(Trainer):
                 _barrier()
 
             with catch_interruption() as interruption:
-                interrupted = loop.run(on_update=on_update, on_save=save,
+                def on_save() -> None:
+                    if saved[0] != loop.update:  # not already saved for a numbered copy
+                        save()
+
+                interrupted = loop.run(on_update=on_update, on_save=on_save,
                                        stop=interruption.stop_now)
                 if saved[0] != loop.update:  # not just saved: the same on every rank
                     save()
@@ -285,7 +358,7 @@ class F5Trainer(Trainer):
             state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
             export_model(state["ema"], state["position"]["update"], run.model_dir,
                          run.variant, destination, base_model=str(run.config.model),
-                         vocab_file=run.vocab_file)
+                         vocab_file=run.vocab_file, finetuned=run.finetune)
         _barrier()
         return Path(destination)
 
@@ -331,6 +404,24 @@ def _barrier() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def keep_numbered(state_path: Path, update: int, keep: int) -> None:
+    """Copy the run checkpoint to ``model_<update>.pt`` beside it, then delete the oldest
+    numbered copies beyond ``keep`` (-1: keep all), as upstream's ``save_checkpoint`` rotates
+    (by update number; ``last.pt`` is not one of them)."""
+    import shutil
+
+    folder = state_path.parent
+    with atomic_path(folder / NUMBERED.format(update)) as tmp:
+        shutil.copyfile(state_path, tmp)
+    if keep < 0:
+        return
+    numbered = sorted((int(p.stem.split("_")[1]), p) for p in folder.glob("model_*.pt")
+                      if p.stem.split("_")[1].isdigit())
+    for _, old in numbered[:max(len(numbered) - keep, 0)]:
+        old.unlink()
+        logger.info("removed old checkpoint %s", old.name)
 
 
 def _write_log(path: Path, records: list[Record]) -> None:
