@@ -436,3 +436,32 @@ def test_torchrun_two_processes_stop_together_on_a_signal_to_one(workspace):
     assert (stopped / weights).read_bytes() == (whole / weights).read_bytes()
     assert ((stopped / "metrics.jsonl").read_text(encoding="utf-8")
             == (whole / "metrics.jsonl").read_text(encoding="utf-8"))
+
+
+def test_validation_is_logged_and_a_resumed_run_replays_it(workspace):
+    """Validation after steps 0, 2 and 4 (the last): its losses in metrics.jsonl and the
+    result. Stopped after step 3 (checkpoint at 3, after step 2's validation), the resumed
+    run ends with the uninterrupted run's metrics and weights."""
+    root, model = workspace
+    params = {"warmup_steps": 1, "preview": False, "val_manifest": str(root / "train.jsonl"),
+              "valid_interval": 2}
+    fields = dict(steps=5, save_every=3, params=params)
+    whole = _config(root, model, "validated-whole", **fields)
+    trainer = VoxCPMTrainer()
+    result = trainer.train(trainer.prepare(whole))
+    rows = [json.loads(x) for x in (whole.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val/loss/total" in r] == [0, 2, 4]
+    assert result.metrics["val/loss/total"] == rows[-1]["val/loss/total"]
+
+    stopped = _config(root, model, "validated-stopped", **fields)
+
+    def stop(progress):
+        if progress.stage == "train" and progress.done == 4:
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):
+        trainer.train(trainer.prepare(stopped), progress=stop)
+    resumed = trainer.train(trainer.prepare(stopped))
+    assert resumed.resumed_from == 3 and resumed.metrics == result.metrics
+    for name in ("metrics.jsonl", "checkpoints/latest/trainable.safetensors"):
+        assert (stopped.output_dir / name).read_bytes() == (whole.output_dir / name).read_bytes()

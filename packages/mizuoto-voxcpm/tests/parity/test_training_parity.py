@@ -9,7 +9,9 @@ full fine-tuning, ``lora_weights.safetensors`` and ``lora_config.json`` for LoRA
 crosses an epoch boundary (new base and sampler seeds) and includes a stereo 22.05 kHz clip
 (resampled with soxr as ``datasets`` does). Manifests declaring ``duration``/``ref_duration``
 other than the clips' lengths make upstream's ``max_batch_tokens`` filter keep other rows than
-measuring would; both must keep the same ones.
+measuring would; both must keep the same ones. With a validation manifest, upstream's
+validation losses must be equal at the steps it validates, and so must every later step (the
+validation's loader and forward draws, and the generation upstream speaks into TensorBoard).
 """
 
 from __future__ import annotations
@@ -123,6 +125,15 @@ def data(tmp_path_factory) -> dict[str, Path]:
                    for r, flag in zip(base, PROMPT_ROWS, strict=True)]
         (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flagged),
                                             encoding="utf-8")
+    # validation: every row, one a prompt; many rows (more than 10 batches of 1), two with a
+    # reference
+    val = [dict(r, is_prompt=True) if i == 1 else r for i, r in enumerate(rows)]
+    many = [dict(rows[i % 5], text=f"{TEXTS[i % 5]} {i}") for i in range(12)]
+    many = [dict(r, ref_audio=rows[(i + 2) % 5]["audio"]) if i in (3, 7) else r
+            for i, r in enumerate(many)]
+    for name, lines in (("val", val), ("val_many", many)):
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines),
+                                            encoding="utf-8")
     for name, extras in DECLARED_MANIFESTS.items():
         declared = []
         for row, extra in zip(rows, extras, strict=True):
@@ -140,6 +151,7 @@ def data(tmp_path_factory) -> dict[str, Path]:
                                                   vae_overrides={"latent_dim": 4})
     return {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models,
             "prompt": root / "prompt.jsonl", "prompt_with_ref": root / "prompt_with_ref.jsonl",
+            "val": root / "val.jsonl", "val_many": root / "val_many.jsonl",
             **{name: root / f"{name}.jsonl" for name in DECLARED_MANIFESTS}}
 
 
@@ -150,7 +162,8 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
     config = {
         "pretrained_path": str(data[overrides.get("model", generation)]),
         "train_manifest": str(manifest),
-        "val_manifest": "", "sample_rate": 16000, "batch_size": batch_size,
+        "val_manifest": str(data[overrides["val"]]) if "val" in overrides else "",
+        "sample_rate": 16000, "batch_size": batch_size,
         "grad_accum_steps": 1, "num_workers": 0, "num_iters": steps, "log_interval": 1,
         "valid_interval": 1000, "save_interval": 1000,
         "learning_rate": 1e-4 if method == "lora" else 1e-5, "weight_decay": 0.01,
@@ -158,7 +171,8 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
         "save_path": str(save), "lambdas": {"loss/diff": 1.0, "loss/stop": 1.0},
         "max_grad_norm": 0.0, "log": str(save.with_suffix(".json")),
     }
-    config.update({k: v for k, v in overrides.items() if k not in ("lora", "manifest", "model")})
+    config.update({k: v for k, v in overrides.items()
+                   if k not in ("lora", "manifest", "model", "val")})
     if method == "lora":
         config["lora"] = {"enable_lm": True, "enable_dit": True, "enable_proj": False,
                           "dropout": 0.0, **overrides["lora"]}
@@ -182,6 +196,9 @@ def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
               "lambda_diff": lambdas.get("loss/diff", 1.0),
               "lambda_stop": lambdas.get("loss/stop", 1.0),
               "max_steps": overrides.get("max_steps")}
+    if "val" in overrides:
+        params.update(val_manifest=str(data[overrides["val"]]),
+                      valid_interval=overrides["valid_interval"])
     if method == "lora":
         params.update({"lora_r": lora["r"], "lora_alpha": lora["alpha"],
                        "lora_dropout": lora.get("dropout", 0.0),
@@ -209,10 +226,16 @@ def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
 def _compare(data, name, generation, method, batch_size, overrides, steps=STEPS):
     upstream, saved = _upstream(data, name, generation, method, batch_size, overrides, steps)
     ours, exported, seconds = _ours(data, name, generation, method, batch_size, overrides, steps)
-    assert len(upstream["steps"]) == steps
-    for theirs, mine in zip(upstream["steps"], ours, strict=True):
+    train = [r for r in upstream["steps"] if r["split"] == "train"]
+    assert len(train) == steps
+    for theirs, mine in zip(train, ours, strict=True):
         for key in ("loss/diff", "loss/stop", "lr", "epoch", "grad_norm"):
             assert mine[key] == theirs[key], (name, theirs["step"], key, mine[key], theirs[key])
+    validated = {r["step"]: r for r in upstream["steps"] if r["split"] == "val"}
+    assert [r["step"] for r in ours if "val/loss/total" in r] == sorted(validated)
+    for step, theirs in validated.items():
+        for key in ("loss/total", "loss/diff", "loss/stop"):
+            assert ours[step][f"val/{key}"] == theirs[key], (name, step, key)
     final = saved / f"step_{steps:07d}"
     files = (["lora_weights.safetensors", "lora_config.json"] if method == "lora"
              else ["model.safetensors", "config.json"])
@@ -288,3 +311,23 @@ def test_one_realsize_step_matches_upstream(data, tmp_path, name):
     realsize = {**data, generation: with_dtype(base, tmp_path / "fp32", "float32"),
                 "root": tmp_path}
     _compare(realsize, name, generation, *rest, steps=1)
+
+
+# validation on: losses at the steps upstream validates (every valid_interval and the last),
+# and every training step after them. (Upstream's loader needs the same keys in both
+# manifests; Mizuoto reads each alone.)
+VALIDATION = {
+    "0.5b-full-validation": ("voxcpm-0.5b", "full", 2, {"manifest": "prompt", "val": "val",
+                                                        "valid_interval": 2}),
+    # 12 rows in batches of 1: upstream stops at 10; LoRA dropout off while validating
+    "2-lora-dropout-validation-capped": ("voxcpm2", "lora", 1, {
+        "manifest": "with_ref", "val": "val_many", "valid_interval": 1,
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.25}}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALIDATION))
+def test_validation_and_the_steps_after_it_match_upstream(data, name):
+    _compare(data, name, *VALIDATION[name])
+    log = (data["root"] / f"ours-{name}" / "metrics.jsonl").read_text(encoding="utf-8")
+    assert "val/loss/total" in log

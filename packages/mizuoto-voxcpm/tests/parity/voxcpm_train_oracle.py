@@ -3,7 +3,8 @@
 ``python voxcpm_train_oracle.py CONFIG.json``: the JSON holds the script's ``train(**yaml)``
 arguments (what a ``conf/<model>/*.yaml`` recipe holds) plus ``"log"``, where this writes every
 ``TrainingTracker.log_metrics`` call at full precision (``loss/diff``, ``loss/stop``, ``lr``,
-``epoch``, ``grad_norm``, with the step and the time it was logged) and the loop's seconds.
+``epoch``, ``grad_norm``; with validation on, ``loss/total``, ``loss/diff``, ``loss/stop`` of
+split ``val``), each with its step, split and the time it was logged, and the loop's seconds.
 The script itself (``upstream/train_voxcpm_finetune.py``) is vendored unchanged from the
 GitHub tag; checkpoints land in ``save_path`` as it writes them (``step_<N>/``, ``latest/``).
 """
@@ -29,7 +30,7 @@ def main(config_path: str) -> None:
     original = TrainingTracker.log_metrics
 
     def log_metrics(self, metrics, split):
-        records.append({"step": self.step, "time": time.perf_counter(),
+        records.append({"step": self.step, "split": split, "time": time.perf_counter(),
                         **{key: float(value) for key, value in metrics.items()}})
         return original(self, metrics, split)
 

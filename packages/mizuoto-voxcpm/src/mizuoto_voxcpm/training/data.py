@@ -223,6 +223,14 @@ def draw_seed(generator: torch.Generator) -> int:
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
+def shuffled(size: int, generator: torch.Generator) -> list[int]:
+    """One pass of a shuffling ``DataLoader``: it draws its base seed, then its
+    ``RandomSampler``'s seed, whose own generator gives ``randperm(size)``."""
+    draw_seed(generator)  # the loader's base seed (workers' seeds; unused here)
+    permutation = torch.Generator().manual_seed(draw_seed(generator))
+    return torch.randperm(size, generator=permutation).tolist()
+
+
 class EpochSampler:
     """Upstream's shuffling ``DataLoader`` (``drop_last=True``) over ``size`` samples.
 
@@ -242,9 +250,7 @@ class EpochSampler:
         self.epoch = -1
 
     def _new_epoch(self) -> None:
-        draw_seed(self.generator)  # the loader's base seed (workers' seeds; unused here)
-        permutation = torch.Generator().manual_seed(draw_seed(self.generator))
-        self.order = torch.randperm(self.size, generator=permutation).tolist()
+        self.order = shuffled(self.size, self.generator)
         self.position = 0
         self.epoch += 1
 

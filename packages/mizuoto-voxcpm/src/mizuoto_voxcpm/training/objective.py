@@ -77,8 +77,11 @@ def training_losses(model: VoxCPMModel, batch: Batch, *, cfm: CfmTraining,
     combined = text_mask.unsqueeze(-1) * text_embed + audio_mask.unsqueeze(-1) * feat_embed
     enc_outputs, _ = model.base_lm(combined, causal=True)
     enc_outputs = enc_outputs.to(dtype)
-    enc_outputs = (quantize_straight_through(model.fsq_layer, enc_outputs)
-                   * audio_mask.unsqueeze(-1) + enc_outputs * text_mask.unsqueeze(-1))
+    # upstream's FSQ layer: straight-through in training mode, rounded outright in eval mode
+    # (validation)
+    quantized = (quantize_straight_through(model.fsq_layer, enc_outputs) if model.training
+                 else model.fsq_layer(enc_outputs))
+    enc_outputs = quantized * audio_mask.unsqueeze(-1) + enc_outputs * text_mask.unsqueeze(-1)
     lm_hidden = _shift_right(enc_outputs)
 
     residual_in = model._residual_input(enc_outputs, audio_mask.unsqueeze(-1) * feat_embed)

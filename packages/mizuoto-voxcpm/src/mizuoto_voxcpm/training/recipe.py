@@ -6,12 +6,14 @@
 ``num_iters``); ``learning_rate``, ``batch_size`` and ``seed`` come from the config. Everything
 else comes from the recipe of the model's generation unless ``params`` names it (``None`` also
 means "the recipe's value"; ``max_grad_norm: 0`` turns clipping off, as upstream's ``0``).
-LoRA's settings are upstream's ``lora:`` keys prefixed ``lora_``.
+LoRA's settings are upstream's ``lora:`` keys prefixed ``lora_``. ``val_manifest`` (a path; unset
+or empty: no validation) and ``valid_interval`` turn on upstream's validation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -36,7 +38,10 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 #: ``params`` a run accepts (besides ``lora_*``).
 TUNABLE = ("weight_decay", "warmup_steps", "max_steps", "max_batch_tokens",
-           "grad_accum_steps", "max_grad_norm", "lambda_diff", "lambda_stop")
+           "grad_accum_steps", "max_grad_norm", "lambda_diff", "lambda_stop",
+           "val_manifest", "valid_interval")
+#: upstream's script default: validate every this many steps (and after the last)
+VALID_INTERVAL = 1000
 LORA_TARGETS = ("lora_target_modules_lm", "lora_target_modules_dit", "lora_target_proj_modules")
 LORA_PARAMS = ("lora_r", "lora_alpha", "lora_dropout", "lora_enable_lm", "lora_enable_dit",
                "lora_enable_proj", *LORA_TARGETS)
@@ -69,10 +74,15 @@ class Recipe:
     max_grad_norm: float
     lambdas: dict[str, float]
     lora: LoRAConfig | None
+    #: the validation manifest (None: no validation) and how often it runs
+    val_manifest: str | None = None
+    valid_interval: int = VALID_INTERVAL
 
     def to_dict(self) -> dict[str, Any]:
         data = attrs.asdict(self, recurse=False)
         data["lora"] = self.lora.to_dict() if self.lora else None
+        if self.val_manifest is None:  # run.json as before validation existed
+            del data["val_manifest"], data["valid_interval"]
         return data
 
 
@@ -120,6 +130,13 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
         if lora.r < 1:
             raise InvalidRequest("params.lora_r", "must be at least 1")
     accum = pick("grad_accum_steps", int)
+    val_manifest = params.get("val_manifest")
+    if val_manifest is not None and not isinstance(val_manifest, str | Path):
+        raise InvalidRequest("params.val_manifest", f"must be a path, got {val_manifest!r}")
+    interval = params.get("valid_interval")
+    interval = VALID_INTERVAL if interval is None else pick("valid_interval", int)
+    if interval < 1:
+        raise InvalidRequest("params.valid_interval", "must be at least 1")
     return Recipe(
         method=config.method, num_iters=config.steps,
         max_steps=config.steps if params.get("max_steps") is None else pick("max_steps", int),
@@ -128,7 +145,8 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
         warmup_steps=pick("warmup_steps", int), max_batch_tokens=pick("max_batch_tokens", int),
         grad_accum_steps=max(accum, 1), max_grad_norm=pick("max_grad_norm", float),
         lambdas={"loss/diff": pick("lambda_diff", float), "loss/stop": pick("lambda_stop", float)},
-        lora=lora)
+        lora=lora, val_manifest=str(val_manifest) if val_manifest else None,
+        valid_interval=interval)
 
 
 def _lora_targets(params: dict[str, Any], flags: dict[str, bool], is_v2: bool

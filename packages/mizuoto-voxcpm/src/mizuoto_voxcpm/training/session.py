@@ -1,6 +1,6 @@
 """One training session: the model, VAE, data order and optimiser of a prepared run, built in
-upstream's order so that every random draw lands where upstream's does; then the loop and the
-export."""
+upstream's order so that every random draw lands where upstream's does; then the loop (with
+upstream's validation when the run has validation rows) and the export."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import torch
 
 from mizuoto.contracts import TrainingResult
 from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.interruption import catch_interruption
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
 from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
-from mizuoto_voxcpm.training import construction, distributed, loop
+from mizuoto_voxcpm.training import construction, distributed, loop, validation
 from mizuoto_voxcpm.training.data import (
     DistributedEpochSampler,
     EpochSampler,
@@ -49,6 +50,10 @@ class Session:
         self.raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         self.config = config = VoxCPMConfig.from_model_dir(model_dir)
         self.world_size, self.rank, local_rank = distributed.world()
+        self.validating = bool(run.val_samples)
+        if self.validating and self.world_size > 1:
+            raise InvalidRequest("params.val_manifest", "validation runs in a single process "
+                                 "only (not under torchrun)")
         self.device = device = pick_device(local_rank)
         if self.world_size > 1:
             distributed.init(device.type)
@@ -79,9 +84,11 @@ class Session:
         if run.config.memory == "low":
             checkpoint_blocks(model, self.forward_generator)
         self.model = model.to(device).train()
-        # training only encodes: the VAE decoder never reaches the device
+        # training only encodes: the VAE decoder never reaches the device (unless validation's
+        # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")
-        vae.decoder = None
+        if not (self.validating and vae_config.use_noise_block):
+            vae.decoder = None
         self.vae = vae.to(device)
         if self.world_size > 1:
             self.sampler = DistributedEpochSampler(len(run.samples), recipe.batch_size,
@@ -92,7 +99,7 @@ class Session:
         self.forward, self.no_sync = distributed.wrap(
             distributed.TrainingForward(self.model, self._training_losses), device,
             self.world_size)
-        self._latents: dict[tuple[int, bool], torch.Tensor | None] = {}
+        self._latents: dict[tuple[bool, int, bool], torch.Tensor | None] = {}
 
     @classmethod
     def open(cls, run: Run) -> Session:
@@ -100,19 +107,23 @@ class Session:
 
     # -- data ----------------------------------------------------------------------------
 
-    def _latent(self, index: int, reference: bool = False) -> torch.Tensor | None:
-        key = (index, reference)
+    def _latent(self, index: int, reference: bool = False, *, val: bool = False
+                ) -> torch.Tensor | None:
+        key = (val, index, reference)
         if key not in self._latents:
-            sample = self.run.samples[index]
+            sample = (self.run.val_samples if val else self.run.samples)[index]
             audio = sample.ref_audio if reference else sample.audio
             self._latents[key] = (None if audio is None else
                                   encode_audio(self.vae, audio, self.config.patch_size))
         return self._latents[key]
 
+    def _pack(self, indices: list[int], *, val: bool = False):
+        rows = self.run.val_samples if val else self.run.samples
+        return pack([rows[i] for i in indices], [self._latent(i, val=val) for i in indices],
+                    self.config.max_length, [self._latent(i, True, val=val) for i in indices])
+
     def next_batch(self):
-        indices = self.sampler.next_batch()
-        return pack([self.run.samples[i] for i in indices], [self._latent(i) for i in indices],
-                    self.config.max_length, [self._latent(i, True) for i in indices])
+        return self._pack(self.sampler.next_batch())
 
     def _training_losses(self, model, batch, progress: float):
         return training_losses(model, batch, cfm=self.cfm, generator=self.forward_generator,
@@ -120,6 +131,27 @@ class Session:
 
     def losses(self, batch, *, progress: float):
         return self.forward(batch, progress)
+
+    def validate(self, scaling: loop.GradScaling) -> dict[str, float]:
+        """Upstream's validation (see :mod:`~mizuoto_voxcpm.training.validation`): the mean
+        losses, keyed as :data:`~mizuoto_voxcpm.training.validation.KEYS`."""
+        rows = self.run.val_samples
+        self.model.eval()
+        try:
+            outputs = []
+            with torch.no_grad():
+                for indices in validation.batches(len(rows), self.recipe.batch_size,
+                                                  self.generator):
+                    batch = self._pack(indices, val=True)
+                    with scaling.autocast():
+                        losses = self._training_losses(self.model, batch, progress=0.0)
+                    outputs.append({key: value.detach() for key, value in losses.items()})
+            means = validation.mean_losses(outputs, self.recipe.lambdas)
+            validation.speak(self.model, self.vae, [row.text_ids for row in rows],
+                             self.forward_generator)
+        finally:
+            self.model.train()
+        return means
 
     # -- training ------------------------------------------------------------------------
 
@@ -143,6 +175,8 @@ class Session:
         rows = loop.read_metrics(metrics_path, upto=start) if main else []
         distributed.barrier()
         last = rows[-1] if rows else {}
+        validated = next(({key: row[key] for key in validation.KEYS if key in row}
+                          for row in reversed(rows) if validation.KEYS[0] in row), {})
 
         def save(done: int) -> None:
             loop.save_checkpoint(checkpoints, model=self.model, optimizer=optimizer,
@@ -158,6 +192,10 @@ class Session:
                                          no_sync=self.no_sync)
                 values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
                                          * self.world_size) / max(1, run.counted_samples))
+                if self.validating and validation.is_due(step, recipe.valid_interval,
+                                                         recipe.num_iters):
+                    validated = self.validate(scaling)
+                    values.update(validated)
                 if main:
                     loop.append_metrics(metrics_path, step, values)
                 last = {"step": step, **values}
@@ -178,7 +216,8 @@ class Session:
         if interrupted is not None and main:
             log.info("%s: stopped at step %d, checkpoint saved in %s; train again on it to "
                      "resume", interrupted, done, checkpoints)
-        metrics = {k: float(v) for k, v in last.items() if k != "step"}
+        # the last step's values, and the last validation's
+        metrics = {k: float(v) for k, v in {**validated, **last}.items() if k != "step"}
         return TrainingResult(run.output_dir, done, resumed, metrics=metrics,
                               interrupted=interrupted)
 

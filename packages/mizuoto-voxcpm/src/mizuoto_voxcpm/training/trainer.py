@@ -45,6 +45,8 @@ class Run:
     counted_samples: int
     rejected: tuple[tuple[int, str], ...] = ()
     texts: tuple[str, ...] = ()
+    #: the validation manifest's usable rows (none: no validation)
+    val_samples: tuple = attrs.field(default=(), eq=False, repr=False)
 
 
 class VoxCPMTrainer(Trainer):
@@ -69,6 +71,18 @@ class VoxCPMTrainer(Trainer):
         samples, rejected, counted = _read_samples(model_dir, raw, manifest, recipe)
         for item in rejected:
             log.warning("%s line %d skipped: %s", manifest, item.line, item.reason)
+        val_samples, val_rejected = [], []
+        if recipe.val_manifest is not None:
+            val_manifest = _manifest_path(recipe.val_manifest, "params.val_manifest")
+            recipe = attrs.evolve(recipe, val_manifest=str(val_manifest))
+            # upstream validates on every row (no max_batch_tokens filter)
+            val_samples, val_rejected, _ = _read_samples(model_dir, raw, val_manifest, None)
+            for item in val_rejected:
+                log.warning("%s line %d skipped: %s", val_manifest, item.line, item.reason)
+            if not val_samples:
+                raise InvalidRequest("params.val_manifest", f"no usable rows in {val_manifest}"
+                                     + (f"; skipped: {val_rejected[0].reason}"
+                                        if val_rejected else ""))
         if len(samples) < recipe.batch_size:
             raise InvalidRequest("dataset", f"{len(samples)} usable rows in {manifest}, fewer "
                                  f"than one batch of {recipe.batch_size}"
@@ -86,16 +100,15 @@ class VoxCPMTrainer(Trainer):
                                      "use another directory")
         with atomic_path(previous) as tmp:
             tmp.write_text(json.dumps(run_info, indent=2), encoding="utf-8")
+        prepared = {"samples": _listed(samples), "rejected": _reasons(rejected)}
+        if recipe.val_manifest is not None:
+            prepared.update(val_samples=_listed(val_samples), val_rejected=_reasons(val_rejected))
         with atomic_path(output / "prepared.json") as tmp:
-            tmp.write_text(json.dumps({
-                "samples": [{"line": s.line, "audio": s.audio_path, "text_ids": s.text_ids,
-                             **({"is_prompt": True} if s.is_prompt else {})} for s in samples],
-                "rejected": [{"line": r.line, "reason": r.reason} for r in rejected]},
-                indent=1), encoding="utf-8")
+            tmp.write_text(json.dumps(prepared, indent=1), encoding="utf-8")
         report(progress, "prepare", 1, 1)
         return Run(config, model_dir, output, recipe, tuple(samples), counted,
                    tuple((r.line, r.reason) for r in rejected),
-                   tuple(s.text for s in samples))
+                   tuple(s.text for s in samples), tuple(val_samples))
 
     # -- train ---------------------------------------------------------------------------
 
@@ -160,16 +173,26 @@ def _resolve_model(model: str) -> Path:
     return resolve_model(model).path
 
 
-def _manifest_path(dataset: Path) -> Path:
+def _listed(samples) -> list[dict]:
+    """``prepared.json``'s entries for usable rows."""
+    return [{"line": s.line, "audio": s.audio_path, "text_ids": s.text_ids,
+             **({"is_prompt": True} if s.is_prompt else {})} for s in samples]
+
+
+def _reasons(rejected) -> list[dict]:
+    return [{"line": r.line, "reason": r.reason} for r in rejected]
+
+
+def _manifest_path(dataset: Path | str, field: str = "dataset") -> Path:
     dataset = Path(dataset)
     if dataset.is_dir():
         candidates = sorted(dataset.glob("*.jsonl"))
         if len(candidates) != 1:
-            raise InvalidRequest("dataset", f"{dataset} must hold exactly one .jsonl manifest "
+            raise InvalidRequest(field, f"{dataset} must hold exactly one .jsonl manifest "
                                  f"(found {len(candidates)}); or pass the manifest itself")
         return candidates[0]
     if not dataset.is_file():
-        raise InvalidRequest("dataset", f"{dataset} does not exist")
+        raise InvalidRequest(field, f"{dataset} does not exist")
     return dataset
 
 
@@ -185,6 +208,8 @@ def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe):
     samples, rejected = read_manifest(
         manifest, sample_rate=vae.sample_rate, tokenize=tokenizer.encode,
         max_length=config.max_length, patch_size=config.patch_size, hop_length=vae.hop_length)
+    if recipe is None:  # validation rows: not filtered
+        return samples, rejected, len(samples)
     kept, dropped = batch_token_filter(
         samples, frames_per_second=vae.sample_rate / vae.hop_length,
         patch_size=config.patch_size, max_batch_tokens=recipe.max_batch_tokens,

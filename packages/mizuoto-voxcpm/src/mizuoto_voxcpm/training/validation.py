@@ -1,0 +1,88 @@
+"""Validation losses as upstream's ``train_voxcpm_finetune.py`` computes them (``val_manifest``,
+``valid_interval``), with the same effect on the steps after it.
+
+After step ``s`` (0-based) when ``s % valid_interval == 0`` or ``s`` is the last: the model in
+eval mode (LoRA dropout off, the FSQ layer rounding outright instead of straight-through),
+without gradients, over at most :data:`MAX_BATCHES` batches of a fresh shuffled pass over the
+validation rows (its ``DataLoader`` draws a base seed and a sampler seed, then ``randperm``;
+``drop_last`` off), each at ``progress`` 0 with the forward's random draws. Logged: the mean of
+``lambda_diff · loss/diff + lambda_stop · loss/stop`` and of each loss over the batches.
+
+Then upstream speaks the first :data:`SPOKEN` validation texts into TensorBoard (zero-shot, 10
+steps, guidance 2, at most ``6 · tokens + 10`` patches, the audio VAE decoding them). Mizuoto
+keeps no audio or plots, but generates the same patches from the same generator (and decodes
+when the VAE has noise blocks, which draw too), so the training steps after a validation draw
+what upstream's draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mizuoto_voxcpm.generation import Sampling, build_sequence, generate_patches, patch_cap
+from mizuoto_voxcpm.training.data import shuffled
+
+#: upstream's ``max_val_batches``
+MAX_BATCHES = 10
+#: validation texts upstream speaks after each validation (``generate_sample_audio``)
+SPOKEN = 2
+#: what upstream's model-level ``generate`` call uses
+SPOKEN_SAMPLING = Sampling(steps=10, guidance=2.0, min_len=2, max_patches=2000)
+SPOKEN_RATIO = 6.0
+#: the metrics a validation adds to its step's row (upstream's TensorBoard tags)
+KEYS = ("val/loss/total", "val/loss/diff", "val/loss/stop")
+
+
+def is_due(step: int, interval: int, num_iters: int) -> bool:
+    return step % interval == 0 or step == num_iters - 1
+
+
+def batches(size: int, batch_size: int, generator: torch.Generator) -> list[list[int]]:
+    """The rows of one validation, in upstream's loader's order (the last batch may be
+    short)."""
+    order = shuffled(size, generator)[:MAX_BATCHES * batch_size]
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def mean_losses(outputs: Sequence[dict[str, torch.Tensor]], lambdas: dict[str, float]
+                ) -> dict[str, float]:
+    """Upstream's means: the weighted total per batch, then each loss, over the batches."""
+    totals = []
+    for losses in outputs:
+        total = 0.0
+        for key, value in losses.items():
+            total = total + lambdas.get(key, 1.0) * value
+        totals.append(total)
+    means = {"val/loss/total": torch.stack(totals).mean().item()}
+    for key in outputs[0]:
+        means[f"val/{key}"] = torch.stack([losses[key] for losses in outputs]).mean().item()
+    return means
+
+
+def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator) -> None:
+    """Generate (and throw away) what upstream speaks after a validation (``texts``: the
+    validation rows' token ids, as upstream's model tokenizes them), drawing from
+    ``generator`` as upstream draws from its global one."""
+    from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
+    from mizuoto_voxcpm.decoding import patches_to_latents
+
+    config = model.config
+    model.allocate_caches()
+    try:
+        for ids in texts[:SPOKEN]:
+            ids = list(ids)
+            cap = patch_cap(len(ids), SPOKEN_RATIO, SPOKEN_SAMPLING.max_patches)
+            sampling = Sampling(steps=SPOKEN_SAMPLING.steps, guidance=SPOKEN_SAMPLING.guidance,
+                                min_len=SPOKEN_SAMPLING.min_len, max_patches=cap)
+            sequence = build_sequence(ids, None, patch_size=config.patch_size,
+                                      feat_dim=config.feat_dim)
+            patches = [patch for patch, _ in generate_patches(model, sequence, sampling, seed=0,
+                                                              generator=generator)]
+            if vae.decoder is not None:  # kept only when its noise blocks draw
+                with torch.inference_mode(), noise_drawn_from(vae, generator):
+                    vae.decode(patches_to_latents(torch.stack(patches, dim=1)).to(
+                        next(vae.parameters()).device))
+    finally:
+        model.lm_cache = model.residual_cache = None
