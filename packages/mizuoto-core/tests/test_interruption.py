@@ -26,7 +26,16 @@ def test_signals_are_recorded_then_the_previous_handlers_come_back():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-def test_a_second_ctrl_c_aborts_at_once():
+@pytest.fixture
+def interactive_sigint():
+    """Python's own SIGINT handler, as in a terminal: a test runner started as a background job
+    inherits SIGINT ignored, which catch_interruption rightly leaves alone."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_second_ctrl_c_aborts_at_once(interactive_sigint):
     with pytest.raises(KeyboardInterrupt):
         with catch_interruption() as interruption:
             os.kill(os.getpid(), signal.SIGINT)

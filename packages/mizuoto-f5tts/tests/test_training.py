@@ -148,6 +148,8 @@ def test_unknown_param_and_unwritable_output(tmp_path, model_dir, metadata):
 
 _SIGNALLED_RUN = """
 import os, signal, sys
+# as in a terminal: a runner started as a background job passes SIGINT on ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from mizuoto import TrainingConfig
 from mizuoto_f5tts.training import F5Trainer
 model_dir, metadata, output, kill_at, name = sys.argv[1:6]

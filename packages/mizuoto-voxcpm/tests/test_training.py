@@ -214,6 +214,8 @@ def test_resume_after_sigkill_reaches_the_same_bytes(workspace, method):
 
 _SIGNALLED = """
 import json, os, signal, sys, torch
+# as in a terminal: a runner started as a background job passes SIGINT on ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 torch.set_num_threads(1)
 from mizuoto.contracts import TrainingConfig
 from mizuoto_voxcpm.training import VoxCPMTrainer
