@@ -467,3 +467,85 @@ def test_validation_is_logged_and_a_resumed_run_replays_it(workspace):
     assert resumed.resumed_from == 3 and resumed.metrics == result.metrics
     for name in ("metrics.jsonl", "checkpoints/latest/trainable.safetensors"):
         assert (stopped.output_dir / name).read_bytes() == (whole.output_dir / name).read_bytes()
+
+
+# upstream's step_<N> folder: the weights it saves (full: with the base model's files), then
+# the training state
+UPSTREAM_STATE = ["optimizer.pth", "scheduler.pth", "training_state.json"]
+
+
+def _numbered(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("step_"))
+
+
+def test_numbered_checkpoints_rotate_across_a_resume(workspace):
+    """keep 2 of one every step; stopped after step 4 (latest at 3) and resumed with one every
+    5 steps: the rotation counts the first run's folders (by step number)."""
+    root, model = workspace
+    params = {"warmup_steps": 1, "preview": False, "keep_last_n_checkpoints": 2,
+              "checkpoint_every": 1}
+    config = _config(root, model, "numbered", save_every=3, params=params)
+    folder = config.output_dir / "checkpoints"
+    trainer = VoxCPMTrainer()
+
+    def stop(progress):
+        if progress.stage == "train" and progress.done == 4:
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):
+        trainer.train(trainer.prepare(config), progress=stop)
+    assert _numbered(folder) == ["step_0000003", "step_0000004"]
+    resumed = _config(root, model, "numbered", save_every=3,
+                      params={**params, "checkpoint_every": 5})
+    run = trainer.prepare(resumed)
+    assert trainer.train(run).resumed_from == 3
+    assert _numbered(folder) == ["step_0000004", "step_0000005"]
+    five = folder / "step_0000005"
+    base = [p.name for p in model.iterdir() if p.name in
+            ("config.json", "audiovae.pth", "audiovae.safetensors", "tokenizer.json",
+             "special_tokens_map.json", "tokenizer_config.json")]
+    assert sorted(p.name for p in five.iterdir()) == sorted(
+        ["model.safetensors", *base, *UPSTREAM_STATE])
+    for name in base:
+        assert (five / name).read_bytes() == (model / name).read_bytes(), name
+    assert (five / "training_state.json").read_text() == '{"step": 5}'
+    moments = torch.load(five / "optimizer.pth", weights_only=True)["state"]
+    assert {int(s["step"]) for s in moments.values()} == {5}
+    assert torch.load(five / "scheduler.pth", weights_only=True)["last_epoch"] == 5
+    # the last step is no multiple of 5: no folder for it; latest and the export hold step 6
+    exported = trainer.export(run, config.output_dir / "export")
+    assert (exported / "model.safetensors").read_bytes() != (
+        five / "model.safetensors").read_bytes()
+
+
+def test_numbered_lora_checkpoints_default_to_save_every_and_keep_all(workspace):
+    root, model = workspace
+    config = _config(root, model, "numbered-lora", method="lora", steps=4, save_every=2,
+                     params={"warmup_steps": 1, "preview": False,
+                             "keep_last_n_checkpoints": -1})
+    trainer = VoxCPMTrainer()
+    run = trainer.prepare(config)
+    trainer.train(run)
+    folder = config.output_dir / "checkpoints"
+    assert _numbered(folder) == ["step_0000002", "step_0000004"]
+    last = folder / "step_0000004"
+    assert sorted(p.name for p in last.iterdir()) == sorted(
+        ["lora_config.json", "lora_weights.safetensors", *UPSTREAM_STATE])
+    exported = trainer.export(run, config.output_dir / "export")
+    for name in ("lora_config.json", "lora_weights.safetensors"):
+        assert (last / name).read_bytes() == (exported / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"keep_last_n_checkpoints": -2}, "must be an integer >= -1, got -2"),
+    ({"keep_last_n_checkpoints": True}, "must be an integer >= -1, got True"),
+    ({"keep_last_n_checkpoints": "3"}, "must be an integer >= -1, got '3'"),
+    ({"checkpoint_every": 0}, "must be an integer >= 1, got 0"),
+    ({"checkpoint_every": 1.5}, "must be an integer >= 1, got 1.5"),
+])
+def test_bad_numbered_checkpoint_settings_are_named(workspace, params, message):
+    root, model = workspace
+    with pytest.raises(InvalidRequest) as caught:
+        VoxCPMTrainer().prepare(_config(root, model, "x", params={"warmup_steps": 1, **params}))
+    assert caught.value.field == f"params.{next(iter(params))}"
+    assert message in str(caught.value)

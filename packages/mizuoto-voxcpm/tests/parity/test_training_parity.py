@@ -196,6 +196,8 @@ def _ours(data, name, generation, method, batch_size, overrides, steps=STEPS):
               "lambda_diff": lambdas.get("loss/diff", 1.0),
               "lambda_stop": lambdas.get("loss/stop", 1.0),
               "max_steps": overrides.get("max_steps")}
+    if "save_interval" in overrides:  # upstream keeps every step_<N> folder
+        params.update(keep_last_n_checkpoints=-1, checkpoint_every=overrides["save_interval"])
     if "val" in overrides:
         params.update(val_manifest=str(data[overrides["val"]]),
                       valid_interval=overrides["valid_interval"])
@@ -331,3 +333,39 @@ def test_validation_and_the_steps_after_it_match_upstream(data, name):
     _compare(data, name, *VALIDATION[name])
     log = (data["root"] / f"ours-{name}" / "metrics.jsonl").read_text(encoding="utf-8")
     assert "val/loss/total" in log
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_numbered_checkpoint_folders_match_upstreams(data, method):
+    """Upstream saving every step (``save_interval`` 1) and ours keeping every step's folder:
+    the same files, equal bytes but for the schedule's state (upstream's ``LambdaLR`` holds a
+    ``partial``, ours the warm-up and length). Upstream numbers a periodic save by its step's
+    0-based index (its ``step_<N-1>`` holds N steps, ``training_state.json`` saying N-1) and
+    saves the last one again as ``step_<num_iters>``; ours are numbered by steps done."""
+    import torch
+
+    name = f"numbered-{method}"
+    overrides = {"save_interval": 1}
+    if method == "lora":
+        overrides["lora"] = {"r": 4, "alpha": 8}
+    _, saved = _upstream(data, name, "voxcpm-0.5b", method, 2, overrides)
+    _ours(data, name, "voxcpm-0.5b", method, 2, overrides)
+    ours = data["root"] / f"ours-{name}" / "checkpoints"
+    folders = sorted(p.name for p in ours.glob("step_*"))
+    assert folders == [f"step_{n:07d}" for n in range(1, STEPS + 1)]
+    for n in range(1, STEPS + 1):
+        mine, theirs = ours / f"step_{n:07d}", saved / f"step_{n - 1:07d}"
+        files = sorted(p.name for p in theirs.iterdir())
+        assert sorted(p.name for p in mine.iterdir()) == files
+        if n == STEPS:  # upstream's final save: the same state, numbered as ours
+            assert sorted(p.name for p in (saved / mine.name).iterdir()) == files
+            theirs = saved / mine.name
+        for file in files:
+            if file == "scheduler.pth":
+                a, b = (torch.load(f / file, weights_only=False) for f in (mine, theirs))
+                assert a.pop("lr_lambdas") != b.pop("lr_lambdas") and a == b, n
+            elif file == "training_state.json" and n < STEPS:
+                assert json.loads((theirs / file).read_text()) == {"step": n - 1}
+                assert json.loads((mine / file).read_text()) == {"step": n}
+            else:
+                assert (mine / file).read_bytes() == (theirs / file).read_bytes(), (n, file)

@@ -55,6 +55,20 @@ class TrainingConfig:
             raise InvalidRequest("training.memory", f"must be one of {MEMORY_LEVELS}, got {value!r}")
 
 
+def checkpoint_retention(config: TrainingConfig) -> tuple[int, int]:
+    """The numbered-checkpoint params every trainer shares, checked: ``(keep, every)`` from
+    ``params.keep_last_n_checkpoints`` (default 0: none; -1: all; N: the newest N, rotated by
+    number) and ``params.checkpoint_every`` (default ``save_every``; at least 1)."""
+    values = []
+    for key, default, low in (("keep_last_n_checkpoints", 0, -1),
+                              ("checkpoint_every", config.save_every, 1)):
+        value = config.params.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidRequest(f"params.{key}", f"must be an integer >= {low}, got {value!r}")
+        values.append(value)
+    return values[0], values[1]
+
+
 @attrs.frozen
 class TrainingResult:
     """What `Trainer.train` did. ``interrupted``: the name of the signal (``"SIGINT"``,

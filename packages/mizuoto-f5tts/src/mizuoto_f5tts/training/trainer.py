@@ -43,7 +43,12 @@ import attrs
 import torch
 
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.trainer import Trainer, TrainingConfig, TrainingResult
+from mizuoto.contracts.trainer import (
+    Trainer,
+    TrainingConfig,
+    TrainingResult,
+    checkpoint_retention,
+)
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
@@ -100,13 +105,6 @@ def _bool_param(params, key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(f"params.{key}", f"must be true or false, got {value!r}")
     return value
-
-
-def _retention(config: TrainingConfig) -> tuple[int, int]:
-    """``(keep_last_n_checkpoints, checkpoint_every)``, checked."""
-    keep = _int_param(config.params, "keep_last_n_checkpoints", 0, -1)
-    every = _int_param(config.params, "checkpoint_every", config.save_every, 1)
-    return keep, every
 
 
 def _vocab_file(params, model_dir: Path) -> Path:
@@ -209,7 +207,7 @@ class F5Trainer(Trainer):
         model_dir = resolve_model(config.model, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
         finetune = _bool_param(config.params, "finetune", True)
-        keep, every = _retention(config)
+        keep, every = checkpoint_retention(config)
         vocab_file = _vocab_file(config.params, model_dir)
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)

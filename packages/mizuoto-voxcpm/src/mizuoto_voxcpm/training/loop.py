@@ -168,6 +168,47 @@ def _fsync_tree(path: Path) -> None:
             os.fsync(f.fileno())
 
 
+NUMBERED = "step_{:07d}"  # checkpoints/step_<N>/, named as upstream's save_checkpoint names them
+
+
+def write_numbered(directory: Path, step: int, write_weights, *, optimizer, scheduler) -> Path:
+    """``directory/step_<step>`` with upstream's files (the weights ``write_weights(folder)``
+    writes, ``optimizer.pth``, ``scheduler.pth``, ``training_state.json``), built beside it and
+    renamed into place (an older one of that step is replaced)."""
+    folder = directory / NUMBERED.format(step)
+    staging = directory / f".{folder.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    write_weights(staging)
+    torch.save(optimizer.state_dict(), staging / "optimizer.pth")
+    torch.save(scheduler.state_dict(), staging / "scheduler.pth")
+    with open(staging / "training_state.json", "w", encoding="utf-8") as f:
+        json.dump({"step": int(step)}, f)
+    _fsync_tree(staging)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staging, folder)
+    return folder
+
+
+def numbered_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """The ``step_<N>`` folders in ``directory``, by step number."""
+    found = [(int(p.name[5:]), p) for p in directory.glob("step_*")
+             if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(found)
+
+
+def prune_numbered(directory: Path, keep: int) -> list[Path]:
+    """Delete the oldest numbered checkpoints beyond the newest ``keep`` (-1: keep all), by
+    step number, as upstream f5-tts rotates its numbered saves; returns the deleted ones."""
+    if keep < 0:
+        return []
+    found = numbered_checkpoints(directory)
+    removed = [path for _, path in found[:max(len(found) - keep, 0)]]
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
 def find_checkpoint(directory: Path) -> Path | None:
     for name in (LATEST, f"{LATEST}.old"):  # .old: killed between the two renames
         candidate = directory / name

@@ -42,6 +42,9 @@ TUNABLE = ("weight_decay", "warmup_steps", "max_steps", "max_batch_tokens",
            "val_manifest", "valid_interval")
 #: upstream's script default: validate every this many steps (and after the last)
 VALID_INTERVAL = 1000
+#: numbered checkpoints (``step_<N>/``): how many kept and how often; not the recipe's (not in
+#: ``run.json``: a resumed run may change them), read by the trainer
+CHECKPOINT_PARAMS = ("keep_last_n_checkpoints", "checkpoint_every")
 LORA_TARGETS = ("lora_target_modules_lm", "lora_target_modules_dit", "lora_target_proj_modules")
 LORA_PARAMS = ("lora_r", "lora_alpha", "lora_dropout", "lora_enable_lm", "lora_enable_dit",
                "lora_enable_proj", *LORA_TARGETS)
@@ -89,12 +92,13 @@ class Recipe:
 def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     base = RECIPES[generation]
     params = dict(config.params)
-    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - {"preview"})
+    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - set(CHECKPOINT_PARAMS)
+                     - {"preview"})
     if not isinstance(params.get("preview", True), bool):
         raise InvalidRequest("params.preview", "must be true or false")
     if unknown:
         raise InvalidRequest("params", f"unknown training settings {unknown}; known: "
-                             f"{', '.join(TUNABLE + LORA_PARAMS)}")
+                             f"{', '.join(TUNABLE + CHECKPOINT_PARAMS + LORA_PARAMS)}")
     if config.method == "full":
         extra = sorted(set(params) & set(LORA_PARAMS))
         if extra:

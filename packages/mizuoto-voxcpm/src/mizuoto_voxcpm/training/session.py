@@ -184,6 +184,13 @@ class Session:
                                  generator=self.generator, sampler=self.sampler, step=done,
                                  rank=self.rank)
 
+        def save_numbered(done: int) -> None:
+            """``step_<done>/`` in upstream's layout, then the rotation (process 0)."""
+            loop.write_numbered(checkpoints, done, self._write_weights, optimizer=optimizer,
+                                scheduler=scheduler)
+            for old in loop.prune_numbered(checkpoints, run.keep_checkpoints):
+                log.info("removed old checkpoint %s", old.name)
+
         done, interrupted = start, None
         with catch_interruption() as interruption:
             for step in range(start, recipe.num_iters):
@@ -203,6 +210,8 @@ class Session:
                 saved = done % run.config.save_every == 0 or done == recipe.num_iters
                 if saved:
                     save(done)
+                if main and run.keep_checkpoints != 0 and done % run.checkpoint_every == 0:
+                    save_numbered(done)
                 if main:
                     report(progress, "train", done, recipe.num_iters,
                            f"loss/diff {values['loss/diff']:.4f} "
@@ -235,11 +244,25 @@ class Session:
             for name, value in load_file(str(found / loop.TRAINABLE)).items():
                 params[name].copy_(value)
 
+    def _write_weights(self, folder: Path) -> None:
+        """What upstream's checkpoint folder holds besides the training state: full
+        fine-tuning's ``model.safetensors`` (float32) and copies of the base model's config, VAE
+        and tokenizer files; LoRA's ``lora_weights.safetensors`` and ``lora_config.json``."""
+        from safetensors.torch import save_file
+
+        if self.recipe.lora is not None:
+            write_lora_dir(folder, self.model, self.recipe.lora, base_model=self.run.config.model)
+            return
+        state = {k: v.detach().to("cpu", torch.float32).contiguous()
+                 for k, v in self.model.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"))
+        for name in BASE_FILES:
+            if (self.run.model_dir / name).is_file():
+                shutil.copy2(self.run.model_dir / name, folder / name)
+
     def export(self, destination: Path) -> Path:
         """A model directory: full weights as ``model.safetensors``, or the base files plus
         ``lora_weights.safetensors`` and ``lora_config.json``; replaced whole."""
-        from safetensors.torch import save_file
-
         self.load_trained()
         if self.rank != 0:  # process 0 writes it
             distributed.barrier()
@@ -249,19 +272,12 @@ class Session:
         staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
         staging.chmod(0o755)
         try:
-            if self.recipe.lora is None:
-                state = {k: v.detach().to("cpu", torch.float32).contiguous()
-                         for k, v in self.model.state_dict().items()}
-                save_file(state, str(staging / "model.safetensors"))
-                for name in BASE_FILES:
-                    if (base / name).is_file():
-                        shutil.copy2(base / name, staging / name)
-            else:
+            if self.recipe.lora is not None:
                 for name in BASE_FILES + WEIGHT_FILES:
                     if (base / name).is_file():
                         link_or_copy((base / name).resolve(), staging / name)
-                write_lora_dir(staging, self.model.to("cpu"), self.recipe.lora,
-                               base_model=self.run.config.model)
+                self.model.to("cpu")
+            self._write_weights(staging)
             for path in staging.iterdir():
                 if not path.is_symlink() and path.stat().st_nlink == 1:
                     path.chmod(0o644)

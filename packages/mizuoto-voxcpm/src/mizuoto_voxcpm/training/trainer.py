@@ -7,6 +7,11 @@ its checkpoint saved: ``TrainingResult.interrupted``); ``export`` writes a model
 engine (and upstream) loads: full fine-tuning as ``model.safetensors`` beside the base model's
 other files, LoRA as the base files (hard links where possible) plus
 ``lora_weights.safetensors`` and ``lora_config.json``.
+
+``params.keep_last_n_checkpoints`` (default 0: none; -1: all; N: the newest N) numbered
+checkpoints ``checkpoints/step_<N>/`` (upstream's folder layout and files) are written every
+``params.checkpoint_every`` steps (default ``save_every``) and rotated by step number, across
+resumes too; ``checkpoints/latest`` stays the resumable one.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import attrs
 
 from mizuoto.contracts import Trainer, TrainingConfig, TrainingResult
 from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 
@@ -47,6 +53,9 @@ class Run:
     texts: tuple[str, ...] = ()
     #: the validation manifest's usable rows (none: no validation)
     val_samples: tuple = attrs.field(default=(), eq=False, repr=False)
+    #: numbered checkpoints kept (0: none, -1: all, N: the newest N) and the steps between them
+    keep_checkpoints: int = 0
+    checkpoint_every: int = 1
 
 
 class VoxCPMTrainer(Trainer):
@@ -66,6 +75,7 @@ class VoxCPMTrainer(Trainer):
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         VoxCPMConfig.from_model_dir(model_dir)  # validates
         recipe = build_recipe(config, generation_of(raw))
+        keep, every = checkpoint_retention(config)
         manifest = _manifest_path(config.dataset)
         report(progress, "prepare", 0, 1, "reading the manifest")
         samples, rejected, counted = _read_samples(model_dir, raw, manifest, recipe)
@@ -108,7 +118,7 @@ class VoxCPMTrainer(Trainer):
         report(progress, "prepare", 1, 1)
         return Run(config, model_dir, output, recipe, tuple(samples), counted,
                    tuple((r.line, r.reason) for r in rejected),
-                   tuple(s.text for s in samples), tuple(val_samples))
+                   tuple(s.text for s in samples), tuple(val_samples), keep, every)
 
     # -- train ---------------------------------------------------------------------------
 
