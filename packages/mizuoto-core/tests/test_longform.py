@@ -118,7 +118,7 @@ def test_one_section_is_the_file_result_save_writes(engine, tmp_path, suffix):
 
 
 def test_one_section_mp3_is_what_say_writes(engine, tmp_path):
-    from mizuoto.serve.encoders import encode
+    from mizuoto.audio_encoding import encode
 
     request = SynthesisRequest("Just one sentence.", seed=11)
     samples = engine.synthesize(request).audio.numpy()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from mizuoto.audio_formats import FORMATS, extensions_text
 from mizuoto.benchmarking.command import bench, bench_run
 from mizuoto.errors import InvalidRequest, MizuotoError
 
@@ -66,6 +67,14 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             ctx.exit(130)
+        except OSError as exc:
+            # what only the write itself can tell (a full disk, a device that refuses):
+            # one line naming the file, not a traceback
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            where = f": {exc.filename}" if exc.filename else ""
+            click.echo(f"Error: {exc.strerror or exc}{where}", err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=_Group)
@@ -272,7 +281,7 @@ def _first_section(text_file):
 _model_options = [
     click.option("-m", "--model", required=True, help="Catalog id (see `mizuoto models`) or a model directory."),
     click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory)."),
-    click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="WAV, FLAC, MP3 or Ogg/Opus (.ogg, .opus) file to write."),
+    click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help=f"Audio file to write, by extension: {extensions_text()}."),
     click.option("--seed", type=int, help="Seed (default: drawn and printed)."),
     click.option("--steps", type=int, help="Sampler steps (engine default if unset)."),
     click.option("--guidance", type=float, help="Guidance strength (engine default if unset)."),
@@ -323,6 +332,11 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     long_form = (text_file is not None or resume or section_chars is not None) and not stream
     if long_form and text_file is None:
         raise InvalidRequest("--resume" if resume else "--section-chars", "needs --text-file")
+    _check_audio_output(output, keeps_files_beside=long_form)
+    if save_voice:
+        from mizuoto.output_paths import check_output_file
+
+        check_output_file(save_voice, "--save-voice")
     # Validate the request before loading the model: a bad request fails in milliseconds.
     request = SynthesisRequest(
         text=_first_section(text_file) if long_form else _read_text(text, text_file),
@@ -349,6 +363,9 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
                                  max_chars=section_chars or DEFAULT_SECTION_CHARS,
                                  progress=progress)
             applied = done.applied
+            if not done.complete:
+                raise MizuotoError(f"{output} was not written: {done.sections_done} of "
+                                   f"{done.sections} sections are done; rerun with --resume")
             if not quiet:
                 click.echo(f"{done.sections} sections ({done.resumed_at} resumed), "
                            f"{done.seconds:.1f} s of audio", err=True)
@@ -357,47 +374,58 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             applied = _stream_to_file(tts, request, output, progress)
         else:
             result = tts.synthesize(request, progress=progress)
-            _save(result.audio, result, output)
+            result.save(output)
             applied = result.applied
+    _check_written(output)
     _report(applied, output, quiet)
 
 
-#: Output suffixes written by the server's encoders (lossy: no seed/license metadata).
-_ENCODED = {".mp3": "mp3", ".ogg": "opus", ".opus": "opus"}
+def _check_audio_output(output, *, keeps_files_beside: bool = False) -> None:
+    """Refuse an output that cannot be written before any model loads: an extension no writer
+    knows (the message lists them all), a folder that is read-only or missing under a file, a
+    device or FIFO for an output that keeps files beside it (long-form's ``OUT.part/``)."""
+    from mizuoto.audio_formats import format_for_path
+    from mizuoto.output_paths import check_output_file
+
+    format_for_path(output, "--output")
+    check_output_file(output, "--output", special_ok=not keeps_files_beside)
 
 
-def _save(audio, result, output) -> None:
-    """Write ``audio``: WAV/FLAC with the result's metadata, MP3/Opus through the encoders."""
-    response_format = _ENCODED.get(Path(output).suffix.lower())
-    if response_format is None:
-        result.save(output)
+def _check_written(output) -> None:
+    """Success is reported only for an output that is there: a file with audio in it (or the
+    device or FIFO it was written into)."""
+    from mizuoto.runtime.atomic import is_special
+
+    path = Path(output)
+    if is_special(path):
         return
-    from mizuoto.runtime.atomic import atomic_path
-    from mizuoto.serve.encoders import encode
-
-    data = encode(audio.numpy(), audio.sample_rate, response_format)
-    with atomic_path(output) as tmp:
-        Path(tmp).write_bytes(data)
+    if not path.is_file() or path.stat().st_size == 0:
+        raise MizuotoError(f"{output} was not written (no file, or an empty one)")
 
 
 def _stream_to_file(tts, request, output, progress):
+    """Write a stream as it comes: WAV and FLAC chunk by chunk (libsndfile); the other formats
+    once the stream has ended, as ``result.save`` writes them."""
     import soundfile as sf
 
+    from mizuoto.audio_formats import format_for_path
     from mizuoto.runtime.atomic import atomic_path
 
-    if Path(output).suffix.lower() in _ENCODED:  # encoded once the stream has ended
+    fmt = format_for_path(output, "--output")
+    if not fmt.metadata:
         import torch
 
         from mizuoto.contracts import Audio
+        from mizuoto.contracts.results import file_metadata
 
         chunks = list(tts.stream(request, progress=progress))
         audio = Audio(torch.cat([c.audio.samples for c in chunks]), tts.info.sample_rate)
-        _save(audio, None, output)
+        audio.save(output, metadata=file_metadata(chunks[-1].applied))
         return chunks[-1].applied
     applied = None
     with atomic_path(output) as tmp:
         with sf.SoundFile(tmp, "w", samplerate=tts.info.sample_rate, channels=1,
-                          format="FLAC" if str(output).lower().endswith(".flac") else "WAV") as f:
+                          format=fmt.soundfile[0], subtype=fmt.soundfile[1]) as f:
             for chunk in tts.stream(request, progress=progress):
                 f.write(chunk.audio.numpy())
                 f.flush()
@@ -448,6 +476,7 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
     import mizuoto
     from mizuoto.contracts import Capability, EditRequest, Reference
 
+    _check_audio_output(output)
     spans = []
     for segment in segments:
         try:
@@ -462,7 +491,8 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
                                       steps=steps, guidance=guidance, params=_params(params)),
                           progress=progress)
-        _save(result.audio, result, output)
+        result.save(output)
+    _check_written(output)
     _report(result.applied, output, ctx.obj["quiet"])
 
 
@@ -485,7 +515,7 @@ class _FixtureListCommand(click.Command):
 @click.option("-m", "--model", required=True, help="Catalog id or model directory (loaded once).")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for <id>.<format> files and manifest.jsonl.")
-@click.option("--format", "file_format", type=click.Choice(["wav", "flac"]), default="wav", show_default=True)
+@click.option("--format", "file_format", type=click.Choice(list(FORMATS)), default="wav", show_default=True, help="Format of every line's file.")
 @click.option("--steps", type=int, help="Sampler steps for lines that do not set them.")
 @click.option("--guidance", type=float, help="Guidance for lines that do not set it.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")
@@ -507,7 +537,9 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
     resumes. Exit code 5 when any line failed. See docs/batch.md.
     """
     from mizuoto.batch.run import BatchJob, ModelLoader, run_batch
+    from mizuoto.output_paths import check_output_dir
 
+    check_output_dir(output_dir, "--output-dir")
     defaults = {"steps": steps, "guidance": guidance, "params": _params(params)}
     job = BatchJob(input_file, output_dir, file_format,
                    {key: value for key, value in defaults.items() if value not in (None, {})})

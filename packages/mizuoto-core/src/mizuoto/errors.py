@@ -32,6 +32,11 @@ class InvalidAudio(InvalidRequest):
     """Audio that cannot be read, is empty or is silent."""
 
 
+class OutputNotWritable(InvalidRequest):
+    """An output path that cannot be written (a read-only folder, a path under a file, a
+    folder where a file should go): found before any model loads."""
+
+
 class InvalidOption(MizuotoError, ValueError):
     """An option key that does not exist or a value it does not accept."""
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from mizuoto.audio_formats import FORMATS, format_named
 from mizuoto.batch.items import BatchLine, build_request, count_lines, read_lines
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.errors import InvalidRequest
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.jsonl"
-FORMATS = ("wav", "flac")
 
 
 @attrs.frozen
@@ -49,19 +49,24 @@ class BatchSummary:
 
 @attrs.frozen
 class BatchJob:
-    """What every line of a batch shares: where its input is, where outputs go, the format,
-    and request defaults (``steps``, ``guidance``, ``params``)."""
+    """What every line of a batch shares: where its input is, where outputs go, the format
+    (a name of :data:`mizuoto.audio_formats.FORMATS`), and request defaults (``steps``,
+    ``guidance``, ``params``)."""
 
     # absolute: Ray actors and worker processes need not share this process's directory
     input: Path = attrs.field(converter=lambda p: Path(p).absolute())
     output_dir: Path = attrs.field(converter=lambda p: Path(p).absolute())
-    format: str = "wav"
+    format: str = attrs.field(default="wav",
+                              converter=lambda value: value.lower() if isinstance(value, str)
+                              else value)
     defaults: dict[str, Any] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self):
-        if self.format not in FORMATS:
-            raise InvalidRequest("format", f"must be one of {', '.join(FORMATS)}, "
-                                 f"got {self.format!r}")
+        format_named(self.format, "format")
+
+    def output_path(self, line_id: str) -> Path:
+        """Where the line with ``line_id`` is written: ``OUT/<id><the format's extension>``."""
+        return self.output_dir / f"{line_id}{FORMATS[self.format].extension}"
 
 
 def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
@@ -77,7 +82,7 @@ def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
     started = time.monotonic()
     try:
         request = build_request(line, base=job.input.parent, defaults=job.defaults)
-        path = job.output_dir / f"{line.id}.{job.format}"
+        path = job.output_path(line.id)
         key = digest({"model": model_identity(engine), "request": request_identity(request),
                       "format": job.format})
         if previous and previous.get("status") == "ok" and previous.get("hash") == key \
