@@ -524,8 +524,8 @@ class _FixtureListCommand(click.Command):
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Local worker processes (CPU cores shared; one GPU each).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Run on Ray (mizuoto-core[ray]): a local instance, or ADDRESS.")
 @click.option("--ray-actors", type=click.IntRange(1), default=2, show_default=True, help="Ray actors (model copies).")
-@click.option("--ray-cpus", type=float, default=0.5, show_default=True, help="CPUs per Ray actor.")
-@click.option("--ray-gpus", type=float, default=0.0, show_default=True, help="GPUs per Ray actor.")
+@click.option("--ray-cpus", type=float, default=0.5, show_default=True, help="CPUs per Ray actor (above 0).")
+@click.option("--ray-gpus", type=float, default=0.0, show_default=True, help="GPUs per Ray actor (0 or more).")
 @click.pass_context
 def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidance, params,
           option_pairs, options_file, workers, ray_address, ray_actors, ray_cpus, ray_gpus):
@@ -536,13 +536,22 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
     batch goes on; lines already written with the same request are skipped, so a rerun
     resumes. Exit code 5 when any line failed. See docs/batch.md.
     """
+    from mizuoto.batch.items import count_lines
     from mizuoto.batch.run import BatchJob, ModelLoader, run_batch
     from mizuoto.output_paths import check_output_dir
 
+    # everything that can be checked is, before any model loads or worker starts
     check_output_dir(output_dir, "--output-dir")
     defaults = {"steps": steps, "guidance": guidance, "params": _params(params)}
     job = BatchJob(input_file, output_dir, file_format,
                    {key: value for key, value in defaults.items() if value not in (None, {})})
+    count_lines(job.input)  # an input unreadable as a whole (encoding, quoting, header)
+    settings = None
+    if ray_address:
+        from mizuoto.batch.ray import RaySettings
+
+        settings = RaySettings(None if ray_address == "local" else ray_address, ray_actors,
+                               ray_cpus, ray_gpus)
     options = _options_to_load(options_file, option_pairs)
     actors = ray_actors if ray_address else workers
     if options.compute.cpu_pinning and (actors > 1 or ray_address):
@@ -553,12 +562,11 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
                             "cores: several batch workers would all share them; leave it off "
                             "with --workers or --ray")
     loader = ModelLoader(model, engine, options, workers=actors)
+    loader.check()  # the model is there and an engine loads it: exit 3 now, not in a worker
     records = None
-    if ray_address:
-        from mizuoto.batch.ray import RaySettings, ray_records
+    if settings is not None:
+        from mizuoto.batch.ray import ray_records
 
-        settings = RaySettings(None if ray_address == "local" else ray_address, ray_actors,
-                               ray_cpus, ray_gpus)
         records = ray_records(loader, settings)
     with _progress(ctx.obj["quiet"]) as progress:
         summary = run_batch(job, load=loader, workers=workers, progress=progress,

@@ -31,9 +31,12 @@ def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | No
     return resolve_in(model, catalog or {}, download=download, progress=progress)
 
 
-def load(model: str | Path, *, engine: str | None = None, options: Options | None = None,
-         progress: ProgressCallback | None = None) -> Engine:
-    """Load a model (a directory or a catalog id) with the engine that owns it."""
+def resolve_engine(model: str | Path, *, engine: str | None = None,
+                   options: Options | None = None, progress: ProgressCallback | None = None
+                   ) -> tuple[type[Engine], ResolvedModel]:
+    """The engine class that loads ``model`` and where the model is, without loading it: what
+    :func:`load` checks first (a missing model, an unknown engine, a bad ``engines.<name>``
+    option raise here, in milliseconds for a local directory)."""
     resolved = resolve_model(model, progress=progress)
     if engine is None and resolved.entry is not None:
         engine = resolved.entry.engine
@@ -46,7 +49,15 @@ def load(model: str | Path, *, engine: str | None = None, options: Options | Non
         engine_cls = candidates[0]
     else:
         engine_cls = get_engine(engine)
+    (options or Options()).engine_options(engine_cls)  # a bad engines.<name> value fails here
+    return engine_cls, resolved
+
+
+def load(model: str | Path, *, engine: str | None = None, options: Options | None = None,
+         progress: ProgressCallback | None = None) -> Engine:
+    """Load a model (a directory or a catalog id) with the engine that owns it."""
     options = options or Options()
-    options.engine_options(engine_cls)  # a bad engines.<name> value fails before any loading
+    engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
+                                          progress=progress)
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
                            progress=progress)

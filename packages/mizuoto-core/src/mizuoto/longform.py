@@ -325,7 +325,7 @@ class _PartialRun:
         self.directory = path.with_name(path.name + ".part")
         self.audio = self.directory / "audio.raw"
         self.state = self.directory / "state.json"
-        self._lock_file = None
+        self._lock = None
 
     def open(self, depends: dict, seed: int | None, resume: bool) -> dict:
         from mizuoto.runtime.seeds import resolve_seed
@@ -365,17 +365,11 @@ class _PartialRun:
     def lock(self) -> None:
         """Hold ``lock`` in the directory (released by :meth:`unlock` or when the process
         ends): two runs writing one output would interleave their sections."""
+        from mizuoto.runtime.run_lock import RunLock
+
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.directory / "lock", "a")
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
-            return
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise InvalidRequest("output", f"another run is writing {self.directory}",
-                                 "wait for it to finish, or write another file") from None
+        self._lock = RunLock(self.directory / "lock", field="output",
+                             what=str(self.directory)).acquire()
 
     def _load(self) -> dict:
         try:
@@ -393,9 +387,9 @@ class _PartialRun:
         os.replace(tmp, self.state)
 
     def unlock(self) -> None:
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
