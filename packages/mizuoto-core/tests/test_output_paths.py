@@ -225,3 +225,12 @@ def test_random_model_directories_follow_the_umask(tmp_path, umask_027):
         assert result.exit_code == 0, result.output
         for path in [directory, *directory.rglob("*")]:
             assert _mode(path) == (0o750 if path.is_dir() else 0o640), path
+
+
+def test_random_model_checks_its_directory_first(fake_plugin, tmp_path, read_only):
+    (tmp_path / "a_file").write_text("")
+    for directory in (read_only / "model", tmp_path / "a_file", tmp_path / "a_file" / "m"):
+        result = CliRunner().invoke(cli, ["random-model", "fake/tiny", str(directory)], obj={})
+        assert result.exit_code == 2 and "DIRECTORY" in result.output, result.output
+        assert "Traceback" not in result.output
+    assert list(read_only.iterdir()) == []

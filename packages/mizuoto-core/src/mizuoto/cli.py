@@ -594,7 +594,9 @@ def random_model(fixture, directory):
     if fixture not in fixtures:
         known = ", ".join(sorted(fixtures)) or "none (no engine installed)"
         raise InvalidRequest("FIXTURE", f"unknown fixture {fixture!r}", f"known: {known}")
-    path = Path(directory)
+    from mizuoto.output_paths import check_output_dir
+
+    path = check_output_dir(directory, "DIRECTORY")
     path.mkdir(parents=True, exist_ok=True)
     fixtures[fixture].make(path)
     note = " (random weights: noise, not speech)" if fixtures[fixture].random_init else ""
