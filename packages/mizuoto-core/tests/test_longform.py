@@ -486,3 +486,16 @@ def test_say_reports_success_only_for_a_complete_file(tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     assert "changed while it was being spoken" in result.output and "Wrote" not in result.output
     assert not (tmp_path / "out.wav").exists()
+
+
+def test_a_text_file_with_a_byte_order_mark_is_spoken_without_it(engine, tmp_path):
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text(TEXT, encoding="utf-8")
+    marked.write_bytes("\ufeff".encode() + TEXT.encode())
+    for path in (plain, marked):
+        synthesize_to(engine, tmp_path / f"{path.stem}.wav", SynthesisRequest("x", seed=2),
+                      text_file=path, max_chars=150)
+    assert filecmp.cmp(tmp_path / "plain.wav", tmp_path / "marked.wav", shallow=False)
+    from mizuoto.text.files import read_utf8
+
+    assert read_utf8(marked, "--text-file") == TEXT

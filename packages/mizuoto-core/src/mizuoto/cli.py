@@ -271,7 +271,7 @@ def _first_section(text_file):
     from mizuoto.text.files import check_utf8
 
     check_utf8(text_file, "--text-file")  # the whole file, before any model loads
-    with open(text_file, encoding="utf-8") as handle:
+    with open(text_file, encoding="utf-8-sig") as handle:
         first = next(iter_sections([handle.read(1 << 16)], 1 << 16), None)
     if first is None:
         raise InvalidRequest("--text-file", "is empty", "give the words to speak")

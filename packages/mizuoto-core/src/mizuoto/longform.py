@@ -254,7 +254,7 @@ class _TextSource:
             yield self._text
             return
         try:
-            with open(self._file, encoding="utf-8") as handle:
+            with open(self._file, encoding="utf-8-sig") as handle:  # a BOM is not text
                 while block := handle.read(_READ_CHARS):
                     yield block
         except UnicodeDecodeError as exc:
