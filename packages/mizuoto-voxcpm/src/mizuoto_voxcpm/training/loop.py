@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mizuoto.runtime.atomic import atomic_path
+from mizuoto.runtime.atomic import atomic_path, save_safetensors
 from mizuoto_voxcpm.training.data import EpochSampler
 
 CLIP_OFF = 1e9
@@ -133,7 +133,6 @@ def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Gr
                     rank: int = 0) -> None:
     """Write ``directory/latest`` whole or not at all (a new folder renamed over the old).
     Under torchrun every process adds its generator and data position; process 0 the rest."""
-    from safetensors.torch import save_file
 
     from mizuoto_voxcpm.training.distributed import barrier
 
@@ -146,7 +145,7 @@ def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Gr
                staging / f"rank{rank}.pt")
     barrier()
     if rank == 0:
-        save_file(trainable_state(model), str(staging / TRAINABLE))
+        save_safetensors(trainable_state(model), staging / TRAINABLE)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "scaler": scaling.scaler.state_dict() if scaling.scaler else None},
                    staging / "state.pt")
