@@ -14,7 +14,8 @@ import attrs
 import pytest
 import torch
 
-from mizuoto import Audio, Capability, plugins
+from mizuoto import Audio, Capability, Engine, plugins
+from mizuoto.contracts import engine as engine_base
 from mizuoto.errors import CheckpointMismatch
 from mizuoto_example import engine as toy_engine
 from mizuoto_example.engine import ToyEngine
@@ -47,18 +48,16 @@ def test_the_toy_engine_passes(run_suite):
 
 
 def test_an_engine_that_ignores_the_seed_fails(run_suite, monkeypatch):
-    monkeypatch.setattr(toy_engine, "resolve_seed",
-                        lambda seed: (secrets.randbelow(2**32), False))
+    monkeypatch.setattr(ToyEngine, "make_generator",
+                        lambda self, seed: torch.Generator().manual_seed(secrets.randbelow(2**32)))
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_seeded_synthesis_is_deterministic*toy/tiny*"])
     assert result.ret != 0
 
 
 def test_an_engine_that_ignores_an_instruction_fails(run_suite, monkeypatch):
-    prepare = ToyEngine._prepare
-    monkeypatch.setattr(ToyEngine, "_prepare",
-                        lambda self, request: prepare(self, attrs.evolve(request,
-                                                                         instruction=None)))
+    monkeypatch.setattr(ToyEngine, "require", lambda self, capability: None
+                        if capability is Capability.DESIGN else Engine.require(self, capability))
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_unsupported_capability_raises*toy/tiny-design*"])
     assert result.ret != 0
@@ -136,13 +135,13 @@ def test_the_stop_signal_test_is_generated_for_trainers_that_declare_it(run_suit
 
 def _patch_result(monkeypatch, change):
     """Route every synthesize result and streamed chunk of the toy through ``change``."""
-    render = ToyEngine._render
+    hum = ToyEngine._hum
 
     def broken(self, *args, **kwargs):
-        for chunk in render(self, *args, **kwargs):
-            yield attrs.evolve(chunk, audio=change(chunk.audio))
+        for piece in hum(self, *args, **kwargs):
+            yield attrs.evolve(piece, audio=change(piece.audio))
 
-    monkeypatch.setattr(ToyEngine, "_render", broken)
+    monkeypatch.setattr(ToyEngine, "_hum", broken)
 
 
 def _assert_caught(result, *patterns):
@@ -180,20 +179,15 @@ def test_silent_output_is_caught(run_suite, monkeypatch):
 
 
 def test_license_missing_from_applied_is_caught(run_suite, monkeypatch):
-    render = ToyEngine._render
+    def no_license(self, call, rendered):
+        return attrs.evolve(Engine._applied(self, call, rendered), license=None)
 
-    def no_license(self, *args, **kwargs):
-        for chunk in render(self, *args, **kwargs):
-            if chunk.applied is not None:
-                chunk = attrs.evolve(chunk, applied=attrs.evolve(chunk.applied, license=None))
-            yield chunk
-
-    monkeypatch.setattr(ToyEngine, "_render", no_license)
+    monkeypatch.setattr(ToyEngine, "_applied", no_license)
     _assert_caught(run_suite("--mizuoto-engine", "toy"), "applied.license and applied.non_comm")
 
 
 def test_an_unseeded_request_without_a_drawn_seed_is_caught(run_suite, monkeypatch):
-    monkeypatch.setattr(toy_engine, "resolve_seed",
+    monkeypatch.setattr(engine_base, "resolve_seed",
                         lambda seed: (0 if seed is None else seed, False))
     _assert_caught(run_suite("--mizuoto-engine", "toy"),
                    "an unseeded request must report seed_drawn=True")
@@ -229,13 +223,13 @@ def test_an_undeclared_capability_that_works_is_caught(run_suite, monkeypatch):
 
 
 def test_a_crash_on_text_without_words_is_caught(run_suite, monkeypatch):
-    prepare = ToyEngine._prepare
+    stream = ToyEngine._stream
 
-    def crash(self, request):
+    def crash(self, request, *args):
         if not any(char.isalnum() for char in request.text):
             raise IndexError("list index out of range")
-        return prepare(self, request)
+        return stream(self, request, *args)
 
-    monkeypatch.setattr(ToyEngine, "_prepare", crash)
+    monkeypatch.setattr(ToyEngine, "_stream", crash)
     _assert_caught(run_suite("--mizuoto-engine", "toy"),
                    "test_text_without_words_is_spoken_or_refused_by_name?toy/tiny-*")

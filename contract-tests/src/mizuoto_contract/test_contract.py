@@ -38,6 +38,7 @@ from mizuoto.errors import (
 from mizuoto.options import ComputeOptions, Options
 from mizuoto.registry import get_engine
 from mizuoto.runtime.allocator import loaded_allocator
+from mizuoto_contract.compare import assert_same, first_differing_tensor
 from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
 from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
 
@@ -195,7 +196,8 @@ def test_seeded_synthesis_is_deterministic(contract_model: ContractModel) -> Non
     second = contract_model.engine.synthesize(request)
     _check_result(contract_model, first, seed=SEED)
     _check_result(contract_model, second, seed=SEED)
-    assert torch.equal(first.audio.samples, second.audio.samples)
+    assert_same(second.audio.samples, first.audio.samples,
+                "two runs of the same seeded request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> None:
@@ -221,7 +223,9 @@ def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> 
         thread.join(timeout=600)
     assert not errors, f"concurrent synthesize failed: {errors[0]!r}"
     for index, expected in enumerate(alone):
-        assert torch.equal(together[index], expected), f"request {index} differs when concurrent"
+        assert_same(together[index], expected, f"request {index} run concurrently and alone",
+                    "per-request state shared between threads: an engine that declares "
+                    "concurrent_requests=True must keep every request's state in its own call")
 
 
 def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> None:
@@ -233,7 +237,9 @@ def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> N
     replay = contract_model.engine.synthesize(_plain_request(contract_model,
                                                              seed=drawn.applied.seed))
     _check_result(contract_model, replay, seed=drawn.applied.seed)
-    assert torch.equal(drawn.audio.samples, replay.audio.samples)
+    assert_same(replay.audio.samples, drawn.audio.samples,
+                "an unseeded result and its replay with applied.seed",
+                "applied.seed is not the seed the audio was drawn with")
 
 
 def test_unknown_param_is_named(contract_model: ContractModel) -> None:
@@ -286,8 +292,8 @@ def test_clone(contract_model: ContractModel) -> None:
     request = _request(contract_model, reference=_reference(contract_model), seed=SEED)
     result = contract_model.engine.synthesize(request)
     _check_result(contract_model, result, seed=SEED)
-    assert torch.equal(result.audio.samples,
-                       contract_model.engine.synthesize(request).audio.samples)
+    assert_same(contract_model.engine.synthesize(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded cloning request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 @requires(Capability.CLONE, when=lambda fixture: fixture.needs_reference_text)
@@ -344,8 +350,8 @@ def test_design(contract_model: ContractModel) -> None:
     request = _request(contract_model, instruction=INSTRUCTION, seed=SEED)
     result = contract_model.engine.synthesize(request)
     _check_result(contract_model, result, seed=SEED)
-    assert torch.equal(result.audio.samples,
-                       contract_model.engine.synthesize(request).audio.samples)
+    assert_same(contract_model.engine.synthesize(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded design request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
     other = contract_model.engine.synthesize(attrs.evolve(request, instruction=OTHER_INSTRUCTION))
     assert not torch.equal(result.audio.samples, other.audio.samples), (
         "two instructions gave the same audio with the same seed: a model that declares "
@@ -359,7 +365,8 @@ def test_edit(contract_model: ContractModel) -> None:
                           params=contract_model.fixture.request_params)
     result = contract_model.engine.edit(request)
     _check_result(contract_model, result, seed=SEED)
-    assert torch.equal(result.audio.samples, contract_model.engine.edit(request).audio.samples)
+    assert_same(contract_model.engine.edit(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded edit", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 @requires(Capability.LONG_TEXT)
@@ -368,8 +375,8 @@ def test_long_text(contract_model: ContractModel) -> None:
     result = contract_model.engine.synthesize(request)
     _check_result(contract_model, result, seed=SEED)
     assert result.applied.chunks >= 1
-    assert torch.equal(result.audio.samples,
-                       contract_model.engine.synthesize(request).audio.samples)
+    assert_same(contract_model.engine.synthesize(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded long text", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]:
@@ -399,7 +406,11 @@ def test_stream_chunks_arrive_in_order(contract_model: ContractModel) -> None:
 def test_stream_matches_synthesis(contract_model: ContractModel) -> None:
     request = _plain_request(contract_model, seed=SEED)
     joined = torch.cat([chunk.audio.samples for chunk in _stream(contract_model, request)])
-    assert torch.equal(joined, contract_model.engine.synthesize(request).audio.samples)
+    assert_same(joined, contract_model.engine.synthesize(request).audio.samples,
+                "the joined stream and the synthesized audio",
+                "the chunks are not consecutive pieces of the same audio (other noise draws, "
+                "overlap or padding at the joins); a fixture whose engine differs on purpose "
+                "sets stream_matches=False")
 
 
 @requires(Capability.STREAM)
@@ -409,8 +420,10 @@ def test_unseeded_stream_reports_its_seed(contract_model: ContractModel) -> None
     _check_applied(contract_model, applied, seed=None)
     assert applied.seed_drawn is True
     replay = _stream(contract_model, _plain_request(contract_model, seed=applied.seed))
-    assert torch.equal(torch.cat([c.audio.samples for c in chunks]),
-                       torch.cat([c.audio.samples for c in replay]))
+    assert_same(torch.cat([c.audio.samples for c in replay]),
+                torch.cat([c.audio.samples for c in chunks]),
+                "an unseeded stream and its replay with applied.seed",
+                "the last chunk's applied.seed is not the seed the stream was drawn with")
 
 
 @requires(Capability.VOICE_CACHE)
@@ -423,11 +436,16 @@ def test_saved_voice_speaks_like_its_reference(contract_model: ContractModel, tm
     loaded = Voice.load(path)
     assert (loaded.engine, loaded.model_fingerprint) == (voice.engine, voice.model_fingerprint)
     assert set(loaded.tensors) == set(voice.tensors)
-    assert all(torch.equal(loaded.tensors[k], voice.tensors[k]) for k in voice.tensors)
+    differs = first_differing_tensor(dict(loaded.tensors), dict(voice.tensors))
+    assert differs is None, (f"a voice saved and loaded differs from the built one: {differs}; "
+                             "Voice.tensors must be plain CPU tensors that safetensors keeps")
     by_voice = engine.synthesize(_request(contract_model, voice=loaded, seed=SEED))
     by_reference = engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
     _check_result(contract_model, by_voice, seed=SEED)
-    assert torch.equal(by_voice.audio.samples, by_reference.audio.samples)
+    assert_same(by_voice.audio.samples, by_reference.audio.samples,
+                "speaking with a saved voice and with its reference",
+                "build_voice keeps less than a request with the reference uses (or prepares "
+                "it differently); the voice must hold exactly what the reference gives")
 
 
 @requires(Capability.VOICE_CACHE)
