@@ -98,17 +98,21 @@ def place(engine: type[Engine], compute: ComputeOptions, *,
           device: Callable[[], torch.device] = default_device,
           dtype: str | None = None, auto_dtype: AutoDtype = torch.float32,
           supported: tuple[torch.dtype, ...] | None = None,
-          dtype_setting: str = "compute.dtype", speedup: str = "several times") -> Placement:
+          dtype_setting: str = "compute.dtype",
+          speedup: str | Mapping[torch.dtype, str] = "several times") -> Placement:
     """Apply ``compute`` for a model of ``engine`` about to be loaded: torch's CPU threads,
     the device (``device``: the engine's ``auto`` rule), the dtype (``dtype`` overrides
     ``compute.dtype``, e.g. an engine option; ``auto_dtype``: the engine's ``auto`` rule), and
     the warning when that dtype is emulated on this CPU (logged, and repeated in every result;
-    ``dtype_setting`` names the setting to change, ``speedup`` what float32 gains)."""
+    ``dtype_setting`` names the setting to change, ``speedup`` what float32 gains, per dtype
+    when a mapping)."""
     apply_cpu_threads(compute)
     selected_device = select_device(compute, auto=device)
     kwargs = {} if supported is None else {"supported": supported}
     selected_dtype = select_dtype(compute if dtype is None else dtype, selected_device,
                                   auto=auto_dtype, **kwargs)
+    if isinstance(speedup, Mapping):
+        speedup = speedup.get(selected_dtype, "")
     slow = emulated_dtype_warning(selected_dtype, selected_device, setting=dtype_setting,
                                   speedup=speedup)
     if slow:
