@@ -22,10 +22,10 @@ from mizuoto_example.engine import ToyEngine
 
 pytest_plugins = ["pytester"]
 
-# Per toy model: 19 tests, plus test_empty_text_is_refused once; edit, design, long text and
+# Per toy model: 24 tests, plus test_empty_text_is_refused once; edit, design, long text and
 # the refused-reference-text test do not apply to the toy. Three of them check hostile input
 # (non-finite numbers, NaN weights, a Hypothesis property).
-TOY_TESTS = 25
+TOY_TESTS = 30
 TOY_DESELECTED = 4
 
 
@@ -52,6 +52,11 @@ def test_an_engine_that_ignores_the_seed_fails(run_suite, monkeypatch):
                         lambda self, seed: torch.Generator().manual_seed(secrets.randbelow(2**32)))
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_seeded_synthesis_is_deterministic*toy/tiny*"])
+    # the failure says what differs and the likely cause, not a bare assert False
+    result.stdout.fnmatch_lines(["*two runs of the same seeded request differ: shape (*), * "
+                                 "values differ, the first at index (*), max |diff| *"
+                                 "Likely cause: the engine draws from an unseeded*"],
+                                consecutive=False)
     assert result.ret != 0
 
 
@@ -76,8 +81,8 @@ def test_capabilities_decide_which_tests_exist(run_suite, monkeypatch):
     monkeypatch.setattr(ToyEngine, "info", property(
         lambda self: attrs.evolve(info(self), capabilities=info(self).capabilities - fewer)))
     result = run_suite("-v")
-    # 3 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
-    result.assert_outcomes(passed=TOY_TESTS - 3, deselected=TOY_DESELECTED + 5)
+    # 4 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
+    result.assert_outcomes(passed=TOY_TESTS - 4, deselected=TOY_DESELECTED + 6)
     result.stdout.fnmatch_lines(["*test_unsupported_capability_raises?toy/tiny-stream? PASSED*",
                                  "*test_unsupported_capability_raises?toy/tiny-voice_cache? "
                                  "PASSED*"])
@@ -97,10 +102,10 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
 
     monkeypatch.setattr(ToyEngine, "load", classmethod(broken))
     result = run_suite()
-    # Its capabilities are unknown: only the tests every model gets are generated (nine
-    # functions, one of them for three texts), and they error with the load error; the other
-    # 16 are deselected.
-    result.assert_outcomes(passed=0, errors=12, deselected=16)
+    # Its capabilities are unknown: only the tests every model gets are generated (12
+    # functions, one of them for three texts, one for two settings), and they error with the
+    # load error; the other 17 are deselected.
+    result.assert_outcomes(passed=0, errors=16, deselected=17)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
 
@@ -233,3 +238,60 @@ def test_a_crash_on_text_without_words_is_caught(run_suite, monkeypatch):
     monkeypatch.setattr(ToyEngine, "_stream", crash)
     _assert_caught(run_suite("--mizuoto-engine", "toy"),
                    "test_text_without_words_is_spoken_or_refused_by_name?toy/tiny-*")
+
+
+def test_a_dc_offset_is_caught(run_suite, monkeypatch):
+    _patch_result(monkeypatch, lambda audio: Audio(audio.samples + 0.5, audio.sample_rate))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "has a DC offset: its mean is 0.5",
+                   "remove it so the samples swing around zero")
+
+
+def test_a_text_cut_short_is_caught(run_suite, monkeypatch):
+    hum = ToyEngine._hum
+    monkeypatch.setattr(ToyEngine, "_hum", lambda self, text, *args: hum(self, text[:20], *args))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"),
+                   "test_longer_text_gives_longer_audio_or_is_refused_by_name?toy/tiny?",
+                   "Likely cause: the text is cut")
+
+
+@pytest.mark.parametrize("setting", ["steps", "guidance"])
+def test_an_ignored_sampler_setting_is_caught(run_suite, monkeypatch, setting):
+    # the toy declares it has no sampler; one that claims both and uses neither is caught
+    monkeypatch.setattr(ToyEngine, "request_settings", frozenset({"steps", "guidance"}))
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", setting),
+                   f"test_sampler_settings_change_the_audio_or_are_refused?toy/tiny-{setting}?",
+                   f"the engine ignores {setting}")
+
+
+def test_audio_relabelled_at_another_rate_is_caught(run_suite, monkeypatch):
+    """16 kHz samples labelled 24 kHz, ModelInfo saying 24 kHz too: only the duration rule the
+    fixture declares tells."""
+    info = ToyEngine.info.fget
+    monkeypatch.setattr(ToyEngine, "info", property(
+        lambda self: attrs.evolve(info(self), sample_rate=24000)))
+    synthesize = ToyEngine._synthesize
+
+    def relabelled(self, *args):
+        rendered = synthesize(self, *args)
+        return attrs.evolve(rendered, audio=Audio(rendered.audio.samples, 24000))
+
+    monkeypatch.setattr(ToyEngine, "_synthesize", relabelled)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "sample_rate"),
+                   "s per character at the declared 24000 Hz*"
+                   "Likely cause: samples made at another rate")
+
+
+def test_a_request_that_walks_into_an_open_stream_is_caught(run_suite, monkeypatch):
+    """An engine that declares concurrent_requests but keeps a request's state in the
+    instance (here: its generator)."""
+    hum = ToyEngine._hum
+
+    def shared_generator(self, text, params, shape, generator, progress):
+        self.__dict__.setdefault("generator", generator).set_state(generator.get_state())
+        return hum(self, text, params, shape, self.generator, progress)
+
+    monkeypatch.setattr(ToyEngine, "_hum", shared_generator)
+    monkeypatch.setattr(ToyEngine, "concurrent_requests", True)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "during_a_stream"),
+                   "a stream with a request run during it, and the stream alone differ: *"
+                   "Likely cause: the request walked into the stream's state")

@@ -25,6 +25,7 @@ from mizuoto import (
     SynthesisResult,
     Voice,
 )
+from mizuoto.contracts.api import deprecated
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import (
     InvalidAudio,
@@ -32,6 +33,7 @@ from mizuoto.errors import (
     InvalidRequest,
     MizuotoError,
     NonFiniteAudio,
+    RequestConflict,
     UnsupportedCapability,
     VoiceMismatch,
 )
@@ -87,7 +89,34 @@ def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | 
     assert isinstance(result, SynthesisResult), "synthesize/edit must return a SynthesisResult"
     _check_audio(model, result.audio, "the result's audio")
     _check_not_silent(result.audio.samples, "the result's audio")
+    _check_no_dc_offset(model, result.audio.samples, "the result's audio")
     _check_applied(model, result.applied, seed=seed)
+
+
+def _require(model: ContractModel, holds: bool, message: str) -> None:
+    """A requirement new in plugin API 1.1: it fails a plugin written for 1.1; a plugin
+    written for 1.0 gets a PluginAPIDeprecation warning instead (enforced from API 2.0)."""
+    if holds:
+        return
+    if type(model.engine).plugin_api == "1.0":
+        deprecated(f"{message} (a plugin written for API 1.0 passes until API 2.0)")
+        return
+    pytest.fail(message, pytrace=False)
+
+
+# Speech, music and noise swing around zero: a mean this far from it, and larger than the
+# signal's own swing, is a constant added to every sample (a bias, an offset, unsigned PCM).
+DC_LIMIT = 0.05
+
+
+def _check_no_dc_offset(model: ContractModel, samples: torch.Tensor, what: str) -> None:
+    values = samples.double()
+    mean, swing = float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0
+    _require(model, abs(mean) <= DC_LIMIT or abs(mean) <= swing, (
+        f"{what} has a DC offset: its mean is {mean:.3g} (limit {DC_LIMIT}) against a swing "
+        f"(standard deviation) of {swing:.3g}. Likely cause: a constant added to every sample "
+        f"(a bias, unsigned PCM read as signed, an offset left in a vocoder); remove it so "
+        f"the samples swing around zero"))
 
 
 # Full scale: a sample at or beyond 0.999 counts as clipped; more than this share of them is a
@@ -283,6 +312,115 @@ def test_text_without_words_is_spoken_or_refused_by_name(contract_model: Contrac
     assert isinstance(result, SynthesisResult)
     _check_audio(contract_model, result.audio, f"the audio for {text!r}")
     _check_applied(contract_model, result.applied, seed=SEED)
+
+
+def _duration(result: SynthesisResult) -> float:
+    return result.audio.num_samples / result.audio.sample_rate
+
+
+# Four times the text must give at least this many times the audio (a model's pauses and
+# prompt handling leave room; a cut text gives about 1).
+GROWTH = 2.0
+
+
+@requires(when=lambda fixture: fixture.length_follows_text)
+def test_longer_text_gives_longer_audio_or_is_refused_by_name(contract_model: ContractModel
+                                                             ) -> None:
+    """A text several times longer gives several times more audio, or is refused naming
+    ``text``: never silently cut. (Not generated for a fixture that says its length does not
+    follow the text: ``ContractFixture.length_follows_text``.)"""
+    times = 4
+    short = contract_model.engine.synthesize(_plain_request(contract_model, seed=SEED))
+    longer_text = " ".join([TEXT] * times)
+    try:
+        longer = contract_model.engine.synthesize(_plain_request(contract_model,
+                                                                 text=longer_text, seed=SEED))
+    except InvalidRequest as exc:
+        assert exc.field == "text", f"a refused long text must name the field text: {exc}"
+        return
+    ratio = _duration(longer) / max(_duration(short), 1e-9)
+    _require(contract_model, ratio >= GROWTH, (
+        f"a text {times} times longer gave {ratio:.2f} times the audio ({_duration(short):.2f} "
+        f"s -> {_duration(longer):.2f} s). Likely cause: the text is cut (e.g. text[:n]) or a "
+        f"length cap ends the audio; speak it whole (split it into chunks) or refuse it with "
+        f"InvalidRequest('text', ...) naming the limit"))
+
+
+@pytest.mark.parametrize(("setting", "values"), [("steps", (2, 5)), ("guidance", (1.0, 3.0))])
+def test_sampler_settings_change_the_audio_or_are_refused(contract_model: ContractModel,
+                                                          setting: str, values) -> None:
+    """``request.steps`` and ``request.guidance`` change the audio, or are refused naming the
+    field (an engine without them declares ``request_settings``): never silently ignored."""
+    results = []
+    for value in values:
+        fields = {setting: value}
+        if setting == "guidance":
+            fields["steps"] = contract_model.fixture.steps
+        try:
+            results.append(contract_model.engine.synthesize(
+                _plain_request(contract_model, seed=SEED, **fields)))
+        except InvalidRequest as exc:
+            assert exc.field == setting, f"refusing {setting} must name it: {exc}"
+            return
+    _require(contract_model, not torch.equal(results[0].audio.samples,
+                                             results[1].audio.samples), (
+        f"request.{setting}={values[0]} and {values[1]} gave the same audio: the engine "
+        f"ignores {setting}. Use it, or refuse it: declare request_settings without "
+        f"{setting!r} (the base class then raises InvalidRequest naming it)"))
+
+
+# The rates audio is made at. Another one is possible, but more often a slip (samples per
+# hop, a sum of rates); and a model whose own rate differs from the label cannot be told
+# from its samples (random-init audio is noise of any bandwidth), only from its duration.
+COMMON_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
+
+
+def test_sample_rate_is_plausible(contract_model: ContractModel) -> None:
+    """What can be checked honestly: the declared rate is a common audio rate, and, where the
+    fixture knows its model's duration rule (``seconds_per_character``), the duration at the
+    declared rate is in range, which catches samples made at one rate and labelled another.
+    A relabelled model without a known duration rule cannot be caught from its samples."""
+    rate = contract_model.engine.info.sample_rate
+    _require(contract_model, rate in COMMON_RATES, (
+        f"ModelInfo.sample_rate is {rate} Hz, not a common audio rate "
+        f"({', '.join(map(str, COMMON_RATES))}): check that it is the rate the samples are "
+        f"made at"))
+    expected = contract_model.fixture.seconds_per_character
+    if expected is None:
+        return
+    result = contract_model.engine.synthesize(_plain_request(contract_model, seed=SEED))
+    per_character = _duration(result) / len(TEXT)
+    low, high = expected
+    assert low <= per_character <= high, (
+        f"{per_character:.4g} s per character at the declared {rate} Hz, outside the fixture's "
+        f"{low:g}-{high:g}. Likely cause: samples made at another rate and labelled "
+        f"{rate} Hz (resample them, or declare the rate they are made at)")
+
+
+@requires(Capability.STREAM)
+def test_a_request_during_a_stream_leaves_both_unchanged(contract_model: ContractModel
+                                                         ) -> None:
+    """``it = engine.stream(a); next(it); engine.synthesize(b); rest = list(it)``: ``a``
+    equals ``a`` streamed alone and ``b`` equals ``b`` alone, or ``b`` is refused with
+    RequestConflict (the base class does, unless the engine declares concurrent_requests)."""
+    engine = contract_model.engine
+    first = _plain_request(contract_model, seed=SEED)
+    second = _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)
+    alone = torch.cat([c.audio.samples for c in engine.stream(first)])
+    second_alone = engine.synthesize(second).audio.samples
+    chunks = iter(engine.stream(first))
+    opening = next(chunks)
+    try:
+        during = engine.synthesize(second).audio.samples
+    except RequestConflict:
+        during = None
+    joined = torch.cat([opening.audio.samples, *(c.audio.samples for c in chunks)])
+    assert_same(joined, alone, "a stream with a request run during it, and the stream alone",
+                "the request walked into the stream's state: keep it per request, or leave "
+                "concurrent_requests=False so that the base class refuses the request")
+    if during is not None:
+        assert_same(during, second_alone, "a request run during a stream, and alone",
+                    "the open stream's state leaked into the request")
 
 
 # -- references (cloning) ---------------------------------------------------------------------
