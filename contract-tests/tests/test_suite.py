@@ -295,3 +295,50 @@ def test_a_request_that_walks_into_an_open_stream_is_caught(run_suite, monkeypat
     _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "during_a_stream"),
                    "a stream with a request run during it, and the stream alone differ: *"
                    "Likely cause: the request walked into the stream's state")
+
+
+# -- trainer mutations (a toy trainer; the SIGKILL resume runs in a subprocess, which only
+# installed plugins reach, so these select the in-process trainer tests) ---------------------
+
+def _with_toy_trainer(monkeypatch, trainer_cls):
+    from mizuoto import registry
+
+    monkeypatch.setattr(registry, "trainers",
+                        functools.cache(lambda: {("toy", "ToyTrainer"): trainer_cls}))
+
+
+def test_the_toy_trainer_passes_the_in_process_trainer_tests(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer
+
+    _with_toy_trainer(monkeypatch, ToyTrainer)
+    result = run_suite("--mizuoto-engine", "toy", "-k", "trainer_contract and not sigkill")
+    result.assert_outcomes(passed=3)
+
+
+def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer
+
+    class Fixed(ToyTrainer):
+        def learning_rate(self, config):
+            return 1e-3
+
+    _with_toy_trainer(monkeypatch, Fixed)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "learning_rate"),
+                   "exported the same weights. Likely cause: the trainer ignores "
+                   "TrainingConfig.learning_rate")
+
+
+def test_a_resumed_export_that_differs_names_the_first_differing_tensor():
+    """What ``_resume_and_compare`` says when a resumed export differs (a resume losing
+    state); the SIGKILL run itself needs an installed trainer."""
+    from safetensors.torch import save
+
+    from mizuoto_contract.test_trainer_contract import _tensor_difference
+
+    straight = {"level": torch.zeros(4), "pitch": torch.ones(3)}
+    resumed = {"level": torch.tensor([0.0, 0.0, 0.25, -0.5]), "pitch": torch.ones(3)}
+    said = _tensor_difference(save(resumed), save(straight))
+    assert said == ("first differing tensor 'level': shape (4,), 2 of 4 values differ, the "
+                    "first at index (2,) (0.25 vs 0.0), max |diff| 0.5")
+    assert _tensor_difference(save(straight, metadata={"at": "1"}), save(straight)) == \
+        "every tensor is equal, the other bytes differ"
