@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 
@@ -464,7 +465,7 @@ def test_a_pinned_model_is_not_unloaded_and_a_waiting_load_gets_its_turn():
                                      preload=name == "a") for name in ("a", "b")}
         for worker in workers.values():
             worker.start()
-        await asyncio.to_thread(workers["a"].loaded.wait, 10)
+        await asyncio.to_thread(workers["a"].loaded.wait, 60)
         a, b = workers["a"], workers["b"]
         held = Pin(a)  # a request for a, not yet queued
         load_b = Job(lambda engine, job: None, loop, pin=pool.turn(b))
@@ -481,3 +482,58 @@ def test_a_pinned_model_is_not_unloaded_and_a_waiting_load_gets_its_turn():
         return a.loads, b.loads
 
     assert asyncio.run(scenario()) == (1, 1)
+
+
+def test_a_load_waiting_for_room_gives_up_when_its_client_leaves():
+    import asyncio
+
+    from mizuoto.serve.worker import DONE, Job, ModelPool, ModelWorker, Pin
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        pool = ModelPool(max_loaded=1)
+        a = ModelWorker("a", "a", load=object, queue_size=4, pool=pool)
+        b = ModelWorker("b", "b", load=object, queue_size=4, pool=pool, preload=False)
+        for worker in (a, b):
+            worker.start()
+        await asyncio.to_thread(a.loaded.wait, 60)
+        held = Pin(a)
+        load_b = Job(lambda engine, job: None, loop)
+        b.submit(load_b)
+        await asyncio.sleep(0.3)
+        load_b.cancel()  # the client went away while b waited for a's room
+        assert await asyncio.wait_for(load_b.items.get(), 10) is DONE
+        held.release()
+        await asyncio.sleep(0.3)
+        for worker in (a, b):
+            worker.stop(5)
+        return a.engine is not None, b.loads
+
+    assert asyncio.run(scenario()) == (True, 0)
+
+
+def test_a_model_loading_at_start_counts_against_max_loaded():
+    import asyncio
+
+    from mizuoto.serve.worker import DONE, Job, ModelPool, ModelWorker
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        pool = ModelPool(max_loaded=1)
+        a = ModelWorker("a", "a", load=lambda: release.wait(60) and object(), queue_size=4,
+                        pool=pool)
+        b = ModelWorker("b", "b", load=object, queue_size=4, pool=pool, preload=False)
+        for worker in (a, b):
+            worker.start()
+        load_b = Job(lambda engine, job: None, loop)
+        b.submit(load_b)
+        await asyncio.sleep(0.3)
+        loading_together = b.engine is not None  # b must wait for a's start-up load
+        release.set()
+        assert await asyncio.wait_for(load_b.items.get(), 60) is DONE
+        for worker in (a, b):
+            worker.stop(5)
+        return loading_together, a.loads, b.loads, a.engine is None
+
+    assert asyncio.run(scenario()) == (False, 1, 1, True)

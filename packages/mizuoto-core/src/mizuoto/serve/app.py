@@ -284,6 +284,15 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def auth_line(config: ServeConfig) -> str:
     """The start-up line saying whether requests need the API key."""
     if config.api_key is not None:
@@ -302,7 +311,10 @@ def run(config: ServeConfig) -> None:
     try:
         app = create_app(config)
         server = uvicorn.Server(_uvicorn_config(config, app))
-        log.info("listening on http://%s:%d; %s", config.host, config.port, auth_line(config))
+        # said louder when anyone on the network could use the server without a key
+        open_door = config.api_key is None and not _loopback(config.host)
+        log.log(logging.WARNING if open_door else logging.INFO, "listening on http://%s:%d; %s",
+                config.host, config.port, auth_line(config))
         server.run(sockets=[sock])
     finally:
         sock.close()

@@ -130,7 +130,7 @@ class ModelWorker:
         self._thread = threading.Thread(target=self._main, name=f"mizuoto-model-{name}",
                                         daemon=True)
         if pool is not None:
-            pool.add(self)
+            pool.add(self, loading=preload)
 
     def start(self) -> None:
         self._thread.start()
@@ -140,9 +140,7 @@ class ModelWorker:
         return self._queue.qsize() + (self._running is not None)
 
     def _pinned(self, change: int) -> None:
-        if self._pool is None:
-            self.pins += change
-        else:
+        if self._pool is not None:  # without a pool nothing is unloaded: nothing to count
             self._pool.pinned(self, change)
 
     def submit_check(self) -> None:
@@ -234,6 +232,8 @@ class ModelWorker:
                 return
             finally:
                 self.loaded.set()
+                if self._pool is not None:
+                    self._pool.admitted_done(self)
             if self._pool is not None:
                 self._pool.loaded(self)
         while True:
@@ -257,8 +257,8 @@ class ModelWorker:
         """Load the unloaded model for ``job``, once the pool has room (it waits for its
         turn); False, with the error sent to ``job``, when it cannot."""
         try:
-            if self._pool is not None:
-                self._pool.admit(self)
+            if self._pool is not None and not self._pool.admit(self, job):
+                return False  # the client left while the load waited for room
             self._load_engine()
         except BaseException as exc:
             job.emit(exc if isinstance(exc, APIError) else unavailable(
@@ -335,8 +335,11 @@ class ModelPool:
         self._waiting: list[ModelWorker] = []  # loads waiting for room, in arrival order
         self._admitted: set[ModelWorker] = set()  # loads under way
 
-    def add(self, worker: ModelWorker) -> None:
+    def add(self, worker: ModelWorker, *, loading: bool = False) -> None:
+        """Manage ``worker``; ``loading``: it loads at start, and counts as loaded from now."""
         self.workers.append(worker)
+        if loading:
+            self._admitted.add(worker)
 
     def wake(self) -> None:
         with self._lock:
@@ -367,19 +370,21 @@ class ModelPool:
         return self.memory_budget is None or not others or \
             sum(w.engine_bytes for w in others) + incoming.engine_bytes <= self.memory_budget
 
-    def admit(self, worker: ModelWorker) -> None:
-        """Return once ``worker`` may load its model (on its thread, before loading): idle
-        models are unloaded to make room, else it waits its turn. An :class:`APIError` (503)
-        if the worker stops meanwhile."""
+    def admit(self, worker: ModelWorker, job: Job) -> bool:
+        """Return once ``worker`` may load its model for ``job`` (on its thread, before
+        loading): idle models are unloaded to make room, else it waits its turn. False if
+        ``job`` is cancelled meanwhile; an :class:`APIError` (503) if the worker stops."""
         with self._lock:
             self._waiting.append(worker)
             try:
                 while True:
                     if worker.state == "stopped":
                         raise unavailable("the server is shutting down", "shutting_down")
+                    if job.cancelled:
+                        return False
                     if self._waiting[0] is worker and self._make_room(worker):
                         self._admitted.add(worker)
-                        return
+                        return True
                     self._lock.wait(0.25)  # woken by a release; the timeout covers the rest
             finally:
                 self._waiting.remove(worker)
