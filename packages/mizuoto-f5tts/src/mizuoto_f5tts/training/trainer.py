@@ -19,7 +19,8 @@ of the run, at most upstream's 20000; fewer than the run's updates), ``batch_siz
 ``sample``: then ``config.batch_size`` clips per batch), ``batch_frames`` (3200),
 ``max_samples`` (64), ``grad_accumulation`` (1), ``max_grad_norm`` (1.0), ``shuffle_seed``
 (666, upstream's ``resumable_with_seed``), ``variant`` (``v1_base``, ``base`` or ``e2_base``;
-default: detected from the checkpoint), ``extend_vocab`` (``true``: add the data's tokens the
+default: the model directory's record, the weights or upstream's release file name, never the
+folders' names: `mizuoto_f5tts.identification`; an unnamed DiT is refused), ``extend_vocab`` (``true``: add the data's tokens the
 vocabulary lacks; or a list of tokens; the text embedding grows as upstream's
 ``expand_model_embeddings`` grows it), ``shard_batches`` (under torchrun; default true),
 ``vocab_file`` (upstream's ``--tokenizer custom --tokenizer_path``: this vocabulary instead of
@@ -193,7 +194,7 @@ class F5Trainer(Trainer):
         from mizuoto import resolve_model
         from mizuoto_f5tts.checkpoint import (
             VOCAB_FILE,
-            detect_variant,
+            checkpoint_variant,
             find_checkpoint,
             read_checkpoint,
         )
@@ -211,7 +212,7 @@ class F5Trainer(Trainer):
         vocab_file = _vocab_file(config.params, model_dir)
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)
-        variant = detect_variant(base, hint=str(checkpoint), family=family)
+        variant = checkpoint_variant(checkpoint, base, family, field="params.variant")
         if finetune:
             _check_vocab_size(base, vocab, "params.vocab_file" if "vocab_file" in config.params
                               else "model", vocab_file)
