@@ -30,6 +30,10 @@ N: the newest N) copies of the run checkpoint as ``checkpoints/model_<update>.pt
 ``checkpoint_every`` updates (default ``save_every``; upstream's ``save_per_updates``, while
 ``save_every`` is its ``last_per_updates``). Training stops after ``config.steps`` updates or
 at the end of the last epoch.
+
+``config.compute.device`` (``auto``: CUDA, else MPS, else the CPU, as accelerate picks) is
+where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
+(``auto`` = ``no``, upstream's default; ``fp16`` needs CUDA, as accelerate's loss scaling).
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class F5Run:
     finetune: bool = True  # false: random initialisation, no base weights
     keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
     checkpoint_every: int = 0  # updates between numbered copies
+    device: str = "cpu"
 
 
 def _bool_param(params, key: str, default: bool) -> bool:
@@ -139,7 +144,20 @@ def _int_param(params, key: str, default: int, low: int = 0) -> int:
     return value
 
 
-def _settings(config: TrainingConfig, data: PreparedData) -> LoopSettings:
+def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
+    from mizuoto.runtime.device import select_device
+
+    device = select_device(config.compute)
+    mode = "no" if config.mixed_precision == "auto" else config.mixed_precision
+    if mode == "fp16" and device.type != "cuda":
+        raise InvalidRequest("training.mixed_precision", f"fp16 needs a CUDA device, not "
+                             f"{device.type} (accelerate's loss scaling refuses it there too)",
+                             "use bf16, or no")
+    return device, mode
+
+
+def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str = "no"
+              ) -> LoopSettings:
     params = config.params
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
@@ -180,7 +198,7 @@ def _settings(config: TrainingConfig, data: PreparedData) -> LoopSettings:
         batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
         max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
         shuffle_seed=_int_param(params, "shuffle_seed", 666), save_every=config.save_every,
-        max_updates=config.steps)
+        max_updates=config.steps, mixed_precision=mixed_precision)
 
 
 class F5Trainer(Trainer):
@@ -201,6 +219,7 @@ class F5Trainer(Trainer):
         from mizuoto_f5tts.text import read_vocab
 
         self.check(config)
+        device, mixed_precision = _device_and_precision(config)
         family = config.params.get("variant")
         if family is not None and family not in VARIANT_NAMES:
             raise InvalidRequest("params.variant", f"must be one of {VARIANT_NAMES}, "
@@ -250,8 +269,8 @@ class F5Trainer(Trainer):
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
         return F5Run(config, model_dir, checkpoint, variant, vocab, data,
-                     _settings(config, data), config.memory, vocab_file,
-                     new_tokens if finetune else 0, finetune, keep, every)
+                     _settings(config, data, mixed_precision), config.memory, vocab_file,
+                     new_tokens if finetune else 0, finetune, keep, every, str(device))
 
     def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -266,7 +285,7 @@ class F5Trainer(Trainer):
                 base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
             load_into(model, base, run.checkpoint)
             del base
-        model.train()
+        model.to(run.device).train()
         shard = _bool_param(run.config.params, "shard_batches", True)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           run.settings, py_random=py_random, memory=run.memory,
@@ -287,7 +306,9 @@ class F5Trainer(Trainer):
         rank, world_size = distributed_world()
         if rank != 0:
             progress = None
-        with torch.random.fork_rng(devices=[]):
+        device = torch.device(run.device)
+        # upstream seeds the device's generator too (torch.manual_seed): its draws count
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(run.config.seed)
             py_random = random.Random(run.config.seed)
             loop = self.build(run, py_random)
