@@ -609,17 +609,21 @@ def random_model(fixture, directory):
 @click.option("--batch-size", type=int, default=1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--memory", default="default", show_default=True, help="training.memory: default, low or lowest.")
+@click.option("--mixed-precision", default="auto", show_default=True, type=click.Choice(["auto", "no", "fp16", "bf16"]), help="Forward under autocast (fp16 with loss scaling); auto: the engine's upstream default.")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="compute.* option such as compute.device=cuda:1 (repeatable).")
 @click.pass_context
 def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
-          memory):
+          memory, mixed_precision, option_pairs):
     """Fine-tune a model with the engine's trainer (prepare, train, export)."""
     from mizuoto.contracts import TrainingConfig
     from mizuoto.registry import get_trainer
 
     trainer = get_trainer(engine)()
+    compute = _options(None, option_pairs).compute
     config = TrainingConfig(method=method, model=model, dataset=dataset, output_dir=output_dir,
                             steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                            seed=seed, memory=memory)
+                            seed=seed, memory=memory, compute=compute,
+                            mixed_precision=mixed_precision)
     trainer.check(config)
     with _progress(ctx.obj["quiet"]) as progress:
         run = trainer.prepare(config, progress=progress)
@@ -656,8 +660,11 @@ def _resume_command(params: dict) -> str:
     for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
                         ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
                         ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
-                        ("--seed", "seed"), ("--memory", "memory")):
+                        ("--seed", "seed"), ("--memory", "memory"),
+                        ("--mixed-precision", "mixed_precision")):
         words += [option, str(params[key])]
+    for pair in params.get("option_pairs") or ():
+        words += ["--option", pair]
     return shlex.join(words)
 
 
