@@ -104,7 +104,7 @@ class F5Engine(Engine):
         report(progress, "load", 0, 2, "flow-matching model")
         checkpoint = find_checkpoint(model_dir)
         model, vocab = load_f5_model(model_dir, variant, device=placement.device,
-                                     dtype=placement.dtype)
+                                     dtype=placement.dtype, variant_field="engines.f5tts.variant")
         # the backbone only (the ODE loop and guidance stay eager); dynamic: every request has
         # its own number of frames and tokens
         placement = placement.compile(model.transformer, dynamic=True)

@@ -18,7 +18,7 @@ import functools
 import inspect
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,6 +26,7 @@ import attrs
 
 from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.request_lock import NoLock, RequestLock
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
@@ -65,6 +66,7 @@ class Call:
     seed: int
     seed_drawn: bool
     notices: tuple[str, ...] = ()
+    model_defaults: Mapping[str, Any] = attrs.field(factory=dict)  # the ones it took
 
 
 class Engine(abc.ABC):
@@ -266,9 +268,17 @@ class Engine(abc.ABC):
         settings = dict(self.placement.in_effect) if self.placement is not None else {}
         return compute_in_effect(**settings)
 
+    @property
+    def model_defaults(self) -> Mapping[str, Any]:
+        """The request params the model directory sets (its ``mizuoto-defaults.json``, read
+        at load: :mod:`mizuoto.contracts.model_defaults`); a request's own params win."""
+        return self.__dict__.get("_mizuoto_model_defaults") or {}
+
     def parse_params(self, params) -> Any:
-        """Validate ``request.params`` into ``params_class``; unknown keys are named."""
-        return parse_attrs(self.params_class, params, "params")
+        """Validate ``request.params``, over the model's defaults, into ``params_class``;
+        unknown keys are named."""
+        return parse_attrs(self.params_class, {**self.model_defaults, **dict(params or {})},
+                           "params")
 
     # -- the shared work ----------------------------------------------------------------------
 
@@ -302,7 +312,8 @@ class Engine(abc.ABC):
                                      "leave it unset")
         params = self.parse_params(request.params)
         seed, drawn = resolve_seed(request.seed)
-        return Call(params, seed, drawn, tuple(getattr(request, "notices", ())))
+        return Call(params, seed, drawn, tuple(getattr(request, "notices", ())),
+                    taken_defaults(self.model_defaults, request.params))
 
     def _applied(self, call: Call, rendered: Rendered) -> Applied:
         info, placement = self.info, self.placement
@@ -315,7 +326,8 @@ class Engine(abc.ABC):
             retries=rendered.retries, fallbacks=rendered.fallbacks + load_fallbacks,
             warnings=warned + tuple(n for n in call.notices if n not in warned),
             license=info.license, non_commercial=info.non_commercial, chunks=rendered.chunks,
-            compute=self.compute_in_effect(), extra=rendered.extra)
+            compute=self.compute_in_effect(), extra=rendered.extra,
+            model_defaults=call.model_defaults)
 
     def _lock(self) -> RequestLock | NoLock:
         return _NO_LOCK if self.concurrent_requests else engine_lock(self)
@@ -345,7 +357,11 @@ def _checking_compute(load):
             from mizuoto.runtime.startup import check_startup_options
 
             check_startup_options(options.compute)
-        return load(cls, model_dir, *args, options=options, **kwargs)
+        defaults = read_model_defaults(model_dir, cls.params_class)  # a bad file fails first
+        engine = load(cls, model_dir, *args, options=options, **kwargs)
+        if defaults:
+            engine.__dict__["_mizuoto_model_defaults"] = defaults
+        return engine
 
     checked._mizuoto_checked = True
     return checked
@@ -377,15 +393,23 @@ def _serialized(method):
 
 
 def _completed(engine: Engine, args, value):
+    """``value`` with what the base class records for its own calls: the request's notices
+    (what validation changed, e.g. control characters dropped) in ``warnings``, the model
+    directory's defaults it took in ``model_defaults``, and ``compute`` when the plugin left
+    it out (API 1.0 plugins built ``Applied`` without it)."""
     applied = getattr(value, "applied", None)
     if applied is None or not isinstance(value, (SynthesisResult, AudioChunk)):
         return value
-    notices = getattr(args[0], "notices", ()) if args else ()
+    request = args[0] if args else None
+    notices = getattr(request, "notices", ())
     missing = tuple(n for n in notices if n not in applied.warnings)
     changes: dict[str, Any] = {}
     if missing:
         changes["warnings"] = applied.warnings + missing
-    if not applied.compute:  # API 1.0 plugins built Applied without it
+    taken = taken_defaults(engine.model_defaults, getattr(request, "params", None))
+    if taken and not applied.model_defaults:
+        changes["model_defaults"] = taken
+    if not applied.compute:
         changes["compute"] = engine.compute_in_effect()
     if not changes:
         return value
