@@ -29,7 +29,7 @@ from mizuoto_voxcpm.training.data import (
 )
 from mizuoto_voxcpm.training.memory import checkpoint_blocks
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
-from mizuoto_voxcpm.training.trainer import BASE_FILES, Run, link_or_copy
+from mizuoto_voxcpm.training.run import BASE_FILES, Run, link_or_copy
 
 log = logging.getLogger(__name__)
 

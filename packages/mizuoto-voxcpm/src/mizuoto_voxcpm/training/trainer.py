@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -30,34 +27,11 @@ from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
+from mizuoto_voxcpm.training.run import Run
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_SEED = 42
-BASE_FILES = ("config.json", "audiovae.pth", "audiovae.safetensors", "tokenizer.json",
-              "special_tokens_map.json", "tokenizer_config.json")
-
-
-@attrs.frozen
-class Run:
-    """A prepared run: where it lives and what it trains."""
-
-    config: TrainingConfig
-    model_dir: Path
-    output_dir: Path
-    recipe: Any
-    samples: tuple = attrs.field(eq=False, repr=False)
-    #: rows before the max_batch_tokens filter (upstream's epoch counter divides by these)
-    counted_samples: int
-    rejected: tuple[tuple[int, str], ...] = ()
-    texts: tuple[str, ...] = ()
-    #: the validation manifest's usable rows (none: no validation)
-    val_samples: tuple = attrs.field(default=(), eq=False, repr=False)
-    #: numbered checkpoints kept (0: none, -1: all, N: the newest N) and the steps between them
-    keep_checkpoints: int = 0
-    checkpoint_every: int = 1
-
-
 class VoxCPMTrainer(Trainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
@@ -225,10 +199,3 @@ def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe):
         patch_size=config.patch_size, max_batch_tokens=recipe.max_batch_tokens,
         batch_size=recipe.batch_size)
     return kept, sorted(rejected + dropped, key=lambda r: r.line), len(samples)
-
-
-def link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
