@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import attrs
 import pytest
 from conftest import FakeEngine
 
@@ -252,3 +253,29 @@ def test_a_converter_that_refuses_a_value_names_the_param(value, error):
         parse_attrs(Params, {"speed": 2.0, "steps": value}, "params")
     assert caught.value.field == "params.steps"
     assert type(caught.value.__cause__).__name__ == error
+
+
+@pytest.mark.parametrize("second", ["stream", "synthesize", "build_voice"])
+def test_every_call_from_the_thread_of_an_open_stream_is_refused(second):
+    """The class, not the one example: a second stream, a voice, a synthesis."""
+    from mizuoto import Capability, Reference
+    from mizuoto.errors import RequestConflict
+
+    class Voiced(_Humming):
+        def _build_voice(self, reference):
+            self.current = "voice"
+            return None
+
+    engine = Voiced()
+    engine._info = attrs.evolve(engine._info, capabilities=engine._info.capabilities
+                                | {Capability.VOICE_CACHE})
+    chunks = iter(engine.stream(_text_request("a")))
+    next(chunks)
+    with pytest.raises(RequestConflict):
+        if second == "stream":
+            next(iter(engine.stream(_text_request("b"))))
+        elif second == "synthesize":
+            engine.synthesize(_text_request("b"))
+        else:
+            engine.build_voice(Reference("ref.wav"))
+    assert [c.applied.extra["text"] for c in chunks if c.is_last] == ["a"]
