@@ -145,3 +145,27 @@ def test_low_memory_frozen_linears_keep_the_autocast_bits():
     assert plain.keys() == cast.keys() and {"lora.lora_A", "trained.weight"} <= plain.keys()
     for name, grad in plain.items():
         assert torch.equal(grad, cast[name]), name
+
+
+def test_lowest_streams_frozen_linears_from_host_memory(monkeypatch):
+    """Each call sees a device copy of the frozen weights (a meta device stands for the GPU:
+    only where tensors are is checked); the host tensors stay the parameters."""
+    from mizuoto_voxcpm.training.memory import stream_frozen_linears
+
+    block = _Block()
+    assert stream_frozen_linears(block, torch.device("cpu")) == 0  # nothing to do on the CPU
+    assert stream_frozen_linears(block, torch.device("meta"), keep=(block.lora,)) == 1
+    assert block.frozen.weight.device.type == "cpu"
+    seen = []
+    linear = torch.nn.functional.linear
+
+    def recording(x, weight, bias=None):
+        seen.append((weight.device.type, bias.device.type))
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    out = block.frozen(torch.ones(2, 16, device="meta"))
+    assert out.device.type == "meta" and seen == [("meta", "meta")]
+    assert block.frozen.weight.device.type == "cpu"  # the host copy is the parameter again
+    assert block.frozen.weight is dict(block.named_parameters())["frozen.weight"]
+    assert "forward" not in vars(block.lora)  # kept: not streamed

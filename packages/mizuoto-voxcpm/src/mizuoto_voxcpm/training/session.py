@@ -30,7 +30,11 @@ from mizuoto_voxcpm.training.data import (
     encode_audio,
     pack,
 )
-from mizuoto_voxcpm.training.memory import checkpoint_blocks, frozen_linears_to
+from mizuoto_voxcpm.training.memory import (
+    checkpoint_blocks,
+    frozen_linears_to,
+    stream_frozen_linears,
+)
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
 from mizuoto_voxcpm.training.trainer import BASE_FILES, Run, link_or_copy
 
@@ -107,17 +111,25 @@ class Session:
             apply_lora(model, recipe.lora, kaiming_init_a(self.generator))
             for layer in lora_layers(model):
                 layer.dropout_fn = dropout_with(self.forward_generator, recipe.lora.dropout)
-        if run.config.memory == "low":
+        if run.config.memory in ("low", "lowest"):
             checkpoint_blocks(model, self.forward_generator)
             if recipe.lora is not None and self.mixed_precision != "no":
                 if self.validating:
                     # upstream's validation speaks through the model outside autocast
-                    raise InvalidRequest("training.memory", "low keeps LoRA's frozen weights "
+                    raise InvalidRequest("training.memory", f"{run.config.memory} keeps LoRA's "
+                                         "frozen weights "
                                          f"in {self.mixed_precision}, which validation's "
                                          "generation cannot run on",
                                          "use memory default with val_manifest")
                 frozen_linears_to(model, precision.DTYPES[self.mixed_precision])
         self.model = model.to(device).train()
+        if run.config.memory == "lowest":
+            if self.world_size > 1:
+                raise InvalidRequest("training.memory", "lowest streams frozen weights from "
+                                     "host memory in a single process only (not under "
+                                     "torchrun)", "use low")
+            # the stop head stays: the model reads its device and dtype from it
+            stream_frozen_linears(self.model, device, keep=(self.model.stop_head,))
         # training only encodes: the VAE decoder never reaches the device (unless validation's
         # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")

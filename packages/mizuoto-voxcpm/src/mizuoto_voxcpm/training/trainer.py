@@ -65,7 +65,7 @@ class Run:
 class VoxCPMTrainer(Trainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
-    memory_levels = ("default", "low")
+    memory_levels = ("default", "low", "lowest")
     graceful_stop = True  # SIGINT / SIGTERM: checkpoint saved after the current step
 
     # -- prepare -------------------------------------------------------------------------
@@ -76,6 +76,9 @@ class VoxCPMTrainer(Trainer):
         from mizuoto_voxcpm.training.session import pick_device, pick_mixed_precision
 
         self.check(config)
+        if config.memory == "lowest" and config.method != "lora":
+            raise InvalidRequest("training.memory", "lowest streams LoRA's frozen weights from "
+                                 "host memory; full fine-tuning trains them all", "use low")
         # the device and precision are checked here (process 0's device), used by the session
         pick_mixed_precision(pick_device(0, config.compute), config.mixed_precision)
         model_dir = _resolve_model(config.model)
