@@ -86,6 +86,10 @@ class Job:
     def finish(self) -> None:
         """The job has ended: :data:`DONE` is sent and the model's pin released."""
         self.emit(DONE)
+        self.release()
+
+    def release(self) -> None:
+        """Release the model's pin (the job has ended, or will never run)."""
         if self._pin is not None:
             self._pin.release()
 
@@ -154,12 +158,17 @@ class ModelWorker:
             raise unavailable("the server is shutting down", "shutting_down")
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; an :class:`APIError` when the model cannot take it now."""
-        self.submit_check()
+        """Queue ``job``; an :class:`APIError` when the model cannot take it now (the job's
+        pin is then released: the job will not run)."""
         try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise self.queue_full() from None
+            self.submit_check()
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise self.queue_full() from None
+        except BaseException:
+            job.release()
+            raise
 
     def queue_full(self) -> APIError:
         """The 429 for a request that finds the queue full."""
