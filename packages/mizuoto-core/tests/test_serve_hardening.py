@@ -228,6 +228,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit(server, method, path, limit):
     else:
         assert status == 413, answer[:300]
         assert b"request_too_large" in answer
+        assert b"connection: close" in answer.lower()  # the rest of the body is not read
     assert sent < limit + (16 << 20), f"the server read {sent} bytes"  # + socket buffers
 
 
@@ -236,6 +237,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(server):
             b"application/json\r\nContent-Length: %d\r\n\r\n" % (300 << 20))
     status, sent, answer = _raw(server, head, iter([b"{" * 1024] * 4096), limit_bytes=4 << 20)
     assert status == 413 and b"request_too_large" in answer
+    assert b"connection: close" in answer.lower()
 
 
 def test_a_body_just_under_the_limit_is_read(server):
