@@ -1,9 +1,10 @@
 """The ``mizuoto`` command.
 
-Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
-file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
-finished with failed lines (its manifest names them); 130 interrupted (SIGINT; also a training
-run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGTERM.
+Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage (also ``serve`` on a
+port already in use); 3 engine, model or file not found (or a checkpoint that does not match);
+4 capability not supported; 5 a batch finished with failed lines (its manifest names them); 130
+interrupted (SIGINT; also a training run stopped by Ctrl-C, its checkpoint saved); 143 a
+training run stopped by SIGTERM.
 """
 
 from __future__ import annotations
