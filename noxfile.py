@@ -133,6 +133,21 @@ def _allocator_env(session) -> dict[str, str]:
     return {"MIZUOTO_REQUIRE_ALLOCATORS": "1"}
 
 
+BROWSER_TEST = ["-e", "packages/mizuoto-core[browser-test]"]
+
+
+def _browser_env(session) -> dict[str, str]:
+    """Install Chromium (Debian's, where the session may) and Playwright without its browser
+    downloads, for the page's browser tests (tests/test_web_page.py), and make those tests fail
+    rather than skip when either is missing. Their screenshots go to the session's folder."""
+    session.install(*BROWSER_TEST, env={"PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"})
+    if not any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")):
+        _apt_install(session, ["chromium"])
+    screenshots = os.path.join(session.create_tmp(), "screenshots")
+    session.log(f"the page's screenshots: {screenshots}")
+    return {"MIZUOTO_REQUIRE_BROWSER": "1", "MIZUOTO_SCREENSHOTS": screenshots}
+
+
 @nox.session(python="3.11")
 def tests(session):
     """Unit tests of every package (no upstream oracles)."""
@@ -247,12 +262,13 @@ def _check_plugin_discovery(session) -> None:
 
 @nox.session(python="3.11")
 def ci(session):
-    """What CI runs: unit tests, the contract suite and the tiny-model parity tests."""
+    """What CI runs: unit tests (the page's in headless Chromium too), the contract suite and
+    the tiny-model parity tests."""
     _install_base(session)
     _install_oracles(session)
     _check_plugin_discovery(session)
     _run_suites(session, "not realsize and not fuzz_only",
-                env={**THREADS, **_allocator_env(session)})
+                env={**THREADS, **_allocator_env(session), **_browser_env(session)})
 
 
 @nox.session(python=COMPAT_PYTHONS)

@@ -230,3 +230,10 @@ def test_long_text_is_split(engines):
         **FAST, "split_text": True, "chunk_tokens": 8}))
     assert result.applied.chunks == len(chunks)
     assert result.applied.extra["patches"] == 3 * len(chunks)
+
+
+def test_sampler_defaults_are_what_a_request_without_steps_gets(engines):
+    engine = engines["v2"]
+    assert engine.sampler_defaults() == {"steps": 10, "guidance": 2.0}
+    applied = engine.synthesize(SynthesisRequest("hello", seed=1, params={"max_len": 2})).applied
+    assert {k: applied.sampler[k] for k in ("steps", "guidance")} == engine.sampler_defaults()

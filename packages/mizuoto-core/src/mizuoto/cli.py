@@ -641,10 +641,13 @@ def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_l
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
+        from mizuoto.serve.page import page_url
     except ImportError as exc:
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
-    run(ServeConfig(models=model_names(models, aliases), engine=engine,
+    names = model_names(models, aliases)
+    click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
+    run(ServeConfig(models=names, engine=engine,
                     options=_options_to_load(options_file, option_pairs), host=host, port=port,
                     api_key=api_key, queue_size=queue_size, grace=grace,
                     max_loaded=max_loaded, memory_budget=_size(memory_budget)))

@@ -147,6 +147,9 @@ class F5Engine(Engine):
                    oom_fallback=compute.oom_fallback, load_warnings=(slow,) if slow else (),
                    compilation=compilation)
 
+    def sampler_defaults(self) -> dict[str, int | float]:
+        return {"steps": DEFAULT_STEPS, "guidance": DEFAULT_GUIDANCE}
+
     @property
     def info(self) -> ModelInfo:
         return self._info

@@ -266,6 +266,11 @@ class VoxCPMEngine(Engine):
             engine.set_lora(model_dir)
         return engine
 
+    def sampler_defaults(self) -> dict[str, int | float]:
+        # the params' own defaults: a request's steps / guidance override them
+        fields = attrs.fields(VoxCPMParams)
+        return {"steps": fields.inference_timesteps.default, "guidance": fields.cfg_value.default}
+
     @property
     def info(self) -> ModelInfo:
         return self._info

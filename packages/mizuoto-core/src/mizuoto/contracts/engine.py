@@ -150,6 +150,11 @@ class Engine(abc.ABC):
             f"{self.name} model {self.info.model} declares {capability.value} but the engine "
             f"does not implement {method}(); this is a bug in the {self.name} plugin")
 
+    def sampler_defaults(self) -> dict[str, int | float]:
+        """The ``steps`` and ``guidance`` a request gets when it leaves them unset, for those
+        this engine uses (empty: it takes neither). Shown by clients such as the server's page."""
+        return {}
+
     def parse_params(self, params) -> Any:
         """Validate ``request.params`` into ``params_class``; unknown keys are named."""
         return parse_attrs(self.params_class, params, "params")

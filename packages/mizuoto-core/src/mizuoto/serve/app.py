@@ -96,6 +96,7 @@ class _State:
         self.metrics = Metrics()
         self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices")
         self.closing = False
+        self.cards: dict[str, dict] = {}  # GET /v1/models' card of each model, once loaded
         shared = threading.Lock() if config.shared_lock else None
         pool = None
         if config.max_loaded is not None or config.memory_budget is not None:
@@ -133,6 +134,7 @@ def create_app(config: ServeConfig):
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException
 
+    from mizuoto.serve.page import router as page_router
     from mizuoto.serve.routes import router
 
     state = _State(config)
@@ -150,6 +152,7 @@ def create_app(config: ServeConfig):
                   redoc_url=None)
     app.state.mizuoto = state
     app.include_router(router)
+    app.include_router(page_router)
 
     def respond(error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
@@ -207,13 +210,17 @@ MAX_SPEECH_BODY = 1 << 20
 
 
 class _Gate:
-    """ASGI wrapper: the API key check (``/health`` stays open), body size limits (by
+    """ASGI wrapper: the API key check (``/health`` and the page stay open: the page holds no
+    data and asks for the key itself), body size limits (by
     ``Content-Length``) and the request counter.
     Pure ASGI, so streaming responses and disconnects pass through untouched."""
 
     def __init__(self, app, state: _State) -> None:
         self.app = app
         self.state = state
+        from mizuoto.serve.page import is_page_path
+
+        self._is_page = is_page_path
         key = state.config.api_key
         self._expected = f"Bearer {key}".encode() if key else None
         # refused before the body is read (a voice's multipart form: the clip and its fields)
@@ -225,7 +232,7 @@ class _Gate:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if self._expected is not None and path != "/health":
+        if self._expected is not None and path != "/health" and not self._is_page(path):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 await _send_error(send, APIError(
