@@ -301,17 +301,19 @@ def test_speaking_plays_the_apis_samples_for_the_seed_it_shows(visit, server, mo
     assert v.errors == [], v.errors
 
 
-def test_the_first_chunk_plays_before_the_last_arrives(visit):
+def test_the_first_chunk_plays_before_the_last_arrives(visit, shots):
     v = visit()
     page = v.open()
-    # 40 patches of VoxCPM2, each its own chunk: seconds of generation on the tiny model
+    # 16 patches of VoxCPM2, each its own chunk: a few seconds of generation on the tiny model
     _set_speak(page, model="vox", text="A longer sentence, streamed as it is made.", seed=3,
-               steps=4, params={"max_len": 40})
+               steps=2, params={"max_len": 16})
     _speak_and_wait(page)
     played, reads = v.played(), v.reads()
     assert len(reads) > 2, reads
     assert played[0]["at"] < reads[-1]["at"], (played[0]["at"], reads[-1]["at"])
     assert len(played) > 2
+    page.evaluate("document.querySelector('#speak-params').open = false")
+    page.screenshot(path=str(shots / "speak-spoken-desktop-light.png"), full_page=True)
 
 
 def test_download_is_the_chosen_format_with_the_same_seed(visit, server):
@@ -439,7 +441,7 @@ def test_the_key_is_asked_for_kept_for_the_tab_and_a_wrong_one_refused(browser, 
         other.locator("#key-dialog").wait_for(state="visible")
 
 
-def test_compare_speaks_one_text_and_seed_on_two_models(visit, server):
+def test_compare_speaks_one_text_and_seed_on_two_models(visit, server, shots):
     v = visit()
     page = v.open()
     # the settings each side uses are those the Speak view keeps per model
@@ -464,10 +466,12 @@ def test_compare_speaks_one_text_and_seed_on_two_models(visit, server):
         expected = _api_pcm(server, {"model": model, "voice": "default", "input": "Same words.",
                                      "mizuoto": {"seed": 42, **extension}})
         assert np.array_equal(played, expected), side
+    page.screenshot(path=str(shots / "compare-done-desktop-light.png"), full_page=True)
     page.click("#tab-history")
     items = page.locator("#history-list li")
     assert items.count() == 2
     assert "compare B" in items.nth(0).inner_text() and "compare A" in items.nth(1).inner_text()
+    page.screenshot(path=str(shots / "history-filled-desktop-light.png"), full_page=True)
     assert v.errors == [], v.errors
 
 

@@ -9,6 +9,7 @@ const DEFAULT_MAX_CHARS = 4096;
 const PCM_RATE = 24000;
 const LEAD_SECONDS = 0.05; // scheduled this far ahead so that the first chunk starts cleanly
 const MAX_SEED = 4294967295;
+const HISTORY_LIMIT = 50; // utterances kept (their audio stays in memory)
 
 const $ = (id) => document.getElementById(id);
 
@@ -50,9 +51,14 @@ async function errorOf(response) {
 
 let keyPrompt = null;
 
+/** Ask for the key (again: ``refused``); resolves once one is entered. Closing the prompt
+ * (Escape) leaves the page waiting: the "API key" button opens it again. */
 function askForKey(refused) {
-  if (keyPrompt) return keyPrompt;
   const dialog = $("key-dialog");
+  $("key-open").hidden = false;
+  if (!dialog.open) dialog.showModal();
+  $("key-input").focus();
+  if (keyPrompt) return keyPrompt;
   $("key-error").textContent = refused ? "The server refused this key: check it and try again." : "";
   $("key-input").value = "";
   keyPrompt = new Promise((resolve) => {
@@ -65,13 +71,10 @@ function askForKey(refused) {
       }
       studio.key = key;
       sessionStorage.setItem(KEY_STORAGE, key);
-      $("key-open").hidden = false;
       keyPrompt = null;
       resolve();
     };
   });
-  if (!dialog.open) dialog.showModal();
-  $("key-input").focus();
   return keyPrompt;
 }
 
@@ -407,6 +410,7 @@ function outcome(result, rate) {
 
 function remember(entry) {
   studio.history.unshift(entry);
+  studio.history.length = Math.min(studio.history.length, HISTORY_LIMIT);
   renderHistory();
 }
 
@@ -1037,7 +1041,11 @@ function wire() {
     $("voice-audio-error").textContent = "";
   });
   $("key-open").hidden = !studio.key;
-  $("key-open").addEventListener("click", () => askForKey(false).then(start));
+  $("key-open").addEventListener("click", () => {
+    const waiting = keyPrompt !== null; // a call is waiting for the key: it resumes by itself
+    const entered = askForKey(false);
+    if (!waiting) entered.then(start);
+  });
 }
 
 async function start() {
