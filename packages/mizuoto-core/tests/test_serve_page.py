@@ -91,3 +91,19 @@ def test_the_page_url_for_each_host():
     assert page_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/"
     assert page_url("::1", 80) == "http://[::1]:80/"
     assert page_url("studio.lan", 8000) == "http://studio.lan:8000/"
+
+
+def test_mizuoto_serve_prints_the_pages_url(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import mizuoto.serve.app
+    from mizuoto.cli import cli
+
+    served = []
+    monkeypatch.setattr(mizuoto.serve.app, "run", served.append)
+    (tmp_path / "toy").mkdir()
+    result = CliRunner().invoke(cli, ["serve", "-m", str(tmp_path / "toy"), "--port", "8123"],
+                                obj={})
+    assert result.exit_code == 0, result.output
+    assert "http://127.0.0.1:8123/" in result.output
+    assert served[0].port == 8123 and dict(served[0].models) == {"toy": str(tmp_path / "toy")}
