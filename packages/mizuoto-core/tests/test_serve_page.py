@@ -69,8 +69,10 @@ def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
             "capabilities": ["clone", "stream", "voice_cache", "zero_shot"], "streams": True,
             "license": "Apache-2.0", "non_commercial": False, "max_input_chars": 4096,
             "sampler": {},
-            "params": [{"name": "char_seconds", "default": 0.06, "kind": "float"},
-                       {"name": "max_seconds", "default": 30.0, "kind": "float"}],
+            "params": [{"name": "char_seconds", "default": 0.06, "kind": "float",
+                        "model_default": False},
+                       {"name": "max_seconds", "default": 30.0, "kind": "float",
+                        "model_default": False}],
             "formats": toy["mizuoto"]["formats"],
         }
         assert sorted(toy["mizuoto"]["formats"]) == ["aac", "flac", "mp3", "opus", "pcm", "wav"]
@@ -84,6 +86,21 @@ def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
         # the toy was unloaded to make room: it keeps the card it had
         assert entries["toy"]["state"] == "unloaded"
         assert entries["toy"]["mizuoto"] == toy["mizuoto"]
+
+
+def test_a_model_directorys_defaults_are_the_cards(toy_dirs, tmp_path):
+    import shutil
+
+    from mizuoto.contracts.model_defaults import write_model_defaults
+
+    shutil.copytree(toy_dirs / "toy", tmp_path / "slow")
+    write_model_defaults(tmp_path / "slow", {"char_seconds": 0.1}, "a slower demo")
+    config = ServeConfig(models={"slow": str(tmp_path / "slow")}, voices_dir=tmp_path / "v")
+    with serve_in_thread(config) as url:
+        card = httpx.get(f"{url}/v1/models").json()["data"][0]["mizuoto"]
+    assert card["params"][0] == {"name": "char_seconds", "default": 0.1, "kind": "float",
+                                 "model_default": True}
+    assert card["params"][1]["model_default"] is False
 
 
 def test_the_page_url_for_each_host():

@@ -267,9 +267,9 @@ class VoxCPMEngine(Engine):
         return engine
 
     def sampler_defaults(self) -> dict[str, int | float]:
-        # the params' own defaults: a request's steps / guidance override them
-        fields = attrs.fields(VoxCPMParams)
-        return {"steps": fields.inference_timesteps.default, "guidance": fields.cfg_value.default}
+        # the params' defaults (over the model directory's): a request's steps / guidance win
+        params = self.parse_params({})
+        return {"steps": params.inference_timesteps, "guidance": params.cfg_value}
 
     @property
     def info(self) -> ModelInfo:

@@ -31,19 +31,23 @@ def model_card(engine, *, max_input_chars: int, stream_rate: int, formats) -> di
         "non_commercial": bool(info.non_commercial),
         "max_input_chars": max_input_chars,
         "sampler": dict(engine.sampler_defaults()),
-        "params": _params(type(engine).params_class),
+        "params": _params(type(engine).params_class, engine.model_defaults),
         "formats": list(formats),
     }
 
 
-def _params(params_class) -> list[dict]:
+def _params(params_class, model_defaults) -> list[dict]:
+    """Each request setting with the default a request gets: the model directory's
+    (``model_default``: true) over the engine's."""
     if params_class is None:
         return []
     found = []
     for field in attrs.fields(params_class):
-        default = field.default
+        from_model = field.name in model_defaults
+        default = model_defaults[field.name] if from_model else field.default
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             default = None
         kind = next((name for type_, name in _KINDS if isinstance(default, type_)), None)
-        found.append({"name": field.name, "default": default if kind else None, "kind": kind})
+        found.append({"name": field.name, "default": default if kind else None, "kind": kind,
+                      "model_default": from_model})
     return found

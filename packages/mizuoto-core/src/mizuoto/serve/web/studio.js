@@ -510,7 +510,7 @@ function buildParams(c) {
     }
     const hint = document.createElement("p");
     hint.className = "hint";
-    hint.textContent = `Default: ${p.default}`;
+    hint.textContent = `Default: ${p.default}${p.model_default ? " (this model's)" : ""}`;
     field.append(label, input, hint);
     return field;
   }));
