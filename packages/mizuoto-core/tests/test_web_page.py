@@ -316,6 +316,32 @@ def test_the_first_chunk_plays_before_the_last_arrives(visit, shots):
     page.screenshot(path=str(shots / "speak-spoken-desktop-light.png"), full_page=True)
 
 
+def _cancelled(server: str) -> float:
+    for line in httpx.get(f"{server}/metrics").text.splitlines():
+        if line.startswith('mizuoto_cancelled_total{model="vox"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_stop_ends_the_sound_and_the_generation(visit, server):
+    v = visit()
+    page = v.open()
+    before = _cancelled(server)
+    # 400 patches: about 20 s of work unless stopped
+    _set_speak(page, model="vox", text="Stop me.", seed=1, steps=2, params={"max_len": 400})
+    page.uncheck("#speak-param-retry_badcase")
+    page.click("#speak-go")
+    _until(page, "window.__played.length > 0")
+    page.click("#speak-stop")
+    _expect(page.locator("#speak-status")).to_have_text("Stopped.")
+    assert page.is_enabled("#speak-go") and page.is_disabled("#speak-stop")
+    deadline = time.monotonic() + 10
+    while _cancelled(server) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _cancelled(server) == before + 1
+    assert page.locator("#history-count").inner_text() == "0"
+
+
 def test_download_is_the_chosen_format_with_the_same_seed(visit, server):
     v = visit()
     page = v.open()
@@ -356,6 +382,16 @@ def test_a_voice_from_an_uploaded_wav_is_selectable_usable_and_deletable(visit, 
     page.click("#voice-create")
     _expect(page.locator("#voice-status")).to_contain_text("is ready", timeout=TIMEOUT_MS)
     _expect(page.locator("#voice-list")).to_contain_text("hummer")
+    # hear it back: a sample sentence in the new voice
+    before = len(v.played())
+    page.locator("#voice-list li", has_text="hummer").get_by_role("button", name="Hear").click()
+    status = page.locator("#voice-list-status")
+    _expect(status).to_contain_text("Played hummer", timeout=TIMEOUT_MS)
+    seed = int(re.search(r"seed (\d+)", status.inner_text()).group(1))
+    heard = np.concatenate([_int16(p["samples"]) for p in v.played()[before:]])
+    assert np.array_equal(heard, _api_pcm(server, {
+        "model": "toy", "voice": "hummer", "input": "This is how this voice sounds.",
+        "mizuoto": {"seed": seed}}))
     page.locator("#voice-list li", has_text="hummer").get_by_role(
         "button", name="Use in Speak").click()
     assert page.is_visible("#view-speak")
@@ -363,8 +399,9 @@ def test_a_voice_from_an_uploaded_wav_is_selectable_usable_and_deletable(visit, 
     assert page.input_value("#speak-voice") == "hummer"
     _set_speak(page, model="toy", text="Hum it.", seed=5)
     page.select_option("#speak-voice", "hummer")
+    before = len(v.played())
     _speak_and_wait(page)
-    played = np.concatenate([_int16(p["samples"]) for p in v.played()])
+    played = np.concatenate([_int16(p["samples"]) for p in v.played()[before:]])
     expected = _api_pcm(server, {"model": "toy", "voice": "hummer", "input": "Hum it.",
                                  "mizuoto": {"seed": 5}})
     assert np.array_equal(played, expected)
