@@ -437,6 +437,13 @@ def test_bad_uploads_show_the_servers_message_next_to_the_field(visit, tmp_path)
     page.set_input_files("#voice-file", str(silent))
     page.click("#voice-create")
     _expect(error).to_contain_text(re.compile("silent", re.IGNORECASE))
+    # too long, and a sample rate no engine takes
+    for name, samples, rate, words in (("long.wav", 8000 * 61, 8000, "more than 60 s"),
+                                       ("low.wav", 2000, 500, "rate")):
+        sf.write(tmp_path / name, np.full(samples, 0.1, np.float32), rate, subtype="PCM_16")
+        page.set_input_files("#voice-file", str(tmp_path / name))
+        page.click("#voice-create")
+        _expect(error).to_contain_text(words)
     # a bad name: the server's words, next to the name
     page.set_input_files("#voice-file", str(_clip(tmp_path / "clip.wav")))
     page.fill("#voice-name", "no spaces allowed")
