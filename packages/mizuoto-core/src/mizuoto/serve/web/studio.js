@@ -4,7 +4,6 @@
 
 const KEY_STORAGE = "mizuoto.api-key";
 const DEFAULT_FORMATS = ["wav", "mp3", "opus", "flac", "aac", "pcm"];
-const EXTENSIONS = { wav: "wav", mp3: "mp3", opus: "opus", flac: "flac", aac: "aac", pcm: "pcm" };
 const DEFAULT_MAX_CHARS = 4096;
 const PCM_RATE = 24000;
 const LEAD_SECONDS = 0.05; // scheduled this far ahead so that the first chunk starts cleanly
@@ -225,8 +224,9 @@ class Wave {
   draw() {
     const canvas = this.canvas;
     const ratio = window.devicePixelRatio || 1;
-    const width = Math.max(1, Math.round(canvas.clientWidth * ratio)) || canvas.width;
-    const height = Math.max(1, Math.round(canvas.clientHeight * ratio)) || canvas.height;
+    // the drawn size in device pixels (a hidden canvas keeps its own)
+    const width = canvas.clientWidth ? Math.round(canvas.clientWidth * ratio) : canvas.width;
+    const height = canvas.clientHeight ? Math.round(canvas.clientHeight * ratio) : canvas.height;
     if (canvas.width !== width) canvas.width = width;
     if (canvas.height !== height) canvas.height = height;
     const style = getComputedStyle(document.documentElement);
@@ -641,7 +641,7 @@ async function onDownload() {
   const last = speakState.last;
   if (!last) return;
   const format = $("speak-format").value;
-  const name = `mizuoto-${last.model}-${last.body.mizuoto.seed}.${EXTENSIONS[format] || format}`;
+  const name = `mizuoto-${last.model}-${last.body.mizuoto.seed}.${format}`;  // opus: Ogg Opus
   const button = $("speak-download");
   button.disabled = true;
   $("speak-status").textContent = `Making the ${format} file (same seed)…`;
