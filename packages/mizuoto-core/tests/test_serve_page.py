@@ -43,6 +43,24 @@ def test_the_page_is_open_without_the_key_and_the_api_is_not(toy_dirs, tmp_path)
         assert httpx.get(f"{url}/v1/models").status_code == 401
         # another path outside /web/ stays behind the key
         assert httpx.get(f"{url}/webx").status_code == 401
+        # the open prefix leads nowhere else: dot segments sent as they are (no client
+        # normalizing them) reach no API route
+        for path in ("/web/../v1/models", "/web/%2e%2e/v1/models", "/web//v1/models"):
+            status, body = _raw_get(url, path)
+            assert status in (400, 404) and b'"data"' not in body, (path, status, body)
+
+
+def _raw_get(url: str, path: str) -> tuple[int, bytes]:
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
 
 
 def test_the_page_loads_only_its_own_files():

@@ -685,15 +685,16 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable), e.g. tts-1=/path/to/model.")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8000, show_default=True, type=int, help="TCP port to listen on.")
-@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY (env MIZUOTO_API_KEY).")
-@click.option("--queue-size", default=16, show_default=True, type=click.IntRange(1), help="Requests waiting per model before 429.")
-@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown.")
-@click.option("--max-loaded", type=click.IntRange(1), help="Models kept loaded at once (least recently used unloaded; default: all).")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2).")
+@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY on every path but /health (env MIZUOTO_API_KEY; an empty key is refused).")
+@click.option("--queue-size", default=16, show_default=True, type=int, help="Requests waiting per model before 429.")
+@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
+@click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
-def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
+@click.pass_context
+def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
           memory_budget, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
@@ -702,12 +703,22 @@ def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_l
     except ImportError as exc:
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
-    names = model_names(models, aliases)
+    from_env = ctx.get_parameter_source("api_key") is click.core.ParameterSource.ENVIRONMENT
+    if api_key is None and "MIZUOTO_API_KEY" in os.environ:
+        # click reads an empty variable as unset: here it must not mean "no authentication"
+        api_key, from_env = os.environ["MIZUOTO_API_KEY"], True
+    names, budget = model_names(models, aliases), _size(memory_budget)
+    options = _options_to_load(options_file, option_pairs)
+    try:
+        config = ServeConfig(models=names, engine=engine, host=host, port=port,
+                             api_key=api_key, queue_size=queue_size, grace=grace,
+                             max_loaded=max_loaded, memory_budget=budget, options=options)
+    except InvalidRequest as exc:  # named as the user wrote it
+        option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
+            "--" + exc.field.replace("_", "-")
+        raise InvalidRequest(option, exc.problem, exc.fix) from None
     click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
-    run(ServeConfig(models=names, engine=engine,
-                    options=_options_to_load(options_file, option_pairs), host=host, port=port,
-                    api_key=api_key, queue_size=queue_size, grace=grace,
-                    max_loaded=max_loaded, memory_budget=_size(memory_budget)))
+    run(config)
 
 
 def _size(text):
