@@ -1,14 +1,16 @@
 """The ``mizuoto`` command.
 
-Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
-file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
-finished with failed lines (its manifest names them); 130 interrupted (SIGINT; also a training
-run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGTERM.
+Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage (also ``serve`` on a
+port already in use); 3 engine, model or file not found (or a checkpoint that does not match);
+4 capability not supported; 5 a batch finished with failed lines (its manifest names them); 130
+interrupted (SIGINT; also a training run stopped by Ctrl-C, its checkpoint saved); 143 a
+training run stopped by SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import sys
@@ -19,6 +21,9 @@ import click
 
 from mizuoto.audio_formats import FORMATS, extensions_text
 from mizuoto.benchmarking.command import bench, bench_run
+from mizuoto.command_options import command_options as _options
+from mizuoto.command_options import command_params as _params
+from mizuoto.command_options import options_to_load as _options_to_load
 from mizuoto.errors import InvalidRequest, MizuotoError
 
 log = logging.getLogger("mizuoto")
@@ -164,8 +169,10 @@ class _ProgressBars:
             self._bars.pop(stage).close()
         bar = self._bars.get(progress.stage)
         if bar is None:
+            # a stage that starts part done (a resumed long-form run) counts its rate from
+            # there: tqdm's rate is (n - initial) / elapsed
             bar = tqdm(total=progress.total, desc=progress.stage, leave=False, file=self._file,
-                       dynamic_ncols=True)
+                       dynamic_ncols=True, initial=progress.done)
             self._bars[progress.stage] = bar
         if progress.total is not None and bar.total != progress.total:
             bar.total = progress.total
@@ -184,10 +191,13 @@ class _ProgressBars:
 
 class _ProgressLog:
     """Progress where stderr is not a terminal (a pipe, a log file): no bars and no carriage
-    returns; one INFO line per finished text chunk, other stages at DEBUG when they finish."""
+    returns; one INFO line per finished text chunk, long-form section, batch line and chunk
+    streamed to a file, other stages at DEBUG when they finish."""
 
     def __call__(self, progress) -> None:
-        if progress.stage in ("chunk", "section"):
+        if progress.stage == STREAMED:
+            log.info("streamed chunk %d (%s)", progress.done, progress.detail)
+        elif progress.stage in ("chunk", "section", "lines"):
             if progress.done > 0:
                 log.info("%s %d/%s done%s", progress.stage, progress.done, progress.total or "?",
                          f" ({progress.detail})" if progress.detail else "")
@@ -215,44 +225,6 @@ def _progress(quiet: bool) -> Iterator:
             yield bars
     finally:
         bars.close()
-
-
-def _options(option_file, option_pairs):
-    from mizuoto.options import Options
-    from mizuoto.registry import validate_engine_options
-
-    options = Options.from_toml(option_file) if option_file else Options()
-    options = options.with_overrides(option_pairs) if option_pairs else options
-    validate_engine_options(options)  # a typo in engines.<name>.* fails before any loading
-    return options
-
-
-def _options_to_load(option_file, option_pairs):
-    """:func:`_options` for a command that loads the model in this process: first restart it
-    with the allocator preloaded and the threads bound when the options ask for them, before
-    torch is imported. Only the command itself restarts (``main``): a program invoking ``cli``
-    in its own process gets the load's error saying how to start with them."""
-    from mizuoto.runtime.startup import RESTARTED_ENV, restart, startup_environment
-
-    options = _options(option_file, option_pairs)
-    environment = startup_environment(options.compute)
-    # the guard against a second restart is for this process: its own children start afresh
-    os.environ.pop(RESTARTED_ENV, None)
-    if environment is not None and click.get_current_context().obj.get("may_restart"):
-        restart(environment)
-    return options
-
-
-def _params(pairs):
-    from mizuoto.options import _parse_scalar
-
-    params = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise InvalidRequest("--param", f"{pair!r} must be written key=value")
-        key, raw = pair.split("=", 1)
-        params[key.strip()] = _parse_scalar(raw.strip())
-    return params
 
 
 def _read_text(text, text_file):
@@ -361,7 +333,7 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
 
             done = synthesize_to(tts, output, request, text_file=text_file, resume=resume,
                                  max_chars=section_chars or DEFAULT_SECTION_CHARS,
-                                 progress=progress)
+                                 progress=progress, resume_hint="--resume")
             applied = done.applied
             if not done.complete:
                 raise MizuotoError(f"{output} was not written: {done.sections_done} of "
@@ -418,7 +390,10 @@ def _stream_to_file(tts, request, output, progress):
         from mizuoto.contracts import Audio
         from mizuoto.contracts.results import file_metadata
 
-        chunks = list(tts.stream(request, progress=progress))
+        chunks = []
+        for chunk in tts.stream(request, progress=progress):
+            chunks.append(chunk)
+            _streamed(progress, len(chunks), sum(c.audio.duration for c in chunks), "so far")
         audio = Audio(torch.cat([c.audio.samples for c in chunks]), tts.info.sample_rate)
         audio.save(output, metadata=file_metadata(chunks[-1].applied))
         return chunks[-1].applied
@@ -426,12 +401,26 @@ def _stream_to_file(tts, request, output, progress):
     with atomic_path(output) as tmp:
         with sf.SoundFile(tmp, "w", samplerate=tts.info.sample_rate, channels=1,
                           format=fmt.soundfile[0], subtype=fmt.soundfile[1]) as f:
-            for chunk in tts.stream(request, progress=progress):
+            written = 0.0
+            for index, chunk in enumerate(tts.stream(request, progress=progress)):
                 f.write(chunk.audio.numpy())
                 f.flush()
+                written += chunk.audio.duration
+                _streamed(progress, index + 1, written, "written")
                 if chunk.is_last:
                     applied = chunk.applied
     return applied
+
+
+#: The progress stage of `say --stream`: one per chunk that reached the output.
+STREAMED = "streamed"
+
+
+def _streamed(progress, chunks: int, seconds: float, state: str) -> None:
+    if progress is not None:
+        from mizuoto.contracts.progress import report
+
+        report(progress, STREAMED, chunks, None, f"{seconds:.2f} s of audio {state}")
 
 
 def _report(applied, output, quiet):
@@ -448,6 +437,19 @@ def _report(applied, output, quiet):
                    f"device={applied.device}" + (f"  retries={applied.retries}" if applied.retries else "")
                    + (f"  fallbacks={','.join(applied.fallbacks)}" if applied.fallbacks else "")
                    + _compute_report(applied.compute), err=True)
+        if applied.model_defaults:
+            import json
+
+            taken = ", ".join(f"{key}={json.dumps(value)}"  # as --param takes them
+                              for key, value in applied.model_defaults.items())
+            click.echo(f"  with the model directory's defaults: {taken} (--param overrides "
+                       "them)", err=True)
+
+
+def _hidden_alias(command: click.Command) -> click.Command:
+    alias = copy.copy(command)
+    alias.hidden = True
+    return alias
 
 
 def _compute_report(compute) -> str:
@@ -460,7 +462,8 @@ def _compute_report(compute) -> str:
                    if getattr(defaults, key, None) != value)
 
 
-cli.add_command(say, name="synth")
+# `synth` is an older name of `say`: it still works, and --help lists `say` only
+cli.add_command(_hidden_alias(say), name="synth")
 
 
 @cli.command()
@@ -515,7 +518,7 @@ class _FixtureListCommand(click.Command):
 @click.option("-m", "--model", required=True, help="Catalog id or model directory (loaded once).")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for <id>.<format> files and manifest.jsonl.")
-@click.option("--format", "file_format", type=click.Choice(list(FORMATS)), default="wav", show_default=True, help="Format of every line's file.")
+@click.option("--format", "file_format", type=click.Choice(list(FORMATS)), default="wav", show_default=True, help="Audio format of the files written.")
 @click.option("--steps", type=int, help="Sampler steps for lines that do not set them.")
 @click.option("--guidance", type=float, help="Guidance for lines that do not set it.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")
@@ -614,17 +617,21 @@ def random_model(fixture, directory):
 @click.option("--batch-size", type=int, default=1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--memory", default="default", show_default=True, help="training.memory: default, low or lowest.")
+@click.option("--mixed-precision", default="auto", show_default=True, type=click.Choice(["auto", "no", "fp16", "bf16"]), help="Forward under autocast (fp16 with loss scaling); auto: the engine's upstream default.")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="compute.* option such as compute.device=cuda:1 (repeatable).")
 @click.pass_context
 def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
-          memory):
+          memory, mixed_precision, option_pairs):
     """Fine-tune a model with the engine's trainer (prepare, train, export)."""
     from mizuoto.contracts import TrainingConfig
     from mizuoto.registry import get_trainer
 
     trainer = get_trainer(engine)()
+    compute = _options(None, option_pairs).compute
     config = TrainingConfig(method=method, model=model, dataset=dataset, output_dir=output_dir,
                             steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                            seed=seed, memory=memory)
+                            seed=seed, memory=memory, compute=compute,
+                            mixed_precision=mixed_precision)
     trainer.check(config)
     with _progress(ctx.obj["quiet"]) as progress:
         run = trainer.prepare(config, progress=progress)
@@ -633,7 +640,20 @@ def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate,
             exported = trainer.export(run, Path(output_dir) / "export")
     if result.interrupted is not None:
         _stopped_training(ctx, result, _resume_command(ctx.params))
-    click.echo(f"Trained {result.steps_done} steps; exported {exported}", err=True)
+    click.echo(f"{_trained(result)}; exported {exported}", err=True)
+
+
+def _trained(result) -> str:
+    """What this run trained: all its steps, the ones after a resumed checkpoint, or none
+    (a rerun of a finished run only exports again)."""
+    start = result.resumed_from or 0
+    if result.steps_done <= start:
+        return (f"Nothing to train: the run in {result.output_dir} already finished its "
+                f"{result.steps_done} steps")
+    if start:
+        return (f"Trained steps {start + 1} to {result.steps_done} (resumed after step "
+                f"{start})")
+    return f"Trained {result.steps_done} steps"
 
 
 def _resume_command(params: dict) -> str:
@@ -648,8 +668,11 @@ def _resume_command(params: dict) -> str:
     for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
                         ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
                         ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
-                        ("--seed", "seed"), ("--memory", "memory")):
+                        ("--seed", "seed"), ("--memory", "memory"),
+                        ("--mixed-precision", "mixed_precision")):
         words += [option, str(params[key])]
+    for pair in params.get("option_pairs") or ():
+        words += ["--option", pair]
     return shlex.join(words)
 
 
@@ -670,26 +693,40 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable), e.g. tts-1=/path/to/model.")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY (env MIZUOTO_API_KEY).")
-@click.option("--queue-size", default=16, show_default=True, type=click.IntRange(1), help="Requests waiting per model before 429.")
-@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown.")
-@click.option("--max-loaded", type=click.IntRange(1), help="Models kept loaded at once (least recently used unloaded; default: all).")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2).")
+@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY on every path but /health (env MIZUOTO_API_KEY; an empty key is refused).")
+@click.option("--queue-size", default=16, show_default=True, type=int, help="Requests waiting per model before 429.")
+@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
+@click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
-def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
+@click.pass_context
+def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
           memory_budget, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
+        from mizuoto.serve.page import page_url
     except ImportError as exc:
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
-    run(ServeConfig(models=model_names(models, aliases), engine=engine,
-                    options=_options_to_load(options_file, option_pairs), host=host, port=port,
-                    api_key=api_key, queue_size=queue_size, grace=grace,
-                    max_loaded=max_loaded, memory_budget=_size(memory_budget)))
+    from_env = ctx.get_parameter_source("api_key") is click.core.ParameterSource.ENVIRONMENT
+    if api_key is None and "MIZUOTO_API_KEY" in os.environ:
+        # click reads an empty variable as unset: here it must not mean "no authentication"
+        api_key, from_env = os.environ["MIZUOTO_API_KEY"], True
+    names, budget = model_names(models, aliases), _size(memory_budget)
+    options = _options_to_load(options_file, option_pairs)
+    try:
+        config = ServeConfig(models=names, engine=engine, host=host, port=port,
+                             api_key=api_key, queue_size=queue_size, grace=grace,
+                             max_loaded=max_loaded, memory_budget=budget, options=options)
+    except InvalidRequest as exc:  # named as the user wrote it
+        option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
+            "--" + exc.field.replace("_", "-")
+        raise InvalidRequest(option, exc.problem, exc.fix) from None
+    click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
+    run(config)
 
 
 def _size(text):

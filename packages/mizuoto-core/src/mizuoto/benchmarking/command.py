@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mizuoto.benchmarking.runner import BASE, RESULT_PREFIX, UPSTREAM, Configuration
-from mizuoto.errors import InvalidRequest, UnsupportedCapability
+from mizuoto.errors import InvalidRequest, MizuotoError, UnsupportedCapability
 
 if TYPE_CHECKING:
     from mizuoto.contracts.fixtures import ContractFixture
@@ -62,7 +62,8 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
     from mizuoto.benchmarking.report import summarize, table
     from mizuoto.benchmarking.runner import child_environment, parse_compare, run_all
     from mizuoto.benchmarking.spec import RunSpec
-    from mizuoto.cli import _options, _params
+    from mizuoto.command_options import command_options as _options
+    from mizuoto.command_options import command_params as _params
 
     if ref_text and not ref_audio:
         raise InvalidRequest("--ref-text", "needs --ref-audio")
@@ -167,8 +168,26 @@ def _write_random(fixture: ContractFixture, directory: Path) -> None:
                              "random model", "give an empty or new directory")
     log.info("writing random model %s to %s", fixture.id, directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fixture.make(directory)
+    # In a process of its own: building a real-size model's weights takes gigabytes, and on
+    # Linux a child starts with its parent's peak RSS as its own (ru_maxrss survives fork and
+    # exec), so every measured child of this command would report at least that peak.
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "mizuoto", "--quiet", "random-model",
+                           fixture.id, str(directory)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise RandomModelFailed(fixture.id, done.returncode, done.stderr)
     (directory / _COMPLETE).write_text(fixture.id + "\n")
+
+
+class RandomModelFailed(MizuotoError):
+    """Writing a ``random:`` model failed (in its own process); the end of its stderr."""
+
+    def __init__(self, fixture: str, returncode: int, stderr: str) -> None:
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        super().__init__(f"writing random model {fixture} failed (exit code {returncode}): "
+                         + "\n".join(lines[-10:]))
 
 
 def _require_stream(engine: str) -> None:
@@ -204,7 +223,7 @@ def bench_run(spec_json):
     """One measurement of `mizuoto bench`, in a process of its own (internal)."""
     from mizuoto.benchmarking.child import measure
     from mizuoto.benchmarking.spec import RunSpec
-    from mizuoto.cli import _options_to_load
+    from mizuoto.command_options import options_to_load as _options_to_load
 
     spec = RunSpec.from_json(spec_json)
     # Mizuoto's side goes through the same option path as `mizuoto say` (restarting with the

@@ -1,4 +1,5 @@
-"""Atomic writes: a file appears whole or not at all, with the permissions ``open()`` gives.
+"""Atomic writes: a file or a directory appears whole or not at all, with the permissions
+``open()`` / ``mkdir()`` give.
 
 Files and folders Mizuoto writes for the user follow the process umask, like any other tool
 (``mkstemp`` and ``mkdtemp`` make 0600 / 0700: :func:`file_mode` and :func:`directory_mode`
@@ -12,6 +13,7 @@ replaced by a regular file.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import stat
@@ -71,6 +73,52 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``path``; fill it, and on success it
+    replaces ``path`` whole, whether or not ``path`` exists (an export written again over
+    the last one). On an error nothing changes and the temporary directory is removed.
+
+    Renaming a directory over a non-empty one fails, so an existing ``path`` is swapped with
+    the new one in one step where the system can (Linux ``renameat2(RENAME_EXCHANGE)``), else
+    moved aside first (a crash in between leaves it as ``.<name>.old-*`` beside ``path``);
+    the old one is then deleted.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent))
+    os.chmod(tmp_path, directory_mode())  # mkdtemp creates 0700
+    try:
+        yield tmp_path
+        if not path.exists():
+            os.replace(tmp_path, path)
+        elif _exchange(tmp_path, path):
+            shutil.rmtree(tmp_path)  # now the old directory
+        else:
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp_path, path)
+            shutil.rmtree(old)
+    finally:
+        if tmp_path.exists():
+            shutil.rmtree(tmp_path)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux 3.15+); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    done = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second),
+                     _RENAME_EXCHANGE)
+    return done == 0
 
 
 def save_safetensors(tensors, path: str | Path, *, metadata: dict[str, str] | None = None
