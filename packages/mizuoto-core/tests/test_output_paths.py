@@ -234,3 +234,13 @@ def test_random_model_checks_its_directory_first(fake_plugin, tmp_path, read_onl
         assert result.exit_code == 2 and "DIRECTORY" in result.output, result.output
         assert "Traceback" not in result.output
     assert list(read_only.iterdir()) == []
+
+
+def test_say_reports_no_success_for_a_file_that_is_not_there(model, tmp_path, monkeypatch):
+    from mizuoto.contracts.results import SynthesisResult
+
+    model_dir, _ = model
+    monkeypatch.setattr(SynthesisResult, "save", lambda self, path: None)  # a writer that lost it
+    result = _say("-m", model_dir, "-o", tmp_path / "out.wav", "hello")
+    assert result.exit_code == 1 and "was not written" in result.output, result.output
+    assert "Wrote" not in result.output
