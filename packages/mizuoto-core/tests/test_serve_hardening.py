@@ -554,6 +554,10 @@ def test_a_named_error_from_any_route_is_its_status_and_only_a_500_is_logged(tmp
     async def broken():
         raise RuntimeError("a bug")
 
+    async def echo():  # a message echoing text that UTF-8 cannot encode
+        raise InvalidRequest("params.\ud800", "is not a known setting")
+
+    gate.app.add_api_route("/v1/echo", echo)
     gate.app.add_api_route("/v1/bad", bad_request)
     gate.app.add_api_route("/v1/broken", broken)
     errors = _Errors()
@@ -569,9 +573,24 @@ def test_a_named_error_from_any_route_is_its_status_and_only_a_500_is_logged(tmp
 
     try:
         _error(asyncio.run(ask("/v1/bad")), 400, param="thing")
+        _error(asyncio.run(ask("/v1/echo")), 400, param="params.\ud800")
         assert not errors.records
         _error(asyncio.run(ask("/v1/broken")), 500, "internal_error")
         assert len(errors.records) == 1 and errors.records[0].exc_info  # once, with traceback
     finally:
         for logger in loggers:
             logger.removeHandler(errors)
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b'{"model": "f5", "model": "f5", "input": "x", "voice": "default"}', "'model' is given twice"),
+    (b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"steps": 2, "steps": 3}}',
+     "'steps' is given twice"),
+    (b'{"model": "f5", "input": "\\ud800 hi", "voice": "default"}', "U+D800"),
+    (b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"params": {"\\udfff": 1}}}',
+     "U+DFFF"),
+])
+def test_duplicate_keys_and_lone_surrogates_are_400(server, body, said):
+    response = httpx.post(f"{server}/v1/audio/speech", content=body,
+                          headers={"Content-Type": "application/json"})
+    assert said in _error(response, 400, "invalid_json")["message"]
