@@ -66,7 +66,7 @@ class MizuotoExtension(BaseModel):
     seed: Any = None
     steps: Any = None
     guidance: Any = None
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Any = None  # a mapping, checked by SynthesisRequest too (None: no settings)
     #: ``False``: the whole response at once, made by ``engine.synthesize`` (engines that
     #: cannot stream always answer so).
     stream: StrictBool = True
