@@ -128,6 +128,7 @@ class _State:
         self.metrics = Metrics()
         self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices")
         self.closing = False
+        self.cards: dict[str, dict] = {}  # GET /v1/models' card of each model, once loaded
         shared = threading.Lock() if config.shared_lock else None
         pool = None
         if config.max_loaded is not None or config.memory_budget is not None:
@@ -165,6 +166,8 @@ def create_app(config: ServeConfig):
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException
 
+    from mizuoto.serve.page import is_page_path
+    from mizuoto.serve.page import router as page_router
     from mizuoto.serve.routes import router
 
     state = _State(config)
@@ -182,6 +185,7 @@ def create_app(config: ServeConfig):
                   redoc_url=None)
     app.state.mizuoto = state
     app.include_router(router)
+    app.include_router(page_router)
 
     def respond(error: APIError) -> Response:
         # ASCII JSON: a message may echo what a client sent, which need not encode as UTF-8
@@ -216,7 +220,8 @@ def create_app(config: ServeConfig):
     async def unexpected(request, exc: Exception):
         return respond(_logged(from_mizuoto(exc), exc))
 
-    return Gate(app, api_key=config.api_key, on_request=state.metrics.request, limits={
+    return Gate(app, api_key=config.api_key, on_request=state.metrics.request,
+                is_open=is_page_path, limits={
         # refused before the body is read, or as soon as it passes the limit; a voice's
         # multipart form holds the clip and its fields
         "/v1/audio/speech": MAX_SPEECH_BODY,
@@ -297,8 +302,8 @@ def _loopback(host: str) -> bool:
 def auth_line(config: ServeConfig) -> str:
     """The start-up line saying whether requests need the API key."""
     if config.api_key is not None:
-        return ("authentication: on (every path but /health needs Authorization: Bearer "
-                "<key>)")
+        return ("authentication: on (every path but /health and the page needs "
+                "Authorization: Bearer <key>)")
     return (f"authentication: off (anyone who can reach {config.host}:{config.port} can use "
             "every route; set --api-key or MIZUOTO_API_KEY to require a key)")
 

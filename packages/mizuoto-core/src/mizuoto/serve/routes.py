@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.ranges import check_number
 from mizuoto.contracts.results import AudioChunk
-from mizuoto.serve.encoders import MEDIA_TYPES, StreamEncoder
+from mizuoto.serve.encoders import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.serve.errors import (
     APIError,
     ClientGone,
@@ -344,11 +344,27 @@ async def _sse(job: Job, first, encoder: StreamEncoder, body: SpeechBody):
 
 @router.get("/v1/models")
 async def models(request: Request):
+    """OpenAI's model list; each entry's ``mizuoto`` key is its card (``model_card``), null
+    for a model not loaded yet (``state`` says which)."""
     state = _state(request)
     data = [{"id": name, "object": "model", "created": 0,
-             "owned_by": f"mizuoto-{worker.engine_name or 'unknown'}"}
+             "owned_by": f"mizuoto-{worker.engine_name or 'unknown'}", "state": worker.state,
+             "mizuoto": _card(state, name, worker)}
             for name, worker in state.workers.items()]
     return {"object": "list", "data": data}
+
+
+def _card(state, name: str, worker) -> dict | None:
+    """The model's card, kept once made: an unloaded model keeps what it was."""
+    from mizuoto.serve.model_card import model_card
+
+    engine = worker.engine
+    if engine is not None and name not in state.cards:
+        state.cards[name] = model_card(engine, max_input_chars=MAX_INPUT_CHARS,
+                                       stream_rate=PCM_RATE,
+                                       formats=[f for f in MEDIA_TYPES
+                                                if f not in UNSUPPORTED_FORMATS])
+    return state.cards.get(name)
 
 
 @router.get("/v1/audio/voices")
