@@ -228,6 +228,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit(server, method, path, limit):
     else:
         assert status == 413, answer[:300]
         assert b"request_too_large" in answer
+        assert b"connection: close" in answer.lower()  # the rest of the body is not read
     assert sent < limit + (16 << 20), f"the server read {sent} bytes"  # + socket buffers
 
 
@@ -236,6 +237,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(server):
             b"application/json\r\nContent-Length: %d\r\n\r\n" % (300 << 20))
     status, sent, answer = _raw(server, head, iter([b"{" * 1024] * 4096), limit_bytes=4 << 20)
     assert status == 413 and b"request_too_large" in answer
+    assert b"connection: close" in answer.lower()
 
 
 def test_a_body_just_under_the_limit_is_read(server):
@@ -537,3 +539,39 @@ def test_a_model_loading_at_start_counts_against_max_loaded():
         return loading_together, a.loads, b.loads, a.engine is None
 
     assert asyncio.run(scenario()) == (False, 1, 1, True)
+
+
+def test_a_named_error_from_any_route_is_its_status_and_only_a_500_is_logged(tmp_path):
+    import asyncio
+
+    from mizuoto.serve import create_app
+
+    gate = create_app(ServeConfig(models={"m": str(tmp_path / "m")}, voices_dir=tmp_path))
+
+    async def bad_request():
+        raise InvalidRequest("thing", "is wrong")
+
+    async def broken():
+        raise RuntimeError("a bug")
+
+    gate.app.add_api_route("/v1/bad", bad_request)
+    gate.app.add_api_route("/v1/broken", broken)
+    errors = _Errors()
+    loggers = [logging.getLogger(name) for name in ("mizuoto", "uvicorn", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(errors)
+
+    async def ask(path):
+        # raise_app_exceptions: what escapes the application is what uvicorn logs again
+        transport = httpx.ASGITransport(app=gate, raise_app_exceptions=True)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get(path)
+
+    try:
+        _error(asyncio.run(ask("/v1/bad")), 400, param="thing")
+        assert not errors.records
+        _error(asyncio.run(ask("/v1/broken")), 500, "internal_error")
+        assert len(errors.records) == 1 and errors.records[0].exc_info  # once, with traceback
+    finally:
+        for logger in loggers:
+            logger.removeHandler(errors)

@@ -51,8 +51,10 @@ class BodyTooLarge(APIError):
 
     def __init__(self, limit: int, received: int | None = None) -> None:
         told = f"has {received} bytes" if received is not None else "is"
+        # the connection closes after the answer: else the server would go on reading (and
+        # dropping) the rest of the body, however long, to keep the connection alive
         super().__init__(413, f"the request body {told} more than {limit} bytes",
-                         code="request_too_large")
+                         code="request_too_large", headers={"Connection": "close"})
 
 
 def _digest(value: bytes) -> bytes:

@@ -145,7 +145,9 @@ def _build_request(body: SpeechBody, checked, engine, voice):
                               "mizuoto.params.speed", param="speed")
         params["speed"] = float(body.speed)
     try:
-        request = attrs.evolve(checked, voice=voice, instruction=instruction, params=params)
+        # from the text as sent: evolving re-cleans it, and the notices must say what changed
+        request = attrs.evolve(checked, text=body.input, voice=voice, instruction=instruction,
+                               params=params)
         engine.parse_params(request.params)  # a bad setting is named before queueing
     except Exception as exc:
         raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
@@ -258,7 +260,7 @@ async def speech(request: Request):
         job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop(), pin=pin)
         worker.submit(job)
     except BaseException:
-        pin.release()  # handed to the job once submitted; until then, this request's
+        pin.release()  # the job's once submitted (it releases the pin when it ends)
         raise
     try:
         first = await _next(job, request)
@@ -442,13 +444,8 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
     def build(engine, job: Job) -> None:
         job.emit(engine.build_voice(reference))
 
-    pin = await _pin(worker, request)
-    try:
-        job = Job(build, asyncio.get_running_loop(), pin=pin)
-        worker.submit(job)
-    except BaseException:
-        pin.release()
-        raise
+    job = Job(build, asyncio.get_running_loop(), pin=await _pin(worker, request))
+    worker.submit(job)
     voice = await _next(job, request)
     await asyncio.to_thread(state.voices.save, name, voice)
     return {"id": name, "name": name, "model": model, "engine": voice.engine}
