@@ -57,6 +57,20 @@ def test_bf16_autocasts_the_forward_and_a_resume_keeps_it(tmp_path, inputs):
     assert resumed.resumed_from == 3 and resumed.steps_done == 4
 
 
+def test_memory_levels_keep_the_bits_under_bf16(tmp_path, inputs):
+    """Recomputed activations run under the autocast state they were first run in."""
+    trainer = F5Trainer()
+    states = []
+    for memory in ("default", "lowest"):
+        config = _config(inputs, tmp_path / memory, mixed_precision="bf16", memory=memory)
+        trainer.train(trainer.prepare(config))
+        states.append(load_run_state(tmp_path / memory / CHECKPOINT))
+    assert states[0]["records"] == states[1]["records"]
+    for part in ("model", "ema"):
+        for key, value in states[0][part].items():
+            assert torch.equal(value, states[1][part][key]), (part, key)
+
+
 def test_what_this_machine_cannot_do_is_refused(tmp_path, inputs):
     trainer = F5Trainer()
     with pytest.raises(InvalidRequest, match="fp16 needs a CUDA device") as caught:

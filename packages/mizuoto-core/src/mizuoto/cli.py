@@ -1,9 +1,10 @@
 """The ``mizuoto`` command.
 
-Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
-file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
-finished with failed lines (its manifest names them); 130 interrupted (SIGINT; also a training
-run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGTERM.
+Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage (also ``serve`` on a
+port already in use); 3 engine, model or file not found (or a checkpoint that does not match);
+4 capability not supported; 5 a batch finished with failed lines (its manifest names them); 130
+interrupted (SIGINT; also a training run stopped by Ctrl-C, its checkpoint saved); 143 a
+training run stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -664,6 +665,7 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
+        from mizuoto.serve.page import page_url
     except ImportError as exc:
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
@@ -681,6 +683,7 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
             "--" + exc.field.replace("_", "-")
         raise InvalidRequest(option, exc.problem, exc.fix) from None
+    click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
     run(config)
 
 

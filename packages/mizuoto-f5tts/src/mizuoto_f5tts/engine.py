@@ -121,6 +121,9 @@ class F5Engine(Engine):
             fingerprint=weights_fingerprint(checkpoint, vocab))
         return cls(model=model, vocab=vocab, vocoder=vocoder, info=info, placement=placement)
 
+    def sampler_defaults(self) -> dict[str, int | float]:
+        return {"steps": DEFAULT_STEPS, "guidance": DEFAULT_GUIDANCE}
+
     @property
     def info(self) -> ModelInfo:
         return self._info

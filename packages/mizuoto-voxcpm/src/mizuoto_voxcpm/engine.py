@@ -240,6 +240,11 @@ class VoxCPMEngine(Engine):
             engine.set_lora(model_dir)
         return engine
 
+    def sampler_defaults(self) -> dict[str, int | float]:
+        # the params' defaults (over the model directory's): a request's steps / guidance win
+        params = self.parse_params({})
+        return {"steps": params.inference_timesteps, "guidance": params.cfg_value}
+
     @property
     def info(self) -> ModelInfo:
         return self._info

@@ -268,6 +268,11 @@ class Engine(abc.ABC):
         settings = dict(self.placement.in_effect) if self.placement is not None else {}
         return compute_in_effect(**settings)
 
+    def sampler_defaults(self) -> dict[str, int | float]:
+        """The ``steps`` and ``guidance`` a request gets when it leaves them unset, for those
+        this engine uses (empty: it takes neither). Shown by clients such as the server's page."""
+        return {}
+
     @property
     def model_defaults(self) -> Mapping[str, Any]:
         """The request params the model directory sets (its ``mizuoto-defaults.json``, read

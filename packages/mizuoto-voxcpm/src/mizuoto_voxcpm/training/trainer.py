@@ -8,6 +8,10 @@ engine (and upstream) loads: full fine-tuning as ``model.safetensors`` beside th
 other files, LoRA as the base files (hard links where possible) plus
 ``lora_weights.safetensors`` and ``lora_config.json``.
 
+``config.compute.device`` (``auto``: CUDA when present, else the CPU, as upstream's
+accelerator) is where it trains; ``config.mixed_precision`` ``auto`` is upstream's (bf16
+autocast + gradient scaler on CUDA, none on the CPU); ``bf16``/``fp16`` need CUDA.
+
 ``params.keep_last_n_checkpoints`` (default 0: none; -1: all; N: the newest N) numbered
 checkpoints ``checkpoints/step_<N>/`` (upstream's folder layout and files) are written every
 ``params.checkpoint_every`` steps (default ``save_every``) and rotated by step number, across
@@ -35,7 +39,7 @@ UPSTREAM_SEED = 42
 class VoxCPMTrainer(Trainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
-    memory_levels = ("default", "low")
+    memory_levels = ("default", "low", "lowest")
     graceful_stop = True  # SIGINT / SIGTERM: checkpoint saved after the current step
 
     # -- prepare -------------------------------------------------------------------------
@@ -43,8 +47,14 @@ class VoxCPMTrainer(Trainer):
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None) -> Run:
         from mizuoto_voxcpm.config import VoxCPMConfig
         from mizuoto_voxcpm.training.recipe import build_recipe, generation_of
+        from mizuoto_voxcpm.training.session import pick_device, pick_mixed_precision
 
         self.check(config)
+        if config.memory == "lowest" and config.method != "lora":
+            raise InvalidRequest("training.memory", "lowest streams LoRA's frozen weights from "
+                                 "host memory; full fine-tuning trains them all", "use low")
+        # the device and precision are checked here (process 0's device), used by the session
+        pick_mixed_precision(pick_device(0, config.compute), config.mixed_precision)
         model_dir = _resolve_model(config.model)
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         VoxCPMConfig.from_model_dir(model_dir)  # validates
@@ -76,6 +86,8 @@ class VoxCPMTrainer(Trainer):
         run_info = {"method": config.method, "model": str(model_dir), "model_id": config.model,
                     "manifest": str(manifest), "recipe": recipe.to_dict(),
                     "memory": config.memory, "save_every": config.save_every}
+        if config.mixed_precision != "auto":  # (runs from before the setting have none)
+            run_info["mixed_precision"] = config.mixed_precision
         previous = output / "run.json"
         if previous.is_file():
             old = json.loads(previous.read_text(encoding="utf-8"))
