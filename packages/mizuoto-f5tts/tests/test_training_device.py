@@ -95,6 +95,22 @@ def test_the_fp16_loss_scaling_path_runs_and_resumes(tmp_path, inputs):
     assert after["scaler"]["_growth_tracker"] in (0, state["scaler"]["_growth_tracker"] + 1)
 
 
+def test_the_command_line_reaches_the_loop(tmp_path, inputs):
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    model_dir, metadata = inputs
+    args = ["--quiet", "train", "-e", "f5tts", "-m", str(model_dir), "--data", str(metadata),
+            "--output", str(tmp_path / "run"), "--steps", "1", "--learning-rate", "1e-4",
+            "--option", "compute.device=cpu", "--mixed-precision", "bf16"]
+    result = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert load_run_state(tmp_path / "run" / CHECKPOINT)["settings"]["mixed_precision"] == "bf16"
+    refused = CliRunner().invoke(cli, [*args[:-1], "fp16"], obj={}, catch_exceptions=False)
+    assert refused.exit_code == 2 and "training.mixed_precision" in refused.output
+
+
 def test_what_this_machine_cannot_do_is_refused(tmp_path, inputs):
     trainer = F5Trainer()
     with pytest.raises(InvalidRequest, match="fp16 needs a CUDA device") as caught:
