@@ -79,7 +79,8 @@ def register_contract_fixtures(register):
             steps=2,
             stream_matches=False,
             needs_reference_text=text_needed,
-            description=f"random-init {generation} with a few tiny layers (audio is noise)",
+            description=f"random-init {generation} with a few tiny layers (audio is noise); "
+                        f"its defaults: {DEMO_DEFAULTS['max_len']} patches, no retry",
         ))
         register(ContractFixture(
             engine="voxcpm",
