@@ -55,7 +55,7 @@ nox.options.reuse_existing_virtualenvs = True
 TORCH = ["torch==2.14.1", "torchaudio==2.11.0"]
 PACKAGES = [
     "-e", "packages/mizuoto-core[hub,text,test,serve,ray]",
-    "-e", "packages/mizuoto-f5tts",
+    "-e", "packages/mizuoto-f5tts[arrow]",
     "-e", "packages/mizuoto-voxcpm",
     "-e", "contract-tests",
     "-e", "docs/examples/mizuoto-example",
@@ -148,6 +148,35 @@ def _allocator_env(session) -> dict[str, str]:
                      + f", or set {APT_OPT_IN}=1 to let this session install them")
         return {}
     return {"MIZUOTO_REQUIRE_ALLOCATORS": "1"}
+
+
+BROWSER_TEST = ["-e", "packages/mizuoto-core[browser-test]"]
+
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def _has_chromium() -> bool:
+    return any(shutil.which(name) for name in CHROMIUM_NAMES)
+
+
+def _browser_env(session) -> dict[str, str]:
+    """Install Playwright (without its browser downloads) and Debian's Chromium where the
+    session may, for the page's browser tests (tests/test_web_page.py); once Chromium is there,
+    and always in CI, those tests fail (MIZUOTO_REQUIRE_BROWSER=1) instead of skipping.
+    Their screenshots go to the session's folder."""
+    session.install(*BROWSER_TEST, env={"PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"})
+    if not _has_chromium():
+        _apt_install(session, ["chromium"])
+    screenshots = os.path.join(session.create_tmp(), "screenshots")
+    env = {"MIZUOTO_SCREENSHOTS": screenshots}
+    if not _has_chromium() and not _in_ci():
+        session.warn("Chromium is not installed; the page's browser tests (test_web_page.py) "
+                     f"will skip: apt-get install chromium, or set {APT_OPT_IN}=1 to let this "
+                     "session install it")
+        return env
+    session.log(f"the page's screenshots: {screenshots}")
+    return {**env, "MIZUOTO_REQUIRE_BROWSER": "1"}
 
 
 @nox.session(python="3.11")
@@ -264,12 +293,13 @@ def _check_plugin_discovery(session) -> None:
 
 @nox.session(python="3.11")
 def ci(session):
-    """What CI runs: unit tests, the contract suite and the tiny-model parity tests."""
+    """What CI runs: unit tests (the page's in headless Chromium too), the contract suite and
+    the tiny-model parity tests."""
     _install_base(session)
     _install_oracles(session)
     _check_plugin_discovery(session)
     _run_suites(session, "not realsize and not fuzz_only",
-                env={**THREADS, **_allocator_env(session)})
+                env={**THREADS, **_allocator_env(session), **_browser_env(session)})
 
 
 @nox.session(python=COMPAT_PYTHONS)

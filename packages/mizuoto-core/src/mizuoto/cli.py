@@ -1,9 +1,10 @@
 """The ``mizuoto`` command.
 
-Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
-file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
-finished with failed lines (its manifest names them); 130 interrupted (SIGINT; also a training
-run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGTERM.
+Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage (also ``serve`` on a
+port already in use); 3 engine, model or file not found (or a checkpoint that does not match);
+4 capability not supported; 5 a batch finished with failed lines (its manifest names them); 130
+interrupted (SIGINT; also a training run stopped by Ctrl-C, its checkpoint saved); 143 a
+training run stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from pathlib import Path
 import click
 
 from mizuoto.benchmarking.command import bench, bench_run
+from mizuoto.command_options import command_options as _options
+from mizuoto.command_options import command_params as _params
+from mizuoto.command_options import options_to_load as _options_to_load
 from mizuoto.errors import InvalidRequest, MizuotoError
 
 log = logging.getLogger("mizuoto")
@@ -212,44 +216,6 @@ def _progress(quiet: bool) -> Iterator:
             yield bars
     finally:
         bars.close()
-
-
-def _options(option_file, option_pairs):
-    from mizuoto.options import Options
-    from mizuoto.registry import validate_engine_options
-
-    options = Options.from_toml(option_file) if option_file else Options()
-    options = options.with_overrides(option_pairs) if option_pairs else options
-    validate_engine_options(options)  # a typo in engines.<name>.* fails before any loading
-    return options
-
-
-def _options_to_load(option_file, option_pairs):
-    """:func:`_options` for a command that loads the model in this process: first restart it
-    with the allocator preloaded and the threads bound when the options ask for them, before
-    torch is imported. Only the command itself restarts (``main``): a program invoking ``cli``
-    in its own process gets the load's error saying how to start with them."""
-    from mizuoto.runtime.startup import RESTARTED_ENV, restart, startup_environment
-
-    options = _options(option_file, option_pairs)
-    environment = startup_environment(options.compute)
-    # the guard against a second restart is for this process: its own children start afresh
-    os.environ.pop(RESTARTED_ENV, None)
-    if environment is not None and click.get_current_context().obj.get("may_restart"):
-        restart(environment)
-    return options
-
-
-def _params(pairs):
-    from mizuoto.options import _parse_scalar
-
-    params = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise InvalidRequest("--param", f"{pair!r} must be written key=value")
-        key, raw = pair.split("=", 1)
-        params[key.strip()] = _parse_scalar(raw.strip())
-    return params
 
 
 def _read_text(text, text_file):
@@ -609,17 +575,21 @@ def random_model(fixture, directory):
 @click.option("--batch-size", type=int, default=1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--memory", default="default", show_default=True, help="training.memory: default, low or lowest.")
+@click.option("--mixed-precision", default="auto", show_default=True, type=click.Choice(["auto", "no", "fp16", "bf16"]), help="Forward under autocast (fp16 with loss scaling); auto: the engine's upstream default.")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="compute.* option such as compute.device=cuda:1 (repeatable).")
 @click.pass_context
 def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
-          memory):
+          memory, mixed_precision, option_pairs):
     """Fine-tune a model with the engine's trainer (prepare, train, export)."""
     from mizuoto.contracts import TrainingConfig
     from mizuoto.registry import get_trainer
 
     trainer = get_trainer(engine)()
+    compute = _options(None, option_pairs).compute
     config = TrainingConfig(method=method, model=model, dataset=dataset, output_dir=output_dir,
                             steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                            seed=seed, memory=memory)
+                            seed=seed, memory=memory, compute=compute,
+                            mixed_precision=mixed_precision)
     trainer.check(config)
     with _progress(ctx.obj["quiet"]) as progress:
         run = trainer.prepare(config, progress=progress)
@@ -656,8 +626,11 @@ def _resume_command(params: dict) -> str:
     for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
                         ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
                         ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
-                        ("--seed", "seed"), ("--memory", "memory")):
+                        ("--seed", "seed"), ("--memory", "memory"),
+                        ("--mixed-precision", "mixed_precision")):
         words += [option, str(params[key])]
+    for pair in params.get("option_pairs") or ():
+        words += ["--option", pair]
     return shlex.join(words)
 
 
@@ -678,26 +651,40 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable), e.g. tts-1=/path/to/model.")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8000, show_default=True, type=int, help="TCP port to listen on.")
-@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY (env MIZUOTO_API_KEY).")
-@click.option("--queue-size", default=16, show_default=True, type=click.IntRange(1), help="Requests waiting per model before 429.")
-@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown.")
-@click.option("--max-loaded", type=click.IntRange(1), help="Models kept loaded at once (least recently used unloaded; default: all).")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2).")
+@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY on every path but /health (env MIZUOTO_API_KEY; an empty key is refused).")
+@click.option("--queue-size", default=16, show_default=True, type=int, help="Requests waiting per model before 429.")
+@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
+@click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
-def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
+@click.pass_context
+def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
           memory_budget, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
+        from mizuoto.serve.page import page_url
     except ImportError as exc:
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
-    run(ServeConfig(models=model_names(models, aliases), engine=engine,
-                    options=_options_to_load(options_file, option_pairs), host=host, port=port,
-                    api_key=api_key, queue_size=queue_size, grace=grace,
-                    max_loaded=max_loaded, memory_budget=_size(memory_budget)))
+    from_env = ctx.get_parameter_source("api_key") is click.core.ParameterSource.ENVIRONMENT
+    if api_key is None and "MIZUOTO_API_KEY" in os.environ:
+        # click reads an empty variable as unset: here it must not mean "no authentication"
+        api_key, from_env = os.environ["MIZUOTO_API_KEY"], True
+    names, budget = model_names(models, aliases), _size(memory_budget)
+    options = _options_to_load(options_file, option_pairs)
+    try:
+        config = ServeConfig(models=names, engine=engine, host=host, port=port,
+                             api_key=api_key, queue_size=queue_size, grace=grace,
+                             max_loaded=max_loaded, memory_budget=budget, options=options)
+    except InvalidRequest as exc:  # named as the user wrote it
+        option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
+            "--" + exc.field.replace("_", "-")
+        raise InvalidRequest(option, exc.problem, exc.fix) from None
+    click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
+    run(config)
 
 
 def _size(text):
