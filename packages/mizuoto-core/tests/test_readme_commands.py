@@ -5,14 +5,16 @@ with ``bash`` in a temporary directory (``/tmp/`` in the commands becomes that d
 model home is empty and no hub is reached), after dropping the set-up steps this environment
 has already done (``python -m venv``, activating it, ``pip install``). Each command must exit
 0 and write the files it names with ``-o``. ``mizuoto serve`` runs in the background on a
-free port (the README's 8000 becomes it) until the walk ends. The times are printed (``-s``),
-not asserted: the README promises seconds, a test run on a loaded machine cannot.
+free port (the README's 8000 becomes it) until the walk ends. The times (wall and CPU) are
+printed (``-s``), not asserted: the README promises seconds, a test run on a loaded machine
+cannot.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import resource
 import shlex
 import socket
 import subprocess
@@ -62,6 +64,13 @@ def test_the_readme_marks_the_offline_paths():
     assert not any(step.startswith(_SETUP) for c in commands for step in c.split(" && "))
 
 
+def _children_cpu() -> float:
+    """CPU seconds of the finished child processes so far (a loaded machine stretches wall
+    time, not this)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -94,7 +103,7 @@ def test_readme_offline_commands_run(tmp_path):
         for command in commands:
             command = command.replace("/tmp/", f"{tmp_path}/").replace("127.0.0.1:8000",
                                                                        f"127.0.0.1:{port}")
-            started = time.monotonic()
+            started, cpu = time.monotonic(), _children_cpu()
             command, _, serve = command.partition(" && mizuoto serve ")
             if command.startswith("mizuoto serve "):
                 command, serve = "true", command.removeprefix("mizuoto serve ")
@@ -109,7 +118,7 @@ def test_readme_offline_commands_run(tmp_path):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 _serving(server, port)
                 command += f" && mizuoto serve {serve}"
-            times.append((time.monotonic() - started, command))
+            times.append((time.monotonic() - started, _children_cpu() - cpu, command))
             for output in _outputs(command):
                 path = work / output
                 assert path.exists() and (path.is_dir() or path.stat().st_size > 0), \
@@ -122,5 +131,5 @@ def test_readme_offline_commands_run(tmp_path):
             server.terminate()
             server.wait(timeout=60)
     assert server is not None, "the README's serve example was not run"
-    for seconds, command in times:
-        print(f"{seconds:6.1f} s  {command}")
+    for seconds, cpu, command in times:
+        print(f"{seconds:6.1f} s wall {cpu:6.1f} s CPU  {command}")
