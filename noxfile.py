@@ -162,21 +162,17 @@ def _has_chromium() -> bool:
 
 def _browser_env(session) -> dict[str, str]:
     """Install Playwright (without its browser downloads) and Debian's Chromium where the
-    session may, for the page's browser tests (tests/test_web_page.py); once Chromium is there,
-    and always in CI, those tests fail (MIZUOTO_REQUIRE_BROWSER=1) instead of skipping.
-    Their screenshots go to the session's folder."""
+    session may, for the page's browser tests (tests/test_web_page.py), which must run here:
+    without Chromium they fail (MIZUOTO_REQUIRE_BROWSER=1), never skip. Their screenshots go
+    to the session's folder."""
     session.install(*BROWSER_TEST, env={"PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"})
-    if not _has_chromium():
-        _apt_install(session, ["chromium"])
-    screenshots = os.path.join(session.create_tmp(), "screenshots")
-    env = {"MIZUOTO_SCREENSHOTS": screenshots}
-    if not _has_chromium() and not _in_ci():
-        session.warn("Chromium is not installed; the page's browser tests (test_web_page.py) "
-                     f"will skip: apt-get install chromium, or set {APT_OPT_IN}=1 to let this "
+    if not _has_chromium() and not _apt_install(session, ["chromium"]):
+        session.warn("Chromium is not installed: the page's browser tests (test_web_page.py) "
+                     f"will fail. apt-get install chromium, or set {APT_OPT_IN}=1 to let this "
                      "session install it")
-        return env
+    screenshots = os.path.join(session.create_tmp(), "screenshots")
     session.log(f"the page's screenshots: {screenshots}")
-    return {**env, "MIZUOTO_REQUIRE_BROWSER": "1"}
+    return {"MIZUOTO_SCREENSHOTS": screenshots, "MIZUOTO_REQUIRE_BROWSER": "1"}
 
 
 @nox.session(python="3.11")

@@ -380,9 +380,11 @@ def test_binding_a_busy_port_or_a_foreign_address_names_the_option():
 VALUES = [True, False, "2", "", 2.0, 2.5, None, [2], {"v": 2}, 2, -1, 10**30, 1e308]
 
 
-@pytest.mark.parametrize("field", ["seed", "steps", "guidance"])
-@pytest.mark.parametrize("value", VALUES, ids=repr)
-def test_the_server_accepts_a_number_exactly_when_the_python_api_does(server, field, value):
+@pytest.mark.parametrize(("field", "value"), [
+    *[(field, value) for field in ("seed", "steps", "guidance") for value in VALUES],
+    *[("params", value) for value in (None, {}, [1], "x", 5, True)],
+])
+def test_the_server_accepts_a_value_exactly_when_the_python_api_does(server, field, value):
     try:
         SynthesisRequest("Hello there.", **{field: value})
         accepted = True
@@ -396,7 +398,7 @@ def test_the_server_accepts_a_number_exactly_when_the_python_api_does(server, fi
     if accepted:
         assert response.status_code == 200, response.text[:300]
     else:
-        _error(response, 400, "invalid_value", f"mizuoto.{field}")
+        _error(response, 400, param=f"mizuoto.{field}")
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -554,6 +556,10 @@ def test_a_named_error_from_any_route_is_its_status_and_only_a_500_is_logged(tmp
     async def broken():
         raise RuntimeError("a bug")
 
+    async def echo():  # a message echoing text that UTF-8 cannot encode
+        raise InvalidRequest("params.\ud800", "is not a known setting")
+
+    gate.app.add_api_route("/v1/echo", echo)
     gate.app.add_api_route("/v1/bad", bad_request)
     gate.app.add_api_route("/v1/broken", broken)
     errors = _Errors()
@@ -569,9 +575,24 @@ def test_a_named_error_from_any_route_is_its_status_and_only_a_500_is_logged(tmp
 
     try:
         _error(asyncio.run(ask("/v1/bad")), 400, param="thing")
+        _error(asyncio.run(ask("/v1/echo")), 400, param="params.\ud800")
         assert not errors.records
         _error(asyncio.run(ask("/v1/broken")), 500, "internal_error")
         assert len(errors.records) == 1 and errors.records[0].exc_info  # once, with traceback
     finally:
         for logger in loggers:
             logger.removeHandler(errors)
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b'{"model": "f5", "model": "f5", "input": "x", "voice": "default"}', "'model' is given twice"),
+    (b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"steps": 2, "steps": 3}}',
+     "'steps' is given twice"),
+    (b'{"model": "f5", "input": "\\ud800 hi", "voice": "default"}', "U+D800"),
+    (b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"params": {"\\udfff": 1}}}',
+     "U+DFFF"),
+])
+def test_duplicate_keys_and_lone_surrogates_are_400(server, body, said):
+    response = httpx.post(f"{server}/v1/audio/speech", content=body,
+                          headers={"Content-Type": "application/json"})
+    assert said in _error(response, 400, "invalid_json")["message"]

@@ -589,3 +589,22 @@ def test_microphone_recording_becomes_a_voice(visit):
     page.locator("#voice-list li", has_text="beep").get_by_role("button", name="Delete").click()
     _expect(page.locator("#voice-list")).not_to_contain_text("beep")
     assert v.errors == [], v.errors
+
+
+def test_a_model_not_loaded_yet_gets_its_controls_once_it_has_spoken(visit, model_dirs,
+                                                                     tmp_path):
+    """With --max-loaded 1 the second model loads on its first request: until then it has no
+    card, and the page offers the plain controls; after speaking, its own."""
+    config = ServeConfig(models={"toy": str(model_dirs / "toy"), "later": str(model_dirs / "toy")},
+                         voices_dir=tmp_path / "voices", max_loaded=1)
+    with serve_in_thread(config) as url:
+        v = visit(url=url)
+        page = v.open()
+        page.select_option("#speak-model", "later")
+        _expect(page.locator("#speak-model-about")).to_contain_text("not loaded yet")
+        assert page.is_hidden("#speak-params")
+        _set_speak(page, model="later", text="Now.", seed=2)
+        _speak_and_wait(page)
+        _expect(page.locator("#speak-model-about")).to_contain_text("toy · 16000 Hz")
+        assert page.is_visible("#speak-params")
+        assert v.errors == [], v.errors

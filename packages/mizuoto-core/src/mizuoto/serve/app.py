@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import socket
 import threading
@@ -161,7 +162,7 @@ def create_app(config: ServeConfig):
     """The FastAPI application serving ``config``."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import Response
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException
 
@@ -186,8 +187,10 @@ def create_app(config: ServeConfig):
     app.include_router(router)
     app.include_router(page_router)
 
-    def respond(error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    def respond(error: APIError) -> Response:
+        # ASCII JSON: a message may echo what a client sent, which need not encode as UTF-8
+        return Response(json.dumps(error.body()), status_code=error.status,
+                        headers=error.headers, media_type="application/json")
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
@@ -205,8 +208,6 @@ def create_app(config: ServeConfig):
 
     @app.exception_handler(ClientGone)
     async def client_gone(request, exc):
-        from fastapi.responses import Response
-
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(MizuotoError)

@@ -31,6 +31,7 @@ from mizuoto.serve.errors import (
     not_found,
     unavailable,
 )
+from mizuoto.serve.json_body import parse_json
 from mizuoto.serve.uploads import ClipLimits, read_clip
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
 from mizuoto.serve.worker import DONE, Job, Pin
@@ -39,8 +40,6 @@ from mizuoto.serve.worker import DONE, Job, Pin
 MAX_INPUT_CHARS = 4096
 #: OpenAI's range of ``speed``.
 SPEED_RANGE = (0.25, 4.0)
-#: Deepest nesting of a JSON body (a speech request needs 4: body, mizuoto, params, a list).
-MAX_JSON_DEPTH = 32
 #: Response formats of OpenAI's spec this server does not encode.
 #: Formats of the OpenAI spec this server cannot encode, with why (none at present).
 UNSUPPORTED_FORMATS: dict[str, str] = {}
@@ -68,7 +67,7 @@ class MizuotoExtension(BaseModel):
     seed: Any = None
     steps: Any = None
     guidance: Any = None
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Any = None  # a mapping, checked by SynthesisRequest too (None: no settings)
     #: ``False``: the whole response at once, made by ``engine.synthesize`` (engines that
     #: cannot stream always answer so).
     stream: StrictBool = True
@@ -290,38 +289,7 @@ async def speech(request: Request):
 
 
 async def _json(request: Request):
-    """The body's JSON, nested at most :data:`MAX_JSON_DEPTH` deep (deeper: a 400, not a
-    ``RecursionError``)."""
-    try:
-        value = json.loads(await request.body())
-    except RecursionError:
-        value = None
-        depth = MAX_JSON_DEPTH + 1
-    except (ValueError, UnicodeDecodeError):  # huge integer literals are ValueErrors too
-        raise bad_request("the body is not valid JSON", code="invalid_json") from None
-    else:
-        depth = json_depth(value, MAX_JSON_DEPTH)
-    if depth > MAX_JSON_DEPTH:
-        raise bad_request(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep",
-                          code="invalid_json")
-    return value
-
-
-def json_depth(value, limit: int) -> int:
-    """How deeply ``value`` (parsed JSON) nests lists and objects, counted up to ``limit + 1``
-    (no recursion: any depth is safe to measure)."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if not isinstance(item, (list, dict)):
-            continue
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            break
-        stack.extend((child, depth + 1) for child in
-                     (item.values() if isinstance(item, dict) else item))
-    return deepest
+    return parse_json(await request.body())
 
 
 def _encode_all(encoder: StreamEncoder, chunks: list[AudioChunk]) -> bytes:

@@ -311,6 +311,9 @@ class F5Trainer(Trainer):
         if rank != 0:
             progress = None
         device = torch.device(run.device)
+        if rank == 0:
+            logger.info("training on %s, mixed precision %s, memory %s", device,
+                        run.settings.mixed_precision, run.memory)
         # upstream seeds the device's generator too (torch.manual_seed): its draws count
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(run.config.seed)

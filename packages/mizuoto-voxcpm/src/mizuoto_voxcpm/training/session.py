@@ -84,6 +84,9 @@ class Session:
                                  "only (not under torchrun)")
         self.device = device = pick_device(local_rank, run.config.compute)
         self.mixed_precision = pick_mixed_precision(device, run.config.mixed_precision)
+        if self.rank == 0:
+            log.info("training on %s, mixed precision %s, memory %s", device,
+                     self.mixed_precision, run.config.memory)
         if self.world_size > 1:
             distributed.init(device.type)
         # the CPU has no bf16 training recipe upstream (its forward casts inputs to the config

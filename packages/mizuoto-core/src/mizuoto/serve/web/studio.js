@@ -301,6 +301,16 @@ async function loadModels() {
     : "This server serves no model.";
 }
 
+/** Read the cards again (a model loaded on its first request has one only then). */
+async function refreshCards() {
+  try {
+    await loadModels();
+    applyCard();
+  } catch {
+    // the page keeps the cards it has
+  }
+}
+
 function voicesOf(model, fresh = false) {
   if (fresh || !studio.voices.has(model)) {
     const query = `/v1/audio/voices?model=${encodeURIComponent(model)}`;
@@ -614,6 +624,7 @@ async function onSpeak(event) {
       $("speak-warnings").hidden = false;
     }
     $("speak-status").textContent = `Spoke ${duration.toFixed(2)} s with ${model}, seed ${result.seed}.`;
+    if (!card(model)) refreshCards(); // it has loaded now: its controls can show
     speakState.last = { body: { ...body, mizuoto: { ...body.mizuoto, seed: result.seed } }, pcm: result.pcm, rate, model };
     $("speak-replay").disabled = false;
     $("speak-download").disabled = false;
