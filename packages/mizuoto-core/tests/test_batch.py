@@ -249,7 +249,7 @@ def test_an_input_in_another_encoding_is_a_named_error(tmp_path, suffix, encodin
 
 
 @pytest.mark.parametrize("body, problem", [
-    ('id,text\na,"Hello.\nb,World.\n', "a quote is never closed"),
+    ('id,text\na,"Hello.\nb,World.\n', "line 2: a quote opened in this row is never closed"),
     ('id,text\na,"He said "hi" ok\nb,x\n', "expected after"),
     ("id,text,id\na,Hello.,b\n", "repeats the column 'id'"),
     ("id,text,text\na,Hello.,Bye.\n", "repeats the column 'text'"),

@@ -154,14 +154,15 @@ def _delimited(path: Path) -> Iterator[BatchLine]:
 def _csv_rows(reader, path: Path) -> Iterator[list[str]]:
     """The reader's rows; a malformed file raises :class:`InvalidRequest` naming the line."""
     while True:
+        starts = reader.line_num + 1  # the row's first line (a quoted cell may span several)
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as exc:
-            problem = ("a quote is never closed" if "unexpected end of data" in str(exc)
-                       else str(exc))
-            raise InvalidRequest("input", f"{path}, line {reader.line_num}: {problem}",
+            problem = ("a quote opened in this row is never closed"
+                       if "unexpected end of data" in str(exc) else str(exc))
+            raise InvalidRequest("input", f"{path}, line {starts}: {problem}",
                                  "quote cells as CSV does (\"\" for a quote inside a quoted "
                                  "cell); keep cells under 128 KiB") from None
         yield row
