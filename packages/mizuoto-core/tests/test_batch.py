@@ -272,8 +272,8 @@ def test_a_quoted_multiline_cell_is_still_one_line(tmp_path):
         ("a", 'Two\nlines, "quoted"'), ("b", "x")]
 
 
-@pytest.mark.parametrize("raw_id", [None, 7, 7.5, True, [], {}, ["a"]])
-def test_a_jsonl_id_that_is_not_a_string_is_refused(tmp_path, raw_id):
+@pytest.mark.parametrize("raw_id", [None, 7.0, 7.5, True, False, [], {}, ["a"]])
+def test_a_jsonl_id_that_is_not_a_string_or_integer_is_refused(tmp_path, raw_id):
     path = _write_jsonl(tmp_path / "in.jsonl", [{"id": raw_id, "text": "Hi."},
                                                 {"id": "ok", "text": "Hi."}])
     bad, good = _lines(path)
@@ -282,6 +282,27 @@ def test_a_jsonl_id_that_is_not_a_string_is_refused(tmp_path, raw_id):
     summary = run_batch(BatchJob(path, tmp_path / "out"), engine=ToneEngine())
     assert (summary.ok, summary.failed) == (1, 1)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["manifest.jsonl", "ok.wav"]
+
+
+def test_a_jsonl_integer_id_names_its_file_like_the_string(tmp_path):
+    path = _write_jsonl(tmp_path / "in.jsonl", [{"id": 7, "text": "Hi."},
+                                                {"id": 0, "text": "Hi."},
+                                                {"id": "7", "text": "Again."}])
+    seven, zero, again = _lines(path)
+    assert (seven.id, zero.id) == ("7", "0") and seven.error is None
+    assert again.error is not None and "also the id of line 1" in str(again.error)
+    summary = run_batch(BatchJob(path, tmp_path / "out"), engine=ToneEngine())
+    assert (summary.ok, summary.failed) == (2, 1)
+    records = [json.loads(x) for x in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records if r["status"] == "ok"] == ["7", "0"]
+    assert (tmp_path / "out" / "7.wav").is_file() and (tmp_path / "out" / "0.wav").is_file()
+
+
+def test_a_negative_or_huge_integer_id_is_checked_as_a_file_name(tmp_path):
+    rows = [{"id": -3, "text": "Hi."}, {"id": 10 ** 130, "text": "Hi."}]
+    negative, huge = _lines(_write_jsonl(tmp_path / "in.jsonl", rows))
+    assert negative.error is not None and negative.error.field == "id"
+    assert huge.error is not None and huge.error.field == "id"
 
 
 @pytest.mark.parametrize("raw_id", ["", " ", "..", ".hidden", "a/b", "a\\b", "x.", "NUL",

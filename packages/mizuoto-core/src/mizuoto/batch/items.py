@@ -108,11 +108,16 @@ def _jsonl(path: Path) -> Iterator[BatchLine]:
                 yield BatchLine(number, str(number), error=InvalidRequest(
                     "line", "must be a JSON object with at least \"text\""))
                 continue
-            if "id" in fields and not isinstance(fields["id"], str):
-                yield BatchLine(number, str(number), error=InvalidRequest(
-                    "id", f"must be a string, got {json.dumps(fields['id'])}",
-                    'write it in quotes, e.g. "id": "intro-1"'))
-                continue
+            if "id" in fields:
+                # an integer id is what a user numbering lines means: 7 names 7.wav; a bool,
+                # float or null has no one file name (true? 7.0 or 7?) and is refused
+                if isinstance(fields["id"], int) and not isinstance(fields["id"], bool):
+                    fields["id"] = str(fields["id"])
+                elif not isinstance(fields["id"], str):
+                    yield BatchLine(number, str(number), error=InvalidRequest(
+                        "id", f"must be a string or an integer, got {json.dumps(fields['id'])}",
+                        'write it in quotes, e.g. "id": "intro-1"'))
+                    continue
             yield BatchLine(number, fields.get("id", str(number)), fields)
 
 
