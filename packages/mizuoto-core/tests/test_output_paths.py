@@ -244,3 +244,57 @@ def test_say_reports_no_success_for_a_file_that_is_not_there(model, tmp_path, mo
     result = _say("-m", model_dir, "-o", tmp_path / "out.wav", "hello")
     assert result.exit_code == 1 and "was not written" in result.output, result.output
     assert "Wrote" not in result.output
+
+
+def test_an_output_that_is_an_input_or_another_output_is_refused_first(model, tmp_path):
+    """Same file by name, through a symlink, through ``..`` and as a hard link: the
+    reference, voice and text file stay as they were."""
+    model_dir, loads = model
+    ref = tmp_path / "ref.wav"
+    Audio(torch.full((800,), 0.1), 8000).save(ref)
+    (tmp_path / "link.wav").symlink_to(ref)
+    os.link(ref, tmp_path / "hard.wav")
+    (tmp_path / "sub").mkdir()
+    text = tmp_path / "text.wav"  # a text file with an audio name: its words would be lost
+    text.write_text("Some words.", encoding="utf-8")
+    Voice("fake", "f" * 64, 8000, {"x": torch.zeros(2)}).save(tmp_path / "v.safetensors")
+    voice_bytes = (tmp_path / "v.safetensors").read_bytes()
+    ref_bytes = ref.read_bytes()
+    cases = {
+        "output is the reference": (["-o", ref, "--ref-audio", ref], "--output", "--ref-audio"),
+        "through a link": (["-o", tmp_path / "link.wav", "--ref-audio", ref], "--output",
+                           "--ref-audio"),
+        "through ..": (["-o", f"{tmp_path}/sub/../ref.wav", "--ref-audio", ref], "--output",
+                       "--ref-audio"),
+        "a hard link": (["-o", tmp_path / "hard.wav", "--ref-audio", ref], "--output",
+                        "--ref-audio"),
+        "output is the text file": (["-f", text, "-o", text], "--output", "--text-file"),
+        "output is the voice": (["-o", tmp_path / "v.wav", "--voice", tmp_path / "v.safetensors",
+                                 "--save-voice", tmp_path / "v.safetensors", "--ref-audio", ref],
+                                "--save-voice", "--voice"),
+        "save-voice is the output": (["-o", tmp_path / "o.wav", "--ref-audio", ref,
+                                      "--save-voice", tmp_path / "o.wav"], "--output",
+                                     "--save-voice"),
+    }
+    for case, (args, field, other) in cases.items():
+        argv = [*args] if "-f" in args else [*args, "hello"]
+        result = _say("-m", model_dir, *argv)
+        assert result.exit_code == 2, (case, result.output)
+        assert f"{field}: " in result.output and f"is also {other}" in result.output, (
+            case, result.output)
+        assert "Traceback" not in result.output
+    edit = CliRunner().invoke(cli, ["edit", "x", "-m", str(model_dir), "-o", str(ref),
+                                    "--ref-audio", str(ref), "--ref-text", "r",
+                                    "--segment", "0:1"], obj={})
+    assert edit.exit_code == 2 and "is also --ref-audio" in edit.output, edit.output
+    assert loads == []
+    assert ref.read_bytes() == ref_bytes and text.read_text() == "Some words."
+    assert (tmp_path / "v.safetensors").read_bytes() == voice_bytes
+
+
+@pytest.mark.parametrize("name", ["out.wav/", "new.flac/", "out.wav//"])
+def test_an_output_ending_with_a_slash_is_a_folder_not_a_file(model, tmp_path, name):
+    model_dir, loads = model
+    result = _say("-m", model_dir, "-o", f"{tmp_path}/{name}", "hello")
+    assert result.exit_code == 2 and "ends with a slash" in result.output, result.output
+    assert loads == [] and not (tmp_path / name.rstrip("/")).exists()

@@ -305,10 +305,13 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     if long_form and text_file is None:
         raise InvalidRequest("--resume" if resume else "--section-chars", "needs --text-file")
     _check_audio_output(output, keeps_files_beside=long_form)
-    if save_voice:
-        from mizuoto.output_paths import check_output_file
+    from mizuoto.output_paths import check_distinct, check_output_file
 
+    if save_voice:
         check_output_file(save_voice, "--save-voice")
+    inputs = (("--ref-audio", ref_audio), ("--voice", voice_file), ("--text-file", text_file))
+    check_distinct(("--output", output), ("--save-voice", save_voice), *inputs)
+    check_distinct(("--save-voice", save_voice), *inputs)
     # Validate the request before loading the model: a bad request fails in milliseconds.
     request = SynthesisRequest(
         text=_first_section(text_file) if long_form else _read_text(text, text_file),
@@ -480,6 +483,10 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
     from mizuoto.contracts import Capability, EditRequest, Reference
 
     _check_audio_output(output)
+    from mizuoto.output_paths import check_distinct
+
+    # an in-place edit would replace the only copy of the recording with a random-seed take
+    check_distinct(("--output", output), ("--ref-audio", ref_audio))
     spans = []
     for segment in segments:
         try:

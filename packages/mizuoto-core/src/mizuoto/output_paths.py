@@ -22,6 +22,9 @@ def check_output_file(path: str | Path, field: str, *, special_ok: bool = True) 
     ``path``. A symlink is checked where it points (it is written through); a device or FIFO
     is accepted when it is writable (written into in place), unless ``special_ok`` is False
     (outputs that keep files beside them, e.g. long-form's ``OUT.part/``)."""
+    if str(path).endswith(("/", os.sep)):  # Path() would drop the slash that says "a folder"
+        raise OutputNotWritable(field, f"{path} ends with a slash (a folder)",
+                                "name a file: drop the trailing slash")
     path = Path(path)
     target = path.resolve() if path.is_symlink() else path
     if target.is_dir():
@@ -37,6 +40,29 @@ def check_output_file(path: str | Path, field: str, *, special_ok: bool = True) 
         raise OutputNotWritable(field, f"{path} is read-only", "name another file")
     _check_folder(target.parent, field, path)
     return path
+
+
+def check_distinct(output: tuple[str, str | Path | None],
+                   *others: tuple[str, str | Path | None]) -> None:
+    """Raise :class:`OutputNotWritable` when the ``(field, path)`` output names the same file
+    as one of ``others`` (inputs it would overwrite, or another output that one would
+    replace): through links, ``..`` and hard links. Unset (None) paths are skipped."""
+    field, path = output
+    if path is None:
+        return
+    for other_field, other in others:
+        if other is not None and _same_file(Path(path), Path(other)):
+            raise OutputNotWritable(field, f"{path} is also {other_field}",
+                                    f"write {field} to another file")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet: not one file
+        return False
 
 
 def check_output_dir(path: str | Path, field: str) -> Path:
