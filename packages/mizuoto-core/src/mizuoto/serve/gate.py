@@ -9,10 +9,13 @@ untouched.
 - **Body limits**: counted as the bytes arrive, on every route and whatever the framing
   (``Content-Length`` or chunked): a declared length over the limit is refused before anything
   is read; a body that grows past it is cut off there with 413, whatever the handler was doing.
+- **Slow bodies**: a body whose next bytes take longer than :data:`BODY_IDLE_SECONDS` to come
+  (one byte a minute holds a connection and its handler forever) is cut off with 408.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -28,6 +31,9 @@ MAX_SPEECH_BODY = 1 << 20
 #: Largest body of any route without a limit of its own (none takes one: a stray upload to a
 #: GET route, or to a path that does not exist, is cut off here).
 MAX_OTHER_BODY = 64 << 10
+#: Longest wait for a request body's next bytes (seconds) before a 408: far above any real
+#: client's pause, far below holding a worker slot forever.
+BODY_IDLE_SECONDS = 30.0
 #: Room for a voice upload's form fields and multipart framing, beyond the clip itself.
 FORM_OVERHEAD = 64 << 10
 
@@ -55,6 +61,14 @@ class BodyTooLarge(APIError):
         # dropping) the rest of the body, however long, to keep the connection alive
         super().__init__(413, f"the request body {told} more than {limit} bytes",
                          code="request_too_large", headers={"Connection": "close"})
+
+
+class BodyStalled(APIError):
+    """The body's next bytes did not come within :data:`BODY_IDLE_SECONDS`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(408, f"the request body stalled: no bytes for {seconds:g} s",
+                         code="request_timeout", headers={"Connection": "close"})
 
 
 def _digest(value: bytes) -> bytes:
@@ -109,8 +123,9 @@ class Gate:
 
 class _Limited:
     """One request under a body limit: the bytes are counted as the server reads them; past
-    the limit the read raises :class:`BodyTooLarge`, and whatever the application answers
-    instead (a handler may turn a failed read into a 400) is replaced by the 413."""
+    the limit the read raises :class:`BodyTooLarge` (a stalled body, :class:`BodyStalled`),
+    and whatever the application answers instead (a handler may turn a failed read into a
+    400) is replaced by that refusal."""
 
     def __init__(self, app, limit: int, path: str, on_request) -> None:
         self.app = app
@@ -118,27 +133,38 @@ class _Limited:
         self.path = path
         self.on_request = on_request
         self.received = 0
-        self.over = False
+        self.refusal: APIError | None = None
+        self.body_open = True  # until a message says there is no more body
         self.started = False
         self.status = 500
 
     async def receive(self, receive):
-        message = await receive()
+        if not self.body_open:  # a wait for the client to leave (streams) has no deadline
+            return await receive()
+        seconds = BODY_IDLE_SECONDS
+        try:
+            message = await asyncio.wait_for(receive(), seconds)
+        except TimeoutError:
+            self.refusal = BodyStalled(seconds)
+            raise self.refusal from None
         if message["type"] == "http.request":
+            self.body_open = message.get("more_body", False)
             self.received += len(message.get("body", b""))
             if self.received > self.limit:
-                self.over = True
-                raise BodyTooLarge(self.limit)
+                self.refusal = BodyTooLarge(self.limit)
+                raise self.refusal
+        else:
+            self.body_open = False
         return message
 
     async def send(self, send, message) -> None:
-        if self.over and not self.started:
+        if self.refusal is not None and not self.started:
             self.started = True
-            await _send_error(send, BodyTooLarge(self.limit))
-            self.status = 413
+            await _send_error(send, self.refusal)
+            self.status = self.refusal.status
             return
-        if self.over:
-            return  # the 413 has been sent in place of the application's answer
+        if self.refusal is not None:
+            return  # the refusal has been sent in place of the application's answer
         if message["type"] == "http.response.start":
             self.started = True
             self.status = message["status"]
@@ -151,7 +177,7 @@ class _Limited:
         except Exception:
             # the application has answered (Starlette's last handler sends its 500, logged,
             # then re-raises it); an over-long body is a 413 whatever the handler raised
-            if self.over and not self.started:
+            if self.refusal is not None and not self.started:
                 await self.send(send, None)
             elif not self.started:
                 raise

@@ -86,10 +86,18 @@ def read_clip(data: bytes, limits: ClipLimits):
     except APIError:
         raise
     except Exception as exc:  # libsndfile's errors have several types
-        raise bad_request(f"the audio cannot be read ({exc}): send WAV, FLAC, OGG or MP3",
-                          param="audio") from None
+        raise bad_request(f"the audio cannot be read ({_reason(exc)}): send WAV, FLAC, OGG or "
+                          "MP3", param="audio") from None
     samples = samples[:decoded]
     try:
         return Audio(samples, rate)
     except Exception as exc:
         raise from_mizuoto(exc) from exc
+
+
+def _reason(exc: Exception) -> str:
+    """libsndfile's message without its ``Error opening <_io.BytesIO object at 0x…>:``
+    prefix: a server address is no business of the client's."""
+    text = str(exc)
+    return text.split(">: ", 1)[1] if text.startswith("Error opening <") and ">: " in text \
+        else text
