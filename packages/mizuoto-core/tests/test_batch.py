@@ -419,3 +419,26 @@ def test_a_worker_that_dies_is_a_named_error(tmp_path, monkeypatch):
     job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", GOOD), tmp_path / "out")
     with pytest.raises(MizuotoError, match="--workers 1"):
         run_batch(job, load=batch_run.ModelLoader(str(tmp_path / "nothing-here")), workers=2)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("steps", "2"), ("seed", "7"), ("guidance", "2.0"), ("steps", True), ("seed", 7.0),
+    ("seed", -0.0), ("steps", 2.5), ("guidance", "nan"),
+])
+def test_a_jsonl_number_field_is_checked_as_the_api_checks_it(tmp_path, field, value):
+    """JSONL has numbers: a numeric string, a bool or a float for an integer is refused, as
+    the Python API and the server refuse it (only CSV/TSV cells, all text, are converted)."""
+    path = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "Hi.", field: value}])
+    summary = run_batch(BatchJob(path, tmp_path / "out"), engine=ToneEngine())
+    assert (summary.ok, summary.failed) == (0, 1)
+    record = json.loads((tmp_path / "out" / "manifest.jsonl").read_text())
+    assert record["error"]["field"] == field, record
+
+
+def test_csv_number_cells_are_converted_and_bad_ones_name_their_field(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("id,text,steps,seed,guidance\na,Hi.,2,7,1.5\nb,Hi.,2.0,7,1\n"
+                    "c,Hi.,2,0x10,1\nd,Hi.,true,1,1\n", encoding="utf-8")
+    good, *bad = _lines(path)
+    assert good.error is None and good.fields["steps"] == 2 and good.fields["guidance"] == 1.5
+    assert [line.error.field for line in bad] == ["steps", "seed", "steps"]

@@ -153,7 +153,24 @@ def _delimited(path: Path) -> Iterator[BatchLine]:
                 yield BatchLine(number, str(number), error=InvalidRequest(
                     "id", "is empty", "give every line an id, or leave out the id column"))
             else:
-                yield BatchLine(number, line_id, fields)
+                try:
+                    fields = _numbers_from_cells(fields)
+                except InvalidRequest as exc:
+                    yield BatchLine(number, line_id, error=exc)
+                else:
+                    yield BatchLine(number, line_id, fields)
+
+
+def _numbers_from_cells(fields: dict[str, str]) -> dict[str, Any]:
+    """A CSV row's number cells as numbers (every cell is text). Only here: in JSONL a number
+    is written as one, and ``"steps": "2"`` is refused as the server and Python API do."""
+    for name, kind in _NUMBERS.items():
+        if name in fields:
+            try:
+                fields[name] = kind(fields[name])
+            except ValueError:
+                raise InvalidRequest(name, f"{fields[name]!r} is not a number") from None
+    return fields
 
 
 def _csv_rows(reader, path: Path) -> Iterator[list[str]]:
@@ -195,12 +212,6 @@ def build_request(line: BatchLine, *, base: Path, defaults: dict[str, Any] | Non
     if unknown:
         raise InvalidRequest(unknown[0], "is not a field of a batch line",
                              f"known: {', '.join(FIELDS)}")
-    for name, kind in _NUMBERS.items():
-        if isinstance(fields.get(name), str):  # CSV cells are strings
-            try:
-                fields[name] = kind(fields[name])
-            except ValueError:
-                raise InvalidRequest(name, f"{fields[name]!r} is not a number") from None
     params = fields.get("params") or {}
     if isinstance(params, str):
         try:
