@@ -55,3 +55,15 @@ def test_offsets_across_blocks(tmp_path, monkeypatch, data, block, offset):
     path.write_bytes(data)
     with pytest.raises(InvalidRequest, match=rf"byte {offset} "):
         files.check_utf8(path, "--text-file")
+
+
+@pytest.mark.parametrize("encoding", ["UTF-16LE", "UTF-16BE", "UTF-32LE", "UTF-32BE"])
+def test_a_unicode_file_with_a_byte_order_mark_is_named_with_its_encoding(tmp_path, encoding):
+    """Excel's "Unicode Text" and Notepad's "Unicode" are UTF-16 with a BOM: the hint names
+    that encoding (converting from latin1, the usual hint, would garble the file)."""
+    path = tmp_path / "unicode.csv"
+    path.write_bytes("\ufeffid,text\na,café\n".encode(encoding))
+    with pytest.raises(InvalidRequest) as caught:
+        files.check_utf8(path, "input")
+    assert f"is {encoding} text" in str(caught.value)
+    assert f"iconv -f {encoding} -t utf-8" in str(caught.value)

@@ -42,7 +42,20 @@ def read_utf8(path: str | Path, field: str) -> str:
     return Path(path).read_text(encoding="utf-8-sig")
 
 
+#: Byte order marks of the encodings a "Unicode" save writes (Excel's "Unicode Text" and
+#: Notepad's "Unicode" are UTF-16 LE): longest first, as UTF-32 LE starts like UTF-16 LE.
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32LE"), (codecs.BOM_UTF32_BE, "UTF-32BE"),
+         (codecs.BOM_UTF16_LE, "UTF-16LE"), (codecs.BOM_UTF16_BE, "UTF-16BE"))
+
+
 def _not_utf8(path, field: str, offset: int, exc: UnicodeDecodeError) -> InvalidRequest:
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):  # the usual iconv hint (from latin1) would garble it
+            return InvalidRequest(
+                field, f"{path} is {encoding} text (its byte order mark says so), not UTF-8",
+                f"convert it to UTF-8, e.g. iconv -f {encoding} -t utf-8 FILE > NEW")
     bad = exc.object[exc.start:exc.end].hex(" ")
     return InvalidRequest(
         field, f"{path} is not UTF-8 text: byte {max(offset, 0)} ({bad}) cannot be decoded "
