@@ -112,3 +112,32 @@ def test_an_interrupted_long_form_run_names_the_cli_flag(fake_plugin, tmp_path):
     # the Python API names its own spelling
     with pytest.raises(Exception, match=r"pass resume=True to continue it"):
         synthesize_to(engine, out, SynthesisRequest("x", seed=1), text_file=text, max_chars=60)
+
+
+@pytest.mark.parametrize("asked, model", [("voxcpm", "f5"), ("f5tts", "vox")])
+def test_an_engine_named_for_another_engines_model_is_refused_naming_both(tmp_path, asked,
+                                                                         model):
+    """``-e voxcpm -m <an F5 model>`` used to fail on the file VoxCPM expects (exit 3 after a
+    file-not-found): it names both engines, before any weights load."""
+    pytest.importorskip("mizuoto_f5tts")
+    pytest.importorskip("mizuoto_voxcpm")
+    from mizuoto_f5tts.fixtures import write_random_model_dir
+
+    from mizuoto.errors import EngineNotFound
+    from mizuoto.loading import resolve_engine
+
+    if model == "f5":
+        write_random_model_dir(tmp_path / model, "v1_base", size="tiny")
+    else:  # what VoxCPM recognizes a directory by (its config and VAE), without weights
+        from mizuoto_voxcpm.engine import VAE_FILES
+
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "config.json").write_text('{"lm_config": {}}')
+        (tmp_path / model / VAE_FILES[0]).write_text("")
+    owner = {"f5": "f5tts", "vox": "voxcpm"}[model]
+    with pytest.raises(EngineNotFound, match=f"holds a {owner} model, not a {asked} one"):
+        resolve_engine(tmp_path / model, engine=asked)
+    result = CliRunner().invoke(cli, ["say", "hi", "-m", str(tmp_path / model), "-e", asked,
+                                      "-o", str(tmp_path / "x.wav")], obj={})
+    assert result.exit_code == 3 and f"name {owner!r}" in result.output, result.output
+    assert "Traceback" not in result.output

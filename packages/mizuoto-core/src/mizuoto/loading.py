@@ -52,8 +52,21 @@ def resolve_engine(model: str | Path, *, engine: str | None = None,
         engine_cls = candidates[0]
     else:
         engine_cls = get_engine(engine)
+        _check_engine_owns(engine_cls, resolved.path)
     options.engine_options(engine_cls)  # a bad engines.<name> value fails before any loading
     return engine_cls, resolved
+
+
+def _check_engine_owns(engine_cls: type[Engine], path: Path) -> None:
+    """An engine named for a directory that another engine recognizes (``-e voxcpm`` on an
+    F5-TTS model) is refused naming both, not left to fail on a file that engine expects."""
+    if not Path(path).is_dir() or engine_cls.recognizes(path):
+        return
+    owners = sorted(cls.name for cls in engines().values() if cls.recognizes(path))
+    if owners:
+        raise EngineNotFound(f"{path} holds a {' or '.join(owners)} model, not a "
+                             f"{engine_cls.name} one: leave out the engine (it is recognized) "
+                             f"or name {owners[0]!r}")
 
 
 def load(model: str | Path, *, engine: str | None = None,
