@@ -121,10 +121,9 @@ def test_an_engine_named_for_another_engines_model_is_refused_naming_both(tmp_pa
     file-not-found): it names both engines, before any weights load."""
     pytest.importorskip("mizuoto_f5tts")
     pytest.importorskip("mizuoto_voxcpm")
-    from mizuoto_f5tts.fixtures import write_random_model_dir
-
     from mizuoto.errors import EngineNotFound
     from mizuoto.loading import resolve_engine
+    from mizuoto_f5tts.fixtures import write_random_model_dir
 
     if model == "f5":
         write_random_model_dir(tmp_path / model, "v1_base", size="tiny")
