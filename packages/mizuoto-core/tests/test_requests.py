@@ -167,3 +167,26 @@ def test_notices_reach_applied_warnings(fake_plugin, tmp_path):
     engine = FakeEngine("m", None)
     result = engine.synthesize(SynthesisRequest("Hi\x00 there.", seed=1))
     assert any("control character" in w for w in result.applied.warnings)
+
+
+@pytest.mark.parametrize("cls", [SynthesisRequest, "edit"])
+def test_numpy_numbers_are_plain_numbers_and_numpy_bools_are_still_refused(cls, tmp_path):
+    """``for seed in np.arange(4)`` works: a NumPy integer is an int, a NumPy float a float
+    (stored as plain Python numbers, so results and manifests carry no NumPy types); a NumPy
+    bool, a float for an integer and a tensor are refused as their Python kinds are."""
+    def make(**fields):
+        if cls == "edit":
+            reference = Reference(Audio(torch.full((800,), 0.1), 8000), "ref")
+            return EditRequest(reference, "text", [(0.0, 0.05)], **fields)
+        return SynthesisRequest("text", **fields)
+
+    request = make(seed=np.int64(3), steps=np.int32(2), guidance=np.float32(2.5))
+    assert (request.seed, request.steps, request.guidance) == (3, 2, 2.5)
+    assert [type(v) for v in (request.seed, request.steps, request.guidance)] == [int, int, float]
+    assert type(make(guidance=np.float64(1.5)).guidance) is float
+    for field, value in [("seed", np.bool_(True)), ("steps", np.float64(2.0)),
+                         ("seed", np.uint64(2 ** 63)), ("guidance", np.float32("nan")),
+                         ("seed", torch.tensor(3))]:
+        with pytest.raises(InvalidRequest) as caught:
+            make(**{field: value})
+        assert caught.value.field == field, (field, value)

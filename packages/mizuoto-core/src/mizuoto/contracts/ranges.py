@@ -8,6 +8,7 @@ and the allowed range before any model runs. ``None`` is accepted only with ``op
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 from mizuoto.errors import InvalidRequest
@@ -21,6 +22,19 @@ def shown(value, limit: int = 60) -> str:
     except ValueError:
         return f"an integer of {value.bit_length()} bits"
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def plain_number(value):
+    """An attrs converter: a NumPy (or other registered) integer as ``int`` and real number as
+    ``float``, so ``seed=np.int64(3)`` from ``np.arange`` means 3; anything else, bools (NumPy's
+    too) and strings included, is left for the validator to refuse."""
+    if value is None or type(value) in (bool, int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 def _interval(low: float, high: float, *, low_open: bool = False) -> str:

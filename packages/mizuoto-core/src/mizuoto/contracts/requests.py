@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from mizuoto.contracts.audio import Audio
-from mizuoto.contracts.ranges import check_number, number_in, shown
+from mizuoto.contracts.ranges import check_number, number_in, plain_number, shown
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest
 
@@ -142,9 +142,12 @@ class SynthesisRequest:
     reference: Reference | None = None
     voice: Voice | None = None
     instruction: str | None = None
-    seed: int | None = attrs.field(default=None, validator=_check_seed)
-    steps: int | None = attrs.field(default=None, validator=_check_steps)
-    guidance: float | None = attrs.field(default=None, validator=_check_guidance)
+    seed: int | None = attrs.field(default=None, converter=plain_number,
+                                    validator=_check_seed)
+    steps: int | None = attrs.field(default=None, converter=plain_number,
+                                    validator=_check_steps)
+    guidance: float | None = attrs.field(default=None, converter=plain_number,
+                                    validator=_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
     #: What validation changed in the request (control characters dropped from ``text``);
     #: the engine base class adds these to the result's ``applied.warnings``.
@@ -209,9 +212,12 @@ class EditRequest:
     segments: tuple[tuple[float, float], ...] = attrs.field(
         converter=_segments, validator=_check_segments
     )
-    seed: int | None = attrs.field(default=None, validator=_check_seed)
-    steps: int | None = attrs.field(default=None, validator=_check_steps)
-    guidance: float | None = attrs.field(default=None, validator=_check_guidance)
+    seed: int | None = attrs.field(default=None, converter=plain_number,
+                                    validator=_check_seed)
+    steps: int | None = attrs.field(default=None, converter=plain_number,
+                                    validator=_check_steps)
+    guidance: float | None = attrs.field(default=None, converter=plain_number,
+                                    validator=_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
     notices: tuple[str, ...] = attrs.field(default=(), init=False, eq=False)
 
