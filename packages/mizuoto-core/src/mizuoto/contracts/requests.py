@@ -100,6 +100,11 @@ def _check_steps(instance, attribute, value):
 _check_guidance = number_in("guidance", 0.0, MAX_GUIDANCE, optional=True)
 
 
+def _number_field(validator):
+    """An optional number of a request: NumPy numbers made plain, then ``validator``."""
+    return attrs.field(default=None, converter=plain_number, validator=validator)
+
+
 def _audio_source(value):
     if isinstance(value, Audio):
         from mizuoto.nn.dsp.audio_io import check_input_audio
@@ -142,12 +147,9 @@ class SynthesisRequest:
     reference: Reference | None = None
     voice: Voice | None = None
     instruction: str | None = None
-    seed: int | None = attrs.field(default=None, converter=plain_number,
-                                    validator=_check_seed)
-    steps: int | None = attrs.field(default=None, converter=plain_number,
-                                    validator=_check_steps)
-    guidance: float | None = attrs.field(default=None, converter=plain_number,
-                                    validator=_check_guidance)
+    seed: int | None = _number_field(_check_seed)
+    steps: int | None = _number_field(_check_steps)
+    guidance: float | None = _number_field(_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
     #: What validation changed in the request (control characters dropped from ``text``);
     #: the engine base class adds these to the result's ``applied.warnings``.
@@ -212,12 +214,9 @@ class EditRequest:
     segments: tuple[tuple[float, float], ...] = attrs.field(
         converter=_segments, validator=_check_segments
     )
-    seed: int | None = attrs.field(default=None, converter=plain_number,
-                                    validator=_check_seed)
-    steps: int | None = attrs.field(default=None, converter=plain_number,
-                                    validator=_check_steps)
-    guidance: float | None = attrs.field(default=None, converter=plain_number,
-                                    validator=_check_guidance)
+    seed: int | None = _number_field(_check_seed)
+    steps: int | None = _number_field(_check_steps)
+    guidance: float | None = _number_field(_check_guidance)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_mapping)
     notices: tuple[str, ...] = attrs.field(default=(), init=False, eq=False)
 
