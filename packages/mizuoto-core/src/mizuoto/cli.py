@@ -9,6 +9,7 @@ run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGT
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -561,31 +562,51 @@ def random_model(fixture, directory):
     click.echo(f"Wrote {fixture} to {path}{note}", err=True)
 
 
+_DATA_HELP = ("The data set: a metadata.csv (upstream F5-TTS's layout: header audio_file|text, "
+              "one clip per line, paths relative to the file), a JSONL manifest (one "
+              '{"audio": PATH, "text": ...} object per line), or a folder holding one; a folder '
+              "may hold a train manifest and a validation one (train*.jsonl, val*.jsonl).")
+
+
 @cli.command()
-@click.option("-e", "--engine", required=True, help="Engine whose trainer runs.")
-@click.option("--method", default="full", show_default=True, help="full or lora.")
-@click.option("-m", "--model", required=True, help="Model to fine-tune (id or directory).")
-@click.option("--data", "dataset", required=True, type=click.Path(exists=True), help="Data set (manifest or directory).")
-@click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Run directory (resumes if it holds a run).")
-@click.option("--steps", type=int, default=1000, show_default=True)
-@click.option("--learning-rate", type=float, default=1e-5, show_default=True)
-@click.option("--batch-size", type=int, default=1, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--memory", default="default", show_default=True, help="training.memory: default, low or lowest.")
+@click.option("-e", "--engine", required=True, help="Engine whose trainer runs (f5tts, voxcpm, ...).")
+@click.option("--method", default=None, help="full or lora (default: the --config file's, else full).")
+@click.option("-m", "--model", help="Model to fine-tune: a catalog id or a model directory (default: the --config file's).")
+@click.option("--data", "dataset", type=click.Path(exists=True), help=_DATA_HELP)
+@click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Run directory: checkpoints, metrics, recipe.json, export/ (a run there resumes).")
+@click.option("--steps", type=int, help="Optimiser updates to run (default: upstream's for the engine and method).")
+@click.option("--learning-rate", type=float, help="Peak learning rate (default: upstream's for the engine and method).")
+@click.option("--batch-size", type=int, help="Clips per batch, where the recipe batches by clips (default: upstream's; refused under F5 frame batching: use --param batch_frames=N).")
+@click.option("--seed", type=int, help="Seed of every random draw (default: upstream's; VoxCPM 42).")
+@click.option("--save-every", type=int, help="Updates between resumable checkpoints (default: upstream's).")
+@click.option("--memory", default=None, help="training.memory: default, low or lowest.")
+@click.option("--param", "param_pairs", multiple=True, metavar="KEY=VALUE", help="A recipe setting (repeatable), e.g. grad_accum_steps=4 or lora_r=16; values are TOML (true, 1e-4, [\"a\", \"b\"]). Unknown keys are refused by name.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="Recipe file: TOML of the same keys, or upstream's own (VoxCPM conf/*.yaml; F5-TTS finetune_cli flag names).")
 @click.pass_context
 def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
-          memory):
-    """Fine-tune a model with the engine's trainer (prepare, train, export)."""
-    from mizuoto.contracts import TrainingConfig
+          save_every, memory, param_pairs, config_file):
+    """Fine-tune a model with the engine's trainer (prepare, train, export).
+
+    The recipe starts from upstream's defaults for the engine, method and model; a --config
+    file, then --param pairs, then the options above override them. The effective recipe is
+    printed at the start and stored as recipe.json in the run directory.
+    """
     from mizuoto.registry import get_trainer
+    from mizuoto.training.recipe import recipe_text, training_config
 
     trainer = get_trainer(engine)()
-    config = TrainingConfig(method=method, model=model, dataset=dataset, output_dir=output_dir,
-                            steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                            seed=seed, memory=memory)
+    explicit = {"steps": steps, "learning_rate": learning_rate, "batch_size": batch_size,
+                "seed": seed, "save_every": save_every, "memory": memory}
+    config = training_config(trainer, method=method, model=model, dataset=dataset,
+                             output_dir=output_dir, config_file=config_file,
+                             param_pairs=param_pairs, explicit=explicit)
     trainer.check(config)
     with _progress(ctx.obj["quiet"]) as progress:
         run = trainer.prepare(config, progress=progress)
+        recipe = Path(output_dir) / "recipe.json"
+        if recipe.is_file() and os.environ.get("RANK", "0") == "0":
+            click.echo(f"Recipe ({recipe}):\n{recipe_text(json.loads(recipe.read_text()))}",
+                       err=True)
         result = trainer.train(run, progress=progress)
         if result.interrupted is None:
             exported = trainer.export(run, Path(output_dir) / "export")
@@ -606,8 +627,12 @@ def _resume_command(params: dict) -> str:
     for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
                         ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
                         ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
-                        ("--seed", "seed"), ("--memory", "memory")):
-        words += [option, str(params[key])]
+                        ("--seed", "seed"), ("--save-every", "save_every"),
+                        ("--memory", "memory"), ("--config", "config_file")):
+        if params.get(key) is not None:
+            words += [option, str(params[key])]
+    for pair in params.get("param_pairs") or ():
+        words += ["--param", pair]
     return shlex.join(words)
 
 

@@ -52,6 +52,18 @@ class EngineNotFound(MizuotoError):
     exit_code = 3
 
 
+class EngineMismatch(MizuotoError):
+    """A model given to an engine that does not own it (``-e voxcpm -m <an F5-TTS model>``)."""
+
+    exit_code = 3
+
+    def __init__(self, model: str, engine: str, owners: list[str]) -> None:
+        self.model, self.engine, self.owners = model, engine, list(owners)
+        owner = " or ".join(self.owners)
+        super().__init__(f"{model} is a {owner} model, not a {engine} one; pass -e {owners[0]} "
+                         f"(engine={owners[0]!r}) or a {engine} model")
+
+
 class ModelNotFound(MizuotoError):
     """Neither a local directory nor a catalog id."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
 from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.errors import EngineNotFound
+from mizuoto.errors import EngineMismatch, EngineNotFound
 from mizuoto.options import Options
 from mizuoto.registry import catalog as registered_catalog
 from mizuoto.registry import engines, get_engine
@@ -46,7 +46,32 @@ def load(model: str | Path, *, engine: str | None = None, options: Options | Non
         engine_cls = candidates[0]
     else:
         engine_cls = get_engine(engine)
+        check_owner(resolved, engine)
     options = options or Options()
     options.engine_options(engine_cls)  # a bad engines.<name> value fails before any loading
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
                            progress=progress)
+
+
+def check_owner(resolved: ResolvedModel, engine: str) -> None:
+    """Raise `EngineMismatch` when ``engine`` is named for a model another engine owns: a
+    catalog entry of another engine, or a directory that another installed engine recognizes
+    and ``engine`` does not (an engine that recognizes nothing is never contradicted)."""
+    if resolved.entry is not None:
+        if resolved.entry.engine != engine:
+            raise EngineMismatch(resolved.id, engine, [resolved.entry.engine])
+        return
+    if get_engine(engine).recognizes(resolved.path):
+        return
+    owners = sorted(name for name, cls in engines().items()
+                    if name != engine and cls.recognizes(resolved.path))
+    if owners:
+        raise EngineMismatch(str(resolved.path), engine, owners)
+
+
+def resolve_for_engine(model: str | Path, engine: str, *,
+                       progress: ProgressCallback | None = None) -> ResolvedModel:
+    """`resolve_model`, then `check_owner`: what a trainer of ``engine`` starts from."""
+    resolved = resolve_model(model, progress=progress)
+    check_owner(resolved, engine)
+    return resolved

@@ -36,6 +36,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LinearLR, SequentialLR
 
+from mizuoto.training.precision import Precision
 from mizuoto_f5tts.training.batching import (
     MelDataset,
     SampleBatches,
@@ -209,8 +210,12 @@ class FineTuning:
     def __init__(self, model: nn.Module, vocab: Mapping[str, int], dataset: MelDataset,
                  durations: Sequence[float], settings: LoopSettings, *,
                  py_random: random.Random, memory: str = "default",
-                 world: tuple[int, int] = (0, 1), shard_batches: bool = True) -> None:
+                 world: tuple[int, int] = (0, 1), shard_batches: bool = True,
+                 precision: Precision | None = None) -> None:
         self.model = model
+        # the autocast context and gradient-scaler hooks of each step (default: none)
+        self.precision = precision or Precision()
+        self.grad_norm = 0.0
         # multi-process (DDP): rank r takes batches r, r + N, ... of every epoch's order,
         # wrapping around so that all ranks make the same number of updates; with
         # shard_batches=False every rank trains on every batch (a check: then the weights
@@ -305,13 +310,18 @@ class FineTuning:
         if self.world_size > 1 and not sync:
             skip_sync = self.backbone.no_sync()  # gradients all-reduced at the update only
         with skip_sync:
-            loss = flow_matching_loss(self.backbone, mel, text, lens, self.draws)
-            (loss / self.settings.grad_accumulation).backward()
+            with self.precision.autocast():
+                loss = flow_matching_loss(self.backbone, mel, text, lens, self.draws)
+            self.precision.backward(loss / self.settings.grad_accumulation)
         if sync:
+            self.precision.unscale(self.optimizer)
             if self.settings.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                               self.settings.max_grad_norm)
-            self.optimizer.step()
+                self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.settings.max_grad_norm))
+            else:  # upstream does not clip then: the norm is still logged
+                self.grad_norm = float(torch.nn.utils.get_total_norm(
+                    [p.grad for p in self.model.parameters() if p.grad is not None]))
+            self.precision.step(self.optimizer)
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.ema.update(self.model)
@@ -320,14 +330,11 @@ class FineTuning:
         self.records.append(record)
         return record if sync else None
 
-    def run(self, on_update: Callable[[Record], None] | None = None,
-            on_save: Callable[[], None] | None = None,
-            stop: Callable[[], str | None] | None = None) -> str | None:
-        """Train to the end (or ``max_updates``); ``on_save`` every ``save_every`` updates.
-        ``stop``, asked after every update but the last (on every rank: it may be a
-        collective), ends the run there when it returns a reason, which is returned; None
-        when the run finished."""
-        while not self.done():
+    def next_update(self) -> dict[str, float]:
+        """Train micro-batches up to the next optimiser update; its logged values (the last
+        micro-batch's loss, the learning rate after the schedule's step, the gradient norm
+        before clipping)."""
+        while True:
             if self.index == 0:
                 self._start_epoch()
             record = self._step(self.order[self.index])
@@ -335,17 +342,8 @@ class FineTuning:
             if self.index == len(self.order):
                 self.epoch += 1
                 self.index = 0
-            if record is None:
-                continue
-            if on_update is not None:
-                on_update(record)
-            if on_save is not None and self.update % self.settings.save_every == 0:
-                on_save()
-            if stop is not None and not self.done():
-                reason = stop()
-                if reason is not None:
-                    return reason
-        return None
+            if record is not None:
+                return {"loss": record.loss, "lr": record.lr, "grad_norm": self.grad_norm}
 
     # -- checkpoint state -----------------------------------------------------------------
 
