@@ -106,8 +106,9 @@ class Trainer(abc.ABC):
             raise InvalidRequest("training.memory",
                                  f"{self.engine} supports {self.memory_levels}")
 
-    def defaults(self, method: str, model_dir: Path) -> Mapping[str, Any]:
-        """The recipe a command-line run of ``method`` on ``model_dir`` starts from: upstream's
+    def defaults(self, method: str, model: str) -> Mapping[str, Any]:
+        """The recipe a command-line run of ``method`` on ``model`` (an id or a directory, as
+        given) starts from: upstream's
         defaults for this engine, method and model generation, as `TrainingConfig` fields
         (``steps``, ``learning_rate``, ``batch_size``, ``seed``, ``save_every``) and params.
         Default: none (`TrainingConfig`'s own defaults)."""

@@ -97,7 +97,6 @@ def training_config(trainer, *, method: str | None, model: str | None, dataset: 
                     param_pairs: Iterable[str] = (), explicit: Mapping[str, Any] | None = None):
     """The `TrainingConfig` of a command-line run (see the module doc for the precedence)."""
     from mizuoto.contracts.trainer import TrainingConfig
-    from mizuoto.loading import resolve_for_engine
 
     from_file: dict[str, Any] = {}
     if config_file is not None:
@@ -115,8 +114,10 @@ def training_config(trainer, *, method: str | None, model: str | None, dataset: 
     if dataset is None:
         raise InvalidRequest("dataset", "no data set given",
                              "pass --data PATH (or dataset in --config)")
-    model_dir = resolve_for_engine(model, trainer.engine).path
-    defaults = dict(trainer.defaults(method, model_dir))
+    if method not in trainer.methods:
+        raise InvalidRequest("method", f"{trainer.engine} supports {sorted(trainer.methods)}, "
+                             f"not {method!r}")
+    defaults = dict(trainer.defaults(method, str(model)))
     default_params = dict(defaults.pop("params", {}))
     fields = {**defaults, **file_fields, **pair_fields,
               **{k: v for k, v in (explicit or {}).items() if v is not None}}

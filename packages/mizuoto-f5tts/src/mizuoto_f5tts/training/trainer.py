@@ -226,7 +226,7 @@ class F5Trainer(Trainer):
     memory_levels = ("default", "low", "lowest")
     graceful_stop = True
 
-    def defaults(self, method: str, model_dir: Path) -> dict:
+    def defaults(self, method: str, model: str) -> dict:
         """``f5-tts_finetune-cli``'s defaults: 100 epochs (``steps`` unbounded), learning rate
         1e-5, 20000 warm-up updates, frame batching of 3200 frames and at most 64 clips, the
         resumable checkpoint every 5000 updates (``last_per_updates``) and a numbered one every

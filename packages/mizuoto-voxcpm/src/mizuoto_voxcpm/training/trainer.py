@@ -71,9 +71,10 @@ class VoxCPMTrainer(Trainer):
     memory_levels = ("default", "low")
     graceful_stop = True  # SIGINT / SIGTERM: checkpoint saved after the current step
 
-    def defaults(self, method: str, model_dir: Path) -> dict:
+    def defaults(self, method: str, model: str) -> dict:
         from mizuoto_voxcpm.training.recipe import cli_defaults, generation_of
 
+        model_dir = resolve_for_engine(model, self.engine).path
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         return cli_defaults(method if method in self.methods else "full", generation_of(raw))
 
