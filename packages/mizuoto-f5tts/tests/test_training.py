@@ -598,3 +598,41 @@ def test_train_help_describes_every_option():
     assert all(option.help for option in train.params if option.param_type_name == "option")
     text = CliRunner().invoke(cli, ["train", "--help"], obj={}).output
     assert "metadata.csv" in text and "JSONL" in text and "--config" in text
+
+
+def test_samples_while_training_leave_the_training_bytes_alone(tmp_path, model_dir, metadata):
+    """log_samples: samples/update_<N>_{gen,ref}.wav every checkpoint_every updates (and
+    TensorBoard audio); the checkpoint holds the same tensors, RNG states and log as the run's
+    without samples (its file's bytes differ only by the archive's inner name)."""
+    import soundfile as sf
+
+    trainer = F5Trainer()
+    results = {}
+    for name, extra in (("plain", {}), ("samples", {"log_samples": True})):
+        params = {**PARAMS, "checkpoint_every": 2, **extra}
+        trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / name, steps=3,
+                                              params=params)))
+        results[name] = load_run_state(tmp_path / name / CHECKPOINT)
+    plain, sampled = results["plain"], results["samples"]
+    assert plain["records"] == sampled["records"] and plain["position"] == sampled["position"]
+    assert plain["torch_rng"].equal(sampled["torch_rng"])
+    assert plain["python_rng"] == sampled["python_rng"]
+    for part in ("model", "ema"):
+        assert all(torch.equal(plain[part][k], v) for k, v in sampled[part].items()), part
+    moments = [(a["exp_avg"], b["exp_avg"]) for a, b in zip(
+        plain["optimizer"]["state"].values(), sampled["optimizer"]["state"].values(),
+        strict=True)]
+    assert all(torch.equal(a, b) for a, b in moments)
+    written = sorted(p.name for p in (tmp_path / "samples" / "samples").iterdir())
+    assert written == ["update_2_gen.wav", "update_2_ref.wav"]
+    gen, rate = sf.read(tmp_path / "samples" / "samples" / "update_2_gen.wav")
+    ref, _ = sf.read(tmp_path / "samples" / "samples" / "update_2_ref.wav")
+    assert rate == 24000 and gen.size > 0 and abs(gen.size - ref.size) <= 256
+    assert not (tmp_path / "plain" / "samples").exists()
+    if (tmp_path / "samples" / "tensorboard").is_dir():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(tmp_path / "samples" / "tensorboard"),
+                                  size_guidance={"audio": 0})
+        events.Reload()
+        assert [e.step for e in events.Audio("samples/gen")] == [2]

@@ -5,7 +5,9 @@ optimiser and schedule steps) returning the values it logs, and ``save()``, whic
 resumable checkpoint (called on every process: it may be a collective). `StepLoop.run` then,
 after each update: logs the values (`MetricsLog`, process 0), reports progress with loss,
 rate and ETA (before saving: a progress callback sees an update not yet saved), saves every ``save_every`` updates and after the last, calls
-``numbered(done)`` every ``checkpoint_every`` updates when numbered checkpoints are kept, and
+``numbered(done)`` every ``checkpoint_every`` updates when numbered checkpoints are kept,
+``samples(done)`` (process 0: audio samples, which must draw no number of the run's own
+generators) every ``samples_every`` updates, and
 asks the interruption (`mizuoto.runtime.interruption`) at every update but the last: on SIGINT
 or SIGTERM it saves (unless just saved) and stops. Nothing here draws a random number, so
 moving a loop onto it keeps its bytes.
@@ -35,9 +37,14 @@ class Cadence:
     save_every: int
     checkpoint_every: int = 0
     keep_checkpoints: int = 0
+    #: updates between audio samples (0: none)
+    samples_every: int = 0
 
     def numbered_due(self, done: int) -> bool:
         return self.keep_checkpoints != 0 and done % self.checkpoint_every == 0
+
+    def samples_due(self, done: int) -> bool:
+        return self.samples_every > 0 and done % self.samples_every == 0
 
 
 @attrs.frozen
@@ -64,6 +71,7 @@ class StepLoop:
     def __init__(self, *, start: int, total: int, cadence: Cadence, world: ProcessWorld,
                  save: Callable[[int], None],
                  numbered: Callable[[int], None] | None = None,
+                 samples: Callable[[int], None] | None = None,
                  metrics: MetricsLog | None = None, progress: StepProgress | None = None,
                  finished: Callable[[int], bool] | None = None, count_from: int = 0,
                  stop_device=None) -> None:
@@ -73,6 +81,7 @@ class StepLoop:
         self.world = world
         self._save = save
         self._numbered = numbered
+        self._samples = samples if world.main else None
         self.metrics = metrics if world.main else None
         self.progress = progress if world.main else None
         self.finished = finished or (lambda done: done >= total)
@@ -107,6 +116,8 @@ class StepLoop:
                     self.save_now()
                 if self._numbered is not None and self.cadence.numbered_due(self.done):
                     self._numbered(self.done)
+                if self._samples is not None and self.cadence.samples_due(self.done):
+                    self._samples(self.done)
                 if not last:  # every process asks, at every update
                     interrupted = interruption.stop_now(self.stop_device)
                     if interrupted is not None:

@@ -27,8 +27,10 @@ the model directory's), ``finetune`` (default true; false: upstream without ``--
 model starts from its random initialisation), ``keep_last_n_checkpoints`` (default 0; -1: all;
 N: the newest N) copies of the run checkpoint as ``checkpoints/model_<update>.pt`` every
 ``checkpoint_every`` updates (default ``save_every``; upstream's ``save_per_updates``, while
-``save_every`` is its ``last_per_updates``). Training stops after ``config.steps`` updates or
-at the end of the last epoch.
+``save_every`` is its ``last_per_updates``), ``log_samples`` (default false; upstream's
+``--log_samples``: audio samples every ``checkpoint_every`` updates in ``samples/``, see
+`mizuoto_f5tts.training.samples`; they do not change the training). Training stops after
+``config.steps`` updates or at the end of the last epoch.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from mizuoto_f5tts.training.data import (
 from mizuoto_f5tts.training.export import export_model
 from mizuoto_f5tts.training.loop import FineTuning, LoopSettings, Record
 from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
+from mizuoto_f5tts.training.samples import TrainingSamples
 from mizuoto_f5tts.training.state import (
     CHECKPOINT,
     load_run_state,
@@ -92,7 +95,7 @@ logger = logging.getLogger(__name__)
 PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_samples",
           "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches",
           "extend_vocab", "vocab_file", "finetune", "keep_last_n_checkpoints",
-          "checkpoint_every")
+          "checkpoint_every", "log_samples")
 NUMBERED = "model_{}.pt"  # checkpoints/model_<update>.pt, as upstream names its numbered saves
 LOG_FILE = "training_log.jsonl"
 
@@ -385,10 +388,20 @@ class F5Trainer(Trainer):
 
             metrics = (MetricsLog(output, step_key="update", resume_from=loop.update + 1)
                        if rank == 0 else None)
+            samples = None
+            if _bool_param(run.config.params, "log_samples", False) and rank == 0:
+                writer = TrainingSamples(run.model_dir, loop.dataset, run.vocab,
+                                         output / "samples", run.config.seed, metrics)
+
+                def samples(done: int) -> None:
+                    writer(loop.model, done)
+
             steps = StepLoop(
                 start=loop.update, total=total, world=world, save=save, numbered=numbered,
+                samples=samples,
                 cadence=Cadence(run.config.save_every, run.checkpoint_every,
-                                run.keep_checkpoints),
+                                run.keep_checkpoints,
+                                samples_every=run.checkpoint_every if samples else 0),
                 metrics=metrics, progress=StepProgress(progress, total, loop.update),
                 finished=lambda done: loop.done(), count_from=1)
             try:

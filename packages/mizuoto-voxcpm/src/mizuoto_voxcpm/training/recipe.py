@@ -100,8 +100,9 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     params = dict(config.params)
     unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - set(CHECKPOINT_PARAMS)
                      - set(CHECKED) - {"preview", "samples"})
-    if not isinstance(params.get("preview", True), bool):
-        raise InvalidRequest("params.preview", "must be true or false")
+    for flag in ("preview", "samples"):
+        if not isinstance(params.get(flag, True), bool):
+            raise InvalidRequest(f"params.{flag}", "must be true or false")
     if unknown:
         raise InvalidRequest("params", f"unknown training settings {unknown}; known: "
                              f"{', '.join(TUNABLE + CHECKPOINT_PARAMS + LORA_PARAMS)}")

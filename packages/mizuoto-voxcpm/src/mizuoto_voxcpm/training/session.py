@@ -96,7 +96,9 @@ class Session:
         # training only encodes: the VAE decoder never reaches the device (unless validation's
         # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")
-        if not (self.validating and vae_config.use_noise_block):
+        self.samples = self.validating and run.config.params.get("samples", True)
+        self.out_rate = vae_config.out_sample_rate
+        if not (self.validating and (vae_config.use_noise_block or self.samples)):
             vae.decoder = None
         self.vae = vae.to(device)
         if self.world_size > 1:
@@ -141,7 +143,8 @@ class Session:
     def losses(self, batch, *, progress: float):
         return self.forward(batch, progress)
 
-    def validate(self, scaling: Precision) -> dict[str, float]:
+    def validate(self, scaling: Precision, step: int = 0, metrics: MetricsLog | None = None
+                 ) -> dict[str, float]:
         """Upstream's validation (see :mod:`~mizuoto_voxcpm.training.validation`): the mean
         losses, keyed as :data:`~mizuoto_voxcpm.training.validation.KEYS`."""
         rows = self.run.val_samples
@@ -156,8 +159,11 @@ class Session:
                         losses = self._training_losses(self.model, batch, progress=0.0)
                     outputs.append({key: value.detach() for key, value in losses.items()})
             means = validation.mean_losses(outputs, self.recipe.lambdas)
-            validation.speak(self.model, self.vae, [row.text_ids for row in rows],
-                             self.forward_generator)
+            spoken = validation.speak(self.model, self.vae, [row.text_ids for row in rows],
+                                      self.forward_generator)
+            if self.samples and self.world.main:
+                validation.write_samples(spoken, self.run.output_dir / "samples", step,
+                                         self.out_rate, metrics)
         finally:
             self.model.train()
         return means
@@ -208,7 +214,7 @@ class Session:
             if self.validating and validation.is_due(step, recipe.valid_interval,
                                                      recipe.num_iters):
                 validated.clear()
-                validated.update(self.validate(scaling))
+                validated.update(self.validate(scaling, step, metrics))
                 values.update(validated)
             return values
 
