@@ -5,7 +5,7 @@ Precedence, lowest first: the trainer's `Trainer.defaults` for the engine, metho
 (upstream's recipe), the config file (translated by `Trainer.upstream_recipe` when it uses
 upstream's names), ``--param`` pairs, then the explicit options (``--steps`` ...). Keys that are
 `TrainingConfig` fields (``steps``, ``learning_rate``, ``batch_size``, ``seed``, ``memory``,
-``save_every``) set those; every other key is a trainer param, which the trainer validates
+``save_every``, ``mixed_precision``, ``compute``) set those; every other key is a trainer param, which the trainer validates
 (unknown keys named). ``model`` and ``dataset`` in a file stand for ``-m`` and ``--data``.
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 
 from mizuoto.errors import InvalidRequest
 
-CONFIG_FIELDS = ("steps", "learning_rate", "batch_size", "seed", "memory", "save_every")
+CONFIG_FIELDS = ("steps", "learning_rate", "batch_size", "seed", "memory", "save_every",
+                 "mixed_precision", "compute")
 #: keys a file may set besides the fields and params: what ``-m``, ``--data``, ``--method`` set
 RUN_KEYS = ("model", "dataset", "method")
 
