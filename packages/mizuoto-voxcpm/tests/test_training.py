@@ -608,6 +608,13 @@ def test_manifest_encoding_and_engine_mismatch_are_named(workspace, tmp_path):
     f5 = write_random_model_dir(tmp_path / "f5", "v1_base", size="tiny")
     with pytest.raises(EngineMismatch, match="is a f5tts model, not a voxcpm one"):
         VoxCPMTrainer().prepare(_config(root, f5, "mismatch", output_dir=tmp_path / "mm"))
+    # the class: loading for synthesis, either way round, and the F5 trainer
+    with pytest.raises(EngineMismatch, match="not a voxcpm one"):
+        mizuoto.load(f5, engine="voxcpm")
+    with pytest.raises(EngineMismatch, match="is a voxcpm model, not a f5tts one"):
+        mizuoto.load(model, engine="f5tts")
+    with pytest.raises(EngineMismatch, match="is a voxcpm model"):
+        get_trainer("f5tts")().prepare(_config(root, model, "mm2", output_dir=tmp_path / "mm2"))
 
 
 def test_a_folder_with_train_and_validation_manifests(workspace, tmp_path):
