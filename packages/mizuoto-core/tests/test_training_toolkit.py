@@ -218,3 +218,30 @@ def test_config_files_toml_and_yaml(tmp_path):
     listed.write_text("- 1\n- 2\n")
     with pytest.raises(InvalidRequest, match="table of settings"):
         read_config_file(listed)
+
+
+def test_training_progress_on_a_terminal_and_in_a_log(caplog):
+    """On a terminal the train bar carries the loss and the ETA; in a log file (no terminal)
+    one INFO line holds them, throttled, and the last update always."""
+    import io
+    import logging
+
+    from mizuoto.cli import _ProgressBars, _ProgressLog
+
+    now = [0.0]
+    terminal = io.StringIO()
+    bars = _ProgressBars(terminal)
+    progress = StepProgress(bars, total=4, clock=lambda: now[0])
+    now[0] = 3.0
+    progress(1, {"loss": 0.75})
+    assert "loss 0.7500" in terminal.getvalue() and "ETA 0:00:09" in terminal.getvalue()
+    bars.close()
+
+    logged = StepProgress(_ProgressLog(), total=3, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="mizuoto"):
+        for done in (1, 2, 3):
+            now[0] += 1.0
+            logged(done, {"loss": 0.5})
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train ")]
+    assert lines[0].startswith("train 1/3 (loss 0.5000") and "ETA" in lines[0]
+    assert lines[-1].startswith("train 3/3") and len(lines) == 2  # update 2: within 30 s

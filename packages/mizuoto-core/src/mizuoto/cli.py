@@ -180,10 +180,19 @@ class _ProgressBars:
 class _ProgressLog:
     """Progress where stderr is not a terminal (a pipe, a log file): no bars and no carriage
     returns; one INFO line per finished text chunk, long-form section, batch line and chunk
-    streamed to a file, other stages at DEBUG when they finish."""
+    streamed to a file, a training run's progress (loss, rate, ETA) at most every 30 s, other
+    stages at DEBUG when they finish."""
+
+    #: seconds between two log lines of a training run's progress
+    TRAIN_EVERY = 30.0
+
+    def __init__(self) -> None:
+        self._train_logged_at: float | None = None
 
     def __call__(self, progress) -> None:
-        if progress.stage == STREAMED:
+        if progress.stage == "train":
+            self._train(progress)
+        elif progress.stage == STREAMED:
             log.info("streamed chunk %d (%s)", progress.done, progress.detail)
         elif progress.stage in ("chunk", "section", "lines"):
             if progress.done > 0:
@@ -191,6 +200,18 @@ class _ProgressLog:
                          f" ({progress.detail})" if progress.detail else "")
         elif progress.total is not None and progress.done >= progress.total:
             log.debug("%s done (%d)", progress.stage, progress.total)
+
+    def _train(self, progress) -> None:
+        """A training run's loss, rate and ETA every TRAIN_EVERY seconds, and its last update."""
+        import time
+
+        now = time.monotonic()
+        last = progress.total is not None and progress.done >= progress.total
+        if last or self._train_logged_at is None \
+                or now - self._train_logged_at >= self.TRAIN_EVERY:
+            self._train_logged_at = now
+            log.info("train %d/%s%s", progress.done, progress.total or "?",
+                     f" ({progress.detail})" if progress.detail else "")
 
 
 @contextlib.contextmanager
