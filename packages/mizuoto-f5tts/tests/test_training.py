@@ -639,3 +639,20 @@ def test_samples_while_training_leave_the_training_bytes_alone(tmp_path, model_d
                                   size_guidance={"audio": 0})
         events.Reload()
         assert [e.step for e in events.Audio("samples/gen")] == [2]
+
+
+def test_settings_of_the_other_batching_mode_are_refused(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    with pytest.raises(InvalidRequest, match="frame batching") as frame:
+        trainer.prepare(_config(model_dir, metadata, tmp_path / "a", batch_size=4))
+    assert frame.value.field == "batch_size"
+    for key, value in (("batch_frames", 500), ("max_samples", 8)):
+        with pytest.raises(InvalidRequest, match="frame batching only") as sample:
+            trainer.prepare(_config(model_dir, metadata, tmp_path / key, batch_size=2,
+                                    params={**PARAMS, "batch_size_type": "sample",
+                                            "batch_frames": 3200, key: value}))
+        assert sample.value.field == f"params.{key}"
+    # upstream's defaults of the other mode change nothing: accepted
+    trainer.prepare(_config(model_dir, metadata, tmp_path / "ok", batch_size=2,
+                            params={"batch_size_type": "sample", "batch_frames": 3200,
+                                    "max_samples": 64, "epochs": 1}))

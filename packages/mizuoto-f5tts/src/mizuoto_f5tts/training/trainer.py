@@ -202,8 +202,10 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
                              "set params.batch_frames (frames per batch), or "
                              "batch_size_type=sample to batch by clips")
     if kind == "sample":
-        for key in ("batch_frames", "max_samples"):
-            if key in params:
+        # (at upstream's default they change nothing: finetune_cli passes them whatever the
+        # batching, and so may a recipe)
+        for key, default in (("batch_frames", 3200), ("max_samples", 64)):
+            if params.get(key, default) != default:
                 raise InvalidRequest(f"params.{key}", "applies to frame batching only, not "
                                      "batch_size_type sample", "set batch_size (clips per "
                                      "batch) instead")
