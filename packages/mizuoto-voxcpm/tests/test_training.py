@@ -479,8 +479,9 @@ def _numbered(folder: Path) -> list[str]:
 
 
 def test_numbered_checkpoints_rotate_across_a_resume(workspace):
-    """keep 2 of one every step; stopped after step 4 (latest at 3) and resumed with one every
-    5 steps: the rotation counts the first run's folders (by step number)."""
+    """keep 2 of one every step; stopped at step 4's progress report (the toolkit's loop
+    reports an update before saving it: latest and the newest folder at 3) and resumed with one
+    every 5 steps: the rotation counts the first run's folders (by step number)."""
     root, model = workspace
     params = {"warmup_steps": 1, "preview": False, "keep_last_n_checkpoints": 2,
               "checkpoint_every": 1}
@@ -494,12 +495,12 @@ def test_numbered_checkpoints_rotate_across_a_resume(workspace):
 
     with pytest.raises(RuntimeError):
         trainer.train(trainer.prepare(config), progress=stop)
-    assert _numbered(folder) == ["step_0000003", "step_0000004"]
+    assert _numbered(folder) == ["step_0000002", "step_0000003"]
     resumed = _config(root, model, "numbered", save_every=3,
                       params={**params, "checkpoint_every": 5})
     run = trainer.prepare(resumed)
     assert trainer.train(run).resumed_from == 3
-    assert _numbered(folder) == ["step_0000004", "step_0000005"]
+    assert _numbered(folder) == ["step_0000003", "step_0000005"]
     five = folder / "step_0000005"
     base = [p.name for p in model.iterdir() if p.name in
             ("config.json", "audiovae.pth", "audiovae.safetensors", "tokenizer.json",
