@@ -476,12 +476,12 @@ def test_malformed_csv_rows_are_skipped_and_named(tmp_path, model_dir, metadata)
     good = (metadata.parent / "wavs" / "clip_000.wav").resolve()
     csv_path = tmp_path / "metadata.csv"
     csv_path.write_text(f"audio_file|text\n{good}|{'x' * 140_000}\n{good}|Fine.\n"
-                        f'{good}|"open quote\n{good}|swallowed"\n{good}|Also fine.\n',
-                        encoding="utf-8")
+                        f'{good}|"open quote\n{good}|swallowed"\n{good}|Also fine.\n'
+                        f"wavs/a\0b.wav|A NUL in the path.\n", encoding="utf-8")
     prepared = prepare_dataset(csv_path, read_vocab(model_dir / "vocab.txt"))
     assert [c.text for c in prepared.clips] == ["Fine.", "Also fine."]
     reasons = {b.row: b.reason for b in prepared.bad_rows}
-    assert set(reasons) == {2, 4}
+    assert set(reasons) == {2, 4, 7} and "unusable audio path" in reasons[7]
     assert "field larger than field limit" in reasons[2]
     assert "lines 4-5" in reasons[4] and "quote" in reasons[4]
 

@@ -149,8 +149,16 @@ def _source_rows(source: Path) -> list[tuple[int, str, str | None]]:
     check_utf8(source, "dataset")
     rows = _jsonl_rows(source) if source.suffix.lower() == ".jsonl" else _csv_rows(source)
     base = source.parent
-    return [(n, str((base / a).resolve()) if a and not a.startswith("!") else a, t)
+    return [(n, _absolute(base, a) if a and not a.startswith("!") else a, t)
             for n, a, t in rows]  # "!reason": a row that could not be read
+
+
+def _absolute(base: Path, audio: str) -> str:
+    """The row's audio path made absolute; "!reason" for one no file can have (a NUL)."""
+    try:
+        return str((base / audio).resolve())
+    except (ValueError, OSError) as exc:
+        return f"!unusable audio path {audio!r}: {exc}"
 
 
 @attrs.frozen
