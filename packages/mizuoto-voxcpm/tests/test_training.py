@@ -290,7 +290,8 @@ def test_low_memory_gives_the_same_bits(workspace, method):
     root, model = workspace
     trainer = VoxCPMTrainer()
     outputs = {}
-    for memory in ("default", "low"):
+    levels = ("default", "low", "lowest") if method == "lora" else ("default", "low")
+    for memory in levels:
         params = {"warmup_steps": 1, **({"lora_dropout": 0.3} if method == "lora" else {})}
         config = _config(root, model, f"memory-{method}-{memory}", method=method, steps=2,
                          memory=memory, save_every=100, params=params)
@@ -301,6 +302,11 @@ def test_low_memory_gives_the_same_bits(workspace, method):
         outputs[memory] = ((config.output_dir / "metrics.jsonl").read_text(encoding="utf-8"),
                            (exported / name).read_bytes())
     assert outputs["low"] == outputs["default"]
+    if method == "lora":  # on the CPU, lowest streams nothing: low's bits
+        assert outputs["lowest"] == outputs["default"]
+    else:
+        with pytest.raises(InvalidRequest, match="training.memory"):
+            trainer.prepare(_config(root, model, "lowest-full", memory="lowest"))
 
 
 _DDP_CHILD = """
@@ -479,9 +485,8 @@ def _numbered(folder: Path) -> list[str]:
 
 
 def test_numbered_checkpoints_rotate_across_a_resume(workspace):
-    """keep 2 of one every step; stopped at step 4's progress report (the toolkit's loop
-    reports an update before saving it: latest and the newest folder at 3) and resumed with one
-    every 5 steps: the rotation counts the first run's folders (by step number)."""
+    """keep 2 of one every step; stopped after step 4 (latest at 3) and resumed with one every
+    5 steps: the rotation counts the first run's folders (by step number)."""
     root, model = workspace
     params = {"warmup_steps": 1, "preview": False, "keep_last_n_checkpoints": 2,
               "checkpoint_every": 1}
@@ -495,12 +500,12 @@ def test_numbered_checkpoints_rotate_across_a_resume(workspace):
 
     with pytest.raises(RuntimeError):
         trainer.train(trainer.prepare(config), progress=stop)
-    assert _numbered(folder) == ["step_0000002", "step_0000003"]
+    assert _numbered(folder) == ["step_0000003", "step_0000004"]
     resumed = _config(root, model, "numbered", save_every=3,
                       params={**params, "checkpoint_every": 5})
     run = trainer.prepare(resumed)
     assert trainer.train(run).resumed_from == 3
-    assert _numbered(folder) == ["step_0000003", "step_0000005"]
+    assert _numbered(folder) == ["step_0000004", "step_0000005"]
     five = folder / "step_0000005"
     base = [p.name for p in model.iterdir() if p.name in
             ("config.json", "audiovae.pth", "audiovae.safetensors", "tokenizer.json",

@@ -3,12 +3,12 @@
 A trainer supplies ``update()``, one whole optimiser update (its micro-batches, clipping, the
 optimiser and schedule steps) returning the values it logs, and ``save()``, which writes the
 resumable checkpoint (called on every process: it may be a collective). `StepLoop.run` then,
-after each update: logs the values (`MetricsLog`, process 0), reports progress with loss,
-rate and ETA (before saving: a progress callback sees an update not yet saved), saves every ``save_every`` updates and after the last, calls
-``numbered(done)`` every ``checkpoint_every`` updates when numbered checkpoints are kept,
-``samples(done)`` (process 0: audio samples, which must draw no number of the run's own
-generators) every ``samples_every`` updates, and
-asks the interruption (`mizuoto.runtime.interruption`) at every update but the last: on SIGINT
+after each update: logs the values (`MetricsLog`, process 0), saves every ``save_every``
+updates and after the last, calls ``numbered(done)`` every ``checkpoint_every`` updates when
+numbered checkpoints are kept, ``samples(done)`` (process 0: audio samples, which must draw no
+number of the run's own generators) every ``samples_every`` updates, reports progress with
+loss, rate and ETA (after the saves: an update reported is on disk when its save was due, as
+the trainer contract asks), and asks the interruption (`mizuoto.runtime.interruption`) at every update but the last: on SIGINT
 or SIGTERM it saves (unless just saved) and stops. Nothing here draws a random number, so
 moving a loop onto it keeps its bytes.
 
@@ -109,8 +109,6 @@ class StepLoop:
                     after(self.done, values)
                 if self.metrics is not None:
                     self.metrics.log(self.done - 1 + self.count_from, values)
-                if self.progress is not None:
-                    self.progress(self.done, values)
                 last = self.finished(self.done)
                 if self.done % self.cadence.save_every == 0 or last:
                     self.save_now()
@@ -118,6 +116,8 @@ class StepLoop:
                     self._numbered(self.done)
                 if self._samples is not None and self.cadence.samples_due(self.done):
                     self._samples(self.done)
+                if self.progress is not None:  # after the saves: update N reported is on disk
+                    self.progress(self.done, values)
                 if not last:  # every process asks, at every update
                     interrupted = interruption.stop_now(self.stop_device)
                     if interrupted is not None:

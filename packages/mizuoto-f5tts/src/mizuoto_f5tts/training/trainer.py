@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 from pathlib import Path
 
@@ -177,6 +178,9 @@ def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
     from mizuoto.runtime.device import select_device
 
     device = select_device(config.compute)
+    if device.type == "cuda" and device.index is None:
+        # under torchrun each process takes its own GPU, as accelerate does
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     mode = "no" if config.mixed_precision == "auto" else config.mixed_precision
     if mode == "fp16" and device.type != "cuda":
         raise InvalidRequest("training.mixed_precision", f"fp16 needs a CUDA device, not "
@@ -372,6 +376,9 @@ class F5Trainer(Trainer):
         world = distributed_world()
         rank, world_size = world.rank, world.size
         device = torch.device(run.device)
+        if rank == 0:
+            logger.info("training on %s, mixed precision %s, memory %s", device,
+                        run.settings.mixed_precision, run.memory)
         # upstream seeds the device's generator too (torch.manual_seed): its draws count
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(run.config.seed)
@@ -475,7 +482,7 @@ def read_vocab_lines(tokens: list[str]) -> dict[str, int]:
 
 def distributed_world() -> ProcessWorld:
     """This process's place; under ``torchrun`` (``WORLD_SIZE`` > 1) the process group is
-    joined on first use (gloo: the trainer runs on the CPU)."""
+    joined on first use (gloo, which also carries CUDA tensors)."""
     return join(process_world(), "cpu")
 
 

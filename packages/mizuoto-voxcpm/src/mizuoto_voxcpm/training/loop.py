@@ -61,11 +61,11 @@ def build_optimizer(model: torch.nn.Module, recipe) -> tuple[torch.optim.Optimiz
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def precision_for(device: torch.device) -> Precision:
-    """Upstream's accelerator: on CUDA bf16 autocast and a gradient scaler; on the CPU
-    neither."""
-    cuda = device.type == "cuda"
-    return Precision("bf16" if cuda else "no", device.type, scaler=cuda)
+def precision_for(device: torch.device, mixed_precision: str = "no") -> Precision:
+    """``mixed_precision`` ``bf16`` (upstream's accelerator on CUDA) or ``fp16``: autocast and
+    a gradient scaler (upstream's accelerator scales bf16 too); ``no`` (upstream on the CPU,
+    where its ``autocast("cuda")`` is off): neither."""
+    return Precision(mixed_precision, device.type, scaler=mixed_precision != "no")
 
 
 def train_step(model, optimizer, scheduler, scaling: Precision, next_batch, losses_of,
