@@ -27,7 +27,7 @@ from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.loading import resolve_for_engine
 from mizuoto.nn.dsp.audio_io import read_audio, to_mono
-from mizuoto.runtime.atomic import atomic_path
+from mizuoto.runtime.atomic import atomic_directory, atomic_path
 from mizuoto.runtime.checkpoint import load_state_dict_file
 from mizuoto.text.files import read_utf8
 from mizuoto.training import (
@@ -164,19 +164,14 @@ class ToyTrainer(Trainer):
                               metrics=loop.values, interrupted=outcome.interrupted)
 
     def export(self, run: ToyRun, destination: Path) -> Path:
-        """The base model with the trained levels, written beside and renamed into place."""
-        destination = Path(destination)
+        """The base model with the trained levels, replacing ``destination`` whole."""
         state = torch.load(run.run_dir.path / CHECKPOINT, weights_only=True)
         weights = load_state_dict_file(run.model_dir / WEIGHTS_FILE)
-        staging = destination.with_name(f".{destination.name}.staging")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        save_file({"pitch": weights["pitch"], "level": state["level"]},
-                  str(staging / WEIGHTS_FILE))
-        shutil.copy2(run.model_dir / CONFIG_FILE, staging / CONFIG_FILE)
-        shutil.rmtree(destination, ignore_errors=True)
-        staging.rename(destination)
-        return destination
+        with atomic_directory(destination) as part:
+            save_file({"pitch": weights["pitch"], "level": state["level"]},
+                      str(part / WEIGHTS_FILE))
+            shutil.copy2(run.model_dir / CONFIG_FILE, part / CONFIG_FILE)
+        return Path(destination)
 
 
 def _rows(dataset: Path) -> list[tuple[str, Path]]:
