@@ -80,6 +80,27 @@ def _plain_request(model: ContractModel, **fields) -> SynthesisRequest:
     return _request(model, **fields)
 
 
+def _in_threads(calls, what: str) -> list:
+    """Run each of ``calls`` in its own thread, all at once; their results in order (an
+    exception in any thread fails the test, in the test's thread)."""
+    results: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, f"{what} failed: {errors[0]!r}"
+    return [results[index] for index in range(len(calls))]
+
+
 def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | None = None
                   ) -> None:
     """Audio is sane (see ``_check_audio``) and not silent; ``applied`` describes this run."""
@@ -205,21 +226,8 @@ def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> 
     requests = [_plain_request(contract_model, seed=SEED),
                 _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)]
     alone = [engine.synthesize(request).audio.samples for request in requests]
-    together: dict[int, torch.Tensor] = {}
-    errors: list[BaseException] = []
-
-    def run(index: int) -> None:
-        try:
-            together[index] = engine.synthesize(requests[index]).audio.samples
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors, f"concurrent synthesize failed: {errors[0]!r}"
+    together = _in_threads([lambda r=r: engine.synthesize(r).audio.samples for r in requests],
+                           "concurrent synthesize")
     for index, expected in enumerate(alone):
         assert torch.equal(together[index], expected), f"request {index} differs when concurrent"
 
@@ -400,6 +408,46 @@ def test_stream_matches_synthesis(contract_model: ContractModel) -> None:
     request = _plain_request(contract_model, seed=SEED)
     joined = torch.cat([chunk.audio.samples for chunk in _stream(contract_model, request)])
     assert torch.equal(joined, contract_model.engine.synthesize(request).audio.samples)
+
+
+def _joined(chunks) -> torch.Tensor:
+    return torch.cat([chunk.audio.samples for chunk in chunks])
+
+
+@requires(Capability.STREAM)
+def test_a_stream_is_not_changed_by_requests_between_its_chunks(
+        contract_model: ContractModel) -> None:
+    """``it = stream(A); next(it); synthesize(B); stream(C); rest``, all in one thread: A's
+    chunks equal A streamed alone, and B and C equal their own runs alone."""
+    engine = contract_model.engine
+    first = _plain_request(contract_model, seed=SEED)
+    second = _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)
+    alone = _joined(_stream(contract_model, first))
+    other_alone = engine.synthesize(second).audio.samples
+    other_streamed = _joined(_stream(contract_model, second))
+    stream = iter(engine.stream(first))
+    head = [next(stream)]
+    between = engine.synthesize(second).audio.samples
+    nested = _joined(engine.stream(second))
+    rest = list(stream)
+    assert torch.equal(between, other_alone), "a request made inside a stream differs"
+    assert torch.equal(nested, other_streamed), "a stream opened inside a stream differs"
+    assert torch.equal(_joined(head + rest), alone), (
+        "a stream's audio changed when other requests ran between its chunks")
+
+
+@requires(Capability.STREAM)
+def test_streams_from_two_threads_match_each_alone(contract_model: ContractModel) -> None:
+    """Two threads stream from one loaded engine, chunk by chunk (an engine may interleave
+    them or serialize them): each stream equals the same stream alone."""
+    engine = contract_model.engine
+    requests = [_plain_request(contract_model, seed=SEED),
+                _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)]
+    alone = [_joined(_stream(contract_model, request)) for request in requests]
+    together = _in_threads([lambda r=r: _joined(engine.stream(r)) for r in requests],
+                           "concurrent streams")
+    for index, expected in enumerate(alone):
+        assert torch.equal(together[index], expected), f"stream {index} differs when concurrent"
 
 
 @requires(Capability.STREAM)

@@ -15,13 +15,19 @@ import torch
 
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
-from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.engine import Engine, ModelInfo, engine_lock
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.contracts.requests import MAX_GUIDANCE, MAX_STEPS, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult, check_finite
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import CheckpointMismatch, InvalidOption, InvalidRequest, ModelFilesMissing
+from mizuoto.errors import (
+    CheckpointMismatch,
+    EngineBusy,
+    InvalidOption,
+    InvalidRequest,
+    ModelFilesMissing,
+)
 from mizuoto.options import Options
 from mizuoto.runtime.compile import Compilation, compile_module
 from mizuoto.runtime.device import (
@@ -36,6 +42,8 @@ from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.threads import apply_cpu_threads
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
+from mizuoto_voxcpm.batching import PatchBatcher
+from mizuoto_voxcpm.cache_pool import DEFAULT_CACHE_SLOTS, CachePool
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
 from mizuoto_voxcpm.generation import (
@@ -73,6 +81,8 @@ FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times
 MAX_PATCHES = 65536
 MAX_RETRIES = 100
 MAX_RATIO = 100.0
+# requests one loaded model can hold open at once (engines.voxcpm.cache_slots)
+MAX_CACHE_SLOTS = 256
 
 
 def _integer(name: str, low: int, high: int):
@@ -134,9 +144,21 @@ def _dtype_option(instance, attribute, value):
 @attrs.frozen
 class VoxCPMOptions:
     """``engines.voxcpm.*``: ``dtype`` overrides ``compute.dtype`` for the LM and DiT (the VAE
-    always runs in float32). ``auto`` is the config's dtype on every device, float32 on MPS."""
+    always runs in float32). ``auto`` is the config's dtype on every device, float32 on MPS.
+    ``cache_slots`` [1, 256]: how many requests (open streams included) the loaded model holds
+    at once, each in its own LM caches (allocated when first needed). ``max_batch``
+    [1, 256]: streams step together in batches of up to this many (continuous batching);
+    1 (the default) generates each alone. A batched row's audio is not bit-identical to its
+    audio alone on every CPU (docs/performance.md); results say ``compute["batched"]``."""
 
     dtype: str = attrs.field(default="auto", validator=_dtype_option)
+    cache_slots: int = attrs.field(
+        default=DEFAULT_CACHE_SLOTS,
+        validator=integer_in("engines.voxcpm.cache_slots", 1, MAX_CACHE_SLOTS,
+                             error=InvalidOption))
+    max_batch: int = attrs.field(
+        default=1, validator=integer_in("engines.voxcpm.max_batch", 1, MAX_CACHE_SLOTS,
+                                        error=InvalidOption))
 
 
 @attrs.frozen
@@ -168,11 +190,14 @@ class VoxCPMEngine(Engine):
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
                                                 "cuda_graphs"}
+    # each request generates in its own cache slot with its own generator and buffers
+    per_request_state = True
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
                  tokenizer: VoxCPMTokenizer, info: ModelInfo,
                  load_warnings: tuple[str, ...] = (), oom_fallback: bool = True,
-                 compilation: Compilation | None = None) -> None:
+                 compilation: Compilation | None = None,
+                 cache_slots: int = DEFAULT_CACHE_SLOTS, max_batch: int = 1) -> None:
         self.model_dir = model_dir
         self.config = config
         self.model = model
@@ -184,7 +209,11 @@ class VoxCPMEngine(Engine):
         self._oom_fallback = oom_fallback
         self._compilation = compilation or Compilation(False)
         self._lora: AttachedLoRA | None = None
-        self._attention = model.lm_cache.attention
+        self._attention = model.caches.lm.attention
+        self._pool = CachePool(model, size=cache_slots, attention=self._attention,
+                               first=model.caches)
+        # streams only: a synthesize call runs whole under the engine lock, alone
+        self._batcher = PatchBatcher(model, max_batch) if max_batch > 1 else None
         self._cuda_graphs = model.patch_graphs is not None
 
     # -- loading ------------------------------------------------------------------------
@@ -261,7 +290,9 @@ class VoxCPMEngine(Engine):
                  info.dtype, info.device)
         engine = cls(model_dir=model_dir, config=config, model=model, vae=vae,
                      tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else (),
-                     oom_fallback=options.compute.oom_fallback, compilation=compilation)
+                     oom_fallback=options.compute.oom_fallback, compilation=compilation,
+                     cache_slots=engine_options.cache_slots,
+                     max_batch=engine_options.max_batch)
         if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
             engine.set_lora(model_dir)
         return engine
@@ -269,6 +300,11 @@ class VoxCPMEngine(Engine):
     @property
     def info(self) -> ModelInfo:
         return self._info
+
+    @property
+    def batcher(self) -> PatchBatcher | None:
+        """The continuous batcher of streams (``engines.voxcpm.max_batch`` > 1), else None."""
+        return self._batcher
 
     # -- LoRA ---------------------------------------------------------------------------
 
@@ -280,7 +316,17 @@ class VoxCPMEngine(Engine):
     def set_lora(self, path: str | Path | None) -> None:
         """Apply the LoRA directory ``path`` (``lora_weights.safetensors`` +
         ``lora_config.json``), replacing the current one, or remove it with ``None``; the base
-        weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA."""
+        weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA.
+        Refused while a request is open (a stream between two chunks): its voice would change
+        mid-utterance."""
+        with engine_lock(self):
+            if self._pool.in_use:
+                raise EngineBusy(f"{self._pool.in_use} request(s) are open on this model; "
+                                 "its LoRA cannot change under them",
+                                 "finish or close the open streams first")
+            self._set_lora(path)
+
+    def _set_lora(self, path: str | Path | None) -> None:
         if path is None:
             if self._lora is not None:
                 remove_lora(self.model)
@@ -419,7 +465,8 @@ class VoxCPMEngine(Engine):
             chunks=len(plan.chunks),
             compute=compute_in_effect(oom_fallback=self._oom_fallback,
                                       compile=self._compilation.active,
-                                      attention=self._attention, cuda_graphs=self._cuda_graphs),
+                                      attention=self._attention, cuda_graphs=self._cuda_graphs,
+                                      batched=streamed and self._batcher is not None),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
                    "lora": self._lora.path if self._lora else None},
@@ -437,6 +484,10 @@ class VoxCPMEngine(Engine):
     def synthesize(self, request: SynthesisRequest, *,
                    progress: ProgressCallback | None = None) -> SynthesisResult:
         plan = self._plan(request)
+        with self._pool.slot() as slot:
+            return self._synthesize(plan, slot, progress)
+
+    def _synthesize(self, plan: _Plan, slot, progress) -> SynthesisResult:
         pieces, retries, patches, fallbacks = [], 0, 0, []
         for index, target in enumerate(plan.chunks):
             run = self._chunk_run(plan, index, target)
@@ -448,7 +499,8 @@ class VoxCPMEngine(Engine):
                 target_tokens=run.tokens, retry_badcase=params.retry_badcase,
                 retry_max_times=params.retry_badcase_max_times,
                 retry_ratio=params.retry_badcase_ratio_threshold,
-                on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap))
+                on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap),
+                slot=slot)
             retries += result.attempts - 1
             patches += result.patches.size(1) - result.context
             part = f" (chunk {index + 1} of {len(plan.chunks)})" if len(plan.chunks) > 1 else ""
@@ -481,16 +533,24 @@ class VoxCPMEngine(Engine):
         for chunk_index, target in enumerate(plan.chunks):
             run = self._chunk_run(plan, chunk_index, target)
             generator = sampling_generator(self.model, run.seed)
-            generated = generate_patches(self.model, run.sequence, run.sampling, seed=run.seed,
-                                         generator=generator)
             context = context_latents(run.sequence, v2=v2, device=self.model.device,
                                       dtype=self.model.dtype)
-            # the decoder's noise (if any) draws between the patches' draws, as upstream's
-            with segment_decoder(self.vae, context=context, v2=v2,
-                                 patch_size=self.config.patch_size) as decode, \
-                    noise_drawn_from(self.vae, generator):
+            # the slot, generator, buffers and decoder state are this stream's own: between two
+            # chunks the engine may serve other requests (per_request_state)
+            with self._pool.slot() as slot, \
+                    segment_decoder(self.vae, context=context, v2=v2,
+                                    patch_size=self.config.patch_size) as decode:
+                if self._batcher is not None:
+                    generated = self._batcher.generate(run.sequence, run.sampling,
+                                                       generator=generator, slot=slot)
+                else:
+                    generated = generate_patches(self.model, run.sequence, run.sampling,
+                                                 seed=run.seed, generator=generator, slot=slot)
                 for patch, last_patch in generated:
-                    segment = decode(patch)
+                    # the decoder's noise (if any) draws between the patches' draws, as
+                    # upstream's; set per patch, since the VAE's noise blocks are shared
+                    with noise_drawn_from(self.vae, generator):
+                        segment = decode(patch)
                     index += 1
                     report(progress, "sampling", index, None)
                     last = last_patch and chunk_index == len(plan.chunks) - 1

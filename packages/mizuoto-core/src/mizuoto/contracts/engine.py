@@ -60,6 +60,12 @@ class Engine(abc.ABC):
     #: at every load (:func:`mizuoto.runtime.startup.check_startup_options`).
     compute_options: ClassVar[frozenset[str]] = frozenset(
         {"device", "dtype", "cpu_threads", "cpu_allocator", "cpu_pinning"})
+    #: ``True`` for an engine that keeps every request's generation state (caches, generators,
+    #: progress) in the request, not on the engine: a stream then holds the engine lock only
+    #: while it computes its next chunk, not from its first chunk to its last, so other
+    #: requests (another thread's, or the same thread's between two chunks) run in between.
+    #: Leave it ``False`` while any per-request state lives on the engine or its modules.
+    per_request_state: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Serialize each engine's requests: the public calls a subclass defines run under the
@@ -214,6 +220,9 @@ def _serialized(method):
     if inspect.isgeneratorfunction(method):
         @functools.wraps(method)
         def stream(self, *args, **kwargs):
+            if self.per_request_state:
+                yield from _locked_iteration(self, method(self, *args, **kwargs), args)
+                return
             # held from the first chunk to the last (or until the consumer closes the stream)
             with engine_lock(self):
                 for chunk in method(self, *args, **kwargs):
@@ -235,9 +244,28 @@ def _serialized(method):
 
 
 def _locked_iteration(engine: Engine, chunks, args):
-    with engine_lock(engine):
-        for chunk in chunks:
+    if not engine.per_request_state:
+        with engine_lock(engine):
+            for chunk in chunks:
+                yield _with_notices(args, chunk)
+        return
+    yield from _stepwise(engine_lock(engine), chunks, args)
+
+
+def _stepwise(lock: RequestLock, chunks, args):
+    """Each chunk computed under ``lock``, handed on without it: between two chunks of this
+    stream the engine serves other requests (their state is their own)."""
+    try:
+        while True:
+            with lock:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
             yield _with_notices(args, chunk)
+    finally:
+        with lock:  # a stream closed early frees its state (cache slot) under the lock too
+            chunks.close()
 
 
 def _with_notices(args, value):
