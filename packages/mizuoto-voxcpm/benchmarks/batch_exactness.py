@@ -23,6 +23,7 @@ import torch
 
 import mizuoto
 from mizuoto import ComputeOptions, Options, SynthesisRequest
+from mizuoto_voxcpm.batching import round_robin
 
 SENTENCES = (
     "Hello there.",
@@ -47,21 +48,6 @@ def _load(model_dir: str, dtype: str, max_batch: int):
                       engines={"voxcpm": {"dtype": dtype, "max_batch": max_batch,
                                           "cache_slots": max(4, max_batch)}})
     return mizuoto.load(model_dir, options=options)
-
-
-def round_robin(engine, requests) -> list[list[torch.Tensor]]:
-    """Consume the streams of ``requests`` one chunk each in turn, in one thread."""
-    streams = [iter(engine.stream(r)) for r in requests]
-    chunks: list[list[torch.Tensor]] = [[] for _ in requests]
-    open_ = list(range(len(requests)))
-    while open_:
-        for index in list(open_):
-            chunk = next(streams[index], None)
-            if chunk is None:
-                open_.remove(index)
-                continue
-            chunks[index].append(chunk.audio.samples)
-    return chunks
 
 
 def compare(alone: torch.Tensor, batched: torch.Tensor) -> dict:
@@ -95,7 +81,8 @@ def main(argv=None) -> int:
         for size in sizes:
             engine = _load(args.model_dir, dtype, size)
             started = time.perf_counter()
-            batched = round_robin(engine, requests[:size])
+            batched = [[c.audio.samples for c in chunks] for chunks in
+                       round_robin([engine.stream(r) for r in requests[:size]])]
             seconds = time.perf_counter() - started
             stats = engine.batcher.stats if engine.batcher is not None else None
             for index in range(size):

@@ -634,10 +634,11 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown.")
 @click.option("--max-loaded", type=click.IntRange(1), help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
+@click.option("--max-batch", default=1, show_default=True, type=click.IntRange(1, 256), help="Requests of one model run at once; an engine that batches (VoxCPM streams) steps them together. Batched audio is not bit-identical to unbatched (docs/performance.md).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
 def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
-          memory_budget, option_pairs, options_file):
+          memory_budget, max_batch, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -647,7 +648,8 @@ def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_l
     run(ServeConfig(models=model_names(models, aliases), engine=engine,
                     options=_options_to_load(options_file, option_pairs), host=host, port=port,
                     api_key=api_key, queue_size=queue_size, grace=grace,
-                    max_loaded=max_loaded, memory_budget=_size(memory_budget)))
+                    max_loaded=max_loaded, memory_budget=_size(memory_budget),
+                    max_batch=max_batch))
 
 
 def _size(text):

@@ -24,7 +24,7 @@ chunks of this one).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import attrs
 import torch
@@ -48,6 +48,12 @@ class _Row:
     sampled: int = 0
     ready: tuple[torch.Tensor, bool] | None = None
     error: BaseException | None = None
+    ended: bool = False  # its last patch is sampled: it waits only to be taken
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the row needs a patch (its previous one was taken)."""
+        return self.ready is None and self.error is None and not self.ended
 
     @property
     def key(self) -> tuple[int, float]:
@@ -134,7 +140,7 @@ class PatchBatcher:
         """One patch for ``caller`` and for every other row waiting for one (same sampler
         settings, up to ``max_batch``)."""
         rows = [caller] + [row for row in list(self._rows)
-                           if row is not caller and row.ready is None and row.error is None
+                           if row is not caller and row.waiting
                            and row.key == caller.key][:self.max_batch - 1]
         started = time.perf_counter()
         try:
@@ -172,12 +178,39 @@ class PatchBatcher:
                                            "lower max_len or shorten the text")
                 continue
             row.ready = (patch, stopped or capped)
+            row.ended = stopped or capped
             if not (stopped or capped):
                 going_on.append((row, patch))
         if not going_on:
             return
-        embeds = model.encode_patch_rows(torch.cat([patch for _, patch in going_on]))
+        # the patches as the sampler left them, a transposed view (one row's, alone, goes to
+        # the encoder as such: a contiguous copy would take another matrix-product path)
+        channels_first = patches.transpose(1, 2)
+        if len(going_on) < len(rows):
+            kept = torch.tensor([rows.index(row) for row, _ in going_on], device=model.device)
+            channels_first = channels_first.index_select(0, kept)
+        embeds = model.encode_patch_rows(channels_first.transpose(1, 2))
         lm_next, residual_next = model.advance_rows(embeds, [row.slot for row, _ in going_on])
         for index, (row, _) in enumerate(going_on):
             row.buffers.lm_hidden.copy_(lm_next[index:index + 1])
             row.buffers.residual_hidden.copy_(residual_next[index:index + 1])
+
+
+def round_robin(streams: Iterable[Iterable]) -> list[list]:
+    """Take one item of each open stream in turn, in this thread, until all have ended; each
+    stream's items in order. How one thread serves several listeners: a batching engine
+    steps the streams together (they join one by one as their first chunks are asked for)."""
+    iterators = [iter(stream) for stream in streams]
+    items: list[list] = [[] for _ in iterators]
+    open_ = list(range(len(iterators)))
+    while open_:
+        for index in list(open_):
+            item = next(iterators[index], _END)
+            if item is _END:
+                open_.remove(index)
+            else:
+                items[index].append(item)
+    return items
+
+
+_END = object()

@@ -121,7 +121,8 @@ class VoxCPMModel(nn.Module):
         :meth:`encode_patches` runs for a single one: there the encoder's CLS outputs, a
         strided view, are contiguous only because ``b`` is 1, and a strided input takes
         another matrix-product path (other bits) in the projection; here they are copied to
-        contiguous rows first."""
+        contiguous rows first. ``patches`` should be strided as the sampler's output is (a
+        transposed view), for the same reason."""
         hidden = self.feat_encoder(patches.unsqueeze(1)).contiguous()
         return self.enc_to_lm_proj(hidden)[:, 0]
 

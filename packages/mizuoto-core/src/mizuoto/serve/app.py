@@ -23,6 +23,7 @@ from types import MappingProxyType
 import attrs
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.serve.batching import options_with_max_batch
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
 from mizuoto.serve.metrics import Metrics
 from mizuoto.serve.voices import VoiceStore
@@ -42,7 +43,9 @@ class ServeConfig:
     the first ``max_loaded`` models load at start, the others on their first request, and
     the least recently used idle models are unloaded to make room (:class:`ModelPool`).
     ``shared_lock`` runs every model's requests under one lock: the single-global-lock
-    baseline of the load test, not a setting to serve with.
+    baseline of the load test, not a setting to serve with. ``max_batch`` runs up to that
+    many requests of one model at once, batched by engines that batch
+    (:mod:`mizuoto.serve.batching`); 1 runs them one after the other.
     """
 
     models: Mapping[str, str] = attrs.field(converter=lambda v: MappingProxyType(dict(v)))
@@ -59,6 +62,7 @@ class ServeConfig:
     max_loaded: int | None = None
     memory_budget: int | None = None
     shared_lock: bool = False
+    max_batch: int = 1
 
 
 def model_names(models: list[str] | tuple[str, ...], aliases: list[str] | tuple[str, ...] = ()
@@ -105,8 +109,10 @@ class _State:
             preload = config.max_loaded is None or index < config.max_loaded
             worker = ModelWorker(name, model, load=_loader(model, config),
                                  queue_size=config.queue_size, metrics=self.metrics,
-                                 shared_lock=shared, pool=pool, preload=preload)
+                                 shared_lock=shared, pool=pool, preload=preload,
+                                 max_batch=config.max_batch)
             self.metrics.watch_queue(name, worker.depth)
+            self.metrics.watch_batches(name, lambda worker=worker: _batch_stats(worker))
             self.workers[name] = worker
 
 
@@ -119,10 +125,19 @@ def _loader(model: str, config: ServeConfig):
 
         # one load at a time: plugin discovery and the registry are not built for concurrent
         # first use, and two loads at once would only compete for memory and cores
+        options = config.options
+        if config.max_batch > 1:
+            options = options_with_max_batch(options, config.max_batch)
         with _LOADING:
-            return mizuoto.load(model, engine=config.engine, options=config.options)
+            return mizuoto.load(model, engine=config.engine, options=options)
 
     return load
+
+
+def _batch_stats(worker: ModelWorker):
+    """The loaded engine's batching statistics (``engine.batcher.stats``), if it batches."""
+    batcher = getattr(worker.engine, "batcher", None)
+    return getattr(batcher, "stats", None)
 
 
 def create_app(config: ServeConfig):

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mizuoto.serve.batching import Lanes
 from mizuoto.serve.errors import APIError, from_mizuoto, unavailable
 
 log = logging.getLogger("mizuoto.serve")
@@ -76,8 +77,11 @@ class ModelWorker:
 
     def __init__(self, name: str, model: str, *, load: Callable[[], object], queue_size: int,
                  metrics=None, shared_lock: threading.Lock | None = None,
-                 pool: ModelPool | None = None, preload: bool = True) -> None:
+                 pool: ModelPool | None = None, preload: bool = True,
+                 max_batch: int = 1) -> None:
         self.name = name
+        # --max-batch: jobs run on lanes, several at once (mizuoto.serve.batching)
+        self._lanes = Lanes(name, max_batch) if max_batch > 1 else None
         self.model = model
         self._load = load
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -108,7 +112,10 @@ class ModelWorker:
 
     def depth(self) -> int:
         """Jobs queued or running."""
-        return self._queue.qsize() + (self._running is not None)
+        return self._queue.qsize() + (self._running is not None) + self._lane_jobs()
+
+    def _lane_jobs(self) -> int:
+        return self._lanes.active if self._lanes is not None else 0
 
     def submit_check(self) -> None:
         """An :class:`APIError` (503) unless the model takes requests (loaded or loadable)."""
@@ -135,7 +142,8 @@ class ModelWorker:
         if not self._engine_lock.acquire(blocking=False):
             return False
         try:
-            if self.engine is None or self._running is not None or not self._queue.empty():
+            if self.engine is None or self._running is not None or self._lane_jobs() \
+                    or not self._queue.empty():
                 return False
             self.engine = None
             self.engine_bytes = 0
@@ -160,7 +168,10 @@ class ModelWorker:
                 job.emit(DONE)
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
+        deadline = time.monotonic() + timeout
         self._thread.join(timeout)
+        if self._lanes is not None:
+            self._lanes.wait_idle(max(0.0, deadline - time.monotonic()))
 
     def _load_engine(self) -> None:
         """Load the model (on this thread, holding the engine lock); raises on failure."""
@@ -208,7 +219,10 @@ class ModelWorker:
                             continue
                         if self._pool is not None:
                             self._pool.loaded(self)
-                    self._execute(job)
+                    if self._lanes is None:
+                        self._execute(job)
+                if self._lanes is not None:
+                    self._lanes.run(lambda job=job: self._execute(job))
             finally:
                 self._running = None
             if self._pool is not None:  # a model busy when another loaded may go now
