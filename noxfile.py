@@ -55,7 +55,7 @@ nox.options.reuse_existing_virtualenvs = True
 TORCH = ["torch==2.14.1", "torchaudio==2.11.0"]
 PACKAGES = [
     "-e", "packages/mizuoto-core[hub,text,test,serve,ray]",
-    "-e", "packages/mizuoto-f5tts",
+    "-e", "packages/mizuoto-f5tts[arrow]",
     "-e", "packages/mizuoto-voxcpm",
     "-e", "contract-tests",
     "-e", "docs/examples/mizuoto-example",
@@ -87,16 +87,31 @@ def _ensure_ffmpeg(session):
     if shutil.which("ffmpeg"):
         return
     if not _apt_install(session, ["ffmpeg"]):
-        session.error("FFmpeg is required for the parity oracles: install it (apt-get install ffmpeg)")
+        session.error("FFmpeg is required by the parity tests (the upstream oracles read audio "
+                      "with torchaudio): install it (apt-get install ffmpeg), or set "
+                      f"{APT_OPT_IN}=1 to let this session apt-get install it")
 
 
-def _can_apt_install() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get") is not None
+#: Set to 1 to let a session apt-get install the system packages the tests need (FFmpeg,
+#: jemalloc, tcmalloc); CI (the CI variable set) always may. Nothing is installed otherwise.
+APT_OPT_IN = "MIZUOTO_APT_INSTALL"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+def _may_apt_install() -> bool:
+    """On the host only in CI or when asked, and only as root with apt-get."""
+    asked = _in_ci() or os.environ.get(APT_OPT_IN, "") == "1"
+    return asked and hasattr(os, "geteuid") and os.geteuid() == 0 \
+        and shutil.which("apt-get") is not None
 
 
 def _apt_install(session, packages: list[str]) -> bool:
-    """Install Debian ``packages`` where this session may (root, apt-get); False otherwise."""
-    if not _can_apt_install():
+    """Install Debian ``packages`` where this session may (:func:`_may_apt_install`); False
+    otherwise."""
+    if not _may_apt_install():
         return False
     session.run("apt-get", "update", "-qq", external=True)
     session.run("apt-get", "install", "-y", "-qq", *packages, external=True,
@@ -121,14 +136,16 @@ def _missing_allocators() -> list[str]:
 
 def _allocator_env(session) -> dict[str, str]:
     """Install jemalloc and tcmalloc where the session may, so that the tests proving they keep
-    the audio bit-identical run; once they are there, a test that cannot find one fails
-    (MIZUOTO_REQUIRE_ALLOCATORS=1) instead of skipping. Elsewhere those tests skip, saying so."""
+    the audio bit-identical run; once they are there, and always in CI, a test that cannot
+    find one fails (MIZUOTO_REQUIRE_ALLOCATORS=1) instead of skipping. Elsewhere those tests
+    skip, saying so."""
     missing = _missing_allocators()
     if missing and _apt_install(session, missing):
         missing = _missing_allocators()
-    if missing:
+    if missing and not _in_ci():
         session.warn(f"not installed: {', '.join(missing)}; the compute.cpu_allocator tests "
-                     "will skip (apt-get install " + " ".join(missing) + ")")
+                     "(test_cpu_startup.py) will skip: apt-get install " + " ".join(missing)
+                     + f", or set {APT_OPT_IN}=1 to let this session install them")
         return {}
     return {"MIZUOTO_REQUIRE_ALLOCATORS": "1"}
 
@@ -259,10 +276,16 @@ def ci(session):
 def compat(session):
     """The newer Pythons: regular (not editable) installs of core and both engines with only
     their declared dependencies (no librosa, no upstream oracles, torch without torchaudio),
-    then the contract suite against both engines and the engines' command line."""
+    then the contract suite against both engines and the engines' command line.
+
+    Installed as a user adds to an environment: core first, then the engines together with
+    another extra of core (an engine's requirement on core must not conflict with the core
+    already installed: ResolutionImpossible before), then the test tools."""
     session.install(TORCH[0])
-    session.install("./packages/mizuoto-core[text,test,serve]", "./packages/mizuoto-f5tts",
-                    "./packages/mizuoto-voxcpm", "./contract-tests")
+    session.install("./packages/mizuoto-core")
+    session.install("./packages/mizuoto-voxcpm", "./packages/mizuoto-f5tts",
+                    "./packages/mizuoto-core[serve]")
+    session.install("./packages/mizuoto-core[text,test,serve]", "./contract-tests")
     for undeclared in ("librosa", "torchaudio", "f5_tts", "voxcpm"):
         session.run("python", "-c", f"import importlib.util, sys; "
                     f"importlib.util.find_spec({undeclared!r}) and "

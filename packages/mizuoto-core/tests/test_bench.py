@@ -4,6 +4,7 @@ run each: no timing is asserted), its schedule and summary, and its argument err
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -143,3 +144,46 @@ def test_the_table_flags_identical_and_different_audio():
     assert rows["base"].endswith("1.000   0.500       identical to upstream")
     assert rows["other"].endswith("0.500   0.250       differs from base")
     assert rows["upstream"].endswith("2.000   1.000       identical to base")
+
+
+def test_a_child_measures_its_own_peak_not_its_parents():
+    """On Linux ``ru_maxrss`` starts at the parent's peak (it survives fork and exec): a bench
+    that built a model in its own process would have every child report at least that."""
+    import subprocess
+    import sys
+
+    from mizuoto.benchmarking.child import _peak_rss_mb
+
+    ballast = bytearray(400 << 20)
+    ballast[::4096] = b"\1" * len(ballast[::4096])  # touched: resident
+    assert _peak_rss_mb() >= 400
+    code = "from mizuoto.benchmarking.child import _peak_rss_mb; print(_peak_rss_mb())"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True)
+    del ballast
+    assert float(child.stdout) < 200, child.stdout
+
+
+def test_a_random_model_is_written_outside_the_bench_process(toy, monkeypatch):
+    import subprocess
+
+    from mizuoto.benchmarking import command
+
+    calls = []
+    real_run = subprocess.run
+
+    def spy(args, **kwargs):
+        calls.append(list(args))
+        return real_run(args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    from mizuoto.registry import random_models
+
+    fixture = random_models()["toy/tiny"]
+    directory = Path(toy[-1])
+    command._write_random(fixture, directory)
+    assert any(call[-3:] == ["random-model", "toy/tiny", str(directory)] for call in calls)
+    assert (directory / command._COMPLETE).read_text().strip() == "toy/tiny"
+    calls.clear()
+    command._write_random(fixture, directory)  # complete: reused, nothing run
+    assert calls == []

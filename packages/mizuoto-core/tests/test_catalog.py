@@ -191,3 +191,45 @@ def test_an_entry_without_files_resolves_to_an_existing_directory(home):
     entry = CatalogEntry(id="rules/en", engine="rules", files={}, license="MIT")
     resolved = resolve_model("rules/en", catalog={"rules/en": entry}, download=False)
     assert resolved.path.is_dir() and resolved.entry is entry
+
+
+def _missing_hint() -> str:
+    with pytest.raises(ModelFilesMissing) as raised:
+        resolve_model("fake/base", catalog=CATALOG)
+    return str(raised.value)
+
+
+def test_offline_by_setting_says_so(home, monkeypatch):
+    hint = _missing_hint()
+    assert "downloads are off (HF_HUB_OFFLINE or MIZUOTO_OFFLINE is set)" in hint
+    assert "no model hub is reachable" not in hint and "not installed" not in hint
+
+
+def test_without_huggingface_hub_says_it_is_not_installed(home, monkeypatch):
+    monkeypatch.delenv("MIZUOTO_OFFLINE")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
+    monkeypatch.setattr(catalog, "_hub_reachable", lambda: pytest.fail("hub tried"))
+    hint = _missing_hint()
+    assert "huggingface_hub is not installed (pip install 'mizuoto-core[hub]')" in hint
+    assert "reachable" not in hint
+
+
+def test_an_unreachable_hub_says_so_and_not_that_the_hub_is_missing(home, monkeypatch):
+    _fake_hub(monkeypatch)
+    monkeypatch.setattr(catalog, "_hub_reachable", lambda: False)
+    hint = _missing_hint()
+    assert "no model hub is reachable from here (huggingface_hub is installed" in hint
+    assert "not installed" not in hint.replace("is installed", "")
+
+
+def test_a_failed_download_says_it_failed(home, monkeypatch):
+    huggingface_hub = _fake_hub(monkeypatch)
+    monkeypatch.setattr(catalog, "_hub_reachable", lambda: True)
+
+    def refuse(repo, filename, revision=None):
+        raise OSError("403")
+
+    huggingface_hub.hf_hub_download = refuse
+    hint = _missing_hint()
+    assert "the download failed" in hint and "reachable" not in hint

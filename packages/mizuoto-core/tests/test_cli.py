@@ -130,6 +130,38 @@ def test_train_without_a_trainer_for_the_engine(fake_plugin, tmp_path):
     assert result.exit_code == 2 and "method" in result.output
 
 
+def test_train_passes_the_device_and_mixed_precision(no_plugins, tmp_path):
+    """``--option compute.*`` and ``--mixed-precision`` reach the trainer's config, and the
+    resume line repeats them; bad values exit 2 naming the key."""
+    from conftest import FakeTrainer, make_plugin
+
+    from mizuoto import TrainingResult, registry
+
+    seen = []
+
+    class RecordingTrainer(FakeTrainer):
+        graceful_stop = True
+
+        def train(self, run, *, progress=None):
+            seen.append(run)
+            return TrainingResult(run.output_dir, 1, None, interrupted="SIGINT")
+
+    no_plugins.register(make_plugin(trainers=(RecordingTrainer,)), name="fake_plugin")
+    registry.clear_cache()
+    result = _run("train", "-e", "fake", "-m", "fake/base", "--data", str(tmp_path),
+                  "--output", str(tmp_path / "run"), "--option", "compute.device=cpu",
+                  "--mixed-precision", "bf16")
+    assert result.exit_code == 130
+    assert seen[0].compute.device == "cpu" and seen[0].mixed_precision == "bf16"
+    assert "--mixed-precision bf16 --option compute.device=cpu" in result.output
+    result = _run("train", "-e", "fake", "-m", "fake/base", "--data", str(tmp_path),
+                  "--output", str(tmp_path / "run"), "--option", "compute.device=tpu")
+    assert result.exit_code == 2 and "compute.device" in result.output
+    result = _run("train", "-e", "fake", "-m", "fake/base", "--data", str(tmp_path),
+                  "--output", str(tmp_path / "run"), "--mixed-precision", "fp8")
+    assert result.exit_code == 2 and "mixed-precision" in result.output
+
+
 @pytest.mark.parametrize(("signal_name", "status"), [("SIGINT", 130), ("SIGTERM", 143)])
 def test_train_stopped_by_a_signal_says_how_to_resume(no_plugins, tmp_path, signal_name,
                                                       status):

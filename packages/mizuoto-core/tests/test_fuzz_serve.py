@@ -67,3 +67,155 @@ def test_speech_bodies_give_audio_or_an_error_below_500(server, body):
         assert response.content, "an empty audio response"
     else:
         assert "error" in response.json(), response.text[:500]
+
+
+# --- the raw HTTP layer: framing, nesting, uploads with hostile headers -------------------------
+
+# Each example is one request that never reaches the model (or a clip the engine reads only):
+# twice the server runs' examples.
+RAW_RUNS = settings(max_examples=max(10, settings.default.max_examples // 2))
+
+PATHS = st.sampled_from(["/v1/audio/speech", "/v1/audio/voices", "/v1/models", "/health",
+                         "/metrics", "/v1/audio/voices/x", "/nowhere", "//v1/audio/speech",
+                         "/v1/audio/speech/", "/v1/audio/speech?x=1", "/%2e%2e/etc"])
+CONTENT_TYPES = st.one_of(
+    st.sampled_from(["application/json", "application/json; charset=utf-16", "text/plain",
+                     "multipart/form-data", "multipart/form-data; boundary=",
+                     "multipart/form-data; boundary=\"" + "b" * 2000 + "\"",
+                     "application/x-www-form-urlencoded", "application/json; charset=nope",
+                     "audio/flac"]),
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=80))
+
+
+def _nested(depth: int, opener: str) -> bytes:
+    closer = {"[": "]", '{"a":': "}"}[opener]
+    inner = opener * depth + "1" + closer * depth
+    return ('{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"params": '
+            '{"nest": ' + inner + "}}}").encode()
+
+
+BODIES = st.one_of(
+    st.binary(max_size=2000),
+    st.builds(_nested, st.integers(1, 200_000), st.sampled_from(["[", '{"a":'])),
+    st.builds(lambda n: b"[" * n, st.integers(1, 2_000_000)),
+    st.builds(lambda n: b'{"seed": ' + b"9" * n + b"}", st.integers(1, 20_000)),
+    st.just(b" " * ((1 << 20) + 1)),  # one byte over the speech limit
+)
+
+
+def _frames(body: bytes, chunked: bool, splits: list[int]) -> tuple[list[bytes], bytes]:
+    """The body as sent, and its framing header."""
+    if not chunked:
+        return [body], b"Content-Length: %d\r\n" % len(body)
+    cuts = sorted({min(s, len(body)) for s in splits} | {0, len(body)})
+    pieces = [body[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+    chunks = [b"%x\r\n%s\r\n" % (len(p), p) for p in pieces]
+    return [*chunks, b"0\r\n\r\n"], b"Transfer-Encoding: chunked\r\n"
+
+
+def _send(url: str, method: str, path: str, headers: list[tuple[str, str]], body: bytes,
+          chunked: bool, splits: list[int]) -> bytes:
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    frames, framing = _frames(body, chunked, splits)
+    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n".encode()
+    head += b"".join(f"{k}: {v}\r\n".encode() for k, v in headers) + framing + b"\r\n"
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=120) as sock:
+        try:
+            sock.sendall(head)
+            for frame in frames:
+                sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered early (413) and closed: read what it said
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return answer
+
+
+def _check_answer(answer: bytes, url: str) -> None:
+    assert answer.startswith(b"HTTP/1.1 "), answer[:200]
+    status = int(answer.split(b" ", 2)[1])
+    assert status < 500, answer[:500]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if status >= 400 and b"application/json" in head.lower():
+        assert b'"error"' in body or b'"detail"' in body, answer[:500]
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200  # still serving
+
+
+@RAW_RUNS
+@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]),
+       path=PATHS, content_type=CONTENT_TYPES, body=BODIES, chunked=st.booleans(),
+       splits=st.lists(st.integers(0, 1 << 21), max_size=8))
+def test_raw_requests_never_crash_the_server(server, method, path, content_type, body,
+                                             chunked, splits):
+    answer = _send(server, method, path, [("Content-Type", content_type)], body, chunked,
+                   splits)
+    _check_answer(answer, server)
+
+
+def _wav_header(rate: int, channels: int, bits: int, data_size: int, payload: bytes) -> bytes:
+    import struct
+
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, (rate * block) & 0xFFFFFFFF, block & 0xFFFF,
+                      bits)
+    return (b"RIFF" + struct.pack("<I", (36 + data_size) & 0xFFFFFFFF) + b"WAVEfmt "
+            + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", data_size) + payload)
+
+
+def _flac_header(rate: int, channels: int, bits: int, frames: int) -> bytes:
+    """A FLAC stream with only its STREAMINFO block: the header's claims, no audio."""
+    info = (4096 << 64) | (4096 << 48)  # block sizes (frame sizes 0: unknown)
+    info = (info << 20 | rate) << 3 | (channels - 1)
+    info = ((info << 5 | (bits - 1)) << 36) | frames
+    streaminfo = info.to_bytes(18, "big") + bytes(16)  # + an MD5 of zeros
+    return b"fLaC" + bytes([0x80, 0, 0, 34]) + streaminfo
+
+
+CLIPS = st.one_of(
+    st.builds(_wav_header, st.integers(0, 10**7), st.integers(0, 300),
+              st.sampled_from([8, 16, 24, 32]), st.integers(0, 2**32 - 1),
+              st.binary(max_size=4000)),
+    st.builds(_flac_header, st.integers(1, 655_350), st.integers(1, 8), st.integers(4, 32),
+              st.integers(0, 2**36 - 1)),
+    st.binary(max_size=4000),
+)
+FIELD_TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126,
+                                            exclude_characters='"\\'), max_size=40)
+
+
+@RAW_RUNS
+@given(clip=CLIPS, filename=st.one_of(FIELD_TEXT, st.sampled_from(
+           ["../../etc/passwd", "a" * 5000, "clip.flac", "x\u202e.wav"])),
+       part_type=CONTENT_TYPES, name=st.one_of(st.just("fz"), FIELD_TEXT),
+       extra_fields=st.lists(st.sampled_from(["name", "model", "text", "audio", "junk"]),
+                             max_size=3),
+       chunked=st.booleans(), splits=st.lists(st.integers(0, 9000), max_size=4))
+def test_voice_uploads_with_hostile_parts_never_crash_the_server(
+        server, clip, filename, part_type, name, extra_fields, chunked, splits):
+    boundary = "fuzz-boundary-7"
+    parts = [("name", None, None, name.encode()), ("model", None, None, b"f5"),
+             ("text", None, None, b"Some words.")]
+    parts += [(field, None, None, b"again") for field in extra_fields]
+    parts.append(("audio", filename, part_type, clip))
+    body = b""
+    for field, file, kind, value in parts:
+        disposition = f'form-data; name="{field}"'
+        if file is not None:
+            disposition += f'; filename="{file}"'
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n".encode()
+        if kind is not None:
+            body += f"Content-Type: {kind}\r\n".encode()
+        body += b"\r\n" + value + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    answer = _send(server, "POST", "/v1/audio/voices",
+                   [("Content-Type", f"multipart/form-data; boundary={boundary}")], body,
+                   chunked, splits)
+    _check_answer(answer, server)
+    if answer.split(b" ", 2)[1] == b"201":  # a voice was built: leave room for the next
+        httpx.delete(f"{server}/v1/audio/voices/{name}", timeout=30)

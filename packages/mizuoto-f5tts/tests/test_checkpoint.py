@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import attrs
 import pytest
 import torch
@@ -18,6 +20,7 @@ from mizuoto_f5tts.checkpoint import (
     read_vocab,
 )
 from mizuoto_f5tts.fixtures import write_random_model_dir
+from mizuoto_f5tts.identification import AmbiguousVariant
 from mizuoto_f5tts.variants import VARIANT_NAMES, checkpoint_name, get_variant
 
 SMALL_VOCAB = [" ", "a", "b", "c", "ni3", "hao3", "你"]
@@ -63,20 +66,17 @@ def test_load_detects_tiny_variant(model_dirs, name):
     assert len(vocab) == len(SMALL_VOCAB)
     assert model.dtype == torch.float32 and not model.training
     state = read_checkpoint(find_checkpoint(model_dirs[name]))
-    assert detect_variant(state, hint=str(find_checkpoint(model_dirs[name]))) == get_variant(
-        name, "tiny"
-    )
+    assert detect_variant(state, name) == get_variant(name, "tiny")
     out, _ = model.sample(torch.zeros(1, 4, 100), torch.tensor([[1, 2, 3]]), 12, steps=2)
     assert out.shape == (1, 12, 100) and torch.isfinite(out).all()
 
 
-def test_detect_dit_family_from_hint(model_dirs):
+def test_detect_dit_family_as_named(model_dirs):
     state = read_checkpoint(find_checkpoint(model_dirs["v1_base"]))
-    assert detect_variant(state).name == "v1_base"
-    assert detect_variant(state, hint="ckpts/F5TTS_Base/model_1200000.pt").name == "base"
-    assert detect_variant(state, hint="ckpts/F5TTS_v1_Base/model_1250000.safetensors").name == (
-        "v1_base"
-    )
+    assert detect_variant(state, "v1_base") == get_variant("v1_base", "tiny")
+    assert detect_variant(state, "base") == get_variant("base", "tiny")
+    with pytest.raises(CheckpointMismatch, match="DIT backbone"):
+        detect_variant(state, "e2_base")
 
 
 def test_detect_real_sizes_from_shapes():
@@ -85,8 +85,7 @@ def test_detect_real_sizes_from_shapes():
         with torch.device("meta"):
             backbone = variant.build_backbone(text_num_embeds=2545)
         state = {f"transformer.{k}": v for k, v in backbone.state_dict().items()}
-        hint = checkpoint_name(name)
-        assert detect_variant(state, hint=hint) == variant
+        assert detect_variant(state, name) == variant
 
 
 def test_detect_unknown_size_is_custom(tmp_path):
@@ -94,7 +93,7 @@ def test_detect_unknown_size_is_custom(tmp_path):
     model_dir = write_random_model_dir(tmp_path, variant, vocab=SMALL_VOCAB)
     model, _ = load_f5_model(model_dir)
     assert len(model.transformer.transformer_blocks) == 3
-    detected = detect_variant(read_checkpoint(find_checkpoint(model_dir)))
+    detected = detect_variant(read_checkpoint(find_checkpoint(model_dir)), "v1_base")
     assert detected.size == "custom" and (detected.depth, detected.heads) == (3, 2)
 
 
@@ -104,7 +103,7 @@ def test_detect_fractional_ff_mult_rebuilds_the_inner_width(tmp_path, name, dim,
     variant = attrs.evolve(get_variant(name, "tiny"), dim=dim, ff_mult=ff_mult)
     model_dir = write_random_model_dir(tmp_path, variant, vocab=SMALL_VOCAB)
     model, _ = load_f5_model(model_dir)  # a narrower feed-forward would not load
-    detected = detect_variant(read_checkpoint(find_checkpoint(model_dir)))
+    detected = detect_variant(read_checkpoint(find_checkpoint(model_dir)), name)
     assert int(dim * detected.ff_mult) == int(dim * ff_mult)
 
 
@@ -134,7 +133,9 @@ def test_several_checkpoints_need_a_choice(tmp_path, model_dirs):
     (tmp_path / "vocab.txt").write_bytes((model_dirs["v1_base"] / "vocab.txt").read_bytes())
     with pytest.raises(ModelFilesMissing, match="checkpoint="):
         find_checkpoint(tmp_path)
-    model, _ = load_f5_model(tmp_path, checkpoint=tmp_path / "model_2.safetensors")
+    with pytest.raises(AmbiguousVariant):  # model_2 names neither v1 nor v0
+        load_f5_model(tmp_path, checkpoint=tmp_path / "model_2.safetensors")
+    model, _ = load_f5_model(tmp_path, "v1_base", checkpoint=tmp_path / "model_2.safetensors")
     assert model.transformer.depth == 2
 
 
@@ -177,9 +178,13 @@ def test_wrong_variant_is_a_mismatch(model_dirs):
         load_f5_model(model_dirs["v1_base"], "e2_base")
 
 
-def test_variant_name_sets_family_and_weights_set_sizes(model_dirs):
-    # a tiny v1 checkpoint loaded as "base": v0 flags, tiny sizes
-    model, _ = load_f5_model(model_dirs["v1_base"], "base")
+def test_variant_name_sets_family_and_weights_set_sizes(tmp_path, model_dirs):
+    # a tiny v1 checkpoint (without the record that says so) loaded as "base": v0 flags, tiny
+    # sizes
+    bare = tmp_path / "bare"
+    shutil.copytree(model_dirs["v1_base"], bare)
+    (bare / "variant.json").unlink()
+    model, _ = load_f5_model(bare, "base")
     assert not model.transformer.text_embed.mask_padding
     assert model.transformer.transformer_blocks[0].attn.pe_attn_head == 1
     assert model.transformer.dim == 64

@@ -225,7 +225,10 @@ def test_mizuoto_train_command(tmp_path, model_dir, metadata):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "export" / "model_2.safetensors").is_file()
     again = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
-    assert again.exit_code == 0 and "Trained 2 steps" in again.output
+    assert result.exit_code == 0 and "Trained 2 steps" in result.output
+    # the rerun trains nothing: it says so, rather than "Trained 2 steps"
+    assert again.exit_code == 0 and "Trained" not in again.output
+    assert "Nothing to train" in again.output and "its 2 steps" in again.output
 
 
 @pytest.mark.parametrize("variant", ["base", "e2_base"])

@@ -157,17 +157,20 @@ def resolve_in(model: str | Path, catalog: Mapping[str, CatalogEntry], *,
     files = downloaded_files(entry)
     missing = [name for name, local in files.items()
                if local is None and name not in entry.optional]
+    why = "downloading is off"
     if missing and download:
-        files.update(_download(entry, missing, progress))
+        why = _cannot_download()
+        if why is None:
+            files.update(_download(entry, missing, progress))
+            why = "the download failed (run with --debug to see why)"
         missing = [name for name, local in files.items()
                    if local is None and name not in entry.optional]
     if missing:
         raise ModelFilesMissing(
             entry.id, [f"{name} (from {entry.files[name].repo}/{entry.files[name].filename})"
                        for name in missing],
-            hint=("no model hub is reachable from here (or huggingface_hub is not installed: "
-                  "pip install 'mizuoto-core[hub]'). Put the files in a directory and pass it "
-                  f"instead of the id, e.g. --model /path/to/{entry.id.replace('/', '-')}"),
+            hint=(f"{why}. Put the files in a directory and pass it instead of the id, e.g. "
+                  f"--model /path/to/{entry.id.replace('/', '-')}"),
         )
     for found in files.values():
         if found is None:
@@ -184,16 +187,24 @@ def resolve_in(model: str | Path, catalog: Mapping[str, CatalogEntry], *,
     return ResolvedModel(directory, entry)
 
 
+def _cannot_download() -> str | None:
+    """Why nothing can be downloaded here, or None when the hub can be tried."""
+    if _offline():
+        return "downloads are off (HF_HUB_OFFLINE or MIZUOTO_OFFLINE is set)"
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        return "huggingface_hub is not installed (pip install 'mizuoto-core[hub]')"
+    if not _hub_reachable():
+        return ("no model hub is reachable from here (huggingface_hub is installed; the hub "
+                "did not answer within seconds)")
+    return None
+
+
 def _download(entry: CatalogEntry, names: list[str], progress
               ) -> dict[str, tuple[str, Path] | None]:
-    if _offline():
-        return {}
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
-        return {}
-    if not _hub_reachable():
-        return {}
+    from huggingface_hub import hf_hub_download
+
     # Shown once: after the download the files are cached and this path is not taken again.
     log.warning("Downloading %s (%d files). License: %s%s", entry.id, len(names), entry.license,
                 " — non-commercial use only" if entry.non_commercial else "")

@@ -9,6 +9,7 @@ run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGT
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import sys
@@ -155,8 +156,10 @@ class _ProgressBars:
             self._bars.pop(stage).close()
         bar = self._bars.get(progress.stage)
         if bar is None:
+            # a stage that starts part done (a resumed long-form run) counts its rate from
+            # there: tqdm's rate is (n - initial) / elapsed
             bar = tqdm(total=progress.total, desc=progress.stage, leave=False, file=self._file,
-                       dynamic_ncols=True)
+                       dynamic_ncols=True, initial=progress.done)
             self._bars[progress.stage] = bar
         if progress.total is not None and bar.total != progress.total:
             bar.total = progress.total
@@ -175,10 +178,13 @@ class _ProgressBars:
 
 class _ProgressLog:
     """Progress where stderr is not a terminal (a pipe, a log file): no bars and no carriage
-    returns; one INFO line per finished text chunk, other stages at DEBUG when they finish."""
+    returns; one INFO line per finished text chunk, long-form section, batch line and chunk
+    streamed to a file, other stages at DEBUG when they finish."""
 
     def __call__(self, progress) -> None:
-        if progress.stage in ("chunk", "section"):
+        if progress.stage == STREAMED:
+            log.info("streamed chunk %d (%s)", progress.done, progress.detail)
+        elif progress.stage in ("chunk", "section", "lines"):
             if progress.done > 0:
                 log.info("%s %d/%s done%s", progress.stage, progress.done, progress.total or "?",
                          f" ({progress.detail})" if progress.detail else "")
@@ -347,7 +353,7 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
 
             done = synthesize_to(tts, output, request, text_file=text_file, resume=resume,
                                  max_chars=section_chars or DEFAULT_SECTION_CHARS,
-                                 progress=progress)
+                                 progress=progress, resume_hint="--resume")
             applied = done.applied
             if not quiet:
                 click.echo(f"{done.sections} sections ({done.resumed_at} resumed), "
@@ -390,7 +396,10 @@ def _stream_to_file(tts, request, output, progress):
 
         from mizuoto.contracts import Audio
 
-        chunks = list(tts.stream(request, progress=progress))
+        chunks = []
+        for chunk in tts.stream(request, progress=progress):
+            chunks.append(chunk)
+            _streamed(progress, len(chunks), sum(c.audio.duration for c in chunks), "so far")
         audio = Audio(torch.cat([c.audio.samples for c in chunks]), tts.info.sample_rate)
         _save(audio, None, output)
         return chunks[-1].applied
@@ -398,12 +407,26 @@ def _stream_to_file(tts, request, output, progress):
     with atomic_path(output) as tmp:
         with sf.SoundFile(tmp, "w", samplerate=tts.info.sample_rate, channels=1,
                           format="FLAC" if str(output).lower().endswith(".flac") else "WAV") as f:
-            for chunk in tts.stream(request, progress=progress):
+            written = 0.0
+            for index, chunk in enumerate(tts.stream(request, progress=progress)):
                 f.write(chunk.audio.numpy())
                 f.flush()
+                written += chunk.audio.duration
+                _streamed(progress, index + 1, written, "written")
                 if chunk.is_last:
                     applied = chunk.applied
     return applied
+
+
+#: The progress stage of `say --stream`: one per chunk that reached the output.
+STREAMED = "streamed"
+
+
+def _streamed(progress, chunks: int, seconds: float, state: str) -> None:
+    if progress is not None:
+        from mizuoto.contracts.progress import report
+
+        report(progress, STREAMED, chunks, None, f"{seconds:.2f} s of audio {state}")
 
 
 def _report(applied, output, quiet):
@@ -420,6 +443,19 @@ def _report(applied, output, quiet):
                    f"device={applied.device}" + (f"  retries={applied.retries}" if applied.retries else "")
                    + (f"  fallbacks={','.join(applied.fallbacks)}" if applied.fallbacks else "")
                    + _compute_report(applied.compute), err=True)
+        if applied.model_defaults:
+            import json
+
+            taken = ", ".join(f"{key}={json.dumps(value)}"  # as --param takes them
+                              for key, value in applied.model_defaults.items())
+            click.echo(f"  with the model directory's defaults: {taken} (--param overrides "
+                       "them)", err=True)
+
+
+def _hidden_alias(command: click.Command) -> click.Command:
+    alias = copy.copy(command)
+    alias.hidden = True
+    return alias
 
 
 def _compute_report(compute) -> str:
@@ -432,7 +468,8 @@ def _compute_report(compute) -> str:
                    if getattr(defaults, key, None) != value)
 
 
-cli.add_command(say, name="synth")
+# `synth` is an older name of `say`: it still works, and --help lists `say` only
+cli.add_command(_hidden_alias(say), name="synth")
 
 
 @cli.command()
@@ -485,7 +522,7 @@ class _FixtureListCommand(click.Command):
 @click.option("-m", "--model", required=True, help="Catalog id or model directory (loaded once).")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for <id>.<format> files and manifest.jsonl.")
-@click.option("--format", "file_format", type=click.Choice(["wav", "flac"]), default="wav", show_default=True)
+@click.option("--format", "file_format", type=click.Choice(["wav", "flac"]), default="wav", show_default=True, help="Audio format of the files written.")
 @click.option("--steps", type=int, help="Sampler steps for lines that do not set them.")
 @click.option("--guidance", type=float, help="Guidance for lines that do not set it.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")
@@ -572,17 +609,21 @@ def random_model(fixture, directory):
 @click.option("--batch-size", type=int, default=1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--memory", default="default", show_default=True, help="training.memory: default, low or lowest.")
+@click.option("--mixed-precision", default="auto", show_default=True, type=click.Choice(["auto", "no", "fp16", "bf16"]), help="Forward under autocast (fp16 with loss scaling); auto: the engine's upstream default.")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="compute.* option such as compute.device=cuda:1 (repeatable).")
 @click.pass_context
 def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
-          memory):
+          memory, mixed_precision, option_pairs):
     """Fine-tune a model with the engine's trainer (prepare, train, export)."""
     from mizuoto.contracts import TrainingConfig
     from mizuoto.registry import get_trainer
 
     trainer = get_trainer(engine)()
+    compute = _options(None, option_pairs).compute
     config = TrainingConfig(method=method, model=model, dataset=dataset, output_dir=output_dir,
                             steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                            seed=seed, memory=memory)
+                            seed=seed, memory=memory, compute=compute,
+                            mixed_precision=mixed_precision)
     trainer.check(config)
     with _progress(ctx.obj["quiet"]) as progress:
         run = trainer.prepare(config, progress=progress)
@@ -591,7 +632,20 @@ def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate,
             exported = trainer.export(run, Path(output_dir) / "export")
     if result.interrupted is not None:
         _stopped_training(ctx, result, _resume_command(ctx.params))
-    click.echo(f"Trained {result.steps_done} steps; exported {exported}", err=True)
+    click.echo(f"{_trained(result)}; exported {exported}", err=True)
+
+
+def _trained(result) -> str:
+    """What this run trained: all its steps, the ones after a resumed checkpoint, or none
+    (a rerun of a finished run only exports again)."""
+    start = result.resumed_from or 0
+    if result.steps_done <= start:
+        return (f"Nothing to train: the run in {result.output_dir} already finished its "
+                f"{result.steps_done} steps")
+    if start:
+        return (f"Trained steps {start + 1} to {result.steps_done} (resumed after step "
+                f"{start})")
+    return f"Trained {result.steps_done} steps"
 
 
 def _resume_command(params: dict) -> str:
@@ -606,8 +660,11 @@ def _resume_command(params: dict) -> str:
     for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
                         ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
                         ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
-                        ("--seed", "seed"), ("--memory", "memory")):
+                        ("--seed", "seed"), ("--memory", "memory"),
+                        ("--mixed-precision", "mixed_precision")):
         words += [option, str(params[key])]
+    for pair in params.get("option_pairs") or ():
+        words += ["--option", pair]
     return shlex.join(words)
 
 
@@ -628,16 +685,17 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable), e.g. tts-1=/path/to/model.")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY (env MIZUOTO_API_KEY).")
-@click.option("--queue-size", default=16, show_default=True, type=click.IntRange(1), help="Requests waiting per model before 429.")
-@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown.")
-@click.option("--max-loaded", type=click.IntRange(1), help="Models kept loaded at once (least recently used unloaded; default: all).")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2).")
+@click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY on every path but /health (env MIZUOTO_API_KEY; an empty key is refused).")
+@click.option("--queue-size", default=16, show_default=True, type=int, help="Requests waiting per model before 429.")
+@click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
+@click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
-@click.option("--max-batch", default=1, show_default=True, type=click.IntRange(1, 256), help="Requests of one model run at once; an engine that batches (VoxCPM streams) steps them together. Batched audio is not bit-identical to unbatched (docs/performance.md).")
+@click.option("--max-batch", default=1, show_default=True, type=int, help="Requests of one model run at once, 1 to 256; an engine that batches (VoxCPM streams) steps them together. Batched audio is close to, not always bit-identical with, unbatched (docs/performance.md).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
-def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
+@click.pass_context
+def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
           memory_budget, max_batch, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
@@ -645,11 +703,22 @@ def serve(models, aliases, engine, host, port, api_key, queue_size, grace, max_l
     except ImportError as exc:
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
-    run(ServeConfig(models=model_names(models, aliases), engine=engine,
-                    options=_options_to_load(options_file, option_pairs), host=host, port=port,
-                    api_key=api_key, queue_size=queue_size, grace=grace,
-                    max_loaded=max_loaded, memory_budget=_size(memory_budget),
-                    max_batch=max_batch))
+    from_env = ctx.get_parameter_source("api_key") is click.core.ParameterSource.ENVIRONMENT
+    if api_key is None and "MIZUOTO_API_KEY" in os.environ:
+        # click reads an empty variable as unset: here it must not mean "no authentication"
+        api_key, from_env = os.environ["MIZUOTO_API_KEY"], True
+    names, budget = model_names(models, aliases), _size(memory_budget)
+    options = _options_to_load(options_file, option_pairs)
+    try:
+        config = ServeConfig(models=names, engine=engine, host=host, port=port,
+                             api_key=api_key, queue_size=queue_size, grace=grace,
+                             max_loaded=max_loaded, memory_budget=budget, options=options,
+                             max_batch=max_batch)
+    except InvalidRequest as exc:  # named as the user wrote it
+        option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
+            "--" + exc.field.replace("_", "-")
+        raise InvalidRequest(option, exc.problem, exc.fix) from None
+    run(config)
 
 
 def _size(text):

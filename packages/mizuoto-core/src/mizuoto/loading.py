@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
 from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.errors import EngineNotFound
+from mizuoto.errors import EngineNotFound, InvalidOption
 from mizuoto.options import Options
 from mizuoto.registry import catalog as registered_catalog
 from mizuoto.registry import engines, get_engine
@@ -31,9 +32,15 @@ def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | No
     return resolve_in(model, catalog or {}, download=download, progress=progress)
 
 
-def load(model: str | Path, *, engine: str | None = None, options: Options | None = None,
+def load(model: str | Path, *, engine: str | None = None,
+         options: Options | Mapping[str, Any] | None = None,
          progress: ProgressCallback | None = None) -> Engine:
-    """Load a model (a directory or a catalog id) with the engine that owns it."""
+    """Load a model (a directory or a catalog id) with the engine that owns it.
+
+    ``options``: :class:`~mizuoto.options.Options`, or a plain mapping of the same sections
+    (``{"compute": {"device": "cpu"}}`` or dotted keys), read by ``Options.from_mapping``.
+    """
+    options = _as_options(options)  # a bad option fails before anything is resolved
     resolved = resolve_model(model, progress=progress)
     if engine is None and resolved.entry is not None:
         engine = resolved.entry.engine
@@ -46,7 +53,17 @@ def load(model: str | Path, *, engine: str | None = None, options: Options | Non
         engine_cls = candidates[0]
     else:
         engine_cls = get_engine(engine)
-    options = options or Options()
     options.engine_options(engine_cls)  # a bad engines.<name> value fails before any loading
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
                            progress=progress)
+
+
+def _as_options(options: Options | Mapping[str, Any] | None) -> Options:
+    if options is None:
+        return Options()
+    if isinstance(options, Options):
+        return options
+    if isinstance(options, Mapping):
+        return Options.from_mapping(options)
+    raise InvalidOption("options", f"must be mizuoto.Options or a mapping such as "
+                        f"{{'compute': {{'device': 'cpu'}}}}, got {type(options).__name__}")

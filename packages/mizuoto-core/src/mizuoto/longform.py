@@ -160,7 +160,8 @@ def _cut(text: str, start: int, max_chars: int) -> tuple[str, int]:
 def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *,
                   text_file: str | Path | None = None, resume: bool = False,
                   max_chars: int = DEFAULT_SECTION_CHARS, stop_after: int | None = None,
-                  progress: ProgressCallback | None = None) -> LongFormResult:
+                  progress: ProgressCallback | None = None,
+                  resume_hint: str = "resume=True") -> LongFormResult:
     """Speak ``request`` into the audio file ``path`` (.wav, .flac; .mp3, .ogg/.opus) section
     by section, in memory bounded whatever the text's length.
 
@@ -171,6 +172,7 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
     an error rather than thrown away. ``stop_after``: synthesize at most this many sections in
     this call and return (the run stays resumable). ``progress`` receives a ``section`` stage
     (done / total, detail: audio seconds, seconds per section, ETA) around the engine's own.
+    ``resume_hint``: how the caller resumes, as messages name it (the CLI: ``--resume``).
     """
     path = Path(path)
     file_format, subtype, raw_subtype = _output_format(path, engine.info.sample_rate)
@@ -186,7 +188,7 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
     depends = {"version": _STATE_VERSION, "text": text_sha, "max_chars": max_chars,
                "format": [file_format, subtype], **model_identity(engine),
                **request_identity(request, text=False)}
-    part = _PartialRun(path)
+    part = _PartialRun(path, resume_hint)
     try:
         state = part.open(depends, request.seed, resume)
         return _run(engine, path, request, part, state, source, total, total_chars,
@@ -235,8 +237,8 @@ def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRu
                 report(progress, "section", state["sections_done"], total,
                        _detail(state, rate, frame_bytes, eta))
     except KeyboardInterrupt:
-        log.warning("interrupted after %d of %d sections; rerun with --resume (resume=True) "
-                    "to continue from there", state["sections_done"], total)
+        log.warning("interrupted after %d of %d sections; rerun with %s to continue from "
+                    "there", state["sections_done"], total, part.resume_hint)
         raise
     elapsed = time.monotonic() - started
     done = state["sections_done"]
@@ -295,7 +297,8 @@ class _TextSource:
 class _PartialRun:
     """``PATH.part/``: ``audio.raw`` and ``state.json``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, resume_hint: str = "resume=True") -> None:
+        self.resume_hint = resume_hint
         self.directory = path.with_name(path.name + ".part")
         self.audio = self.directory / "audio.raw"
         self.state = self.directory / "state.json"
@@ -309,7 +312,7 @@ class _PartialRun:
             if not resume:
                 raise InvalidRequest(
                     "output", f"{self.directory} holds an interrupted run of this output",
-                    "pass --resume (resume=True) to continue it, or delete that directory")
+                    f"pass {self.resume_hint} to continue it, or delete that directory")
             state = self._load()
             if state.get("depends") != depends:
                 differing = sorted(key for key in set(depends) | set(state.get("depends", {}))
@@ -382,7 +385,8 @@ def _advance(state: dict, written: int, chars: int, applied: Applied) -> dict:
         summary = attrs.asdict(applied, recurse=False)
         summary.update(seed=state["seed"], seed_drawn=state["seed_drawn"], retries=0, chunks=0,
                        fallbacks=[], warnings=[], sampler=dict(applied.sampler),
-                       compute=dict(applied.compute), extra=dict(applied.extra))
+                       compute=dict(applied.compute), extra=dict(applied.extra),
+                       model_defaults=dict(applied.model_defaults))
     summary["retries"] += applied.retries
     summary["chunks"] += applied.chunks
     for key in ("fallbacks", "warnings"):

@@ -1,12 +1,14 @@
 """Loading F5-TTS / E2-TTS checkpoints and their Vocos vocoder, as upstream f5-tts 1.1.22 does.
 
 - `load_f5_model(model_dir, variant=None, *, device="cpu", dtype=None, use_ema=True,
-  ode_method="euler", checkpoint=None, vocab_file=None) -> (ConditionalFlowMatching, vocab)`:
+  ode_method="euler", checkpoint=None, vocab_file=None, variant_field="variant")
+  -> (ConditionalFlowMatching, vocab)`:
   ``model_dir`` holds one ``*.safetensors`` (preferred) or ``*.pt`` checkpoint (or name it with
   ``checkpoint``) and usually ``vocab.txt`` (else the vocab shipped with this package, upstream's
   default). ``variant`` is an `F5Variant` (used as is), a name in `VARIANT_NAMES` (the family:
   sizes are read from the checkpoint, so a tiny or fine-tuned model of that family loads), or
-  None to detect it from the checkpoint (`detect_variant`). ``dtype`` None picks float16 on
+  None to identify it (`checkpoint_variant`; ``variant_field`` is the setting an
+  ambiguity error names). ``dtype`` None picks float16 on
   CUDA devices of compute capability >= 7, else float32 (upstream's rule). The model is cast
   to ``dtype`` *before* the weights are copied in, so buffers stored in the file (rotary
   ``inv_freq``) end up in ``dtype`` and non-persistent tables are cast like upstream's. The
@@ -19,12 +21,13 @@
   ``model_state_dict``).
 - `read_vocab(path) -> dict[str, int]`: upstream's reading (``line[:-1]``; a repeated line
   keeps its last index and counts once).
-- `detect_variant(state_dict, hint="", family=None) -> F5Variant`: backbone and sizes from keys
-  and shapes. The flags not visible in the weights (text padding mask, rotary heads) come from
-  the family: ``family`` if given (must match the backbone), else a UNetT is E2 Base and a DiT
-  is v1 Base unless ``hint`` (e.g. the checkpoint path) names v0 ("F5TTS_Base",
-  "model_1200000" or a "base"/"v0" token). A known variant (real or tiny) is
-  returned as is, anything else as a ``size="custom"`` variant of the family.
+- `detect_variant(state_dict, family) -> F5Variant`: backbone and sizes from keys and shapes;
+  the flags not visible in the weights (text padding mask, rotary heads) come from ``family``
+  (which must match the backbone: `backbone_of`). A known variant (real or tiny) is returned
+  as is, anything else as a ``size="custom"`` variant of the family.
+- `checkpoint_variant(path, state_dict, requested=None, *, field="variant") -> F5Variant`:
+  the family as `mizuoto_f5tts.identification` establishes it (never from the folders'
+  names; an unnamed DiT is an `AmbiguousVariant` error naming ``field``), then its sizes.
 - `find_checkpoint(model_dir)`, `load_vocos(vocos_dir, device="cpu")` (`mizuoto.nn.vocoders`).
 
 Errors: `ModelFilesMissing` (no checkpoint / vocab), `CheckpointMismatch` naming missing and
@@ -57,7 +60,6 @@ from mizuoto_f5tts.variants import (
     N_FFT,
     N_MELS,
     SAMPLE_RATE,
-    VARIANT_NAMES,
     WIN_LENGTH,
     F5Variant,
     get_variant,
@@ -121,15 +123,6 @@ def _count(keys: list[str], pattern: str) -> int:
     return len({m.group(1) for k in keys if (m := regex.match(k))})
 
 
-def _is_v0_hint(hint: str) -> bool:
-    hint = hint.lower()
-    if "v1" in hint:
-        return False
-    if "f5tts_base" in hint or "model_1200000" in hint:
-        return True
-    return bool(re.search(r"\b(base|v0)\b", hint))
-
-
 def _ff_mult(inner: int, dim: int) -> float:
     """A multiplier the feed-forward rebuilds ``inner`` from (``int(dim * mult)``, as
     upstream): ``inner / dim`` can round to a float whose product falls just short (dim 112,
@@ -142,8 +135,18 @@ def _ff_mult(inner: int, dim: int) -> float:
     return mult
 
 
+def backbone_of(state: Mapping[str, torch.Tensor], source: str = "checkpoint") -> str:
+    """``"dit"`` or ``"unett"``, from the block keys."""
+    if any(k.startswith("transformer.transformer_blocks.") for k in state):
+        return "dit"
+    if any(k.startswith("transformer.layers.") for k in state):
+        return "unett"
+    raise CheckpointMismatch(source, detail="not an F5-TTS model: neither a DiT nor a UNetT "
+                             "backbone")
+
+
 def detect_variant(
-    state: Mapping[str, torch.Tensor], hint: str = "", family: str | None = None
+    state: Mapping[str, torch.Tensor], family: str, source: str = "checkpoint"
 ) -> F5Variant:
     keys = list(state)
     try:
@@ -152,26 +155,23 @@ def detect_variant(
         dim_head = 2 * state["transformer.rotary_embed.inv_freq"].numel()
         text_dim = state[_TEXT_EMBED_KEY].shape[1]
     except KeyError as e:
-        raise CheckpointMismatch(hint or "checkpoint", detail=f"not an F5-TTS model: no {e}") from e
+        raise CheckpointMismatch(source, detail=f"not an F5-TTS model: no {e}") from e
     conv_layers = _count(keys, r"transformer\.text_embed\.text_blocks\.(\d+)\.")
-    if any(k.startswith("transformer.transformer_blocks.") for k in keys):
-        backbone, prefix = "dit", "transformer.transformer_blocks.0."
+    backbone = backbone_of(state, source)
+    if backbone == "dit":
+        prefix = "transformer.transformer_blocks.0."
         depth = _count(keys, r"transformer\.transformer_blocks\.(\d+)\.")
         attn, ff = prefix + "attn.", prefix + "ff.ff.0.0.weight"
-        default_family = "base" if _is_v0_hint(hint) else "v1_base"
-    elif any(k.startswith("transformer.layers.") for k in keys):
-        backbone, prefix = "unett", "transformer.layers.0."
+    else:
+        prefix = "transformer.layers.0."
         depth = _count(keys, r"transformer\.layers\.(\d+)\.")
         attn, ff = prefix + "2.", prefix + "4.ff.0.0.weight"
-        default_family = "e2_base"
-    else:
-        raise CheckpointMismatch(hint or "checkpoint", detail="neither a DiT nor a UNetT backbone")
-    family_variant = get_variant(family or default_family)
+    family_variant = get_variant(family)
     if family_variant.backbone != backbone:
         raise CheckpointMismatch(
-            hint or "checkpoint",
+            source,
             detail=f"it holds a {backbone.upper()} backbone but variant {family!r} is a "
-            f"{family_variant.backbone.upper()}; choose a matching variant or auto-detection",
+            f"{family_variant.backbone.upper()}; choose a matching variant",
         )
     inner = state[attn + "to_q.weight"].shape[0]
     ff_mult = _ff_mult(state[ff].shape[0], dim)
@@ -198,6 +198,21 @@ def detect_variant(
         ):
             return known
     return attrs.evolve(family_variant, size="custom", **fields)
+
+
+def checkpoint_variant(
+    path: Path, state: Mapping[str, torch.Tensor], requested: str | None = None, *,
+    field: str = "variant",
+) -> F5Variant:
+    """The variant in the checkpoint file ``path`` (its ``state``): family as
+    `identify_family` establishes it, sizes from the weights."""
+    from mizuoto_f5tts.identification import identify_family
+
+    found = identify_family(path, backbone_of(state, str(path)), requested, field=field)
+    variant = detect_variant(state, found.family, str(path))
+    logger.info("F5-TTS variant %s (%s; from the %s) in %s", variant.name, variant.size,
+                found.source, path)
+    return variant
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:
@@ -232,6 +247,7 @@ def load_f5_model(
     ode_method: str = "euler",
     checkpoint: str | Path | None = None,
     vocab_file: str | Path | None = None,
+    variant_field: str = "variant",
 ) -> tuple[ConditionalFlowMatching, dict[str, int]]:
     model_dir = Path(model_dir)
     device = torch.device(device)
@@ -249,12 +265,9 @@ def load_f5_model(
     vocab = read_vocab(vocab_file)
 
     state = read_checkpoint(ckpt_path, use_ema=use_ema)
-    if isinstance(variant, str) and variant not in VARIANT_NAMES:
-        raise ValueError(f"variant must be one of {', '.join(VARIANT_NAMES)} or an F5Variant")
     if not isinstance(variant, F5Variant):
         # a name fixes the family's hidden flags; sizes always come from the weights
-        variant = detect_variant(state, hint=str(ckpt_path), family=variant)
-        logger.info("F5-TTS variant %s (%s) in %s", variant.name, variant.size, ckpt_path)
+        variant = checkpoint_variant(ckpt_path, state, variant, field=variant_field)
 
     embed = state.get(_TEXT_EMBED_KEY)
     if embed is not None and embed.shape[0] != len(vocab) + 1:

@@ -115,7 +115,8 @@ class F5Engine(Engine):
             variant = catalog_variant(model_id)
         report(progress, "load", 0, 2, "flow-matching model")
         checkpoint = find_checkpoint(model_dir)
-        model, vocab = load_f5_model(model_dir, variant, device=device, dtype=dtype)
+        model, vocab = load_f5_model(model_dir, variant, device=device, dtype=dtype,
+                                     variant_field="engines.f5tts.variant")
         # the backbone only (the ODE loop and guidance stay eager); dynamic: every request has
         # its own number of frames and tokens
         compilation = compile_module(model.transformer, compute.compile, dynamic=True)

@@ -6,6 +6,8 @@ checkpoint_format="safetensors") -> Path` writes into ``path`` (created if neede
 - ``model_<step>.safetensors`` (or ``.pt``) named as upstream releases the variant, holding an
   EMA checkpoint as upstream's trainer writes it: ``initted``, ``step`` and every ``CFM`` key
   under ``ema_model.`` (``.pt``: ``{"ema_model_state_dict": ..., "model_state_dict": ...}``);
+- ``variant.json``: the variant's family, for that checkpoint
+  (`mizuoto_f5tts.identification`);
 - ``vocab.txt``: ``vocab`` (tokens, one per line) or upstream's 2545-token vocab;
 - ``vocos/config.yaml`` + ``vocos/pytorch_model.bin``: a Vocos of the real architecture
   (13.5 M parameters) for ``size="real"``, a small one (dim 64, 2 layers) for ``"tiny"``.
@@ -39,6 +41,7 @@ from mizuoto.nn.transformer.rotary import RotaryEmbedding
 from mizuoto.nn.vocoders import Vocos
 from mizuoto.runtime.seeds import keyed_generator
 from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path, read_vocab
+from mizuoto_f5tts.identification import write_record
 from mizuoto_f5tts.variants import F5Variant, checkpoint_name, get_variant
 
 STD = 0.02
@@ -157,6 +160,7 @@ def write_random_model_dir(
     else:
         torch.save({"ema_model_state_dict": ema, "model_state_dict": cfm_state}, ckpt_path)
 
+    write_record(path, ckpt_path.name, variant.name)
     write_random_vocos_dir(path / VOCOS_DIR, size="real" if variant.size == "real" else "tiny",
                            seed=seed)
     return path

@@ -14,7 +14,8 @@ what ``f5-tts_finetune-cli`` does after its hub download, with local files:
   ``CustomDatasetPath`` branch has a NameError) with ``resumable_with_seed=666`` and one
   loader worker (``persistent_workers=True`` is hard-coded, so 0 workers crash).
 
-Optional keys: ``vocab_file`` (``--tokenizer custom --tokenizer_path``; default the model's
+Optional keys: ``mixed_precision`` (``accelerate launch --mixed_precision``: the Trainer's
+``accelerate_kwargs``; bf16 runs on the CPU), ``vocab_file`` (``--tokenizer custom --tokenizer_path``; default the model's
 vocab), ``keep_last_n`` (``--keep_last_n_checkpoints``, default -1) and ``last_every``
 (``--last_per_updates``, default ``save_every``, which is ``--save_per_updates``).
 
@@ -85,7 +86,11 @@ def run(cfg: dict) -> None:
         max_samples=cfg["max_samples"], grad_accumulation_steps=cfg["grad_accumulation"],
         max_grad_norm=cfg["max_grad_norm"], logger=None,
         last_per_updates=cfg.get("last_every", cfg["save_every"]),
+        accelerate_kwargs={"mixed_precision": cfg["mixed_precision"]}
+        if cfg.get("mixed_precision") else {},
     )
+    if cfg.get("mixed_precision"):  # the setting took: the prepared forward autocasts
+        assert trainer.accelerator.native_amp, "accelerate did not enable mixed precision"
     records = []
 
     def log(values, step=None):

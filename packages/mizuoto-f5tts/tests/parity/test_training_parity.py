@@ -13,6 +13,8 @@ Upstream's other result-affecting options each have a case: a custom vocabulary
 warm-up longer than the run (its CLI default on small data), and numbered checkpoints with
 rotation (``--save_per_updates``, ``--keep_last_n_checkpoints``, ``--last_per_updates``:
 the same files kept, holding the same model, EMA and optimiser tensors).
+Mixed precision: upstream under accelerate's ``mixed_precision="bf16"`` (its forward under
+CPU autocast) against Mizuoto's ``mixed_precision="bf16"``; fp16 needs CUDA (the GPU check).
 Cases marked ``realsize`` repeat covered paths and stay out of CI's time budget.
 """
 
@@ -102,7 +104,8 @@ def run_ours(tmp: Path, model_dir: Path, metadata: Path, settings: dict,
         method="full", model=str(model_dir), dataset=metadata, output_dir=tmp / "ours",
         steps=10_000, learning_rate=settings["learning_rate"],
         batch_size=settings["batch_size"] if settings["batch_size_type"] == "sample" else 1,
-        seed=seed, save_every=save_every, params=params)
+        seed=seed, save_every=save_every, params=params,
+        mixed_precision=settings.get("mixed_precision", "auto"))
     trainer = F5Trainer()
     start = time.perf_counter()
     if stop_at is not None:  # a first run that stops early; the second resumes it
@@ -238,7 +241,23 @@ CASES = [
     pytest.param("v1_base", {"warmup": 50}, id="v1-warmup-past-the-end"),
     pytest.param("v1_base", {"epochs": 3, "save_every": 2, "last_every": 3, "keep_last_n": 2},
                  id="v1-numbered-checkpoints"),
+    # accelerate's bf16 mixed precision (autocast of the forward), on the CPU
+    pytest.param("v1_base", {"mixed_precision": "bf16", "epochs": 3, "grad_accumulation": 2,
+                             "batch_size": 250}, id="v1-frame-accum-bf16"),
+    pytest.param("e2_base", {"mixed_precision": "bf16", "batch_size_type": "sample",
+                             "batch_size": 3, "epochs": 2}, id="e2-sample-bf16"),
+    pytest.param("base", {"mixed_precision": "bf16", "epochs": 3, "stop_at": 2},
+                 id="v0-frame-bf16-resumed"),
+    # Mizuoto reads the folder upstream's prepare_csv_wavs wrote (raw.arrow + duration.json)
+    pytest.param("base", {"data": "upstream-prepared", "grad_accumulation": 2,
+                          "batch_size": 250, "epochs": 3}, id="v0-upstream-prepared-folder"),
 ]
+if torch.cuda.is_available():
+    # on a CUDA machine every case trains there (accelerate's device, the trainer's "auto");
+    # fp16 (accelerate's GradScaler) exists only there. Run by benchmarks/gpu/checks.py.
+    CASES.append(pytest.param("v1_base", {"mixed_precision": "fp16", "epochs": 3,
+                                          "grad_accumulation": 2, "batch_size": 250},
+                              id="v1-frame-accum-fp16-cuda"))
 
 
 def _swapped_vocab(model_dir: Path, destination: Path) -> str:
@@ -252,6 +271,7 @@ def _swapped_vocab(model_dir: Path, destination: Path) -> str:
 def _case(root: Path, variant: str, overrides: dict) -> dict:
     settings = {**BASE, **overrides}
     case = {"variant": variant, "stop_at": settings.pop("stop_at", None),
+            "upstream_prepared": settings.pop("data", None) == "upstream-prepared",
             "size": settings.pop("size", "tiny"), "seed": settings.pop("seed", SEED),
             "root": root}
     case["model_dir"] = write_random_model_dir(
@@ -288,7 +308,9 @@ def test_training_matches_upstream(request, cases, variant, overrides, monkeypat
     case = cases[request.node.callspec.id]
     root, settings = case["root"], case["settings"]
     upstream = upstream_result(root / "upstream")
-    ours = run_ours(root, case["model_dir"], case["metadata"], settings,
+    # the folder the oracle's prepare_csv_wavs wrote, or the metadata.csv it read
+    data = root / "upstream" / "prepared" if case["upstream_prepared"] else case["metadata"]
+    ours = run_ours(root, case["model_dir"], data, settings,
                     stop_at=case["stop_at"], seed=case["seed"])
     print(f"{request.node.callspec.id}: {len(ours['state']['records'])} batches, "
           f"ours {ours['seconds']:.2f} s, upstream {upstream['log']['seconds']:.2f} s")
@@ -320,3 +342,48 @@ def test_ema_matches_ema_pytorch():
     assert list(mine) == list(reference)
     for key, value in reference.items():
         assert torch.equal(mine[key], value), key
+
+
+def test_upstream_prepared_folder_batches_as_its_loader(tmp_path):
+    """A folder written by upstream's ``prepare_csv_wavs``: upstream's ``CustomDataset`` +
+    ``DynamicBatchSampler`` (epochs 0 and 1 of ``resumable_with_seed=666``) and Mizuoto's
+    reader + batching give the same batches: indices, mels (``torch.equal``), lengths and
+    tokens."""
+    from datasets import Dataset as HFDataset
+    from f5_tts.model.dataset import CustomDataset, DynamicBatchSampler, collate_fn
+    from f5_tts.train.datasets.prepare_csv_wavs import prepare_and_save_set
+    from torch.utils.data import SequentialSampler
+
+    from mizuoto_f5tts.training.batching import (
+        MelDataset,
+        collate,
+        epoch_order,
+        frame_batches,
+    )
+    from mizuoto_f5tts.training.data import prepare_dataset
+
+    metadata = write_synthetic_dataset(tmp_path / "data", count=11, seed=5)
+    prepared = tmp_path / "prepared"
+    prepare_and_save_set(str(_absolute_csv(metadata, tmp_path / "metadata.csv")), str(prepared),
+                         is_finetune=False, num_workers=1)
+    durations = json.loads((prepared / "duration.json").read_text())["duration"]
+    theirs = CustomDataset(HFDataset.from_file(str(prepared / "raw.arrow")), durations=durations,
+                           n_fft=1024, hop_length=256, win_length=1024, n_mel_channels=100,
+                           target_sample_rate=24000, mel_spec_type="vocos")
+    sampler = DynamicBatchSampler(SequentialSampler(theirs), 260, max_samples=3,
+                                  random_seed=666, drop_residual=False)
+    data = prepare_dataset(prepared, None)
+    assert not data.bad_rows and len(data.clips) == 11
+    ours = MelDataset(data.clips)
+    batches = frame_batches(data.durations, 260, 3)
+    assert batches == sampler.batches and len(batches) > 3
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        their_order = list(sampler)
+        assert epoch_order(batches, 666 + epoch) == their_order
+        for batch in their_order:
+            mine = collate([ours[i] for i in batch])
+            reference = collate_fn([theirs[i] for i in batch])
+            assert torch.equal(mine["mel"], reference["mel"])
+            assert torch.equal(mine["mel_lengths"], reference["mel_lengths"])
+            assert mine["text"] == reference["text"]

@@ -48,10 +48,22 @@ def register_models(register):
 _REALSIZE = {"max_len": 20, "retry_badcase": False}
 
 
+# A tiny random model's stop head never fires either: upstream's defaults would run every
+# request to its cap (text tokens x 6 + 10 patches) and then retry it twice as a bad case,
+# some 20 s of noise for one sentence. Its directory carries a short cap and no retry as its
+# own defaults (mizuoto-defaults.json; a request's params win), so that a demo speaks at once.
+DEMO_DEFAULTS = {"max_len": 24, "retry_badcase": False}
+
+
 def _write(directory, generation: str, size: str = "tiny") -> None:
+    from mizuoto.contracts.model_defaults import write_model_defaults
     from mizuoto_voxcpm.fixtures import write_random_model
 
     write_random_model(directory, generation, size=size)
+    if size == "tiny":
+        write_model_defaults(directory, DEMO_DEFAULTS,
+                             "random-init demo model: its stop head never fires, so every "
+                             "request would run to upstream's cap and retry twice")
 
 
 @hookimpl

@@ -90,6 +90,7 @@ def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
     applied = attrs.asdict(result.applied, recurse=False)
     applied.update(sampler=dict(result.applied.sampler), extra=dict(result.applied.extra),
                    compute=dict(result.applied.compute),
+                   model_defaults=dict(result.applied.model_defaults),
                    fallbacks=list(result.applied.fallbacks),
                    warnings=list(result.applied.warnings))
     return {**record, "status": "ok", "path": path.name, "hash": key,
@@ -180,12 +181,17 @@ def run_batch(job: BatchJob, *, engine: Engine | None = None, load: Callable[[],
                 failed += 1
                 log.warning("line %s (%s): %s", record["line"], record["id"],
                             record["error"]["message"])
+                last = f"{record['id']} failed"
             elif record.get("resumed"):
                 skipped += 1
+                last = f"{record['id']} already done"
             else:
                 ok += 1
+                last = f"{record['id']}: {record.get('seconds', 0):.1f} s of audio in " \
+                       f"{record.get('elapsed', 0):.1f} s"
+            # the detail names the line just finished: a log gets one line per batch line
             report(progress, "lines", ok + skipped + failed, total,
-                   f"{failed} failed" if failed else "")
+                   last + (f"; {failed} failed" if failed else ""))
     manifest.compact(read_lines(job.input))
     return BatchSummary(ok, skipped, failed, manifest.path, time.monotonic() - started)
 

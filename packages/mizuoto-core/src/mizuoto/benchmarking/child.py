@@ -107,6 +107,16 @@ def _request(side: _Side, request, stream: bool) -> dict[str, Any]:
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak resident memory. On Linux ``VmHWM`` (the high-water mark of this
+    program's own memory): ``ru_maxrss`` would start at the parent's peak, which survives fork
+    and exec. Elsewhere ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024  # bytes / KiB
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mizuoto.benchmarking.runner import BASE, RESULT_PREFIX, UPSTREAM, Configuration
-from mizuoto.errors import InvalidRequest, UnsupportedCapability
+from mizuoto.errors import InvalidRequest, MizuotoError, UnsupportedCapability
 
 if TYPE_CHECKING:
     from mizuoto.contracts.fixtures import ContractFixture
@@ -164,8 +164,26 @@ def _write_random(fixture: ContractFixture, directory: Path) -> None:
                              "random model", "give an empty or new directory")
     log.info("writing random model %s to %s", fixture.id, directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fixture.make(directory)
+    # In a process of its own: building a real-size model's weights takes gigabytes, and on
+    # Linux a child starts with its parent's peak RSS as its own (ru_maxrss survives fork and
+    # exec), so every measured child of this command would report at least that peak.
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "mizuoto", "--quiet", "random-model",
+                           fixture.id, str(directory)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise RandomModelFailed(fixture.id, done.returncode, done.stderr)
     (directory / _COMPLETE).write_text(fixture.id + "\n")
+
+
+class RandomModelFailed(MizuotoError):
+    """Writing a ``random:`` model failed (in its own process); the end of its stderr."""
+
+    def __init__(self, fixture: str, returncode: int, stderr: str) -> None:
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        super().__init__(f"writing random model {fixture} failed (exit code {returncode}): "
+                         + "\n".join(lines[-10:]))
 
 
 def _require_stream(engine: str) -> None:

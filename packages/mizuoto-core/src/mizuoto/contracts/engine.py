@@ -6,13 +6,14 @@ import abc
 import functools
 import inspect
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import AudioChunk, SynthesisResult
@@ -156,9 +157,17 @@ class Engine(abc.ABC):
             f"{self.name} model {self.info.model} declares {capability.value} but the engine "
             f"does not implement {method}(); this is a bug in the {self.name} plugin")
 
+    @property
+    def model_defaults(self) -> Mapping[str, Any]:
+        """The request params the model directory sets (its ``mizuoto-defaults.json``, read
+        at load: :mod:`mizuoto.contracts.model_defaults`); a request's own params win."""
+        return self.__dict__.get("_mizuoto_model_defaults") or {}
+
     def parse_params(self, params) -> Any:
-        """Validate ``request.params`` into ``params_class``; unknown keys are named."""
-        return parse_attrs(self.params_class, params, "params")
+        """Validate ``request.params``, over the model's defaults, into ``params_class``;
+        unknown keys are named."""
+        return parse_attrs(self.params_class, {**self.model_defaults, **dict(params or {})},
+                           "params")
 
 
 _SERIALIZED = ("synthesize", "stream", "edit", "build_voice")
@@ -208,7 +217,11 @@ def _checking_compute(load):
             from mizuoto.runtime.startup import check_startup_options
 
             check_startup_options(options.compute)
-        return load(cls, model_dir, *args, options=options, **kwargs)
+        defaults = read_model_defaults(model_dir, cls.params_class)  # a bad file fails first
+        engine = load(cls, model_dir, *args, options=options, **kwargs)
+        if defaults:
+            engine.__dict__["_mizuoto_model_defaults"] = defaults
+        return engine
 
     checked._mizuoto_checked = True
     return checked
@@ -226,7 +239,7 @@ def _serialized(method):
             # held from the first chunk to the last (or until the consumer closes the stream)
             with engine_lock(self):
                 for chunk in method(self, *args, **kwargs):
-                    yield _with_notices(args, chunk)
+                    yield _recorded(self, args, chunk)
 
         wrapper = stream
     else:
@@ -236,7 +249,7 @@ def _serialized(method):
                 result = method(self, *args, **kwargs)
             if inspect.isgenerator(result):  # a stream built by a helper generator
                 return _locked_iteration(self, result, args)
-            return _with_notices(args, result)
+            return _recorded(self, args, result)
 
         wrapper = call
     wrapper._mizuoto_serialized = True
@@ -247,14 +260,15 @@ def _locked_iteration(engine: Engine, chunks, args):
     if not engine.per_request_state:
         with engine_lock(engine):
             for chunk in chunks:
-                yield _with_notices(args, chunk)
+                yield _recorded(engine, args, chunk)
         return
-    yield from _stepwise(engine_lock(engine), chunks, args)
+    yield from _stepwise(engine, chunks, args)
 
 
-def _stepwise(lock: RequestLock, chunks, args):
-    """Each chunk computed under ``lock``, handed on without it: between two chunks of this
-    stream the engine serves other requests (their state is their own)."""
+def _stepwise(engine: Engine, chunks, args):
+    """Each chunk computed under the engine's lock, handed on without it: between two chunks
+    of this stream the engine serves other requests (their state is their own)."""
+    lock = engine_lock(engine)
     try:
         while True:
             with lock:
@@ -262,19 +276,25 @@ def _stepwise(lock: RequestLock, chunks, args):
                     chunk = next(chunks)
                 except StopIteration:
                     return
-            yield _with_notices(args, chunk)
+            yield _recorded(engine, args, chunk)
     finally:
         with lock:  # a stream closed early frees its state (cache slot) under the lock too
             chunks.close()
 
 
-def _with_notices(args, value):
-    notices = getattr(args[0], "notices", ()) if args else ()
+def _recorded(engine: Engine, args, value):
+    """``value`` with what the request got besides its own settings in its applied record:
+    the request's notices (what validation changed, e.g. control characters dropped) in
+    ``warnings``, and the model directory's defaults it took in ``model_defaults``."""
     applied = getattr(value, "applied", None)
-    if not notices or applied is None or not isinstance(value, (SynthesisResult, AudioChunk)):
+    if applied is None or not isinstance(value, (SynthesisResult, AudioChunk)):
         return value
+    request = args[0] if args else None
+    notices = getattr(request, "notices", ())
     missing = tuple(n for n in notices if n not in applied.warnings)
-    if not missing:
+    taken = taken_defaults(engine.model_defaults, getattr(request, "params", None))
+    if not missing and (not taken or applied.model_defaults):
         return value
-    return attrs.evolve(value, applied=attrs.evolve(applied,
-                                                    warnings=applied.warnings + missing))
+    return attrs.evolve(value, applied=attrs.evolve(
+        applied, warnings=applied.warnings + missing,
+        model_defaults=applied.model_defaults or taken))

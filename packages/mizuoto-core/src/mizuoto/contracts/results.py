@@ -52,6 +52,9 @@ class Applied:
     #: that is not bit-identical to upstream (``compile``, ``attention=fast``) says so here
     compute: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+    #: the request params taken from the model directory's ``mizuoto-defaults.json`` (those
+    #: the request did not set; :mod:`mizuoto.contracts.model_defaults`)
+    model_defaults: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
 
 
 @attrs.frozen

@@ -6,14 +6,17 @@ import abc
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.contracts.requests import MAX_SEED
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidOption, InvalidRequest
+
+if TYPE_CHECKING:
+    from mizuoto.options import ComputeOptions
 
 MEMORY_LEVELS = ("default", "low", "lowest")
 #: Bounds of a run's numbers: steps (and save_every) and batch size.
@@ -31,6 +34,10 @@ class TrainingConfig:
     A run in ``output_dir`` that was interrupted resumes from its last checkpoint.
     Numbers are checked on construction: ``steps`` and ``save_every`` in [1, 10 000 000],
     ``learning_rate`` in (0, 1], ``batch_size`` in [1, 4096], ``seed`` in [0, 2**32 - 1].
+    ``compute`` is where it trains (``compute.device``: ``auto``, ``cpu``, ``cuda[:n]``; a
+    `ComputeOptions` or a mapping of ``compute.*`` keys); ``mixed_precision`` is ``no``,
+    ``fp16`` or ``bf16`` (the forward under autocast; fp16 with loss scaling), ``auto`` the
+    trainer's upstream default (`mizuoto.runtime.precision`).
     """
 
     method: str
@@ -48,11 +55,32 @@ class TrainingConfig:
                                                                     MAX_STEPS))
     params: Mapping[str, Any] = attrs.field(factory=dict,
                                             converter=lambda v: MappingProxyType(dict(v)))
+    compute: ComputeOptions = attrs.field(factory=lambda: _compute({}),
+                                          converter=lambda v: _compute(v))
+    mixed_precision: str = attrs.field(default="auto")
+
+    @mixed_precision.validator
+    def _mixed_precision(self, attribute, value):
+        from mizuoto.runtime.precision import MIXED_PRECISION
+
+        if value not in MIXED_PRECISION:
+            raise InvalidRequest("training.mixed_precision",
+                                 f"must be one of {', '.join(MIXED_PRECISION)}, got {value!r}")
 
     @memory.validator
     def _memory(self, attribute, value):
         if value not in MEMORY_LEVELS:
             raise InvalidRequest("training.memory", f"must be one of {MEMORY_LEVELS}, got {value!r}")
+
+
+def _compute(value) -> ComputeOptions:
+    from mizuoto.options import ComputeOptions, Options
+
+    if isinstance(value, ComputeOptions):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidOption("compute", "must be compute options, e.g. {\"device\": \"cuda\"}")
+    return Options.from_mapping({"compute": dict(value)}).compute
 
 
 def checkpoint_retention(config: TrainingConfig) -> tuple[int, int]:

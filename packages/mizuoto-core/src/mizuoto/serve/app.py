@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
+import errno
 import logging
 import socket
 import threading
@@ -22,14 +21,32 @@ from types import MappingProxyType
 
 import attrs
 
-from mizuoto.errors import InvalidRequest
-from mizuoto.serve.batching import options_with_max_batch
+from mizuoto.contracts.ranges import integer_in, number_in
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.serve.batching import MAX_BATCH, options_with_max_batch
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
+from mizuoto.serve.gate import FORM_OVERHEAD, MAX_SPEECH_BODY, Gate, check_api_key
 from mizuoto.serve.metrics import Metrics
 from mizuoto.serve.voices import VoiceStore
 from mizuoto.serve.worker import ModelPool, ModelWorker
 
 log = logging.getLogger("mizuoto.serve")
+
+#: Longest ``grace`` (seconds): an hour is more than any request takes; more is a typo.
+MAX_GRACE = 3600.0
+#: Most requests one model may have waiting (each holds its body and, once running, audio).
+MAX_QUEUE_SIZE = 4096
+#: Largest voice upload the server can be told to accept (bytes), and longest clip (seconds).
+MAX_UPLOAD_BYTES = 1 << 30
+MAX_UPLOAD_SECONDS = 3600.0
+
+
+def _optional_positive(field: str):
+    return integer_in(field, 1, 2**63 - 1, optional=True)
+
+
+def _api_key(instance, attribute, value) -> None:
+    check_api_key(value, "api_key")
 
 
 @attrs.frozen
@@ -43,26 +60,41 @@ class ServeConfig:
     the first ``max_loaded`` models load at start, the others on their first request, and
     the least recently used idle models are unloaded to make room (:class:`ModelPool`).
     ``shared_lock`` runs every model's requests under one lock: the single-global-lock
-    baseline of the load test, not a setting to serve with. ``max_batch`` runs up to that
-    many requests of one model at once, batched by engines that batch
-    (:mod:`mizuoto.serve.batching`); 1 runs them one after the other.
+    baseline of the load test, not a setting to serve with. ``max_batch`` (1 to
+    :data:`~mizuoto.serve.batching.MAX_BATCH`) runs up to that many requests of one model at
+    once, batched by engines that batch (:mod:`mizuoto.serve.batching`); 1 runs them one
+    after the other.
+
+    Every value is checked here, so the CLI and the Python API refuse the same ones: ``port``
+    1 to 65535, ``grace`` finite in [0, :data:`MAX_GRACE`], an ``api_key`` that is not
+    empty or blank (``None``: no authentication).
     """
 
     models: Mapping[str, str] = attrs.field(converter=lambda v: MappingProxyType(dict(v)))
     engine: str | None = None
     options: object | None = None  # mizuoto.Options
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    queue_size: int = 16
-    grace: float = 30.0
+    host: str = attrs.field(default="127.0.0.1")
+    port: int = attrs.field(default=8000, validator=integer_in("port", 1, 65535))
+    api_key: str | None = attrs.field(default=None, validator=_api_key)
+    queue_size: int = attrs.field(default=16, validator=integer_in("queue_size", 1,
+                                                                   MAX_QUEUE_SIZE))
+    grace: float = attrs.field(default=30.0, validator=number_in("grace", 0.0, MAX_GRACE))
     voices_dir: Path | None = None
-    max_upload_bytes: int = 10 << 20
-    max_upload_seconds: float = 60.0
-    max_loaded: int | None = None
-    memory_budget: int | None = None
+    max_upload_bytes: int = attrs.field(default=10 << 20, validator=integer_in(
+        "max_upload_bytes", 1, MAX_UPLOAD_BYTES))
+    max_upload_seconds: float = attrs.field(default=60.0, validator=number_in(
+        "max_upload_seconds", 0.0, MAX_UPLOAD_SECONDS, low_open=True))
+    max_loaded: int | None = attrs.field(default=None, validator=_optional_positive(
+        "max_loaded"))
+    memory_budget: int | None = attrs.field(default=None, validator=_optional_positive(
+        "memory_budget"))
     shared_lock: bool = False
-    max_batch: int = 1
+    max_batch: int = attrs.field(default=1, validator=integer_in("max_batch", 1, MAX_BATCH))
+
+    @host.validator
+    def _host(self, attribute, value) -> None:
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidRequest("host", "is empty", "give an address such as 127.0.0.1")
 
 
 def model_names(models: list[str] | tuple[str, ...], aliases: list[str] | tuple[str, ...] = ()
@@ -189,14 +221,28 @@ def create_app(config: ServeConfig):
 
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
+    @app.exception_handler(MizuotoError)
+    async def mizuoto_error(request, exc: MizuotoError):
+        # here, not under Exception: Starlette re-raises what reaches its last handler, and
+        # uvicorn logs it with a traceback; a bad request is the client's, never an ERROR
+        return respond(_logged(from_mizuoto(exc), exc))
+
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
-        error = from_mizuoto(exc)
-        if error.status >= 500:
-            log.error("unexpected error", exc_info=exc)
-        return respond(error)
+        return respond(_logged(from_mizuoto(exc), exc))
 
-    return _Gate(app, state)
+    return Gate(app, api_key=config.api_key, on_request=state.metrics.request, limits={
+        # refused before the body is read, or as soon as it passes the limit; a voice's
+        # multipart form holds the clip and its fields
+        "/v1/audio/speech": MAX_SPEECH_BODY,
+        "/v1/audio/voices": config.max_upload_bytes + FORM_OVERHEAD})
+
+
+def _logged(error: APIError, exc: BaseException) -> APIError:
+    """``error``, logged with ``exc``'s traceback when it is the server's fault (5xx)."""
+    if error.status >= 500:
+        log.error("unexpected error", exc_info=exc)
+    return error
 
 
 def _validation_error(errors) -> APIError:
@@ -217,66 +263,6 @@ def _validation_error(errors) -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
-#: Largest JSON body of a speech request (bytes).
-MAX_SPEECH_BODY = 1 << 20
-
-
-class _Gate:
-    """ASGI wrapper: the API key check (``/health`` stays open), body size limits (by
-    ``Content-Length``) and the request counter.
-    Pure ASGI, so streaming responses and disconnects pass through untouched."""
-
-    def __init__(self, app, state: _State) -> None:
-        self.app = app
-        self.state = state
-        key = state.config.api_key
-        self._expected = f"Bearer {key}".encode() if key else None
-        # refused before the body is read (a voice's multipart form: the clip and its fields)
-        self._limits = {"/v1/audio/speech": MAX_SPEECH_BODY,
-                        "/v1/audio/voices": state.config.max_upload_bytes + (64 << 10)}
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        if self._expected is not None and path != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                await _send_error(send, APIError(
-                    401, "missing or wrong API key: send Authorization: Bearer <key>",
-                    code="invalid_api_key"))
-                return
-        limit = self._limits.get(path)
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        if limit is not None and length.isdigit() and int(length) > limit:
-            await _send_error(send, APIError(
-                413, f"the request body has {int(length)} bytes, more than {limit}",
-                code="request_too_large"))
-            return
-        status = 500
-
-        async def send_and_count(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_count)
-        finally:
-            if path.startswith("/v1/"):
-                self.state.metrics.request(scope.get("mizuoto.model", ""), path, status)
-
-
-async def _send_error(send, error: APIError) -> None:
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 def _uvicorn_config(config: ServeConfig, app, **overrides):
     import uvicorn
 
@@ -285,11 +271,69 @@ def _uvicorn_config(config: ServeConfig, app, **overrides):
     return uvicorn.Config(app, **settings)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (0: a free port); a port in use, one that needs
+    privileges or an address this machine does not have is an :class:`InvalidRequest` naming
+    ``port`` or ``host`` (not uvicorn's exit 3, which the CLI keeps for "not found")."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InvalidRequest("host", f"{host!r} is not an address of this machine ({exc})",
+                             "use 127.0.0.1, 0.0.0.0 or a local interface's address") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as exc:
+        sock.close()
+        where = f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise InvalidRequest("port", f"{where} is already in use",
+                                 "stop the other server or pick another port") from None
+        if exc.errno == errno.EACCES:
+            raise InvalidRequest("port", f"binding {where} is not permitted (ports below 1024 "
+                                 "need privileges)", "pick a port from 1024 up") from None
+        raise InvalidRequest("host", f"cannot listen on {where}: {exc.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def auth_line(config: ServeConfig) -> str:
+    """The start-up line saying whether requests need the API key."""
+    if config.api_key is not None:
+        return ("authentication: on (every path but /health needs Authorization: Bearer "
+                "<key>)")
+    return (f"authentication: off (anyone who can reach {config.host}:{config.port} can use "
+            "every route; set --api-key or MIZUOTO_API_KEY to require a key)")
+
+
 def run(config: ServeConfig) -> None:
-    """Serve until SIGINT or SIGTERM (graceful: see the module's docstring)."""
+    """Serve until SIGINT or SIGTERM (graceful: see the module's docstring). The port is bound
+    before any model loads, so a port in use is reported at once."""
     import uvicorn
 
-    uvicorn.Server(_uvicorn_config(config, create_app(config))).run()
+    sock = bind(config.host, config.port)
+    try:
+        app = create_app(config)
+        server = uvicorn.Server(_uvicorn_config(config, app))
+        # said louder when anyone on the network could use the server without a key
+        open_door = config.api_key is None and not _loopback(config.host)
+        log.log(logging.WARNING if open_door else logging.INFO, "listening on http://%s:%d; %s",
+                config.host, config.port, auth_line(config))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 @contextlib.contextmanager
@@ -299,9 +343,7 @@ def serve_in_thread(config: ServeConfig, *, ready_timeout: float = 120.0) -> Ite
     For tests and benchmarks."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     app = create_app(config)
     server = uvicorn.Server(_uvicorn_config(config, app, log_level="warning"))
@@ -309,7 +351,7 @@ def serve_in_thread(config: ServeConfig, *, ready_timeout: float = 120.0) -> Ite
                               name="mizuoto-serve", daemon=True)
     thread.start()
     try:
-        for worker in app.state.workers.values():
+        for worker in app.app.state.mizuoto.workers.values():  # the FastAPI app in the gate
             if not worker.loaded.wait(ready_timeout):
                 raise TimeoutError(f"model {worker.name} did not load in {ready_timeout} s")
         while not server.started:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import time
 from typing import Any, Literal
@@ -17,9 +16,10 @@ from typing import Any, Literal
 import attrs
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.ranges import check_number
 from mizuoto.contracts.results import AudioChunk
 from mizuoto.serve.encoders import MEDIA_TYPES, StreamEncoder
 from mizuoto.serve.errors import (
@@ -30,11 +30,16 @@ from mizuoto.serve.errors import (
     not_found,
     unavailable,
 )
+from mizuoto.serve.uploads import ClipLimits, read_clip
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
-from mizuoto.serve.worker import DONE, Job
+from mizuoto.serve.worker import DONE, Job, Pin
 
 #: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
 MAX_INPUT_CHARS = 4096
+#: OpenAI's range of ``speed``.
+SPEED_RANGE = (0.25, 4.0)
+#: Deepest nesting of a JSON body (a speech request needs 4: body, mizuoto, params, a list).
+MAX_JSON_DEPTH = 32
 #: Response formats of OpenAI's spec this server does not encode.
 #: Formats of the OpenAI spec this server cannot encode, with why (none at present).
 UNSUPPORTED_FORMATS: dict[str, str] = {}
@@ -52,16 +57,20 @@ class VoiceId(BaseModel):
 
 
 class MizuotoExtension(BaseModel):
-    """The extension key ``mizuoto``: what OpenAI's request cannot say."""
+    """The extension key ``mizuoto``: what OpenAI's request cannot say.
+
+    The numbers are taken as sent and checked by :class:`~mizuoto.SynthesisRequest`, the
+    validation the CLI and the Python API use: pydantic would turn ``true``, ``"2"`` or
+    ``2.0`` into the integer a request refuses."""
 
     model_config = ConfigDict(extra="forbid")
-    seed: int | None = None
-    steps: int | None = None
-    guidance: float | None = None
+    seed: Any = None
+    steps: Any = None
+    guidance: Any = None
     params: dict[str, Any] = Field(default_factory=dict)
     #: ``False``: the whole response at once, made by ``engine.synthesize`` (engines that
     #: cannot stream always answer so).
-    stream: bool = True
+    stream: StrictBool = True
 
 
 class SpeechBody(BaseModel):
@@ -73,7 +82,7 @@ class SpeechBody(BaseModel):
     voice: str | VoiceId
     instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    speed: Any = 1.0  # checked by check_number, as every other number (see MizuotoExtension)
     stream_format: Literal["sse", "audio"] = "audio"
     mizuoto: MizuotoExtension | None = None
 
@@ -96,13 +105,28 @@ def _has_speed(engine) -> bool:
     return params_class is not None and any(a.name == "speed" for a in attrs.fields(params_class))
 
 
-def _build_request(body: SpeechBody, engine, voice):
-    """The engine request for ``body``, and the warnings for what was ignored."""
+def _checked_request(body: SpeechBody):
+    """The engine request's fields that need no engine, checked by the validators every front
+    end shares (before any model is loaded or queued for)."""
     from mizuoto.contracts.requests import SynthesisRequest
     from mizuoto.runtime.seeds import resolve_seed
 
     extension = body.mizuoto or MizuotoExtension()
-    params = dict(extension.params)
+    try:
+        check_number("speed", body.speed, *SPEED_RANGE)
+        # a seed drawn here, not by the engine, is known before the first byte (and sent back)
+        seed = extension.seed if extension.seed is not None else resolve_seed(None)[0]
+        return SynthesisRequest(body.input, seed=seed, steps=extension.steps,
+                                guidance=extension.guidance, params=extension.params)
+    except Exception as exc:
+        raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
+
+
+def _build_request(body: SpeechBody, checked, engine, voice):
+    """The engine request for ``body`` (``checked``: :func:`_checked_request`), and the
+    warnings for what was ignored."""
+    extension = body.mizuoto or MizuotoExtension()
+    params = dict(checked.params)
     warnings = []
     instruction = None
     if body.instructions is not None and body.instructions.strip():
@@ -119,13 +143,9 @@ def _build_request(body: SpeechBody, engine, voice):
         if "speed" in params:
             raise bad_request("speed is given twice: send either speed or "
                               "mizuoto.params.speed", param="speed")
-        params["speed"] = body.speed
-    # a seed drawn here, not by the engine, is known before the first byte (and sent back)
-    seed = extension.seed if extension.seed is not None else resolve_seed(None)[0]
+        params["speed"] = float(body.speed)
     try:
-        request = SynthesisRequest(body.input, voice=voice, instruction=instruction, seed=seed,
-                                   steps=extension.steps, guidance=extension.guidance,
-                                   params=params)
+        request = attrs.evolve(checked, voice=voice, instruction=instruction, params=params)
         engine.parse_params(request.params)  # a bad setting is named before queueing
     except Exception as exc:
         raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
@@ -170,18 +190,39 @@ async def _next(job: Job, request: Request | None):
     return item
 
 
+async def _pin(worker, request: Request) -> Pin:
+    """A pin holding ``worker``'s model loaded for this request, taken when its turn comes
+    (see :class:`~mizuoto.serve.worker.ModelPool`); a 429 when too many wait already."""
+    worker.submit_check()
+    pool = worker.pool
+    pin = Pin(worker) if pool is None else pool.turn(worker)
+    if pin is not None:
+        return pin
+    if worker.depth() + worker.waiting >= worker.queue_size:
+        raise worker.queue_full()
+    worker.waiting += 1  # only the event loop's thread changes it
+    try:
+        while (pin := pool.turn(worker)) is None:
+            worker.submit_check()
+            if await request.is_disconnected():
+                raise ClientGone
+            await asyncio.sleep(0.05)
+    finally:
+        worker.waiting -= 1
+    return pin
+
+
 async def _loaded_engine(worker, request: Request):
-    """The worker's engine, loaded first (by a job in its queue) if the pool unloaded it."""
-    for _ in range(3):
-        engine = worker.engine
-        if engine is not None:
-            return engine
+    """The worker's engine, loaded first (by a job in its queue) if the pool unloaded it. The
+    caller holds a pin: once loaded, it stays so until the pin is released."""
+    if worker.engine is None:
         job = Job(lambda engine, job: None, asyncio.get_running_loop())
         worker.submit(job)
         while await _next(job, request) is not DONE:
             pass
-    raise unavailable(f"model {worker.name!r} was unloaded again before it could be used: "
-                      "raise --max-loaded or --memory-budget", "model_unavailable")
+    if worker.engine is None:  # the server stopped meanwhile
+        raise unavailable(f"model {worker.name!r} is not loaded", "model_unavailable")
+    return worker.engine
 
 
 @router.post("/v1/audio/speech")
@@ -194,24 +235,31 @@ async def speech(request: Request):
         raise bad_request(f"response_format {body.response_format!r} is not supported: "
                           f"{UNSUPPORTED_FORMATS[body.response_format]}; use one of "
                           f"{supported}", param="response_format", code="unsupported_value")
+    checked = _checked_request(body)
     worker = _worker(state, body.model)
     request.scope["mizuoto.model"] = worker.name  # served names only: bounded label values
-    engine = await _loaded_engine(worker, request)
     voice_name = body.voice if isinstance(body.voice, str) else body.voice.id
-    voice = None
     if voice_name != DEFAULT_VOICE:
         check_name(voice_name, "voice")
-        voice = await asyncio.to_thread(state.voices.load, voice_name)
-        try:
-            voice.check(engine.name, engine.info.fingerprint)
-        except Exception as exc:
-            raise from_mizuoto(exc) from exc
-    engine_request, warnings, stream = _build_request(body, engine, voice)
-    # an engine that cannot stream has the whole audio before the first byte: a whole file
-    # (with its length in the header) then comes as early as a stream would
-    stream = stream and engine.supports(Capability.STREAM)
-    job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop())
-    worker.submit(job)
+    pin = await _pin(worker, request)
+    try:
+        engine = await _loaded_engine(worker, request)
+        voice = None
+        if voice_name != DEFAULT_VOICE:
+            voice = await asyncio.to_thread(state.voices.load, voice_name)
+            try:
+                voice.check(engine.name, engine.info.fingerprint)
+            except Exception as exc:
+                raise from_mizuoto(exc) from exc
+        engine_request, warnings, stream = _build_request(body, checked, engine, voice)
+        # an engine that cannot stream has the whole audio before the first byte: a whole
+        # file (with its length in the header) then comes as early as a stream would
+        stream = stream and engine.supports(Capability.STREAM)
+        job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop(), pin=pin)
+        worker.submit(job)
+    except BaseException:
+        pin.release()  # handed to the job once submitted; until then, this request's
+        raise
     try:
         first = await _next(job, request)
     except BaseException:
@@ -239,10 +287,38 @@ async def speech(request: Request):
 
 
 async def _json(request: Request):
+    """The body's JSON, nested at most :data:`MAX_JSON_DEPTH` deep (deeper: a 400, not a
+    ``RecursionError``)."""
     try:
-        return await request.json()
-    except (ValueError, UnicodeDecodeError):
+        value = json.loads(await request.body())
+    except RecursionError:
+        value = None
+        depth = MAX_JSON_DEPTH + 1
+    except (ValueError, UnicodeDecodeError):  # huge integer literals are ValueErrors too
         raise bad_request("the body is not valid JSON", code="invalid_json") from None
+    else:
+        depth = json_depth(value, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise bad_request(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep",
+                          code="invalid_json")
+    return value
+
+
+def json_depth(value, limit: int) -> int:
+    """How deeply ``value`` (parsed JSON) nests lists and objects, counted up to ``limit + 1``
+    (no recursion: any depth is safe to measure)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (list, dict)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
+        stack.extend((child, depth + 1) for child in
+                     (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _encode_all(encoder: StreamEncoder, chunks: list[AudioChunk]) -> bytes:
@@ -311,7 +387,12 @@ async def list_voices(request: Request, model: str | None = None):
     state = _state(request)
     fingerprint = None
     if model is not None:
-        fingerprint = (await _loaded_engine(_worker(state, model), request)).info.fingerprint
+        worker = _worker(state, model)
+        pin = await _pin(worker, request)
+        try:
+            fingerprint = (await _loaded_engine(worker, request)).info.fingerprint
+        finally:
+            pin.release()
     saved = await asyncio.to_thread(state.voices.list)
     voices = [{"id": DEFAULT_VOICE, "name": DEFAULT_VOICE}]
     voices += [{"id": v["name"], "name": v["name"], "engine": v["engine"]} for v in saved
@@ -334,7 +415,9 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
     if len(data) > state.config.max_upload_bytes:
         raise APIError(413, f"the audio is larger than {state.config.max_upload_bytes} bytes",
                        param="audio", code="file_too_large")
-    clip = await asyncio.to_thread(_read_clip, data, state.config.max_upload_seconds)
+    limits = ClipLimits.for_seconds(state.config.max_upload_seconds)
+    clip = await asyncio.to_thread(read_clip, data, limits)
+    del data
     try:
         reference = Reference(clip, text if text and text.strip() else None)
     except Exception as exc:
@@ -343,35 +426,16 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
     def build(engine, job: Job) -> None:
         job.emit(engine.build_voice(reference))
 
-    job = Job(build, asyncio.get_running_loop())
-    worker.submit(job)
+    pin = await _pin(worker, request)
+    try:
+        job = Job(build, asyncio.get_running_loop(), pin=pin)
+        worker.submit(job)
+    except BaseException:
+        pin.release()
+        raise
     voice = await _next(job, request)
     await asyncio.to_thread(state.voices.save, name, voice)
     return {"id": name, "name": name, "model": model, "engine": voice.engine}
-
-
-def _read_clip(data: bytes, max_seconds: float):
-    import soundfile as sf
-
-    from mizuoto.contracts.audio import Audio
-
-    try:
-        with sf.SoundFile(io.BytesIO(data)) as handle:
-            seconds = handle.frames / handle.samplerate
-            if seconds > max_seconds:
-                raise APIError(413, f"the audio lasts {seconds:.1f} s, more than "
-                               f"{max_seconds:g} s", param="audio", code="audio_too_long")
-            samples = handle.read(dtype="float32", always_2d=True)
-            rate = handle.samplerate
-    except APIError:
-        raise
-    except Exception as exc:  # libsndfile's errors have several types
-        raise bad_request(f"the audio cannot be read ({exc}): send WAV, FLAC, OGG or MP3",
-                          param="audio") from None
-    try:
-        return Audio(samples.mean(axis=1), rate)
-    except Exception as exc:
-        raise from_mizuoto(exc) from exc
 
 
 @router.delete("/v1/audio/voices/{name}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mizuoto.errors import InvalidRequest
 from mizuoto.serve.errors import APIError, bad_request, not_found
 
 DEFAULT_VOICE = "default"
@@ -48,7 +49,12 @@ class VoiceStore:
             raise not_found(f"no voice named {name!r}: every model has {DEFAULT_VOICE!r}, "
                             "and GET /v1/audio/voices lists the saved ones", "voice",
                             "voice_not_found")
-        return Voice.load(path)
+        try:
+            return Voice.load(path)
+        except InvalidRequest as exc:  # named by the voice: the server's paths stay its own
+            raise bad_request(f"voice {name!r} cannot be used: "
+                              f"{exc.problem.replace(str(path), 'its file')}; build it again",
+                              param="voice", code="voice_damaged") from None
 
     def save(self, name: str, voice) -> None:
         path = self.path(name, "name")

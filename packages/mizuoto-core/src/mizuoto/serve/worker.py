@@ -32,13 +32,33 @@ class Cancelled(Exception):
     """The client went away: the job stops where it is."""
 
 
+class Pin:
+    """A request's hold on its model: while any pin is held the pool does not unload the model.
+    Taken when the request arrives, so that the model it waits for stays loaded until its job
+    has run; handed to that job (``Job(pin=...)``), which releases it when it ends."""
+
+    def __init__(self, worker: ModelWorker) -> None:
+        self._worker = worker
+        self._held = True
+        worker._pinned(+1)
+
+    def release(self) -> None:
+        """Let go (once; later calls do nothing)."""
+        if self._held:
+            self._held = False
+            self._worker._pinned(-1)
+
+
 class Job:
     """Work for a model's worker: ``run(engine, job)`` executes on the worker thread and calls
-    :meth:`emit` for each result; the event loop awaits :attr:`items`."""
+    :meth:`emit` for each result; the event loop awaits :attr:`items`. ``pin`` (a request's
+    :class:`Pin`) is released when the job ends, run or skipped."""
 
-    def __init__(self, run: Callable, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, run: Callable, loop: asyncio.AbstractEventLoop, *,
+                 pin: Pin | None = None) -> None:
         self._run = run
         self._loop = loop
+        self._pin = pin
         self.items: asyncio.Queue = asyncio.Queue()
         self._cancelled = threading.Event()
         self.submitted = time.monotonic()
@@ -64,6 +84,12 @@ class Job:
     def run(self, engine) -> None:
         self._run(engine, self)
 
+    def finish(self) -> None:
+        """The job has ended: :data:`DONE` is sent and the model's pin released."""
+        self.emit(DONE)
+        if self._pin is not None:
+            self._pin.release()
+
 
 class ModelWorker:
     """Owns one model on its own thread and runs that model's jobs one at a time.
@@ -85,11 +111,14 @@ class ModelWorker:
         self.model = model
         self._load = load
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
         self._metrics = metrics
         self._shared_lock = shared_lock
         self._pool = pool
         self._preload = preload
         self._running: Job | None = None
+        self.pins = 0  # requests holding the model loaded (:class:`Pin`)
+        self.waiting = 0  # requests waiting for their turn to pin it (:meth:`ModelPool.turn`)
         # held by the worker while it loads or runs a job: the pool evicts only an idle model
         self._engine_lock = threading.Lock()
         self.engine = None
@@ -105,7 +134,7 @@ class ModelWorker:
         self._thread = threading.Thread(target=self._main, name=f"mizuoto-model-{name}",
                                         daemon=True)
         if pool is not None:
-            pool.add(self)
+            pool.add(self, loading=preload)
 
     def start(self) -> None:
         self._thread.start()
@@ -116,6 +145,10 @@ class ModelWorker:
 
     def _lane_jobs(self) -> int:
         return self._lanes.active if self._lanes is not None else 0
+
+    def _pinned(self, change: int) -> None:
+        if self._pool is not None:  # without a pool nothing is unloaded: nothing to count
+            self._pool.pinned(self, change)
 
     def submit_check(self) -> None:
         """An :class:`APIError` (503) unless the model takes requests (loaded or loadable)."""
@@ -133,17 +166,25 @@ class ModelWorker:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise APIError(429, f"model {self.name!r} has {self._queue.maxsize} requests "
-                           "waiting: try again shortly", type="rate_limit_error",
-                           code="queue_full", headers={"Retry-After": "1"}) from None
+            raise self.queue_full() from None
+
+    def queue_full(self) -> APIError:
+        """The 429 for a request that finds the queue full."""
+        return APIError(429, f"model {self.name!r} has {self.queue_size} requests waiting: "
+                        "try again shortly", type="rate_limit_error", code="queue_full",
+                        headers={"Retry-After": "1"})
+
+    @property
+    def pool(self) -> ModelPool | None:
+        return self._pool
 
     def evict(self) -> bool:
-        """Unload the model if it is idle (nothing running or queued); True if it was."""
-        if not self._engine_lock.acquire(blocking=False):
+        """Unload the model if it is idle (nothing running, queued or pinned); True if it was."""
+        if self.pins or not self._engine_lock.acquire(blocking=False):
             return False
         try:
             if self.engine is None or self._running is not None or self._lane_jobs() \
-                    or not self._queue.empty():
+                    or not self._queue.empty() or self.pins:
                 return False
             self.engine = None
             self.engine_bytes = 0
@@ -165,10 +206,12 @@ class ModelWorker:
                 break
             if job is not None:
                 job.emit(unavailable("the server is shutting down", "shutting_down"))
-                job.emit(DONE)
+                job.finish()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
         deadline = time.monotonic() + timeout
+        if self._pool is not None:
+            self._pool.wake()  # a load waiting for room gives up
         self._thread.join(timeout)
         if self._lanes is not None:
             self._lanes.wait_idle(max(0.0, deadline - time.monotonic()))
@@ -199,6 +242,8 @@ class ModelWorker:
                 return
             finally:
                 self.loaded.set()
+                if self._pool is not None:
+                    self._pool.admitted_done(self)
             if self._pool is not None:
                 self._pool.loaded(self)
         while True:
@@ -207,26 +252,49 @@ class ModelWorker:
                 return
             self._running = job
             self.last_used = time.monotonic()  # at the start too: the client may be done first
+            on_lane = False  # a lane's job finishes on its lane
             try:
                 with self._engine_lock:
-                    if self.engine is None and not job.cancelled:
-                        try:
-                            self._load_engine()
-                        except BaseException as exc:
-                            job.emit(unavailable(f"model {self.name!r} failed to load: {exc}",
-                                                 "model_unavailable", 60))
-                            job.emit(DONE)
-                            continue
-                        if self._pool is not None:
-                            self._pool.loaded(self)
+                    if self.engine is None and not job.cancelled and not self._reload(job):
+                        continue
                     if self._lanes is None:
                         self._execute(job)
                 if self._lanes is not None:
-                    self._lanes.run(lambda job=job: self._execute(job))
+                    self._lanes.run(lambda job=job: self._execute_on_lane(job))
+                    on_lane = True
             finally:
                 self._running = None
+                if not on_lane:
+                    job.finish()
             if self._pool is not None:  # a model busy when another loaded may go now
                 self._pool.rebalance()
+
+    def _execute_on_lane(self, job: Job) -> None:
+        """``--max-batch``: one of the jobs running at once (mizuoto.serve.batching)."""
+        try:
+            self._execute(job)
+        finally:
+            job.finish()
+        if self._pool is not None:
+            self._pool.rebalance()
+
+    def _reload(self, job: Job) -> bool:
+        """Load the unloaded model for ``job``, once the pool has room (it waits for its
+        turn); False, with the error sent to ``job``, when it cannot."""
+        try:
+            if self._pool is not None and not self._pool.admit(self, job):
+                return False  # the client left while the load waited for room
+            self._load_engine()
+        except BaseException as exc:
+            job.emit(exc if isinstance(exc, APIError) else unavailable(
+                f"model {self.name!r} failed to load: {exc}", "model_unavailable", 60))
+            return False
+        finally:
+            if self._pool is not None:
+                self._pool.admitted_done(self)
+        if self._pool is not None:
+            self._pool.loaded(self)
+        return True
 
     def _execute(self, job: Job) -> None:
         started = time.monotonic()
@@ -248,7 +316,6 @@ class ModelWorker:
                 self._metrics.generated(self.name, time.monotonic() - started, job.audio_seconds)
         finally:
             self.last_used = time.monotonic()
-            job.emit(DONE)
 
 
 def _engine_bytes(engine) -> int:
@@ -268,18 +335,99 @@ def _engine_bytes(engine) -> int:
 
 class ModelPool:
     """Which models stay loaded: at most ``max_loaded`` of them, and at most ``memory_budget``
-    bytes of weights (parameters and buffers). When a model has loaded, the least recently used
-    idle ones are unloaded until both hold; a busy model is never unloaded, so a budget can be
-    exceeded while every model is busy."""
+    bytes of weights (parameters and buffers).
+
+    - A model is unloaded only when idle: nothing running or queued, and no request pinned to
+      it (:class:`Pin`: a request holds its model from arrival to the end of its job, so a
+      model loaded for waiting requests stays until they have run).
+    - An unloaded model that has requests loads once there is room (:meth:`admit`, on its
+      worker thread): idle models are unloaded, least recently used first; while every loaded
+      model is busy it waits, and loads waiting for room are served in arrival order.
+    - While a load waits for room, new requests for the loaded models wait their turn
+      (:meth:`turn`) instead of pinning them: the busy models drain, the waiting one loads and
+      serves its requests, then the others come back. Each switch serves every request queued
+      for the model, so models alternate in batches instead of thrashing, and none starves.
+    - After a load, idle models are unloaded until the limits hold; a busy model is never
+      unloaded, so a memory budget can be exceeded while a model larger than the room left is
+      the only one that fits the count.
+    """
 
     def __init__(self, max_loaded: int | None = None, memory_budget: int | None = None) -> None:
         self.max_loaded = max_loaded
         self.memory_budget = memory_budget
         self.workers: list[ModelWorker] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._waiting: list[ModelWorker] = []  # loads waiting for room, in arrival order
+        self._admitted: set[ModelWorker] = set()  # loads under way
 
-    def add(self, worker: ModelWorker) -> None:
+    def add(self, worker: ModelWorker, *, loading: bool = False) -> None:
+        """Manage ``worker``; ``loading``: it loads at start, and counts as loaded from now."""
         self.workers.append(worker)
+        if loading:
+            self._admitted.add(worker)
+
+    def wake(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+
+    def pinned(self, worker: ModelWorker, change: int) -> None:
+        with self._lock:
+            worker.pins += change
+            self._lock.notify_all()
+
+    def turn(self, worker: ModelWorker) -> Pin | None:
+        """A pin on ``worker`` if a request may take one now; None while it must wait (the
+        model is loaded, and another model waits for its room)."""
+        with self._lock:
+            if worker.engine is not None and any(w is not worker for w in self._waiting):
+                return None
+            return Pin(worker)
+
+    def _resident(self, worker: ModelWorker) -> bool:
+        return worker.engine is not None or worker in self._admitted
+
+    def _room_for(self, incoming: ModelWorker) -> bool:
+        others = [w for w in self.workers if w is not incoming and self._resident(w)]
+        if self.max_loaded is not None and len(others) >= self.max_loaded:
+            return False
+        # a model never loaded has no known size: it gets the room, and the limits are
+        # applied once it has loaded (:meth:`loaded`)
+        return self.memory_budget is None or not others or \
+            sum(w.engine_bytes for w in others) + incoming.engine_bytes <= self.memory_budget
+
+    def admit(self, worker: ModelWorker, job: Job) -> bool:
+        """Return once ``worker`` may load its model for ``job`` (on its thread, before
+        loading): idle models are unloaded to make room, else it waits its turn. False if
+        ``job`` is cancelled meanwhile; an :class:`APIError` (503) if the worker stops."""
+        with self._lock:
+            self._waiting.append(worker)
+            try:
+                while True:
+                    if worker.state == "stopped":
+                        raise unavailable("the server is shutting down", "shutting_down")
+                    if job.cancelled:
+                        return False
+                    if self._waiting[0] is worker and self._make_room(worker):
+                        self._admitted.add(worker)
+                        return True
+                    self._lock.wait(0.25)  # woken by a release; the timeout covers the rest
+            finally:
+                self._waiting.remove(worker)
+                self._lock.notify_all()
+
+    def admitted_done(self, worker: ModelWorker) -> None:
+        """``worker``'s load has ended (loaded or failed)."""
+        with self._lock:
+            self._admitted.discard(worker)
+            self._lock.notify_all()
+
+    def _make_room(self, incoming: ModelWorker) -> bool:
+        for other in sorted((w for w in self.workers if w is not incoming
+                             and w.engine is not None), key=lambda w: w.last_used):
+            if self._room_for(incoming):
+                break
+            other.evict()
+        return self._room_for(incoming)
 
     def _over(self) -> bool:
         loaded = [w for w in self.workers if w.engine is not None]
@@ -301,3 +449,4 @@ class ModelPool:
                 if not self._over():
                     break
                 other.evict()
+            self._lock.notify_all()

@@ -20,7 +20,7 @@ import torch
 from mizuoto.contracts.requests import SynthesisRequest
 from mizuoto.errors import InvalidRequest, MizuotoError, UnsupportedCapability
 from mizuoto.validation import parse_attrs
-from mizuoto_f5tts.checkpoint import default_vocab_path, detect_variant, find_checkpoint
+from mizuoto_f5tts.checkpoint import checkpoint_variant, default_vocab_path, find_checkpoint
 from mizuoto_f5tts.reference import default_voice
 from mizuoto_f5tts.settings import F5Params
 from mizuoto_f5tts.variants import SAMPLE_RATE
@@ -103,7 +103,7 @@ class F5Upstream:
     def load(cls, model_dir: Path, *, device: str = "cpu") -> F5Upstream:
         model_dir = Path(model_dir)
         checkpoint = find_checkpoint(model_dir)
-        variant = detect_variant(_checkpoint_shapes(checkpoint), hint=str(checkpoint))
+        variant = checkpoint_variant(checkpoint, _checkpoint_shapes(checkpoint))
         vocab = model_dir / "vocab.txt"
         model = utils_infer.load_model(
             DiT if variant.backbone == "dit" else UNetT, variant.upstream_config(),

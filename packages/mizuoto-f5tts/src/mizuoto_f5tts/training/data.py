@@ -6,7 +6,11 @@
 - upstream's ``metadata.csv`` (``|``-delimited, header ``audio_file|text``; paths relative to
   the file's folder or absolute), or a directory holding one;
 - a JSONL manifest: one ``{"audio": path, "text": ...}`` object per line (``audio_file`` is
-  accepted for ``audio``; relative paths are relative to the manifest's folder).
+  accepted for ``audio``; relative paths are relative to the manifest's folder);
+- upstream's prepared folder (``raw.arrow`` + ``duration.json``, or its ``raw.arrow``; read
+  first when ``metadata.csv`` lies beside them), `mizuoto_f5tts.training.upstream_data`: its
+  tokens as they are, ``duration.json``'s durations for batching, the row's own duration for the
+  length check, as upstream's ``CustomDataset``; needs ``mizuoto-f5tts[arrow]``.
 
 Each row is checked; a bad one is reported (`BadRow`: row number, path, reason) and skipped,
 never fatal: unreadable or missing audio, silence, a duration outside [0.3, 30] s (upstream's
@@ -131,7 +135,27 @@ def _source_rows(source: Path) -> list[tuple[int, str, str | None]]:
             for n, a, t in rows]
 
 
-def _check_audio(path: str) -> tuple[float | None, str]:
+@attrs.frozen
+class _Row:
+    number: int
+    audio: str
+    text: str | None
+    tokens: tuple[str, ...] | None = None  # given: upstream's prepared tokens
+    row_duration: float | None = None  # given: the length check uses it
+    duration: float | None = None  # given: the batching duration
+
+
+def _rows(source: Path) -> list[_Row]:
+    from mizuoto_f5tts.training.upstream_data import prepared_folder, read_rows
+
+    folder = prepared_folder(source)
+    if folder is None:
+        return [_Row(n, a, t) for n, a, t in _source_rows(source)]
+    return [_Row(r.number, r.audio, "".join(r.tokens), r.tokens, r.row_duration, r.duration)
+            for r in read_rows(folder)]
+
+
+def _check_audio(path: str, duration: float | None = None) -> tuple[float | None, str]:
     import soundfile as sf
 
     file = Path(path)
@@ -148,7 +172,7 @@ def _check_audio(path: str) -> tuple[float | None, str]:
         return None, "NaN or infinite samples"
     if not float(np.abs(data).max()) > _SILENCE_PEAK:
         return None, "silent"
-    duration = info.duration
+    duration = info.duration if duration is None else duration
     if not MIN_SECONDS <= duration <= MAX_SECONDS:
         return None, f"duration {duration:.2f} s outside [{MIN_SECONDS}, {MAX_SECONDS}] s"
     return duration, ""
@@ -163,9 +187,10 @@ def prepare_dataset(
 ) -> PreparedData:
     from mizuoto_f5tts.text import to_tokens
 
-    rows = _source_rows(Path(source))
+    rows = _rows(Path(source))
     clips, bad = [], []
-    for done, (number, audio, text) in enumerate(rows, start=1):
+    for done, row in enumerate(rows, start=1):
+        number, audio, text = row.number, row.audio, row.text
         reason = ""
         duration = None
         if audio.startswith("!"):
@@ -175,10 +200,12 @@ def prepare_dataset(
         elif text is None or not text.strip():
             reason = "empty text"
         else:
-            duration, reason = _check_audio(audio)
+            duration, reason = _check_audio(audio, row.row_duration)
         tokens: list[str] = []
         if not reason:
-            tokens = to_tokens(text)
+            tokens = to_tokens(text) if row.tokens is None else list(row.tokens)
+            if row.duration is not None:
+                duration = row.duration
             unknown = sorted({t for t in tokens if vocab is not None and t not in vocab})
             if unknown:
                 reason = f"tokens outside the vocabulary: {' '.join(map(repr, unknown[:8]))}"

@@ -6,6 +6,7 @@ atomically (built beside ``destination``, then renamed over it):
 - ``model_<update>.safetensors``: the EMA weights as upstream's trainer keeps them (``initted``,
   ``step``, ``ema_model.<CFM key>``), which is also the layout of upstream's releases; a v0 Base
   model is named ``F5TTS_Base_model_<update>.safetensors`` so that loaders tell it from v1;
+- ``variant.json``: the variant, for that checkpoint (`mizuoto_f5tts.identification`);
 - ``vocab.txt`` (``vocab_file``: the run's, extended or not) and ``vocos/`` copied from the base
   model directory;
 - ``LICENSE.txt``: the base model's license terms carry over to the fine-tuned weights
@@ -27,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path
+from mizuoto_f5tts.identification import write_record
 from mizuoto_f5tts.variants import F5Variant
 
 LICENSE_TEXT = """\
@@ -58,7 +60,9 @@ def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: s
     build = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
-        save_file(tensors, str(build / checkpoint_file_name(variant, update)))
+        name = checkpoint_file_name(variant, update)
+        save_file(tensors, str(build / name))
+        write_record(build, name, variant.name)
         vocab = Path(vocab_file) if vocab_file is not None else base_dir / VOCAB_FILE
         shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
         if (base_dir / VOCOS_DIR).is_dir():

@@ -17,7 +17,14 @@ the rest of ``ceil(batches / accumulation) * epochs``) and `EMA` step only then.
 
 Under torchrun the backbone is wrapped in ``DistributedDataParallel`` and each rank takes every
 N-th batch of the epoch's order (see `FineTuning`); ``training.memory`` other than ``default``
-recomputes activations (`checkpoint_activations`) and keeps the EMA copy on the CPU.
+recomputes activations (`checkpoint_activations`) and keeps the EMA copy on the CPU; ``lowest``
+also keeps AdamW's state there between updates (`OptimizerStateOffload`).
+
+The loop runs where the model is (``compute.device``). ``mixed_precision`` is accelerate's:
+``bf16``/``fp16`` run the loss (upstream's whole ``CFM.forward``) under ``torch.autocast``;
+``fp16`` adds its ``GradScaler``: the scaled loss is backpropagated, gradients are unscaled
+before clipping, and an update the scaler skips does not advance the schedule (the EMA and the
+update count advance anyway, as upstream's loop does) (`mizuoto.runtime.precision`).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LinearLR, SequentialLR
 
+from mizuoto.runtime import precision
 from mizuoto_f5tts.training.batching import (
     MelDataset,
     SampleBatches,
@@ -169,6 +177,7 @@ class LoopSettings:
     shuffle_seed: int = 666
     save_every: int = 500
     max_updates: int | None = None
+    mixed_precision: str = "no"
 
 
 @attrs.define
@@ -203,6 +212,31 @@ def checkpoint_activations(model: nn.Module) -> int:
     return wrapped
 
 
+class OptimizerStateOffload:
+    """AdamW's moments in host memory between updates, on the device only for the step
+    (``training.memory = "lowest"`` on a GPU): the step's kernel and bytes are unchanged.
+    A no-op when the model is on the CPU."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.optimizer = optimizer
+        self.device = device
+        self.active = device.type != "cpu"
+
+    def _move(self, device: torch.device | str) -> None:
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.to(device)
+
+    def to_device(self) -> None:
+        if self.active:
+            self._move(self.device)
+
+    def to_host(self) -> None:
+        if self.active:
+            self._move("cpu")
+
+
 class FineTuning:
     """One run: model, EMA, optimiser, schedule, batch order and position; `run` trains."""
 
@@ -235,6 +269,11 @@ class FineTuning:
             self.backbone = DistributedDataParallel(model.transformer,
                                                     find_unused_parameters=True)
         self.optimizer = AdamW(model.parameters(), lr=settings.learning_rate, fused=True)
+        self.device = next(model.parameters()).device
+        self.precision = settings.mixed_precision
+        self.scaler = precision.grad_scaler(self.device, self.precision)
+        self.offload = OptimizerStateOffload(self.optimizer, self.device) \
+            if memory == "lowest" else None
         if settings.batch_size_type == "frame":
             self.batches = frame_batches(durations, settings.batch_size, settings.max_samples)
             self.sampler = None
@@ -288,7 +327,7 @@ class FineTuning:
 
     def _step(self, indices: list[int]) -> Record | None:
         batch = collate([self.dataset[i] for i in indices])
-        device = next(self.model.parameters()).device
+        device = self.device
         mel = batch["mel"].to(device).permute(0, 2, 1)
         lens = batch["mel_lengths"].to(device)
         text = text_ids(batch["text"], self.vocab).to(device)
@@ -305,14 +344,23 @@ class FineTuning:
         if self.world_size > 1 and not sync:
             skip_sync = self.backbone.no_sync()  # gradients all-reduced at the update only
         with skip_sync:
-            loss = flow_matching_loss(self.backbone, mel, text, lens, self.draws)
-            (loss / self.settings.grad_accumulation).backward()
+            with precision.autocast(device, self.precision):
+                # accelerate converts a prepared model's outputs to float32
+                loss = flow_matching_loss(self.backbone, mel, text, lens, self.draws).float()
+            share = loss / self.settings.grad_accumulation
+            (share if self.scaler is None else self.scaler.scale(share)).backward()
         if sync:
             if self.settings.max_grad_norm > 0:
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                self.settings.max_grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
+            if self.offload is not None:
+                self.offload.to_device()
+            if precision.scaled_step(self.optimizer, self.scaler):
+                self.scheduler.step()
+            if self.offload is not None:
+                self.offload.to_host()
             self.optimizer.zero_grad(set_to_none=True)
             self.ema.update(self.model)
             self.update += 1
@@ -350,10 +398,15 @@ class FineTuning:
     # -- checkpoint state -----------------------------------------------------------------
 
     def rng_state(self) -> dict:
-        return {"torch_rng": torch.get_rng_state(), "python_rng": self.draws.getstate()}
+        state = {"torch_rng": torch.get_rng_state(), "python_rng": self.draws.getstate()}
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
 
     def set_rng_state(self, state: Mapping) -> None:
         torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         version, internal, gauss = state["python_rng"]
         self.draws.setstate((version, tuple(internal), gauss))
 
@@ -363,8 +416,8 @@ class FineTuning:
             "ema": self.ema.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": self.draws.getstate(),
+            **self.rng_state(),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
             "sampler_rng": None if self.sampler is None else self.sampler.generator.get_state(),
             "position": {"epoch": self.epoch, "index": self.index, "update": self.update,
                          "accumulated": self.accumulated},
@@ -378,6 +431,8 @@ class FineTuning:
         recipe = attrs.asdict(self.settings)
         for free in ("max_updates", "save_every"):
             recipe.pop(free)
+        if recipe["mixed_precision"] == "no":  # the recipe of runs from before the setting
+            recipe.pop("mixed_precision")
         recipe.update(world_size=self.world_size, shard=self.shard)
         return recipe
 
@@ -385,6 +440,10 @@ class FineTuning:
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.offload is not None:
+            self.offload.to_host()
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.set_rng_state(state)
         if self.sampler is not None:

@@ -19,7 +19,8 @@ of the run, at most upstream's 20000; fewer than the run's updates), ``batch_siz
 ``sample``: then ``config.batch_size`` clips per batch), ``batch_frames`` (3200),
 ``max_samples`` (64), ``grad_accumulation`` (1), ``max_grad_norm`` (1.0), ``shuffle_seed``
 (666, upstream's ``resumable_with_seed``), ``variant`` (``v1_base``, ``base`` or ``e2_base``;
-default: detected from the checkpoint), ``extend_vocab`` (``true``: add the data's tokens the
+default: the model directory's record, the weights or upstream's release file name, never the
+folders' names: `mizuoto_f5tts.identification`; an unnamed DiT is refused), ``extend_vocab`` (``true``: add the data's tokens the
 vocabulary lacks; or a list of tokens; the text embedding grows as upstream's
 ``expand_model_embeddings`` grows it), ``shard_batches`` (under torchrun; default true),
 ``vocab_file`` (upstream's ``--tokenizer custom --tokenizer_path``: this vocabulary instead of
@@ -29,6 +30,10 @@ N: the newest N) copies of the run checkpoint as ``checkpoints/model_<update>.pt
 ``checkpoint_every`` updates (default ``save_every``; upstream's ``save_per_updates``, while
 ``save_every`` is its ``last_per_updates``). Training stops after ``config.steps`` updates or
 at the end of the last epoch.
+
+``config.compute.device`` (``auto``: CUDA, else MPS, else the CPU, as accelerate picks) is
+where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
+(``auto`` = ``no``, upstream's default; ``fp16`` needs CUDA, as accelerate's loss scaling).
 """
 
 from __future__ import annotations
@@ -98,6 +103,7 @@ class F5Run:
     finetune: bool = True  # false: random initialisation, no base weights
     keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
     checkpoint_every: int = 0  # updates between numbered copies
+    device: str = "cpu"
 
 
 def _bool_param(params, key: str, default: bool) -> bool:
@@ -138,7 +144,20 @@ def _int_param(params, key: str, default: int, low: int = 0) -> int:
     return value
 
 
-def _settings(config: TrainingConfig, data: PreparedData) -> LoopSettings:
+def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
+    from mizuoto.runtime.device import select_device
+
+    device = select_device(config.compute)
+    mode = "no" if config.mixed_precision == "auto" else config.mixed_precision
+    if mode == "fp16" and device.type != "cuda":
+        raise InvalidRequest("training.mixed_precision", f"fp16 needs a CUDA device, not "
+                             f"{device.type} (accelerate's loss scaling refuses it there too)",
+                             "use bf16, or no")
+    return device, mode
+
+
+def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str = "no"
+              ) -> LoopSettings:
     params = config.params
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
@@ -179,7 +198,7 @@ def _settings(config: TrainingConfig, data: PreparedData) -> LoopSettings:
         batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
         max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
         shuffle_seed=_int_param(params, "shuffle_seed", 666), save_every=config.save_every,
-        max_updates=config.steps)
+        max_updates=config.steps, mixed_precision=mixed_precision)
 
 
 class F5Trainer(Trainer):
@@ -193,13 +212,14 @@ class F5Trainer(Trainer):
         from mizuoto import resolve_model
         from mizuoto_f5tts.checkpoint import (
             VOCAB_FILE,
-            detect_variant,
+            checkpoint_variant,
             find_checkpoint,
             read_checkpoint,
         )
         from mizuoto_f5tts.text import read_vocab
 
         self.check(config)
+        device, mixed_precision = _device_and_precision(config)
         family = config.params.get("variant")
         if family is not None and family not in VARIANT_NAMES:
             raise InvalidRequest("params.variant", f"must be one of {VARIANT_NAMES}, "
@@ -211,7 +231,7 @@ class F5Trainer(Trainer):
         vocab_file = _vocab_file(config.params, model_dir)
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)
-        variant = detect_variant(base, hint=str(checkpoint), family=family)
+        variant = checkpoint_variant(checkpoint, base, family, field="params.variant")
         if finetune:
             _check_vocab_size(base, vocab, "params.vocab_file" if "vocab_file" in config.params
                               else "model", vocab_file)
@@ -249,8 +269,8 @@ class F5Trainer(Trainer):
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
         return F5Run(config, model_dir, checkpoint, variant, vocab, data,
-                     _settings(config, data), config.memory, vocab_file,
-                     new_tokens if finetune else 0, finetune, keep, every)
+                     _settings(config, data, mixed_precision), config.memory, vocab_file,
+                     new_tokens if finetune else 0, finetune, keep, every, str(device))
 
     def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -265,7 +285,7 @@ class F5Trainer(Trainer):
                 base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
             load_into(model, base, run.checkpoint)
             del base
-        model.train()
+        model.to(run.device).train()
         shard = _bool_param(run.config.params, "shard_batches", True)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           run.settings, py_random=py_random, memory=run.memory,
@@ -286,7 +306,9 @@ class F5Trainer(Trainer):
         rank, world_size = distributed_world()
         if rank != 0:
             progress = None
-        with torch.random.fork_rng(devices=[]):
+        device = torch.device(run.device)
+        # upstream seeds the device's generator too (torch.manual_seed): its draws count
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(run.config.seed)
             py_random = random.Random(run.config.seed)
             loop = self.build(run, py_random)

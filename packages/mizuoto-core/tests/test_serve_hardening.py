@@ -1,0 +1,539 @@
+"""``mizuoto serve`` against a hostile client (issue 22's server cases): the API key, body
+limits counted as bytes arrive, decompression bombs through voice uploads, nesting, the
+server's options, one validation for every front end, and ``--max-loaded`` under load. Live
+servers on 127.0.0.1 (threads; one subprocess), tiny random-init F5-TTS models, offline."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("mizuoto_f5tts")
+
+import soundfile as sf  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from mizuoto import SynthesisRequest  # noqa: E402
+from mizuoto.cli import cli  # noqa: E402
+from mizuoto.errors import InvalidRequest  # noqa: E402
+from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
+from mizuoto.serve.app import bind, wait_healthy  # noqa: E402
+from mizuoto.serve.gate import MAX_OTHER_BODY, MAX_SPEECH_BODY  # noqa: E402
+from mizuoto.serve.uploads import ClipLimits, read_clip  # noqa: E402
+
+F5 = {"steps": 2, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from mizuoto_f5tts.fixtures import write_random_model_dir
+
+    root = tmp_path_factory.mktemp("hardening-models")
+    for name in ("f5", "g5"):
+        write_random_model_dir(root / name, "v1_base", size="tiny")
+    return root
+
+
+class _Errors(logging.Handler):
+    """Collects ERROR records of the server's loggers and uvicorn's (which does not propagate
+    to the root logger that pytest's caplog watches)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def served(model_dirs, tmp_path_factory):
+    voices = tmp_path_factory.mktemp("voices")
+    config = ServeConfig(models={"f5": str(model_dirs / "f5")}, voices_dir=voices,
+                         queue_size=4)
+    errors = _Errors()
+    loggers = [logging.getLogger(name) for name in ("mizuoto", "uvicorn", "uvicorn.error")]
+    with serve_in_thread(config) as url:
+        for logger in loggers:
+            logger.addHandler(errors)
+        try:
+            yield url, voices, errors
+        finally:
+            for logger in loggers:
+                logger.removeHandler(errors)
+
+
+@pytest.fixture
+def server(served):
+    url, _, errors = served
+    errors.records.clear()
+    yield url
+    assert not errors.records, [r.getMessage() for r in errors.records]  # no 4xx is an ERROR
+
+
+def _speech(url, **mizuoto):
+    return {"model": "f5", "input": "Hello there.", "voice": "default", "response_format": "wav",
+            "mizuoto": {**F5, **mizuoto}}
+
+
+def _error(response, status, code=None, param=None):
+    assert response.status_code == status, response.text[:300]
+    error = response.json()["error"]
+    assert code is None or error["code"] == code, error
+    assert param is None or error["param"] == param, error
+    return error
+
+
+# ---------------------------------------------------------------------------- 1: the API key
+
+
+@pytest.mark.parametrize("key", ["", " ", "\t\n", "two words", "caf\u00e9", "nul\x00"])
+def test_an_empty_blank_or_unsendable_api_key_is_refused(key):
+    with pytest.raises(InvalidRequest) as caught:
+        ServeConfig(models={"m": "m"}, api_key=key)
+    assert caught.value.field == "api_key"
+
+
+def test_the_cli_refuses_an_empty_key_from_the_option_or_the_environment(model_dirs):
+    runner = CliRunner()
+    model = str(model_dirs / "f5")
+    result = runner.invoke(cli, ["serve", "-m", model, "--api-key", ""], obj={})
+    assert result.exit_code == 2 and "--api-key: is empty" in result.output
+    for value in ("", "   "):  # click reads an empty variable as unset: not here
+        result = runner.invoke(cli, ["serve", "-m", model], obj={},
+                               env={"MIZUOTO_API_KEY": value})
+        assert result.exit_code == 2 and "MIZUOTO_API_KEY: is empty" in result.output
+
+
+def test_the_key_is_checked_on_every_path_but_health(model_dirs, tmp_path):
+    config = ServeConfig(models={"f5": str(model_dirs / "f5")}, api_key="s3same",
+                         voices_dir=tmp_path)
+    with serve_in_thread(config) as url:
+        for path in ("/v1/models", "/metrics", "/v1/audio/voices", "/nowhere"):
+            assert httpx.get(f"{url}{path}").status_code == 401, path
+            assert httpx.get(f"{url}{path}", headers={"Authorization": "s3same"}
+                             ).status_code == 401, path
+        _error(httpx.post(f"{url}/v1/audio/speech", json=_speech(url)), 401, "invalid_api_key")
+        assert httpx.get(f"{url}/health").status_code == 200
+        for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme is case-insensitive
+            ok = httpx.get(f"{url}/v1/models", headers={"Authorization": f"{scheme} s3same"})
+            assert ok.status_code == 200, scheme
+        for wrong in ("Bearer s3sam", "Bearer s3same2", "Bearer", "Basic s3same", "s3same"):
+            assert httpx.get(f"{url}/v1/models", headers={"Authorization": wrong}
+                             ).status_code == 401, wrong
+        doubled = [("Authorization", "Bearer nope"), ("Authorization", "Bearer s3same")]
+        assert httpx.get(f"{url}/v1/models", headers=doubled).status_code == 401
+
+
+def test_the_start_line_says_whether_auth_is_on_and_a_busy_port_exits_2(model_dirs, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "MIZUOTO_HOME": str(tmp_path), "MIZUOTO_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "MIZUOTO_API_KEY": "k3y"}
+    process = subprocess.Popen([sys.executable, "-m", "mizuoto", "serve", "-m",
+                                str(model_dirs / "f5"), "--port", str(port)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", process)
+        busy = subprocess.run([sys.executable, "-m", "mizuoto", "serve", "-m",
+                               str(model_dirs / "f5"), "--port", str(port)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert busy.returncode == 2, busy.stderr
+        assert f"port: 127.0.0.1:{port} is already in use" in busy.stderr
+        assert "Traceback" not in busy.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    lines = [line for line in stderr.splitlines() if "authentication:" in line]
+    assert len(lines) == 1 and "authentication: on" in lines[0], stderr
+
+
+# ------------------------------------------------------------- 2: bodies counted as they arrive
+
+
+def _raw(url: str, head: bytes, chunks, *, limit_bytes: int) -> tuple[int, int, bytes]:
+    """Send ``head`` then ``chunks`` (bytes, each already framed) until the server answers or
+    ``limit_bytes`` were sent; the status, the bytes of body sent, and the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        for chunk in chunks:
+            if select.select([sock], [], [], 0)[0]:
+                break  # the server has answered: it stopped reading
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+            if sent >= limit_bytes:
+                break
+        answer = b""
+        sock.settimeout(30)
+        try:
+            while b"\r\n\r\n" not in answer or len(answer) < answer.index(b"\r\n\r\n") + 40:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+        except (ConnectionResetError, TimeoutError):
+            pass
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1") else 0
+    return status, sent, answer
+
+
+def _chunked(size: int, piece: int = 64 << 10, prefix: bytes = b""):
+    data = b" " * piece
+    if prefix:
+        yield b"%x\r\n%s\r\n" % (len(prefix), prefix)
+    for _ in range(size // piece):
+        yield b"%x\r\n%s\r\n" % (piece, data)
+    yield b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize(("method", "path", "limit"), [
+    ("POST", "/v1/audio/speech", MAX_SPEECH_BODY),
+    ("POST", "/v1/audio/voices", 10 << 20),
+    ("GET", "/v1/models", MAX_OTHER_BODY),
+    ("POST", "/nowhere", MAX_OTHER_BODY),
+])
+def test_a_chunked_body_is_cut_off_at_the_limit(server, method, path, limit):
+    content_type = b"multipart/form-data; boundary=x" if "voices" in path else \
+        b"application/json"
+    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode() +
+            b"Transfer-Encoding: chunked\r\nContent-Type: " + content_type + b"\r\n\r\n")
+    prefix = (b'--x\r\nContent-Disposition: form-data; name="audio"; filename="a.flac"\r\n'
+              b"Content-Type: audio/flac\r\n\r\n") if "voices" in path else b""
+    total = 64 << 20  # the bypass read 300 MB; 64 MB is enough to see the server stop
+    status, sent, answer = _raw(server, head, _chunked(total, prefix=prefix), limit_bytes=total)
+    if path == "/nowhere" or method == "GET":
+        assert status in (200, 404, 413), answer[:300]  # routes that read no body
+    else:
+        assert status == 413, answer[:300]
+        assert b"request_too_large" in answer
+    assert sent < limit + (16 << 20), f"the server read {sent} bytes"  # + socket buffers
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_reading(server):
+    head = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+            b"application/json\r\nContent-Length: %d\r\n\r\n" % (300 << 20))
+    status, sent, answer = _raw(server, head, iter([b"{" * 1024] * 4096), limit_bytes=4 << 20)
+    assert status == 413 and b"request_too_large" in answer
+
+
+def test_a_body_just_under_the_limit_is_read(server):
+    body = json.dumps(_speech(server)).encode()
+    body += b" " * (MAX_SPEECH_BODY - len(body))
+    response = httpx.post(f"{server}/v1/audio/speech", content=iter([body]), timeout=120,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text[:300]
+
+
+# ------------------------------------------------------------- 3: decompression bombs
+
+
+def _clip(rate: int, channels: int, seconds: float, fmt: str = "FLAC") -> bytes:
+    """A clip that compresses to almost nothing (silence, a click a second), written a second
+    at a time."""
+    buffer = io.BytesIO()
+    second = np.zeros((rate, channels), np.float32)
+    second[0] = 0.25
+    with sf.SoundFile(buffer, "w", rate, channels, format=fmt, subtype="PCM_16") as handle:
+        for _ in range(int(seconds)):
+            handle.write(second)
+        handle.write(second[:int(rate * (seconds % 1))])
+    return buffer.getvalue()
+
+
+def _upload(url, data: bytes, name="bomb", content_type="audio/flac"):
+    return httpx.post(f"{url}/v1/audio/voices", data={"name": name, "model": "f5",
+                                                      "text": "Some words."},
+                      files={"audio": ("clip.flac", data, content_type)}, timeout=120)
+
+
+@pytest.mark.parametrize(("rate", "channels", "seconds", "fmt", "said"), [
+    (384000, 8, 20, "FLAC", "sample rate"),  # the issue's bomb (59 s: 197 KB), shorter
+    (384000, 1, 0.5, "WAV", "sample rate"),
+    (48000, 9, 1, "WAV", "channels"),
+    (48000, 8, 30, "FLAC", "decodes to"),  # under 60 s, but 11.5 M samples
+    (96000, 2, 45, "FLAC", "decodes to"),
+])
+def test_a_clip_is_refused_by_its_decoded_size_before_decoding(server, rate, channels, seconds,
+                                                              fmt, said):
+    data = _clip(rate, channels, seconds, fmt)
+    assert len(data) < (10 << 20)  # small enough to upload: the size of the file is no guide
+    error = _error(_upload(server, data), 413, "audio_too_large", "audio")
+    assert said in error["message"]
+
+
+def test_clips_are_decoded_in_blocks_holding_only_the_mono_mix():
+    data = _clip(48000, 2, 20)
+    tracemalloc.start()
+    try:
+        audio = read_clip(data, ClipLimits.for_seconds(60))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    mono = 48000 * 20 * 4
+    assert audio.samples.numel() == 48000 * 20
+    assert peak < mono * 1.5, f"peak {peak} bytes for a {mono}-byte mono clip"
+    # the same samples as decoding the whole file then mixing it
+    whole, _ = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    assert np.array_equal(audio.samples.numpy(), whole.mean(axis=1))
+
+
+@pytest.mark.parametrize("data", [b"", b"RIFF" + b"\0" * 40, b"fLaC" + os.urandom(200),
+                                  b"OggS" + b"\xff" * 100, b"ID3" + b"\0" * 64])
+def test_a_damaged_upload_is_a_400_never_an_error_in_the_log(server, data):
+    _error(_upload(server, data, content_type="application/x-evil; charset=\"\\"), 400,
+           param="audio")
+
+
+# ------------------------------------------------------------- 4: nesting and 4xx logging
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"params": '
+    + b"[" * 50_000 + b"]" * 50_000 + b"}}",
+    b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"params": {"a": '
+    + b"[" * 40 + b"]" * 40 + b"}}}",
+    b"[" * 900_000,
+    b'{"a": ' * 20_000,
+    b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"seed": 1' + b"0" * 5000
+    + b"}}",
+])
+def test_deep_nesting_and_huge_literals_are_400(server, body):
+    response = httpx.post(f"{server}/v1/audio/speech", content=body,
+                          headers={"Content-Type": "application/json"})
+    _error(response, 400, "invalid_json")
+
+
+def test_a_damaged_voice_file_is_a_400_without_the_servers_path(served, server):
+    _, voices, _ = served
+    (voices / "broken.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{\"a\":1}" + b"x" * 64)
+    response = httpx.post(f"{server}/v1/audio/speech", json={**_speech(server),
+                                                            "voice": "broken"})
+    error = _error(response, 400, "voice_damaged", "voice")
+    assert str(voices) not in error["message"]
+
+
+# ------------------------------------------------------------- 13, 18: the server's options
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("grace", math.nan), ("grace", -5.0), ("grace", math.inf), ("grace", 1e9), ("grace", "30"),
+    ("port", 99999), ("port", -1), ("port", 0), ("port", 8000.0), ("port", True),
+    ("queue_size", 0), ("max_loaded", 0), ("memory_budget", -1), ("max_upload_seconds", 0),
+])
+def test_server_settings_are_checked_at_start(field, value):
+    with pytest.raises(InvalidRequest) as caught:
+        ServeConfig(models={"m": "m"}, **{field: value})
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--grace", "nan"], "--grace"), (["--grace", "-5"], "--grace"),
+    (["--grace", "inf"], "--grace"), (["--port", "99999"], "--port"),
+    (["--port", "-1"], "--port"), (["--queue-size", "0"], "--queue-size"),
+])
+def test_the_cli_names_a_bad_server_option_and_exits_2(model_dirs, args, named):
+    result = CliRunner().invoke(cli, ["serve", "-m", str(model_dirs / "f5"), *args], obj={})
+    assert result.exit_code == 2, result.output
+    assert f"Error: {named}:" in result.output and "Traceback" not in result.output
+
+
+def test_binding_a_busy_port_or_a_foreign_address_names_the_option():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(InvalidRequest) as caught:
+            bind("127.0.0.1", busy.getsockname()[1])
+        assert caught.value.field == "port"
+    for host in ("203.0.113.7", "no-such-host.invalid"):
+        with pytest.raises(InvalidRequest) as caught:
+            bind(host, 0)
+        assert caught.value.field == "host"
+
+
+# ------------------------------------------------------------- 19: one validation
+
+
+VALUES = [True, False, "2", "", 2.0, 2.5, None, [2], {"v": 2}, 2, -1, 10**30, 1e308]
+
+
+@pytest.mark.parametrize("field", ["seed", "steps", "guidance"])
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_the_server_accepts_a_number_exactly_when_the_python_api_does(server, field, value):
+    try:
+        SynthesisRequest("Hello there.", **{field: value})
+        accepted = True
+    except InvalidRequest:
+        accepted = False
+    body = _speech(server)
+    body["mizuoto"] = {**body["mizuoto"], field: value}
+    if field == "steps" and accepted and value is not None:
+        body["mizuoto"]["steps"] = value if value <= 2 else 2  # keep the run short
+    response = httpx.post(f"{server}/v1/audio/speech", json=body, timeout=120)
+    if accepted:
+        assert response.status_code == 200, response.text[:300]
+    else:
+        _error(response, 400, "invalid_value", f"mizuoto.{field}")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"speed": True}, "speed"), ({"speed": "1.0"}, "speed"), ({"speed": math.nan}, "speed"),
+    ({"speed": 4.5}, "speed"), ({"mizuoto": {"stream": "false"}}, "mizuoto.stream"),
+    ({"mizuoto": {"stream": 0}}, "mizuoto.stream"),
+    ({"mizuoto": {"params": {"speed": True}}}, "mizuoto.params.speed"),
+    ({"mizuoto": {"params": {"speed": "1"}}}, "mizuoto.params.speed"),
+])
+def test_other_fields_refuse_bools_and_strings_for_numbers(server, fields, param):
+    body = {**_speech(server), **fields}
+    if "mizuoto" in fields:
+        body["mizuoto"] = {**F5, **fields["mizuoto"]}
+    response = httpx.post(f"{server}/v1/audio/speech",
+                          content=json.dumps(body, allow_nan=True),
+                          headers={"Content-Type": "application/json"})
+    _error(response, 400, param=param)
+
+
+# ------------------------------------------------------------- 12: --max-loaded under load
+
+
+def test_one_model_loaded_at_a_time_serves_concurrent_requests_without_503(model_dirs,
+                                                                          tmp_path):
+    loads = []
+
+    class Loads(logging.Handler):
+        def emit(self, record) -> None:
+            if record.getMessage().startswith("model ") and " ready " in record.getMessage():
+                loads.append(record.getMessage().split()[1])
+
+    handler = Loads()
+    logger = logging.getLogger("mizuoto.serve")
+    config = ServeConfig(models={"f5": str(model_dirs / "f5"), "g5": str(model_dirs / "g5")},
+                         voices_dir=tmp_path, max_loaded=1, queue_size=16)
+    with serve_in_thread(config) as url:
+        logger.addHandler(handler)
+        level = logger.level
+        logger.setLevel(logging.INFO)
+        try:
+            def speak(index: int):
+                body = {**_speech(url), "model": ("f5", "g5")[index % 2]}
+                return httpx.post(f"{url}/v1/audio/speech", json=body, timeout=300)
+
+            for _ in range(2):  # two rounds of 12 at once, alternating models
+                with ThreadPoolExecutor(12) as pool:
+                    statuses = [r.status_code for r in pool.map(speak, range(12))]
+                assert statuses == [200] * 12, statuses
+            health = httpx.get(f"{url}/health").json()["models"]
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    assert sorted(health.values()) == ["ready", "unloaded"]
+    # the loads after start: models alternate in batches (not once per request), and a model
+    # is never unloaded under requests queued for it
+    assert len(loads) <= 5, loads
+
+
+def test_a_pinned_model_is_not_unloaded_and_a_waiting_load_gets_its_turn():
+    import asyncio
+
+    from mizuoto.serve.worker import DONE, Job, ModelPool, ModelWorker, Pin
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        pool = ModelPool(max_loaded=1)
+        workers = {name: ModelWorker(name, name, load=object, queue_size=4, pool=pool,
+                                     preload=name == "a") for name in ("a", "b")}
+        for worker in workers.values():
+            worker.start()
+        await asyncio.to_thread(workers["a"].loaded.wait, 60)
+        a, b = workers["a"], workers["b"]
+        held = Pin(a)  # a request for a, not yet queued
+        load_b = Job(lambda engine, job: None, loop, pin=pool.turn(b))
+        b.submit(load_b)
+        await asyncio.sleep(0.3)
+        assert a.engine is not None and b.engine is None  # b waits: a is pinned
+        assert pool.turn(a) is None  # new requests for a wait their turn behind b
+        held.release()
+        assert await asyncio.wait_for(load_b.items.get(), 10) is DONE
+        assert a.engine is None and b.engine is not None
+        assert pool.turn(a) is not None  # nobody waits now
+        for worker in workers.values():
+            worker.stop(5)
+        return a.loads, b.loads
+
+    assert asyncio.run(scenario()) == (1, 1)
+
+
+def test_a_load_waiting_for_room_gives_up_when_its_client_leaves():
+    import asyncio
+
+    from mizuoto.serve.worker import DONE, Job, ModelPool, ModelWorker, Pin
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        pool = ModelPool(max_loaded=1)
+        a = ModelWorker("a", "a", load=object, queue_size=4, pool=pool)
+        b = ModelWorker("b", "b", load=object, queue_size=4, pool=pool, preload=False)
+        for worker in (a, b):
+            worker.start()
+        await asyncio.to_thread(a.loaded.wait, 60)
+        held = Pin(a)
+        load_b = Job(lambda engine, job: None, loop)
+        b.submit(load_b)
+        await asyncio.sleep(0.3)
+        load_b.cancel()  # the client went away while b waited for a's room
+        assert await asyncio.wait_for(load_b.items.get(), 10) is DONE
+        held.release()
+        await asyncio.sleep(0.3)
+        for worker in (a, b):
+            worker.stop(5)
+        return a.engine is not None, b.loads
+
+    assert asyncio.run(scenario()) == (True, 0)
+
+
+def test_a_model_loading_at_start_counts_against_max_loaded():
+    import asyncio
+
+    from mizuoto.serve.worker import DONE, Job, ModelPool, ModelWorker
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        pool = ModelPool(max_loaded=1)
+        a = ModelWorker("a", "a", load=lambda: release.wait(60) and object(), queue_size=4,
+                        pool=pool)
+        b = ModelWorker("b", "b", load=object, queue_size=4, pool=pool, preload=False)
+        for worker in (a, b):
+            worker.start()
+        load_b = Job(lambda engine, job: None, loop)
+        b.submit(load_b)
+        await asyncio.sleep(0.3)
+        loading_together = b.engine is not None  # b must wait for a's start-up load
+        release.set()
+        assert await asyncio.wait_for(load_b.items.get(), 60) is DONE
+        for worker in (a, b):
+            worker.stop(5)
+        return loading_together, a.loads, b.loads, a.engine is None
+
+    assert asyncio.run(scenario()) == (False, 1, 1, True)
