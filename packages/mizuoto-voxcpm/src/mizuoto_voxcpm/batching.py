@@ -163,7 +163,7 @@ class PatchBatcher:
         residual_hidden = torch.cat([row.buffers.residual_hidden for row in rows])
         previous = torch.cat([row.buffers.previous for row in rows])
         patches = model.sample(lm_hidden, residual_hidden, previous, noise, steps=steps,
-                               guidance=guidance)
+                               guidance=guidance, rowwise=True)
         stops = model.stop_flag(lm_hidden).tolist()
         going_on = []
         for index, row in enumerate(rows):

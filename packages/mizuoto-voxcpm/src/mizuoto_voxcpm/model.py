@@ -51,9 +51,10 @@ class FlowDecoder(nn.Module):
         self.estimator = estimator
         self.mean_mode = mean_mode
 
-    def forward(self, mu, cond, noise, *, steps: int, guidance: float) -> torch.Tensor:
+    def forward(self, mu, cond, noise, *, steps: int, guidance: float,
+                rowwise: bool = False) -> torch.Tensor:
         return sample_patch(self.estimator, mu, cond, noise, steps=steps, guidance=guidance,
-                            mean_mode=self.mean_mode)
+                            mean_mode=self.mean_mode, rowwise=rowwise)
 
 
 class VoxCPMModel(nn.Module):
@@ -158,11 +159,12 @@ class VoxCPMModel(nn.Module):
         return lm_part + residual_part
 
     def sample(self, lm_hidden, residual_hidden, previous: torch.Tensor, noise: torch.Tensor,
-               *, steps: int, guidance: float) -> torch.Tensor:
-        """One patch ``(b, patch, feat)`` from the LM states and the previous patch."""
+               *, steps: int, guidance: float, rowwise: bool = False) -> torch.Tensor:
+        """One patch ``(b, patch, feat)`` from the LM states and the previous patch
+        (``rowwise``: ``b`` independent sequences, see :func:`~mizuoto_voxcpm.flow.sample_patch`)."""
         mu = self.dit_condition(lm_hidden, residual_hidden)
         patch = self.feat_decoder(mu, previous.transpose(1, 2).contiguous(), noise,
-                                  steps=steps, guidance=guidance)
+                                  steps=steps, guidance=guidance, rowwise=rowwise)
         return patch.transpose(1, 2)
 
     def stop_flag(self, lm_hidden: torch.Tensor) -> torch.Tensor:
