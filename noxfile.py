@@ -150,6 +150,31 @@ def _allocator_env(session) -> dict[str, str]:
     return {"MIZUOTO_REQUIRE_ALLOCATORS": "1"}
 
 
+BROWSER_TEST = ["-e", "packages/mizuoto-core[browser-test]"]
+
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def _has_chromium() -> bool:
+    return any(shutil.which(name) for name in CHROMIUM_NAMES)
+
+
+def _browser_env(session) -> dict[str, str]:
+    """Install Playwright (without its browser downloads) and Debian's Chromium where the
+    session may, for the page's browser tests (tests/test_web_page.py), which must run here:
+    without Chromium they fail (MIZUOTO_REQUIRE_BROWSER=1), never skip. Their screenshots go
+    to the session's folder."""
+    session.install(*BROWSER_TEST, env={"PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"})
+    if not _has_chromium() and not _apt_install(session, ["chromium"]):
+        session.warn("Chromium is not installed: the page's browser tests (test_web_page.py) "
+                     f"will fail. apt-get install chromium, or set {APT_OPT_IN}=1 to let this "
+                     "session install it")
+    screenshots = os.path.join(session.create_tmp(), "screenshots")
+    session.log(f"the page's screenshots: {screenshots}")
+    return {"MIZUOTO_SCREENSHOTS": screenshots, "MIZUOTO_REQUIRE_BROWSER": "1"}
+
+
 @nox.session(python="3.11")
 def tests(session):
     """Unit tests of every package (no upstream oracles)."""
@@ -264,12 +289,13 @@ def _check_plugin_discovery(session) -> None:
 
 @nox.session(python="3.11")
 def ci(session):
-    """What CI runs: unit tests, the contract suite and the tiny-model parity tests."""
+    """What CI runs: unit tests (the page's in headless Chromium too), the contract suite and
+    the tiny-model parity tests."""
     _install_base(session)
     _install_oracles(session)
     _check_plugin_discovery(session)
     _run_suites(session, "not realsize and not fuzz_only",
-                env={**THREADS, **_allocator_env(session)})
+                env={**THREADS, **_allocator_env(session), **_browser_env(session)})
 
 
 @nox.session(python=COMPAT_PYTHONS)

@@ -8,6 +8,9 @@ For each case, one ``mizuoto bench --json`` on CUDA, each configuration in its o
   bit for bit, ``compute.cuda_graphs=true`` must equal the base, ``compute.attention=fast`` must
   say so in ``applied.compute``; request times of each.
 - F5-TTS v1 Base (float16 on CUDA, as upstream picks) against upstream ``f5-tts``: identical.
+- Training on CUDA against upstream's trainers, per step (the parity tests' own cases, run
+  where both sides pick CUDA): F5 (tiny v1 Base under accelerate's ``mixed_precision`` fp16,
+  its GradScaler, and bf16) and VoxCPM LoRA (tiny 0.5B, upstream's bf16 autocast + GradScaler).
 
 Prints one line per check (PASS/FAIL) and a table of timings, writes everything as JSON to
 ``--out``; exits 1 when a check fails. Sized for under 8 minutes on one H200: tiny models prove
@@ -38,6 +41,28 @@ CASES = [
      ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
     ("f5tts realsize-v1-base", "random:f5tts/realsize-v1-base", [], True, 2),
 ]
+
+
+#: (name, pytest node ids): training parity cases; on CUDA both sides train there
+TRAINING = [
+    ("f5tts training fp16+bf16 (tiny v1)", [
+        "packages/mizuoto-f5tts/tests/parity/test_training_parity.py::"
+        "test_training_matches_upstream[v1-frame-accum-fp16-cuda]",
+        "packages/mizuoto-f5tts/tests/parity/test_training_parity.py::"
+        "test_training_matches_upstream[v1-frame-accum-bf16]"]),
+    ("voxcpm lora training bf16 (tiny 0.5b)", [
+        "packages/mizuoto-voxcpm/tests/parity/test_training_parity.py::"
+        "test_every_step_matches_upstream[0.5b-lora]"]),
+]
+
+
+def run_training(nodes: list[str], basetemp: Path) -> dict:
+    command = [sys.executable, "-m", "pytest", *nodes, "-q", "-p", "no:cacheprovider",
+               "-m", "parity", "--basetemp", str(basetemp)]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    return {"returncode": done.returncode, "output": done.stdout[-4000:] + done.stderr[-2000:],
+            "seconds": time.perf_counter() - started}
 
 
 def run_case(model: str, compares: list[str], upstream: bool, requests: int,
@@ -123,6 +148,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"  warm {_median(entry, 'warm_request_s')} s"
                   f"  peak GPU {_median(entry, 'peak_gpu_mb')} MB", flush=True)
         print(f"    ({report.get('seconds', 0):.0f} s)", flush=True)
+    for name, nodes in TRAINING:
+        if args.only and not any(part in name for part in args.only):
+            continue
+        report = run_training(nodes, args.random_root / "training")
+        reports[name] = report
+        summary = report["output"].strip().splitlines()[-1:] or ["no output"]
+        passed = report["returncode"] == 0
+        results.append((f"{name}: identical to upstream per step", passed))
+        print(f"{'PASS' if passed else 'FAIL'}: {name}: identical to upstream per step "
+              f"({summary[0]}, {report['seconds']:.0f} s)", flush=True)
+        if not passed:
+            print(report["output"][-3000:], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"checks": results, "reports": reports}, indent=1))
     failed = [check for check, passed in results if not passed]

@@ -17,5 +17,9 @@ python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     f5-tts==1.1.22 vocos==0.1.0 encodec==0.1.1 voxcpm==2.0.3 x-transformers==2.31.10 \
     ema-pytorch pypinyin==0.55.0 rjieba==0.2.2 librosa soundfile soxr audioread pooch \
     pydub wetext==0.1.2 inflect==7.5.0 typeguard more-itertools pydantic pydantic-core \
-    annotated-types typing-inspection
+    annotated-types typing-inspection \
+    accelerate datasets==3.6.0 pyarrow dill multiprocess xxhash fsspec argbind \
+    docstring-parser tensorboardX torchdiffeq torchcodec==0.17.0 pytest pluggy iniconfig
+# (the last line: the training checks, which run the parity tests' training cases; upstream
+# F5's loader reads audio with torchaudio.load, which needs torchcodec and FFmpeg's libraries)
 du -sh .whl

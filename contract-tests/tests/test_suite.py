@@ -14,17 +14,18 @@ import attrs
 import pytest
 import torch
 
-from mizuoto import Audio, Capability, plugins
+from mizuoto import Audio, Capability, Engine, plugins
+from mizuoto.contracts import engine as engine_base
 from mizuoto.errors import CheckpointMismatch
 from mizuoto_example import engine as toy_engine
 from mizuoto_example.engine import ToyEngine
 
 pytest_plugins = ["pytester"]
 
-# Per toy model: 19 tests, plus test_empty_text_is_refused once; edit, design, long text and
+# Per toy model: 24 tests, plus test_empty_text_is_refused once; edit, design, long text and
 # the refused-reference-text test do not apply to the toy. Three of them check hostile input
 # (non-finite numbers, NaN weights, a Hypothesis property).
-TOY_TESTS = 25
+TOY_TESTS = 30
 TOY_DESELECTED = 4
 
 
@@ -47,18 +48,21 @@ def test_the_toy_engine_passes(run_suite):
 
 
 def test_an_engine_that_ignores_the_seed_fails(run_suite, monkeypatch):
-    monkeypatch.setattr(toy_engine, "resolve_seed",
-                        lambda seed: (secrets.randbelow(2**32), False))
+    monkeypatch.setattr(ToyEngine, "make_generator",
+                        lambda self, seed: torch.Generator().manual_seed(secrets.randbelow(2**32)))
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_seeded_synthesis_is_deterministic*toy/tiny*"])
+    # the failure says what differs and the likely cause, not a bare assert False
+    result.stdout.fnmatch_lines(["*two runs of the same seeded request differ: shape (*), * "
+                                 "values differ, the first at index (*), max |diff| *"
+                                 "Likely cause: the engine draws from an unseeded*"],
+                                consecutive=False)
     assert result.ret != 0
 
 
 def test_an_engine_that_ignores_an_instruction_fails(run_suite, monkeypatch):
-    prepare = ToyEngine._prepare
-    monkeypatch.setattr(ToyEngine, "_prepare",
-                        lambda self, request: prepare(self, attrs.evolve(request,
-                                                                         instruction=None)))
+    monkeypatch.setattr(ToyEngine, "require", lambda self, capability: None
+                        if capability is Capability.DESIGN else Engine.require(self, capability))
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_unsupported_capability_raises*toy/tiny-design*"])
     assert result.ret != 0
@@ -77,8 +81,8 @@ def test_capabilities_decide_which_tests_exist(run_suite, monkeypatch):
     monkeypatch.setattr(ToyEngine, "info", property(
         lambda self: attrs.evolve(info(self), capabilities=info(self).capabilities - fewer)))
     result = run_suite("-v")
-    # 3 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
-    result.assert_outcomes(passed=TOY_TESTS - 3, deselected=TOY_DESELECTED + 5)
+    # 4 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
+    result.assert_outcomes(passed=TOY_TESTS - 4, deselected=TOY_DESELECTED + 6)
     result.stdout.fnmatch_lines(["*test_unsupported_capability_raises?toy/tiny-stream? PASSED*",
                                  "*test_unsupported_capability_raises?toy/tiny-voice_cache? "
                                  "PASSED*"])
@@ -98,10 +102,10 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
 
     monkeypatch.setattr(ToyEngine, "load", classmethod(broken))
     result = run_suite()
-    # Its capabilities are unknown: only the tests every model gets are generated (nine
-    # functions, one of them for three texts), and they error with the load error; the other
-    # 16 are deselected.
-    result.assert_outcomes(passed=0, errors=12, deselected=16)
+    # Its capabilities are unknown: only the tests every model gets are generated (12
+    # functions, one of them for three texts, one for two settings), and they error with the
+    # load error; the other 17 are deselected.
+    result.assert_outcomes(passed=0, errors=16, deselected=17)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
 
@@ -136,13 +140,13 @@ def test_the_stop_signal_test_is_generated_for_trainers_that_declare_it(run_suit
 
 def _patch_result(monkeypatch, change):
     """Route every synthesize result and streamed chunk of the toy through ``change``."""
-    render = ToyEngine._render
+    hum = ToyEngine._hum
 
     def broken(self, *args, **kwargs):
-        for chunk in render(self, *args, **kwargs):
-            yield attrs.evolve(chunk, audio=change(chunk.audio))
+        for piece in hum(self, *args, **kwargs):
+            yield attrs.evolve(piece, audio=change(piece.audio))
 
-    monkeypatch.setattr(ToyEngine, "_render", broken)
+    monkeypatch.setattr(ToyEngine, "_hum", broken)
 
 
 def _assert_caught(result, *patterns):
@@ -180,20 +184,15 @@ def test_silent_output_is_caught(run_suite, monkeypatch):
 
 
 def test_license_missing_from_applied_is_caught(run_suite, monkeypatch):
-    render = ToyEngine._render
+    def no_license(self, call, rendered):
+        return attrs.evolve(Engine._applied(self, call, rendered), license=None)
 
-    def no_license(self, *args, **kwargs):
-        for chunk in render(self, *args, **kwargs):
-            if chunk.applied is not None:
-                chunk = attrs.evolve(chunk, applied=attrs.evolve(chunk.applied, license=None))
-            yield chunk
-
-    monkeypatch.setattr(ToyEngine, "_render", no_license)
+    monkeypatch.setattr(ToyEngine, "_applied", no_license)
     _assert_caught(run_suite("--mizuoto-engine", "toy"), "applied.license and applied.non_comm")
 
 
 def test_an_unseeded_request_without_a_drawn_seed_is_caught(run_suite, monkeypatch):
-    monkeypatch.setattr(toy_engine, "resolve_seed",
+    monkeypatch.setattr(engine_base, "resolve_seed",
                         lambda seed: (0 if seed is None else seed, False))
     _assert_caught(run_suite("--mizuoto-engine", "toy"),
                    "an unseeded request must report seed_drawn=True")
@@ -229,13 +228,117 @@ def test_an_undeclared_capability_that_works_is_caught(run_suite, monkeypatch):
 
 
 def test_a_crash_on_text_without_words_is_caught(run_suite, monkeypatch):
-    prepare = ToyEngine._prepare
+    stream = ToyEngine._stream
 
-    def crash(self, request):
+    def crash(self, request, *args):
         if not any(char.isalnum() for char in request.text):
             raise IndexError("list index out of range")
-        return prepare(self, request)
+        return stream(self, request, *args)
 
-    monkeypatch.setattr(ToyEngine, "_prepare", crash)
+    monkeypatch.setattr(ToyEngine, "_stream", crash)
     _assert_caught(run_suite("--mizuoto-engine", "toy"),
                    "test_text_without_words_is_spoken_or_refused_by_name?toy/tiny-*")
+
+
+def test_a_dc_offset_is_caught(run_suite, monkeypatch):
+    _patch_result(monkeypatch, lambda audio: Audio(audio.samples + 0.5, audio.sample_rate))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"), "has a DC offset: its mean is 0.5",
+                   "remove it so the samples swing around zero")
+
+
+def test_a_text_cut_short_is_caught(run_suite, monkeypatch):
+    hum = ToyEngine._hum
+    monkeypatch.setattr(ToyEngine, "_hum", lambda self, text, *args: hum(self, text[:20], *args))
+    _assert_caught(run_suite("--mizuoto-engine", "toy"),
+                   "test_longer_text_gives_longer_audio_or_is_refused_by_name?toy/tiny?",
+                   "Likely cause: the text is cut")
+
+
+@pytest.mark.parametrize("setting", ["steps", "guidance"])
+def test_an_ignored_sampler_setting_is_caught(run_suite, monkeypatch, setting):
+    # the toy declares it has no sampler; one that claims both and uses neither is caught
+    monkeypatch.setattr(ToyEngine, "request_settings", frozenset({"steps", "guidance"}))
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", setting),
+                   f"test_sampler_settings_change_the_audio_or_are_refused?toy/tiny-{setting}?",
+                   f"the engine ignores {setting}")
+
+
+def test_audio_relabelled_at_another_rate_is_caught(run_suite, monkeypatch):
+    """16 kHz samples labelled 24 kHz, ModelInfo saying 24 kHz too: only the duration rule the
+    fixture declares tells."""
+    info = ToyEngine.info.fget
+    monkeypatch.setattr(ToyEngine, "info", property(
+        lambda self: attrs.evolve(info(self), sample_rate=24000)))
+    synthesize = ToyEngine._synthesize
+
+    def relabelled(self, *args):
+        rendered = synthesize(self, *args)
+        return attrs.evolve(rendered, audio=Audio(rendered.audio.samples, 24000))
+
+    monkeypatch.setattr(ToyEngine, "_synthesize", relabelled)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "sample_rate"),
+                   "s per character at the declared 24000 Hz*"
+                   "Likely cause: samples made at another rate")
+
+
+def test_a_request_that_walks_into_an_open_stream_is_caught(run_suite, monkeypatch):
+    """An engine that declares concurrent_requests but keeps a request's state in the
+    instance (here: its generator)."""
+    hum = ToyEngine._hum
+
+    def shared_generator(self, text, params, shape, generator, progress):
+        self.__dict__.setdefault("generator", generator).set_state(generator.get_state())
+        return hum(self, text, params, shape, self.generator, progress)
+
+    monkeypatch.setattr(ToyEngine, "_hum", shared_generator)
+    monkeypatch.setattr(ToyEngine, "concurrent_requests", True)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "during_a_stream"),
+                   "a stream with a request run during it, and the stream alone differ: *"
+                   "Likely cause: the request walked into the stream's state")
+
+
+# -- trainer mutations (a toy trainer; the SIGKILL resume runs in a subprocess, which only
+# installed plugins reach, so these select the in-process trainer tests) ---------------------
+
+def _with_toy_trainer(monkeypatch, trainer_cls):
+    from mizuoto import registry
+
+    monkeypatch.setattr(registry, "trainers",
+                        functools.cache(lambda: {("toy", "ToyTrainer"): trainer_cls}))
+
+
+def test_the_toy_trainer_passes_the_in_process_trainer_tests(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer
+
+    _with_toy_trainer(monkeypatch, ToyTrainer)
+    result = run_suite("--mizuoto-engine", "toy", "-k", "trainer_contract and not sigkill")
+    result.assert_outcomes(passed=3)
+
+
+def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer
+
+    class Fixed(ToyTrainer):
+        def learning_rate(self, config):
+            return 1e-3
+
+    _with_toy_trainer(monkeypatch, Fixed)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "learning_rate"),
+                   "exported the same weights. Likely cause: the trainer ignores "
+                   "TrainingConfig.learning_rate")
+
+
+def test_a_resumed_export_that_differs_names_the_first_differing_tensor():
+    """What ``_resume_and_compare`` says when a resumed export differs (a resume losing
+    state); the SIGKILL run itself needs an installed trainer."""
+    from safetensors.torch import save
+
+    from mizuoto_contract.test_trainer_contract import _tensor_difference
+
+    straight = {"level": torch.zeros(4), "pitch": torch.ones(3)}
+    resumed = {"level": torch.tensor([0.0, 0.0, 0.25, -0.5]), "pitch": torch.ones(3)}
+    said = _tensor_difference(save(resumed), save(straight))
+    assert said == ("first differing tensor 'level': shape (4,), 2 of 4 values differ, the "
+                    "first at index (2,) (0.25 vs 0.0), max |diff| 0.5")
+    assert _tensor_difference(save(straight, metadata={"at": "1"}), save(straight)) == \
+        "every tensor is equal, the other bytes differ"

@@ -25,6 +25,7 @@ from mizuoto import (
     SynthesisResult,
     Voice,
 )
+from mizuoto.contracts.api import deprecated
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import (
     InvalidAudio,
@@ -32,12 +33,14 @@ from mizuoto.errors import (
     InvalidRequest,
     MizuotoError,
     NonFiniteAudio,
+    RequestConflict,
     UnsupportedCapability,
     VoiceMismatch,
 )
 from mizuoto.options import ComputeOptions, Options
 from mizuoto.registry import get_engine
 from mizuoto.runtime.allocator import loaded_allocator
+from mizuoto_contract.compare import assert_same, first_differing_tensor
 from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
 from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
 
@@ -107,7 +110,34 @@ def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | 
     assert isinstance(result, SynthesisResult), "synthesize/edit must return a SynthesisResult"
     _check_audio(model, result.audio, "the result's audio")
     _check_not_silent(result.audio.samples, "the result's audio")
+    _check_no_dc_offset(model, result.audio.samples, "the result's audio")
     _check_applied(model, result.applied, seed=seed)
+
+
+def _require(model: ContractModel, holds: bool, message: str) -> None:
+    """A requirement new in plugin API 1.1: it fails a plugin written for 1.1; a plugin
+    written for 1.0 gets a PluginAPIDeprecation warning instead (enforced from API 2.0)."""
+    if holds:
+        return
+    if type(model.engine).plugin_api == "1.0":
+        deprecated(f"{message} (a plugin written for API 1.0 passes until API 2.0)")
+        return
+    pytest.fail(message, pytrace=False)
+
+
+# Speech, music and noise swing around zero: a mean this far from it, and larger than the
+# signal's own swing, is a constant added to every sample (a bias, an offset, unsigned PCM).
+DC_LIMIT = 0.05
+
+
+def _check_no_dc_offset(model: ContractModel, samples: torch.Tensor, what: str) -> None:
+    values = samples.double()
+    mean, swing = float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0
+    _require(model, abs(mean) <= DC_LIMIT or abs(mean) <= swing, (
+        f"{what} has a DC offset: its mean is {mean:.3g} (limit {DC_LIMIT}) against a swing "
+        f"(standard deviation) of {swing:.3g}. Likely cause: a constant added to every sample "
+        f"(a bias, unsigned PCM read as signed, an offset left in a vocoder); remove it so "
+        f"the samples swing around zero"))
 
 
 # Full scale: a sample at or beyond 0.999 counts as clipped; more than this share of them is a
@@ -216,7 +246,8 @@ def test_seeded_synthesis_is_deterministic(contract_model: ContractModel) -> Non
     second = contract_model.engine.synthesize(request)
     _check_result(contract_model, first, seed=SEED)
     _check_result(contract_model, second, seed=SEED)
-    assert torch.equal(first.audio.samples, second.audio.samples)
+    assert_same(second.audio.samples, first.audio.samples,
+                "two runs of the same seeded request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> None:
@@ -229,7 +260,9 @@ def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> 
     together = _in_threads([lambda r=r: engine.synthesize(r).audio.samples for r in requests],
                            "concurrent synthesize")
     for index, expected in enumerate(alone):
-        assert torch.equal(together[index], expected), f"request {index} differs when concurrent"
+        assert_same(together[index], expected, f"request {index} run concurrently and alone",
+                    "per-request state shared between threads: an engine that declares "
+                    "concurrent_requests=True must keep every request's state in its own call")
 
 
 def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> None:
@@ -241,7 +274,9 @@ def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> N
     replay = contract_model.engine.synthesize(_plain_request(contract_model,
                                                              seed=drawn.applied.seed))
     _check_result(contract_model, replay, seed=drawn.applied.seed)
-    assert torch.equal(drawn.audio.samples, replay.audio.samples)
+    assert_same(replay.audio.samples, drawn.audio.samples,
+                "an unseeded result and its replay with applied.seed",
+                "applied.seed is not the seed the audio was drawn with")
 
 
 def test_unknown_param_is_named(contract_model: ContractModel) -> None:
@@ -287,6 +322,115 @@ def test_text_without_words_is_spoken_or_refused_by_name(contract_model: Contrac
     _check_applied(contract_model, result.applied, seed=SEED)
 
 
+def _duration(result: SynthesisResult) -> float:
+    return result.audio.num_samples / result.audio.sample_rate
+
+
+# Four times the text must give at least this many times the audio (a model's pauses and
+# prompt handling leave room; a cut text gives about 1).
+GROWTH = 2.0
+
+
+@requires(when=lambda fixture: fixture.length_follows_text)
+def test_longer_text_gives_longer_audio_or_is_refused_by_name(contract_model: ContractModel
+                                                             ) -> None:
+    """A text several times longer gives several times more audio, or is refused naming
+    ``text``: never silently cut. (Not generated for a fixture that says its length does not
+    follow the text: ``ContractFixture.length_follows_text``.)"""
+    times = 4
+    short = contract_model.engine.synthesize(_plain_request(contract_model, seed=SEED))
+    longer_text = " ".join([TEXT] * times)
+    try:
+        longer = contract_model.engine.synthesize(_plain_request(contract_model,
+                                                                 text=longer_text, seed=SEED))
+    except InvalidRequest as exc:
+        assert exc.field == "text", f"a refused long text must name the field text: {exc}"
+        return
+    ratio = _duration(longer) / max(_duration(short), 1e-9)
+    _require(contract_model, ratio >= GROWTH, (
+        f"a text {times} times longer gave {ratio:.2f} times the audio ({_duration(short):.2f} "
+        f"s -> {_duration(longer):.2f} s). Likely cause: the text is cut (e.g. text[:n]) or a "
+        f"length cap ends the audio; speak it whole (split it into chunks) or refuse it with "
+        f"InvalidRequest('text', ...) naming the limit"))
+
+
+@pytest.mark.parametrize(("setting", "values"), [("steps", (2, 5)), ("guidance", (1.0, 3.0))])
+def test_sampler_settings_change_the_audio_or_are_refused(contract_model: ContractModel,
+                                                          setting: str, values) -> None:
+    """``request.steps`` and ``request.guidance`` change the audio, or are refused naming the
+    field (an engine without them declares ``request_settings``): never silently ignored."""
+    results = []
+    for value in values:
+        fields = {setting: value}
+        if setting == "guidance":
+            fields["steps"] = contract_model.fixture.steps
+        try:
+            results.append(contract_model.engine.synthesize(
+                _plain_request(contract_model, seed=SEED, **fields)))
+        except InvalidRequest as exc:
+            assert exc.field == setting, f"refusing {setting} must name it: {exc}"
+            return
+    _require(contract_model, not torch.equal(results[0].audio.samples,
+                                             results[1].audio.samples), (
+        f"request.{setting}={values[0]} and {values[1]} gave the same audio: the engine "
+        f"ignores {setting}. Use it, or refuse it: declare request_settings without "
+        f"{setting!r} (the base class then raises InvalidRequest naming it)"))
+
+
+# The rates audio is made at. Another one is possible, but more often a slip (samples per
+# hop, a sum of rates); and a model whose own rate differs from the label cannot be told
+# from its samples (random-init audio is noise of any bandwidth), only from its duration.
+COMMON_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
+
+
+def test_sample_rate_is_plausible(contract_model: ContractModel) -> None:
+    """What can be checked honestly: the declared rate is a common audio rate, and, where the
+    fixture knows its model's duration rule (``seconds_per_character``), the duration at the
+    declared rate is in range, which catches samples made at one rate and labelled another.
+    A relabelled model without a known duration rule cannot be caught from its samples."""
+    rate = contract_model.engine.info.sample_rate
+    _require(contract_model, rate in COMMON_RATES, (
+        f"ModelInfo.sample_rate is {rate} Hz, not a common audio rate "
+        f"({', '.join(map(str, COMMON_RATES))}): check that it is the rate the samples are "
+        f"made at"))
+    expected = contract_model.fixture.seconds_per_character
+    if expected is None:
+        return
+    result = contract_model.engine.synthesize(_plain_request(contract_model, seed=SEED))
+    per_character = _duration(result) / len(TEXT)
+    low, high = expected
+    assert low <= per_character <= high, (
+        f"{per_character:.4g} s per character at the declared {rate} Hz, outside the fixture's "
+        f"{low:g}-{high:g}. Likely cause: samples made at another rate and labelled "
+        f"{rate} Hz (resample them, or declare the rate they are made at)")
+
+
+@requires(Capability.STREAM)
+def test_a_request_during_a_stream_leaves_both_unchanged(contract_model: ContractModel
+                                                         ) -> None:
+    """``it = engine.stream(a); next(it); engine.synthesize(b); rest = list(it)``: ``a``
+    equals ``a`` streamed alone and ``b`` equals ``b`` alone, or ``b`` is refused with
+    RequestConflict (the base class does, unless the engine declares concurrent_requests)."""
+    engine = contract_model.engine
+    first = _plain_request(contract_model, seed=SEED)
+    second = _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)
+    alone = torch.cat([c.audio.samples for c in engine.stream(first)])
+    second_alone = engine.synthesize(second).audio.samples
+    chunks = iter(engine.stream(first))
+    opening = next(chunks)
+    try:
+        during = engine.synthesize(second).audio.samples
+    except RequestConflict:
+        during = None
+    joined = torch.cat([opening.audio.samples, *(c.audio.samples for c in chunks)])
+    assert_same(joined, alone, "a stream with a request run during it, and the stream alone",
+                "the request walked into the stream's state: keep it per request, or leave "
+                "concurrent_requests=False so that the base class refuses the request")
+    if during is not None:
+        assert_same(during, second_alone, "a request run during a stream, and alone",
+                    "the open stream's state leaked into the request")
+
+
 # -- references (cloning) ---------------------------------------------------------------------
 
 @requires(Capability.CLONE)
@@ -294,8 +438,8 @@ def test_clone(contract_model: ContractModel) -> None:
     request = _request(contract_model, reference=_reference(contract_model), seed=SEED)
     result = contract_model.engine.synthesize(request)
     _check_result(contract_model, result, seed=SEED)
-    assert torch.equal(result.audio.samples,
-                       contract_model.engine.synthesize(request).audio.samples)
+    assert_same(contract_model.engine.synthesize(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded cloning request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 @requires(Capability.CLONE, when=lambda fixture: fixture.needs_reference_text)
@@ -352,8 +496,8 @@ def test_design(contract_model: ContractModel) -> None:
     request = _request(contract_model, instruction=INSTRUCTION, seed=SEED)
     result = contract_model.engine.synthesize(request)
     _check_result(contract_model, result, seed=SEED)
-    assert torch.equal(result.audio.samples,
-                       contract_model.engine.synthesize(request).audio.samples)
+    assert_same(contract_model.engine.synthesize(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded design request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
     other = contract_model.engine.synthesize(attrs.evolve(request, instruction=OTHER_INSTRUCTION))
     assert not torch.equal(result.audio.samples, other.audio.samples), (
         "two instructions gave the same audio with the same seed: a model that declares "
@@ -367,7 +511,8 @@ def test_edit(contract_model: ContractModel) -> None:
                           params=contract_model.fixture.request_params)
     result = contract_model.engine.edit(request)
     _check_result(contract_model, result, seed=SEED)
-    assert torch.equal(result.audio.samples, contract_model.engine.edit(request).audio.samples)
+    assert_same(contract_model.engine.edit(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded edit", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 @requires(Capability.LONG_TEXT)
@@ -376,8 +521,8 @@ def test_long_text(contract_model: ContractModel) -> None:
     result = contract_model.engine.synthesize(request)
     _check_result(contract_model, result, seed=SEED)
     assert result.applied.chunks >= 1
-    assert torch.equal(result.audio.samples,
-                       contract_model.engine.synthesize(request).audio.samples)
+    assert_same(contract_model.engine.synthesize(request).audio.samples, result.audio.samples,
+                "two runs of the same seeded long text", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
 
 
 def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]:
@@ -407,7 +552,11 @@ def test_stream_chunks_arrive_in_order(contract_model: ContractModel) -> None:
 def test_stream_matches_synthesis(contract_model: ContractModel) -> None:
     request = _plain_request(contract_model, seed=SEED)
     joined = torch.cat([chunk.audio.samples for chunk in _stream(contract_model, request)])
-    assert torch.equal(joined, contract_model.engine.synthesize(request).audio.samples)
+    assert_same(joined, contract_model.engine.synthesize(request).audio.samples,
+                "the joined stream and the synthesized audio",
+                "the chunks are not consecutive pieces of the same audio (other noise draws, "
+                "overlap or padding at the joins); a fixture whose engine differs on purpose "
+                "sets stream_matches=False")
 
 
 def _joined(chunks) -> torch.Tensor:
@@ -415,25 +564,30 @@ def _joined(chunks) -> torch.Tensor:
 
 
 @requires(Capability.STREAM)
-def test_a_stream_is_not_changed_by_requests_between_its_chunks(
+def test_a_stream_opened_during_a_stream_leaves_both_unchanged(
         contract_model: ContractModel) -> None:
-    """``it = stream(A); next(it); synthesize(B); stream(C); rest``, all in one thread: A's
-    chunks equal A streamed alone, and B and C equal their own runs alone."""
+    """``it = stream(a); next(it); list(stream(b)); rest = list(it)``, one thread: ``a`` and
+    ``b`` each equal their streams alone, or ``b`` is refused with RequestConflict, which only
+    an engine without ``concurrent_requests`` may do."""
     engine = contract_model.engine
     first = _plain_request(contract_model, seed=SEED)
     second = _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)
     alone = _joined(_stream(contract_model, first))
-    other_alone = engine.synthesize(second).audio.samples
-    other_streamed = _joined(_stream(contract_model, second))
-    stream = iter(engine.stream(first))
-    head = [next(stream)]
-    between = engine.synthesize(second).audio.samples
-    nested = _joined(engine.stream(second))
-    rest = list(stream)
-    assert torch.equal(between, other_alone), "a request made inside a stream differs"
-    assert torch.equal(nested, other_streamed), "a stream opened inside a stream differs"
-    assert torch.equal(_joined(head + rest), alone), (
-        "a stream's audio changed when other requests ran between its chunks")
+    second_alone = _joined(_stream(contract_model, second))
+    chunks = iter(engine.stream(first))
+    opening = next(chunks)
+    try:
+        during = _joined(engine.stream(second))
+    except RequestConflict:
+        assert not engine.concurrent_requests, (
+            "an engine that declares concurrent_requests refused a second stream")
+        during = None
+    assert_same(_joined([opening, *chunks]), alone,
+                "a stream with another stream run during it, and the stream alone",
+                "the second stream walked into the first one's state")
+    if during is not None:
+        assert_same(during, second_alone, "a stream run during another one, and alone",
+                    "the open stream's state leaked into the second one")
 
 
 @requires(Capability.STREAM)
@@ -447,7 +601,8 @@ def test_streams_from_two_threads_match_each_alone(contract_model: ContractModel
     together = _in_threads([lambda r=r: _joined(engine.stream(r)) for r in requests],
                            "concurrent streams")
     for index, expected in enumerate(alone):
-        assert torch.equal(together[index], expected), f"stream {index} differs when concurrent"
+        assert_same(together[index], expected, f"stream {index} run concurrently and alone",
+                    "per-request state shared between threads")
 
 
 @requires(Capability.STREAM)
@@ -457,8 +612,10 @@ def test_unseeded_stream_reports_its_seed(contract_model: ContractModel) -> None
     _check_applied(contract_model, applied, seed=None)
     assert applied.seed_drawn is True
     replay = _stream(contract_model, _plain_request(contract_model, seed=applied.seed))
-    assert torch.equal(torch.cat([c.audio.samples for c in chunks]),
-                       torch.cat([c.audio.samples for c in replay]))
+    assert_same(torch.cat([c.audio.samples for c in replay]),
+                torch.cat([c.audio.samples for c in chunks]),
+                "an unseeded stream and its replay with applied.seed",
+                "the last chunk's applied.seed is not the seed the stream was drawn with")
 
 
 @requires(Capability.VOICE_CACHE)
@@ -471,11 +628,16 @@ def test_saved_voice_speaks_like_its_reference(contract_model: ContractModel, tm
     loaded = Voice.load(path)
     assert (loaded.engine, loaded.model_fingerprint) == (voice.engine, voice.model_fingerprint)
     assert set(loaded.tensors) == set(voice.tensors)
-    assert all(torch.equal(loaded.tensors[k], voice.tensors[k]) for k in voice.tensors)
+    differs = first_differing_tensor(dict(loaded.tensors), dict(voice.tensors))
+    assert differs is None, (f"a voice saved and loaded differs from the built one: {differs}; "
+                             "Voice.tensors must be plain CPU tensors that safetensors keeps")
     by_voice = engine.synthesize(_request(contract_model, voice=loaded, seed=SEED))
     by_reference = engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
     _check_result(contract_model, by_voice, seed=SEED)
-    assert torch.equal(by_voice.audio.samples, by_reference.audio.samples)
+    assert_same(by_voice.audio.samples, by_reference.audio.samples,
+                "speaking with a saved voice and with its reference",
+                "build_voice keeps less than a request with the reference uses (or prepares "
+                "it differently); the voice must hold exactly what the reference gives")
 
 
 @requires(Capability.VOICE_CACHE)

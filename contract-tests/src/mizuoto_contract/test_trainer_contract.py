@@ -11,7 +11,11 @@ to the manifest) of voiced clips. Every method the trainer declares is tested:
   boundary, saves its checkpoint there and returns ``interrupted="SIGTERM"``; resumed, it
   exports the weights of an uninterrupted run (a trainer without it is not tested for this);
 - bad rows (a missing audio file, an empty text) are skipped with a warning naming the row,
-  and the run trains on the rest.
+  and the run trains on the rest;
+- two learning rates give different exported weights (a trainer that ignores
+  ``TrainingConfig.learning_rate`` is caught).
+
+A failed weight comparison names the first differing tensor (shape, first index, max |diff|).
 
 ``--mizuoto-engine NAME`` selects trainers as it selects engines. Where no plugin registers a
 trainer at all, this module collects nothing.
@@ -119,11 +123,12 @@ def write_dataset(directory: Path, extra_rows: list[dict] | None = None) -> Path
     return manifest
 
 
-def _config(method, model_dir, manifest, output, steps=STEPS, save_every=1):
+def _config(method, model_dir, manifest, output, steps=STEPS, save_every=1,
+            learning_rate=1e-4):
     from mizuoto import TrainingConfig
 
     return TrainingConfig(method=method, model=str(model_dir), dataset=manifest,
-                          output_dir=output, steps=steps, learning_rate=1e-4, seed=3,
+                          output_dir=output, steps=steps, learning_rate=learning_rate, seed=3,
                           save_every=save_every)
 
 
@@ -238,10 +243,71 @@ def _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path, name
     straight = trainer.train(straight_run)
     assert straight.steps_done == STEPS
     straight_weights = _weight_files(trainer.export(straight_run, tmp_path / "straight-export"))
-    assert resumed_weights.keys() == straight_weights.keys()
+    assert resumed_weights.keys() == straight_weights.keys(), (
+        f"the resumed export holds {sorted(resumed_weights)}, an uninterrupted run's "
+        f"{sorted(straight_weights)}")
     for file, data in straight_weights.items():
-        assert resumed_weights[file] == data, f"{file} differs after the resumed run"
+        assert resumed_weights[file] == data, (
+            f"{file} differs after the resumed run: "
+            f"{_tensor_difference(resumed_weights[file], data)}. Likely cause: state that the "
+            f"checkpoint does not hold (optimizer moments, the LR schedule's position, an RNG "
+            f"or data-order state) or a save after the progress report; or, when no tensor "
+            f"differs, bytes that are not weights (a timestamp, a path) in the file")
     return resumed
+
+
+def _tensors(data: bytes) -> dict:
+    """The tensors of a weight file's bytes (safetensors, else a torch pickle)."""
+    import io
+
+    import torch
+
+    try:
+        from safetensors.torch import load
+
+        return dict(load(data))
+    except Exception:  # not safetensors: a torch pickle (.pt, .bin, .ckpt)
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        flat: dict = {}
+
+        def walk(prefix, value):
+            if isinstance(value, torch.Tensor):
+                flat[prefix] = value
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    walk(f"{prefix}.{key}" if prefix else str(key), item)
+
+        walk("", loaded)
+        return flat
+
+
+def _tensor_difference(resumed: bytes, straight: bytes) -> str:
+    """The first tensor that differs between two weight files' bytes, in words."""
+    from mizuoto_contract.compare import first_differing_tensor
+
+    try:
+        differs = first_differing_tensor(_tensors(resumed), _tensors(straight))
+    except Exception as exc:  # unreadable: say so rather than hide the byte difference
+        return f"the files differ and could not be read as tensors ({exc!r})"
+    return (f"first differing tensor {differs}" if differs is not None
+            else "every tensor is equal, the other bytes differ")
+
+
+def test_the_learning_rate_changes_the_export(case, tmp_path):
+    """Two runs that differ only in ``learning_rate`` must export different weights."""
+    trainer_cls, _, method, model_dir, manifest = case
+    trainer = trainer_cls()
+    exported = []
+    rates = (1e-4, 1e-2)
+    for rate in rates:
+        run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / f"run-{rate}",
+                                      learning_rate=rate))
+        trainer.train(run)
+        exported.append(_weight_files(trainer.export(run, tmp_path / f"export-{rate}")))
+    assert exported[0] != exported[1], (
+        f"learning rates {rates[0]:g} and {rates[1]:g} exported the same weights. Likely "
+        f"cause: the trainer ignores TrainingConfig.learning_rate (an optimizer built with a "
+        f"fixed lr), or exports the base weights rather than the trained ones")
 
 
 def test_bad_rows_are_skipped_and_named(case, tmp_path, caplog):

@@ -55,3 +55,36 @@ def test_no_documented_hook_is_missing_from_the_code():
 def test_public_name_is_in_the_api_docs(name):
     text = (DOCS / "api.md").read_text()
     assert re.search(rf"`{re.escape(name)}[`(]", text), f"docs/api.md does not list `{name}`"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + len(heading) + 2)
+    return text[start:end if end != -1 else len(text)]
+
+
+def _python_blocks(section: str) -> list[str]:
+    """The ```python blocks at the start of a line (not those inside list items)."""
+    return re.findall(r"^```python\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+
+
+_TRAINER_BLOCKS = _python_blocks(_section((DOCS / "plugins.md").read_text(),
+                                          "## The trainer contract"))
+
+
+def test_the_trainer_docs_have_code_blocks():
+    assert len(_TRAINER_BLOCKS) >= 3
+
+
+@pytest.mark.parametrize("block", _TRAINER_BLOCKS,
+                         ids=[f"block{i}" for i in range(len(_TRAINER_BLOCKS))])
+def test_trainer_docs_code_blocks_run(block, tmp_path, monkeypatch):
+    """A block that imports what it uses runs (in a scratch folder, its asserts checked);
+    a sketch (a class skeleton) must at least parse."""
+    import ast
+
+    tree = ast.parse(block)
+    if not isinstance(tree.body[0], (ast.Import, ast.ImportFrom)):
+        return
+    monkeypatch.chdir(tmp_path)
+    exec(compile(tree, "<docs/plugins.md>", "exec"), {"__name__": "docs_block"})

@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+import attrs
 import pytest
 from conftest import FakeEngine
 
-from mizuoto import Options
+from mizuoto import Engine, Options
 from mizuoto.contracts.engine import engine_lock
 from mizuoto.errors import InvalidOption
 
@@ -123,3 +124,158 @@ def test_a_bad_param_value_names_the_param():
     with pytest.raises(InvalidRequest) as caught:
         parse_attrs(Params, {"steps": "many"}, "params")
     assert caught.value.field == "params.steps"
+
+
+# -- issue 22 item 6: a request never walks into a stream's state ------------------------------
+
+class _Humming(Engine):
+    """API 1.1: the base class does the shared work; per-request state in the instance."""
+
+    name = "humming"
+
+    def __init__(self) -> None:
+        from mizuoto import Capability, ModelInfo
+
+        self._info = ModelInfo("humming", "m", "v0", 8000, "float32", "cpu",
+                               frozenset({Capability.ZERO_SHOT, Capability.STREAM}))
+
+    @classmethod
+    def load(cls, model_dir, *, options=None, model_id=None, progress=None):
+        return cls()
+
+    @property
+    def info(self):
+        return self._info
+
+    def _synthesize(self, request, params, generator, progress):
+        from mizuoto import Audio, Rendered
+
+        self.current = request.text
+        return Rendered(Audio([0.1] * 80, 8000), extra={"text": self.current})
+
+    def _stream(self, request, params, generator, progress):
+        from mizuoto import Audio, Rendered
+
+        self.current = request.text
+        for index in range(3):
+            yield Rendered(Audio([0.1] * 80, 8000), extra={"text": self.current},
+                           last=index == 2)
+
+
+def _humming(**declared):
+    return type("Declared", (_Humming,), declared)()
+
+
+def _text_request(text):
+    from mizuoto import SynthesisRequest
+
+    return SynthesisRequest(text, seed=1)
+
+
+@pytest.mark.parametrize("make", [_humming, _engine], ids=["api-1.1", "api-1.0"])
+def test_a_second_request_from_the_thread_of_an_open_stream_is_refused(make):
+    from mizuoto.errors import RequestConflict
+
+    engine = make()
+    request = _text_request("a") if make is _humming else _Request("a")
+    chunks = iter(engine.stream(request))
+    first = next(chunks)
+    with pytest.raises(RequestConflict, match="Finish or close the stream first"):
+        engine.synthesize(_text_request("b") if make is _humming else _Request("b"))
+    rest = list(chunks)
+    assert len([first, *rest]) == 3
+    # once the stream has ended the engine takes requests again
+    assert engine.synthesize(_text_request("c") if make is _humming else _Request("c"))
+
+
+def test_a_closed_stream_releases_the_engine():
+    engine = _humming()
+    chunks = iter(engine.stream(_text_request("a")))
+    next(chunks)
+    chunks.close()
+    assert engine.synthesize(_text_request("b")).applied.extra["text"] == "b"
+
+
+def test_an_engine_that_opts_in_runs_requests_concurrently_without_the_lock():
+    engine = _humming(concurrent_requests=True)
+    chunks = iter(engine.stream(_text_request("a")))
+    next(chunks)
+    assert engine.synthesize(_text_request("b")).applied.extra["text"] == "b"
+    assert not engine_lock(engine).__dict__["_lock"].locked()
+    list(chunks)
+
+
+def test_the_base_class_builds_applied_and_refuses_what_the_engine_lacks():
+    from mizuoto import Capability, SynthesisRequest
+    from mizuoto.errors import InvalidRequest, UnsupportedCapability
+    from mizuoto.runtime.in_effect import compute_in_effect
+
+    engine = _humming(request_settings=frozenset({"steps"}))
+    result = engine.synthesize(SynthesisRequest("hi\x07", steps=4))
+    applied = result.applied
+    assert (applied.engine, applied.model, applied.seed_drawn) == ("humming", "m", True)
+    assert applied.compute == compute_in_effect()
+    assert any("control" in w for w in applied.warnings)  # the request's notice
+    with pytest.raises(InvalidRequest) as caught:
+        engine.synthesize(SynthesisRequest("hi", guidance=2.0))
+    assert caught.value.field == "guidance"
+    with pytest.raises(UnsupportedCapability):
+        engine.synthesize(SynthesisRequest("hi", instruction="calm"))
+    assert Capability.EDIT not in engine.capabilities
+    assert _Humming.plugin_api == "1.1" and _Racy.plugin_api == "1.0"
+
+
+def test_an_api_1_0_result_gets_compute_filled_in():
+    from mizuoto import SynthesisRequest
+    from mizuoto.runtime.in_effect import compute_in_effect
+
+    result = FakeEngine("m", None).synthesize(SynthesisRequest("hi"))
+    assert result.applied.compute == compute_in_effect()
+
+
+@pytest.mark.parametrize(("value", "error"), [(float("inf"), "OverflowError"),
+                                              (float("nan"), "ValueError"),
+                                              ("many", "ValueError"), ([1], "TypeError")])
+def test_a_converter_that_refuses_a_value_names_the_param(value, error):
+    """``converter=int`` (as the attrs style invites): inf raises OverflowError inside the
+    converter, "many" ValueError, a list TypeError; each is an InvalidRequest naming it."""
+    import attrs
+
+    from mizuoto.contracts.engine import parse_attrs
+    from mizuoto.errors import InvalidRequest
+
+    @attrs.frozen
+    class Params:
+        speed: float = 1.0
+        steps: int = attrs.field(default=4, converter=int)
+
+    with pytest.raises(InvalidRequest) as caught:
+        parse_attrs(Params, {"speed": 2.0, "steps": value}, "params")
+    assert caught.value.field == "params.steps"
+    assert type(caught.value.__cause__).__name__ == error
+
+
+@pytest.mark.parametrize("second", ["stream", "synthesize", "build_voice"])
+def test_every_call_from_the_thread_of_an_open_stream_is_refused(second):
+    """The class, not the one example: a second stream, a voice, a synthesis."""
+    from mizuoto import Capability, Reference
+    from mizuoto.errors import RequestConflict
+
+    class Voiced(_Humming):
+        def _build_voice(self, reference):
+            self.current = "voice"
+            return None
+
+    engine = Voiced()
+    engine._info = attrs.evolve(engine._info, capabilities=engine._info.capabilities
+                                | {Capability.VOICE_CACHE})
+    chunks = iter(engine.stream(_text_request("a")))
+    next(chunks)
+    with pytest.raises(RequestConflict):
+        if second == "stream":
+            next(iter(engine.stream(_text_request("b"))))
+        elif second == "synthesize":
+            engine.synthesize(_text_request("b"))
+        else:
+            engine.build_voice(Reference("ref.wav"))
+    assert [c.applied.extra["text"] for c in chunks if c.is_last] == ["a"]

@@ -228,6 +228,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit(server, method, path, limit):
     else:
         assert status == 413, answer[:300]
         assert b"request_too_large" in answer
+        assert b"connection: close" in answer.lower()  # the rest of the body is not read
     assert sent < limit + (16 << 20), f"the server read {sent} bytes"  # + socket buffers
 
 
@@ -236,6 +237,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(server):
             b"application/json\r\nContent-Length: %d\r\n\r\n" % (300 << 20))
     status, sent, answer = _raw(server, head, iter([b"{" * 1024] * 4096), limit_bytes=4 << 20)
     assert status == 413 and b"request_too_large" in answer
+    assert b"connection: close" in answer.lower()
 
 
 def test_a_body_just_under_the_limit_is_read(server):
@@ -378,9 +380,11 @@ def test_binding_a_busy_port_or_a_foreign_address_names_the_option():
 VALUES = [True, False, "2", "", 2.0, 2.5, None, [2], {"v": 2}, 2, -1, 10**30, 1e308]
 
 
-@pytest.mark.parametrize("field", ["seed", "steps", "guidance"])
-@pytest.mark.parametrize("value", VALUES, ids=repr)
-def test_the_server_accepts_a_number_exactly_when_the_python_api_does(server, field, value):
+@pytest.mark.parametrize(("field", "value"), [
+    *[(field, value) for field in ("seed", "steps", "guidance") for value in VALUES],
+    *[("params", value) for value in (None, {}, [1], "x", 5, True)],
+])
+def test_the_server_accepts_a_value_exactly_when_the_python_api_does(server, field, value):
     try:
         SynthesisRequest("Hello there.", **{field: value})
         accepted = True
@@ -394,7 +398,7 @@ def test_the_server_accepts_a_number_exactly_when_the_python_api_does(server, fi
     if accepted:
         assert response.status_code == 200, response.text[:300]
     else:
-        _error(response, 400, "invalid_value", f"mizuoto.{field}")
+        _error(response, 400, param=f"mizuoto.{field}")
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -537,3 +541,58 @@ def test_a_model_loading_at_start_counts_against_max_loaded():
         return loading_together, a.loads, b.loads, a.engine is None
 
     assert asyncio.run(scenario()) == (False, 1, 1, True)
+
+
+def test_a_named_error_from_any_route_is_its_status_and_only_a_500_is_logged(tmp_path):
+    import asyncio
+
+    from mizuoto.serve import create_app
+
+    gate = create_app(ServeConfig(models={"m": str(tmp_path / "m")}, voices_dir=tmp_path))
+
+    async def bad_request():
+        raise InvalidRequest("thing", "is wrong")
+
+    async def broken():
+        raise RuntimeError("a bug")
+
+    async def echo():  # a message echoing text that UTF-8 cannot encode
+        raise InvalidRequest("params.\ud800", "is not a known setting")
+
+    gate.app.add_api_route("/v1/echo", echo)
+    gate.app.add_api_route("/v1/bad", bad_request)
+    gate.app.add_api_route("/v1/broken", broken)
+    errors = _Errors()
+    loggers = [logging.getLogger(name) for name in ("mizuoto", "uvicorn", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(errors)
+
+    async def ask(path):
+        # raise_app_exceptions: what escapes the application is what uvicorn logs again
+        transport = httpx.ASGITransport(app=gate, raise_app_exceptions=True)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get(path)
+
+    try:
+        _error(asyncio.run(ask("/v1/bad")), 400, param="thing")
+        _error(asyncio.run(ask("/v1/echo")), 400, param="params.\ud800")
+        assert not errors.records
+        _error(asyncio.run(ask("/v1/broken")), 500, "internal_error")
+        assert len(errors.records) == 1 and errors.records[0].exc_info  # once, with traceback
+    finally:
+        for logger in loggers:
+            logger.removeHandler(errors)
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b'{"model": "f5", "model": "f5", "input": "x", "voice": "default"}', "'model' is given twice"),
+    (b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"steps": 2, "steps": 3}}',
+     "'steps' is given twice"),
+    (b'{"model": "f5", "input": "\\ud800 hi", "voice": "default"}', "U+D800"),
+    (b'{"model": "f5", "input": "x", "voice": "default", "mizuoto": {"params": {"\\udfff": 1}}}',
+     "U+DFFF"),
+])
+def test_duplicate_keys_and_lone_surrogates_are_400(server, body, said):
+    response = httpx.post(f"{server}/v1/audio/speech", content=body,
+                          headers={"Content-Type": "application/json"})
+    assert said in _error(response, 400, "invalid_json")["message"]

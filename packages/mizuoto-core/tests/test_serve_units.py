@@ -144,7 +144,7 @@ def test_a_full_queue_answers_429_and_a_cancelled_job_is_skipped():
 
         worker = ModelWorker("m", "m", load=lambda: object(), queue_size=1)
         worker.start()
-        await asyncio.to_thread(worker.loaded.wait, 10)
+        await asyncio.to_thread(worker.loaded.wait, 60)  # the first torch import: slow
         first = Job(blocking, loop)
         worker.submit(first)
         while worker.depth() != 1 or worker._queue.qsize():  # the first one is running

@@ -180,3 +180,10 @@ def test_plugin_registers_engine_models_and_fixtures():
     assert "vocab.txt" in catalog["f5tts/e2-base"].optional
     fixtures = registry.contract_fixtures()
     assert {"f5tts/tiny-v1-base", "f5tts/tiny-base", "f5tts/tiny-e2-base"} <= set(fixtures)
+
+
+def test_sampler_defaults_are_what_a_request_without_steps_gets(engine):
+    assert engine.sampler_defaults() == {"steps": 32, "guidance": 2.0}
+    applied = engine.synthesize(SynthesisRequest("Hi.", seed=1,
+                                                 params={"fix_duration": 0.2})).applied
+    assert {k: applied.sampler[k] for k in ("steps", "guidance")} == engine.sampler_defaults()

@@ -57,6 +57,60 @@ def test_bf16_autocasts_the_forward_and_a_resume_keeps_it(tmp_path, inputs):
     assert resumed.resumed_from == 3 and resumed.steps_done == 4
 
 
+def test_memory_levels_keep_the_bits_under_bf16(tmp_path, inputs):
+    """Recomputed activations run under the autocast state they were first run in."""
+    trainer = F5Trainer()
+    states = []
+    for memory in ("default", "lowest"):
+        config = _config(inputs, tmp_path / memory, mixed_precision="bf16", memory=memory)
+        trainer.train(trainer.prepare(config))
+        states.append(load_run_state(tmp_path / memory / CHECKPOINT))
+    assert states[0]["records"] == states[1]["records"]
+    for part in ("model", "ema"):
+        for key, value in states[0][part].items():
+            assert torch.equal(value, states[1][part][key]), (part, key)
+
+
+# the LR scheduler's own wrapper of the optimiser's step survives the scaler's patch
+@pytest.mark.filterwarnings("error:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_the_fp16_loss_scaling_path_runs_and_resumes(tmp_path, inputs):
+    """fp16 is refused on the CPU (accelerate's rule), but its loop (scaled backward,
+    unscale before clipping, the scaler's step and update, the scaler's state in the run
+    checkpoint) is plumbing the CPU can run: forced here, with CPU autocast in float16."""
+    trainer = F5Trainer()
+
+    def fp16(config):
+        run = trainer.prepare(config)
+        return attrs.evolve(run, settings=attrs.evolve(run.settings, mixed_precision="fp16"))
+
+    config = _config(inputs, tmp_path / "fp16", steps=2, mixed_precision="bf16")
+    assert trainer.train(fp16(config)).steps_done == 2
+    state = load_run_state(tmp_path / "fp16" / CHECKPOINT)
+    assert state["settings"]["mixed_precision"] == "fp16"
+    assert state["scaler"]["scale"] > 0 and state["scaler"]["_growth_tracker"] >= 0
+    assert all(torch.isfinite(torch.tensor(r[1])) for r in state["records"])
+    resumed = trainer.train(fp16(attrs.evolve(config, steps=3)))
+    assert resumed.resumed_from == 2 and resumed.steps_done == 3
+    after = load_run_state(tmp_path / "fp16" / CHECKPOINT)
+    assert after["scaler"]["_growth_tracker"] in (0, state["scaler"]["_growth_tracker"] + 1)
+
+
+def test_the_command_line_reaches_the_loop(tmp_path, inputs):
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    model_dir, metadata = inputs
+    args = ["--quiet", "train", "-e", "f5tts", "-m", str(model_dir), "--data", str(metadata),
+            "--output", str(tmp_path / "run"), "--steps", "1", "--learning-rate", "1e-4",
+            "--option", "compute.device=cpu", "--mixed-precision", "bf16"]
+    result = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert load_run_state(tmp_path / "run" / CHECKPOINT)["settings"]["mixed_precision"] == "bf16"
+    refused = CliRunner().invoke(cli, [*args[:-1], "fp16"], obj={}, catch_exceptions=False)
+    assert refused.exit_code == 2 and "training.mixed_precision" in refused.output
+
+
 def test_what_this_machine_cannot_do_is_refused(tmp_path, inputs):
     trainer = F5Trainer()
     with pytest.raises(InvalidRequest, match="fp16 needs a CUDA device") as caught:

@@ -230,3 +230,18 @@ def test_long_text_is_split(engines):
         **FAST, "split_text": True, "chunk_tokens": 8}))
     assert result.applied.chunks == len(chunks)
     assert result.applied.extra["patches"] == 3 * len(chunks)
+
+
+def test_sampler_defaults_are_what_a_request_without_steps_gets(engines, dirs):
+    engine = engines["v2"]
+    assert engine.sampler_defaults() == {"steps": 10, "guidance": 2.0}
+    applied = engine.synthesize(SynthesisRequest("hello", seed=1, params={"max_len": 2})).applied
+    assert {k: applied.sampler[k] for k in ("steps", "guidance")} == engine.sampler_defaults()
+    # a model directory's own defaults are the sampler's
+    from mizuoto.contracts.model_defaults import write_model_defaults
+
+    write_model_defaults(dirs["v2"], {"inference_timesteps": 3}, "a test")
+    try:
+        assert VoxCPMEngine.load(dirs["v2"]).sampler_defaults() == {"steps": 3, "guidance": 2.0}
+    finally:
+        (dirs["v2"] / "mizuoto-defaults.json").unlink()

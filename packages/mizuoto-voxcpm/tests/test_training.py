@@ -290,7 +290,8 @@ def test_low_memory_gives_the_same_bits(workspace, method):
     root, model = workspace
     trainer = VoxCPMTrainer()
     outputs = {}
-    for memory in ("default", "low"):
+    levels = ("default", "low", "lowest") if method == "lora" else ("default", "low")
+    for memory in levels:
         params = {"warmup_steps": 1, **({"lora_dropout": 0.3} if method == "lora" else {})}
         config = _config(root, model, f"memory-{method}-{memory}", method=method, steps=2,
                          memory=memory, save_every=100, params=params)
@@ -301,6 +302,11 @@ def test_low_memory_gives_the_same_bits(workspace, method):
         outputs[memory] = ((config.output_dir / "metrics.jsonl").read_text(encoding="utf-8"),
                            (exported / name).read_bytes())
     assert outputs["low"] == outputs["default"]
+    if method == "lora":  # on the CPU, lowest streams nothing: low's bits
+        assert outputs["lowest"] == outputs["default"]
+    else:
+        with pytest.raises(InvalidRequest, match="training.memory"):
+            trainer.prepare(_config(root, model, "lowest-full", memory="lowest"))
 
 
 _DDP_CHILD = """

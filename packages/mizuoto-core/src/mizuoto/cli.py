@@ -1,9 +1,10 @@
 """The ``mizuoto`` command.
 
-Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage; 3 engine, model or
-file not found (or a checkpoint that does not match); 4 capability not supported; 5 a batch
-finished with failed lines (its manifest names them); 130 interrupted (SIGINT; also a training
-run stopped by Ctrl-C, its checkpoint saved); 143 a training run stopped by SIGTERM.
+Exit codes: 0 success; 1 unexpected error; 2 bad request, option or usage (also ``serve`` on a
+port already in use); 3 engine, model or file not found (or a checkpoint that does not match);
+4 capability not supported; 5 a batch finished with failed lines (its manifest names them); 130
+interrupted (SIGINT; also a training run stopped by Ctrl-C, its checkpoint saved); 143 a
+training run stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from pathlib import Path
 import click
 
 from mizuoto.benchmarking.command import bench, bench_run
+from mizuoto.command_options import command_options as _options
+from mizuoto.command_options import command_params as _params
+from mizuoto.command_options import options_to_load as _options_to_load
 from mizuoto.errors import InvalidRequest, MizuotoError
 
 log = logging.getLogger("mizuoto")
@@ -212,44 +216,6 @@ def _progress(quiet: bool) -> Iterator:
             yield bars
     finally:
         bars.close()
-
-
-def _options(option_file, option_pairs):
-    from mizuoto.options import Options
-    from mizuoto.registry import validate_engine_options
-
-    options = Options.from_toml(option_file) if option_file else Options()
-    options = options.with_overrides(option_pairs) if option_pairs else options
-    validate_engine_options(options)  # a typo in engines.<name>.* fails before any loading
-    return options
-
-
-def _options_to_load(option_file, option_pairs):
-    """:func:`_options` for a command that loads the model in this process: first restart it
-    with the allocator preloaded and the threads bound when the options ask for them, before
-    torch is imported. Only the command itself restarts (``main``): a program invoking ``cli``
-    in its own process gets the load's error saying how to start with them."""
-    from mizuoto.runtime.startup import RESTARTED_ENV, restart, startup_environment
-
-    options = _options(option_file, option_pairs)
-    environment = startup_environment(options.compute)
-    # the guard against a second restart is for this process: its own children start afresh
-    os.environ.pop(RESTARTED_ENV, None)
-    if environment is not None and click.get_current_context().obj.get("may_restart"):
-        restart(environment)
-    return options
-
-
-def _params(pairs):
-    from mizuoto.options import _parse_scalar
-
-    params = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise InvalidRequest("--param", f"{pair!r} must be written key=value")
-        key, raw = pair.split("=", 1)
-        params[key.strip()] = _parse_scalar(raw.strip())
-    return params
 
 
 def _read_text(text, text_file):
@@ -700,6 +666,7 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
+        from mizuoto.serve.page import page_url
     except ImportError as exc:
         raise click.ClickException(f"mizuoto serve needs the serve extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[serve]\"") from None
@@ -718,6 +685,7 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
             "--" + exc.field.replace("_", "-")
         raise InvalidRequest(option, exc.problem, exc.fix) from None
+    click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
     run(config)
 
 

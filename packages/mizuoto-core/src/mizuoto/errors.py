@@ -128,6 +128,14 @@ class NonFiniteAudio(MizuotoError):
                          "request's settings")
 
 
+class RequestConflict(MizuotoError):
+    """A request that would walk into another request's state: e.g. a second call on an
+    engine from the thread that holds it for a stream not yet finished. Finish (or close) the
+    stream first, or load a second engine."""
+
+    exit_code = 2
+
+
 class VoiceMismatch(MizuotoError):
     """A saved voice built for another engine or model."""
 

@@ -30,10 +30,21 @@ def parse_attrs(cls: type | None, values, prefix: str) -> Any:
         return cls(**values)
     except InvalidRequest:
         raise
-    except (TypeError, ValueError) as exc:
-        # attrs' validators name the attribute in quotes ("'speed' must be > 0"): report the
-        # field as params.<name> so that the caller knows which one to fix
-        message = str(exc)
-        named = [key for key in values if f"'{key}'" in message]
-        field = f"{prefix}.{named[0]}" if len(named) == 1 else prefix
-        raise InvalidRequest(field, message) from exc
+    except (TypeError, ValueError, OverflowError) as exc:
+        # a validator or a converter (converter=int on inf raises OverflowError) refused a
+        # value: name the field as <prefix>.<name> so that the caller knows which one to fix
+        raise InvalidRequest(_failing_field(cls, values, prefix, str(exc)), str(exc)) from exc
+
+
+def _failing_field(cls: type, values: dict, prefix: str, message: str) -> str:
+    """``<prefix>.<name>`` of the value that fails alone (a converter's message does not name
+    it; attrs' validators quote it: "'speed' must be > 0"), else ``prefix``."""
+    named = [key for key in values if f"'{key}'" in message]
+    if len(named) == 1:
+        return f"{prefix}.{named[0]}"
+    for key, value in values.items():
+        try:
+            cls(**{key: value})
+        except Exception:  # any failure names this key
+            return f"{prefix}.{key}"
+    return prefix

@@ -10,7 +10,6 @@ once per request, as ``F5TTS.infer`` seeds the global one.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +24,11 @@ from mizuoto.contracts.requests import (
     Reference,
     SynthesisRequest,
 )
-from mizuoto.contracts.results import Applied, SynthesisResult, check_finite
+from mizuoto.contracts.results import Rendered, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
-from mizuoto.runtime.compile import Compilation, compile_module
-from mizuoto.runtime.device import emulated_dtype_warning, select_device, select_dtype
-from mizuoto.runtime.in_effect import compute_in_effect
-from mizuoto.runtime.seeds import resolve_seed
-from mizuoto.runtime.threads import apply_cpu_threads
+from mizuoto.runtime.placement import Placement, place
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
 from mizuoto_f5tts.duration import check_positions, chunk_durations
@@ -47,8 +42,6 @@ from mizuoto_f5tts.variants import (
     variant_of_model,
 )
 from mizuoto_f5tts.vocoding import vocode
-
-log = logging.getLogger(__name__)
 
 DEFAULT_STEPS = 32
 DEFAULT_GUIDANCE = 2.0
@@ -66,16 +59,13 @@ class F5Engine(Engine):
     compute_options = Engine.compute_options | {"oom_fallback", "compile"}
 
     def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo,
-                 oom_fallback: bool = True, load_warnings: tuple[str, ...] = (),
-                 compilation: Compilation | None = None) -> None:
+                 placement: Placement) -> None:
         self.model = model
         self.vocab = vocab
         self.vocoder = vocoder
         self._info = info
         self._resamplers: dict[tuple[int, int], torch.nn.Module] = {}
-        self._oom_fallback = oom_fallback
-        self._load_warnings = load_warnings
-        self._compilation = compilation or Compilation(False)
+        self.placement = placement
 
     # -- loading --------------------------------------------------------------------------
 
@@ -99,7 +89,6 @@ class F5Engine(Engine):
         model_dir = Path(model_dir)
         options = options or Options()
         engine_options = options.engine_options(cls)
-        compute = options.compute
         missing = [name for name in VOCOS_FILES if not (model_dir / name).is_file()]
         if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("*.pt")):
             missing.insert(0, "model_<step>.safetensors (the F5-TTS checkpoint)")
@@ -107,46 +96,33 @@ class F5Engine(Engine):
             raise ModelFilesMissing(str(model_dir), missing,
                                     "an F5-TTS model directory holds the checkpoint, vocab.txt "
                                     "and vocos/config.yaml + vocos/pytorch_model.bin")
-        apply_cpu_threads(compute)
-        device = select_device(compute)
-        dtype = select_dtype(compute, device, auto=auto_dtype)
+        # float32 on the CPU when auto, as upstream: the emulated-dtype warning only when asked
+        placement = place(cls, options.compute, auto_dtype=auto_dtype)
         variant = None if engine_options.variant == "auto" else engine_options.variant
         if variant is None and model_id is not None:
             variant = catalog_variant(model_id)
         report(progress, "load", 0, 2, "flow-matching model")
         checkpoint = find_checkpoint(model_dir)
-        model, vocab = load_f5_model(model_dir, variant, device=device, dtype=dtype,
-                                     variant_field="engines.f5tts.variant")
+        model, vocab = load_f5_model(model_dir, variant, device=placement.device,
+                                     dtype=placement.dtype, variant_field="engines.f5tts.variant")
         # the backbone only (the ODE loop and guidance stay eager); dynamic: every request has
         # its own number of frames and tokens
-        compilation = compile_module(model.transformer, compute.compile, dynamic=True)
+        placement = placement.compile(model.transformer, dynamic=True)
         report(progress, "load", 1, 2, "vocoder")
-        vocoder = load_vocos(model_dir / "vocos", device=device)
+        vocoder = load_vocos(model_dir / "vocos", device=placement.device)
         report(progress, "load", 2, 2)
         catalog_weights = model_id is not None and catalog_variant(model_id) is not None
         capabilities = frozenset({Capability.ZERO_SHOT, Capability.CLONE, Capability.EDIT,
                                   Capability.LONG_TEXT, Capability.VOICE_CACHE})
-        variant_name = variant_of_model(model)
-        info = ModelInfo(
-            engine=cls.name,
-            model=model_id or str(model_dir),
-            variant=variant_name,
-            sample_rate=SAMPLE_RATE,
-            dtype=str(model.dtype).removeprefix("torch."),
-            device=str(device),
-            capabilities=capabilities,
-            license=LICENSE if catalog_weights else None,
-            non_commercial=catalog_weights,
-            fingerprint=weights_fingerprint(checkpoint, vocab),
-        )
-        # only when asked for: auto is float32 on the CPU, as upstream
-        slow = emulated_dtype_warning(model.dtype, device, setting="compute.dtype",
-                                      speedup="several times")
-        if slow:
-            log.warning("%s", slow)
-        return cls(model=model, vocab=vocab, vocoder=vocoder, info=info,
-                   oom_fallback=compute.oom_fallback, load_warnings=(slow,) if slow else (),
-                   compilation=compilation)
+        info = placement.model_info(
+            model=model_id or str(model_dir), variant=variant_of_model(model),
+            sample_rate=SAMPLE_RATE, capabilities=capabilities, dtype=model.dtype,
+            license=LICENSE if catalog_weights else None, non_commercial=catalog_weights,
+            fingerprint=weights_fingerprint(checkpoint, vocab))
+        return cls(model=model, vocab=vocab, vocoder=vocoder, info=info, placement=placement)
+
+    def sampler_defaults(self) -> dict[str, int | float]:
+        return {"steps": DEFAULT_STEPS, "guidance": DEFAULT_GUIDANCE}
 
     @property
     def info(self) -> ModelInfo:
@@ -162,7 +138,7 @@ class F5Engine(Engine):
             self._resamplers[rate, new_rate] = SincResampler(rate, new_rate)
         return self._resamplers[rate, new_rate](audio)
 
-    def build_voice(self, reference_: Reference) -> Voice:
+    def _build_voice(self, reference_: Reference) -> Voice:
         """A saved voice: the reference prepared as upstream prepares it (clipped, trimmed,
         padded, at its own rate) and its transcript. Loudness and resampling are applied when
         it is used, so a voice speaks exactly like its reference with any ``target_rms``."""
@@ -174,9 +150,8 @@ class F5Engine(Engine):
 
     def _reference_for(self, request: SynthesisRequest, params: F5Params,
                        warnings: list[str]) -> reference.PreparedReference:
-        if request.voice is not None:
+        if request.voice is not None:  # checked against this model by the base class
             voice = request.voice
-            voice.check(self.name, self.info.fingerprint)
             if "waveform" not in voice.tensors or _VOICE_TEXT not in voice.texts:
                 raise InvalidRequest("voice", "is not an F5-TTS voice (no waveform/text)",
                                      "build it with this engine's build_voice")
@@ -193,17 +168,13 @@ class F5Engine(Engine):
 
     # -- synthesis ------------------------------------------------------------------------
 
-    def synthesize(self, request: SynthesisRequest, *,
-                   progress: ProgressCallback | None = None) -> SynthesisResult:
-        if request.instruction is not None:
-            self.require(Capability.DESIGN)
-        params = self.parse_params(request.params)
+    def _synthesize(self, request: SynthesisRequest, params: F5Params,
+                    generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
         if params.edit_durations is not None:
             raise InvalidRequest("params.edit_durations", "applies to editing only")
         steps = request.steps or DEFAULT_STEPS
         self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
-        seed, drawn = resolve_seed(request.seed)
         warnings: list[str] = []
         fallbacks: list[str] = []
 
@@ -222,7 +193,6 @@ class F5Engine(Engine):
             check_positions(self.model.transformer, tokens.shape[-1], cond_frames, frames,
                                   f"chunk {index + 1} of {len(chunks)}")
 
-        generator = torch.Generator(device=self.model.device).manual_seed(seed)
         cond = prepared.audio.to(self.model.device)
         ref_frames = prepared.audio.shape[-1] // HOP_LENGTH
         waves: list[np.ndarray] = []
@@ -237,7 +207,7 @@ class F5Engine(Engine):
             check_finite(mel, f"f5tts sampler{stage}")
             mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
             wave = vocode(self.vocoder, mel, tiled=params.tiled_decode,
-                          oom_fallback=self._oom_fallback, fallbacks=fallbacks)
+                          oom_fallback=self.placement.oom_fallback, fallbacks=fallbacks)
             check_finite(wave, f"f5tts vocoder{stage}")
             if prepared.raised:
                 wave = wave * prepared.rms / params.target_rms
@@ -255,9 +225,9 @@ class F5Engine(Engine):
                 warnings.append("remove_silence found only silence: the audio is kept as "
                                 "generated")
         samples = samples.astype(np.float32, copy=False)
-        applied = self._applied(seed, drawn, steps, guidance, params, len(chunks), fallbacks,
-                                warnings)
-        return SynthesisResult(Audio(torch.from_numpy(samples), SAMPLE_RATE), applied)
+        return Rendered(Audio(torch.from_numpy(samples), SAMPLE_RATE),
+                        sampler=_sampler(steps, guidance, params), fallbacks=fallbacks,
+                        warnings=warnings, chunks=len(chunks))
 
     def _check_time_grid(self, steps: int, params: F5Params) -> None:
         """Refuse a time grid that repeats values in the model's dtype (half precision, many
@@ -274,32 +244,16 @@ class F5Engine(Engine):
                 f"give a time grid with repeated values in {dtype}",
                 "use fewer steps, params.sway_sampling_coef=None, or compute.dtype=float32")
 
-    def _applied(self, seed: int, drawn: bool, steps: int, guidance: float, params: F5Params,
-                 chunks: int, fallbacks: list[str], warnings: list[str], **extra) -> Applied:
-        sampler = {"steps": steps, "guidance": guidance, "sway": params.sway_sampling_coef,
-                   "method": params.method, "epss": params.use_epss, "speed": params.speed}
-        return Applied(
-            engine=self.name, model=self.info.model, seed=seed, seed_drawn=drawn,
-            dtype=self.info.dtype, device=self.info.device, sampler=sampler,
-            fallbacks=tuple(fallbacks) + self._compilation.fallbacks,
-            warnings=self._load_warnings + tuple(warnings),
-            license=self.info.license,
-            non_commercial=self.info.non_commercial, chunks=chunks,
-            compute=compute_in_effect(oom_fallback=self._oom_fallback,
-                                      compile=self._compilation.active), extra=extra)
-
     # -- editing --------------------------------------------------------------------------
 
-    def edit(self, request: EditRequest, *,
-             progress: ProgressCallback | None = None) -> SynthesisResult:
+    def _edit(self, request: EditRequest, params: F5Params, generator: torch.Generator,
+              progress: ProgressCallback | None) -> Rendered:
         """Regenerate ``request.segments`` of the recording so it says ``request.text``."""
         from mizuoto.nn.dsp.audio_io import read_audio
 
-        params = self.parse_params(request.params)
         steps = request.steps or DEFAULT_STEPS
         self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
-        seed, drawn = resolve_seed(request.seed)
         fallbacks: list[str] = []
         source = request.reference.audio
         if isinstance(source, Audio):
@@ -313,7 +267,6 @@ class F5Engine(Engine):
         tokens = token_ids(to_tokens(request.text), self.vocab)[None]
         check_positions(self.model.transformer, tokens.shape[-1], plan.frames, plan.frames,
                         "the edited recording")
-        generator = torch.Generator(device=self.model.device).manual_seed(seed)
         mel, _ = self.model.sample(
             plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
             sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
@@ -321,14 +274,19 @@ class F5Engine(Engine):
             on_step=_on_step(progress))
         check_finite(mel, "f5tts sampler")
         wave = vocode(self.vocoder, mel.to(torch.float32).permute(0, 2, 1),
-                      tiled=params.tiled_decode, oom_fallback=self._oom_fallback,
+                      tiled=params.tiled_decode, oom_fallback=self.placement.oom_fallback,
                       fallbacks=fallbacks)
         check_finite(wave, "f5tts vocoder")
         if rms < params.target_rms:
             wave = wave * rms / params.target_rms
-        applied = self._applied(seed, drawn, steps, guidance, params, 1, fallbacks, [],
-                                segments=[list(s) for s in request.segments])
-        return SynthesisResult(Audio(wave.squeeze(0).cpu(), SAMPLE_RATE), applied)
+        return Rendered(Audio(wave.squeeze(0).cpu(), SAMPLE_RATE),
+                        sampler=_sampler(steps, guidance, params), fallbacks=fallbacks,
+                        extra={"segments": [list(s) for s in request.segments]})
+
+
+def _sampler(steps: int, guidance: float, params: F5Params) -> dict:
+    return {"steps": steps, "guidance": guidance, "sway": params.sway_sampling_coef,
+            "method": params.method, "epss": params.use_epss, "speed": params.speed}
 
 
 def _on_step(progress: ProgressCallback | None):

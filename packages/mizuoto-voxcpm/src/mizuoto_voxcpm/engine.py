@@ -7,6 +7,7 @@ seed (see docs/engines/voxcpm.md for what differs on purpose).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,11 +16,11 @@ import torch
 
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
-from mizuoto.contracts.engine import Engine, ModelInfo, engine_lock
+from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.contracts.requests import MAX_GUIDANCE, MAX_STEPS, Reference, SynthesisRequest
-from mizuoto.contracts.results import Applied, AudioChunk, SynthesisResult, check_finite
+from mizuoto.contracts.results import Applied, Rendered, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import (
     CheckpointMismatch,
@@ -29,17 +30,8 @@ from mizuoto.errors import (
     ModelFilesMissing,
 )
 from mizuoto.options import Options
-from mizuoto.runtime.compile import Compilation, compile_module
-from mizuoto.runtime.device import (
-    dtype_name,
-    emulated_dtype_warning,
-    preferred_device,
-    select_device,
-    select_dtype,
-)
-from mizuoto.runtime.in_effect import compute_in_effect
-from mizuoto.runtime.seeds import resolve_seed
-from mizuoto.runtime.threads import apply_cpu_threads
+from mizuoto.runtime.device import dtype_name, preferred_device
+from mizuoto.runtime.placement import Placement, place
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
@@ -170,7 +162,6 @@ class _Plan:
     params: VoxCPMParams
     sampling: Sampling
     seed: int
-    seed_drawn: bool
     warnings: tuple[str, ...]
 
 
@@ -190,13 +181,13 @@ class VoxCPMEngine(Engine):
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
                                                 "cuda_graphs"}
-    # each request generates in its own cache slot with its own generator and buffers
-    per_request_state = True
+    # each request generates in its own cache slot with its own generator, buffers and
+    # decoder state; what the model's modules share (the VAE's noise source, the batcher) is
+    # used under the engine's own lock, held per chunk (self._compute)
+    concurrent_requests = True
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
-                 tokenizer: VoxCPMTokenizer, info: ModelInfo,
-                 load_warnings: tuple[str, ...] = (), oom_fallback: bool = True,
-                 compilation: Compilation | None = None,
+                 tokenizer: VoxCPMTokenizer, info: ModelInfo, placement: Placement,
                  cache_slots: int = DEFAULT_CACHE_SLOTS, max_batch: int = 1) -> None:
         self.model_dir = model_dir
         self.config = config
@@ -205,16 +196,13 @@ class VoxCPMEngine(Engine):
         self.tokenizer = tokenizer
         self._info = info
         self._base_info = info
-        self._load_warnings = load_warnings
-        self._oom_fallback = oom_fallback
-        self._compilation = compilation or Compilation(False)
+        self.placement = placement
         self._lora: AttachedLoRA | None = None
-        self._attention = model.caches.lm.attention
-        self._pool = CachePool(model, size=cache_slots, attention=self._attention,
+        self._pool = CachePool(model, size=cache_slots, attention=model.caches.lm.attention,
                                first=model.caches)
-        # streams only: a synthesize call runs whole under the engine lock, alone
+        # streams only: a synthesize call runs whole under the compute lock, alone
         self._batcher = PatchBatcher(model, max_batch) if max_batch > 1 else None
-        self._cuda_graphs = model.patch_graphs is not None
+        self._compute = threading.RLock()
 
     # -- loading ------------------------------------------------------------------------
 
@@ -239,25 +227,23 @@ class VoxCPMEngine(Engine):
         if not (model_dir / "tokenizer.json").is_file():
             raise ModelFilesMissing(str(model_dir), ["tokenizer.json"],
                                     "VoxCPM needs its tokenizer files in the model directory")
-        apply_cpu_threads(options.compute)
         # auto follows upstream: the config's device where it is available
-        device = select_device(options.compute, auto=lambda: preferred_device(config.device))
-        dtype = select_dtype(_dtype_setting(engine_options.dtype, options.compute.dtype),
-                             device, auto=lambda device: _auto_dtype(config, device))
-        slow = emulated_dtype_warning(dtype, device, setting="engines.voxcpm.dtype",
-                                      speedup=FLOAT32_SPEEDUP.get(dtype, ""))
-        if slow:
-            log.warning("%s", slow)
+        placement = place(cls, options.compute, device=lambda: preferred_device(config.device),
+                          dtype=_dtype_setting(engine_options.dtype, options.compute.dtype),
+                          auto_dtype=lambda device: _auto_dtype(config, device),
+                          dtype_setting="engines.voxcpm.dtype", speedup=FLOAT32_SPEEDUP)
+        device = placement.device
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
-        model = load_model(model_dir, config, dtype=dtype, device=device,
+        model = load_model(model_dir, config, dtype=placement.dtype, device=device,
                            attention=options.compute.attention)
         if options.compute.cuda_graphs:
             model.patch_graphs = PatchGraphs(model)
         # the local DiT only, as upstream's optimize() (which compiles the LMs too, on CUDA
         # only); its shapes are fixed per model, so no dynamic shapes. A LoRA attached later
         # replaces layers inside it: dynamo's guards see that and recompile
-        compilation = compile_module(model.feat_decoder.estimator, options.compute.compile)
+        placement = placement.compile(model.feat_decoder.estimator).with_settings(
+            attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(
             {"architecture": config.architecture, "audio_vae_config": config.audio_vae})
@@ -275,27 +261,24 @@ class VoxCPMEngine(Engine):
                         Capability.STREAM, Capability.VOICE_CACHE, Capability.LONG_TEXT}
         if config.is_v2:
             capabilities.add(Capability.DESIGN)
-        info = ModelInfo(
-            engine=cls.name,
-            model=model_id or str(model_dir),
-            variant=config.architecture,
-            sample_rate=vae.out_sample_rate,
-            dtype=str(dtype).removeprefix("torch."),
-            device=str(device),
-            capabilities=frozenset(capabilities),
-            license=LICENSE,
-            fingerprint=model_fingerprint(model_dir, weights),
-        )
+        info = placement.model_info(
+            model=model_id or str(model_dir), variant=config.architecture,
+            sample_rate=vae.out_sample_rate, capabilities=capabilities, license=LICENSE,
+            fingerprint=model_fingerprint(model_dir, weights))
         log.info("loaded VoxCPM %s from %s (%s, %s)", config.architecture, model_dir,
                  info.dtype, info.device)
         engine = cls(model_dir=model_dir, config=config, model=model, vae=vae,
-                     tokenizer=tokenizer, info=info, load_warnings=(slow,) if slow else (),
-                     oom_fallback=options.compute.oom_fallback, compilation=compilation,
+                     tokenizer=tokenizer, info=info, placement=placement,
                      cache_slots=engine_options.cache_slots,
                      max_batch=engine_options.max_batch)
         if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
             engine.set_lora(model_dir)
         return engine
+
+    def sampler_defaults(self) -> dict[str, int | float]:
+        # the params' defaults (over the model directory's): a request's steps / guidance win
+        params = self.parse_params({})
+        return {"steps": params.inference_timesteps, "guidance": params.cfg_value}
 
     @property
     def info(self) -> ModelInfo:
@@ -305,6 +288,12 @@ class VoxCPMEngine(Engine):
     def batcher(self) -> PatchBatcher | None:
         """The continuous batcher of streams (``engines.voxcpm.max_batch`` > 1), else None."""
         return self._batcher
+
+    def _applied(self, call, rendered: Rendered) -> Applied:
+        # compute["batched"]: whether this result's patches were sampled in batched steps
+        applied = super()._applied(call, rendered)
+        batched = self._batcher is not None and bool(rendered.extra.get("streamed"))
+        return attrs.evolve(applied, compute={**applied.compute, "batched": batched})
 
     # -- LoRA ---------------------------------------------------------------------------
 
@@ -319,7 +308,7 @@ class VoxCPMEngine(Engine):
         weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA.
         Refused while a request is open (a stream between two chunks): its voice would change
         mid-utterance."""
-        with engine_lock(self):
+        with self._compute:
             if self._pool.in_use:
                 raise EngineBusy(f"{self._pool.in_use} request(s) are open on this model; "
                                  "its LoRA cannot change under them",
@@ -341,15 +330,14 @@ class VoxCPMEngine(Engine):
 
     def _recapture(self) -> None:
         """Drop the captured patches (they hold the old layers); new ones are captured on use."""
-        if self._cuda_graphs:
+        if self.placement.settings["cuda_graphs"]:
             self.model.patch_graphs = PatchGraphs(self.model)
 
     # -- voices -------------------------------------------------------------------------
 
-    def build_voice(self, reference: Reference) -> Voice:
+    def _build_voice(self, reference: Reference) -> Voice:
         """Encode ``reference`` once. VoxCPM2 without a transcript gives a reference-only voice;
         the first generation needs the transcript (its voices are continuation prompts)."""
-        self.require(Capability.VOICE_CACHE)
         prompt = self._encode_reference(reference, reference_prefix=True, both=True,
                                         instruction=None)
         return voice_from_prompt(prompt, fingerprint=self.info.fingerprint,
@@ -378,15 +366,10 @@ class VoxCPMEngine(Engine):
 
     # -- requests -------------------------------------------------------------------------
 
-    def _plan(self, request: SynthesisRequest) -> _Plan:
-        params: VoxCPMParams = self.parse_params(request.params)
+    def _plan(self, request: SynthesisRequest, params: VoxCPMParams, seed: int) -> _Plan:
+        """The request resolved (capabilities, params and seed checked by the base class)."""
         warnings = []
-        if request.instruction is not None:
-            self.require(Capability.DESIGN)
-        if request.reference is not None:
-            self.require(Capability.CLONE)
         if request.voice is not None:
-            self.require(Capability.VOICE_CACHE)
             prompt = prompt_from_voice(request.voice, fingerprint=self.info.fingerprint,
                                        reference_prefix=params.reference_prefix,
                                        use_prompt=request.instruction is None)
@@ -404,11 +387,10 @@ class VoxCPMEngine(Engine):
                             "style instruction with a continuation prompt)")
         steps = request.steps if request.steps is not None else params.inference_timesteps
         guidance = request.guidance if request.guidance is not None else params.cfg_value
-        seed, drawn = resolve_seed(request.seed)
         chunks = self._chunks(request, params, prompt)
         sampling = Sampling(steps=steps, guidance=float(guidance), min_len=params.min_len,
                             max_patches=params.max_len)
-        return _Plan(tuple(chunks), prompt, params, sampling, seed, drawn, tuple(warnings))
+        return _Plan(tuple(chunks), prompt, params, sampling, seed, tuple(warnings))
 
     def _target_text(self, text: str, instruction: str | None, params: VoxCPMParams) -> str:
         return prepare_target_text(text, instruction=instruction, normalize=params.normalize)
@@ -444,29 +426,17 @@ class VoxCPMEngine(Engine):
         return build_sequence(ids, prompt, patch_size=self.config.patch_size,
                               feat_dim=self.config.feat_dim)
 
-    def _applied(self, plan: _Plan, *, retries: int, patches: int, streamed: bool,
-                 fallbacks: tuple[str, ...] = ()) -> Applied:
+    def _rendered(self, plan: _Plan, audio: Audio, *, retries: int, patches: int,
+                  streamed: bool, fallbacks: tuple[str, ...] = ()) -> Rendered:
         mode = plan.prompt.mode if plan.prompt is not None else "zero_shot"
-        return Applied(
-            engine=self.name,
-            model=self.info.model,
-            seed=plan.seed,
-            seed_drawn=plan.seed_drawn,
-            dtype=self.info.dtype,
-            device=self.info.device,
+        return Rendered(
+            audio,
             sampler={"solver": "euler", "steps": plan.sampling.steps,
                      "guidance": plan.sampling.guidance, "guidance_rule": "cfg-zero-star",
                      "sway_sampling": 1.0, "min_len": plan.sampling.min_len,
                      "max_len": plan.sampling.max_patches},
-            retries=retries,
-            fallbacks=fallbacks + self._compilation.fallbacks,
-            warnings=self._load_warnings + plan.warnings,
-            license=LICENSE,
+            retries=retries, fallbacks=fallbacks, warnings=plan.warnings,
             chunks=len(plan.chunks),
-            compute=compute_in_effect(oom_fallback=self._oom_fallback,
-                                      compile=self._compilation.active,
-                                      attention=self._attention, cuda_graphs=self._cuda_graphs,
-                                      batched=streamed and self._batcher is not None),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
                    "lora": self._lora.path if self._lora else None},
@@ -481,13 +451,13 @@ class VoxCPMEngine(Engine):
                          sampling=attrs.evolve(plan.sampling, max_patches=cap),
                          seed=plan.seed + CHUNK_SEED_STRIDE * index)
 
-    def synthesize(self, request: SynthesisRequest, *,
-                   progress: ProgressCallback | None = None) -> SynthesisResult:
-        plan = self._plan(request)
-        with self._pool.slot() as slot:
-            return self._synthesize(plan, slot, progress)
+    def _synthesize(self, request: SynthesisRequest, params: VoxCPMParams,
+                    generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
+        plan = self._plan(request, params, generator.initial_seed())
+        with self._compute, self._pool.slot() as slot:
+            return self._synthesize_plan(plan, slot, progress)
 
-    def _synthesize(self, plan: _Plan, slot, progress) -> SynthesisResult:
+    def _synthesize_plan(self, plan: _Plan, slot, progress) -> Rendered:
         pieces, retries, patches, fallbacks = [], 0, 0, []
         for index, target in enumerate(plan.chunks):
             run = self._chunk_run(plan, index, target)
@@ -511,23 +481,24 @@ class VoxCPMEngine(Engine):
                                                v2=self.config.is_v2,
                                                patch_size=self.config.patch_size,
                                                fallbacks=fallbacks,
-                                               oom_fallback=self._oom_fallback,
+                                               oom_fallback=self.placement.oom_fallback,
                                                tiled=params.tiled_decode))
             check_finite(pieces[-1], f"voxcpm audio VAE{part}")
         audio = Audio(torch.cat(pieces), self.info.sample_rate)
-        return SynthesisResult(audio, self._applied(plan, retries=retries, patches=patches,
-                                                    streamed=False, fallbacks=tuple(fallbacks)))
+        return self._rendered(plan, audio, retries=retries, patches=patches, streamed=False,
+                              fallbacks=tuple(fallbacks))
 
-    def stream(self, request: SynthesisRequest, *,
-               progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:
+    def _stream(self, request: SynthesisRequest, params: VoxCPMParams,
+                generator: torch.Generator, progress: ProgressCallback | None
+                ) -> Iterator[Rendered]:
         """One chunk per generated patch, yielded as soon as that patch is sampled and decoded.
         No badcase retry (upstream disables it when streaming); the last chunk carries the
-        applied record (the stop head says which patch is the last before it is decoded)."""
-        self.require(Capability.STREAM)
-        plan = self._plan(request)
-        return self._stream(plan, progress)
+        applied record (the stop head says which patch is the last before it is decoded).
+        Planned now, so that a bad request is refused at the call."""
+        plan = self._plan(request, params, generator.initial_seed())
+        return _per_chunk(self._compute, self._patches(plan, progress))
 
-    def _stream(self, plan: _Plan, progress) -> Iterator[AudioChunk]:
+    def _patches(self, plan: _Plan, progress) -> Iterator[Rendered]:
         v2 = self.config.is_v2
         index = 0
         for chunk_index, target in enumerate(plan.chunks):
@@ -536,7 +507,7 @@ class VoxCPMEngine(Engine):
             context = context_latents(run.sequence, v2=v2, device=self.model.device,
                                       dtype=self.model.dtype)
             # the slot, generator, buffers and decoder state are this stream's own: between two
-            # chunks the engine may serve other requests (per_request_state)
+            # chunks the engine serves other requests
             with self._pool.slot() as slot, \
                     segment_decoder(self.vae, context=context, v2=v2,
                                     patch_size=self.config.patch_size) as decode:
@@ -553,11 +524,28 @@ class VoxCPMEngine(Engine):
                         segment = decode(patch)
                     index += 1
                     report(progress, "sampling", index, None)
-                    last = last_patch and chunk_index == len(plan.chunks) - 1
-                    applied = self._applied(plan, retries=0, patches=index, streamed=True) \
-                        if last else None
-                    yield AudioChunk(Audio(segment, self.info.sample_rate), index - 1,
-                                     is_last=last, applied=applied)
+                    audio = Audio(segment, self.info.sample_rate)
+                    if last_patch and chunk_index == len(plan.chunks) - 1:
+                        yield self._rendered(plan, audio, retries=0, patches=index,
+                                             streamed=True)
+                    else:
+                        yield Rendered(audio, last=False)
+
+
+def _per_chunk(lock, chunks: Iterator[Rendered]) -> Iterator[Rendered]:
+    """``chunks`` computed each under ``lock`` and handed on without it: between two chunks
+    of a stream the engine serves other requests, from this thread or another."""
+    try:
+        while True:
+            with lock:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+            yield chunk
+    finally:
+        with lock:  # a stream closed early frees its cache slot (and batch row) under the lock
+            chunks.close()
 
 
 def _check_gpu_options(compute, device: torch.device) -> None:

@@ -90,6 +90,8 @@ def register_contract_fixtures(register):
         request_params={"char_seconds": 0.02},
         stream_matches=True,
         needs_reference_text=False,
+        # char_seconds is exact (rounded to whole samples at 16 kHz)
+        seconds_per_character=(0.0199, 0.0201),
         description="random pitches and levels, 64 entries, 16 kHz",
     ))
 

@@ -18,25 +18,19 @@ import torch
 from safetensors.torch import save_file
 
 from mizuoto import (
-    Applied,
     Audio,
-    AudioChunk,
-    Capability,
     Engine,
-    ModelInfo,
     Options,
     Reference,
+    Rendered,
     SynthesisRequest,
-    SynthesisResult,
     Voice,
 )
 from mizuoto.contracts.progress import report
-from mizuoto.errors import InvalidOption, ModelFilesMissing
+from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
 from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
 from mizuoto.runtime.checkpoint import check_state_dict, load_state_dict_file
-from mizuoto.runtime.in_effect import compute_in_effect
-from mizuoto.runtime.seeds import resolve_seed
-from mizuoto.runtime.threads import apply_cpu_threads
+from mizuoto.runtime.placement import Placement, place
 from mizuoto_example import CAPABILITIES, CONFIG_FILE, WEIGHTS_FILE, ToyOptions, ToyParams
 
 _WEIGHT_NAMES = ("pitch", "level")  # each of shape (vocab_size,)
@@ -58,16 +52,24 @@ _NEUTRAL = _VoiceShape(1.0, 1.0)
 
 
 class ToyEngine(Engine):
-    """Hums the text. Zero-shot, cloning, streaming and saved voices; no editing or design."""
+    """Hums the text. Zero-shot, cloning, streaming and saved voices; no editing or design.
+
+    The base class does the shared work (capabilities, params, seed, lock, ``Applied``); the
+    toy writes ``_synthesize``, ``_stream`` and ``_build_voice``.
+    """
 
     name = "toy"
     params_class = ToyParams
     options_class = ToyOptions
+    # The toy has no sampler: a request's steps or guidance is refused by the base class,
+    # naming the field, rather than silently ignored.
+    request_settings = frozenset()
 
-    def __init__(self, *, pitch: torch.Tensor, level: torch.Tensor, info: ModelInfo,
-                 options: ToyOptions) -> None:
+    def __init__(self, *, pitch: torch.Tensor, level: torch.Tensor, placement: Placement,
+                 info, options: ToyOptions) -> None:
         self._pitch = pitch
         self._level = level
+        self.placement = placement
         self._info = info
         self._options = options
 
@@ -83,12 +85,12 @@ class ToyEngine(Engine):
              model_id: str | None = None, progress=None) -> ToyEngine:
         model_dir = Path(model_dir)
         options = options or Options()
-        engine_options = options.engine_options(cls)
         if options.compute.device not in ("auto", "cpu"):
             raise InvalidOption("compute.device", "the toy engine runs on the CPU only")
         if options.compute.dtype not in ("auto", "float32"):
             raise InvalidOption("compute.dtype", "the toy engine runs in float32 only")
-        apply_cpu_threads(options.compute)
+        # threads, device and dtype as every engine applies them
+        placement = place(cls, options.compute, device=lambda: torch.device("cpu"))
         missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (model_dir / n).is_file()]
         if missing:
             raise ModelFilesMissing(str(model_dir), missing)
@@ -98,13 +100,10 @@ class ToyEngine(Engine):
         vocab_size = int(config["toy_vocab_size"])
         # every missing, unexpected and mis-shaped tensor reported at once (CheckpointMismatch)
         check_state_dict({name: (vocab_size,) for name in _WEIGHT_NAMES}, weights, weights_path)
-        info = ModelInfo(
-            engine=cls.name,
+        info = placement.model_info(
             model=model_id or str(model_dir),
             variant=str(config.get("variant", "toy")),
             sample_rate=int(config["sample_rate"]),
-            dtype="float32",
-            device="cpu",
             capabilities=CAPABILITIES,
             license="Apache-2.0",
             # A voice file is only valid for the weights it was built with.
@@ -112,62 +111,51 @@ class ToyEngine(Engine):
         )
         report(progress, "load", 1, 1)
         return cls(pitch=weights["pitch"].to(torch.float64),
-                   level=weights["level"].to(torch.float64), info=info, options=engine_options)
+                   level=weights["level"].to(torch.float64), placement=placement, info=info,
+                   options=options.engine_options(cls))
 
     @property
-    def info(self) -> ModelInfo:
+    def info(self):
         return self._info
 
-    def synthesize(self, request: SynthesisRequest, *, progress=None) -> SynthesisResult:
-        chunks = list(self._render(*self._prepare(request), progress))
-        samples = torch.cat([chunk.audio.samples for chunk in chunks])
-        return SynthesisResult(Audio(samples, self._info.sample_rate), chunks[-1].applied)
+    def _synthesize(self, request: SynthesisRequest, params: ToyParams,
+                    generator: torch.Generator, progress) -> Rendered:
+        pieces = list(self._stream(request, params, generator, progress))
+        samples = torch.cat([piece.audio.samples for piece in pieces])
+        return attrs.evolve(pieces[-1], audio=Audio(samples, self._info.sample_rate))
 
-    def stream(self, request: SynthesisRequest, *, progress=None) -> Iterator[AudioChunk]:
-        self.require(Capability.STREAM)
-        # Check the request now: a generator would raise only once iterated.
-        return self._render(*self._prepare(request), progress)
-
-    def _prepare(self, request: SynthesisRequest):
-        """Validate the request and reduce it to what rendering needs."""
-        params = self.parse_params(request.params)
-        if request.instruction is not None:
-            self.require(Capability.DESIGN)
+    def _stream(self, request: SynthesisRequest, params: ToyParams,
+                generator: torch.Generator, progress) -> Iterator[Rendered]:
+        # Not a generator function: the reference is read (and refused) now, not at the
+        # first chunk.
         if request.voice is not None:
-            request.voice.check(self.name, self._info.fingerprint)
             shape = _VoiceShape(float(request.voice.tensors["pitch_scale"][0]),
                                 float(request.voice.tensors["level_scale"][0]))
         elif request.reference is not None:
-            self.require(Capability.CLONE)
             shape = _analyse(_read_reference(request.reference))
         else:
-            self.require(Capability.ZERO_SHOT)
             shape = _NEUTRAL
-        seed, drawn = resolve_seed(request.seed)
-        return request.text, params, shape, seed, drawn
+        return self._hum(request.text, params, shape, generator, progress)
 
-    def build_voice(self, reference: Reference) -> Voice:
-        self.require(Capability.VOICE_CACHE)
+    def _build_voice(self, reference: Reference) -> Voice:
         shape = _analyse(_read_reference(reference))
         return Voice(engine=self.name, model_fingerprint=self._info.fingerprint,
                      sample_rate=self._info.sample_rate, tensors=shape.tensors(),
                      texts={"reference": reference.text or ""})
 
-    def _render(self, text: str, params: ToyParams, shape: _VoiceShape, seed: int, drawn: bool,
-                progress) -> Iterator[AudioChunk]:
+    def _hum(self, text: str, params: ToyParams, shape: _VoiceShape,
+             generator: torch.Generator, progress) -> Iterator[Rendered]:
         rate = self._info.sample_rate
         per_char = max(1, round(params.char_seconds * rate))
-        max_chars = max(1, int(params.max_seconds * rate) // per_char)
-        words = _words(text[:max_chars])
-        generator = torch.Generator().manual_seed(seed)
+        if len(text) * per_char > params.max_seconds * rate:
+            # refused by name, never cut: a caller must not get a fraction of the text
+            raise InvalidRequest("text", f"needs {len(text) * per_char / rate:.1f} s of audio, "
+                                 f"more than params.max_seconds ({params.max_seconds:g} s)",
+                                 "raise params.max_seconds or split the text")
+        words = _words(text)
         time = torch.arange(per_char, dtype=torch.float64) / rate
         envelope = torch.hann_window(per_char, periodic=False, dtype=torch.float64)
         breath = self._options.breathiness
-        applied = Applied(engine=self.name, model=self._info.model, seed=seed, seed_drawn=drawn,
-                          dtype=self._info.dtype, device=self._info.device,
-                          sampler={"char_seconds": params.char_seconds},
-                          license=self._info.license, chunks=len(words),
-                          compute=compute_in_effect())
         for index, word in enumerate(words):
             pieces = []
             for char in word:
@@ -179,10 +167,10 @@ class ToyEngine(Engine):
                 tone = torch.sin(2 * math.pi * self._pitch[slot] * shape.pitch_scale * time)
                 level = self._level[slot] * shape.level_scale
                 pieces.append(level * envelope * ((1 - breath) * tone + breath * noise))
-            last = index == len(words) - 1
             report(progress, "chunk", index + 1, len(words))
-            yield AudioChunk(Audio(torch.cat(pieces).to(torch.float32), rate), index,
-                             is_last=last, applied=applied if last else None)
+            yield Rendered(Audio(torch.cat(pieces).to(torch.float32), rate),
+                           sampler={"char_seconds": params.char_seconds}, chunks=len(words),
+                           last=index == len(words) - 1)
 
 
 def _words(text: str) -> list[str]:

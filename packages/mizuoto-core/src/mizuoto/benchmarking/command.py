@@ -62,7 +62,8 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
     from mizuoto.benchmarking.report import summarize, table
     from mizuoto.benchmarking.runner import child_environment, parse_compare, run_all
     from mizuoto.benchmarking.spec import RunSpec
-    from mizuoto.cli import _options, _params
+    from mizuoto.command_options import command_options as _options
+    from mizuoto.command_options import command_params as _params
 
     if ref_text and not ref_audio:
         raise InvalidRequest("--ref-text", "needs --ref-audio")
@@ -219,7 +220,7 @@ def bench_run(spec_json):
     """One measurement of `mizuoto bench`, in a process of its own (internal)."""
     from mizuoto.benchmarking.child import measure
     from mizuoto.benchmarking.spec import RunSpec
-    from mizuoto.cli import _options_to_load
+    from mizuoto.command_options import options_to_load as _options_to_load
 
     spec = RunSpec.from_json(spec_json)
     # Mizuoto's side goes through the same option path as `mizuoto say` (restarting with the

@@ -1,4 +1,15 @@
-"""The engine contract: load a model directory, declare capabilities, synthesize."""
+"""The engine contract: load a model directory, declare capabilities, synthesize.
+
+The base class does the work every engine shares (simonw/llm's ``Model.prompt()`` is concrete
+and a plugin writes ``execute()``): the public :meth:`Engine.synthesize`, :meth:`Engine.stream`,
+:meth:`Engine.edit` and :meth:`Engine.build_voice` check the capability, validate the params,
+resolve the seed and make the generator, take the engine's lock (unless the engine keeps its
+per-request state per request: :attr:`Engine.concurrent_requests`), call the engine's own
+``_synthesize`` / ``_stream`` / ``_edit`` / ``_build_voice``, and build the
+:class:`~mizuoto.contracts.results.Applied` record from what that returns
+(:class:`~mizuoto.contracts.results.Rendered`) and what the base knows. Results and chunks
+refuse non-finite audio on construction.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +17,29 @@ import abc
 import functools
 import inspect
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
 from mizuoto.contracts.progress import ProgressCallback
+from mizuoto.contracts.request_lock import NoLock, RequestLock
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
-from mizuoto.contracts.results import AudioChunk, SynthesisResult
+from mizuoto.contracts.results import Applied, AudioChunk, Rendered, SynthesisResult
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import InvalidOption, UnsupportedCapability
+from mizuoto.errors import InvalidOption, InvalidRequest, UnsupportedCapability
+from mizuoto.runtime.in_effect import compute_in_effect
+from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.validation import parse_attrs
 
 if TYPE_CHECKING:
     from mizuoto.options import Options
+    from mizuoto.runtime.placement import Placement
 
 
 @attrs.frozen
@@ -41,13 +58,26 @@ class ModelInfo:
     fingerprint: str = ""  # identity of the weights, for voice files
 
 
+@attrs.frozen
+class Call:
+    """One request as the base class resolved it, before the engine runs it."""
+
+    params: Any
+    seed: int
+    seed_drawn: bool
+    notices: tuple[str, ...] = ()
+    model_defaults: Mapping[str, Any] = attrs.field(factory=dict)  # the ones it took
+
+
 class Engine(abc.ABC):
     """A text-to-speech engine bound to one loaded model.
 
-    Subclasses set ``name`` and implement :meth:`load`, :attr:`info` and :meth:`synthesize`,
-    plus :meth:`stream`, :meth:`edit` and :meth:`build_voice` for the capabilities they declare.
+    A subclass sets ``name`` and implements :meth:`load`, :attr:`info` and ``_synthesize``,
+    plus ``_stream``, ``_edit`` and ``_build_voice`` for the capabilities it declares; the
+    public methods of the same names (without the underscore) are the base class's.
     ``params_class`` (an attrs class) validates ``request.params``; ``options_class`` validates
-    the ``engines.<name>.*`` options.
+    the ``engines.<name>.*`` options. ``load`` sets :attr:`placement` (what
+    :func:`mizuoto.runtime.placement.place` applied: device, dtype, warnings, compilation).
     """
 
     name: ClassVar[str]
@@ -61,24 +91,46 @@ class Engine(abc.ABC):
     #: at every load (:func:`mizuoto.runtime.startup.check_startup_options`).
     compute_options: ClassVar[frozenset[str]] = frozenset(
         {"device", "dtype", "cpu_threads", "cpu_allocator", "cpu_pinning"})
-    #: ``True`` for an engine that keeps every request's generation state (caches, generators,
-    #: progress) in the request, not on the engine: a stream then holds the engine lock only
-    #: while it computes its next chunk, not from its first chunk to its last, so other
-    #: requests (another thread's, or the same thread's between two chunks) run in between.
-    #: Leave it ``False`` while any per-request state lives on the engine or its modules.
-    per_request_state: ClassVar[bool] = False
+    #: The opt-in to concurrent requests. ``False`` (the default): the engine keeps state of a
+    #: request in the instance (a KV cache, a noise generator), so the base class runs one
+    #: request at a time (:class:`~mizuoto.contracts.request_lock.RequestLock`): other threads
+    #: wait, and a second request from the thread of an unfinished stream is refused with
+    #: :class:`~mizuoto.errors.RequestConflict`. ``True``: every piece of per-request state
+    #: lives in the request's own call (its generator, its cache slot), the loaded weights are
+    #: only read, so the base class calls the engine from any number of threads at once, and
+    #: a stream paused between chunks never sees another request's state. Declare it only
+    #: when that holds: the contract suite checks that a request interleaved into a stream
+    #: leaves both unchanged.
+    concurrent_requests: ClassVar[bool] = False
+    #: The sampler settings of :class:`SynthesisRequest` / :class:`EditRequest` this engine
+    #: uses. A request that sets another one is refused by the base class, naming the field
+    #: (an engine without a sampler declares ``frozenset()``): a setting that silently does
+    #: nothing is a defect, as for compute options.
+    request_settings: ClassVar[frozenset[str]] = frozenset({"steps", "guidance"})
+    #: The plugin API the class is written against: ``"1.0"`` for one that overrides the
+    #: public calls itself (see :mod:`mizuoto.contracts.api`), else the current version.
+    plugin_api: ClassVar[str] = API_VERSION
+    #: What ``load`` applied (:func:`mizuoto.runtime.placement.place`); ``None`` for an engine
+    #: that does not use it (then ``applied.compute`` holds the process-wide settings only).
+    placement: Placement | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
-        """Serialize each engine's requests: the public calls a subclass defines run under the
-        instance's lock, so two threads sharing one loaded engine never mix per-request state
-        (model caches, noise generators). Different engines run in parallel."""
+        """Check compute options at every ``load``; wrap a public call a subclass written for
+        API 1.0 defines itself (it did the shared work itself) so that it still runs under the
+        lock and its result gets what the base class now fills in."""
         super().__init_subclass__(**kwargs)
         load = cls.__dict__.get("load")
         if isinstance(load, classmethod) and not getattr(load.__func__, "_mizuoto_checked", 0):
             cls.load = classmethod(_checking_compute(load.__func__))
-        for name in _SERIALIZED:
+        for name in _PUBLIC_CALLS:
             method = cls.__dict__.get(name)
             if method is not None and not getattr(method, "_mizuoto_serialized", False):
+                cls.plugin_api = "1.0"
+                warnings.warn(PluginAPIDeprecation(
+                    f"{cls.__module__}.{cls.__qualname__} overrides Engine.{name}(): since "
+                    f"plugin API 1.1 the base class does the shared work (params, seed, lock, "
+                    f"Applied) and calls {_HOOKS[name]}(); overriding {name}() still works "
+                    "(see docs/changelog.md)"), stacklevel=3)
                 setattr(cls, name, _serialized(method))
 
     @classmethod
@@ -132,30 +184,94 @@ class Engine(abc.ABC):
                 f"{self.name} model {self.info.model} does not support {capability.value}"
             )
 
-    @abc.abstractmethod
-    def synthesize(self, request: SynthesisRequest, *,
-                   progress: ProgressCallback | None = None) -> SynthesisResult: ...
+    # -- the public calls: the shared work, then the engine's own method ---------------------
 
-    # The defaults below are what an engine without the capability gets: UnsupportedCapability,
-    # whether or not the model declares it (declaring a capability without implementing its
-    # method is a plugin bug, named as such).
+    def synthesize(self, request: SynthesisRequest, *,
+                   progress: ProgressCallback | None = None) -> SynthesisResult:
+        """Speak ``request.text``; see :meth:`_synthesize`."""
+        self._implemented("_synthesize", None, "synthesize")
+        call = self._call(request)
+        generator = self.make_generator(call.seed)
+        with self._lock():
+            rendered = self._synthesize(request, call.params, generator, progress)
+        return SynthesisResult(rendered.audio, self._applied(call, rendered))
 
     def stream(self, request: SynthesisRequest, *,
                progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:
-        self._not_implemented(Capability.STREAM, "stream")
+        """The audio in chunks, each as soon as it is made; the last carries ``applied``.
+        The request is checked now; the engine's lock is held from the first chunk to the
+        last (or until the stream is closed)."""
+        self._implemented("_stream", Capability.STREAM, "stream")
+        call = self._call(request)
+        generator = self.make_generator(call.seed)
+        with self._lock():  # an engine may plan (and refuse) eagerly in _stream
+            pieces = iter(self._stream(request, call.params, generator, progress))
+        index = iter(range(2**63))
+
+        def chunk(rendered: Rendered) -> AudioChunk:
+            applied = self._applied(call, rendered) if rendered.last else None
+            return AudioChunk(rendered.audio, next(index), is_last=rendered.last,
+                              applied=applied)
+
+        return self._lock().stream(pieces, chunk)
 
     def edit(self, request: EditRequest, *,
              progress: ProgressCallback | None = None) -> SynthesisResult:
-        self._not_implemented(Capability.EDIT, "edit")
+        """Regenerate ``request.segments`` of the recording so it says ``request.text``."""
+        self._implemented("_edit", Capability.EDIT, "edit")
+        call = self._call(request)
+        generator = self.make_generator(call.seed)
+        with self._lock():
+            rendered = self._edit(request, call.params, generator, progress)
+        return SynthesisResult(rendered.audio, self._applied(call, rendered))
 
     def build_voice(self, reference: Reference) -> Voice:
-        self._not_implemented(Capability.VOICE_CACHE, "build_voice")
+        """A reusable voice from ``reference`` (``Voice.save`` writes it)."""
+        self._implemented("_build_voice", Capability.VOICE_CACHE, "build_voice")
+        with self._lock():
+            return self._build_voice(reference)
 
-    def _not_implemented(self, capability: Capability, method: str):
-        self.require(capability)
-        raise UnsupportedCapability(
-            f"{self.name} model {self.info.model} declares {capability.value} but the engine "
-            f"does not implement {method}(); this is a bug in the {self.name} plugin")
+    # -- what an engine implements ----------------------------------------------------------
+
+    def _synthesize(self, request: SynthesisRequest, params: Any, generator: Any,
+                    progress: ProgressCallback | None) -> Rendered:
+        """Make the audio for a checked request: ``params`` parsed from ``request.params``,
+        ``generator`` from :meth:`make_generator` seeded with the request's (or a drawn)
+        seed. Return the audio and the facts only the engine knows (sampler settings,
+        retries, fallbacks, warnings, chunks, extra)."""
+        raise NotImplementedError
+
+    def _stream(self, request: SynthesisRequest, params: Any, generator: Any,
+                progress: ProgressCallback | None) -> Iterator[Rendered]:
+        """Yield a :class:`Rendered` per chunk, the last with ``last=True``; a generator
+        function, or a function that checks the request and returns an iterator."""
+        raise NotImplementedError
+
+    def _edit(self, request: EditRequest, params: Any, generator: Any,
+              progress: ProgressCallback | None) -> Rendered:
+        raise NotImplementedError
+
+    def _build_voice(self, reference: Reference) -> Voice:
+        raise NotImplementedError
+
+    def make_generator(self, seed: int) -> Any:
+        """The random generator a request draws from: a ``torch.Generator`` on the model's
+        device seeded with ``seed`` (its ``initial_seed()`` gives the seed back). An engine
+        that draws elsewhere (numpy, an external program) overrides it."""
+        import torch
+
+        return torch.Generator(device=self.info.device).manual_seed(seed)
+
+    def compute_in_effect(self) -> dict[str, Any]:
+        """``applied.compute``: the process-wide CPU settings now, and what ``placement``
+        applied (``compile``, ``oom_fallback``, an engine's own ``attention``...)."""
+        settings = dict(self.placement.in_effect) if self.placement is not None else {}
+        return compute_in_effect(**settings)
+
+    def sampler_defaults(self) -> dict[str, int | float]:
+        """The ``steps`` and ``guidance`` a request gets when it leaves them unset, for those
+        this engine uses (empty: it takes neither). Shown by clients such as the server's page."""
+        return {}
 
     @property
     def model_defaults(self) -> Mapping[str, Any]:
@@ -169,35 +285,64 @@ class Engine(abc.ABC):
         return parse_attrs(self.params_class, {**self.model_defaults, **dict(params or {})},
                            "params")
 
+    # -- the shared work ----------------------------------------------------------------------
 
-_SERIALIZED = ("synthesize", "stream", "edit", "build_voice")
+    def _implemented(self, hook: str, capability: Capability | None, method: str) -> None:
+        """The capability is declared (else UnsupportedCapability) and the engine implements
+        its method (declaring a capability without it is a plugin bug, named as such)."""
+        if capability is not None:
+            self.require(capability)
+        if getattr(type(self), hook) is getattr(Engine, hook):
+            declares = f"declares {capability.value} but " if capability is not None else ""
+            raise UnsupportedCapability(
+                f"{self.name} model {self.info.model} {declares}the engine does not implement "
+                f"{method}() (its {hook}()); this is a bug in the {self.name} plugin")
+
+    def _call(self, request: SynthesisRequest | EditRequest) -> Call:
+        """Check what the request asks for against the capabilities, parse its params and
+        resolve its seed."""
+        if isinstance(request, SynthesisRequest):
+            if request.instruction is not None:
+                self.require(Capability.DESIGN)
+            if request.voice is not None:
+                self.require(Capability.VOICE_CACHE)
+                request.voice.check(self.name, self.info.fingerprint)
+            elif request.reference is not None:
+                self.require(Capability.CLONE)
+            elif request.instruction is None:
+                self.require(Capability.ZERO_SHOT)
+        for setting in _SAMPLER_SETTINGS - self.request_settings:
+            if getattr(request, setting) is not None:
+                raise InvalidRequest(setting, f"the {self.name} engine has no such setting",
+                                     "leave it unset")
+        params = self.parse_params(request.params)
+        seed, drawn = resolve_seed(request.seed)
+        return Call(params, seed, drawn, tuple(getattr(request, "notices", ())),
+                    taken_defaults(self.model_defaults, request.params))
+
+    def _applied(self, call: Call, rendered: Rendered) -> Applied:
+        info, placement = self.info, self.placement
+        load_warnings = placement.warnings if placement is not None else ()
+        load_fallbacks = placement.fallbacks if placement is not None else ()
+        warned = load_warnings + rendered.warnings
+        return Applied(
+            engine=self.name, model=info.model, seed=call.seed, seed_drawn=call.seed_drawn,
+            dtype=info.dtype, device=info.device, sampler=rendered.sampler,
+            retries=rendered.retries, fallbacks=rendered.fallbacks + load_fallbacks,
+            warnings=warned + tuple(n for n in call.notices if n not in warned),
+            license=info.license, non_commercial=info.non_commercial, chunks=rendered.chunks,
+            compute=self.compute_in_effect(), extra=rendered.extra,
+            model_defaults=call.model_defaults)
+
+    def _lock(self) -> RequestLock | NoLock:
+        return _NO_LOCK if self.concurrent_requests else engine_lock(self)
+
+
+_SAMPLER_SETTINGS = frozenset({"steps", "guidance"})
+_PUBLIC_CALLS = ("synthesize", "stream", "edit", "build_voice")
+_HOOKS = {name: f"_{name}" for name in _PUBLIC_CALLS}
 _LOCKS_GUARD = threading.Lock()
-
-
-class RequestLock:
-    """Re-entrant for the thread that holds it (an engine's ``edit`` may call its own
-    ``synthesize``), and releasable from another thread: a server may resume a stream's
-    generator on any worker thread, which ``threading.RLock`` forbids."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: int | None = None
-        self._depth = 0
-
-    def __enter__(self) -> RequestLock:
-        me = threading.get_ident()
-        if self._owner == me:
-            self._depth += 1
-            return self
-        self._lock.acquire()
-        self._owner, self._depth = me, 1
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            self._owner = None
-            self._lock.release()
+_NO_LOCK = NoLock()
 
 
 def engine_lock(engine: Engine) -> RequestLock:
@@ -205,7 +350,7 @@ def engine_lock(engine: Engine) -> RequestLock:
     lock = engine.__dict__.get("_mizuoto_lock")
     if lock is None:
         with _LOCKS_GUARD:
-            lock = engine.__dict__.setdefault("_mizuoto_lock", RequestLock())
+            lock = engine.__dict__.setdefault("_mizuoto_lock", RequestLock(engine.name))
     return lock
 
 
@@ -228,73 +373,49 @@ def _checking_compute(load):
 
 
 def _serialized(method):
-    """The public call under the engine's lock; the request's notices (what validation
-    changed, e.g. control characters dropped) join the result's ``applied.warnings``."""
+    """A public call a subclass defines itself (plugin API 1.0), under the engine's lock; its
+    result gets what the base class fills in for its own calls: the request's notices in
+    ``applied.warnings`` and ``applied.compute`` when the plugin left it out."""
     if inspect.isgeneratorfunction(method):
         @functools.wraps(method)
         def stream(self, *args, **kwargs):
-            if self.per_request_state:
-                yield from _locked_iteration(self, method(self, *args, **kwargs), args)
-                return
-            # held from the first chunk to the last (or until the consumer closes the stream)
-            with engine_lock(self):
-                for chunk in method(self, *args, **kwargs):
-                    yield _recorded(self, args, chunk)
+            return self._lock().stream(method(self, *args, **kwargs),
+                                       functools.partial(_completed, self, args))
 
         wrapper = stream
     else:
         @functools.wraps(method)
         def call(self, *args, **kwargs):
-            with engine_lock(self):
+            with self._lock():
                 result = method(self, *args, **kwargs)
             if inspect.isgenerator(result):  # a stream built by a helper generator
-                return _locked_iteration(self, result, args)
-            return _recorded(self, args, result)
+                return self._lock().stream(result, functools.partial(_completed, self, args))
+            return _completed(self, args, result)
 
         wrapper = call
     wrapper._mizuoto_serialized = True
     return wrapper
 
 
-def _locked_iteration(engine: Engine, chunks, args):
-    if not engine.per_request_state:
-        with engine_lock(engine):
-            for chunk in chunks:
-                yield _recorded(engine, args, chunk)
-        return
-    yield from _stepwise(engine, chunks, args)
-
-
-def _stepwise(engine: Engine, chunks, args):
-    """Each chunk computed under the engine's lock, handed on without it: between two chunks
-    of this stream the engine serves other requests (their state is their own)."""
-    lock = engine_lock(engine)
-    try:
-        while True:
-            with lock:
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
-                    return
-            yield _recorded(engine, args, chunk)
-    finally:
-        with lock:  # a stream closed early frees its state (cache slot) under the lock too
-            chunks.close()
-
-
-def _recorded(engine: Engine, args, value):
-    """``value`` with what the request got besides its own settings in its applied record:
-    the request's notices (what validation changed, e.g. control characters dropped) in
-    ``warnings``, and the model directory's defaults it took in ``model_defaults``."""
+def _completed(engine: Engine, args, value):
+    """``value`` with what the base class records for its own calls: the request's notices
+    (what validation changed, e.g. control characters dropped) in ``warnings``, the model
+    directory's defaults it took in ``model_defaults``, and ``compute`` when the plugin left
+    it out (API 1.0 plugins built ``Applied`` without it)."""
     applied = getattr(value, "applied", None)
     if applied is None or not isinstance(value, (SynthesisResult, AudioChunk)):
         return value
     request = args[0] if args else None
     notices = getattr(request, "notices", ())
     missing = tuple(n for n in notices if n not in applied.warnings)
+    changes: dict[str, Any] = {}
+    if missing:
+        changes["warnings"] = applied.warnings + missing
     taken = taken_defaults(engine.model_defaults, getattr(request, "params", None))
-    if not missing and (not taken or applied.model_defaults):
+    if taken and not applied.model_defaults:
+        changes["model_defaults"] = taken
+    if not applied.compute:
+        changes["compute"] = engine.compute_in_effect()
+    if not changes:
         return value
-    return attrs.evolve(value, applied=attrs.evolve(
-        applied, warnings=applied.warnings + missing,
-        model_defaults=applied.model_defaults or taken))
+    return attrs.evolve(value, applied=attrs.evolve(applied, **changes))

@@ -22,6 +22,13 @@ class ContractFixture:
     does not normalise); the suite otherwise fails audio that peaks over 1.0 or is clipped.
     ``random_init`` says the weights are random (the audio is noise, not speech); a fixture
     that writes a real, deterministic model (a rule-based engine) sets it to False.
+    ``length_follows_text`` says whether a longer text gives longer audio with the fixture's
+    request settings (``False`` for a random-init model whose length a learned stop decides,
+    capped by ``request_params``: its audio is noise of arbitrary length); the suite then
+    cannot check that audio grows with the text for it.
+    ``seconds_per_character`` is the range of audio seconds per character of text the model
+    gives with the fixture's settings, when the engine knows it (a duration rule); the suite
+    then checks the duration, which catches audio made at one rate and labelled another.
     ``realsize`` marks a recipe at the released architecture's sizes, for benchmarks
     (``mizuoto bench random:ID``) and ``mizuoto random-model``: the contract suite leaves it
     out (:func:`mizuoto.registry.contract_fixtures`), its requests take minutes.
@@ -38,6 +45,8 @@ class ContractFixture:
     description: str = ""
     may_exceed_full_scale: bool = False
     random_init: bool = True
+    length_follows_text: bool = True
+    seconds_per_character: tuple[float, float] | None = None
     realsize: bool = False
 
     @property

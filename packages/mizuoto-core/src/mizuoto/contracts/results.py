@@ -58,6 +58,27 @@ class Applied:
 
 
 @attrs.frozen
+class Rendered:
+    """What an engine's own method (``Engine._synthesize``, ``_edit``, each piece of
+    ``_stream``) made: the audio and the facts only the engine knows. The base class adds the
+    rest of :class:`Applied` (engine, model, seed, dtype, device, license, compute in effect,
+    load warnings and the request's notices).
+
+    A stream yields one per chunk; ``last=True`` marks the final one, whose facts describe the
+    whole stream (the others' are ignored).
+    """
+
+    audio: Audio
+    sampler: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+    retries: int = 0
+    fallbacks: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warnings: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    chunks: int = 1
+    extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_dict)
+    last: bool = True
+
+
+@attrs.frozen
 class SynthesisResult:
     """An engine's audio and how it was made. Audio with NaN or infinite samples is refused
     (:class:`~mizuoto.errors.NonFiniteAudio`): no engine can return it."""

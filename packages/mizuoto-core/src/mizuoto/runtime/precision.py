@@ -39,6 +39,8 @@ def scaled_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler |
         return True
     called = []
     original = optimizer.step
+    # an LR scheduler wraps the instance's step to count calls: put that wrapper back
+    own = "step" in vars(optimizer)
 
     def step(*args, **kwargs):  # accelerate's patch_optimizer_step
         called.append(True)
@@ -49,5 +51,8 @@ def scaled_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler |
         scaler.step(optimizer)
         scaler.update()
     finally:
-        del optimizer.step  # the class's method again
+        if own:
+            optimizer.step = original
+        else:
+            del optimizer.step  # the class's method again
     return bool(called)

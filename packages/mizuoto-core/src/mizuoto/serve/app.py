@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import socket
 import threading
@@ -132,6 +133,7 @@ class _State:
         self.metrics = Metrics()
         self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices")
         self.closing = False
+        self.cards: dict[str, dict] = {}  # GET /v1/models' card of each model, once loaded
         shared = threading.Lock() if config.shared_lock else None
         pool = None
         if config.max_loaded is not None or config.memory_budget is not None:
@@ -176,10 +178,12 @@ def create_app(config: ServeConfig):
     """The FastAPI application serving ``config``."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import Response
     from pydantic import ValidationError
     from starlette.exceptions import HTTPException
 
+    from mizuoto.serve.page import is_page_path
+    from mizuoto.serve.page import router as page_router
     from mizuoto.serve.routes import router
 
     state = _State(config)
@@ -197,9 +201,12 @@ def create_app(config: ServeConfig):
                   redoc_url=None)
     app.state.mizuoto = state
     app.include_router(router)
+    app.include_router(page_router)
 
-    def respond(error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    def respond(error: APIError) -> Response:
+        # ASCII JSON: a message may echo what a client sent, which need not encode as UTF-8
+        return Response(json.dumps(error.body()), status_code=error.status,
+                        headers=error.headers, media_type="application/json")
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
@@ -217,8 +224,6 @@ def create_app(config: ServeConfig):
 
     @app.exception_handler(ClientGone)
     async def client_gone(request, exc):
-        from fastapi.responses import Response
-
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(MizuotoError)
@@ -231,7 +236,8 @@ def create_app(config: ServeConfig):
     async def unexpected(request, exc: Exception):
         return respond(_logged(from_mizuoto(exc), exc))
 
-    return Gate(app, api_key=config.api_key, on_request=state.metrics.request, limits={
+    return Gate(app, api_key=config.api_key, on_request=state.metrics.request,
+                is_open=is_page_path, limits={
         # refused before the body is read, or as soon as it passes the limit; a voice's
         # multipart form holds the clip and its fields
         "/v1/audio/speech": MAX_SPEECH_BODY,
@@ -312,8 +318,8 @@ def _loopback(host: str) -> bool:
 def auth_line(config: ServeConfig) -> str:
     """The start-up line saying whether requests need the API key."""
     if config.api_key is not None:
-        return ("authentication: on (every path but /health needs Authorization: Bearer "
-                "<key>)")
+        return ("authentication: on (every path but /health and the page needs "
+                "Authorization: Bearer <key>)")
     return (f"authentication: off (anyone who can reach {config.host}:{config.port} can use "
             "every route; set --api-key or MIZUOTO_API_KEY to require a key)")
 

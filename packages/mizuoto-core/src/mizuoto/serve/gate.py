@@ -2,8 +2,10 @@
 limits and the request counter. Pure ASGI, so streaming responses and disconnects pass through
 untouched.
 
-- **API key**: ``Authorization: Bearer KEY`` on every path but ``/health`` (websockets too),
-  compared in constant time (both sides hashed first, so not even the length leaks).
+- **API key**: ``Authorization: Bearer KEY`` on every path but ``/health`` and those the
+  application declares open (the page, which holds no data and asks for the key itself)
+  (websockets too), compared in constant time (both sides hashed first, so not even the length
+  leaks).
 - **Body limits**: counted as the bytes arrive, on every route and whatever the framing
   (``Content-Length`` or chunked): a declared length over the limit is refused before anything
   is read; a body that grows past it is cut off there with 413, whatever the handler was doing.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.errors import APIError
@@ -48,8 +51,10 @@ class BodyTooLarge(APIError):
 
     def __init__(self, limit: int, received: int | None = None) -> None:
         told = f"has {received} bytes" if received is not None else "is"
+        # the connection closes after the answer: else the server would go on reading (and
+        # dropping) the rest of the body, however long, to keep the connection alive
         super().__init__(413, f"the request body {told} more than {limit} bytes",
-                         code="request_too_large")
+                         code="request_too_large", headers={"Connection": "close"})
 
 
 def _digest(value: bytes) -> bytes:
@@ -58,10 +63,13 @@ def _digest(value: bytes) -> bytes:
 
 class Gate:
     """Wraps the ASGI ``app``. ``limits`` maps a path to its body limit (others get
-    :data:`MAX_OTHER_BODY`); ``on_request(model, path, status)`` counts each ``/v1/`` request."""
+    :data:`MAX_OTHER_BODY`); ``on_request(model, path, status)`` counts each ``/v1/`` request;
+    ``is_open(path)`` names paths served without the key besides :data:`OPEN_PATHS`."""
 
-    def __init__(self, app, *, api_key: str | None, limits: dict[str, int], on_request) -> None:
+    def __init__(self, app, *, api_key: str | None, limits: dict[str, int], on_request,
+                 is_open: Callable[[str], bool] = lambda path: False) -> None:
         self.app = app
+        self._is_open = is_open
         self._key = _digest(check_api_key(api_key).encode()) if api_key is not None else None
         self._limits = dict(limits)
         self._on_request = on_request
@@ -79,7 +87,7 @@ class Gate:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        if self._key is not None and path not in OPEN_PATHS \
+        if self._key is not None and path not in OPEN_PATHS and not self._is_open(path) \
                 and not self._authorized(scope["headers"]):
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.ranges import check_number
 from mizuoto.contracts.results import AudioChunk
-from mizuoto.serve.encoders import MEDIA_TYPES, StreamEncoder
+from mizuoto.serve.encoders import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.serve.errors import (
     APIError,
     ClientGone,
@@ -30,6 +30,7 @@ from mizuoto.serve.errors import (
     not_found,
     unavailable,
 )
+from mizuoto.serve.json_body import parse_json
 from mizuoto.serve.uploads import ClipLimits, read_clip
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
 from mizuoto.serve.worker import DONE, Job, Pin
@@ -38,8 +39,6 @@ from mizuoto.serve.worker import DONE, Job, Pin
 MAX_INPUT_CHARS = 4096
 #: OpenAI's range of ``speed``.
 SPEED_RANGE = (0.25, 4.0)
-#: Deepest nesting of a JSON body (a speech request needs 4: body, mizuoto, params, a list).
-MAX_JSON_DEPTH = 32
 #: Response formats of OpenAI's spec this server does not encode.
 #: Formats of the OpenAI spec this server cannot encode, with why (none at present).
 UNSUPPORTED_FORMATS: dict[str, str] = {}
@@ -67,7 +66,7 @@ class MizuotoExtension(BaseModel):
     seed: Any = None
     steps: Any = None
     guidance: Any = None
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Any = None  # a mapping, checked by SynthesisRequest too (None: no settings)
     #: ``False``: the whole response at once, made by ``engine.synthesize`` (engines that
     #: cannot stream always answer so).
     stream: StrictBool = True
@@ -145,7 +144,9 @@ def _build_request(body: SpeechBody, checked, engine, voice):
                               "mizuoto.params.speed", param="speed")
         params["speed"] = float(body.speed)
     try:
-        request = attrs.evolve(checked, voice=voice, instruction=instruction, params=params)
+        # from the text as sent: evolving re-cleans it, and the notices must say what changed
+        request = attrs.evolve(checked, text=body.input, voice=voice, instruction=instruction,
+                               params=params)
         engine.parse_params(request.params)  # a bad setting is named before queueing
     except Exception as exc:
         raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
@@ -258,7 +259,7 @@ async def speech(request: Request):
         job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop(), pin=pin)
         worker.submit(job)
     except BaseException:
-        pin.release()  # handed to the job once submitted; until then, this request's
+        pin.release()  # the job's once submitted (it releases the pin when it ends)
         raise
     try:
         first = await _next(job, request)
@@ -287,38 +288,7 @@ async def speech(request: Request):
 
 
 async def _json(request: Request):
-    """The body's JSON, nested at most :data:`MAX_JSON_DEPTH` deep (deeper: a 400, not a
-    ``RecursionError``)."""
-    try:
-        value = json.loads(await request.body())
-    except RecursionError:
-        value = None
-        depth = MAX_JSON_DEPTH + 1
-    except (ValueError, UnicodeDecodeError):  # huge integer literals are ValueErrors too
-        raise bad_request("the body is not valid JSON", code="invalid_json") from None
-    else:
-        depth = json_depth(value, MAX_JSON_DEPTH)
-    if depth > MAX_JSON_DEPTH:
-        raise bad_request(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep",
-                          code="invalid_json")
-    return value
-
-
-def json_depth(value, limit: int) -> int:
-    """How deeply ``value`` (parsed JSON) nests lists and objects, counted up to ``limit + 1``
-    (no recursion: any depth is safe to measure)."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if not isinstance(item, (list, dict)):
-            continue
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            break
-        stack.extend((child, depth + 1) for child in
-                     (item.values() if isinstance(item, dict) else item))
-    return deepest
+    return parse_json(await request.body())
 
 
 def _encode_all(encoder: StreamEncoder, chunks: list[AudioChunk]) -> bytes:
@@ -374,11 +344,27 @@ async def _sse(job: Job, first, encoder: StreamEncoder, body: SpeechBody):
 
 @router.get("/v1/models")
 async def models(request: Request):
+    """OpenAI's model list; each entry's ``mizuoto`` key is its card (``model_card``), null
+    for a model not loaded yet (``state`` says which)."""
     state = _state(request)
     data = [{"id": name, "object": "model", "created": 0,
-             "owned_by": f"mizuoto-{worker.engine_name or 'unknown'}"}
+             "owned_by": f"mizuoto-{worker.engine_name or 'unknown'}", "state": worker.state,
+             "mizuoto": _card(state, name, worker)}
             for name, worker in state.workers.items()]
     return {"object": "list", "data": data}
+
+
+def _card(state, name: str, worker) -> dict | None:
+    """The model's card, kept once made: an unloaded model keeps what it was."""
+    from mizuoto.serve.model_card import model_card
+
+    engine = worker.engine
+    if engine is not None and name not in state.cards:
+        state.cards[name] = model_card(engine, max_input_chars=MAX_INPUT_CHARS,
+                                       stream_rate=PCM_RATE,
+                                       formats=[f for f in MEDIA_TYPES
+                                                if f not in UNSUPPORTED_FORMATS])
+    return state.cards.get(name)
 
 
 @router.get("/v1/audio/voices")
@@ -426,13 +412,8 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
     def build(engine, job: Job) -> None:
         job.emit(engine.build_voice(reference))
 
-    pin = await _pin(worker, request)
-    try:
-        job = Job(build, asyncio.get_running_loop(), pin=pin)
-        worker.submit(job)
-    except BaseException:
-        pin.release()
-        raise
+    job = Job(build, asyncio.get_running_loop(), pin=await _pin(worker, request))
+    worker.submit(job)
     voice = await _next(job, request)
     await asyncio.to_thread(state.voices.save, name, voice)
     return {"id": name, "name": name, "model": model, "engine": voice.engine}

@@ -87,6 +87,10 @@ class Job:
     def finish(self) -> None:
         """The job has ended: :data:`DONE` is sent and the model's pin released."""
         self.emit(DONE)
+        self.release()
+
+    def release(self) -> None:
+        """Release the model's pin (the job has ended, or will never run)."""
         if self._pin is not None:
             self._pin.release()
 
@@ -161,12 +165,17 @@ class ModelWorker:
             raise unavailable("the server is shutting down", "shutting_down")
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``; an :class:`APIError` when the model cannot take it now."""
-        self.submit_check()
+        """Queue ``job``; an :class:`APIError` when the model cannot take it now (the job's
+        pin is then released: the job will not run)."""
         try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise self.queue_full() from None
+            self.submit_check()
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise self.queue_full() from None
+        except BaseException:
+            job.release()
+            raise
 
     def queue_full(self) -> APIError:
         """The 429 for a request that finds the queue full."""
@@ -179,7 +188,9 @@ class ModelWorker:
         return self._pool
 
     def evict(self) -> bool:
-        """Unload the model if it is idle (nothing running, queued or pinned); True if it was."""
+        """Unload the model if it is idle (nothing running, queued or pinned); True if it was.
+        The memory returns at the caller's next ``gc.collect()`` (:class:`ModelPool` runs it
+        once it has let go of its lock, which the event loop takes too)."""
         if self.pins or not self._engine_lock.acquire(blocking=False):
             return False
         try:
@@ -191,7 +202,6 @@ class ModelWorker:
             self.state = "unloaded"
         finally:
             self._engine_lock.release()
-        gc.collect()
         log.info("model %s unloaded (least recently used)", self.name)
         return True
 
@@ -399,21 +409,26 @@ class ModelPool:
         """Return once ``worker`` may load its model for ``job`` (on its thread, before
         loading): idle models are unloaded to make room, else it waits its turn. False if
         ``job`` is cancelled meanwhile; an :class:`APIError` (503) if the worker stops."""
-        with self._lock:
-            self._waiting.append(worker)
-            try:
-                while True:
-                    if worker.state == "stopped":
-                        raise unavailable("the server is shutting down", "shutting_down")
-                    if job.cancelled:
-                        return False
-                    if self._waiting[0] is worker and self._make_room(worker):
-                        self._admitted.add(worker)
-                        return True
-                    self._lock.wait(0.25)  # woken by a release; the timeout covers the rest
-            finally:
-                self._waiting.remove(worker)
-                self._lock.notify_all()
+        evicted: list[ModelWorker] = []
+        try:
+            with self._lock:
+                self._waiting.append(worker)
+                try:
+                    while True:
+                        if worker.state == "stopped":
+                            raise unavailable("the server is shutting down", "shutting_down")
+                        if job.cancelled:
+                            return False
+                        if self._waiting[0] is worker and self._make_room(worker, evicted):
+                            self._admitted.add(worker)
+                            return True
+                        self._lock.wait(0.25)  # woken by a release; the timeout covers the rest
+                finally:
+                    self._waiting.remove(worker)
+                    self._lock.notify_all()
+        finally:
+            if evicted:
+                gc.collect()
 
     def admitted_done(self, worker: ModelWorker) -> None:
         """``worker``'s load has ended (loaded or failed)."""
@@ -421,12 +436,13 @@ class ModelPool:
             self._admitted.discard(worker)
             self._lock.notify_all()
 
-    def _make_room(self, incoming: ModelWorker) -> bool:
+    def _make_room(self, incoming: ModelWorker, evicted: list[ModelWorker]) -> bool:
         for other in sorted((w for w in self.workers if w is not incoming
                              and w.engine is not None), key=lambda w: w.last_used):
             if self._room_for(incoming):
                 break
-            other.evict()
+            if other.evict():
+                evicted.append(other)
         return self._room_for(incoming)
 
     def _over(self) -> bool:
@@ -442,11 +458,14 @@ class ModelPool:
 
     def rebalance(self, keep: ModelWorker | None = None) -> None:
         """Unload idle models, least recently used first, until the limits hold."""
+        evicted = False
         with self._lock:
             others = sorted((w for w in self.workers if w is not keep and w.engine is not None),
                             key=lambda w: w.last_used)
             for other in others:
                 if not self._over():
                     break
-                other.evict()
+                evicted = other.evict() or evicted
             self._lock.notify_all()
+        if evicted:
+            gc.collect()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 from pathlib import Path
 
@@ -148,6 +149,9 @@ def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
     from mizuoto.runtime.device import select_device
 
     device = select_device(config.compute)
+    if device.type == "cuda" and device.index is None:
+        # under torchrun each process takes its own GPU, as accelerate does
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     mode = "no" if config.mixed_precision == "auto" else config.mixed_precision
     if mode == "fp16" and device.type != "cuda":
         raise InvalidRequest("training.mixed_precision", f"fp16 needs a CUDA device, not "
@@ -307,6 +311,9 @@ class F5Trainer(Trainer):
         if rank != 0:
             progress = None
         device = torch.device(run.device)
+        if rank == 0:
+            logger.info("training on %s, mixed precision %s, memory %s", device,
+                        run.settings.mixed_precision, run.memory)
         # upstream seeds the device's generator too (torch.manual_seed): its draws count
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(run.config.seed)
@@ -407,15 +414,13 @@ def read_vocab_lines(tokens: list[str]) -> dict[str, int]:
 
 def distributed_world() -> tuple[int, int]:
     """``(rank, world size)``: under ``torchrun`` (``WORLD_SIZE`` > 1) the process group is
-    joined on first use (gloo: the trainer runs on the CPU), else ``(0, 1)``."""
-    import os
-
+    joined on first use (gloo, which also carries CUDA tensors), else ``(0, 1)``."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group(backend="gloo")  # the trainer runs on the CPU
+        dist.init_process_group(backend="gloo")
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mizuoto.runtime import precision
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto_voxcpm.training.data import EpochSampler
 
@@ -63,16 +64,17 @@ def build_optimizer(model: torch.nn.Module, recipe) -> tuple[torch.optim.Optimiz
 
 
 class GradScaling:
-    """CUDA: bf16 autocast and a gradient scaler, as upstream's accelerator; CPU: neither."""
+    """``mixed_precision`` ``bf16`` (upstream's accelerator on CUDA) or ``fp16``: autocast and
+    a gradient scaler; ``no`` (upstream on the CPU, where its ``autocast("cuda")`` is off):
+    neither."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda") if self.cuda else None
+    def __init__(self, device: torch.device, mixed_precision: str = "no") -> None:
+        self.device = device
+        self.mode = mixed_precision
+        self.scaler = torch.amp.GradScaler(device.type) if mixed_precision != "no" else None
 
     def autocast(self):
-        if self.cuda:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return precision.autocast(self.device, self.mode)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()

@@ -15,6 +15,9 @@ import torch
 from mizuoto.contracts import TrainingResult
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.errors import InvalidRequest
+from mizuoto.options import ComputeOptions
+from mizuoto.runtime import precision
+from mizuoto.runtime.device import select_device
 from mizuoto.runtime.interruption import catch_interruption
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig
@@ -27,9 +30,13 @@ from mizuoto_voxcpm.training.data import (
     encode_audio,
     pack,
 )
-from mizuoto_voxcpm.training.memory import checkpoint_blocks
+from mizuoto_voxcpm.training.memory import (
+    checkpoint_blocks,
+    frozen_linears_to,
+    stream_frozen_linears,
+)
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
-from mizuoto_voxcpm.training.trainer import BASE_FILES, Run, link_or_copy
+from mizuoto_voxcpm.training.run import BASE_FILES, Run, link_or_copy
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +44,29 @@ CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 
 
-def pick_device(local_rank: int = 0) -> torch.device:
-    """Upstream's accelerator: CUDA when present, else the CPU."""
-    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+def pick_device(local_rank: int = 0, compute: ComputeOptions | None = None) -> torch.device:
+    """``compute.device``; ``auto``: upstream's accelerator, CUDA when present (the process's
+    local rank under torchrun), else the CPU."""
+    name = "auto" if compute is None else compute.device
+    if name == "auto":
+        return torch.device("cuda", local_rank) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    device = select_device(compute)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
+    return device
+
+
+def pick_mixed_precision(device: torch.device, requested: str) -> str:
+    """``auto``: upstream's, bf16 autocast + gradient scaler on CUDA, none elsewhere (its
+    ``autocast("cuda")`` is disabled on the CPU). ``bf16``/``fp16`` need CUDA."""
+    if requested == "auto":
+        return "bf16" if device.type == "cuda" else "no"
+    if requested != "no" and device.type != "cuda":
+        raise InvalidRequest("training.mixed_precision", f"{requested} needs a CUDA device, "
+                             f"not {device.type} (upstream autocasts on CUDA only)",
+                             "use no (or auto) on this device")
+    return requested
 
 
 class Session:
@@ -54,12 +81,18 @@ class Session:
         if self.validating and self.world_size > 1:
             raise InvalidRequest("params.val_manifest", "validation runs in a single process "
                                  "only (not under torchrun)")
-        self.device = device = pick_device(local_rank)
+        self.device = device = pick_device(local_rank, run.config.compute)
+        self.mixed_precision = pick_mixed_precision(device, run.config.mixed_precision)
+        if self.rank == 0:
+            log.info("training on %s, mixed precision %s, memory %s", device,
+                     self.mixed_precision, run.config.memory)
         if self.world_size > 1:
             distributed.init(device.type)
         # the CPU has no bf16 training recipe upstream (its forward casts inputs to the config
-        # dtype while the weights stay fp32): float32 there; CUDA: the config dtype + autocast
-        self.dtype = config.torch_dtype if device.type == "cuda" else torch.float32
+        # dtype while the weights stay fp32): float32 there and without autocast; with bf16
+        # autocast the config dtype, as upstream; with fp16 autocast float16
+        self.dtype = {"no": torch.float32, "bf16": config.torch_dtype,
+                      "fp16": torch.float16}[self.mixed_precision]
         self.cfm = CfmTraining.from_config_json(self.raw)
         vae_config = audio_vae_config_from_model_config(self.raw)
 
@@ -81,9 +114,25 @@ class Session:
             apply_lora(model, recipe.lora, kaiming_init_a(self.generator))
             for layer in lora_layers(model):
                 layer.dropout_fn = dropout_with(self.forward_generator, recipe.lora.dropout)
-        if run.config.memory == "low":
+        if run.config.memory in ("low", "lowest"):
             checkpoint_blocks(model, self.forward_generator)
+            if recipe.lora is not None and self.mixed_precision != "no":
+                if self.validating:
+                    # upstream's validation speaks through the model outside autocast
+                    raise InvalidRequest("training.memory", f"{run.config.memory} keeps LoRA's "
+                                         "frozen weights "
+                                         f"in {self.mixed_precision}, which validation's "
+                                         "generation cannot run on",
+                                         "use memory default with val_manifest")
+                frozen_linears_to(model, precision.DTYPES[self.mixed_precision])
         self.model = model.to(device).train()
+        if run.config.memory == "lowest":
+            if self.world_size > 1:
+                raise InvalidRequest("training.memory", "lowest streams frozen weights from "
+                                     "host memory in a single process only (not under "
+                                     "torchrun)", "use low")
+            # the stop head stays: the model reads its device and dtype from it
+            stream_frozen_linears(self.model, device, keep=(self.model.stop_head,))
         # training only encodes: the VAE decoder never reaches the device (unless validation's
         # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")
@@ -158,7 +207,7 @@ class Session:
     def run_loop(self, progress: ProgressCallback | None = None) -> TrainingResult:
         run, recipe = self.run, self.recipe
         optimizer, scheduler = loop.build_optimizer(self.model, recipe)
-        scaling = loop.GradScaling(self.device)
+        scaling = loop.GradScaling(self.device, self.mixed_precision)
         checkpoints = run.output_dir / CHECKPOINTS
         start, resumed = 0, None
         found = loop.find_checkpoint(checkpoints)

@@ -8,6 +8,10 @@ engine (and upstream) loads: full fine-tuning as ``model.safetensors`` beside th
 other files, LoRA as the base files (hard links where possible) plus
 ``lora_weights.safetensors`` and ``lora_config.json``.
 
+``config.compute.device`` (``auto``: CUDA when present, else the CPU, as upstream's
+accelerator) is where it trains; ``config.mixed_precision`` ``auto`` is upstream's (bf16
+autocast + gradient scaler on CUDA, none on the CPU); ``bf16``/``fp16`` need CUDA.
+
 ``params.keep_last_n_checkpoints`` (default 0: none; -1: all; N: the newest N) numbered
 checkpoints ``checkpoints/step_<N>/`` (upstream's folder layout and files) are written every
 ``params.checkpoint_every`` steps (default ``save_every``) and rotated by step number, across
@@ -18,10 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -30,38 +31,15 @@ from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
+from mizuoto_voxcpm.training.run import Run
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_SEED = 42
-BASE_FILES = ("config.json", "audiovae.pth", "audiovae.safetensors", "tokenizer.json",
-              "special_tokens_map.json", "tokenizer_config.json")
-
-
-@attrs.frozen
-class Run:
-    """A prepared run: where it lives and what it trains."""
-
-    config: TrainingConfig
-    model_dir: Path
-    output_dir: Path
-    recipe: Any
-    samples: tuple = attrs.field(eq=False, repr=False)
-    #: rows before the max_batch_tokens filter (upstream's epoch counter divides by these)
-    counted_samples: int
-    rejected: tuple[tuple[int, str], ...] = ()
-    texts: tuple[str, ...] = ()
-    #: the validation manifest's usable rows (none: no validation)
-    val_samples: tuple = attrs.field(default=(), eq=False, repr=False)
-    #: numbered checkpoints kept (0: none, -1: all, N: the newest N) and the steps between them
-    keep_checkpoints: int = 0
-    checkpoint_every: int = 1
-
-
 class VoxCPMTrainer(Trainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
-    memory_levels = ("default", "low")
+    memory_levels = ("default", "low", "lowest")
     graceful_stop = True  # SIGINT / SIGTERM: checkpoint saved after the current step
 
     # -- prepare -------------------------------------------------------------------------
@@ -69,8 +47,14 @@ class VoxCPMTrainer(Trainer):
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None) -> Run:
         from mizuoto_voxcpm.config import VoxCPMConfig
         from mizuoto_voxcpm.training.recipe import build_recipe, generation_of
+        from mizuoto_voxcpm.training.session import pick_device, pick_mixed_precision
 
         self.check(config)
+        if config.memory == "lowest" and config.method != "lora":
+            raise InvalidRequest("training.memory", "lowest streams LoRA's frozen weights from "
+                                 "host memory; full fine-tuning trains them all", "use low")
+        # the device and precision are checked here (process 0's device), used by the session
+        pick_mixed_precision(pick_device(0, config.compute), config.mixed_precision)
         model_dir = _resolve_model(config.model)
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         VoxCPMConfig.from_model_dir(model_dir)  # validates
@@ -102,6 +86,8 @@ class VoxCPMTrainer(Trainer):
         run_info = {"method": config.method, "model": str(model_dir), "model_id": config.model,
                     "manifest": str(manifest), "recipe": recipe.to_dict(),
                     "memory": config.memory, "save_every": config.save_every}
+        if config.mixed_precision != "auto":  # (runs from before the setting have none)
+            run_info["mixed_precision"] = config.mixed_precision
         previous = output / "run.json"
         if previous.is_file():
             old = json.loads(previous.read_text(encoding="utf-8"))
@@ -225,10 +211,3 @@ def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe):
         patch_size=config.patch_size, max_batch_tokens=recipe.max_batch_tokens,
         batch_size=recipe.batch_size)
     return kept, sorted(rejected + dropped, key=lambda r: r.line), len(samples)
-
-
-def link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)

@@ -1,0 +1,53 @@
+"""Bit-exact comparisons whose failure says what differs and what usually causes it.
+
+``assert torch.equal(a, b)`` fails with a bare ``assert False``; :func:`assert_same` names the
+shapes, the first differing index, the largest difference and the likely cause, so that a
+plugin author knows what to change.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def difference(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """``None`` when the tensors are equal (``torch.equal``), else what differs, in words."""
+    if torch.equal(actual, expected):
+        return None
+    if actual.shape != expected.shape:
+        return (f"shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)} "
+                f"({actual.numel()} vs {expected.numel()} values)")
+    if actual.dtype != expected.dtype:
+        return f"dtypes differ: {actual.dtype} vs {expected.dtype}"
+    a, b = actual.detach().cpu(), expected.detach().cpu()
+    unequal = (a != b) & ~(torch.isnan(a) & torch.isnan(b)) if a.is_floating_point() \
+        else a != b
+    first = tuple(int(i) for i in unequal.nonzero()[0])
+    count = int(unequal.sum())
+    if a.is_floating_point() or a.is_complex():
+        gap = (a.double() - b.double()).abs()
+        largest = float(gap[unequal].max())
+    else:
+        largest = float((a.long() - b.long()).abs().max())
+    return (f"shape {tuple(a.shape)}, {count} of {a.numel()} values differ, the first at index "
+            f"{first} ({a[first].item()!r} vs {b[first].item()!r}), max |diff| {largest:.3g}")
+
+
+def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str, cause: str) -> None:
+    """Fail, naming ``what`` differs, how, and its likely ``cause``, unless bit-identical."""
+    differs = difference(actual, expected)
+    assert differs is None, f"{what} differ: {differs}. Likely cause: {cause}"
+
+
+def first_differing_tensor(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+                           ) -> str | None:
+    """The first name (sorted) whose tensor differs or exists on one side only, with what
+    differs; ``None`` when every tensor is identical."""
+    for name in sorted(set(actual) | set(expected)):
+        if name not in actual or name not in expected:
+            side = "the first" if name in actual else "the second"
+            return f"{name!r} exists only in {side}"
+        differs = difference(actual[name], expected[name])
+        if differs is not None:
+            return f"{name!r}: {differs}"
+    return None

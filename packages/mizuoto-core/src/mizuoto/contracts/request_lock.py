@@ -1,0 +1,87 @@
+"""The lock that serializes one engine's requests, and refuses the one that would corrupt.
+
+An engine that keeps per-request state in the instance (a KV cache, a noise generator) must
+run one request at a time. A synchronous call holds the lock for its duration; a stream holds
+it from its first chunk to its last (or until it is closed), including while it is *paused*
+between chunks, waiting for its consumer.
+
+Two threads: the second waits. One thread: ``it = engine.stream(a); next(it);
+engine.synthesize(b)`` would run ``b`` in the middle of ``a`` (the lock used to be re-entrant
+for its thread, and ``a`` came back with other audio). Waiting would deadlock (only that thread
+can finish ``a``), so the second request is refused with :class:`RequestConflict`. A call
+nested inside a running request (a plugin's ``edit`` calling its own ``synthesize``) is not a
+second request and re-enters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from mizuoto.errors import RequestConflict
+
+T = TypeVar("T")
+
+
+class RequestLock:
+    """Releasable from another thread than the one that took it: a server may resume a
+    stream's generator on any worker thread, which ``threading.RLock`` forbids."""
+
+    def __init__(self, engine_name: str = "engine") -> None:
+        self._lock = threading.Lock()
+        self._engine_name = engine_name
+        self._running: int | None = None  # the thread running the holder's code now
+        self._paused_on: int | None = None  # the thread a paused stream last ran on
+        self._depth = 0
+
+    def __enter__(self) -> RequestLock:
+        me = threading.get_ident()
+        if self._running == me:  # a call nested inside the running request
+            self._depth += 1
+            return self
+        if self._paused_on == me:
+            raise RequestConflict(
+                f"this thread holds the {self._engine_name} engine for a stream it has not "
+                "finished: a second request now would change that stream's audio. Finish or "
+                "close the stream first (or load another engine for the second request)")
+        self._lock.acquire()
+        self._running, self._depth = me, 1
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._running = self._paused_on = None
+            self._lock.release()
+
+    def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
+               ) -> Iterator[T]:
+        """Iterate ``chunks`` under the lock (taken at the first chunk), marked paused while
+        each chunk is with the consumer; ``each`` maps a chunk before it is handed out."""
+        with self:
+            while True:
+                try:
+                    chunk = each(next(chunks))
+                except StopIteration:
+                    return
+                self._paused_on, self._running = self._running, None
+                try:
+                    yield chunk
+                finally:
+                    self._running, self._paused_on = threading.get_ident(), None
+
+
+class NoLock:
+    """What an engine that keeps all per-request state per request gets: no serialization."""
+
+    def __enter__(self) -> NoLock:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        return None
+
+    def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
+               ) -> Iterator[T]:
+        for chunk in chunks:
+            yield each(chunk)
