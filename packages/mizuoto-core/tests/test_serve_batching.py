@@ -19,6 +19,7 @@ import soundfile as sf  # noqa: E402
 
 import mizuoto  # noqa: E402
 from mizuoto import Options, SynthesisRequest  # noqa: E402
+from mizuoto.errors import InvalidRequest  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
 from mizuoto.serve.batching import Lanes, options_with_max_batch  # noqa: E402
 from mizuoto.serve.encoders import to_int16  # noqa: E402
@@ -87,9 +88,14 @@ def test_max_batch_reaches_only_engines_that_batch():
     assert options.engines["voxcpm"]["max_batch"] == 8
     assert options.engines["voxcpm"]["cache_slots"] == 8
     assert "max_batch" not in options.engines.get("f5tts", {})
-    mine = Options.from_mapping({"engines.voxcpm.max_batch": 2}) \
-        if hasattr(Options, "from_mapping") else Options(engines={"voxcpm": {"max_batch": 2}})
+    mine = Options.from_mapping({"engines.voxcpm.max_batch": 2})
     assert options_with_max_batch(mine, 8).engines["voxcpm"]["max_batch"] == 2  # set wins
+
+
+@pytest.mark.parametrize("value", [0, 257, 2.0, True])
+def test_max_batch_is_checked_by_name(value, tmp_path):
+    with pytest.raises(InvalidRequest, match="max_batch"):
+        ServeConfig(models={"vox": str(tmp_path)}, max_batch=value)
 
 
 def test_lanes_bound_the_jobs_running_at_once():
