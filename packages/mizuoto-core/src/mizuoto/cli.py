@@ -699,11 +699,12 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
 @click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
+@click.option("--max-batch", default=1, show_default=True, type=int, help="Requests of one model run at once, 1 to 256; an engine that batches (VoxCPM streams) steps them together. Batched audio is close to, not always bit-identical with, unbatched (docs/performance.md).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
-          memory_budget, option_pairs, options_file):
+          memory_budget, max_batch, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -720,7 +721,8 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
     try:
         config = ServeConfig(models=names, engine=engine, host=host, port=port,
                              api_key=api_key, queue_size=queue_size, grace=grace,
-                             max_loaded=max_loaded, memory_budget=budget, options=options)
+                             max_loaded=max_loaded, memory_budget=budget, options=options,
+                             max_batch=max_batch)
     except InvalidRequest as exc:  # named as the user wrote it
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
             "--" + exc.field.replace("_", "-")

@@ -53,6 +53,18 @@ class UnsupportedCapability(MizuotoError):
     exit_code = 4
 
 
+class EngineBusy(MizuotoError):
+    """A loaded model has no room for another open request (every slot of its per-request
+    state is held); ``fix`` says what frees one. A server answers it with 429."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem} ({fix})" if fix else problem)
+
+
 class EngineNotFound(MizuotoError):
     exit_code = 3
 

@@ -108,7 +108,7 @@ class Session:
             self.forward_generator = self.generator
 
         model = load_model(model_dir, config, dtype=torch.float32, device="cpu")
-        model.lm_cache = model.residual_cache = None  # inference-only static caches
+        model.caches = None  # inference-only static caches
         if recipe.lora is not None:
             for parameter in model.parameters():
                 parameter.requires_grad_(False)

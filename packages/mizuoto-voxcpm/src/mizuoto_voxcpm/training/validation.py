@@ -85,4 +85,4 @@ def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator
                     vae.decode(patches_to_latents(torch.stack(patches, dim=1)).to(
                         next(vae.parameters()).device))
     finally:
-        model.lm_cache = model.residual_cache = None
+        model.caches = None
