@@ -217,6 +217,7 @@ FUZZ_SUITES = {
     "core": ["packages/mizuoto-core/tests/test_fuzz_requests.py",
              "packages/mizuoto-core/tests/test_fuzz_audio.py",
              "packages/mizuoto-core/tests/test_fuzz_cli.py",
+             "packages/mizuoto-core/tests/test_fuzz_batch.py",
              "packages/mizuoto-core/tests/test_fuzz_serve.py"],
     "f5tts": ["packages/mizuoto-f5tts/tests/test_fuzz_engine.py"],
     "voxcpm": ["packages/mizuoto-voxcpm/tests/test_fuzz_engine.py"],

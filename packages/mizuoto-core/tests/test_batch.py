@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,11 @@ from click.testing import CliRunner
 import mizuoto
 from mizuoto import Applied, Audio, Capability, Engine, ModelInfo, SynthesisResult
 from mizuoto.batch import BatchJob, build_request, read_lines, run_batch
+from mizuoto.batch.items import count_lines
+from mizuoto.batch.run import LOCK
 from mizuoto.cli import cli
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.identity import file_digest
 
 
 class ToneEngine(Engine):
@@ -125,12 +130,17 @@ def test_good_lines_are_written_and_bad_ones_recorded(tmp_path):
     assert records["a"]["applied"]["seed"] == 1 and records["a"]["hash"]
 
 
-def test_a_rerun_skips_written_lines_and_redoes_changed_ones(tmp_path):
-    engine = ToneEngine()
+def _first_run(tmp_path, engine):
+    """GOOD written once into ``out``: the job, its rows and the bytes of ``a.wav``."""
     rows = [dict(row) for row in GOOD]
     job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out")
     run_batch(job, engine=engine)
-    first = (tmp_path / "out" / "a.wav").read_bytes()
+    return job, rows, (tmp_path / "out" / "a.wav").read_bytes()
+
+
+def test_a_rerun_skips_written_lines_and_redoes_changed_ones(tmp_path):
+    engine = ToneEngine()
+    job, rows, first = _first_run(tmp_path, engine)
     rows[1]["seed"] = 22
     _write_jsonl(tmp_path / "in.jsonl", rows)
     calls = engine.calls
@@ -207,3 +217,184 @@ def test_a_local_ray_instance_keeps_its_files_outside_the_virtualenv(monkeypatch
     assert not Path(chosen).resolve().is_relative_to(Path(sys.prefix).resolve())
     monkeypatch.setattr(tempfile, "gettempdir", lambda: "/tmp")
     assert ray_backend._local_temp_dir() == {}  # outside it: Ray's default is fine
+
+
+# -- hostile inputs (issue 22 item 15) --------------------------------------------------------
+
+def _lines(path):
+    return list(read_lines(path))
+
+
+def test_a_utf8_bom_is_accepted_in_every_input_kind(tmp_path):
+    (tmp_path / "in.csv").write_bytes("\ufeffid,text\na,Hello.\n".encode())
+    (tmp_path / "in.tsv").write_bytes("\ufeffid\ttext\na\tHello.\n".encode())
+    (tmp_path / "in.jsonl").write_bytes('\ufeff{"id": "a", "text": "Hello."}\n'.encode())
+    (tmp_path / "in.txt").write_bytes("\ufeffHello.\n".encode())
+    for name in ("in.csv", "in.tsv", "in.jsonl"):
+        [line] = _lines(tmp_path / name)
+        assert (line.error, line.id, line.fields["text"]) == (None, "a", "Hello."), name
+    assert _lines(tmp_path / "in.txt")[0].fields == {"text": "Hello."}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".txt"])
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16", "cp1252"])
+def test_an_input_in_another_encoding_is_a_named_error(tmp_path, suffix, encoding):
+    path = tmp_path / f"in{suffix}"
+    body = {".csv": "id,text\na,Grüße ô\n", ".tsv": "id\ttext\na\tGrüße ô\n",
+            ".jsonl": '{"id": "a", "text": "Grüße ô"}\n', ".txt": "Grüße ô\n"}[suffix]
+    path.write_bytes(body.encode(encoding))
+    with pytest.raises(InvalidRequest, match="is not UTF-8 text: byte") as caught:
+        count_lines(path)
+    assert caught.value.field == "input" and str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize("body, problem", [
+    ('id,text\na,"Hello.\nb,World.\n', "line 2: a quote opened in this row is never closed"),
+    ('id,text\na,"He said "hi" ok\nb,x\n', "expected after"),
+    ("id,text,id\na,Hello.,b\n", "repeats the column 'id'"),
+    ("id,text,text\na,Hello.,Bye.\n", "repeats the column 'text'"),
+    ("id,,text\na,x,Hello.\n", "column without a name"),
+    (f'id,text\na,{"x" * 200_000}\n', "field larger than field limit"),
+])
+def test_csv_that_cannot_be_read_whole_is_refused(tmp_path, body, problem):
+    path = tmp_path / "in.csv"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(InvalidRequest, match=problem) as caught:
+        count_lines(path)
+    assert caught.value.field == "input"
+
+
+def test_a_quoted_multiline_cell_is_still_one_line(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text('id,text\na,"Two\nlines, ""quoted"""\nb,x\n', encoding="utf-8")
+    lines = _lines(path)
+    assert [(line.id, line.fields["text"]) for line in lines] == [
+        ("a", 'Two\nlines, "quoted"'), ("b", "x")]
+
+
+@pytest.mark.parametrize("raw_id", [None, 7, 7.5, True, [], {}, ["a"]])
+def test_a_jsonl_id_that_is_not_a_string_is_refused(tmp_path, raw_id):
+    path = _write_jsonl(tmp_path / "in.jsonl", [{"id": raw_id, "text": "Hi."},
+                                                {"id": "ok", "text": "Hi."}])
+    bad, good = _lines(path)
+    assert bad.error is not None and bad.error.field == "id" and "string" in str(bad.error)
+    assert good.error is None
+    summary = run_batch(BatchJob(path, tmp_path / "out"), engine=ToneEngine())
+    assert (summary.ok, summary.failed) == (1, 1)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["manifest.jsonl", "ok.wav"]
+
+
+@pytest.mark.parametrize("raw_id", ["", " ", "..", ".hidden", "a/b", "a\\b", "x.", "NUL",
+                                    "con.take1", "Lpt1", "é", "a b", "x" * 129, "a\x00b"])
+def test_ids_that_are_not_safe_file_names_are_refused(tmp_path, raw_id):
+    rows = [{"id": raw_id, "text": "Hi."}]
+    [line] = _lines(_write_jsonl(tmp_path / "in.jsonl", rows))
+    assert line.error is not None and line.error.field == "id", raw_id
+
+
+def test_empty_csv_ids_and_ids_differing_in_case_are_refused(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("id,text\n,No id.\nTake,One.\ntake,Two.\n", encoding="utf-8")
+    lines = _lines(path)
+    assert "is empty" in str(lines[0].error)
+    assert lines[1].error is None and "differ only in case" in str(lines[2].error)
+    no_ids = tmp_path / "plain.csv"  # no id column at all: ids by line number
+    no_ids.write_text("text\nOne.\nTwo.\n", encoding="utf-8")
+    assert [line.id for line in _lines(no_ids)] == ["1", "2"]
+
+
+# -- one run per folder; the manifest describes its files (item 7) -----------------------------
+
+def test_a_second_batch_into_the_same_folder_is_refused_naming_the_first(tmp_path):
+    import socket
+
+    job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", GOOD), tmp_path / "out")
+    refused = []
+
+    def second_run(progress):
+        if progress.done == 1 and not refused:
+            with pytest.raises(InvalidRequest, match="another run") as caught:
+                run_batch(job, engine=ToneEngine())
+            refused.append(str(caught.value))
+
+    summary = run_batch(job, engine=ToneEngine(), progress=second_run)
+    assert summary.ok == 2 and refused
+    assert f"pid {os.getpid()} on {socket.gethostname()}" in refused[0]
+    assert not (tmp_path / "out" / LOCK).exists()  # removed when the run ends
+
+
+def test_a_stale_lock_left_by_a_killed_run_is_taken_over(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK).write_text("pid 999999 on elsewhere\n")  # no process holds it
+    job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", GOOD), out)
+    assert run_batch(job, engine=ToneEngine()).ok == 2
+
+
+def test_a_lock_held_by_another_process_names_it(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from mizuoto.runtime.run_lock import RunLock;"
+         f"RunLock({str(out / LOCK)!r}, field='output_dir', what='x').acquire();"
+         "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", GOOD), out)
+        with pytest.raises(InvalidRequest, match=f"pid {holder.pid} on "):
+            run_batch(job, engine=ToneEngine())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_batch(job, engine=ToneEngine()).ok == 2  # its lock went with it
+
+
+def test_a_file_replaced_behind_the_manifest_is_made_again(tmp_path):
+    engine = ToneEngine()
+    job, _, first = _first_run(tmp_path, engine)
+    # another request's audio lands in a.wav without its record (a run killed in between)
+    (tmp_path / "out" / "a.wav").write_bytes((tmp_path / "out" / "b.wav").read_bytes())
+    summary = run_batch(job, engine=engine)
+    assert (summary.ok, summary.skipped) == (1, 1)
+    assert (tmp_path / "out" / "a.wav").read_bytes() == first
+    records = _manifest(tmp_path / "out")
+    for record in records.values():
+        assert record["sha256"] == file_digest(tmp_path / "out" / record["path"])
+
+
+# -- workers and Ray: settings and the model checked first (item 16) ---------------------------
+
+def test_workers_check_the_model_before_starting(tone_model, tmp_path):
+    good = _write_jsonl(tmp_path / "good.jsonl", GOOD)
+    started = time.monotonic()
+    for extra in (["--workers", "2"], ["--ray", "local"], []):
+        result = CliRunner().invoke(cli, ["batch", "-m", str(tmp_path / "nonexistent"),
+                                          "-o", str(tmp_path / "out"), *extra, str(good)],
+                                    obj={})
+        assert result.exit_code == 3, (extra, result.output)
+        assert "nonexistent" in result.output and "Traceback" not in result.output
+    assert time.monotonic() - started < 10  # no worker (or Ray) was started
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("option, value", [("--ray-cpus", "-1"), ("--ray-cpus", "nan"),
+                                           ("--ray-cpus", "0"), ("--ray-cpus", "inf"),
+                                           ("--ray-gpus", "-0.5"), ("--ray-gpus", "nan")])
+def test_ray_resources_are_validated_first(tone_model, tmp_path, option, value):
+    good = _write_jsonl(tmp_path / "good.jsonl", GOOD)
+    result = CliRunner().invoke(cli, ["batch", "-e", "tone", "-m", str(tone_model), "-o",
+                                      str(tmp_path / "out"), "--ray", "local", option, value,
+                                      str(good)], obj={})
+    assert result.exit_code == 2 and option in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_worker_that_dies_is_a_named_error(tmp_path, monkeypatch):
+    from mizuoto.batch import run as batch_run
+    from mizuoto.errors import MizuotoError
+
+    job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", GOOD), tmp_path / "out")
+    with pytest.raises(MizuotoError, match="--workers 1"):
+        run_batch(job, load=batch_run.ModelLoader(str(tmp_path / "nothing-here")), workers=2)

@@ -23,12 +23,7 @@ PACKAGES = {
 }
 
 # Cycles known and being removed elsewhere, each with why it is still here. Empty is the goal.
-KNOWN = {
-    # contracts/audio reaches up into nn/dsp for reading and writing; the audio formats module
-    # (issue 23 item 5, another branch) moves that below contracts
-    frozenset({"mizuoto.contracts.audio", "mizuoto.contracts.results",
-               "mizuoto.nn.dsp.audio_io"}),
-}
+KNOWN: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -118,7 +118,7 @@ def test_one_section_is_the_file_result_save_writes(engine, tmp_path, suffix):
 
 
 def test_one_section_mp3_is_what_say_writes(engine, tmp_path):
-    from mizuoto.serve.encoders import encode
+    from mizuoto.audio_encoding import encode
 
     request = SynthesisRequest("Just one sentence.", seed=11)
     samples = engine.synthesize(request).audio.numpy()
@@ -353,3 +353,149 @@ def test_sections_are_written_as_they_finish(engine, tmp_path):
     synthesize_to(engine, out, SynthesisRequest(TEXT, seed=1), max_chars=200, progress=watch)
     assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes) > 3
     assert Path(out).stat().st_size > sizes[-1]
+
+
+# -- every format; RF64 past WAV's 4 GiB (issue 22 item 9, issue 23 item 5) --------------------
+
+@pytest.mark.parametrize("name", ["aac", "pcm"])
+def test_one_section_in_the_encoders_formats_is_what_say_writes(engine, tmp_path, name):
+    from mizuoto.audio_encoding import encode
+    from mizuoto.audio_formats import FORMATS
+
+    pytest.importorskip(FORMATS[name].needs or "numpy")
+    request = SynthesisRequest("Just one sentence.", seed=11)
+    samples = engine.synthesize(request).audio.numpy()
+    path = tmp_path / f"long{FORMATS[name].extension}"
+    assert synthesize_to(engine, path, request).complete
+    assert path.read_bytes() == encode(samples, RATE, name)
+
+
+def test_a_wav_past_the_32_bit_limit_becomes_rf64_at_the_boundary(tmp_path):
+    from mizuoto.audio_formats import FORMATS
+    from mizuoto.longform import WAV_MAX_DATA_BYTES, _container
+
+    raw = tmp_path / "audio.raw"  # sparse: sizes at the boundary cost no disk
+    for size, container in ((WAV_MAX_DATA_BYTES, "WAV"), (WAV_MAX_DATA_BYTES + 2, "RF64"),
+                            (0xFFFFFFFF + 2, "RF64"), (6 << 30, "RF64")):
+        with open(raw, "wb") as handle:
+            handle.truncate(size)
+        assert _container(FORMATS["wav"], raw.stat().st_size) == container, size
+        assert _container(FORMATS["flac"], raw.stat().st_size) == "FLAC"
+    assert raw.stat().st_blocks * 512 < 1 << 20  # it stayed sparse
+    # what the limit leaves room for: RIFF's size field holds the data, header and tags
+    assert WAV_MAX_DATA_BYTES + 44 + 4096 <= 0xFFFFFFFF
+
+
+def test_rf64_output_reads_back_as_the_wav_would(engine, tmp_path, monkeypatch):
+    import soundfile as sf
+
+    from mizuoto import longform
+
+    request = SynthesisRequest(TEXT, seed=3)
+    synthesize_to(engine, tmp_path / "plain.wav", request, max_chars=150)
+    monkeypatch.setattr(longform, "WAV_MAX_DATA_BYTES", 1000)  # a long run, in miniature
+    synthesize_to(engine, tmp_path / "long.wav", request, max_chars=150)
+    with sf.SoundFile(tmp_path / "long.wav") as long, sf.SoundFile(tmp_path / "plain.wav") as plain:
+        assert (long.format, plain.format) == ("RF64", "WAV")
+        assert long.frames == plain.frames and long.comment == plain.comment
+    assert (tmp_path / "long.wav").read_bytes()[:4] == b"RF64"
+    assert np.array_equal(sf.read(tmp_path / "long.wav", dtype="int16")[0],
+                          sf.read(tmp_path / "plain.wav", dtype="int16")[0])
+
+
+# -- a text file that changes while it is spoken (issue 22 item 10) ----------------------------
+
+def _shrink(path):
+    path.write_text("Short now.", encoding="utf-8")
+
+
+def _grow(path):
+    path.write_text(path.read_text(encoding="utf-8") + " More words at the end.",
+                    encoding="utf-8")
+
+
+def _same_size(path):  # a word not read yet changes, the size does not
+    text = path.read_text(encoding="utf-8")
+    at = text.rindex("number")
+    path.write_text(text[:at] + "NUMBER" + text[at + 6:], encoding="utf-8")
+
+
+def _same_size_and_time(path):
+    stat = path.stat()
+    _same_size(path)
+    import os
+
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # only the content tells
+
+
+@pytest.mark.parametrize("change", [_shrink, _grow, _same_size, _same_size_and_time])
+def test_a_text_file_changed_between_sections_is_an_error_naming_it(engine, tmp_path, change,
+                                                                    monkeypatch):
+    from mizuoto import longform
+
+    monkeypatch.setattr(longform, "_READ_CHARS", 64)  # read as it is spoken, as a long book is
+    text_file = tmp_path / "book.txt"  # longer than the file object's own 8 KiB buffer
+    text_file.write_text(" ".join(f"Sentence number {i} is here." for i in range(500)),
+                         encoding="utf-8")
+    changed = []
+
+    def change_after_first(progress):
+        if progress.stage == "section" and progress.done == 1 and not changed:
+            change(text_file)
+            changed.append(True)
+
+    with pytest.raises(InvalidRequest, match="changed while it was being spoken") as caught:
+        synthesize_to(engine, tmp_path / "out.wav", SynthesisRequest("x", seed=1),
+                      text_file=text_file, max_chars=150, progress=change_after_first)
+    assert caught.value.field == "text_file" and str(text_file) in str(caught.value)
+    assert not (tmp_path / "out.wav").exists()
+
+
+def test_say_reports_success_only_for_a_complete_file(tmp_path, monkeypatch):
+
+    from conftest import make_plugin
+
+    from mizuoto import registry
+
+    text_file = tmp_path / "book.txt"
+    text_file.write_text(TEXT, encoding="utf-8")
+
+    class ShrinkingEngine(NoiseEngine):
+        def synthesize(self, request, *, progress=None):
+            if self.calls == 1:
+                _shrink(text_file)
+            return super().synthesize(request, progress=progress)
+
+        @classmethod
+        def recognizes(cls, model_dir):
+            return True
+
+    module = make_plugin("shrink_plugin", engines=(ShrinkingEngine,), trainers=(), models=(),
+                         fixtures=())
+    monkeypatch.setenv("MIZUOTO_PLUGINS", "")
+    mizuoto.plugins.reset_plugins()
+    mizuoto.plugins.load_plugins()
+    mizuoto.plugins.pm.register(module, name="shrink_plugin")
+    registry.clear_cache()
+    try:
+        result = CliRunner().invoke(cli, ["say", "-m", str(tmp_path), "-e", "noise", "-f",
+                                          str(text_file), "--section-chars", "150", "-o",
+                                          str(tmp_path / "out.wav")], obj={})
+    finally:
+        mizuoto.plugins.reset_plugins()
+    assert result.exit_code == 2, result.output
+    assert "changed while it was being spoken" in result.output and "Wrote" not in result.output
+    assert not (tmp_path / "out.wav").exists()
+
+
+def test_a_text_file_with_a_byte_order_mark_is_spoken_without_it(engine, tmp_path):
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text(TEXT, encoding="utf-8")
+    marked.write_bytes("\ufeff".encode() + TEXT.encode())
+    for path in (plain, marked):
+        synthesize_to(engine, tmp_path / f"{path.stem}.wav", SynthesisRequest("x", seed=2),
+                      text_file=path, max_chars=150)
+    assert filecmp.cmp(tmp_path / "plain.wav", tmp_path / "marked.wav", shallow=False)
+    from mizuoto.text.files import read_utf8
+
+    assert read_utf8(marked, "--text-file") == TEXT

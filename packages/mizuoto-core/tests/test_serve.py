@@ -26,8 +26,8 @@ import soundfile as sf  # noqa: E402
 
 import mizuoto  # noqa: E402
 from mizuoto import Audio, Reference, SynthesisRequest  # noqa: E402
+from mizuoto.audio_encoding import to_int16  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
-from mizuoto.serve.encoders import to_int16  # noqa: E402
 
 TEXT = "Hello from the server."
 F5 = {"steps": 2}  # a tiny F5 model at two sampling steps: a fraction of a second

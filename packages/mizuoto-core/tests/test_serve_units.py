@@ -15,14 +15,14 @@ pytest.importorskip("fastapi")
 import soundfile as sf
 
 from mizuoto import errors
-from mizuoto.serve.app import model_names
-from mizuoto.serve.encoders import (
+from mizuoto.audio_encoding import (
     StreamEncoder,
     _mp3_frame_length,
     encode,
     output_rate,
     to_int16,
 )
+from mizuoto.serve.app import model_names
 from mizuoto.serve.errors import APIError, from_mizuoto
 from mizuoto.serve.metrics import Metrics
 from mizuoto.serve.voices import VoiceStore, check_name
@@ -245,7 +245,7 @@ def test_aac_streams_in_adts_frames_that_join_into_the_whole_file():
     import av
     import numpy as np
 
-    from mizuoto.serve.encoders import StreamEncoder, encode
+    from mizuoto.audio_encoding import StreamEncoder, encode
 
     samples = (0.1 * np.sin(np.arange(48000) / 10)).astype(np.float32)
     whole = encode(samples, 24000, "aac")

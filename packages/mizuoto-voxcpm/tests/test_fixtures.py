@@ -56,3 +56,46 @@ def test_stop_modes():
     assert torch.equal(always, -never)
     with pytest.raises(ValueError, match="stop"):
         random_state_dict(config, stop="sometimes")
+
+
+def test_write_random_model_carries_no_defaults(tmp_path):
+    # parity tests load these directories beside upstream, which has only its own defaults
+    assert not (write_random_model(tmp_path / "m", "voxcpm2") / "mizuoto-defaults.json").exists()
+
+
+def test_the_demo_fixtures_speak_a_sentence_with_short_defaults(tmp_path):
+    import mizuoto
+    from mizuoto.registry import random_models
+    from mizuoto_voxcpm.plugin import DEMO_DEFAULTS
+
+    directory = tmp_path / "tiny-2"
+    random_models()["voxcpm/tiny-2"].make(directory)
+    saved = json.loads((directory / "mizuoto-defaults.json").read_text())
+    assert saved["params"] == DEMO_DEFAULTS and "never fires" in saved["why"]
+    tts = mizuoto.load(directory)
+    plain = tts.synthesize(mizuoto.SynthesisRequest("Hello from Mizuoto.", seed=3))
+    assert dict(plain.applied.model_defaults) == DEMO_DEFAULTS
+    assert plain.applied.retries == 0
+    assert plain.applied.extra["patches"] == DEMO_DEFAULTS["max_len"]  # it never stops
+    assert plain.applied.sampler["max_len"] == DEMO_DEFAULTS["max_len"]
+    # the defaults are only params: the same request spelling them out gives the same bits
+    spelled = tts.synthesize(mizuoto.SynthesisRequest("Hello from Mizuoto.", seed=3,
+                                                      params=DEMO_DEFAULTS))
+    assert torch.equal(plain.audio.samples, spelled.audio.samples)
+    assert dict(spelled.applied.model_defaults) == {}
+    # a request's own param wins; the others still apply
+    short = tts.synthesize(mizuoto.SynthesisRequest("Hello from Mizuoto.", seed=3,
+                                                    params={"max_len": 4}))
+    assert short.applied.extra["patches"] == 4
+    assert dict(short.applied.model_defaults) == {"retry_badcase": False}
+
+
+def test_the_realsize_fixtures_keep_upstreams_defaults(tmp_path, monkeypatch):
+    import mizuoto_voxcpm.fixtures
+    from mizuoto_voxcpm.plugin import _write
+
+    written = []
+    monkeypatch.setattr(mizuoto_voxcpm.fixtures, "write_random_model",
+                        lambda directory, generation, size: written.append(size))
+    _write(tmp_path, "voxcpm2", size="realsize")
+    assert written == ["realsize"] and not (tmp_path / "mizuoto-defaults.json").exists()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from mizuoto.audio_formats import FORMATS, extensions_text
 from mizuoto.benchmarking.command import bench, bench_run
 from mizuoto.command_options import command_options as _options
 from mizuoto.command_options import command_params as _params
@@ -72,6 +73,14 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             ctx.exit(130)
+        except OSError as exc:
+            # what only the write itself can tell (a full disk, a device that refuses):
+            # one line naming the file, not a traceback
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            where = f": {exc.filename}" if exc.filename else ""
+            click.echo(f"Error: {exc.strerror or exc}{where}", err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=_Group)
@@ -256,7 +265,7 @@ def _first_section(text_file):
     from mizuoto.text.files import check_utf8
 
     check_utf8(text_file, "--text-file")  # the whole file, before any model loads
-    with open(text_file, encoding="utf-8") as handle:
+    with open(text_file, encoding="utf-8-sig") as handle:
         first = next(iter_sections([handle.read(1 << 16)], 1 << 16), None)
     if first is None:
         raise InvalidRequest("--text-file", "is empty", "give the words to speak")
@@ -266,7 +275,7 @@ def _first_section(text_file):
 _model_options = [
     click.option("-m", "--model", required=True, help="Catalog id (see `mizuoto models`) or a model directory."),
     click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory)."),
-    click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="WAV, FLAC, MP3 or Ogg/Opus (.ogg, .opus) file to write."),
+    click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help=f"Audio file to write, by extension: {extensions_text()}."),
     click.option("--seed", type=int, help="Seed (default: drawn and printed)."),
     click.option("--steps", type=int, help="Sampler steps (engine default if unset)."),
     click.option("--guidance", type=float, help="Guidance strength (engine default if unset)."),
@@ -317,6 +326,11 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     long_form = (text_file is not None or resume or section_chars is not None) and not stream
     if long_form and text_file is None:
         raise InvalidRequest("--resume" if resume else "--section-chars", "needs --text-file")
+    _check_audio_output(output, keeps_files_beside=long_form)
+    if save_voice:
+        from mizuoto.output_paths import check_output_file
+
+        check_output_file(save_voice, "--save-voice")
     # Validate the request before loading the model: a bad request fails in milliseconds.
     request = SynthesisRequest(
         text=_first_section(text_file) if long_form else _read_text(text, text_file),
@@ -343,6 +357,9 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
                                  max_chars=section_chars or DEFAULT_SECTION_CHARS,
                                  progress=progress, resume_hint="--resume")
             applied = done.applied
+            if not done.complete:
+                raise MizuotoError(f"{output} was not written: {done.sections_done} of "
+                                   f"{done.sections} sections are done; rerun with --resume")
             if not quiet:
                 click.echo(f"{done.sections} sections ({done.resumed_at} resumed), "
                            f"{done.seconds:.1f} s of audio", err=True)
@@ -351,50 +368,61 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             applied = _stream_to_file(tts, request, output, progress)
         else:
             result = tts.synthesize(request, progress=progress)
-            _save(result.audio, result, output)
+            result.save(output)
             applied = result.applied
+    _check_written(output)
     _report(applied, output, quiet)
 
 
-#: Output suffixes written by the server's encoders (lossy: no seed/license metadata).
-_ENCODED = {".mp3": "mp3", ".ogg": "opus", ".opus": "opus"}
+def _check_audio_output(output, *, keeps_files_beside: bool = False) -> None:
+    """Refuse an output that cannot be written before any model loads: an extension no writer
+    knows (the message lists them all), a folder that is read-only or missing under a file, a
+    device or FIFO for an output that keeps files beside it (long-form's ``OUT.part/``)."""
+    from mizuoto.audio_formats import format_for_path
+    from mizuoto.output_paths import check_output_file
+
+    format_for_path(output, "--output")
+    check_output_file(output, "--output", special_ok=not keeps_files_beside)
 
 
-def _save(audio, result, output) -> None:
-    """Write ``audio``: WAV/FLAC with the result's metadata, MP3/Opus through the encoders."""
-    response_format = _ENCODED.get(Path(output).suffix.lower())
-    if response_format is None:
-        result.save(output)
+def _check_written(output) -> None:
+    """Success is reported only for an output that is there: a file with audio in it (or the
+    device or FIFO it was written into)."""
+    from mizuoto.runtime.atomic import is_special
+
+    path = Path(output)
+    if is_special(path):
         return
-    from mizuoto.runtime.atomic import atomic_path
-    from mizuoto.serve.encoders import encode
-
-    data = encode(audio.numpy(), audio.sample_rate, response_format)
-    with atomic_path(output) as tmp:
-        Path(tmp).write_bytes(data)
+    if not path.is_file() or path.stat().st_size == 0:
+        raise MizuotoError(f"{output} was not written (no file, or an empty one)")
 
 
 def _stream_to_file(tts, request, output, progress):
+    """Write a stream as it comes: WAV and FLAC chunk by chunk (libsndfile); the other formats
+    once the stream has ended, as ``result.save`` writes them."""
     import soundfile as sf
 
+    from mizuoto.audio_formats import format_for_path
     from mizuoto.runtime.atomic import atomic_path
 
-    if Path(output).suffix.lower() in _ENCODED:  # encoded once the stream has ended
+    fmt = format_for_path(output, "--output")
+    if not fmt.metadata:
         import torch
 
         from mizuoto.contracts import Audio
+        from mizuoto.contracts.results import file_metadata
 
         chunks = []
         for chunk in tts.stream(request, progress=progress):
             chunks.append(chunk)
             _streamed(progress, len(chunks), sum(c.audio.duration for c in chunks), "so far")
         audio = Audio(torch.cat([c.audio.samples for c in chunks]), tts.info.sample_rate)
-        _save(audio, None, output)
+        audio.save(output, metadata=file_metadata(chunks[-1].applied))
         return chunks[-1].applied
     applied = None
     with atomic_path(output) as tmp:
         with sf.SoundFile(tmp, "w", samplerate=tts.info.sample_rate, channels=1,
-                          format="FLAC" if str(output).lower().endswith(".flac") else "WAV") as f:
+                          format=fmt.soundfile[0], subtype=fmt.soundfile[1]) as f:
             written = 0.0
             for index, chunk in enumerate(tts.stream(request, progress=progress)):
                 f.write(chunk.audio.numpy())
@@ -473,6 +501,7 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
     import mizuoto
     from mizuoto.contracts import Capability, EditRequest, Reference
 
+    _check_audio_output(output)
     spans = []
     for segment in segments:
         try:
@@ -487,7 +516,8 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
                                       steps=steps, guidance=guidance, params=_params(params)),
                           progress=progress)
-        _save(result.audio, result, output)
+        result.save(output)
+    _check_written(output)
     _report(result.applied, output, ctx.obj["quiet"])
 
 
@@ -510,7 +540,7 @@ class _FixtureListCommand(click.Command):
 @click.option("-m", "--model", required=True, help="Catalog id or model directory (loaded once).")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for <id>.<format> files and manifest.jsonl.")
-@click.option("--format", "file_format", type=click.Choice(["wav", "flac"]), default="wav", show_default=True, help="Audio format of the files written.")
+@click.option("--format", "file_format", type=click.Choice(list(FORMATS)), default="wav", show_default=True, help="Audio format of the files written.")
 @click.option("--steps", type=int, help="Sampler steps for lines that do not set them.")
 @click.option("--guidance", type=float, help="Guidance for lines that do not set it.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")
@@ -519,8 +549,8 @@ class _FixtureListCommand(click.Command):
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Local worker processes (CPU cores shared; one GPU each).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Run on Ray (mizuoto-core[ray]): a local instance, or ADDRESS.")
 @click.option("--ray-actors", type=click.IntRange(1), default=2, show_default=True, help="Ray actors (model copies).")
-@click.option("--ray-cpus", type=float, default=0.5, show_default=True, help="CPUs per Ray actor.")
-@click.option("--ray-gpus", type=float, default=0.0, show_default=True, help="GPUs per Ray actor.")
+@click.option("--ray-cpus", type=float, default=0.5, show_default=True, help="CPUs per Ray actor (above 0).")
+@click.option("--ray-gpus", type=float, default=0.0, show_default=True, help="GPUs per Ray actor (0 or more).")
 @click.pass_context
 def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidance, params,
           option_pairs, options_file, workers, ray_address, ray_actors, ray_cpus, ray_gpus):
@@ -531,11 +561,22 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
     batch goes on; lines already written with the same request are skipped, so a rerun
     resumes. Exit code 5 when any line failed. See docs/batch.md.
     """
+    from mizuoto.batch.items import count_lines
     from mizuoto.batch.run import BatchJob, ModelLoader, run_batch
+    from mizuoto.output_paths import check_output_dir
 
+    # everything that can be checked is, before any model loads or worker starts
+    check_output_dir(output_dir, "--output-dir")
     defaults = {"steps": steps, "guidance": guidance, "params": _params(params)}
     job = BatchJob(input_file, output_dir, file_format,
                    {key: value for key, value in defaults.items() if value not in (None, {})})
+    count_lines(job.input)  # an input unreadable as a whole (encoding, quoting, header)
+    settings = None
+    if ray_address:
+        from mizuoto.batch.ray import RaySettings
+
+        settings = RaySettings(None if ray_address == "local" else ray_address, ray_actors,
+                               ray_cpus, ray_gpus)
     options = _options_to_load(options_file, option_pairs)
     actors = ray_actors if ray_address else workers
     if options.compute.cpu_pinning and (actors > 1 or ray_address):
@@ -546,12 +587,11 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
                             "cores: several batch workers would all share them; leave it off "
                             "with --workers or --ray")
     loader = ModelLoader(model, engine, options, workers=actors)
+    loader.check()  # the model is there and an engine loads it: exit 3 now, not in a worker
     records = None
-    if ray_address:
-        from mizuoto.batch.ray import RaySettings, ray_records
+    if settings is not None:
+        from mizuoto.batch.ray import ray_records
 
-        settings = RaySettings(None if ray_address == "local" else ray_address, ray_actors,
-                               ray_cpus, ray_gpus)
         records = ray_records(loader, settings)
     with _progress(ctx.obj["quiet"]) as progress:
         summary = run_batch(job, load=loader, workers=workers, progress=progress,
@@ -579,7 +619,9 @@ def random_model(fixture, directory):
     if fixture not in fixtures:
         known = ", ".join(sorted(fixtures)) or "none (no engine installed)"
         raise InvalidRequest("FIXTURE", f"unknown fixture {fixture!r}", f"known: {known}")
-    path = Path(directory)
+    from mizuoto.output_paths import check_output_dir
+
+    path = check_output_dir(directory, "DIRECTORY")
     path.mkdir(parents=True, exist_ok=True)
     fixtures[fixture].make(path)
     note = " (random weights: noise, not speech)" if fixtures[fixture].random_init else ""
@@ -702,11 +744,12 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
 @click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
+@click.option("--max-batch", default=1, show_default=True, type=int, help="Requests of one model run at once, 1 to 256; an engine that batches (VoxCPM streams) steps them together. Batched audio is close to, not always bit-identical with, unbatched (docs/performance.md).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
-          memory_budget, option_pairs, options_file):
+          memory_budget, max_batch, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -723,7 +766,8 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
     try:
         config = ServeConfig(models=names, engine=engine, host=host, port=port,
                              api_key=api_key, queue_size=queue_size, grace=grace,
-                             max_loaded=max_loaded, memory_budget=budget, options=options)
+                             max_loaded=max_loaded, memory_budget=budget, options=options,
+                             max_batch=max_batch)
     except InvalidRequest as exc:  # named as the user wrote it
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
             "--" + exc.field.replace("_", "-")

@@ -32,6 +32,11 @@ class InvalidAudio(InvalidRequest):
     """Audio that cannot be read, is empty or is silent."""
 
 
+class OutputNotWritable(InvalidRequest):
+    """An output path that cannot be written (a read-only folder, a path under a file, a
+    folder where a file should go): found before any model loads."""
+
+
 class InvalidOption(MizuotoError, ValueError):
     """An option key that does not exist or a value it does not accept."""
 
@@ -46,6 +51,18 @@ class UnsupportedCapability(MizuotoError):
     """The engine or model cannot do what was asked (e.g. streaming on a model without it)."""
 
     exit_code = 4
+
+
+class EngineBusy(MizuotoError):
+    """A loaded model has no room for another open request (every slot of its per-request
+    state is held); ``fix`` says what frees one. A server answers it with 429."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem} ({fix})" if fix else problem)
 
 
 class EngineNotFound(MizuotoError):

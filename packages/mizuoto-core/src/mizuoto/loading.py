@@ -32,14 +32,13 @@ def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | No
     return resolve_in(model, catalog or {}, download=download, progress=progress)
 
 
-def load(model: str | Path, *, engine: str | None = None,
-         options: Options | Mapping[str, Any] | None = None,
-         progress: ProgressCallback | None = None) -> Engine:
-    """Load a model (a directory or a catalog id) with the engine that owns it.
-
-    ``options``: :class:`~mizuoto.options.Options`, or a plain mapping of the same sections
-    (``{"compute": {"device": "cpu"}}`` or dotted keys), read by ``Options.from_mapping``.
-    """
+def resolve_engine(model: str | Path, *, engine: str | None = None,
+                   options: Options | Mapping[str, Any] | None = None,
+                   progress: ProgressCallback | None = None
+                   ) -> tuple[type[Engine], ResolvedModel]:
+    """The engine class that loads ``model`` and where the model is, without loading it: what
+    :func:`load` checks first (a bad option, a missing model, an unknown engine, a bad
+    ``engines.<name>`` option raise here, in milliseconds for a local directory)."""
     options = _as_options(options)  # a bad option fails before anything is resolved
     resolved = resolve_model(model, progress=progress)
     if engine is None and resolved.entry is not None:
@@ -55,6 +54,20 @@ def load(model: str | Path, *, engine: str | None = None,
         engine_cls = get_engine(engine)
         check_owner(resolved, engine)
     options.engine_options(engine_cls)  # a bad engines.<name> value fails before any loading
+    return engine_cls, resolved
+
+
+def load(model: str | Path, *, engine: str | None = None,
+         options: Options | Mapping[str, Any] | None = None,
+         progress: ProgressCallback | None = None) -> Engine:
+    """Load a model (a directory or a catalog id) with the engine that owns it.
+
+    ``options``: :class:`~mizuoto.options.Options`, or a plain mapping of the same sections
+    (``{"compute": {"device": "cpu"}}`` or dotted keys), read by ``Options.from_mapping``.
+    """
+    options = _as_options(options)
+    engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
+                                          progress=progress)
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
                            progress=progress)
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from mizuoto.audio_formats import AudioFormat, format_for_path
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS, SynthesisRequest
 from mizuoto.contracts.results import Applied, file_metadata
@@ -55,22 +56,10 @@ log = logging.getLogger(__name__)
 #: Default section size in characters: about a minute of speech, short enough that an
 #: interruption loses little, long enough that the engine chunks as it would.
 DEFAULT_SECTION_CHARS = 1000
-#: Output formats by extension: (libsndfile format, subtype of the output, subtype kept in
-#: ``audio.raw``). WAV keeps its own 16-bit samples; the others keep float32 and convert at
-#: the end, because libsndfile's FLAC writer rounds float to 16 bits differently from its PCM
-#: writer (one step apart on about half the samples): converting at the end is what makes the
-#: file byte for byte the one ``result.save`` writes.
-FORMATS = {
-    ".wav": ("WAV", "PCM_16", "PCM_16"),
-    ".flac": ("FLAC", "PCM_16", "FLOAT"),
-    ".mp3": ("MP3", "MPEG_LAYER_III", "FLOAT"),
-    ".ogg": ("OGG", "OPUS", "FLOAT"),  # Opus in Ogg, as `say -o x.ogg` and the server write
-    ".opus": ("OGG", "OPUS", "FLOAT"),
-}
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
-# MP3 at a constant bit rate, as `mizuoto say -o x.mp3` and the server encode it (the same
-# bytes for one section)
-_WRITE_SETTINGS = {"MP3": {"bitrate_mode": "CONSTANT", "compression_level": 0.5}}
+#: The largest data chunk a plain WAV file can describe: its size fields are 32 bits, and
+#: the header and the metadata tags (well under 64 KiB) count too. Longer audio (about 12.4 h
+#: of 16-bit audio at 24 kHz) is written as RF64, WAV's 64-bit form.
+WAV_MAX_DATA_BYTES = 0xFFFFFFFF - (1 << 16)
 _RAW_DTYPE = {"PCM_16": "<i2", "FLOAT": "<f4"}
 _STATE_VERSION = 1
 _READ_CHARS = 1 << 16  # characters read from a text file at a time
@@ -162,20 +151,22 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
                   max_chars: int = DEFAULT_SECTION_CHARS, stop_after: int | None = None,
                   progress: ProgressCallback | None = None,
                   resume_hint: str = "resume=True") -> LongFormResult:
-    """Speak ``request`` into the audio file ``path`` (.wav, .flac; .mp3, .ogg/.opus) section
-    by section, in memory bounded whatever the text's length.
+    """Speak ``request`` into the audio file ``path`` (any format of
+    :mod:`mizuoto.audio_formats`, by extension) section by section, in memory bounded whatever
+    the text's length. A WAV longer than a plain WAV can describe is written as RF64.
 
     ``text_file``: speak this UTF-8 file instead of ``request.text`` (of any length; the file
     is read as it is spoken, never whole), with ``request``'s voice, seed and settings.
     ``resume``: continue the interrupted run in ``PATH.part/`` (its text and settings must be
     the same; a drawn seed is the one it drew); without it, an interrupted run found there is
     an error rather than thrown away. ``stop_after``: synthesize at most this many sections in
-    this call and return (the run stays resumable). ``progress`` receives a ``section`` stage
+    this call and return (the run stays resumable). A ``text_file`` that changes while it is
+    spoken raises :class:`InvalidRequest` naming it. ``progress`` receives a ``section`` stage
     (done / total, detail: audio seconds, seconds per section, ETA) around the engine's own.
     ``resume_hint``: how the caller resumes, as messages name it (the CLI: ``--resume``).
     """
     path = Path(path)
-    file_format, subtype, raw_subtype = _output_format(path, engine.info.sample_rate)
+    fmt, raw_subtype = _output_format(path)
     if not 1 <= max_chars <= MAX_TEXT_CHARS:
         raise InvalidRequest("max_chars", f"must be in [1, {MAX_TEXT_CHARS}], got {max_chars}")
     if stop_after is not None and stop_after < 0:
@@ -186,23 +177,23 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
         raise InvalidRequest("text_file" if text_file is not None else "text", "is empty",
                              "give the words to speak")
     depends = {"version": _STATE_VERSION, "text": text_sha, "max_chars": max_chars,
-               "format": [file_format, subtype], **model_identity(engine),
+               "format": list(fmt.soundfile or (fmt.name,)), **model_identity(engine),
                **request_identity(request, text=False)}
     part = _PartialRun(path, resume_hint)
     try:
         state = part.open(depends, request.seed, resume)
         return _run(engine, path, request, part, state, source, total, total_chars,
-                    max_chars, stop_after, (file_format, subtype, raw_subtype), progress)
+                    max_chars, stop_after, (fmt, raw_subtype), progress)
     finally:
         part.unlock()
 
 
 def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRun, state: dict,
          source: _TextSource, total: int, total_chars: int, max_chars: int,
-         stop_after: int | None, formats: tuple[str, str, str],
+         stop_after: int | None, formats: tuple[AudioFormat, str],
          progress: ProgressCallback | None) -> LongFormResult:
     """The sections not done yet, appended to ``audio.raw``; then the output, when all are."""
-    file_format, subtype, raw_subtype = formats
+    fmt, raw_subtype = formats
     rate = engine.info.sample_rate
     frame_bytes = 2 if raw_subtype == "PCM_16" else 4
     started, chars_done, made_now = time.monotonic(), 0, 0
@@ -210,9 +201,10 @@ def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRu
     report(progress, "section", resumed_at, total, _detail(state, rate, frame_bytes, None))
     try:
         with open(part.audio, "ab") as sink:
-            for index, section in enumerate(source.sections(max_chars)):
+            for index, section in enumerate(source.sections(max_chars, total)):
                 if index < state["sections_done"]:
                     continue
+                source.check_unchanged()
                 if stop_after is not None and made_now >= stop_after:
                     break
                 section_request = attrs.evolve(request, text=section,
@@ -246,8 +238,7 @@ def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRu
     applied = _summary(state)
     if done < total:
         return LongFormResult(path, False, total, done, resumed_at, seconds, elapsed, applied)
-    _encode(part.audio, path, rate, file_format, subtype, raw_subtype, applied, total,
-            progress)
+    _encode(part.audio, path, rate, fmt, raw_subtype, applied, total, progress)
     part.remove()
     return LongFormResult(path, True, total, done, resumed_at, seconds, elapsed, applied)
 
@@ -257,14 +248,15 @@ class _TextSource:
 
     def __init__(self, text: str | None, text_file: str | Path | None) -> None:
         self._text, self._file = text, None if text_file is None else Path(text_file)
-        self._section_chars: list[int] = []
+        self._sha: str | None = None
+        self._stat: tuple[int, int] | None = None
 
     def _blocks(self) -> Iterator[str]:
         if self._file is None:
             yield self._text
             return
         try:
-            with open(self._file, encoding="utf-8") as handle:
+            with open(self._file, encoding="utf-8-sig") as handle:  # a BOM is not text
                 while block := handle.read(_READ_CHARS):
                     yield block
         except UnicodeDecodeError as exc:
@@ -273,25 +265,59 @@ class _TextSource:
         except OSError as exc:
             raise InvalidRequest("text_file", f"cannot read {self._file}: {exc}") from None
 
+    def _file_stat(self) -> tuple[int, int] | None:
+        if self._file is None:
+            return None
+        try:
+            stat = self._file.stat()
+        except OSError:
+            return None
+        return stat.st_size, stat.st_mtime_ns
+
+    def _hashed(self, digest) -> Iterator[str]:
+        for block in self._blocks():
+            digest.update(block.encode("utf-8"))
+            yield block
+
     def scan(self, max_chars: int) -> tuple[int, int, str]:
         """Sections, characters in them, and the text's SHA-256, in one streaming pass."""
         import hashlib
 
+        self._stat = self._file_stat()
         digest = hashlib.sha256()
-
-        def hashed() -> Iterator[str]:
-            for block in self._blocks():
-                digest.update(block.encode("utf-8"))
-                yield block
-
         count = chars = 0
-        for section in iter_sections(hashed(), max_chars):
+        for section in iter_sections(self._hashed(digest), max_chars):
             count += 1
             chars += len(section)
-        return count, chars, digest.hexdigest()
+        self._sha = digest.hexdigest()
+        return count, chars, self._sha
 
-    def sections(self, max_chars: int) -> Iterator[str]:
-        return iter_sections(self._blocks(), max_chars)
+    def sections(self, max_chars: int, total: int) -> Iterator[str]:
+        """The sections again, as :meth:`scan` counted them: a file that no longer gives the
+        same text (``total`` sections, the same SHA-256) raises :meth:`changed`."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        count = 0
+        for section in iter_sections(self._hashed(digest), max_chars):
+            count += 1
+            if count > total:
+                raise self.changed()
+            yield section
+        if count != total or digest.hexdigest() != self._sha:
+            raise self.changed()
+
+    def check_unchanged(self) -> None:
+        """Raise :meth:`changed` if the file's size or modification time moved since
+        :meth:`scan` (checked before each section: a change is found at once)."""
+        if self._file_stat() != self._stat:
+            raise self.changed()
+
+    def changed(self) -> InvalidRequest:
+        return InvalidRequest(
+            "text_file", f"{self._file} changed while it was being spoken",
+            "put the text back as it was and rerun with --resume (resume=True), or delete "
+            "OUTPUT.part/ and start again")
 
 
 class _PartialRun:
@@ -302,7 +328,7 @@ class _PartialRun:
         self.directory = path.with_name(path.name + ".part")
         self.audio = self.directory / "audio.raw"
         self.state = self.directory / "state.json"
-        self._lock_file = None
+        self._lock = None
 
     def open(self, depends: dict, seed: int | None, resume: bool) -> dict:
         from mizuoto.runtime.seeds import resolve_seed
@@ -342,17 +368,11 @@ class _PartialRun:
     def lock(self) -> None:
         """Hold ``lock`` in the directory (released by :meth:`unlock` or when the process
         ends): two runs writing one output would interleave their sections."""
+        from mizuoto.runtime.run_lock import RunLock
+
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.directory / "lock", "a")
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock
-            return
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise InvalidRequest("output", f"another run is writing {self.directory}",
-                                 "wait for it to finish, or write another file") from None
+        self._lock = RunLock(self.directory / "lock", field="output",
+                             what=str(self.directory)).acquire()
 
     def _load(self) -> dict:
         try:
@@ -370,9 +390,9 @@ class _PartialRun:
         os.replace(tmp, self.state)
 
     def unlock(self) -> None:
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -422,15 +442,23 @@ def _clock(seconds: float) -> str:
         f"{rest // 60}:{rest % 60:02d}"
 
 
-def _output_format(path: Path, rate: int) -> tuple[str, str, str]:
-    entry = FORMATS.get(path.suffix.lower())
-    if entry is None:
-        raise InvalidRequest("output", f"cannot write {path.suffix or 'files without an extension'}"
-                             " section by section", f"name it {', '.join(FORMATS)}")
-    if entry[1] == "OPUS" and rate not in OPUS_RATES:
-        raise InvalidRequest("output", f"Opus cannot hold {rate} Hz audio",
-                             "write .flac or .wav")
-    return entry
+def _output_format(path: Path) -> tuple[AudioFormat, str]:
+    """The output's format, and the subtype ``audio.raw`` keeps: WAV keeps its own 16-bit
+    samples; the others keep float32 and convert at the end, because libsndfile's FLAC writer
+    rounds float to 16 bits differently from its PCM writer (one step apart on about half the
+    samples): converting at the end is what makes the file byte for byte the one
+    ``result.save`` writes."""
+    fmt = format_for_path(path)
+    return fmt, "PCM_16" if fmt.name == "wav" else "FLOAT"
+
+
+def _container(fmt: AudioFormat, data_bytes: int) -> str:
+    """libsndfile's container for ``data_bytes`` of audio: RF64 for a WAV too long for 32-bit
+    sizes (libsndfile would write 0xFFFFFFFF, which readers take for 2**31 - 1 frames)."""
+    container = fmt.soundfile[0]
+    if container == "WAV" and data_bytes > WAV_MAX_DATA_BYTES:
+        return "RF64"
+    return container
 
 
 def _raw_bytes(samples, rate: int, raw_subtype: str) -> bytes:
@@ -455,27 +483,44 @@ def _metadata(applied: Applied | None, sections: int) -> dict[str, str]:
     return metadata
 
 
-def _encode(raw_path: Path, path: Path, rate: int, file_format: str, subtype: str,
-            raw_subtype: str, applied: Applied | None, sections: int,
-            progress: ProgressCallback | None) -> None:
-    """Write the output from ``audio.raw`` in blocks, atomically."""
+def _encode(raw_path: Path, path: Path, rate: int, fmt: AudioFormat, raw_subtype: str,
+            applied: Applied | None, sections: int, progress: ProgressCallback | None) -> None:
+    """Write the output from ``audio.raw`` in blocks, atomically: through libsndfile where it
+    writes the format at this rate (WAV, FLAC, MP3 and Opus; the bytes ``result.save``
+    writes), otherwise through the encoders (AAC, PCM; resampled where the rate needs it)."""
     import numpy as np
     import soundfile as sf
 
+    from mizuoto.audio_encoding import StreamEncoder
     from mizuoto.runtime.atomic import atomic_path
 
     dtype = np.dtype(_RAW_DTYPE[raw_subtype])
-    frames = raw_path.stat().st_size // dtype.itemsize
-    done = 0
-    with atomic_path(path) as tmp, open(raw_path, "rb") as raw, \
-            sf.SoundFile(tmp, "w", samplerate=rate, channels=1, format=file_format,
-                         subtype=subtype, **_WRITE_SETTINGS.get(file_format, {})) as out:
-        if file_format in ("WAV", "FLAC"):
-            for key, value in _metadata(applied, sections).items():
-                setattr(out, key, value)
-        while block := raw.read(_ENCODE_FRAMES * dtype.itemsize):
-            samples = np.frombuffer(block, dtype=dtype).astype(dtype.newbyteorder("="))
-            out.write(samples)
-            done += len(samples)
-            report(progress, "encoding", done, frames)
+    data_bytes = raw_path.stat().st_size
+    frames, done = data_bytes // dtype.itemsize, 0
 
+    def blocks():
+        nonlocal done
+        with open(raw_path, "rb") as raw:
+            while block := raw.read(_ENCODE_FRAMES * dtype.itemsize):
+                samples = np.frombuffer(block, dtype=dtype).astype(dtype.newbyteorder("="))
+                yield samples
+                done += len(samples)
+                report(progress, "encoding", done, frames)
+
+    if fmt.soundfile is not None and fmt.output_rate(rate) == rate:
+        with atomic_path(path) as tmp, \
+                sf.SoundFile(tmp, "w", samplerate=rate, channels=1,
+                             format=_container(fmt, data_bytes), subtype=fmt.soundfile[1],
+                             **fmt.settings) as out:
+            if fmt.metadata:
+                for key, value in _metadata(applied, sections).items():
+                    setattr(out, key, value)
+            for samples in blocks():
+                out.write(samples)
+        return
+    # a libsndfile format is held whole until its header is written; the others go as they come
+    encoder = StreamEncoder(fmt.name, rate, streaming=fmt.soundfile is None)
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        for samples in blocks():
+            out.write(encoder.feed(samples))
+        out.write(encoder.close())

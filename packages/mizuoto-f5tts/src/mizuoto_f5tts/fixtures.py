@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import save_file
 from torch import nn
 
 from mizuoto.nn.flow import ConditionalFlowMatching
 from mizuoto.nn.transformer.norms import NativeRMSNorm, RMSNorm
 from mizuoto.nn.transformer.rotary import RotaryEmbedding
 from mizuoto.nn.vocoders import Vocos
+from mizuoto.runtime.atomic import save_safetensors
 from mizuoto.runtime.seeds import keyed_generator
 from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path, read_vocab
 from mizuoto_f5tts.identification import write_record
@@ -156,7 +156,7 @@ def write_random_model_dir(
     ema.update({f"ema_model.{k}": v for k, v in cfm_state.items()})
     ckpt_path = path / checkpoint_name(variant.name, checkpoint_format)
     if checkpoint_format == "safetensors":
-        save_file(ema, str(ckpt_path))
+        save_safetensors(ema, ckpt_path)
     else:
         torch.save({"ema_model_state_dict": ema, "model_state_dict": cfm_state}, ckpt_path)
 

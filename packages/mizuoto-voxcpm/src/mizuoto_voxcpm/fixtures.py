@@ -198,8 +198,7 @@ def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     realsize = realsize or size == "realsize"
-    from safetensors.torch import save_file
-
+    from mizuoto.runtime.atomic import save_safetensors
     from mizuoto_voxcpm.audiovae.fixture import write_random_audiovae
     from mizuoto_voxcpm.tokenizer_fixture import write_test_tokenizer
 
@@ -227,7 +226,7 @@ def write_random_model(directory: str | Path, generation: str, *, seed: int = 0,
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     state = random_state_dict(config, seed=seed, stop=stop)
     if weights_format == "safetensors":
-        save_file(state, str(directory / "model.safetensors"))
+        save_safetensors(state, directory / "model.safetensors")
     else:
         torch.save({"state_dict": state}, str(directory / "pytorch_model.bin"))
     return directory

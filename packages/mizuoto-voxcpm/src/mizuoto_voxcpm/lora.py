@@ -227,13 +227,10 @@ def load_lora_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], source
 def write_lora_dir(directory: Path, model: nn.Module, config: LoRAConfig,
                    base_model: str | None) -> None:
     """Write ``lora_weights.safetensors`` and ``lora_config.json`` as upstream's trainer does."""
-    from safetensors.torch import save_file
-
-    from mizuoto.runtime.atomic import atomic_path
+    from mizuoto.runtime.atomic import atomic_path, save_safetensors
 
     directory.mkdir(parents=True, exist_ok=True)
-    with atomic_path(directory / WEIGHTS_FILE) as tmp:
-        save_file(lora_state_dict(model), str(tmp))
+    save_safetensors(lora_state_dict(model), directory / WEIGHTS_FILE)
     info = {"base_model": base_model, "lora_config": config.to_dict()}
     with atomic_path(directory / CONFIG_FILE) as tmp:
         tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False), encoding="utf-8")

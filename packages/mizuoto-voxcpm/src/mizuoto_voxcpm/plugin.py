@@ -79,9 +79,10 @@ def register_contract_fixtures(register):
             steps=2,
             stream_matches=False,
             needs_reference_text=text_needed,
-            # a random stop head ends generation, capped at max_len=4 patches
+            # the stop head never fires: every request runs to the cap, max_len=4 patches
             length_follows_text=False,
-            description=f"random-init {generation} with a few tiny layers (audio is noise)",
+            description=f"random-init {generation} with a few tiny layers (audio is noise); "
+                        f"its defaults: {DEMO_DEFAULTS['max_len']} patches, no retry",
         ))
         register(ContractFixture(
             engine="voxcpm",

@@ -15,7 +15,6 @@ from pathlib import Path
 import attrs
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from mizuoto import (
     Audio,
@@ -29,6 +28,7 @@ from mizuoto import (
 from mizuoto.contracts.progress import report
 from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
 from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
+from mizuoto.runtime.atomic import save_safetensors
 from mizuoto.runtime.checkpoint import check_state_dict, load_state_dict_file
 from mizuoto.runtime.placement import Placement, place
 from mizuoto_example import CAPABILITIES, CONFIG_FILE, WEIGHTS_FILE, ToyOptions, ToyParams
@@ -218,6 +218,6 @@ def write_tiny_model(directory: Path, *, vocab_size: int = 64, sample_rate: int 
         "pitch": torch.from_numpy(generator.uniform(100.0, 300.0, vocab_size).astype(np.float32)),
         "level": torch.from_numpy(generator.uniform(0.05, 0.3, vocab_size).astype(np.float32)),
     }
-    save_file(weights, str(directory / WEIGHTS_FILE))
+    save_safetensors(weights, directory / WEIGHTS_FILE)
     config = {"toy_vocab_size": vocab_size, "sample_rate": sample_rate, "variant": "tiny"}
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

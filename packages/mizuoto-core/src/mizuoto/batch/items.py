@@ -17,12 +17,16 @@ import attrs
 
 from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.errors import InvalidRequest
+from mizuoto.text.files import check_utf8
 
 #: The fields a line may have. ``voice`` is a saved voice file; ``reference`` a recording
 #: (paths relative to the input file's folder); ``params`` a mapping (a JSON object in CSV/TSV).
 FIELDS = ("id", "text", "voice", "reference", "reference_text", "instruction", "seed", "steps",
           "guidance", "params")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# names Windows keeps for devices, whatever the extension: "nul.wav" cannot be a file there
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
+             *(f"LPT{i}" for i in range(1, 10))}
 _NUMBERS = {"seed": int, "steps": int, "guidance": float}
 
 
@@ -41,40 +45,54 @@ def read_lines(path: str | Path) -> Iterator[BatchLine]:
     """The lines of ``path`` by its extension: ``.jsonl`` (one JSON object a line), ``.csv`` /
     ``.tsv`` (a header row naming the fields), anything else plain text (one utterance a line,
     blank lines skipped, ids ``000001``, ``000002``, ... by line number). Ids are checked:
-    letters, digits, ``.``, ``_``, ``-``; a repeated id is an error on its later line."""
+    strings of letters, digits, ``.``, ``_``, ``-`` that name a file on every system; a
+    repeated id (also one differing only in case) is an error on its later line.
+
+    The file must be UTF-8 (a byte order mark, as Excel writes, is accepted). A file that
+    cannot be read as a whole raises :class:`InvalidRequest` for ``input`` before any line is
+    given: another encoding, a CSV quote left open or a malformed quoted cell, a header that
+    repeats a column or has an empty one.
+    """
     path = Path(path)
     if not path.is_file():
         raise InvalidRequest("input", f"file not found: {path}")
+    check_utf8(path, "input")
     suffix = path.suffix.lower()
     reader = {".jsonl": _jsonl, ".csv": _delimited, ".tsv": _delimited}.get(suffix, _plain)
     seen: dict[str, int] = {}
     for line in reader(path):
         if line.error is None:
-            error = _check_id(line.id, seen.get(line.id))
+            error = _check_id(line.id, seen.get(line.id.casefold()))
             if error is not None:
                 line = attrs.evolve(line, error=error)
             else:
-                seen[line.id] = line.number
+                seen[line.id.casefold()] = line.number
         yield line
 
 
 def count_lines(path: str | Path) -> int:
-    """How many lines :func:`read_lines` gives (one streaming pass)."""
+    """How many lines :func:`read_lines` gives (one streaming pass); a file that cannot be read
+    as a whole raises here, before anything runs."""
     return sum(1 for _ in read_lines(path))
 
 
 def _check_id(line_id: str, earlier: int | None) -> InvalidRequest | None:
-    if not _ID.fullmatch(line_id):
+    if not _ID.fullmatch(line_id) or line_id.endswith("."):
         return InvalidRequest("id", f"{line_id!r} cannot name a file",
-                              "use letters, digits, '.', '_' and '-' (at most 128)")
+                              "use letters, digits, '.', '_' and '-' (at most 128), starting "
+                              "with a letter or digit and not ending with '.'")
+    if line_id.split(".")[0].upper() in _RESERVED:
+        return InvalidRequest("id", f"{line_id!r} is a device name on Windows",
+                              "choose another id")
     if earlier is not None:
-        return InvalidRequest("id", f"{line_id!r} is also the id of line {earlier}",
+        return InvalidRequest("id", f"{line_id!r} is also the id of line {earlier} (ids that "
+                              "differ only in case name one file on macOS and Windows)",
                               "give each line its own id")
     return None
 
 
 def _jsonl(path: Path) -> Iterator[BatchLine]:
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:
         number = 0
         for raw in handle:
             if not raw.strip():
@@ -90,24 +108,68 @@ def _jsonl(path: Path) -> Iterator[BatchLine]:
                 yield BatchLine(number, str(number), error=InvalidRequest(
                     "line", "must be a JSON object with at least \"text\""))
                 continue
-            yield BatchLine(number, str(fields.get("id", number)), fields)
+            if "id" in fields and not isinstance(fields["id"], str):
+                yield BatchLine(number, str(number), error=InvalidRequest(
+                    "id", f"must be a string, got {json.dumps(fields['id'])}",
+                    'write it in quotes, e.g. "id": "intro-1"'))
+                continue
+            yield BatchLine(number, fields.get("id", str(number)), fields)
 
 
 def _delimited(path: Path) -> Iterator[BatchLine]:
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, encoding="utf-8", newline="") as handle:
-        for number, row in enumerate(csv.DictReader(handle, delimiter=delimiter), 1):
-            fields = {key: value for key, value in row.items() if value not in ("", None)}
-            if None in row:  # more cells than header columns
-                fields.pop(None, None)
-                yield BatchLine(number, str(fields.get("id", number)), error=InvalidRequest(
-                    "line", "has more cells than the header has columns"))
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        # strict: a quote left open would otherwise swallow every row after it
+        reader = csv.reader(handle, delimiter=delimiter, strict=True)
+        rows = _csv_rows(reader, path)
+        header = next(rows, None)
+        if header is None:
+            return
+        names = [name.strip() for name in header]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise InvalidRequest("input", f"{path}: the header repeats the column "
+                                 f"{', '.join(map(repr, repeated))}", "give each column once")
+        if "" in names:
+            raise InvalidRequest("input", f"{path}: the header has a column without a name",
+                                 f"name every column ({', '.join(FIELDS)})")
+        number = 0
+        for row in rows:
+            if not row:  # a blank line
                 continue
-            yield BatchLine(number, str(fields.get("id", number)), fields)
+            number += 1
+            # a short row leaves its last fields unset; a long one is refused below
+            fields = {name: cell for name, cell in zip(names, row, strict=False) if cell != ""}
+            line_id = fields.get("id", str(number))
+            if len(row) > len(names):
+                yield BatchLine(number, line_id, error=InvalidRequest(
+                    "line", "has more cells than the header has columns"))
+            elif "id" in names and not fields.get("id", "").strip():
+                yield BatchLine(number, str(number), error=InvalidRequest(
+                    "id", "is empty", "give every line an id, or leave out the id column"))
+            else:
+                yield BatchLine(number, line_id, fields)
+
+
+def _csv_rows(reader, path: Path) -> Iterator[list[str]]:
+    """The reader's rows; a malformed file raises :class:`InvalidRequest` naming the line."""
+    while True:
+        starts = reader.line_num + 1  # the row's first line (a quoted cell may span several)
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            problem = ("a quote opened in this row is never closed"
+                       if "unexpected end of data" in str(exc) else str(exc))
+            raise InvalidRequest("input", f"{path}, line {starts}: {problem}",
+                                 "quote cells as CSV does (\"\" for a quote inside a quoted "
+                                 "cell); keep cells under 128 KiB") from None
+        yield row
 
 
 def _plain(path: Path) -> Iterator[BatchLine]:
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:
         for number, raw in enumerate(handle, 1):
             text = raw.strip()
             if text:

@@ -35,10 +35,24 @@ class RaySettings:
     actor; ``batch_size``: lines per call."""
 
     address: str | None = None
-    actors: int = 2
-    num_cpus: float = 0.5
-    num_gpus: float = 0.0
-    batch_size: int = 1
+    actors: int = attrs.field(default=2, validator=lambda *a: _check(*a, "--ray-actors", 1))
+    num_cpus: float = attrs.field(default=0.5,
+                                  validator=lambda *a: _check(*a, "--ray-cpus", 0, open_=True))
+    num_gpus: float = attrs.field(default=0.0,
+                                  validator=lambda *a: _check(*a, "--ray-gpus", 0))
+    batch_size: int = attrs.field(default=1, validator=lambda *a: _check(*a, "batch_size", 1))
+
+
+def _check(instance, attribute, value, option: str, low: float, *, open_: bool = False) -> None:
+    """A finite number of at least ``low`` (above it with ``open_``): Ray's own check comes
+    late, as a traceback, and lets NaN through."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < low or (open_ and value == low):
+        bound = f"above {low}" if open_ else f"at least {low}"
+        raise InvalidRequest(f"{attribute.name} ({option})",
+                             f"must be a finite number {bound}, got {value!r}")
 
 
 class SpeakLines:

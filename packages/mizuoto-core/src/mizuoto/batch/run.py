@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from mizuoto.audio_formats import FORMATS, format_named
 from mizuoto.batch.items import BatchLine, build_request, count_lines, read_lines
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.errors import InvalidRequest
-from mizuoto.runtime.identity import digest, model_identity, request_identity
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.identity import digest, file_digest, model_identity, request_identity
+from mizuoto.runtime.run_lock import RunLock
 
 if TYPE_CHECKING:
     from mizuoto.contracts.engine import Engine
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.jsonl"
-FORMATS = ("wav", "flac")
+#: The lock a running batch holds in its output folder (removed when it ends).
+LOCK = ".mizuoto-batch.lock"
 
 
 @attrs.frozen
@@ -49,19 +52,24 @@ class BatchSummary:
 
 @attrs.frozen
 class BatchJob:
-    """What every line of a batch shares: where its input is, where outputs go, the format,
-    and request defaults (``steps``, ``guidance``, ``params``)."""
+    """What every line of a batch shares: where its input is, where outputs go, the format
+    (a name of :data:`mizuoto.audio_formats.FORMATS`), and request defaults (``steps``,
+    ``guidance``, ``params``)."""
 
     # absolute: Ray actors and worker processes need not share this process's directory
     input: Path = attrs.field(converter=lambda p: Path(p).absolute())
     output_dir: Path = attrs.field(converter=lambda p: Path(p).absolute())
-    format: str = "wav"
+    format: str = attrs.field(default="wav",
+                              converter=lambda value: value.lower() if isinstance(value, str)
+                              else value)
     defaults: dict[str, Any] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self):
-        if self.format not in FORMATS:
-            raise InvalidRequest("format", f"must be one of {', '.join(FORMATS)}, "
-                                 f"got {self.format!r}")
+        format_named(self.format, "format")
+
+    def output_path(self, line_id: str) -> Path:
+        """Where the line with ``line_id`` is written: ``OUT/<id><the format's extension>``."""
+        return self.output_dir / f"{line_id}{FORMATS[self.format].extension}"
 
 
 def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
@@ -77,14 +85,14 @@ def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
     started = time.monotonic()
     try:
         request = build_request(line, base=job.input.parent, defaults=job.defaults)
-        path = job.output_dir / f"{line.id}.{job.format}"
+        path = job.output_path(line.id)
         key = digest({"model": model_identity(engine), "request": request_identity(request),
                       "format": job.format})
-        if previous and previous.get("status") == "ok" and previous.get("hash") == key \
-                and path.is_file():
+        if _still_written(previous, key, path):
             return {**previous, "line": line.number, "resumed": True}
         result = engine.synthesize(request)
         result.save(path)
+        written = file_digest(path)
     except Exception as exc:  # any failure is this line's, not the batch's
         return {**record, "status": "error", "error": _error(exc)}
     applied = attrs.asdict(result.applied, recurse=False)
@@ -93,9 +101,18 @@ def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
                    model_defaults=dict(result.applied.model_defaults),
                    fallbacks=list(result.applied.fallbacks),
                    warnings=list(result.applied.warnings))
-    return {**record, "status": "ok", "path": path.name, "hash": key,
+    return {**record, "status": "ok", "path": path.name, "hash": key, "sha256": written,
             "seconds": round(result.audio.duration, 6),
             "elapsed": round(time.monotonic() - started, 3), "applied": applied}
+
+
+def _still_written(previous: dict[str, Any] | None, key: str, path: Path) -> bool:
+    """Whether ``previous`` (an earlier run's record of this id) made this request and the
+    file beside the manifest is still the one it wrote (its SHA-256): only then is the line
+    skipped, so a record never vouches for a file another run or request left there."""
+    if not previous or previous.get("status") != "ok" or previous.get("hash") != key:
+        return False
+    return path.is_file() and previous.get("sha256") == file_digest(path)
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -160,9 +177,21 @@ def run_batch(job: BatchJob, *, engine: Engine | None = None, load: Callable[[],
     """Run every line of ``job``. Pass a loaded ``engine`` (one process), or ``load`` (called
     once per worker) with ``workers`` > 1; ``records`` replaces the backend (see
     :mod:`mizuoto.batch.ray`). A ``lines`` progress stage counts lines, with ``detail`` the
-    failures so far."""
+    failures so far.
+
+    One batch at a time writes a folder: a second run into it raises
+    :class:`~mizuoto.errors.InvalidRequest` naming the first (pid and host)."""
     started = time.monotonic()
     total = count_lines(job.input)
+    with RunLock(job.output_dir / LOCK, field="output_dir", what=str(job.output_dir)):
+        ok, skipped, failed = _run_lines(job, engine, load, workers, progress, records, total)
+    return BatchSummary(ok, skipped, failed, job.output_dir / MANIFEST,
+                        time.monotonic() - started)
+
+
+def _run_lines(job: BatchJob, engine: Engine | None, load, workers: int,
+               progress: ProgressCallback | None, records, total: int) -> tuple[int, int, int]:
+    """Every line through the chosen backend, each record into the manifest as it comes."""
     ok = skipped = failed = 0
     report(progress, "lines", 0, total)
     with Manifest(job.output_dir) as manifest:
@@ -193,7 +222,7 @@ def run_batch(job: BatchJob, *, engine: Engine | None = None, load: Callable[[],
             report(progress, "lines", ok + skipped + failed, total,
                    last + (f"; {failed} failed" if failed else ""))
     manifest.compact(read_lines(job.input))
-    return BatchSummary(ok, skipped, failed, manifest.path, time.monotonic() - started)
+    return ok, skipped, failed
 
 
 # -- local worker processes -----------------------------------------------------------------
@@ -215,21 +244,27 @@ def _in_workers(job: BatchJob, pending: Iterator[tuple[BatchLine, dict | None]],
     slots = context.Queue()
     for slot in range(workers):
         slots.put(slot)
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                                initializer=_start_worker,
-                                                initargs=(load, job, slots)) as pool:
-        in_flight: set = set()
-        for line, previous in pending:
-            if line.error is not None:  # unreadable: no model needed (and errors do not pickle)
-                yield speak_line(None, job, line, previous)
-                continue
-            in_flight.add(pool.submit(_work, line, previous))
-            if len(in_flight) >= 2 * workers:
-                done, in_flight = concurrent.futures.wait(
-                    in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
-                yield from (future.result() for future in done)
-        for future in concurrent.futures.as_completed(in_flight):
-            yield future.result()
+    try:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                                    initializer=_start_worker,
+                                                    initargs=(load, job, slots)) as pool:
+            in_flight: set = set()
+            for line, previous in pending:
+                if line.error is not None:  # unreadable: no model needed (errors do not pickle)
+                    yield speak_line(None, job, line, previous)
+                    continue
+                in_flight.add(pool.submit(_work, line, previous))
+                if len(in_flight) >= 2 * workers:
+                    done, in_flight = concurrent.futures.wait(
+                        in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+                    yield from (future.result() for future in done)
+            for future in concurrent.futures.as_completed(in_flight):
+                yield future.result()
+    except concurrent.futures.process.BrokenProcessPool:
+        # a worker died loading the model or in it (its own error went to its stderr)
+        raise MizuotoError("a batch worker process failed to start or died; the lines it had "
+                           "are not recorded: rerun with --workers 1 to see its error "
+                           "(finished lines are kept and skipped)") from None
 
 
 def _start_worker(load, job: BatchJob, slots) -> None:
@@ -254,6 +289,16 @@ class ModelLoader:
     # kept as plain mappings: Options hold mapping proxies, which do not pickle
     options: dict[str, Any] = attrs.field(factory=dict, converter=lambda o: _plain_options(o))
     workers: int = 1
+
+    def check(self) -> None:
+        """What loading checks first (the model is there, an engine loads it, the options
+        suit it), in this process: before any worker starts, so that a missing model is exit
+        code 3 at once, not a broken worker pool later."""
+        from mizuoto.loading import resolve_engine
+        from mizuoto.options import Options
+
+        resolve_engine(self.model, engine=self.engine,
+                       options=Options.from_mapping(self.options))
 
     def __call__(self, slot: int = 0) -> Engine:
         import mizuoto

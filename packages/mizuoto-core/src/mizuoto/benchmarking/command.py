@@ -85,6 +85,9 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
         _check_upstream(engine)
         configurations.append(Configuration(UPSTREAM, "upstream", option_pairs))
     if fixture is not None:  # its fast settings, under the ones given
+        from mizuoto.output_paths import check_output_dir
+
+        check_output_dir(model_dir, "--random-dir")
         _write_random(fixture, model_dir)
         request_params = {**fixture.request_params, **request_params}
         steps = steps if steps is not None else fixture.steps

@@ -72,7 +72,10 @@ class Audio:
         return self.samples.numpy()
 
     def save(self, path, *, metadata: dict[str, str] | None = None) -> None:
-        """Write a WAV or FLAC file (by extension), atomically."""
-        from mizuoto.nn.dsp.audio_io import write_audio
+        """Write a file in the format its extension names (.wav, .flac, .mp3, .opus/.ogg, .aac,
+        .pcm: :data:`mizuoto.audio_formats.FORMATS`), atomically; ``metadata`` is kept by WAV
+        and FLAC."""
+        # lazy: soundfile and the encoders load with the first save, not with ``import mizuoto``
+        from mizuoto.audio_encoding import write_audio
 
         write_audio(path, self.samples, self.sample_rate, metadata=metadata)

@@ -43,9 +43,7 @@ class Voice:
 
     def save(self, path: str | Path) -> Path:
         """Write the voice as a safetensors file (atomically)."""
-        from safetensors.torch import save_file
-
-        from mizuoto.runtime.atomic import atomic_path
+        from mizuoto.runtime.atomic import save_safetensors
 
         header = {
             "format": _FORMAT,
@@ -57,9 +55,7 @@ class Voice:
         }
         path = Path(path)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.tensors.items()}
-        with atomic_path(path) as tmp:
-            save_file(tensors, str(tmp), metadata=header)
-        return path
+        return save_safetensors(tensors, path, metadata=header)
 
     @classmethod
     def load(cls, path: str | Path) -> Voice:

@@ -4,7 +4,8 @@
   :func:`serve_in_thread`;
 - :mod:`mizuoto.serve.routes`: the HTTP API;
 - :mod:`mizuoto.serve.worker`: one thread per model, fed by a bounded queue;
-- :mod:`mizuoto.serve.encoders`: WAV, FLAC, MP3, Opus and PCM, whole or streamed;
+- :mod:`mizuoto.audio_encoding` (core): every format of :mod:`mizuoto.audio_formats`, whole or
+  streamed;
 - :mod:`mizuoto.serve.voices`: named voices on disk;
 - :mod:`mizuoto.serve.errors` and :mod:`mizuoto.serve.metrics`.
 

@@ -18,10 +18,11 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from mizuoto.audio_encoding import MEDIA_TYPES, PCM_RATE, StreamEncoder
+from mizuoto.audio_formats import FORMATS
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.ranges import check_number
 from mizuoto.contracts.results import AudioChunk
-from mizuoto.serve.encoders import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.serve.errors import (
     APIError,
     ClientGone,
@@ -80,7 +81,7 @@ class SpeechBody(BaseModel):
     input: str = Field(max_length=MAX_INPUT_CHARS)
     voice: str | VoiceId
     instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
-    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    response_format: Literal[tuple(FORMATS)] = "mp3"  # every format Mizuoto writes
     speed: Any = 1.0  # checked by check_number, as every other number (see MizuotoExtension)
     stream_format: Literal["sse", "audio"] = "audio"
     mizuoto: MizuotoExtension | None = None

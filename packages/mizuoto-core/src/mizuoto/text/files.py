@@ -36,9 +36,10 @@ def check_utf8(path: str | Path, field: str) -> None:
 
 
 def read_utf8(path: str | Path, field: str) -> str:
-    """The whole file as text; a file that is not UTF-8 raises :class:`InvalidRequest`."""
+    """The whole file as text (a leading byte order mark, as Windows editors write, is not
+    part of it); a file that is not UTF-8 raises :class:`InvalidRequest`."""
     check_utf8(path, field)
-    return Path(path).read_text(encoding="utf-8")
+    return Path(path).read_text(encoding="utf-8-sig")
 
 
 def _not_utf8(path, field: str, offset: int, exc: UnicodeDecodeError) -> InvalidRequest:

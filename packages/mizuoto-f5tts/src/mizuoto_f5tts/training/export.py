@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from mizuoto.runtime.atomic import directory_mode, save_safetensors
 from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path
 from mizuoto_f5tts.identification import write_record
 from mizuoto_f5tts.variants import F5Variant
@@ -61,7 +61,7 @@ def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: s
     try:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
         name = checkpoint_file_name(variant, update)
-        save_file(tensors, str(build / name))
+        save_safetensors(tensors, build / name)
         write_record(build, name, variant.name)
         vocab = Path(vocab_file) if vocab_file is not None else base_dir / VOCAB_FILE
         shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
@@ -75,7 +75,7 @@ def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: s
              "license": "the base model's (CC-BY-NC-4.0 for released F5-TTS weights)"
              if finetuned else "the trainer's choice"},
             indent=1), encoding="utf-8")
-        os.chmod(build, 0o755)
+        os.chmod(build, directory_mode())  # mkdtemp makes 0700
         if destination.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{destination.name}.old.", dir=destination.parent))
             os.replace(destination, old / "previous")

@@ -94,10 +94,10 @@ def write_random_audiovae(
         path = directory / PTH_FILE
         torch.save(state, path)
     elif fmt == "safetensors":
-        from safetensors.torch import save_file
+        from mizuoto.runtime.atomic import save_safetensors
 
         path = directory / SAFETENSORS_FILE
-        save_file({key: tensor.contiguous() for key, tensor in state.items()}, str(path))
+        save_safetensors({key: tensor.contiguous() for key, tensor in state.items()}, path)
     else:
         raise ValueError(f"fmt: {fmt!r} is not 'pth' or 'safetensors'")
     return path

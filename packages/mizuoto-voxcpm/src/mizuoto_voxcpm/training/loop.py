@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mizuoto.runtime.atomic import save_safetensors
 from mizuoto.training import Precision, barrier, micro_batches
 from mizuoto_voxcpm.training.data import EpochSampler
 
@@ -111,7 +112,6 @@ def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Pr
                     rank: int = 0) -> None:
     """Write ``directory/latest`` whole or not at all (a new folder renamed over the old).
     Under torchrun every process adds its generator and data position; process 0 the rest."""
-    from safetensors.torch import save_file
 
     staging = directory / f".{LATEST}.staging"
     if rank == 0:
@@ -122,7 +122,7 @@ def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Pr
                staging / f"rank{rank}.pt")
     barrier()
     if rank == 0:
-        save_file(trainable_state(model), str(staging / TRAINABLE))
+        save_safetensors(trainable_state(model), staging / TRAINABLE)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "scaler": scaling.state_dict()},
                    staging / "state.pt")

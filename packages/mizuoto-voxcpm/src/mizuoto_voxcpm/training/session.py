@@ -17,6 +17,7 @@ from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.errors import InvalidRequest
 from mizuoto.options import ComputeOptions
 from mizuoto.runtime import precision
+from mizuoto.runtime.atomic import directory_mode, file_mode, save_safetensors
 from mizuoto.runtime.device import select_device
 from mizuoto.training import (
     Cadence,
@@ -116,7 +117,7 @@ class Session:
             self.forward_generator = self.generator
 
         model = load_model(model_dir, config, dtype=torch.float32, device="cpu")
-        model.lm_cache = model.residual_cache = None  # inference-only static caches
+        model.caches = None  # inference-only static caches
         if recipe.lora is not None:
             for parameter in model.parameters():
                 parameter.requires_grad_(False)
@@ -306,14 +307,12 @@ class Session:
         """What upstream's checkpoint folder holds besides the training state: full
         fine-tuning's ``model.safetensors`` (float32) and copies of the base model's config, VAE
         and tokenizer files; LoRA's ``lora_weights.safetensors`` and ``lora_config.json``."""
-        from safetensors.torch import save_file
-
         if self.recipe.lora is not None:
             write_lora_dir(folder, self.model, self.recipe.lora, base_model=self.run.config.model)
             return
         state = {k: v.detach().to("cpu", torch.float32).contiguous()
                  for k, v in self.model.state_dict().items()}
-        save_file(state, str(folder / "model.safetensors"))
+        save_safetensors(state, folder / "model.safetensors")
         for name in BASE_FILES:
             if (self.run.model_dir / name).is_file():
                 shutil.copy2(self.run.model_dir / name, folder / name)
@@ -328,7 +327,7 @@ class Session:
         base = self.run.model_dir
         destination.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-        staging.chmod(0o755)
+        staging.chmod(directory_mode())  # mkdtemp makes 0700
         try:
             if self.recipe.lora is not None:
                 for name in BASE_FILES + WEIGHT_FILES:
@@ -338,7 +337,7 @@ class Session:
             self._write_weights(staging)
             for path in staging.iterdir():
                 if not path.is_symlink() and path.stat().st_nlink == 1:
-                    path.chmod(0o644)
+                    path.chmod(file_mode())
             old = destination.with_name(f".{destination.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             if destination.exists():

@@ -86,13 +86,13 @@ def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator
                                       feat_dim=config.feat_dim)
             patches = [patch for patch, _ in generate_patches(model, sequence, sampling, seed=0,
                                                               generator=generator)]
-            if vae.decoder is not None:  # kept only when its noise blocks draw
+            if vae.decoder is not None:  # kept for samples, or because its noise blocks draw
                 with torch.inference_mode(), noise_drawn_from(vae, generator):
                     audio = vae.decode(patches_to_latents(torch.stack(patches, dim=1)).to(
                         next(vae.parameters()).device))
                 spoken.append(audio.detach().float().reshape(-1).cpu().numpy())
     finally:
-        model.lm_cache = model.residual_cache = None
+        model.caches = None
     return spoken
 
 

@@ -1,4 +1,4 @@
-"""Reading, checking and writing audio files (soundfile; WAV, FLAC and what libsndfile reads).
+"""Reading and checking audio files (soundfile: WAV, FLAC and what libsndfile reads).
 
 :func:`read_audio` gives the same float32 values as ``torchaudio.load`` for PCM and float WAV
 (16-bit PCM is ``x / 32768``), as ``(channels, samples)``. Problems with an input file raise
@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +14,11 @@ import soundfile as sf
 import torch
 from torch import Tensor
 
-from mizuoto.contracts.results import check_finite
-from mizuoto.errors import InvalidAudio, InvalidRequest
-from mizuoto.runtime.atomic import atomic_path
+# Writing lives with the formats (mizuoto.audio_encoding); its names stay importable here,
+# where plugins written against earlier releases import them.
+from mizuoto.audio_encoding import METADATA_KEYS, write_audio  # noqa: F401
+from mizuoto.errors import InvalidAudio
 
-#: Output formats by file extension.
-WRITE_FORMATS = {".wav": "WAV", ".flac": "FLAC"}
-#: Metadata keys soundfile can store (WAV INFO chunk, FLAC Vorbis comments).
-METADATA_KEYS = ("title", "copyright", "software", "artist", "comment", "date", "album",
-                 "license", "tracknumber", "genre")
 #: Peak below which :func:`check_not_silent` calls audio silent: about -80 dBFS, i.e. at most
 #: three steps of 16-bit PCM.
 SILENCE_PEAK = 1e-4
@@ -102,52 +97,3 @@ def check_not_silent(samples: Tensor | np.ndarray, field: str, *,
     if not loudest > peak:
         raise InvalidAudio(field, f"is silent (peak {loudest:.2g})",
                            "pass a recording with speech in it")
-
-
-def write_audio(
-    path: str | Path,
-    samples: Tensor | np.ndarray,
-    sample_rate: int,
-    *,
-    metadata: Mapping[str, str] | None = None,
-    subtype: str | None = None,
-) -> Path:
-    """Write ``(samples,)`` or ``(channels, samples)`` audio to a WAV or FLAC file, atomically.
-
-    The format comes from the extension. ``subtype`` is soundfile's (``"PCM_16"`` default for
-    both, ``"PCM_24"``, ``"FLOAT"`` for WAV); float samples beyond ±1 are clipped by libsndfile
-    when written as PCM. ``metadata`` keys are :data:`METADATA_KEYS`. Returns the path.
-    NaN or infinite samples raise :class:`~mizuoto.errors.NonFiniteAudio`; nothing is written.
-    """
-    path = Path(path)
-    file_format = WRITE_FORMATS.get(path.suffix.lower())
-    if file_format is None:
-        raise InvalidRequest("output", f"cannot write {path.suffix or 'files without an extension'}",
-                             "name the output file .wav or .flac")
-    if subtype is not None and not sf.check_format(file_format, subtype):
-        raise InvalidRequest("subtype", f"{file_format} cannot hold {subtype!r}",
-                             f"use one of {', '.join(sf.available_subtypes(file_format))}")
-    unknown = sorted(set(metadata or {}) - set(METADATA_KEYS))
-    if unknown:
-        raise InvalidRequest("metadata", f"unsupported keys {unknown}",
-                             f"use {', '.join(METADATA_KEYS)}")
-    if isinstance(samples, Tensor):
-        if samples.dtype not in (torch.float32, torch.float64, torch.int16, torch.int32):
-            samples = samples.float()  # bfloat16 / float16 have no numpy or libsndfile type
-        samples = samples.detach().cpu().numpy()
-    data = np.asarray(samples)
-    if data.ndim == 1:
-        data = data[None]
-    if data.ndim != 2:
-        raise ValueError(f"expected (samples,) or (channels, samples), got shape {data.shape}")
-    if data.dtype not in (np.float32, np.float64, np.int16, np.int32):
-        data = data.astype(np.float32)
-    check_finite(torch.from_numpy(data), f"audio written to {path.name}")
-    frames = np.ascontiguousarray(data.T)
-    with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", samplerate=int(sample_rate),
-                                                channels=frames.shape[1], subtype=subtype,
-                                                format=file_format) as file:
-        for key, value in (metadata or {}).items():
-            setattr(file, key, str(value))
-        file.write(frames)
-    return path

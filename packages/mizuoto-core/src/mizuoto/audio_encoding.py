@@ -1,41 +1,36 @@
-"""Audio encoders for the speech API: WAV, FLAC, MP3, Opus in Ogg and raw PCM, whole or chunk by
-chunk, all through libsndfile (``soundfile``) and soxr, which core already depends on.
+"""Encoding audio into the formats of :mod:`mizuoto.audio_formats`: whole files, streams
+chunk by chunk, and files on disk.
 
-Samples are quantized once, here, for the 16-bit formats: ``rint(clip(x, -1, 1) * 32767)``
-(:func:`to_int16`), so a client decoding WAV, FLAC or PCM gets exactly those integers.
-MP3 and Opus take the float samples. AAC (in ADTS frames, streamable) comes from PyAV's FFmpeg
-(the ``serve`` extra installs it): libsndfile has no AAC encoder.
+:class:`StreamEncoder` and :func:`encode` make the bytes the speech API sends: samples are
+quantized once, here, for the 16-bit formats: ``rint(clip(x, -1, 1) * 32767)``
+(:func:`to_int16`), so a client decoding WAV, FLAC or PCM gets exactly those integers; MP3 and
+Opus take the float samples; AAC (in ADTS frames, streamable) comes from PyAV's FFmpeg (the
+``serve`` extra installs it): libsndfile has no AAC encoder.
+
+:func:`write_audio` writes a file (what ``Audio.save`` and ``SynthesisResult.save`` do): WAV
+and FLAC through libsndfile with Mizuoto's metadata tags, every other format through
+:func:`encode`, atomically.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
-#: The ``response_format`` values this server encodes, and their media types.
-MEDIA_TYPES = {
-    "mp3": "audio/mpeg",
-    "opus": "audio/ogg",
-    "flac": "audio/flac",
-    "wav": "audio/wav",
-    "pcm": "audio/pcm",
-    "aac": "audio/aac",
-}
-#: The raw ``pcm`` format's rate: 16-bit little-endian mono at 24 kHz, as OpenAI clients assume.
-PCM_RATE = 24000
-#: Rates libsndfile's Opus encoder accepts; other rates are resampled to 48 kHz.
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
-#: Rates an MPEG layer III stream can have; other rates are resampled to 48 kHz.
-MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
-#: Rates an ADTS AAC stream can signal; other rates are resampled to 48 kHz.
-AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
+from mizuoto.audio_formats import FORMATS, PCM_RATE, AudioFormat, format_for_path
+from mizuoto.errors import InvalidRequest, NonFiniteAudio
 
-_SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"),
-              "opus": ("OGG", "OPUS")}
-# Constant bit rate (80 kbit/s at 24 kHz): a streamed MP3 has no Info frame, and decoders then
-# estimate its length from the bit rate, which only a constant one gets right.
-_SETTINGS = {"mp3": {"bitrate_mode": "CONSTANT", "compression_level": 0.5}}
+#: The ``response_format`` values encoded here, and their media types.
+MEDIA_TYPES = {name: fmt.media_type for name, fmt in FORMATS.items()}
+#: Metadata keys the formats with tags can store (WAV INFO chunk, FLAC Vorbis comments).
+METADATA_KEYS = ("title", "copyright", "software", "artist", "comment", "date", "album",
+                 "license", "tracknumber", "genre")
+
+__all__ = ["MEDIA_TYPES", "METADATA_KEYS", "PCM_RATE", "StreamEncoder", "encode", "output_rate",
+           "to_int16", "wav_header", "write_audio"]
 
 
 def to_int16(samples: np.ndarray) -> np.ndarray:
@@ -45,15 +40,7 @@ def to_int16(samples: np.ndarray) -> np.ndarray:
 
 def output_rate(response_format: str, sample_rate: int) -> int:
     """The sample rate the encoded audio has for a model speaking at ``sample_rate``."""
-    if response_format == "pcm":
-        return PCM_RATE
-    if response_format == "opus" and sample_rate not in OPUS_RATES:
-        return 48000
-    if response_format == "mp3" and sample_rate not in MP3_RATES:
-        return 48000
-    if response_format == "aac" and sample_rate not in AAC_RATES:
-        return 48000
-    return sample_rate
+    return FORMATS[response_format].output_rate(sample_rate)
 
 
 def wav_header(sample_rate: int, data_bytes: int | None) -> bytes:
@@ -183,10 +170,12 @@ class StreamEncoder:
     """
 
     def __init__(self, response_format: str, sample_rate: int, *, streaming: bool = True) -> None:
-        if response_format not in MEDIA_TYPES:
+        if response_format not in FORMATS:
             raise ValueError(f"unsupported format {response_format!r}")
+        fmt = FORMATS[response_format]
         self.format = response_format
-        self.rate = output_rate(response_format, sample_rate)
+        self._handed_out_early = fmt.streamable
+        self.rate = fmt.output_rate(sample_rate)
         self._resample = _Resampler(sample_rate, self.rate)
         self._streaming = streaming
         self._frames = 0
@@ -198,13 +187,13 @@ class StreamEncoder:
         if response_format == "aac":
             self._file = _AacWriter(self.rate)
             self._sink = self._file.sink
-        elif response_format in _SOUNDFILE:
+        elif response_format not in ("pcm", "wav"):  # WAV's header and PCM are ours
             import soundfile as sf
 
-            container, subtype = _SOUNDFILE[response_format]
+            container, subtype = fmt.soundfile
             self._sink = _Sink()
             self._file = sf.SoundFile(self._sink, "w", self.rate, 1, format=container,
-                                      subtype=subtype, **_SETTINGS.get(response_format, {}))
+                                      subtype=subtype, **fmt.settings)
 
     def feed(self, samples: np.ndarray) -> bytes:
         return self._encode(self._resample(np.asarray(samples, dtype=np.float32)))
@@ -232,7 +221,7 @@ class StreamEncoder:
             return data
         if samples.size:
             self._file.write(to_int16(samples) if self.format == "flac" else samples)
-        if not self._streaming or self.format == "flac":
+        if not self._streaming or not self._handed_out_early:
             return b""
         if self.format == "mp3" and self._hold_from == 0 and len(self._sink.buffer) >= 4:
             # LAME's Info frame: a placeholder now, rewritten at close; a stream leaves it out
@@ -246,3 +235,86 @@ def encode(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes
     """A whole file of ``response_format`` holding ``samples`` (mono float32)."""
     encoder = StreamEncoder(response_format, sample_rate, streaming=False)
     return encoder.feed(samples) + encoder.close()
+
+
+def write_audio(
+    path: str | Path,
+    samples,
+    sample_rate: int,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    subtype: str | None = None,
+    file_format: AudioFormat | None = None,
+) -> Path:
+    """Write ``(samples,)`` or ``(channels, samples)`` audio to ``path``, atomically, in the
+    format its extension names (:mod:`mizuoto.audio_formats`; ``file_format`` overrides it).
+
+    WAV and FLAC go through libsndfile: ``subtype`` is soundfile's (``"PCM_16"`` default,
+    ``"PCM_24"``, ``"FLOAT"`` for WAV), float samples beyond ±1 are clipped by libsndfile, and
+    ``metadata`` (keys :data:`METADATA_KEYS`) is stored. Every other format is mono, made by
+    :func:`encode` (the server's bytes) and keeps no metadata. Returns the path. NaN or
+    infinite samples raise :class:`~mizuoto.errors.NonFiniteAudio`; nothing is written.
+    """
+    import soundfile as sf
+
+    from mizuoto.runtime.atomic import atomic_path
+
+    path = Path(path)
+    fmt = file_format or format_for_path(path)
+    if subtype is not None and not (fmt.metadata and sf.check_format(fmt.soundfile[0], subtype)):
+        choices = sf.available_subtypes(fmt.soundfile[0]) if fmt.metadata else {}
+        raise InvalidRequest("subtype", f"{fmt.name} cannot hold {subtype!r}",
+                             f"use one of {', '.join(choices)}" if choices
+                             else "leave it unset: the format has its own")
+    unknown = sorted(set(metadata or {}) - set(METADATA_KEYS))
+    if unknown:
+        raise InvalidRequest("metadata", f"unsupported keys {unknown}",
+                             f"use {', '.join(METADATA_KEYS)}")
+    data = _frames(samples)
+    _check_finite(data, f"audio written to {path.name}")
+    if not fmt.metadata:
+        if data.shape[0] != 1:
+            raise InvalidRequest("samples", f"{fmt.name} is written mono here, got "
+                                 f"{data.shape[0]} channels", "mix down, or write .wav/.flac")
+        mono = data[0]
+        if not np.issubdtype(mono.dtype, np.floating):  # integer PCM scaled as soundfile reads it
+            mono = mono / float(-np.iinfo(mono.dtype).min)
+        encoded = encode(mono.astype(np.float32), int(sample_rate), fmt.name)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(encoded)
+        return path
+    frames = np.ascontiguousarray(data.T)
+    container, default_subtype = fmt.soundfile
+    with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", samplerate=int(sample_rate),
+                                                channels=frames.shape[1],
+                                                subtype=subtype or default_subtype,
+                                                format=container) as file:
+        for key, value in (metadata or {}).items():
+            setattr(file, key, str(value))
+        file.write(frames)
+    return path
+
+
+def _frames(samples) -> np.ndarray:
+    """``samples`` as a ``(channels, samples)`` numpy array of a type libsndfile writes."""
+    if hasattr(samples, "detach"):  # a torch tensor: torch is not imported for numpy input
+        import torch
+
+        if samples.dtype not in (torch.float32, torch.float64, torch.int16, torch.int32):
+            samples = samples.float()  # bfloat16 / float16 have no numpy or libsndfile type
+        samples = samples.detach().cpu().numpy()
+    data = np.asarray(samples)
+    if data.ndim == 1:
+        data = data[None]
+    if data.ndim != 2:
+        raise ValueError(f"expected (samples,) or (channels, samples), got shape {data.shape}")
+    if data.dtype not in (np.float32, np.float64, np.int16, np.int32):
+        data = data.astype(np.float32)
+    return data
+
+
+def _check_finite(data: np.ndarray, stage: str) -> None:
+    # numpy's own check: this module sits below contracts (whose check_finite takes tensors)
+    if np.issubdtype(data.dtype, np.floating) and not np.isfinite(data).all():
+        raise NonFiniteAudio(stage, int(np.isnan(data).sum()), int(np.isinf(data).sum()),
+                             data.size)
