@@ -83,6 +83,27 @@ def _plain_request(model: ContractModel, **fields) -> SynthesisRequest:
     return _request(model, **fields)
 
 
+def _in_threads(calls, what: str) -> list:
+    """Run each of ``calls`` in its own thread, all at once; their results in order (an
+    exception in any thread fails the test, in the test's thread)."""
+    results: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            results[index] = calls[index]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, f"{what} failed: {errors[0]!r}"
+    return [results[index] for index in range(len(calls))]
+
+
 def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | None = None
                   ) -> None:
     """Audio is sane (see ``_check_audio``) and not silent; ``applied`` describes this run."""
@@ -236,21 +257,8 @@ def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> 
     requests = [_plain_request(contract_model, seed=SEED),
                 _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)]
     alone = [engine.synthesize(request).audio.samples for request in requests]
-    together: dict[int, torch.Tensor] = {}
-    errors: list[BaseException] = []
-
-    def run(index: int) -> None:
-        try:
-            together[index] = engine.synthesize(requests[index]).audio.samples
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors, f"concurrent synthesize failed: {errors[0]!r}"
+    together = _in_threads([lambda r=r: engine.synthesize(r).audio.samples for r in requests],
+                           "concurrent synthesize")
     for index, expected in enumerate(alone):
         assert_same(together[index], expected, f"request {index} run concurrently and alone",
                     "per-request state shared between threads: an engine that declares "
@@ -549,6 +557,52 @@ def test_stream_matches_synthesis(contract_model: ContractModel) -> None:
                 "the chunks are not consecutive pieces of the same audio (other noise draws, "
                 "overlap or padding at the joins); a fixture whose engine differs on purpose "
                 "sets stream_matches=False")
+
+
+def _joined(chunks) -> torch.Tensor:
+    return torch.cat([chunk.audio.samples for chunk in chunks])
+
+
+@requires(Capability.STREAM)
+def test_a_stream_opened_during_a_stream_leaves_both_unchanged(
+        contract_model: ContractModel) -> None:
+    """``it = stream(a); next(it); list(stream(b)); rest = list(it)``, one thread: ``a`` and
+    ``b`` each equal their streams alone, or ``b`` is refused with RequestConflict, which only
+    an engine without ``concurrent_requests`` may do."""
+    engine = contract_model.engine
+    first = _plain_request(contract_model, seed=SEED)
+    second = _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)
+    alone = _joined(_stream(contract_model, first))
+    second_alone = _joined(_stream(contract_model, second))
+    chunks = iter(engine.stream(first))
+    opening = next(chunks)
+    try:
+        during = _joined(engine.stream(second))
+    except RequestConflict:
+        assert not engine.concurrent_requests, (
+            "an engine that declares concurrent_requests refused a second stream")
+        during = None
+    assert_same(_joined([opening, *chunks]), alone,
+                "a stream with another stream run during it, and the stream alone",
+                "the second stream walked into the first one's state")
+    if during is not None:
+        assert_same(during, second_alone, "a stream run during another one, and alone",
+                    "the open stream's state leaked into the second one")
+
+
+@requires(Capability.STREAM)
+def test_streams_from_two_threads_match_each_alone(contract_model: ContractModel) -> None:
+    """Two threads stream from one loaded engine, chunk by chunk (an engine may interleave
+    them or serialize them): each stream equals the same stream alone."""
+    engine = contract_model.engine
+    requests = [_plain_request(contract_model, seed=SEED),
+                _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)]
+    alone = [_joined(_stream(contract_model, request)) for request in requests]
+    together = _in_threads([lambda r=r: _joined(engine.stream(r)) for r in requests],
+                           "concurrent streams")
+    for index, expected in enumerate(alone):
+        assert_same(together[index], expected, f"stream {index} run concurrently and alone",
+                    "per-request state shared between threads")
 
 
 @requires(Capability.STREAM)

@@ -14,6 +14,16 @@ requests per second) and the CPU the server process used (cores: CPU seconds per
     python packages/mizuoto-core/benchmarks/bench_serve.py               # 16 requests
     python packages/mizuoto-core/benchmarks/bench_serve.py --requests 8 --rounds 1
 
+``--batching MODEL_DIR`` measures ``--max-batch`` instead (issue 25): one VoxCPM model (e.g. a
+real-size random-init VoxCPM-0.5B written by ``mizuoto random-model voxcpm/realsize-0.5b``),
+``--streams`` concurrent streams of one sentence (``--vox-patches`` patches each, no stop
+head), served with ``--max-batch B`` and with ``--max-batch 1``; each (server, streams) pair in
+a fresh server process, so its peak RSS (VmHWM) is its own. Reports aggregate audio seconds per
+second, TTFA p50/p95 and peak RSS, each also relative to one stream on the unbatched server:
+
+    python packages/mizuoto-core/benchmarks/bench_serve.py --batching DIR --dtype bfloat16 \
+        --streams 1,4,8,16 --max-batch 8 --vox-patches 12
+
 Bounded: every request has a timeout, the servers stop at the end. Never run in CI.
 """
 
@@ -88,6 +98,15 @@ def _serve(args) -> None:
     from mizuoto.serve import ServeConfig
     from mizuoto.serve.app import run
 
+    if args.batching:
+        from mizuoto import ComputeOptions, Options
+
+        options = Options(compute=ComputeOptions(cpu_threads=1),
+                          engines={"voxcpm": {"dtype": args.dtype}})
+        run(ServeConfig(models={"vox": str(args.batching)}, port=args.port,
+                        queue_size=4 * args.requests, max_batch=args.max_batch,
+                        options=options, voices_dir=args.dir / "voices", grace=5))
+        return
     run(ServeConfig(models={"f5": str(args.dir / "f5"), "vox": str(args.dir / "vox")},
                     port=args.port, queue_size=4 * args.requests, shared_lock=args.shared_lock,
                     voices_dir=args.dir / "voices", grace=5))
@@ -111,6 +130,9 @@ def _server(root: Path, args, shared_lock: bool):
     port = _free_port()
     command = [sys.executable, __file__, "--serve", "--dir", str(root), "--port", str(port),
                "--requests", str(args.requests)] + (["--shared-lock"] if shared_lock else [])
+    if args.batching:
+        command += ["--batching", str(args.batching), "--dtype", args.dtype,
+                    "--max-batch", str(args.max_batch)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -150,6 +172,61 @@ def _round(root: Path, args, shared_lock: bool, reference: list[bytes] | None):
     return row, reference
 
 
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _batching_level(root: Path, args, max_batch: int, streams: int) -> dict:
+    """``streams`` concurrent streams on a fresh server at ``max_batch``."""
+    body = {"model": "vox", "input": TEXT, "voice": "default", "response_format": "pcm",
+            "mizuoto": {"params": {"max_len": args.vox_patches, "retry_badcase": False}}}
+    bodies = [{**body, "mizuoto": {**body["mizuoto"], "seed": i}} for i in range(streams)]
+    level = argparse.Namespace(**{**vars(args), "max_batch": max_batch, "requests": streams})
+    with _server(root, level, False) as (url, pid):
+        asyncio.run(_run(url, bodies[:1], concurrent=False))  # warm-up (first-call costs)
+        results, wall = asyncio.run(_run(url, bodies, concurrent=True))
+        rss = _peak_rss(pid)
+    ok = [r for r in results if "error" not in r]
+    ttfa = [r["ttfa"] for r in ok] or [float("nan")]
+    audio = sum(len(r["data"]) / 2 / 24000 for r in ok)  # pcm: 16-bit at 24 kHz
+    errors = [r["error"] for r in results if "error" in r]
+    return {"max_batch": max_batch, "streams": streams, "errors": len(errors),
+            "first_error": errors[0] if errors else "", "audio_per_s": audio / wall,
+            "p50": _percentile(ttfa, 0.5), "p95": _percentile(ttfa, 0.95), "wall": wall,
+            "rss": rss, "load": os.getloadavg()[0]}
+
+
+def _batching_main(args) -> None:
+    root = args.dir or Path(tempfile.mkdtemp(prefix="mizuoto-bench-batch-"))
+    (root / "voices").mkdir(parents=True, exist_ok=True)
+    levels = [int(n) for n in args.streams.split(",")]
+    print(f"VoxCPM {args.batching} ({args.dtype}), {args.vox_patches} patches per stream, "
+          f"--max-batch {args.max_batch} vs 1, {os.cpu_count()} CPUs, one thread",
+          file=sys.stderr)
+    print("| --max-batch | streams | errors | audio s / s | x single | TTFA p50 (s) "
+          "| TTFA p95 (s) | p95 / single | peak RSS (GB) | / single | wall (s) | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    single = None
+    for max_batch in (1, args.max_batch):
+        for streams in levels:
+            if max_batch == args.max_batch == 1 and single is not None:
+                break
+            row = _batching_level(root, args, max_batch, streams)
+            if single is None:
+                single = row  # the first level of the unbatched server: one stream, ideally
+            print(f"| {max_batch} | {streams} | {row['errors']} | {row['audio_per_s']:.3f} "
+                  f"| {row['audio_per_s'] / single['audio_per_s']:.2f} | {row['p50']:.2f} "
+                  f"| {row['p95']:.2f} | {row['p95'] / single['p95']:.2f} "
+                  f"| {row['rss'] / 2**30:.2f} | {row['rss'] / single['rss']:.2f} "
+                  f"| {row['wall']:.1f} | {row['load']:.1f} |", flush=True)
+            if row["first_error"]:
+                print(f"  first error: {row['first_error']}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=16)
@@ -157,12 +234,21 @@ def main() -> None:
     parser.add_argument("--f5-steps", type=int, default=8)
     parser.add_argument("--vox-patches", type=int, default=24)
     parser.add_argument("--dir", type=Path, help="model directory to reuse (default: temp)")
+    parser.add_argument("--batching", type=Path, metavar="MODEL_DIR",
+                        help="measure --max-batch on this VoxCPM model instead")
+    parser.add_argument("--streams", default="1,4,8,16", help="--batching: concurrent streams")
+    parser.add_argument("--max-batch", type=int, default=8, help="--batching: the batched "
+                        "server's --max-batch")
+    parser.add_argument("--dtype", default="bfloat16", help="--batching: engines.voxcpm.dtype")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shared-lock", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         _serve(args)
+        return
+    if args.batching:
+        _batching_main(args)
         return
 
     from mizuoto_f5tts.fixtures import write_random_model_dir

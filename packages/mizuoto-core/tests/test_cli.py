@@ -186,10 +186,9 @@ def test_train_stopped_by_a_signal_says_how_to_resume(no_plugins, tmp_path, sign
     data = tmp_path / "my data"
     data.mkdir()
     result = _run("train", "-e", "fake", "-m", "fake/base", "--data", str(data),
-                  "--output", str(tmp_path / "run"), "--steps", "20")
+                  "--output", str(tmp_path / "run"), "--steps", "20", "--param", "note=x")
     assert result.exit_code == status and not exported
     assert f"Stopped by {signal_name} after step 7" in result.output
     assert f"saved in {tmp_path / 'run'}" in result.output
-    assert (f"mizuoto train -e fake --method full -m fake/base --data '{data}' --output "
-            f"{tmp_path / 'run'} --steps 20 --learning-rate 1e-05 --batch-size 1 --seed 0 "
-            "--memory default") in result.output
+    assert (f"mizuoto train -e fake -m fake/base --data '{data}' --output "
+            f"{tmp_path / 'run'} --steps 20 --param note=x") in result.output

@@ -121,7 +121,7 @@ def test_an_engine_named_for_another_engines_model_is_refused_naming_both(tmp_pa
     file-not-found): it names both engines, before any weights load."""
     pytest.importorskip("mizuoto_f5tts")
     pytest.importorskip("mizuoto_voxcpm")
-    from mizuoto.errors import EngineNotFound
+    from mizuoto.errors import EngineMismatch
     from mizuoto.loading import resolve_engine
     from mizuoto_f5tts.fixtures import write_random_model_dir
 
@@ -134,9 +134,9 @@ def test_an_engine_named_for_another_engines_model_is_refused_naming_both(tmp_pa
         (tmp_path / model / "config.json").write_text('{"lm_config": {}}')
         (tmp_path / model / VAE_FILES[0]).write_text("")
     owner = {"f5": "f5tts", "vox": "voxcpm"}[model]
-    with pytest.raises(EngineNotFound, match=f"holds a {owner} model, not a {asked} one"):
+    with pytest.raises(EngineMismatch, match=f"is a {owner} model, not a {asked} one"):
         resolve_engine(tmp_path / model, engine=asked)
     result = CliRunner().invoke(cli, ["say", "hi", "-m", str(tmp_path / model), "-e", asked,
                                       "-o", str(tmp_path / "x.wav")], obj={})
-    assert result.exit_code == 3 and f"name {owner!r}" in result.output, result.output
+    assert result.exit_code == 3 and f"pass -e {owner}" in result.output, result.output
     assert "Traceback" not in result.output

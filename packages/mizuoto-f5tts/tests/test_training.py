@@ -437,7 +437,8 @@ def test_two_processes_resume_after_sigkill(tmp_path, model_dir, metadata):
     params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
     script = tmp_path / "killed.py"
     script.write_text(textwrap.dedent(_DDP_KILLED).format(params=params))
-    assert _torchrun(script, model_dir, metadata, tmp_path / "run", 3).returncode != 0
+    # killed in update 2's progress report, after its save (save_every 2): resumes from 2
+    assert _torchrun(script, model_dir, metadata, tmp_path / "run", 2).returncode != 0
     assert load_run_state(tmp_path / "run" / CHECKPOINT)["position"]["update"] == 2
     _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir, metadata)
 
@@ -468,3 +469,191 @@ def _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir
     assert a["rank_rng"][1]["torch_rng"].equal(b["rank_rng"][1]["torch_rng"])
     for part in ("model", "ema"):
         assert all(torch.equal(a[part][k], v) for k, v in b[part].items()), part
+
+
+def test_malformed_csv_rows_are_skipped_and_named(tmp_path, model_dir, metadata):
+    """A field over csv's 131072-character limit and a quote left open (which would swallow
+    the rows after it) are bad rows of their own; the rows around them still train."""
+    good = (metadata.parent / "wavs" / "clip_000.wav").resolve()
+    csv_path = tmp_path / "metadata.csv"
+    csv_path.write_text(f"audio_file|text\n{good}|{'x' * 140_000}\n{good}|Fine.\n"
+                        f'{good}|"open quote\n{good}|swallowed"\n{good}|Also fine.\n'
+                        f"wavs/a\0b.wav|A NUL in the path.\n", encoding="utf-8")
+    prepared = prepare_dataset(csv_path, read_vocab(model_dir / "vocab.txt"))
+    assert [c.text for c in prepared.clips] == ["Fine.", "Also fine."]
+    reasons = {b.row: b.reason for b in prepared.bad_rows}
+    assert set(reasons) == {2, 4, 7} and "unusable audio path" in reasons[7]
+    assert "field larger than field limit" in reasons[2]
+    assert "lines 4-5" in reasons[4] and "quote" in reasons[4]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_manifest_not_in_utf8_is_a_named_error(tmp_path, model_dir, metadata, suffix):
+    good = (metadata.parent / "wavs" / "clip_000.wav").resolve()
+    manifest = tmp_path / f"data{suffix}"
+    text = (f"audio_file|text\n{good}|Caf\xe9 au lait.\n" if suffix == ".csv"
+            else json.dumps({"audio": str(good), "text": "Caf\xe9"}, ensure_ascii=False) + "\n")
+    manifest.write_bytes(text.encode("latin-1"))
+    with pytest.raises(InvalidRequest, match="not UTF-8") as caught:
+        F5Trainer().prepare(_config(model_dir, manifest, tmp_path / "run"))
+    assert caught.value.field == "dataset" and str(manifest) in str(caught.value)
+
+
+def test_a_resume_onto_another_base_model_or_data_set_is_refused(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    run_dir = tmp_path / "run"
+    trainer.train(trainer.prepare(_config(model_dir, metadata, run_dir, steps=1)))
+    other_model = write_random_model_dir(tmp_path / "other", "v1_base", size="tiny", seed=9)
+    with pytest.raises(InvalidRequest, match="another base model or data set") as caught:
+        trainer.prepare(_config(other_model, metadata, run_dir, steps=2))
+    assert f"base model {model_dir}" in str(caught.value)
+    assert f"-> {other_model}" in str(caught.value) and "(rows " not in str(caught.value)
+    other_data = write_synthetic_dataset(tmp_path / "data2", count=6, seed=4)
+    with pytest.raises(InvalidRequest, match=r"data set .* -> .*data2"):
+        trainer.prepare(_config(model_dir, other_data, run_dir, steps=2))
+    with pytest.raises(InvalidRequest) as both:
+        trainer.prepare(_config(other_model, other_data, run_dir, steps=2))
+    assert "(weights " in str(both.value) and "(rows " in str(both.value)
+    # the same data moved elsewhere is the same data set: the run resumes
+    moved = tmp_path / "moved"
+    import shutil
+
+    shutil.copytree(metadata.parent, moved)
+    resumed = trainer.train(trainer.prepare(_config(model_dir, moved / "metadata.csv", run_dir,
+                                                    steps=2)))
+    assert resumed.resumed_from == 1 and resumed.steps_done == 2
+
+
+def test_a_tiny_run_writes_metrics_tensorboard_and_progress(tmp_path, model_dir, metadata):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = []
+    trainer = F5Trainer()
+    trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=3)),
+                  progress=seen.append)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2, 3]
+    assert all(set(r) == {"update", "loss", "lr", "grad_norm"} for r in rows)
+    records = load_run_state(tmp_path / "run" / CHECKPOINT)["records"]
+    assert rows[-1]["loss"] == records[-1][1] and rows[-1]["lr"] == records[-1][2]
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3]
+    train = [p for p in seen if p.stage == "train"]
+    assert [p.done for p in train] == [1, 2, 3] and train[-1].total == 3
+    assert train[-1].detail.startswith("loss ") and "ETA 0:00:00" in train[-1].detail
+    recipe = json.loads((tmp_path / "run" / "recipe.json").read_text())
+    assert recipe["warmup_updates"] == 1 and recipe["batch_size"] == 300
+
+
+def test_train_cli_takes_upstream_flags_and_refuses_what_does_not_apply(tmp_path, model_dir,
+                                                                         metadata):
+    """``--config`` with f5-tts_finetune-cli's flag names trains what the same settings under
+    our names train through the API (the same checkpoint bytes); a batch size under frame
+    batching, an unknown key and another engine's model are refused by name."""
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["train", *map(str, args)], obj={},
+                                  catch_exceptions=False)
+
+    config = tmp_path / "upstream.toml"
+    config.write_text("exp_name = \"F5TTS_v1_Base\"\nlearning_rate = 1e-4\n"
+                      "batch_size_per_gpu = 300\nbatch_size_type = \"frame\"\n"
+                      "num_warmup_updates = 1\nepochs = 3\nlast_per_updates = 2\n"
+                      "save_per_updates = 2\nkeep_last_n_checkpoints = 1\n"
+                      "grad_accumulation_steps = 1\nmax_grad_norm = 1.0\n")
+    done = run("-e", "f5tts", "-m", model_dir, "--data", metadata, "--output", tmp_path / "cli",
+               "--config", config, "--steps", 3, "--seed", 5)
+    assert done.exit_code == 0, done.output
+    assert "Recipe (" in done.output and "warmup_updates = 1" in done.output
+    trainer = F5Trainer()
+    api = _config(model_dir, metadata, tmp_path / "api", steps=3,
+                  params={**PARAMS, "variant": "v1_base", "keep_last_n_checkpoints": 1,
+                          "checkpoint_every": 2, "max_samples": 64})
+    trainer.train(trainer.prepare(api))
+    a = load_run_state(tmp_path / "cli" / CHECKPOINT)
+    b = load_run_state(tmp_path / "api" / CHECKPOINT)
+    assert a["records"] == b["records"]
+    assert all(torch.equal(a["ema"][k], v) for k, v in b["ema"].items())
+    assert sorted(p.name for p in (tmp_path / "cli" / "checkpoints").glob("model_*")) == \
+        ["model_2.pt"]
+
+    refused = run("-e", "f5tts", "-m", model_dir, "--data", metadata, "--output",
+                  tmp_path / "r1", "--batch-size", 8)
+    assert refused.exit_code == 2 and "frame batching" in refused.output
+    unknown = run("-e", "f5tts", "-m", model_dir, "--data", metadata, "--output",
+                  tmp_path / "r2", "--param", "warmup_update=3")
+    assert unknown.exit_code == 2 and "warmup_update" in unknown.output
+    mismatch = run("-e", "voxcpm", "-m", model_dir, "--data", metadata, "--output",
+                   tmp_path / "r3")
+    assert mismatch.exit_code == 3 and "f5tts model, not a voxcpm one" in mismatch.output
+    assert not (tmp_path / "r3" / "checkpoints").exists()
+
+
+def test_train_help_describes_every_option():
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli, train
+
+    assert all(option.help for option in train.params if option.param_type_name == "option")
+    text = CliRunner().invoke(cli, ["train", "--help"], obj={}).output
+    assert "metadata.csv" in text and "JSONL" in text and "--config" in text
+
+
+def test_samples_while_training_leave_the_training_bytes_alone(tmp_path, model_dir, metadata):
+    """log_samples: samples/update_<N>_{gen,ref}.wav every checkpoint_every updates (and
+    TensorBoard audio); the checkpoint holds the same tensors, RNG states and log as the run's
+    without samples (its file's bytes differ only by the archive's inner name)."""
+    import soundfile as sf
+
+    trainer = F5Trainer()
+    results = {}
+    for name, extra in (("plain", {}), ("samples", {"log_samples": True})):
+        params = {**PARAMS, "checkpoint_every": 2, **extra}
+        trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / name, steps=3,
+                                              params=params)))
+        results[name] = load_run_state(tmp_path / name / CHECKPOINT)
+    plain, sampled = results["plain"], results["samples"]
+    assert plain["records"] == sampled["records"] and plain["position"] == sampled["position"]
+    assert plain["torch_rng"].equal(sampled["torch_rng"])
+    assert plain["python_rng"] == sampled["python_rng"]
+    for part in ("model", "ema"):
+        assert all(torch.equal(plain[part][k], v) for k, v in sampled[part].items()), part
+    moments = [(a["exp_avg"], b["exp_avg"]) for a, b in zip(
+        plain["optimizer"]["state"].values(), sampled["optimizer"]["state"].values(),
+        strict=True)]
+    assert all(torch.equal(a, b) for a, b in moments)
+    written = sorted(p.name for p in (tmp_path / "samples" / "samples").iterdir())
+    assert written == ["update_2_gen.wav", "update_2_ref.wav"]
+    gen, rate = sf.read(tmp_path / "samples" / "samples" / "update_2_gen.wav")
+    ref, _ = sf.read(tmp_path / "samples" / "samples" / "update_2_ref.wav")
+    assert rate == 24000 and gen.size > 0 and abs(gen.size - ref.size) <= 256
+    assert not (tmp_path / "plain" / "samples").exists()
+    if (tmp_path / "samples" / "tensorboard").is_dir():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(tmp_path / "samples" / "tensorboard"),
+                                  size_guidance={"audio": 0})
+        events.Reload()
+        assert [e.step for e in events.Audio("samples/gen")] == [2]
+
+
+def test_settings_of_the_other_batching_mode_are_refused(tmp_path, model_dir, metadata):
+    trainer = F5Trainer()
+    with pytest.raises(InvalidRequest, match="frame batching") as frame:
+        trainer.prepare(_config(model_dir, metadata, tmp_path / "a", batch_size=4))
+    assert frame.value.field == "batch_size"
+    for key, value in (("batch_frames", 500), ("max_samples", 8)):
+        with pytest.raises(InvalidRequest, match="frame batching only") as sample:
+            trainer.prepare(_config(model_dir, metadata, tmp_path / key, batch_size=2,
+                                    params={**PARAMS, "batch_size_type": "sample",
+                                            "batch_frames": 3200, key: value}))
+        assert sample.value.field == f"params.{key}"
+    # upstream's defaults of the other mode change nothing: accepted
+    trainer.prepare(_config(model_dir, metadata, tmp_path / "ok", batch_size=2,
+                            params={"batch_size_type": "sample", "batch_frames": 3200,
+                                    "max_samples": 64, "epochs": 1}))

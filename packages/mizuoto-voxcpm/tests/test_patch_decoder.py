@@ -73,7 +73,7 @@ def test_no_step_is_left_after_the_last_patch(engines, name, speculate):
     assert len(patches) == sampling.min_len + 2
     assert [last for _, last in patches] == [False] * (len(patches) - 1) + [True]
     prefill = sequence.tokens.size(1)
-    for cache in (model.lm_cache, model.residual_cache):
+    for cache in (model.caches.lm, model.caches.residual):
         assert cache.length == prefill + len(patches) - 1
         assert int(cache.position) == cache.length
 
@@ -92,7 +92,7 @@ def test_speculating_gives_the_same_patches(engines, name):
 
 
 def test_cache_position_follows_the_host_length(engines):
-    cache = engines["v1"].model.lm_cache
+    cache = engines["v1"].model.caches.lm
     config = engines["v1"].model.base_lm.config
     scratch = KVCache(config, 8)
     assert int(scratch.position) == scratch.length == 0

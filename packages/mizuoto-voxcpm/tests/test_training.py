@@ -555,3 +555,111 @@ def test_bad_numbered_checkpoint_settings_are_named(workspace, params, message):
         VoxCPMTrainer().prepare(_config(root, model, "x", params={"warmup_steps": 1, **params}))
     assert caught.value.field == f"params.{next(iter(params))}"
     assert message in str(caught.value)
+
+
+def test_command_line_defaults_are_upstreams_recipe(workspace):
+    """LoRA on a VoxCPM 0.5B: the yaml's lr 1e-4, batch 16, 2000 iterations, save and
+    validation every 1000, every step folder kept, and upstream's seed 42; full: lr 1e-5."""
+    root, model = workspace
+    trainer = VoxCPMTrainer()
+    lora = trainer.defaults("lora", str(model))
+    assert {k: lora[k] for k in ("steps", "learning_rate", "batch_size", "seed", "save_every")} \
+        == {"steps": 2000, "learning_rate": 1e-4, "batch_size": 16, "seed": 42,
+            "save_every": 1000}
+    assert lora["params"] == {"valid_interval": 1000, "keep_last_n_checkpoints": -1,
+                              "checkpoint_every": 1000}
+    assert trainer.defaults("full", str(model))["learning_rate"] == 1e-5
+    v2 = write_random_model(root / "v2-defaults", "voxcpm2", seed=1)
+    assert trainer.defaults("lora", str(v2))["batch_size"] == 2
+
+
+def test_a_resume_onto_another_base_model_or_data_set_is_refused(workspace, tmp_path):
+    root, model = workspace
+    trainer = VoxCPMTrainer()
+    config = _config(root, model, "x", output_dir=tmp_path / "run", steps=1,
+                     params={"warmup_steps": 1, "preview": False})
+    trainer.train(trainer.prepare(config))
+    other = with_dtype(write_random_model(tmp_path / "b", "voxcpm-0.5b", seed=7),
+                       tmp_path / "other", "float32")
+    import attrs
+
+    with pytest.raises(InvalidRequest, match=r"base model .*\(weights .* -> .*other"):
+        trainer.prepare(attrs.evolve(config, model=str(other), steps=2))
+    rows = [json.loads(x) for x in (root / "train.jsonl").read_text().splitlines()]
+    rows[0]["text"] = "Another text."
+    (tmp_path / "changed.jsonl").write_text(
+        "".join(json.dumps(dict(r, audio=str(root / r["audio"]))) + "\n" for r in rows))
+    with pytest.raises(InvalidRequest, match=r"data set .*\(rows .* -> .*changed.jsonl"):
+        trainer.prepare(attrs.evolve(config, dataset=tmp_path / "changed.jsonl", steps=2))
+
+
+def test_manifest_encoding_and_engine_mismatch_are_named(workspace, tmp_path):
+    from mizuoto.errors import EngineMismatch
+    from mizuoto_f5tts.fixtures import write_random_model_dir
+
+    root, model = workspace
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps({"audio": str(root / "0.wav"), "text": "caf\xe9"},
+                                 ensure_ascii=False).encode("latin-1") + b"\n")
+    with pytest.raises(InvalidRequest, match="not UTF-8") as caught:
+        VoxCPMTrainer().prepare(_config(root, model, "enc", dataset=latin,
+                                        output_dir=tmp_path / "run"))
+    assert caught.value.field == "dataset"
+    bom = tmp_path / "bom.jsonl"  # a BOM (Windows editors) is not a bad first row
+    bom.write_bytes(b"\xef\xbb\xbf" + (root / "train.jsonl").read_bytes().replace(
+        b'"audio": "', f'"audio": "{root}/'.encode()))
+    run = VoxCPMTrainer().prepare(_config(root, model, "bom", dataset=bom,
+                                          output_dir=tmp_path / "bom-run"))
+    assert len(run.samples) == 4 and not run.rejected
+    f5 = write_random_model_dir(tmp_path / "f5", "v1_base", size="tiny")
+    with pytest.raises(EngineMismatch, match="is a f5tts model, not a voxcpm one"):
+        VoxCPMTrainer().prepare(_config(root, f5, "mismatch", output_dir=tmp_path / "mm"))
+    # the class: loading for synthesis, either way round, and the F5 trainer
+    with pytest.raises(EngineMismatch, match="not a voxcpm one"):
+        mizuoto.load(f5, engine="voxcpm")
+    with pytest.raises(EngineMismatch, match="is a voxcpm model, not a f5tts one"):
+        mizuoto.load(model, engine="f5tts")
+    with pytest.raises(EngineMismatch, match="is a voxcpm model"):
+        get_trainer("f5tts")().prepare(_config(root, model, "mm2", output_dir=tmp_path / "mm2"))
+
+
+def test_a_folder_with_train_and_validation_manifests(workspace, tmp_path):
+    root, model = workspace
+    rows = [json.loads(x) for x in (root / "train.jsonl").read_text().splitlines()]
+    lines = "".join(json.dumps(dict(r, audio=str(root / r["audio"]))) + "\n" for r in rows)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(lines)
+    (tmp_path / "data" / "val.jsonl").write_text(lines[:lines.index("\n") + 1])
+    run = VoxCPMTrainer().prepare(_config(root, model, "folder", dataset=tmp_path / "data",
+                                          output_dir=tmp_path / "run"))
+    assert run.recipe.val_manifest == str(tmp_path / "data" / "val.jsonl")
+    assert len(run.val_samples) == 1 and len(run.samples) == 4
+    (tmp_path / "data" / "extra.jsonl").write_text(lines)
+    with pytest.raises(InvalidRequest, match="train\\*.jsonl and a val\\*.jsonl"):
+        VoxCPMTrainer().prepare(_config(root, model, "folder2", dataset=tmp_path / "data",
+                                        output_dir=tmp_path / "run2"))
+
+
+def test_validation_audio_samples_leave_the_training_bytes_alone(workspace):
+    """Validation speaks two texts as upstream does; they are written as samples (and
+    TensorBoard audio) by default and left out with samples=false: the steps, metrics and
+    weights are the same bytes either way."""
+    root, model = workspace
+    params = {"warmup_steps": 1, "preview": False, "val_manifest": str(root / "train.jsonl"),
+              "valid_interval": 2}
+    trainer = VoxCPMTrainer()
+    runs = {}
+    for name, extra in (("with", {}), ("without", {"samples": False})):
+        config = _config(root, model, f"samples-{name}", steps=3,
+                         params={**params, **extra})
+        trainer.train(trainer.prepare(config))
+        runs[name] = config.output_dir
+    for name in ("metrics.jsonl", "checkpoints/latest/trainable.safetensors"):
+        assert (runs["with"] / name).read_bytes() == (runs["without"] / name).read_bytes()
+    written = sorted(p.name for p in (runs["with"] / "samples").iterdir())
+    assert written == ["step_0_0.wav", "step_0_1.wav", "step_2_0.wav", "step_2_1.wav"]
+    audio, rate = sf.read(runs["with"] / "samples" / "step_2_1.wav")
+    assert rate == 16000 and audio.size > 0 and np.isfinite(audio).all()
+    assert not (runs["without"] / "samples").exists()
+    with pytest.raises(InvalidRequest, match="params.samples"):
+        trainer.prepare(_config(root, model, "bad-samples", params={"samples": "yes"}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
 import sys
@@ -192,10 +193,19 @@ class _ProgressBars:
 class _ProgressLog:
     """Progress where stderr is not a terminal (a pipe, a log file): no bars and no carriage
     returns; one INFO line per finished text chunk, long-form section, batch line and chunk
-    streamed to a file, other stages at DEBUG when they finish."""
+    streamed to a file, a training run's progress (loss, rate, ETA) at most every 30 s, other
+    stages at DEBUG when they finish."""
+
+    #: seconds between two log lines of a training run's progress
+    TRAIN_EVERY = 30.0
+
+    def __init__(self) -> None:
+        self._train_logged_at: float | None = None
 
     def __call__(self, progress) -> None:
-        if progress.stage == STREAMED:
+        if progress.stage == "train":
+            self._train(progress)
+        elif progress.stage == STREAMED:
             log.info("streamed chunk %d (%s)", progress.done, progress.detail)
         elif progress.stage in ("chunk", "section", "lines"):
             if progress.done > 0:
@@ -203,6 +213,18 @@ class _ProgressLog:
                          f" ({progress.detail})" if progress.detail else "")
         elif progress.total is not None and progress.done >= progress.total:
             log.debug("%s done (%d)", progress.stage, progress.total)
+
+    def _train(self, progress) -> None:
+        """A training run's loss, rate and ETA every TRAIN_EVERY seconds, and its last update."""
+        import time
+
+        now = time.monotonic()
+        last = progress.total is not None and progress.done >= progress.total
+        if last or self._train_logged_at is None \
+                or now - self._train_logged_at >= self.TRAIN_EVERY:
+            self._train_logged_at = now
+            log.info("train %d/%s%s", progress.done, progress.total or "?",
+                     f" ({progress.detail})" if progress.detail else "")
 
 
 @contextlib.contextmanager
@@ -613,35 +635,55 @@ def random_model(fixture, directory):
     click.echo(f"Wrote {fixture} to {path}{note}", err=True)
 
 
+_DATA_HELP = ("The data set: a metadata.csv (upstream F5-TTS's layout: header audio_file|text, "
+              "one clip per line, paths relative to the file), a JSONL manifest (one "
+              '{"audio": PATH, "text": ...} object per line), or a folder holding one; a folder '
+              "may hold a train manifest and a validation one (train*.jsonl, val*.jsonl).")
+
+
 @cli.command()
-@click.option("-e", "--engine", required=True, help="Engine whose trainer runs.")
-@click.option("--method", default="full", show_default=True, help="full or lora.")
-@click.option("-m", "--model", required=True, help="Model to fine-tune (id or directory).")
-@click.option("--data", "dataset", required=True, type=click.Path(exists=True), help="Data set (manifest or directory).")
-@click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Run directory (resumes if it holds a run).")
-@click.option("--steps", type=int, default=1000, show_default=True)
-@click.option("--learning-rate", type=float, default=1e-5, show_default=True)
-@click.option("--batch-size", type=int, default=1, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--memory", default="default", show_default=True, help="training.memory: default, low or lowest.")
-@click.option("--mixed-precision", default="auto", show_default=True, type=click.Choice(["auto", "no", "fp16", "bf16"]), help="Forward under autocast (fp16 with loss scaling); auto: the engine's upstream default.")
+@click.option("-e", "--engine", required=True, help="Engine whose trainer runs (f5tts, voxcpm, ...).")
+@click.option("--method", default=None, help="full or lora (default: the --config file's, else full).")
+@click.option("-m", "--model", help="Model to fine-tune: a catalog id or a model directory (default: the --config file's).")
+@click.option("--data", "dataset", type=click.Path(exists=True), help=_DATA_HELP)
+@click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Run directory: checkpoints, metrics, recipe.json, export/ (a run there resumes).")
+@click.option("--steps", type=int, help="Optimiser updates to run (default: upstream's for the engine and method).")
+@click.option("--learning-rate", type=float, help="Peak learning rate (default: upstream's for the engine and method).")
+@click.option("--batch-size", type=int, help="Clips per batch, where the recipe batches by clips (default: upstream's; refused under F5 frame batching: use --param batch_frames=N).")
+@click.option("--seed", type=int, help="Seed of every random draw (default: upstream's; VoxCPM 42).")
+@click.option("--save-every", type=int, help="Updates between resumable checkpoints (default: upstream's).")
+@click.option("--memory", default=None, help="training.memory: default, low or lowest.")
+@click.option("--mixed-precision", default=None, type=click.Choice(["auto", "no", "fp16", "bf16"]), help="Forward under autocast (fp16 with loss scaling); default auto: the engine's upstream default.")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="compute.* option such as compute.device=cuda:1 (repeatable).")
+@click.option("--param", "param_pairs", multiple=True, metavar="KEY=VALUE", help="A recipe setting (repeatable), e.g. grad_accum_steps=4 or lora_r=16; values are TOML (true, 1e-4, [\"a\", \"b\"]). Unknown keys are refused by name.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="Recipe file: TOML of the same keys, or upstream's own (VoxCPM conf/*.yaml; F5-TTS finetune_cli flag names).")
 @click.pass_context
 def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
-          memory, mixed_precision, option_pairs):
-    """Fine-tune a model with the engine's trainer (prepare, train, export)."""
-    from mizuoto.contracts import TrainingConfig
+          save_every, memory, mixed_precision, option_pairs, param_pairs, config_file):
+    """Fine-tune a model with the engine's trainer (prepare, train, export).
+
+    The recipe starts from upstream's defaults for the engine, method and model; a --config
+    file, then --param pairs, then the options above override them. The effective recipe is
+    printed at the start and stored as recipe.json in the run directory.
+    """
     from mizuoto.registry import get_trainer
+    from mizuoto.training.recipe import recipe_text, training_config
 
     trainer = get_trainer(engine)()
-    compute = _options(None, option_pairs).compute
-    config = TrainingConfig(method=method, model=model, dataset=dataset, output_dir=output_dir,
-                            steps=steps, learning_rate=learning_rate, batch_size=batch_size,
-                            seed=seed, memory=memory, compute=compute,
-                            mixed_precision=mixed_precision)
+    explicit = {"steps": steps, "learning_rate": learning_rate, "batch_size": batch_size,
+                "seed": seed, "save_every": save_every, "memory": memory,
+                "mixed_precision": mixed_precision,
+                "compute": _options(None, option_pairs).compute if option_pairs else None}
+    config = training_config(trainer, method=method, model=model, dataset=dataset,
+                             output_dir=output_dir, config_file=config_file,
+                             param_pairs=param_pairs, explicit=explicit)
     trainer.check(config)
     with _progress(ctx.obj["quiet"]) as progress:
         run = trainer.prepare(config, progress=progress)
+        recipe = Path(output_dir) / "recipe.json"
+        if recipe.is_file() and os.environ.get("RANK", "0") == "0":
+            click.echo(f"Recipe ({recipe}):\n{recipe_text(json.loads(recipe.read_text()))}",
+                       err=True)
         result = trainer.train(run, progress=progress)
         if result.interrupted is None:
             exported = trainer.export(run, Path(output_dir) / "export")
@@ -675,11 +717,14 @@ def _resume_command(params: dict) -> str:
     for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
                         ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
                         ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
-                        ("--seed", "seed"), ("--memory", "memory"),
-                        ("--mixed-precision", "mixed_precision")):
-        words += [option, str(params[key])]
-    for pair in params.get("option_pairs") or ():
-        words += ["--option", pair]
+                        ("--seed", "seed"), ("--save-every", "save_every"),
+                        ("--memory", "memory"), ("--mixed-precision", "mixed_precision"),
+                        ("--config", "config_file")):
+        if params.get(key) is not None:
+            words += [option, str(params[key])]
+    for flag, key in (("--option", "option_pairs"), ("--param", "param_pairs")):
+        for pair in params.get(key) or ():
+            words += [flag, pair]
     return shlex.join(words)
 
 
@@ -706,11 +751,12 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
 @click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
+@click.option("--max-batch", default=1, show_default=True, type=int, help="Requests of one model run at once, 1 to 256; an engine that batches (VoxCPM streams) steps them together. Batched audio is close to, not always bit-identical with, unbatched (docs/performance.md).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
-          memory_budget, option_pairs, options_file):
+          memory_budget, max_batch, option_pairs, options_file):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -727,7 +773,8 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
     try:
         config = ServeConfig(models=names, engine=engine, host=host, port=port,
                              api_key=api_key, queue_size=queue_size, grace=grace,
-                             max_loaded=max_loaded, memory_budget=budget, options=options)
+                             max_loaded=max_loaded, memory_budget=budget, options=options,
+                             max_batch=max_batch)
     except InvalidRequest as exc:  # named as the user wrote it
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
             "--" + exc.field.replace("_", "-")

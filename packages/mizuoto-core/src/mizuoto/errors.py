@@ -53,8 +53,32 @@ class UnsupportedCapability(MizuotoError):
     exit_code = 4
 
 
+class EngineBusy(MizuotoError):
+    """A loaded model has no room for another open request (every slot of its per-request
+    state is held); ``fix`` says what frees one. A server answers it with 429."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem} ({fix})" if fix else problem)
+
+
 class EngineNotFound(MizuotoError):
     exit_code = 3
+
+
+class EngineMismatch(MizuotoError):
+    """A model given to an engine that does not own it (``-e voxcpm -m <an F5-TTS model>``)."""
+
+    exit_code = 3
+
+    def __init__(self, model: str, engine: str, owners: list[str]) -> None:
+        self.model, self.engine, self.owners = model, engine, list(owners)
+        owner = " or ".join(self.owners)
+        super().__init__(f"{model} is a {owner} model, not a {engine} one; pass -e {owners[0]} "
+                         f"(engine={owners[0]!r}) or a {engine} model")
 
 
 class ModelNotFound(MizuotoError):

@@ -14,7 +14,7 @@ from typing import Any
 from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
 from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.errors import EngineNotFound, InvalidOption
+from mizuoto.errors import EngineMismatch, EngineNotFound, InvalidOption
 from mizuoto.options import Options
 from mizuoto.registry import catalog as registered_catalog
 from mizuoto.registry import engines, get_engine
@@ -52,21 +52,9 @@ def resolve_engine(model: str | Path, *, engine: str | None = None,
         engine_cls = candidates[0]
     else:
         engine_cls = get_engine(engine)
-        _check_engine_owns(engine_cls, resolved.path)
+        check_owner(resolved, engine)
     options.engine_options(engine_cls)  # a bad engines.<name> value fails before any loading
     return engine_cls, resolved
-
-
-def _check_engine_owns(engine_cls: type[Engine], path: Path) -> None:
-    """An engine named for a directory that another engine recognizes (``-e voxcpm`` on an
-    F5-TTS model) is refused naming both, not left to fail on a file that engine expects."""
-    if not Path(path).is_dir() or engine_cls.recognizes(path):
-        return
-    owners = sorted(cls.name for cls in engines().values() if cls.recognizes(path))
-    if owners:
-        raise EngineNotFound(f"{path} holds a {' or '.join(owners)} model, not a "
-                             f"{engine_cls.name} one: leave out the engine (it is recognized) "
-                             f"or name {owners[0]!r}")
 
 
 def load(model: str | Path, *, engine: str | None = None,
@@ -93,3 +81,27 @@ def _as_options(options: Options | Mapping[str, Any] | None) -> Options:
         return Options.from_mapping(options)
     raise InvalidOption("options", f"must be mizuoto.Options or a mapping such as "
                         f"{{'compute': {{'device': 'cpu'}}}}, got {type(options).__name__}")
+
+
+def check_owner(resolved: ResolvedModel, engine: str) -> None:
+    """Raise `EngineMismatch` when ``engine`` is named for a model another engine owns: a
+    catalog entry of another engine, or a directory that another installed engine recognizes
+    and ``engine`` does not (an engine that recognizes nothing is never contradicted)."""
+    if resolved.entry is not None:
+        if resolved.entry.engine != engine:
+            raise EngineMismatch(resolved.id, engine, [resolved.entry.engine])
+        return
+    if get_engine(engine).recognizes(resolved.path):
+        return
+    owners = sorted(name for name, cls in engines().items()
+                    if name != engine and cls.recognizes(resolved.path))
+    if owners:
+        raise EngineMismatch(str(resolved.path), engine, owners)
+
+
+def resolve_for_engine(model: str | Path, engine: str, *,
+                       progress: ProgressCallback | None = None) -> ResolvedModel:
+    """`resolve_model`, then `check_owner`: what a trainer of ``engine`` starts from."""
+    resolved = resolve_model(model, progress=progress)
+    check_owner(resolved, engine)
+    return resolved

@@ -7,6 +7,7 @@ seed (see docs/engines/voxcpm.md for what differs on purpose).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,14 +20,22 @@ from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.contracts.requests import MAX_GUIDANCE, MAX_STEPS, Reference, SynthesisRequest
-from mizuoto.contracts.results import Rendered, check_finite
+from mizuoto.contracts.results import Applied, Rendered, check_finite
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import CheckpointMismatch, InvalidOption, InvalidRequest, ModelFilesMissing
+from mizuoto.errors import (
+    CheckpointMismatch,
+    EngineBusy,
+    InvalidOption,
+    InvalidRequest,
+    ModelFilesMissing,
+)
 from mizuoto.options import Options
 from mizuoto.runtime.device import dtype_name, preferred_device
 from mizuoto.runtime.placement import Placement, place
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
+from mizuoto_voxcpm.batching import PatchBatcher
+from mizuoto_voxcpm.cache_pool import DEFAULT_CACHE_SLOTS, CachePool
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
 from mizuoto_voxcpm.generation import (
@@ -64,6 +73,8 @@ FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times
 MAX_PATCHES = 65536
 MAX_RETRIES = 100
 MAX_RATIO = 100.0
+# requests one loaded model can hold open at once (engines.voxcpm.cache_slots)
+MAX_CACHE_SLOTS = 256
 
 
 def _integer(name: str, low: int, high: int):
@@ -125,9 +136,21 @@ def _dtype_option(instance, attribute, value):
 @attrs.frozen
 class VoxCPMOptions:
     """``engines.voxcpm.*``: ``dtype`` overrides ``compute.dtype`` for the LM and DiT (the VAE
-    always runs in float32). ``auto`` is the config's dtype on every device, float32 on MPS."""
+    always runs in float32). ``auto`` is the config's dtype on every device, float32 on MPS.
+    ``cache_slots`` [1, 256]: how many requests (open streams included) the loaded model holds
+    at once, each in its own LM caches (allocated when first needed). ``max_batch``
+    [1, 256]: streams step together in batches of up to this many (continuous batching);
+    1 (the default) generates each alone. A batched row's audio is not bit-identical to its
+    audio alone on every CPU (docs/performance.md); results say ``compute["batched"]``."""
 
     dtype: str = attrs.field(default="auto", validator=_dtype_option)
+    cache_slots: int = attrs.field(
+        default=DEFAULT_CACHE_SLOTS,
+        validator=integer_in("engines.voxcpm.cache_slots", 1, MAX_CACHE_SLOTS,
+                             error=InvalidOption))
+    max_batch: int = attrs.field(
+        default=1, validator=integer_in("engines.voxcpm.max_batch", 1, MAX_CACHE_SLOTS,
+                                        error=InvalidOption))
 
 
 @attrs.frozen
@@ -158,9 +181,14 @@ class VoxCPMEngine(Engine):
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
                                                 "cuda_graphs"}
+    # each request generates in its own cache slot with its own generator, buffers and
+    # decoder state; what the model's modules share (the VAE's noise source, the batcher) is
+    # used under the engine's own lock, held per chunk (self._compute)
+    concurrent_requests = True
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
-                 tokenizer: VoxCPMTokenizer, info: ModelInfo, placement: Placement) -> None:
+                 tokenizer: VoxCPMTokenizer, info: ModelInfo, placement: Placement,
+                 cache_slots: int = DEFAULT_CACHE_SLOTS, max_batch: int = 1) -> None:
         self.model_dir = model_dir
         self.config = config
         self.model = model
@@ -170,6 +198,11 @@ class VoxCPMEngine(Engine):
         self._base_info = info
         self.placement = placement
         self._lora: AttachedLoRA | None = None
+        self._pool = CachePool(model, size=cache_slots, attention=model.caches.lm.attention,
+                               first=model.caches)
+        # streams only: a synthesize call runs whole under the compute lock, alone
+        self._batcher = PatchBatcher(model, max_batch) if max_batch > 1 else None
+        self._compute = threading.RLock()
 
     # -- loading ------------------------------------------------------------------------
 
@@ -210,7 +243,7 @@ class VoxCPMEngine(Engine):
         # only); its shapes are fixed per model, so no dynamic shapes. A LoRA attached later
         # replaces layers inside it: dynamo's guards see that and recompile
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
-            attention=model.lm_cache.attention, cuda_graphs=model.patch_graphs is not None)
+            attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(
             {"architecture": config.architecture, "audio_vae_config": config.audio_vae})
@@ -235,7 +268,9 @@ class VoxCPMEngine(Engine):
         log.info("loaded VoxCPM %s from %s (%s, %s)", config.architecture, model_dir,
                  info.dtype, info.device)
         engine = cls(model_dir=model_dir, config=config, model=model, vae=vae,
-                     tokenizer=tokenizer, info=info, placement=placement)
+                     tokenizer=tokenizer, info=info, placement=placement,
+                     cache_slots=engine_options.cache_slots,
+                     max_batch=engine_options.max_batch)
         if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
             engine.set_lora(model_dir)
         return engine
@@ -249,6 +284,17 @@ class VoxCPMEngine(Engine):
     def info(self) -> ModelInfo:
         return self._info
 
+    @property
+    def batcher(self) -> PatchBatcher | None:
+        """The continuous batcher of streams (``engines.voxcpm.max_batch`` > 1), else None."""
+        return self._batcher
+
+    def _applied(self, call, rendered: Rendered) -> Applied:
+        # compute["batched"]: whether this result's patches were sampled in batched steps
+        applied = super()._applied(call, rendered)
+        batched = self._batcher is not None and bool(rendered.extra.get("streamed"))
+        return attrs.evolve(applied, compute={**applied.compute, "batched": batched})
+
     # -- LoRA ---------------------------------------------------------------------------
 
     @property
@@ -259,7 +305,17 @@ class VoxCPMEngine(Engine):
     def set_lora(self, path: str | Path | None) -> None:
         """Apply the LoRA directory ``path`` (``lora_weights.safetensors`` +
         ``lora_config.json``), replacing the current one, or remove it with ``None``; the base
-        weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA."""
+        weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA.
+        Refused while a request is open (a stream between two chunks): its voice would change
+        mid-utterance."""
+        with self._compute:
+            if self._pool.in_use:
+                raise EngineBusy(f"{self._pool.in_use} request(s) are open on this model; "
+                                 "its LoRA cannot change under them",
+                                 "finish or close the open streams first")
+            self._set_lora(path)
+
+    def _set_lora(self, path: str | Path | None) -> None:
         if path is None:
             if self._lora is not None:
                 remove_lora(self.model)
@@ -398,6 +454,10 @@ class VoxCPMEngine(Engine):
     def _synthesize(self, request: SynthesisRequest, params: VoxCPMParams,
                     generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
         plan = self._plan(request, params, generator.initial_seed())
+        with self._compute, self._pool.slot() as slot:
+            return self._synthesize_plan(plan, slot, progress)
+
+    def _synthesize_plan(self, plan: _Plan, slot, progress) -> Rendered:
         pieces, retries, patches, fallbacks = [], 0, 0, []
         for index, target in enumerate(plan.chunks):
             run = self._chunk_run(plan, index, target)
@@ -409,7 +469,8 @@ class VoxCPMEngine(Engine):
                 target_tokens=run.tokens, retry_badcase=params.retry_badcase,
                 retry_max_times=params.retry_badcase_max_times,
                 retry_ratio=params.retry_badcase_ratio_threshold,
-                on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap))
+                on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap),
+                slot=slot)
             retries += result.attempts - 1
             patches += result.patches.size(1) - result.context
             part = f" (chunk {index + 1} of {len(plan.chunks)})" if len(plan.chunks) > 1 else ""
@@ -434,7 +495,8 @@ class VoxCPMEngine(Engine):
         No badcase retry (upstream disables it when streaming); the last chunk carries the
         applied record (the stop head says which patch is the last before it is decoded).
         Planned now, so that a bad request is refused at the call."""
-        return self._patches(self._plan(request, params, generator.initial_seed()), progress)
+        plan = self._plan(request, params, generator.initial_seed())
+        return _per_chunk(self._compute, self._patches(plan, progress))
 
     def _patches(self, plan: _Plan, progress) -> Iterator[Rendered]:
         v2 = self.config.is_v2
@@ -442,16 +504,24 @@ class VoxCPMEngine(Engine):
         for chunk_index, target in enumerate(plan.chunks):
             run = self._chunk_run(plan, chunk_index, target)
             generator = sampling_generator(self.model, run.seed)
-            generated = generate_patches(self.model, run.sequence, run.sampling, seed=run.seed,
-                                         generator=generator)
             context = context_latents(run.sequence, v2=v2, device=self.model.device,
                                       dtype=self.model.dtype)
-            # the decoder's noise (if any) draws between the patches' draws, as upstream's
-            with segment_decoder(self.vae, context=context, v2=v2,
-                                 patch_size=self.config.patch_size) as decode, \
-                    noise_drawn_from(self.vae, generator):
+            # the slot, generator, buffers and decoder state are this stream's own: between two
+            # chunks the engine serves other requests
+            with self._pool.slot() as slot, \
+                    segment_decoder(self.vae, context=context, v2=v2,
+                                    patch_size=self.config.patch_size) as decode:
+                if self._batcher is not None:
+                    generated = self._batcher.generate(run.sequence, run.sampling,
+                                                       generator=generator, slot=slot)
+                else:
+                    generated = generate_patches(self.model, run.sequence, run.sampling,
+                                                 seed=run.seed, generator=generator, slot=slot)
                 for patch, last_patch in generated:
-                    segment = decode(patch)
+                    # the decoder's noise (if any) draws between the patches' draws, as
+                    # upstream's; set per patch, since the VAE's noise blocks are shared
+                    with noise_drawn_from(self.vae, generator):
+                        segment = decode(patch)
                     index += 1
                     report(progress, "sampling", index, None)
                     audio = Audio(segment, self.info.sample_rate)
@@ -460,6 +530,22 @@ class VoxCPMEngine(Engine):
                                              streamed=True)
                     else:
                         yield Rendered(audio, last=False)
+
+
+def _per_chunk(lock, chunks: Iterator[Rendered]) -> Iterator[Rendered]:
+    """``chunks`` computed each under ``lock`` and handed on without it: between two chunks
+    of a stream the engine serves other requests, from this thread or another."""
+    try:
+        while True:
+            with lock:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+            yield chunk
+    finally:
+        with lock:  # a stream closed early frees its cache slot (and batch row) under the lock
+            chunks.close()
 
 
 def _check_gpu_options(compute, device: torch.device) -> None:

@@ -31,10 +31,13 @@ def optimised_scale(positive: torch.Tensor, negative: torch.Tensor) -> torch.Ten
 
 
 def sample_patch(estimator: LocalDiT, mu: torch.Tensor, cond: torch.Tensor, noise: torch.Tensor,
-                 *, steps: int, guidance: float, mean_mode: bool = False) -> torch.Tensor:
+                 *, steps: int, guidance: float, mean_mode: bool = False,
+                 rowwise: bool = False) -> torch.Tensor:
     """Integrate one patch from ``noise`` (``(b, c, patch)``) to latents with guided Euler steps.
 
     ``mu`` is the LM condition ``(b, ·)``; ``cond`` the previous patch ``(b, c, prefix)``.
+    ``rowwise``: ``b`` independent sequences (continuous batching), each to be computed with
+    the kernels it gets alone where they differ (see ``LocalDiT.forward``'s ``pairs``).
     """
     grid = time_grid(steps, dtype=mu.dtype, device=mu.device)
     x = noise
@@ -45,7 +48,8 @@ def sample_patch(estimator: LocalDiT, mu: torch.Tensor, cond: torch.Tensor, nois
         if step <= zero_steps:
             velocity = torch.zeros_like(x)
         else:
-            velocity = _guided_velocity(estimator, x, mu, cond, t, dt, guidance, mean_mode)
+            velocity = _guided_velocity(estimator, x, mu, cond, t, dt, guidance, mean_mode,
+                                        rowwise)
         x = x - dt * velocity
         t = t - dt
         if step < len(grid) - 1:
@@ -53,7 +57,7 @@ def sample_patch(estimator: LocalDiT, mu: torch.Tensor, cond: torch.Tensor, nois
     return x
 
 
-def _guided_velocity(estimator, x, mu, cond, t, dt, guidance, mean_mode):
+def _guided_velocity(estimator, x, mu, cond, t, dt, guidance, mean_mode, rowwise=False):
     batch = x.size(0)
     # conditional and unconditional halves in one batch; the unconditional half has mu = 0
     mu_in = torch.zeros([2 * batch, mu.size(1)], device=x.device, dtype=x.dtype)
@@ -65,7 +69,8 @@ def _guided_velocity(estimator, x, mu, cond, t, dt, guidance, mean_mode):
         dt_in = dt.reshape(1).expand(2 * batch).to(x.dtype)
     else:
         dt_in = torch.zeros([2 * batch], device=x.device, dtype=x.dtype)
-    out = estimator(x_in, mu_in, t_in, cond_in, dt_in)
+    out = estimator(x_in, mu_in, t_in, cond_in, dt_in, pairs=True) if rowwise else \
+        estimator(x_in, mu_in, t_in, cond_in, dt_in)
     positive, negative = torch.split(out, [batch, batch], dim=0)
     scale = optimised_scale(positive.reshape(batch, -1), negative.reshape(batch, -1))
     scale = scale.view(batch, 1, 1)

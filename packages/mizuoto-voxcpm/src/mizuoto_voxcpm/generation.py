@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from mizuoto.errors import InvalidRequest
+from mizuoto_voxcpm.cache_pool import CacheSlot
 from mizuoto_voxcpm.minicpm4 import CacheFull
 from mizuoto_voxcpm.model import VoxCPMModel
 from mizuoto_voxcpm.patch_decoder import PatchBuffers, decode_patch, step_language_models
@@ -140,7 +141,8 @@ def sampling_generator(model: VoxCPMModel, seed: int) -> torch.Generator:
 @torch.inference_mode()
 def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *,
                      seed: int, generator: torch.Generator | None = None,
-                     speculate: bool | None = None) -> Iterator[tuple[torch.Tensor, bool]]:
+                     speculate: bool | None = None, slot: CacheSlot | None = None
+                     ) -> Iterator[tuple[torch.Tensor, bool]]:
     """Yield each new patch ``(1, patch_size, feat_dim)`` (model dtype) of one attempt, with
     whether it is the attempt's last.
 
@@ -151,30 +153,33 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
     stop flag is read, the one wait for the device per patch, and a step after the last patch
     is discarded. Otherwise the LMs step after the patch is yielded, as upstream orders it.
     The samples are the same either way. ``generator`` (default: a new one seeded with
-    ``seed``) is the one the patches draw from.
+    ``seed``) is the one the patches draw from. ``slot`` (default: the model's own) holds the
+    LM caches; everything else a patch reads or writes is this call's own.
     """
     device, dtype = model.device, model.dtype
+    slot = slot if slot is not None else model.caches
     feats = sequence.feats.to(device).to(dtype)
     try:
         lm_hidden, residual_hidden = model.prefill(sequence.tokens.to(device),
                                                    sequence.text_mask.to(device), feats,
-                                                   sequence.feat_mask.to(device))
+                                                   sequence.feat_mask.to(device), slot)
     except CacheFull as exc:
         raise InvalidRequest("text", str(exc), "shorten the text or the prompt audio") from exc
     if generator is None:
         generator = sampling_generator(model, seed)
-    graphs = model.patch_graphs
+    # CUDA graphs replay over the model's own slot only
+    graphs = model.patch_graphs if slot is model.caches else None
     if speculate is None:
         speculate = graphs is not None or device.type != "cpu"
     buffers = graphs.buffers if graphs is not None else PatchBuffers.allocate(model)
     buffers.start(lm_hidden, residual_hidden, feats[:, -1])
     for index in range(sampling.max_patches):
-        room = model.has_room
+        room = slot.has_room
         if graphs is not None and room:
             patch = graphs.decode_patch(steps=sampling.steps, guidance=sampling.guidance,
                                         generator=generator)
         else:
-            patch = decode_patch(model, buffers, steps=sampling.steps,
+            patch = decode_patch(model, buffers, slot, steps=sampling.steps,
                                  guidance=sampling.guidance, generator=generator,
                                  step_lms=speculate and room)
         # before min_len the stop head cannot end speech: no need to wait for its flag
@@ -183,15 +188,15 @@ def generate_patches(model: VoxCPMModel, sequence: PromptSequence, sampling: Sam
         if not room and not stopped:
             # upstream's LM step after this patch would find the cache full (also on the
             # last patch of the cap: upstream still steps there)
-            raise InvalidRequest("max_len", str(model.cache_full()),
+            raise InvalidRequest("max_len", str(slot.cache_full()),
                                  "lower max_len or shorten the text")
         if stopped and speculate and room:
-            model.rewind()
+            slot.rewind()
         yield patch, stopped or capped
         if stopped or capped:
             return
         if not speculate:
-            step_language_models(model, buffers, patch)
+            step_language_models(model, buffers, patch, slot)
 
 
 @attrs.frozen
@@ -212,7 +217,8 @@ def patch_cap(target_tokens: int, ratio: float, max_len: int) -> int:
 
 def generate(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *, seed: int,
              target_tokens: int, retry_badcase: bool, retry_max_times: int, retry_ratio: float,
-             on_patch: Callable[[int], None] | None = None) -> Generated:
+             on_patch: Callable[[int], None] | None = None,
+             slot: CacheSlot | None = None) -> Generated:
     """Generate until the stop head fires or the cap; regenerate badcases with ``seed + k``.
 
     A badcase has at least ``retry_ratio`` new patches per target text token (the first
@@ -226,7 +232,7 @@ def generate(model: VoxCPMModel, sequence: PromptSequence, sampling: Sampling, *
         new = []
         generator = sampling_generator(model, seed + attempt)
         for patch, _ in generate_patches(model, sequence, sampling, seed=seed + attempt,
-                                         generator=generator):
+                                         generator=generator, slot=slot):
             new.append(patch.unsqueeze(1))
             if on_patch is not None:
                 on_patch(len(new))

@@ -54,9 +54,15 @@ class LocalDiT(nn.Module):
         self.decoder = MiniCPM4(config)
 
     def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
-                dt: torch.Tensor) -> torch.Tensor:
+                dt: torch.Tensor, *, pairs: bool = False) -> torch.Tensor:
         """``x``: ``(n, c, patch)``, ``mu``: ``(n, h·k)``, ``t``/``dt``: ``(n,)``,
-        ``cond``: ``(n, c, prefix)`` -> velocity ``(n, c, patch)``."""
+        ``cond``: ``(n, c, prefix)`` -> velocity ``(n, c, patch)``.
+
+        ``pairs`` (a batch of several sequences, guided: the first ``n/2`` rows conditional,
+        the rest their unconditional twins): the output projection runs once per sequence on
+        its two rows, as for one sequence alone. Its input is a strided view, which the matrix
+        product copies into ``rows × patch`` rows: with more rows the kernel may sum in
+        another order (seen in bfloat16, 1 ulp, then amplified by the sampler)."""
         x = self.in_proj(x.transpose(1, 2).contiguous())
         cond = self.cond_proj(cond.transpose(1, 2).contiguous())
         time = self.time_mlp(sinusoidal_embedding(t, self.hidden).to(x.dtype))
@@ -69,4 +75,11 @@ class LocalDiT(nn.Module):
             tokens = torch.cat([(mu + time).unsqueeze(1), cond, x], dim=1)
             skip = 1 + cond.size(1)
         hidden, _ = self.decoder(tokens, causal=False)
-        return self.out_proj(hidden[:, skip:, :]).transpose(1, 2).contiguous()
+        if pairs and x.size(0) > 2:
+            half = x.size(0) // 2
+            outs = [self.out_proj(torch.stack((hidden[i], hidden[half + i]))[:, skip:, :])
+                    for i in range(half)]
+            out = torch.cat([o[:1] for o in outs] + [o[1:] for o in outs])
+        else:
+            out = self.out_proj(hidden[:, skip:, :])
+        return out.transpose(1, 2).contiguous()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -229,6 +230,34 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).contiguous().reshape(batch, -1)
         return self.o_proj(out)
 
+    def step_rows(self, hidden: torch.Tensor, rope, rows: list[RowStep]) -> torch.Tensor:
+        """:meth:`step` for ``b`` sequences at once, each against its own cache at its own
+        position: the projections run once for all rows; each row's cache write and attention
+        are the single-sequence ones (``rows[i]``: its position, span, mask, cache)."""
+        batch = hidden.size(0)
+        q, k, v = self._project(hidden, 1, rope)
+        outs = []
+        for index, row in enumerate(rows):
+            key_cache, value_cache = row.cache
+            key_cache.index_copy_(2, row.position, k[index:index + 1])
+            value_cache.index_copy_(2, row.position, v[index:index + 1])
+            outs.append(F.scaled_dot_product_attention(
+                q[index:index + 1].contiguous(), key_cache[:, :, :row.span].contiguous(),
+                value_cache[:, :, :row.span].contiguous(), attn_mask=row.mask,
+                enable_gqa=True))
+        out = torch.cat(outs).transpose(1, 2).contiguous().reshape(batch, -1)
+        return self.o_proj(out)
+
+
+@attrs.frozen
+class RowStep:
+    """One sequence's part of a batched decoding step (see :meth:`MiniCPM4.step_rows`)."""
+
+    position: torch.Tensor
+    span: int
+    mask: torch.Tensor | None
+    cache: tuple[torch.Tensor, torch.Tensor]
+
 
 class MLP(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
@@ -267,6 +296,11 @@ class DecoderLayer(nn.Module):
              mask: torch.Tensor | None, cache) -> torch.Tensor:
         update = self.self_attn.step(self.input_layernorm(hidden), rope, position, span, mask,
                                      cache)
+        hidden = self._add(hidden, update)
+        return self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
+
+    def step_rows(self, hidden: torch.Tensor, rope, rows: list[RowStep]) -> torch.Tensor:
+        update = self.self_attn.step_rows(self.input_layernorm(hidden), rope, rows)
         hidden = self._add(hidden, update)
         return self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
 
@@ -312,11 +346,38 @@ class MiniCPM4(nn.Module):
         rope = None
         if self.rope_emb is not None:
             rope = self.rope_emb(position)
-        mask = None
-        if cache.attention == "exact":
-            mask = (torch.arange(span, device=embed.device) <= position).view(1, 1, 1, -1)
+        mask = _filled_mask(cache, span, position)
         hidden = embed
         for index, layer in enumerate(self.layers):
             hidden = layer.step(hidden, rope, position, span, mask, cache.layer(index))
         position.add_(1)
         return self.norm(hidden)
+
+    def step_rows(self, embeds: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """:meth:`step` for ``b`` sequences (``embeds``: ``(b, hidden)``), row ``i`` against
+        ``caches[i]`` at its own position. The row-wise arithmetic (norms, RoPE, attention) is
+        the single-sequence one; the matrix products run once with ``b`` rows, which is where
+        a row's bits may depend on ``b`` (the kernel a GEMM picks by shape)."""
+        spans = [cache.attend_span(cache.next_position()) for cache in caches]
+        positions = torch.cat([cache.position for cache in caches])
+        rope = None
+        if self.rope_emb is not None:
+            cos, sin = self.rope_emb(positions)
+            rope = (cos[:, None, None, :], sin[:, None, None, :])
+        masks = [_filled_mask(cache, span, cache.position)
+                 for cache, span in zip(caches, spans, strict=True)]
+        hidden = embeds
+        for index, layer in enumerate(self.layers):
+            rows = [RowStep(cache.position, span, mask, cache.layer(index))
+                    for cache, span, mask in zip(caches, spans, masks, strict=True)]
+            hidden = layer.step_rows(hidden, rope, rows)
+        for cache in caches:
+            cache.position.add_(1)
+        return self.norm(hidden)
+
+
+def _filled_mask(cache: KVCache, span: int, position: torch.Tensor) -> torch.Tensor | None:
+    """Which of the ``span`` attended cache positions are filled (``None``: all of them)."""
+    if cache.attention != "exact":
+        return None
+    return (torch.arange(span, device=position.device) <= position).view(1, 1, 1, -1)

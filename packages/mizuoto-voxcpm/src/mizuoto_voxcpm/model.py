@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto.runtime.checkpoint import find_weights_file, load_weights_into, materialize_empty
+from mizuoto_voxcpm.cache_pool import CacheSlot
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.flow import sample_patch
 from mizuoto_voxcpm.local_dit import LocalDiT
 from mizuoto_voxcpm.local_encoder import LocalEncoder
-from mizuoto_voxcpm.minicpm4 import CacheFull, KVCache, LongRoPE, MiniCPM4
+from mizuoto_voxcpm.minicpm4 import LongRoPE, MiniCPM4
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,10 @@ class FlowDecoder(nn.Module):
         self.estimator = estimator
         self.mean_mode = mean_mode
 
-    def forward(self, mu, cond, noise, *, steps: int, guidance: float) -> torch.Tensor:
+    def forward(self, mu, cond, noise, *, steps: int, guidance: float,
+                rowwise: bool = False) -> torch.Tensor:
         return sample_patch(self.estimator, mu, cond, noise, steps=steps, guidance=guidance,
-                            mean_mode=self.mean_mode)
+                            mean_mode=self.mean_mode, rowwise=rowwise)
 
 
 class VoxCPMModel(nn.Module):
@@ -79,8 +81,9 @@ class VoxCPMModel(nn.Module):
         self.stop_proj = nn.Linear(hidden, hidden)
         self.stop_head = nn.Linear(hidden, 2, bias=False)
         self.scale_emb = lm.scale_emb if lm.use_mup else 1.0
-        self.lm_cache: KVCache | None = None
-        self.residual_cache: KVCache | None = None
+        #: the model's own cache slot (the first of an engine's pool; CUDA graphs replay
+        #: over it); a request may run in any other slot of the same shapes
+        self.caches: CacheSlot | None = None
         #: CUDA graphs of one patch (``compute.cuda_graphs``), set by the engine
         self.patch_graphs = None
 
@@ -93,21 +96,19 @@ class VoxCPMModel(nn.Module):
         return self.stop_head.weight.device
 
     def allocate_caches(self, attention: str = "exact") -> None:
-        """Static caches of ``max_length`` positions, allocated once and reused per request.
+        """The model's own slot of static caches (``max_length`` positions).
 
         ``attention``: ``exact`` (upstream's bits) or ``fast`` (the filled part of the cache
         only; see :data:`~mizuoto_voxcpm.minicpm4.ATTENTION_MODES`).
         """
-        kwargs = dict(device=self.device, dtype=self.dtype, attention=attention)
-        self.lm_cache = KVCache(self.base_lm.config, self.config.max_length, **kwargs)
-        self.residual_cache = KVCache(self.residual_lm.config, self.config.max_length, **kwargs)
+        self.caches = CacheSlot.allocate(self, attention)
         self.patch_graphs = None  # graphs capture the caches' memory: they go with them
 
     def _apply(self, fn, recurse=True):
         # moving or casting the model leaves the caches (and any CUDA graph over them) behind
         moved = super()._apply(fn, recurse)
-        if self.lm_cache is not None:
-            self.allocate_caches(self.lm_cache.attention)
+        if self.caches is not None:
+            self.allocate_caches(self.caches.lm.attention)
         return moved
 
     # -- the pieces of one generation ------------------------------------------------------
@@ -116,14 +117,24 @@ class VoxCPMModel(nn.Module):
         """``(b, t, patch, feat)`` latents -> ``(b, t, hidden)`` LM inputs."""
         return self.enc_to_lm_proj(self.feat_encoder(patches))
 
+    def encode_patch_rows(self, patches: torch.Tensor) -> torch.Tensor:
+        """One new patch per sequence, ``(b, patch, feat)`` -> ``(b, hidden)``, with the kernels
+        :meth:`encode_patches` runs for a single one: there the encoder's CLS outputs, a
+        strided view, are contiguous only because ``b`` is 1, and a strided input takes
+        another matrix-product path (other bits) in the projection; here they are copied to
+        contiguous rows first. ``patches`` should be strided as the sampler's output is (a
+        transposed view), for the same reason."""
+        hidden = self.feat_encoder(patches.unsqueeze(1)).contiguous()
+        return self.enc_to_lm_proj(hidden)[:, 0]
+
     def _residual_input(self, lm_hidden: torch.Tensor, audio_embed: torch.Tensor) -> torch.Tensor:
         if self.config.is_v2:
             return self.fusion_concat_proj(torch.cat((lm_hidden, audio_embed), dim=-1))
         return lm_hidden + audio_embed
 
     def prefill(self, tokens: torch.Tensor, text_mask: torch.Tensor, feats: torch.Tensor,
-                feat_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the prompt through both LMs, fill their caches; return the last hidden states.
+                feat_mask: torch.Tensor, slot: CacheSlot) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the prompt through both LMs, fill ``slot``; return the last hidden states.
 
         ``tokens``/``text_mask``/``feat_mask``: ``(1, n)``; ``feats``: ``(1, n, patch, feat)``.
         """
@@ -131,12 +142,12 @@ class VoxCPMModel(nn.Module):
         text_embed = self.base_lm.embed_tokens(tokens) * self.scale_emb
         embeds = text_mask.unsqueeze(-1) * text_embed + feat_mask.unsqueeze(-1) * feat_embed
         outputs, pairs = self.base_lm(embeds, causal=True)
-        self.lm_cache.fill(pairs)
+        slot.lm.fill(pairs)
         outputs = (self.fsq_layer(outputs) * feat_mask.unsqueeze(-1)
                    + outputs * text_mask.unsqueeze(-1))
         residual_in = self._residual_input(outputs, feat_mask.unsqueeze(-1) * feat_embed)
         residual, pairs = self.residual_lm(residual_in, causal=True)
-        self.residual_cache.fill(pairs)
+        slot.residual.fill(pairs)
         return outputs[:, -1, :], residual[:, -1, :]
 
     def dit_condition(self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor
@@ -148,11 +159,12 @@ class VoxCPMModel(nn.Module):
         return lm_part + residual_part
 
     def sample(self, lm_hidden, residual_hidden, previous: torch.Tensor, noise: torch.Tensor,
-               *, steps: int, guidance: float) -> torch.Tensor:
-        """One patch ``(b, patch, feat)`` from the LM states and the previous patch."""
+               *, steps: int, guidance: float, rowwise: bool = False) -> torch.Tensor:
+        """One patch ``(b, patch, feat)`` from the LM states and the previous patch
+        (``rowwise``: ``b`` independent sequences, see :func:`~mizuoto_voxcpm.flow.sample_patch`)."""
         mu = self.dit_condition(lm_hidden, residual_hidden)
         patch = self.feat_decoder(mu, previous.transpose(1, 2).contiguous(), noise,
-                                  steps=steps, guidance=guidance)
+                                  steps=steps, guidance=guidance, rowwise=rowwise)
         return patch.transpose(1, 2)
 
     def stop_flag(self, lm_hidden: torch.Tensor) -> torch.Tensor:
@@ -161,24 +173,21 @@ class VoxCPMModel(nn.Module):
         logits = self.stop_head(F.silu(self.stop_proj(lm_hidden)))
         return logits.argmax(dim=-1) == 1
 
-    def advance(self, patch_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed one generated patch (``(b, hidden)``) to both LMs; return their new states."""
-        lm_hidden = self.fsq_layer(self.base_lm.step(patch_embed, self.lm_cache))
+    def advance(self, patch_embed: torch.Tensor, slot: CacheSlot
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one generated patch (``(b, hidden)``) to both LMs in ``slot``; return their
+        new states."""
+        lm_hidden = self.fsq_layer(self.base_lm.step(patch_embed, slot.lm))
         residual_in = self._residual_input(lm_hidden, patch_embed)
-        return lm_hidden, self.residual_lm.step(residual_in, self.residual_cache)
+        return lm_hidden, self.residual_lm.step(residual_in, slot.residual)
 
-    @property
-    def has_room(self) -> bool:
-        """Whether both LMs can take another step."""
-        return self.lm_cache.has_room and self.residual_cache.has_room
-
-    def rewind(self) -> None:
-        """Discard the last :meth:`advance` (a step taken before the stop flag was read)."""
-        self.lm_cache.rewind()
-        self.residual_cache.rewind()
-
-    def cache_full(self) -> CacheFull:
-        return CacheFull(f"the model's context (max_length {self.lm_cache.max_length}) is full")
+    def advance_rows(self, patch_embeds: torch.Tensor, slots: list[CacheSlot]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`advance` for ``b`` sequences at once (``patch_embeds``: ``(b, hidden)``),
+        row ``i`` in ``slots[i]``."""
+        lm_hidden = self.fsq_layer(self.base_lm.step_rows(patch_embeds, [s.lm for s in slots]))
+        residual_in = self._residual_input(lm_hidden, patch_embeds)
+        return lm_hidden, self.residual_lm.step_rows(residual_in, [s.residual for s in slots])
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ CUDA graph (:mod:`mizuoto_voxcpm.patch_graphs`).
 Upstream reads the stop flag (``.cpu().item()``) before stepping the LMs and creates each
 step's position tensor on the host (two more transfers). Here the LMs step before the flag is
 read, and reading it is the only time the host waits: when it says stop, that step is
-discarded (:meth:`VoxCPMModel.rewind`; its keys and values stay behind the attention mask until
+discarded (:meth:`CacheSlot.rewind`; its keys and values stay behind the attention mask until
 the next prefill overwrites them). The values are the same either way: the extra step feeds
 nothing that was already decided. On the CPU, where reading the flag costs no wait, the LMs
 step after the patch is handed on instead, as upstream orders it: a stream's first chunk then
@@ -20,6 +20,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from mizuoto_voxcpm.cache_pool import CacheSlot
 from mizuoto_voxcpm.model import VoxCPMModel
 
 
@@ -54,9 +55,11 @@ class PatchBuffers:
         return (self.lm_hidden, self.residual_hidden, self.previous, self.patch, self.stop)
 
 
-def decode_patch(model: VoxCPMModel, buffers: PatchBuffers, *, steps: int, guidance: float,
-                 generator: torch.Generator, step_lms: bool = True) -> torch.Tensor:
-    """Sample one patch into ``buffers`` and (``step_lms``) feed it to both LMs; return it.
+def decode_patch(model: VoxCPMModel, buffers: PatchBuffers, slot: CacheSlot, *, steps: int,
+                 guidance: float, generator: torch.Generator, step_lms: bool = True
+                 ) -> torch.Tensor:
+    """Sample one patch into ``buffers`` and (``step_lms``) feed it to both LMs (caches in
+    ``slot``); return it.
 
     Nothing here waits for the device: no ``.item()``, no host tensors. The noise is one
     ``randn`` in the model dtype from ``generator``, as upstream's single draw per patch.
@@ -69,15 +72,15 @@ def decode_patch(model: VoxCPMModel, buffers: PatchBuffers, *, steps: int, guida
     buffers.patch.copy_(patch)
     buffers.previous.copy_(patch)
     if step_lms:
-        step_language_models(model, buffers, patch)
+        step_language_models(model, buffers, patch, slot)
     return patch
 
 
-def step_language_models(model: VoxCPMModel, buffers: PatchBuffers,
-                         patch: torch.Tensor) -> None:
+def step_language_models(model: VoxCPMModel, buffers: PatchBuffers, patch: torch.Tensor,
+                         slot: CacheSlot) -> None:
     """Feed ``patch`` through the local encoder to both LMs; their new states go to
     ``buffers`` (the states the next patch is sampled from)."""
     embed = model.encode_patches(patch.unsqueeze(1))[:, 0]
-    lm_hidden, residual_hidden = model.advance(embed)
+    lm_hidden, residual_hidden = model.advance(embed, slot)
     buffers.lm_hidden.copy_(lm_hidden)
     buffers.residual_hidden.copy_(residual_hidden)

@@ -4,7 +4,8 @@ A patch launches a few hundred small kernels (ten guided DiT evaluations, the en
 steps); on a GPU launching them costs more than running them. Captured once, a patch is one
 graph launch. What makes the replay give the eager bits:
 
-- every tensor a patch reads or writes is fixed: :class:`PatchBuffers`, the static KV caches,
+- every tensor a patch reads or writes is fixed: :class:`PatchBuffers`, the model's own cache
+  slot (a request in another slot of the engine's pool runs eager),
   and the caches' device-side position (advanced inside the graph); the attention span is the
   whole cache (``attention="exact"`` on CUDA), so it does not change between replays;
 - the DiT's noise comes from the graph's own generator, registered with the graph; before each
@@ -34,7 +35,7 @@ class PatchGraphs:
     def __init__(self, model: VoxCPMModel) -> None:
         if model.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {model.device}")
-        if model.lm_cache.attention != "exact":
+        if model.caches.lm.attention != "exact":
             raise ValueError("CUDA graphs replay a fixed attention span: attention must be exact")
         self.model = model
         self.buffers = PatchBuffers.allocate(model)
@@ -51,8 +52,8 @@ class PatchGraphs:
         if graph is None:
             graph = self._graphs[key] = self._capture(steps, float(guidance))
         # the host's half of the LM steps the graph takes on the device
-        self.model.lm_cache.next_position()
-        self.model.residual_cache.next_position()
+        self.model.caches.lm.next_position()
+        self.model.caches.residual.next_position()
         self.generator.set_state(generator.get_state())
         graph.replay()
         generator.set_state(self.generator.get_state())
@@ -60,7 +61,7 @@ class PatchGraphs:
 
     def _capture(self, steps: int, guidance: float) -> torch.cuda.CUDAGraph:
         log.info("capturing a CUDA graph of one patch (%d steps, guidance %g)", steps, guidance)
-        model, caches = self.model, (self.model.lm_cache, self.model.residual_cache)
+        model, caches = self.model, (self.model.caches.lm, self.model.caches.residual)
         saved = [t.clone() for t in (*self.buffers.tensors(), *(c.position for c in caches))]
         lengths = [c.length for c in caches]
 
@@ -72,7 +73,7 @@ class PatchGraphs:
                 cache.length = length
 
         def run() -> None:
-            decode_patch(model, self.buffers, steps=steps, guidance=guidance,
+            decode_patch(model, self.buffers, model.caches, steps=steps, guidance=guidance,
                          generator=self.generator)
 
         # one eager run on a side stream first (cuBLAS handles, workspaces, the allocator), as

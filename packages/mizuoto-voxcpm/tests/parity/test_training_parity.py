@@ -369,3 +369,39 @@ def test_numbered_checkpoint_folders_match_upstreams(data, method):
                 assert json.loads((mine / file).read_text()) == {"step": n}
             else:
                 assert (mine / file).read_bytes() == (theirs / file).read_bytes(), (n, file)
+
+
+@pytest.mark.parametrize("name", ["0.5b-lora", "2-lora-recipe"])
+def test_upstream_yaml_through_the_cli_matches_upstream(data, name):
+    """``mizuoto train -e voxcpm --config upstream.yaml``: upstream's own recipe file (the one
+    its script ran, with its ``lora:`` table, ``lambdas:``, ``save_interval``...) and nothing
+    else (seed, method and model from the file and upstream's defaults) trains the same steps
+    and saves the same LoRA bytes."""
+    import yaml
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    generation, method, batch_size, overrides = CASES[name]
+    upstream, saved = _upstream(data, f"cli-{name}", generation, method, batch_size, overrides)
+    settings = json.loads(saved.with_suffix(".config.json").read_text(encoding="utf-8"))
+    del settings["log"]  # the oracle's own output, not upstream's
+    recipe = data["root"] / f"cli-{name}.yaml"
+    recipe.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    output = data["root"] / f"ours-cli-{name}"
+    done = CliRunner().invoke(cli, ["train", "-e", "voxcpm", "--config", str(recipe),
+                                    "--output", str(output), "--param", "preview=false"],
+                              obj={}, catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    assert '"lora"' in done.output or "lora_r" in done.output  # the recipe, printed
+    ours = [json.loads(x) for x in (output / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in upstream["steps"] if r["split"] == "train"]
+    assert len(ours) == len(train) == STEPS
+    for theirs, mine in zip(train, ours, strict=True):
+        for key in ("loss/diff", "loss/stop", "lr", "epoch", "grad_norm"):
+            assert mine[key] == theirs[key], (name, theirs["step"], key)
+    final = saved / f"step_{STEPS:07d}"
+    for file in ("lora_weights.safetensors", "lora_config.json"):
+        assert (output / "export" / file).read_bytes() == (final / file).read_bytes(), file
+    recorded = json.loads((output / "recipe.json").read_text())
+    assert recorded["seed"] == 42 and recorded["method"] == "lora"

@@ -82,6 +82,14 @@ def register_models(register):
 
 
 @mizuoto.hookimpl
+def register_trainers(register):
+    # imported only when a trainer is needed (mizuoto train): listing plugins stays torch-free
+    from mizuoto_example.training import ToyTrainer
+
+    register(ToyTrainer)
+
+
+@mizuoto.hookimpl
 def register_contract_fixtures(register):
     register(ContractFixture(
         engine="toy",

@@ -134,6 +134,21 @@ class Trainer(abc.ABC):
             raise InvalidRequest("training.memory",
                                  f"{self.engine} supports {self.memory_levels}")
 
+    def defaults(self, method: str, model: str) -> Mapping[str, Any]:
+        """The recipe a command-line run of ``method`` on ``model`` (an id or a directory, as
+        given) starts from: upstream's
+        defaults for this engine, method and model generation, as `TrainingConfig` fields
+        (``steps``, ``learning_rate``, ``batch_size``, ``seed``, ``save_every``) and params.
+        Default: none (`TrainingConfig`'s own defaults)."""
+        return {}
+
+    def upstream_recipe(self, settings: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``settings`` (a ``--config`` file) with upstream's names (its config file keys or
+        command-line flags) translated to this trainer's: fields, params and ``model``,
+        ``dataset``, ``method``. Keys it does not know pass through unchanged (the trainer's
+        validation names them). Default: unchanged."""
+        return dict(settings)
+
     @abc.abstractmethod
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None) -> Any:
         """Validate the data set and model, build manifests/features; returns a run handle."""

@@ -24,6 +24,7 @@ import attrs
 
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.serve.batching import MAX_BATCH, options_with_max_batch
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
 from mizuoto.serve.gate import FORM_OVERHEAD, MAX_SPEECH_BODY, Gate, check_api_key
 from mizuoto.serve.metrics import Metrics
@@ -60,7 +61,10 @@ class ServeConfig:
     the first ``max_loaded`` models load at start, the others on their first request, and
     the least recently used idle models are unloaded to make room (:class:`ModelPool`).
     ``shared_lock`` runs every model's requests under one lock: the single-global-lock
-    baseline of the load test, not a setting to serve with.
+    baseline of the load test, not a setting to serve with. ``max_batch`` (1 to
+    :data:`~mizuoto.serve.batching.MAX_BATCH`) runs up to that many requests of one model at
+    once, batched by engines that batch (:mod:`mizuoto.serve.batching`); 1 runs them one
+    after the other.
 
     Every value is checked here, so the CLI and the Python API refuse the same ones: ``port``
     1 to 65535, ``grace`` finite in [0, :data:`MAX_GRACE`], an ``api_key`` that is not
@@ -86,6 +90,7 @@ class ServeConfig:
     memory_budget: int | None = attrs.field(default=None, validator=_optional_positive(
         "memory_budget"))
     shared_lock: bool = False
+    max_batch: int = attrs.field(default=1, validator=integer_in("max_batch", 1, MAX_BATCH))
 
     @host.validator
     def _host(self, attribute, value) -> None:
@@ -138,8 +143,10 @@ class _State:
             preload = config.max_loaded is None or index < config.max_loaded
             worker = ModelWorker(name, model, load=_loader(model, config),
                                  queue_size=config.queue_size, metrics=self.metrics,
-                                 shared_lock=shared, pool=pool, preload=preload)
+                                 shared_lock=shared, pool=pool, preload=preload,
+                                 max_batch=config.max_batch)
             self.metrics.watch_queue(name, worker.depth)
+            self.metrics.watch_batches(name, lambda worker=worker: _batch_stats(worker))
             self.workers[name] = worker
 
 
@@ -152,10 +159,19 @@ def _loader(model: str, config: ServeConfig):
 
         # one load at a time: plugin discovery and the registry are not built for concurrent
         # first use, and two loads at once would only compete for memory and cores
+        options = config.options
+        if config.max_batch > 1:
+            options = options_with_max_batch(options, config.max_batch)
         with _LOADING:
-            return mizuoto.load(model, engine=config.engine, options=config.options)
+            return mizuoto.load(model, engine=config.engine, options=options)
 
     return load
+
+
+def _batch_stats(worker: ModelWorker):
+    """The loaded engine's batching statistics (``engine.batcher.stats``), if it batches."""
+    batcher = getattr(worker.engine, "batcher", None)
+    return getattr(batcher, "stats", None)
 
 
 def create_app(config: ServeConfig):

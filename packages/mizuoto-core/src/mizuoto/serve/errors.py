@@ -62,6 +62,9 @@ def from_mizuoto(exc: BaseException, *, param_prefix: str = "") -> APIError:
         return not_found(str(exc), "model", "model_not_found")
     if isinstance(exc, (errors.ModelFilesMissing, errors.CheckpointMismatch)):
         return unavailable(f"the model cannot be loaded: {exc}", "model_unavailable", 60)
+    if isinstance(exc, errors.EngineBusy):
+        return APIError(429, str(exc), type="rate_limit_error", code="engine_busy",
+                        headers={"Retry-After": "1"})
     if isinstance(exc, errors.MizuotoError):  # NonFiniteAudio and the rest
         return APIError(500, str(exc), type="server_error", code="generation_failed")
     return APIError(500, "internal error: see the server's log", type="server_error",

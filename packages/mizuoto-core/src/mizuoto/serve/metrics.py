@@ -7,7 +7,12 @@ histograms do not need a client library.
   audio (histogram);
 - ``mizuoto_real_time_factor{model}``: generation time over audio duration (histogram);
 - ``mizuoto_audio_seconds_total{model}``: seconds of audio generated;
-- ``mizuoto_cancelled_total{model}``: generations stopped because the client went away.
+- ``mizuoto_cancelled_total{model}``: generations stopped because the client went away;
+- ``mizuoto_batch_size{model}`` and ``mizuoto_batch_step_seconds{model}``: the requests in the
+  model's last batched step and how long it took; ``mizuoto_batch_steps_total{model}``,
+  ``mizuoto_batch_rows_total{model}`` and ``mizuoto_batch_seconds_total{model}``: all its
+  batched steps (rows / steps is the mean batch size). Only for a model whose engine batches
+  (``mizuoto serve --max-batch``).
 """
 
 from __future__ import annotations
@@ -57,9 +62,15 @@ class Metrics:
         self._audio: dict[str, float] = defaultdict(float)
         self._cancelled: dict[str, int] = defaultdict(int)
         self._depths: dict[str, Callable[[], int]] = {}
+        self._batches: dict[str, Callable[[], object]] = {}
 
     def watch_queue(self, model: str, depth: Callable[[], int]) -> None:
         self._depths[model] = depth
+
+    def watch_batches(self, model: str, stats: Callable[[], object]) -> None:
+        """``stats()``: the model's batching statistics now (``steps``, ``rows``,
+        ``seconds``, ``last_size``, ``last_seconds``), or None while it does not batch."""
+        self._batches[model] = stats
 
     def request(self, model: str, endpoint: str, status: int) -> None:
         with self._lock:
@@ -106,4 +117,26 @@ class Metrics:
                 lines += [f"# HELP {name} {kind}", f"# TYPE {name} counter"]
                 for model, value in sorted(table.items()):
                     lines.append(f'{name}{{model="{_label(model)}"}} {value}')
+            lines += self._batch_lines()
         return "\n".join(lines) + "\n"
+
+    def _batch_lines(self) -> list[str]:
+        current = {model: stats() for model, stats in sorted(self._batches.items())}
+        current = {model: stats for model, stats in current.items() if stats is not None}
+        lines = []
+        for name, kind, help_text, field in (
+                ("mizuoto_batch_size", "gauge", "Requests in the model's last batched step.",
+                 "last_size"),
+                ("mizuoto_batch_step_seconds", "gauge", "Seconds the last batched step took.",
+                 "last_seconds"),
+                ("mizuoto_batch_steps_total", "counter", "Batched steps.", "steps"),
+                ("mizuoto_batch_rows_total", "counter", "Requests stepped, summed over steps.",
+                 "rows"),
+                ("mizuoto_batch_seconds_total", "counter", "Seconds spent in batched steps.",
+                 "seconds")):
+            if not current:
+                break
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            for model, stats in current.items():
+                lines.append(f'{name}{{model="{_label(model)}"}} {getattr(stats, field)}')
+        return lines

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mizuoto.serve.batching import Lanes
 from mizuoto.serve.errors import APIError, from_mizuoto, unavailable
 
 log = logging.getLogger("mizuoto.serve")
@@ -106,8 +107,11 @@ class ModelWorker:
 
     def __init__(self, name: str, model: str, *, load: Callable[[], object], queue_size: int,
                  metrics=None, shared_lock: threading.Lock | None = None,
-                 pool: ModelPool | None = None, preload: bool = True) -> None:
+                 pool: ModelPool | None = None, preload: bool = True,
+                 max_batch: int = 1) -> None:
         self.name = name
+        # --max-batch: jobs run on lanes, several at once (mizuoto.serve.batching)
+        self._lanes = Lanes(name, max_batch) if max_batch > 1 else None
         self.model = model
         self._load = load
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -141,7 +145,10 @@ class ModelWorker:
 
     def depth(self) -> int:
         """Jobs queued or running."""
-        return self._queue.qsize() + (self._running is not None)
+        return self._queue.qsize() + (self._running is not None) + self._lane_jobs()
+
+    def _lane_jobs(self) -> int:
+        return self._lanes.active if self._lanes is not None else 0
 
     def _pinned(self, change: int) -> None:
         if self._pool is not None:  # without a pool nothing is unloaded: nothing to count
@@ -187,8 +194,8 @@ class ModelWorker:
         if self.pins or not self._engine_lock.acquire(blocking=False):
             return False
         try:
-            if self.engine is None or self._running is not None or not self._queue.empty() \
-                    or self.pins:
+            if self.engine is None or self._running is not None or self._lane_jobs() \
+                    or not self._queue.empty() or self.pins:
                 return False
             self.engine = None
             self.engine_bytes = 0
@@ -212,9 +219,12 @@ class ModelWorker:
                 job.finish()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
+        deadline = time.monotonic() + timeout
         if self._pool is not None:
             self._pool.wake()  # a load waiting for room gives up
         self._thread.join(timeout)
+        if self._lanes is not None:
+            self._lanes.wait_idle(max(0.0, deadline - time.monotonic()))
 
     def _load_engine(self) -> None:
         """Load the model (on this thread, holding the engine lock); raises on failure."""
@@ -252,16 +262,31 @@ class ModelWorker:
                 return
             self._running = job
             self.last_used = time.monotonic()  # at the start too: the client may be done first
+            on_lane = False  # a lane's job finishes on its lane
             try:
                 with self._engine_lock:
                     if self.engine is None and not job.cancelled and not self._reload(job):
                         continue
-                    self._execute(job)
+                    if self._lanes is None:
+                        self._execute(job)
+                if self._lanes is not None:
+                    self._lanes.run(lambda job=job: self._execute_on_lane(job))
+                    on_lane = True
             finally:
                 self._running = None
-                job.finish()
+                if not on_lane:
+                    job.finish()
             if self._pool is not None:  # a model busy when another loaded may go now
                 self._pool.rebalance()
+
+    def _execute_on_lane(self, job: Job) -> None:
+        """``--max-batch``: one of the jobs running at once (mizuoto.serve.batching)."""
+        try:
+            self._execute(job)
+        finally:
+            job.finish()
+        if self._pool is not None:
+            self._pool.rebalance()
 
     def _reload(self, job: Job) -> bool:
         """Load the unloaded model for ``job``, once the pool has room (it waits for its

@@ -39,6 +39,7 @@ import numpy as np
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
+from mizuoto.text.files import check_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,10 @@ class PreparedData:
 
 
 def _csv_rows(path: Path) -> list[tuple[int, str, str]]:
+    """Upstream's reader (``csv.reader``, ``|``, a BOM dropped), row by row: a row the reader
+    cannot take (a field over ``csv.field_size_limit``, 131072 characters) and a row whose
+    quoted text runs over a line end (an unbalanced quote swallowing the rows after it) are
+    bad rows, reported and skipped like the others."""
     rows = []
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle, delimiter="|")
@@ -86,18 +91,30 @@ def _csv_rows(path: Path) -> list[tuple[int, str, str]]:
                 or header[1].strip() != "text":
             raise InvalidRequest("dataset", f"{path}: the header must be audio_file|text",
                                  "write upstream's metadata.csv layout: audio_file|text")
-        for number, row in enumerate(reader, start=2):
+        while True:
+            first = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                rows.append((first, f"!unreadable row: {exc}", None))
+                continue
             if not row or not "".join(row).strip():
+                continue
+            if reader.line_num != first:
+                rows.append((first, f"!a quoted field runs over lines {first}-"
+                             f"{reader.line_num} (an unbalanced quote?)", None))
                 continue
             audio = row[0].strip()
             text = row[1].strip() if len(row) > 1 else ""
-            rows.append((number, audio, text))
+            rows.append((first, audio, text))
     return rows
 
 
 def _jsonl_rows(path: Path) -> list[tuple[int, str, str | None]]:
     rows = []
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -129,10 +146,19 @@ def _source_rows(source: Path) -> list[tuple[int, str, str | None]]:
             source = manifests[0]
     if not source.is_file():
         raise InvalidRequest("dataset", f"{source} does not exist")
+    check_utf8(source, "dataset")
     rows = _jsonl_rows(source) if source.suffix.lower() == ".jsonl" else _csv_rows(source)
     base = source.parent
-    return [(n, str((base / a).resolve()) if a and not a.startswith("!") else a, t)
-            for n, a, t in rows]
+    return [(n, _absolute(base, a) if a and not a.startswith("!") else a, t)
+            for n, a, t in rows]  # "!reason": a row that could not be read
+
+
+def _absolute(base: Path, audio: str) -> str:
+    """The row's audio path made absolute; "!reason" for one no file can have (a NUL)."""
+    try:
+        return str((base / audio).resolve())
+    except (ValueError, OSError) as exc:
+        return f"!unusable audio path {audio!r}: {exc}"
 
 
 @attrs.frozen

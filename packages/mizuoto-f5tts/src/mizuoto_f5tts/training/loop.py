@@ -245,6 +245,7 @@ class FineTuning:
                  py_random: random.Random, memory: str = "default",
                  world: tuple[int, int] = (0, 1), shard_batches: bool = True) -> None:
         self.model = model
+        self.grad_norm = 0.0  # the last update's, before clipping
         # multi-process (DDP): rank r takes batches r, r + N, ... of every epoch's order,
         # wrapping around so that all ranks make the same number of updates; with
         # shard_batches=False every rank trains on every batch (a check: then the weights
@@ -353,8 +354,11 @@ class FineTuning:
             if self.settings.max_grad_norm > 0:
                 if self.scaler is not None:
                     self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                               self.settings.max_grad_norm)
+                self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.settings.max_grad_norm))
+            else:  # upstream does not clip then (nor unscale): the norm is still logged
+                self.grad_norm = float(torch.nn.utils.get_total_norm(
+                    [p.grad for p in self.model.parameters() if p.grad is not None]))
             if self.offload is not None:
                 self.offload.to_device()
             if precision.scaled_step(self.optimizer, self.scaler):
@@ -368,14 +372,11 @@ class FineTuning:
         self.records.append(record)
         return record if sync else None
 
-    def run(self, on_update: Callable[[Record], None] | None = None,
-            on_save: Callable[[], None] | None = None,
-            stop: Callable[[], str | None] | None = None) -> str | None:
-        """Train to the end (or ``max_updates``); ``on_save`` every ``save_every`` updates.
-        ``stop``, asked after every update but the last (on every rank: it may be a
-        collective), ends the run there when it returns a reason, which is returned; None
-        when the run finished."""
-        while not self.done():
+    def next_update(self) -> dict[str, float]:
+        """Train micro-batches up to the next optimiser update; its logged values (the last
+        micro-batch's loss, the learning rate after the schedule's step, the gradient norm
+        before clipping)."""
+        while True:
             if self.index == 0:
                 self._start_epoch()
             record = self._step(self.order[self.index])
@@ -383,17 +384,8 @@ class FineTuning:
             if self.index == len(self.order):
                 self.epoch += 1
                 self.index = 0
-            if record is None:
-                continue
-            if on_update is not None:
-                on_update(record)
-            if on_save is not None and self.update % self.settings.save_every == 0:
-                on_save()
-            if stop is not None and not self.done():
-                reason = stop()
-                if reason is not None:
-                    return reason
-        return None
+            if record is not None:
+                return {"loss": record.loss, "lr": record.lr, "grad_norm": self.grad_norm}
 
     # -- checkpoint state -----------------------------------------------------------------
 

@@ -28,8 +28,10 @@ the model directory's), ``finetune`` (default true; false: upstream without ``--
 model starts from its random initialisation), ``keep_last_n_checkpoints`` (default 0; -1: all;
 N: the newest N) copies of the run checkpoint as ``checkpoints/model_<update>.pt`` every
 ``checkpoint_every`` updates (default ``save_every``; upstream's ``save_per_updates``, while
-``save_every`` is its ``last_per_updates``). Training stops after ``config.steps`` updates or
-at the end of the last epoch.
+``save_every`` is its ``last_per_updates``), ``log_samples`` (default false; upstream's
+``--log_samples``: audio samples every ``checkpoint_every`` updates in ``samples/``, see
+`mizuoto_f5tts.training.samples`; they do not change the training). Training stops after
+``config.steps`` updates or at the end of the last epoch.
 
 ``config.compute.device`` (``auto``: CUDA, else MPS, else the CPU, as accelerate picks) is
 where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
@@ -48,8 +50,9 @@ from pathlib import Path
 import attrs
 import torch
 
-from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.trainer import (
+    MAX_STEPS,
     Trainer,
     TrainingConfig,
     TrainingResult,
@@ -58,7 +61,22 @@ from mizuoto.contracts.trainer import (
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
-from mizuoto.runtime.interruption import catch_interruption
+from mizuoto.training import (
+    Cadence,
+    MetricsLog,
+    ProcessWorld,
+    RunDirectory,
+    RunIdentity,
+    StepLoop,
+    StepProgress,
+    barrier,
+    base_fingerprint,
+    data_fingerprint,
+    gather,
+    join,
+    process_world,
+    rotate,
+)
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
     PreparedData,
@@ -69,9 +87,10 @@ from mizuoto_f5tts.training.data import (
 )
 from mizuoto_f5tts.training.export import export_model
 from mizuoto_f5tts.training.loop import FineTuning, LoopSettings, Record
+from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
+from mizuoto_f5tts.training.samples import TrainingSamples
 from mizuoto_f5tts.training.state import (
     CHECKPOINT,
-    check_output_dir,
     load_run_state,
     save_run_state,
 )
@@ -82,7 +101,7 @@ logger = logging.getLogger(__name__)
 PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_samples",
           "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches",
           "extend_vocab", "vocab_file", "finetune", "keep_last_n_checkpoints",
-          "checkpoint_every")
+          "checkpoint_every", "log_samples")
 NUMBERED = "model_{}.pt"  # checkpoints/model_<update>.pt, as upstream names its numbered saves
 LOG_FILE = "training_log.jsonl"
 
@@ -105,6 +124,16 @@ class F5Run:
     keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
     checkpoint_every: int = 0  # updates between numbered copies
     device: str = "cpu"
+
+
+def _claim(run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
+           data: PreparedData) -> None:
+    """Record the run's identity; refuse resuming a run of other base weights or data."""
+    run_dir.claim(RunIdentity(
+        engine=F5Trainer.engine, method=config.method, base_model=str(config.model),
+        base_fingerprint=base_fingerprint(weights), dataset=str(config.dataset),
+        data_fingerprint=data_fingerprint((c.text, c.audio) for c in data.clips)),
+        resumable=(run_dir.path / CHECKPOINT).is_file())
 
 
 def _bool_param(params, key: str, default: bool) -> bool:
@@ -170,6 +199,20 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
     kind = params.get("batch_size_type", "frame")
     if kind not in ("frame", "sample"):
         raise InvalidRequest("params.batch_size_type", f"must be 'frame' or 'sample', got {kind!r}")
+    # a setting of the other batching mode would be ignored: refused instead
+    if kind == "frame" and config.batch_size != 1:
+        raise InvalidRequest("batch_size", f"{config.batch_size} does not apply under frame "
+                             "batching (batch_size_type frame, upstream's default)",
+                             "set params.batch_frames (frames per batch), or "
+                             "batch_size_type=sample to batch by clips")
+    if kind == "sample":
+        # (at upstream's default they change nothing: finetune_cli passes them whatever the
+        # batching, and so may a recipe)
+        for key, default in (("batch_frames", 3200), ("max_samples", 64)):
+            if params.get(key, default) != default:
+                raise InvalidRequest(f"params.{key}", "applies to frame batching only, not "
+                                     "batch_size_type sample", "set batch_size (clips per "
+                                     "batch) instead")
     frames = _int_param(params, "batch_frames", 3200, 1)
     max_samples = _int_param(params, "max_samples", 64)
     accumulation = _int_param(params, "grad_accumulation", 1, 1)
@@ -211,9 +254,20 @@ class F5Trainer(Trainer):
     memory_levels = ("default", "low", "lowest")
     graceful_stop = True
 
+    def defaults(self, method: str, model: str) -> dict:
+        """``f5-tts_finetune-cli``'s defaults: 100 epochs (``steps`` unbounded), learning rate
+        1e-5, 20000 warm-up updates, frame batching of 3200 frames and at most 64 clips, the
+        resumable checkpoint every 5000 updates (``last_per_updates``) and a numbered one every
+        50000 (``save_per_updates``), all kept. Upstream does not seed its runs; ours seed 0."""
+        return {"steps": MAX_STEPS, "learning_rate": 1e-5, "save_every": 5000,
+                "params": dict(CLI_DEFAULTS)}
+
+    def upstream_recipe(self, settings) -> dict:
+        return translate_finetune_cli(settings)
+
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None
                 ) -> F5Run:
-        from mizuoto import resolve_model
+        from mizuoto.loading import resolve_for_engine
         from mizuoto_f5tts.checkpoint import (
             VOCAB_FILE,
             checkpoint_variant,
@@ -228,7 +282,7 @@ class F5Trainer(Trainer):
         if family is not None and family not in VARIANT_NAMES:
             raise InvalidRequest("params.variant", f"must be one of {VARIANT_NAMES}, "
                                  f"got {family!r}")
-        model_dir = resolve_model(config.model, progress=progress).path
+        model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
         finetune = _bool_param(config.params, "finetune", True)
         keep, every = checkpoint_retention(config)
@@ -243,12 +297,15 @@ class F5Trainer(Trainer):
         # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced),
         # plus the numbered copies kept
         weights = checkpoint.stat().st_size
-        check_output_dir(config.output_dir, needed_bytes=4 * weights * (2 + max(keep, 0)))
-        prepared_dir = Path(config.output_dir) / "prepared"
+        run_dir = RunDirectory(config.output_dir)
+        run_dir.check_writable(needed_bytes=4 * weights * (2 + max(keep, 0)))
+        prepared_dir = run_dir.path / "prepared"
         extend = config.params.get("extend_vocab", False)
         new_tokens = 0
         if extend is False:
-            data = prepare_dataset(config.dataset, vocab, prepared_dir, progress=progress)
+            data = prepare_dataset(config.dataset, vocab, progress=progress)
+            _claim(run_dir, config, [checkpoint, vocab_file], data)
+            write_prepared(data, prepared_dir)
         else:
             if extend is not True and not (isinstance(extend, (list, tuple))
                                            and all(isinstance(t, str) for t in extend)):
@@ -264,6 +321,7 @@ class F5Trainer(Trainer):
                 added = extended_vocab(vocab, data.clips)
                 vocab = read_vocab_lines(tokens + added)
             new_tokens = len(added)
+            _claim(run_dir, config, [checkpoint, vocab_file], data)
             vocab_file = prepared_dir / VOCAB_FILE
             write_vocab(vocab_file, tokens + added)
             write_prepared(data, prepared_dir)
@@ -272,9 +330,16 @@ class F5Trainer(Trainer):
             logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
-        return F5Run(config, model_dir, checkpoint, variant, vocab, data,
-                     _settings(config, data, mixed_precision), config.memory, vocab_file,
-                     new_tokens if finetune else 0, finetune, keep, every, str(device))
+        settings = _settings(config, data, mixed_precision)
+        run_dir.write_recipe({
+            "engine": self.engine, "method": config.method, "variant": variant.name,
+            "seed": config.seed, "memory": config.memory, "save_every": config.save_every,
+            "steps": config.steps, **attrs.asdict(settings),
+            "params": {k: v for k, v in config.params.items() if k not in attrs.fields_dict(
+                LoopSettings)}, "device": str(device)})
+        return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
+                     config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
+                     every, str(device))
 
     def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -291,9 +356,10 @@ class F5Trainer(Trainer):
             del base
         model.to(run.device).train()
         shard = _bool_param(run.config.params, "shard_batches", True)
+        world = distributed_world()
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           run.settings, py_random=py_random, memory=run.memory,
-                          world=distributed_world(), shard_batches=shard)
+                          world=(world.rank, world.size), shard_batches=shard)
         if not run.finetune:  # upstream without a pretrained_ file: a fresh EMA
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
@@ -307,9 +373,8 @@ class F5Trainer(Trainer):
     def train(self, run: F5Run, *, progress: ProgressCallback | None = None) -> TrainingResult:
         output = Path(run.config.output_dir)
         state_path = output / CHECKPOINT
-        rank, world_size = distributed_world()
-        if rank != 0:
-            progress = None
+        world = distributed_world()
+        rank, world_size = world.rank, world.size
         device = torch.device(run.device)
         if rank == 0:
             logger.info("training on %s, mixed precision %s, memory %s", device,
@@ -338,55 +403,58 @@ class F5Trainer(Trainer):
                 logger.info("resuming %s at update %d", output, loop.update)
             total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
 
-            saved = [resumed_from]  # the update the checkpoint on disk holds (None: none)
-
-            def on_update(record: Record) -> None:
-                report(progress, "train", record.update, total,
-                       f"loss {record.loss:.4f} lr {record.lr:.3g}")
-                if run.keep_checkpoints != 0 and record.update % run.checkpoint_every == 0:
-                    if saved[0] != loop.update:
-                        save()
-                    if rank == 0:
-                        keep_numbered(state_path, loop.update, run.keep_checkpoints)
-
-            def save() -> None:
-                saved[0] = loop.update
+            def save(done: int) -> None:
                 state = loop.state_dict()
                 if world_size > 1:
-                    import torch.distributed as dist
-
-                    ranks = [None] * world_size
-                    dist.all_gather_object(ranks, loop.rng_state())
-                    state["rank_rng"] = ranks
+                    state["rank_rng"] = gather(loop.rng_state(), world)
                 if rank == 0:
                     save_run_state(state_path, state)
                     _write_log(output / LOG_FILE, loop.records)
-                _barrier()
+                barrier()
 
-            with catch_interruption() as interruption:
-                def on_save() -> None:
-                    if saved[0] != loop.update:  # not already saved for a numbered copy
-                        save()
+            def numbered(done: int) -> None:
+                steps.save_now()  # the numbered copy is the run checkpoint's
+                if rank == 0:
+                    keep_numbered(state_path, done, run.keep_checkpoints)
 
-                interrupted = loop.run(on_update=on_update, on_save=on_save,
-                                       stop=interruption.stop_now)
-                if saved[0] != loop.update:  # not just saved: the same on every rank
-                    save()
+            metrics = (MetricsLog(output, step_key="update", resume_from=loop.update + 1)
+                       if rank == 0 else None)
+            samples = None
+            if _bool_param(run.config.params, "log_samples", False) and rank == 0:
+                writer = TrainingSamples(run.model_dir, loop.dataset, run.vocab,
+                                         output / "samples", run.config.seed, metrics)
+
+                def samples(done: int) -> None:
+                    writer(loop.model, done)
+
+            steps = StepLoop(
+                start=loop.update, total=total, world=world, save=save, numbered=numbered,
+                samples=samples,
+                cadence=Cadence(run.config.save_every, run.checkpoint_every,
+                                run.keep_checkpoints,
+                                samples_every=run.checkpoint_every if samples else 0),
+                metrics=metrics, progress=StepProgress(progress, total, loop.update),
+                finished=lambda done: loop.done(), count_from=1)
+            try:
+                interrupted = steps.run(loop.next_update).interrupted
+            finally:
+                if metrics is not None:
+                    metrics.close()
         if interrupted is not None and rank == 0:
             logger.info("%s: stopped at update %d, checkpoint saved in %s; train again on it "
                         "to resume", interrupted, loop.update, output)
         last = loop.records[-1] if loop.records else None
-        metrics = {} if last is None else {"loss": last.loss, "lr": last.lr}
-        return TrainingResult(output, loop.update, resumed_from, metrics=metrics,
+        metrics_out = {} if last is None else {"loss": last.loss, "lr": last.lr}
+        return TrainingResult(output, loop.update, resumed_from, metrics=metrics_out,
                               interrupted=interrupted)
 
     def export(self, run: F5Run, destination: Path) -> Path:
-        if distributed_world()[0] == 0:
+        if distributed_world().main:
             state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
             export_model(state["ema"], state["position"]["update"], run.model_dir,
                          run.variant, destination, base_model=str(run.config.model),
                          vocab_file=run.vocab_file, finetuned=run.finetune)
-        _barrier()
+        barrier()
         return Path(destination)
 
 
@@ -412,23 +480,10 @@ def read_vocab_lines(tokens: list[str]) -> dict[str, int]:
     return vocab
 
 
-def distributed_world() -> tuple[int, int]:
-    """``(rank, world size)``: under ``torchrun`` (``WORLD_SIZE`` > 1) the process group is
-    joined on first use (gloo, which also carries CUDA tensors), else ``(0, 1)``."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group(backend="gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+def distributed_world() -> ProcessWorld:
+    """This process's place; under ``torchrun`` (``WORLD_SIZE`` > 1) the process group is
+    joined on first use (gloo, which also carries CUDA tensors)."""
+    return join(process_world(), "cpu")
 
 
 def keep_numbered(state_path: Path, update: int, keep: int) -> None:
@@ -440,13 +495,7 @@ def keep_numbered(state_path: Path, update: int, keep: int) -> None:
     folder = state_path.parent
     with atomic_path(folder / NUMBERED.format(update)) as tmp:
         shutil.copyfile(state_path, tmp)
-    if keep < 0:
-        return
-    numbered = sorted((int(p.stem.split("_")[1]), p) for p in folder.glob("model_*.pt")
-                      if p.stem.split("_")[1].isdigit())
-    for _, old in numbered[:max(len(numbered) - keep, 0)]:
-        old.unlink()
-        logger.info("removed old checkpoint %s", old.name)
+    rotate(folder, "model_", ".pt", keep=keep)
 
 
 def _write_log(path: Path, records: list[Record]) -> None:

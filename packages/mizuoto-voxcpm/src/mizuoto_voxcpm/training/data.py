@@ -32,6 +32,7 @@ import torch
 
 from mizuoto.nn.dsp.audio_io import SILENCE_PEAK
 from mizuoto.nn.dsp.soxr_resample import mono_like_librosa, resample_soxr
+from mizuoto.text.files import read_utf8
 
 AUDIO_START, AUDIO_END, PROMPT_START, PROMPT_END = 101, 102, 103, 104
 
@@ -76,13 +77,16 @@ def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:
 
 
 def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int,
-                  patch_size: int, hop_length: int) -> tuple[list[Sample], list[Rejected]]:
+                  patch_size: int, hop_length: int, field: str = "dataset"
+                  ) -> tuple[list[Sample], list[Rejected]]:
     """Usable rows and the rejected ones with their reasons (unreadable or silent audio, empty
     text, a sequence longer than the model's context, a declared duration that is not a
     non-negative number of seconds, an ``is_prompt`` that is not a flag)."""
     samples, rejected, rows = [], [], []
     patch_len = hop_length * patch_size
-    for number, raw in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
+    # not UTF-8: a named error; a BOM (a manifest saved by a Windows editor) is dropped
+    lines = read_utf8(manifest, field).removeprefix("\ufeff").splitlines()
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:

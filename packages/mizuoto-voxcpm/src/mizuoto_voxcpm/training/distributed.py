@@ -2,35 +2,14 @@
 (upstream's accelerator hard-codes NCCL, so it cannot run multi-process on the CPU) and NCCL on
 CUDA, as upstream: every process seeds 42, reads its share of each epoch
 (``DistributedSampler``), skips the gradient all-reduce on all but the last micro-batch and
-averages gradients on the last; process 0 writes metrics, checkpoints and exports.
+averages gradients on the last; process 0 writes metrics, checkpoints and exports. The world
+and the process group are `mizuoto.training.world`'s; this module wraps the training forward.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 from torch import nn
-
-
-def world() -> tuple[int, int, int]:
-    """``(world_size, rank, local_rank)`` from torchrun's environment (1, 0, 0 without it)."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size <= 1:
-        return 1, 0, 0
-    return size, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def init(device_type: str) -> None:
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
-                                init_method="env://")
-
-
-def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 class TrainingForward(nn.Module):

@@ -12,7 +12,6 @@ at any point resumes from the last checkpoint to the same bits an uninterrupted 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -22,8 +21,8 @@ from typing import Any
 
 import torch
 
-from mizuoto.runtime import precision
-from mizuoto.runtime.atomic import atomic_path, save_safetensors
+from mizuoto.runtime.atomic import save_safetensors
+from mizuoto.training import Precision, barrier, micro_batches
 from mizuoto_voxcpm.training.data import EpochSampler
 
 CLIP_OFF = 1e9
@@ -63,44 +62,22 @@ def build_optimizer(model: torch.nn.Module, recipe) -> tuple[torch.optim.Optimiz
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-class GradScaling:
+def precision_for(device: torch.device, mixed_precision: str = "no") -> Precision:
     """``mixed_precision`` ``bf16`` (upstream's accelerator on CUDA) or ``fp16``: autocast and
-    a gradient scaler; ``no`` (upstream on the CPU, where its ``autocast("cuda")`` is off):
-    neither."""
-
-    def __init__(self, device: torch.device, mixed_precision: str = "no") -> None:
-        self.device = device
-        self.mode = mixed_precision
-        self.scaler = torch.amp.GradScaler(device.type) if mixed_precision != "no" else None
-
-    def autocast(self):
-        return precision.autocast(self.device, self.mode)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
-
-    def unscale(self, optimizer) -> None:
-        if self.scaler:
-            self.scaler.unscale_(optimizer)
-
-    def step(self, optimizer) -> None:
-        if self.scaler:
-            self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
-            optimizer.step()
+    a gradient scaler (upstream's accelerator scales bf16 too); ``no`` (upstream on the CPU,
+    where its ``autocast("cuda")`` is off): neither."""
+    return Precision(mixed_precision, device.type, scaler=mixed_precision != "no")
 
 
-def train_step(model, optimizer, scheduler, scaling: GradScaling, next_batch, losses_of,
+def train_step(model, optimizer, scheduler, scaling: Precision, next_batch, losses_of,
                recipe, step: int, no_sync=None) -> dict[str, float]:
     """One optimiser step; returns upstream's logged values for it. ``no_sync``: DDP's
     context that skips the gradient all-reduce (all micro-batches but the last)."""
     optimizer.zero_grad(set_to_none=True)
     logged: dict[str, torch.Tensor] = {}
-    for micro in range(recipe.grad_accum_steps):
+    for _, skip_sync in micro_batches(recipe.grad_accum_steps, no_sync):
         batch = next_batch()
-        last = micro == recipe.grad_accum_steps - 1
-        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+        with skip_sync:
             with scaling.autocast():
                 outputs = losses_of(batch, progress=step / max(1, recipe.num_iters))
             total = 0.0
@@ -130,13 +107,11 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.requires_grad}
 
 
-def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: GradScaling,
+def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Precision,
                     generator: torch.Generator, sampler: EpochSampler, step: int,
                     rank: int = 0) -> None:
     """Write ``directory/latest`` whole or not at all (a new folder renamed over the old).
     Under torchrun every process adds its generator and data position; process 0 the rest."""
-
-    from mizuoto_voxcpm.training.distributed import barrier
 
     staging = directory / f".{LATEST}.staging"
     if rank == 0:
@@ -149,7 +124,7 @@ def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Gr
     if rank == 0:
         save_safetensors(trainable_state(model), staging / TRAINABLE)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "scaler": scaling.scaler.state_dict() if scaling.scaler else None},
+                    "scaler": scaling.state_dict()},
                    staging / "state.pt")
         (staging / "training_state.json").write_text(json.dumps({"step": step}),
                                                      encoding="utf-8")
@@ -191,25 +166,6 @@ def write_numbered(directory: Path, step: int, write_weights, *, optimizer, sche
     return folder
 
 
-def numbered_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """The ``step_<N>`` folders in ``directory``, by step number."""
-    found = [(int(p.name[5:]), p) for p in directory.glob("step_*")
-             if p.is_dir() and p.name[5:].isdigit()]
-    return sorted(found)
-
-
-def prune_numbered(directory: Path, keep: int) -> list[Path]:
-    """Delete the oldest numbered checkpoints beyond the newest ``keep`` (-1: keep all), by
-    step number, as upstream f5-tts rotates its numbered saves; returns the deleted ones."""
-    if keep < 0:
-        return []
-    found = numbered_checkpoints(directory)
-    removed = [path for _, path in found[:max(len(found) - keep, 0)]]
-    for path in removed:
-        shutil.rmtree(path)
-    return removed
-
-
 def find_checkpoint(directory: Path) -> Path | None:
     for name in (LATEST, f"{LATEST}.old"):  # .old: killed between the two renames
         candidate = directory / name
@@ -218,7 +174,7 @@ def find_checkpoint(directory: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, *, model, optimizer, scheduler, scaling: GradScaling,
+def load_checkpoint(path: Path, *, model, optimizer, scheduler, scaling: Precision,
                     generator: torch.Generator, sampler: EpochSampler, rank: int = 0) -> int:
     """Restore a checkpoint written by :func:`save_checkpoint`; returns its step count."""
     from safetensors.torch import load_file
@@ -231,28 +187,9 @@ def load_checkpoint(path: Path, *, model, optimizer, scheduler, scaling: GradSca
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    if scaling.scaler and state["scaler"]:
-        scaling.scaler.load_state_dict(state["scaler"])
+    scaling.load_state_dict(state["scaler"])
     own = torch.load(path / f"rank{rank}.pt", map_location="cpu", weights_only=True)
     generator.set_state(own["generator"])
     sampler.restore(own["sampler"])
     info = json.loads((path / "training_state.json").read_text(encoding="utf-8"))
     return int(info["step"])
-
-
-def append_metrics(path: Path, step: int, values: dict[str, float]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"step": step, **values}) + "\n")
-
-
-def read_metrics(path: Path, upto: int | None = None) -> list[dict[str, float]]:
-    """Logged steps (``step < upto``), rewriting the file without later ones (a resumed run
-    logs them again)."""
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    if upto is not None:
-        rows = [row for row in rows if row["step"] < upto]
-        with atomic_path(path) as tmp:
-            tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return rows

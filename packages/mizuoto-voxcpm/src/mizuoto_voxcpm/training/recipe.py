@@ -22,19 +22,23 @@ from mizuoto.contracts import TrainingConfig
 from mizuoto.errors import InvalidRequest
 from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for, target_names
 
+UPSTREAM_SEED = 42  # upstream's Accelerator(seed=42), whatever the yaml says
 _COMMON = {"weight_decay": 0.01, "warmup_steps": 100, "max_batch_tokens": 8192,
            "lambda_diff": 1.0, "lambda_stop": 1.0}
 # per generation: the script's default max_grad_norm (0: clip at 1e9) unless the yaml sets it
 RECIPES: dict[str, dict[str, Any]] = {
     "voxcpm-0.5b": {**_COMMON, "grad_accum_steps": 1, "max_grad_norm": 0.0,
                     "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 16,
-                    "num_iters": 2000, "lora_r": 8, "lora_alpha": 16},
+                    "num_iters": 2000, "lora_r": 8, "lora_alpha": 16,
+                    "save_interval": 1000, "valid_interval": 1000},
     "voxcpm-1.5": {**_COMMON, "grad_accum_steps": 1, "max_grad_norm": 0.0,
                    "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 16,
-                   "num_iters": 2000, "lora_r": 8, "lora_alpha": 16},
+                   "num_iters": 2000, "lora_r": 8, "lora_alpha": 16,
+                   "save_interval": 1000, "valid_interval": 1000},
     "voxcpm2": {**_COMMON, "grad_accum_steps": 8, "max_grad_norm": 1.0,
                 "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 2,
-                "num_iters": 1000, "lora_r": 32, "lora_alpha": 32},
+                "num_iters": 1000, "lora_r": 32, "lora_alpha": 32,
+                "save_interval": 500, "valid_interval": 500},
 }
 #: ``params`` a run accepts (besides ``lora_*``).
 TUNABLE = ("weight_decay", "warmup_steps", "max_steps", "max_batch_tokens",
@@ -45,6 +49,8 @@ VALID_INTERVAL = 1000
 #: numbered checkpoints (``step_<N>/``): how many kept and how often; not the recipe's (not in
 #: ``run.json``: a resumed run may change them), read by the trainer
 CHECKPOINT_PARAMS = ("keep_last_n_checkpoints", "checkpoint_every")
+#: checked, not tuned: upstream's yaml ``sample_rate`` must be the model's VAE rate
+CHECKED = ("sample_rate",)
 LORA_TARGETS = ("lora_target_modules_lm", "lora_target_modules_dit", "lora_target_proj_modules")
 LORA_PARAMS = ("lora_r", "lora_alpha", "lora_dropout", "lora_enable_lm", "lora_enable_dit",
                "lora_enable_proj", *LORA_TARGETS)
@@ -93,9 +99,10 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     base = RECIPES[generation]
     params = dict(config.params)
     unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - set(CHECKPOINT_PARAMS)
-                     - {"preview"})
-    if not isinstance(params.get("preview", True), bool):
-        raise InvalidRequest("params.preview", "must be true or false")
+                     - set(CHECKED) - {"preview", "samples"})
+    for flag in ("preview", "samples"):
+        if not isinstance(params.get(flag, True), bool):
+            raise InvalidRequest(f"params.{flag}", "must be true or false")
     if unknown:
         raise InvalidRequest("params", f"unknown training settings {unknown}; known: "
                              f"{', '.join(TUNABLE + CHECKPOINT_PARAMS + LORA_PARAMS)}")
@@ -178,3 +185,64 @@ def _lora_targets(params: dict[str, Any], flags: dict[str, bool], is_v2: bool
             raise InvalidRequest(where, f"applies only with lora_{flag} true")
         targets[field] = tuple(value)
     return targets
+
+
+def cli_defaults(method: str, generation: str) -> dict[str, Any]:
+    """A command-line run's recipe: the yaml of the generation and method (its learning rate,
+    batch size, iterations, save and validation intervals; every ``step_<N>`` folder kept, as
+    upstream keeps them) and upstream's seed, 42."""
+    base = RECIPES[generation]
+    return {"steps": base["num_iters"], "learning_rate": base["learning_rate"][method],
+            "batch_size": base["batch_size"], "seed": UPSTREAM_SEED,
+            "save_every": base["save_interval"],
+            "params": {"valid_interval": base["valid_interval"], "keep_last_n_checkpoints": -1,
+                       "checkpoint_every": base["save_interval"]}}
+
+
+#: yaml keys that carry over under another name (``lora:`` and ``lambdas:`` are tables)
+_YAML_RENAMED = {"num_iters": "steps", "pretrained_path": "model",
+                 "train_manifest": "dataset", "save_interval": "save_every"}
+#: yaml keys with no effect on what is trained here (data loader workers, log cadence,
+#: where upstream writes: the run directory holds all of it)
+_YAML_NO_EFFECT = ("num_workers", "log_interval", "tensorboard", "save_path",
+                   "out_sample_rate", "hf_model_id", "config_path")
+
+
+def translate_yaml(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Upstream's ``conf/voxcpm_v*/voxcpm_finetune_*.yaml`` keys in our terms (our own names
+    pass through): a ``lora:`` table means method ``lora``; ``save_interval`` is both the
+    resumable and the numbered checkpoints' cadence (upstream writes ``step_<N>`` there)."""
+    import logging
+
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key == "lora":
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise InvalidRequest("--config lora", "must be a table of LoRA settings")
+            out["method"] = "lora"
+            out.update({f"lora_{k}": v for k, v in value.items()})
+        elif key == "lambdas":
+            if not isinstance(value, Mapping) or set(value) - {"loss/diff", "loss/stop"}:
+                raise InvalidRequest("--config lambdas", "must set loss/diff and loss/stop, "
+                                     f"got {value!r}")
+            for name, weight in value.items():
+                out[f"lambda_{name.removeprefix('loss/')}"] = weight
+        elif key == "val_manifest":
+            if value:  # null or "": no validation
+                out["val_manifest"] = value
+        elif key == "save_interval":
+            out["save_every"] = out["checkpoint_every"] = value
+            out.setdefault("keep_last_n_checkpoints", -1)
+        elif key == "distribute":
+            if value:
+                raise InvalidRequest("--config distribute", "is not supported: lora_config.json "
+                                     "names the base model as given with -m")
+        elif key in _YAML_NO_EFFECT:
+            logging.getLogger(__name__).info("--config %s: no effect here", key)
+        elif key == "sample_rate":
+            out["sample_rate"] = value  # checked against the model's VAE
+        else:
+            out[_YAML_RENAMED.get(key, key)] = value
+    return out

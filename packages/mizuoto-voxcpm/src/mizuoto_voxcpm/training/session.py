@@ -13,13 +13,23 @@ from pathlib import Path
 import torch
 
 from mizuoto.contracts import TrainingResult
-from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.errors import InvalidRequest
 from mizuoto.options import ComputeOptions
 from mizuoto.runtime import precision
 from mizuoto.runtime.atomic import directory_mode, file_mode, save_safetensors
 from mizuoto.runtime.device import select_device
-from mizuoto.runtime.interruption import catch_interruption
+from mizuoto.training import (
+    Cadence,
+    MetricsLog,
+    Precision,
+    StepLoop,
+    StepProgress,
+    barrier,
+    join,
+    process_world,
+    rotate,
+)
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
@@ -42,7 +52,6 @@ from mizuoto_voxcpm.training.run import BASE_FILES, Run, link_or_copy
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-METRICS = "metrics.jsonl"
 
 
 def pick_device(local_rank: int = 0, compute: ComputeOptions | None = None) -> torch.device:
@@ -77,18 +86,18 @@ class Session:
         model_dir = run.model_dir
         self.raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         self.config = config = VoxCPMConfig.from_model_dir(model_dir)
-        self.world_size, self.rank, local_rank = distributed.world()
+        self.world = world = process_world()
+        self.world_size, self.rank = world.size, world.rank
         self.validating = bool(run.val_samples)
         if self.validating and self.world_size > 1:
             raise InvalidRequest("params.val_manifest", "validation runs in a single process "
                                  "only (not under torchrun)")
-        self.device = device = pick_device(local_rank, run.config.compute)
+        self.device = device = pick_device(world.local_rank, run.config.compute)
         self.mixed_precision = pick_mixed_precision(device, run.config.mixed_precision)
         if self.rank == 0:
             log.info("training on %s, mixed precision %s, memory %s", device,
                      self.mixed_precision, run.config.memory)
-        if self.world_size > 1:
-            distributed.init(device.type)
+        join(world, device.type)
         # the CPU has no bf16 training recipe upstream (its forward casts inputs to the config
         # dtype while the weights stay fp32): float32 there and without autocast; with bf16
         # autocast the config dtype, as upstream; with fp16 autocast float16
@@ -108,7 +117,7 @@ class Session:
             self.forward_generator = self.generator
 
         model = load_model(model_dir, config, dtype=torch.float32, device="cpu")
-        model.lm_cache = model.residual_cache = None  # inference-only static caches
+        model.caches = None  # inference-only static caches
         if recipe.lora is not None:
             for parameter in model.parameters():
                 parameter.requires_grad_(False)
@@ -137,7 +146,9 @@ class Session:
         # training only encodes: the VAE decoder never reaches the device (unless validation's
         # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")
-        if not (self.validating and vae_config.use_noise_block):
+        self.samples = self.validating and run.config.params.get("samples", True)
+        self.out_rate = vae_config.out_sample_rate
+        if not (self.validating and (vae_config.use_noise_block or self.samples)):
             vae.decoder = None
         self.vae = vae.to(device)
         if self.world_size > 1:
@@ -182,7 +193,8 @@ class Session:
     def losses(self, batch, *, progress: float):
         return self.forward(batch, progress)
 
-    def validate(self, scaling: loop.GradScaling) -> dict[str, float]:
+    def validate(self, scaling: Precision, step: int = 0, metrics: MetricsLog | None = None
+                 ) -> dict[str, float]:
         """Upstream's validation (see :mod:`~mizuoto_voxcpm.training.validation`): the mean
         losses, keyed as :data:`~mizuoto_voxcpm.training.validation.KEYS`."""
         rows = self.run.val_samples
@@ -197,8 +209,11 @@ class Session:
                         losses = self._training_losses(self.model, batch, progress=0.0)
                     outputs.append({key: value.detach() for key, value in losses.items()})
             means = validation.mean_losses(outputs, self.recipe.lambdas)
-            validation.speak(self.model, self.vae, [row.text_ids for row in rows],
-                             self.forward_generator)
+            spoken = validation.speak(self.model, self.vae, [row.text_ids for row in rows],
+                                      self.forward_generator)
+            if self.samples and self.world.main:
+                validation.write_samples(spoken, self.run.output_dir / "samples", step,
+                                         self.out_rate, metrics)
         finally:
             self.model.train()
         return means
@@ -208,7 +223,7 @@ class Session:
     def run_loop(self, progress: ProgressCallback | None = None) -> TrainingResult:
         run, recipe = self.run, self.recipe
         optimizer, scheduler = loop.build_optimizer(self.model, recipe)
-        scaling = loop.GradScaling(self.device, self.mixed_precision)
+        scaling = loop.precision_for(self.device, self.mixed_precision)
         checkpoints = run.output_dir / CHECKPOINTS
         start, resumed = 0, None
         found = loop.find_checkpoint(checkpoints)
@@ -220,11 +235,9 @@ class Session:
             if self.forward_generator is not self.generator:
                 self.forward_generator.manual_seed(recipe.seed + start)
             resumed = start
-        main = self.rank == 0
-        metrics_path = run.output_dir / METRICS
-        rows = loop.read_metrics(metrics_path, upto=start) if main else []
-        distributed.barrier()
-        last = rows[-1] if rows else {}
+        metrics = MetricsLog(run.output_dir, resume_from=start) if self.world.main else None
+        barrier()
+        rows = metrics.rows if metrics is not None else []
         validated = next(({key: row[key] for key in validation.KEYS if key in row}
                           for row in reversed(rows) if validation.KEYS[0] in row), {})
 
@@ -234,51 +247,47 @@ class Session:
                                  generator=self.generator, sampler=self.sampler, step=done,
                                  rank=self.rank)
 
-        def save_numbered(done: int) -> None:
+        def numbered(done: int) -> None:
             """``step_<done>/`` in upstream's layout, then the rotation (process 0)."""
-            loop.write_numbered(checkpoints, done, self._write_weights, optimizer=optimizer,
-                                scheduler=scheduler)
-            for old in loop.prune_numbered(checkpoints, run.keep_checkpoints):
-                log.info("removed old checkpoint %s", old.name)
+            if self.world.main:
+                loop.write_numbered(checkpoints, done, self._write_weights,
+                                    optimizer=optimizer, scheduler=scheduler)
+                rotate(checkpoints, "step_", keep=run.keep_checkpoints)
 
-        done, interrupted = start, None
-        with catch_interruption() as interruption:
-            for step in range(start, recipe.num_iters):
-                values = loop.train_step(self.model, optimizer, scheduler, scaling,
-                                         self.next_batch, self.losses, recipe, step,
-                                         no_sync=self.no_sync)
-                values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
-                                         * self.world_size) / max(1, run.counted_samples))
-                if self.validating and validation.is_due(step, recipe.valid_interval,
-                                                         recipe.num_iters):
-                    validated = self.validate(scaling)
-                    values.update(validated)
-                if main:
-                    loop.append_metrics(metrics_path, step, values)
-                last = {"step": step, **values}
-                done = step + 1
-                saved = done % run.config.save_every == 0 or done == recipe.num_iters
-                if saved:
-                    save(done)
-                if main and run.keep_checkpoints != 0 and done % run.checkpoint_every == 0:
-                    save_numbered(done)
-                if main:
-                    report(progress, "train", done, recipe.num_iters,
-                           f"loss/diff {values['loss/diff']:.4f} "
-                           f"loss/stop {values['loss/stop']:.4f}")
-                if done < recipe.num_iters:  # every process asks, at every step
-                    interrupted = interruption.stop_now(self.device)
-                    if interrupted is not None:
-                        if not saved:
-                            save(done)
-                        break
-        if interrupted is not None and main:
+        def update() -> dict[str, float]:
+            step = steps.done
+            values = loop.train_step(self.model, optimizer, scheduler, scaling,
+                                     self.next_batch, self.losses, recipe, step,
+                                     no_sync=self.no_sync)
+            values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
+                                     * self.world_size) / max(1, run.counted_samples))
+            if self.validating and validation.is_due(step, recipe.valid_interval,
+                                                     recipe.num_iters):
+                validated.clear()
+                validated.update(self.validate(scaling, step, metrics))
+                values.update(validated)
+            return values
+
+        steps = StepLoop(
+            start=start, total=recipe.num_iters, world=self.world, save=save,
+            numbered=numbered, metrics=metrics,
+            cadence=Cadence(run.config.save_every, run.checkpoint_every, run.keep_checkpoints),
+            progress=StepProgress(progress, recipe.num_iters, start,
+                                  losses=("loss/diff", "loss/stop")),
+            stop_device=self.device)
+        try:
+            outcome = steps.run(update)
+        finally:
+            if metrics is not None:
+                metrics.close()
+        if outcome.interrupted is not None and self.world.main:
             log.info("%s: stopped at step %d, checkpoint saved in %s; train again on it to "
-                     "resume", interrupted, done, checkpoints)
+                     "resume", outcome.interrupted, outcome.done, checkpoints)
         # the last step's values, and the last validation's
-        metrics = {k: float(v) for k, v in {**validated, **last}.items() if k != "step"}
-        return TrainingResult(run.output_dir, done, resumed, metrics=metrics,
-                              interrupted=interrupted)
+        last = steps.values or (rows[-1] if rows else {})
+        metrics_out = {k: float(v) for k, v in {**validated, **last}.items() if k != "step"}
+        return TrainingResult(run.output_dir, outcome.done, resumed, metrics=metrics_out,
+                              interrupted=outcome.interrupted)
 
     # -- export --------------------------------------------------------------------------
 
@@ -313,7 +322,7 @@ class Session:
         ``lora_weights.safetensors`` and ``lora_config.json``; replaced whole."""
         self.load_trained()
         if self.rank != 0:  # process 0 writes it
-            distributed.barrier()
+            barrier()
             return destination
         base = self.run.model_dir
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -337,5 +346,5 @@ class Session:
             shutil.rmtree(old, ignore_errors=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        distributed.barrier()
+        barrier()
         return destination

@@ -30,22 +30,44 @@ from mizuoto.contracts import Trainer, TrainingConfig, TrainingResult
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
+from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_path
-from mizuoto_voxcpm.training.run import Run
+from mizuoto.training import (
+    RunDirectory,
+    RunIdentity,
+    base_fingerprint,
+    data_fingerprint,
+    process_world,
+)
+from mizuoto_voxcpm.training.run import BASE_FILES, Run
 
 log = logging.getLogger(__name__)
 
-UPSTREAM_SEED = 42
 class VoxCPMTrainer(Trainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
     graceful_stop = True  # SIGINT / SIGTERM: checkpoint saved after the current step
 
+    def defaults(self, method: str, model: str) -> dict:
+        from mizuoto_voxcpm.training.recipe import cli_defaults, generation_of
+
+        model_dir = resolve_for_engine(model, self.engine).path
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        return cli_defaults(method if method in self.methods else "full", generation_of(raw))
+
+    def upstream_recipe(self, settings) -> dict:
+        from mizuoto_voxcpm.training.recipe import translate_yaml
+
+        return translate_yaml(settings)
+
     # -- prepare -------------------------------------------------------------------------
 
     def prepare(self, config: TrainingConfig, *, progress: ProgressCallback | None = None) -> Run:
+        from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
         from mizuoto_voxcpm.config import VoxCPMConfig
+        from mizuoto_voxcpm.model import WEIGHT_FILES
+        from mizuoto_voxcpm.training.loop import find_checkpoint
         from mizuoto_voxcpm.training.recipe import build_recipe, generation_of
         from mizuoto_voxcpm.training.session import pick_device, pick_mixed_precision
 
@@ -55,14 +77,22 @@ class VoxCPMTrainer(Trainer):
                                  "host memory; full fine-tuning trains them all", "use low")
         # the device and precision are checked here (process 0's device), used by the session
         pick_mixed_precision(pick_device(0, config.compute), config.mixed_precision)
-        model_dir = _resolve_model(config.model)
+        model_dir = resolve_for_engine(config.model, self.engine).path
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         VoxCPMConfig.from_model_dir(model_dir)  # validates
-        recipe = build_recipe(config, generation_of(raw))
+        generation = generation_of(raw)
+        recipe = build_recipe(config, generation)
         keep, every = checkpoint_retention(config)
-        manifest = _manifest_path(config.dataset)
+        vae_rate = audio_vae_config_from_model_config(raw).sample_rate
+        rate = config.params.get("sample_rate", vae_rate)
+        if rate != vae_rate:
+            raise InvalidRequest("params.sample_rate", f"{rate} is not the model's AudioVAE "
+                                 f"rate, {vae_rate}", "drop it or set the model's rate")
+        manifest, found_val = _manifests(config.dataset)
+        if recipe.val_manifest is None and found_val is not None:
+            recipe = attrs.evolve(recipe, val_manifest=str(found_val))
         report(progress, "prepare", 0, 1, "reading the manifest")
-        samples, rejected, counted = _read_samples(model_dir, raw, manifest, recipe)
+        samples, rejected, counted = _read_samples(model_dir, raw, manifest, recipe, "dataset")
         for item in rejected:
             log.warning("%s line %d skipped: %s", manifest, item.line, item.reason)
         val_samples, val_rejected = [], []
@@ -70,7 +100,8 @@ class VoxCPMTrainer(Trainer):
             val_manifest = _manifest_path(recipe.val_manifest, "params.val_manifest")
             recipe = attrs.evolve(recipe, val_manifest=str(val_manifest))
             # upstream validates on every row (no max_batch_tokens filter)
-            val_samples, val_rejected, _ = _read_samples(model_dir, raw, val_manifest, None)
+            val_samples, val_rejected, _ = _read_samples(model_dir, raw, val_manifest, None,
+                                                         "params.val_manifest")
             for item in val_rejected:
                 log.warning("%s line %d skipped: %s", val_manifest, item.line, item.reason)
             if not val_samples:
@@ -82,7 +113,21 @@ class VoxCPMTrainer(Trainer):
                                  f"than one batch of {recipe.batch_size}"
                                  + (f"; skipped: {rejected[0].reason}" if rejected else ""))
         output = Path(config.output_dir)
-        output.mkdir(parents=True, exist_ok=True)
+        run_dir = RunDirectory(output)
+        run_dir.check_writable()
+        run_dir.claim(RunIdentity(
+            engine=self.engine, method=config.method, base_model=str(config.model),
+            base_fingerprint=base_fingerprint(
+                model_dir / name for name in BASE_FILES + WEIGHT_FILES
+                if (model_dir / name).is_file()),
+            dataset=str(config.dataset),
+            data_fingerprint=data_fingerprint((s.text, s.audio_path)
+                                              for s in samples + list(val_samples))),
+            resumable=find_checkpoint(run_dir.checkpoints) is not None)
+        run_dir.write_recipe({"engine": self.engine, "method": config.method,
+                              "generation": generation, **recipe.to_dict(),
+                              "memory": config.memory, "save_every": config.save_every,
+                              "keep_last_n_checkpoints": keep, "checkpoint_every": every})
         run_info = {"method": config.method, "model": str(model_dir), "model_id": config.model,
                     "manifest": str(manifest), "recipe": recipe.to_dict(),
                     "memory": config.memory, "save_every": config.save_every}
@@ -119,11 +164,10 @@ class VoxCPMTrainer(Trainer):
     def export(self, run: Run, destination: Path) -> Path:
         """Write the model directory; then (process 0, unless ``params.preview`` is false)
         speak a preview with it into ``<output_dir>/preview.wav``."""
-        from mizuoto_voxcpm.training.distributed import world
         from mizuoto_voxcpm.training.session import Session
 
         exported = Session.open(run).export(Path(destination))
-        if run.config.params.get("preview", True) and world()[1] == 0:
+        if run.config.params.get("preview", True) and process_world().main:
             write_preview(run, exported, run.output_dir / PREVIEW)
         return exported
 
@@ -163,12 +207,6 @@ def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
     return path
 
 
-def _resolve_model(model: str) -> Path:
-    from mizuoto import resolve_model
-
-    return resolve_model(model).path
-
-
 def _listed(samples) -> list[dict]:
     """``prepared.json``'s entries for usable rows."""
     return [{"line": s.line, "audio": s.audio_path, "text_ids": s.text_ids,
@@ -180,19 +218,35 @@ def _reasons(rejected) -> list[dict]:
 
 
 def _manifest_path(dataset: Path | str, field: str = "dataset") -> Path:
+    manifest, _ = _manifests(dataset, field)
+    return manifest
+
+
+_VAL_PREFIXES = ("val", "valid", "validation", "dev", "eval")
+
+
+def _manifests(dataset: Path | str, field: str = "dataset") -> tuple[Path, Path | None]:
+    """The training manifest, and a folder's validation manifest: a folder holds one
+    ``.jsonl``, or a ``train*.jsonl`` and at most one ``val*``/``valid*``/``dev*``/``eval*``
+    ``.jsonl`` beside it."""
     dataset = Path(dataset)
     if dataset.is_dir():
         candidates = sorted(dataset.glob("*.jsonl"))
-        if len(candidates) != 1:
-            raise InvalidRequest(field, f"{dataset} must hold exactly one .jsonl manifest "
-                                 f"(found {len(candidates)}); or pass the manifest itself")
-        return candidates[0]
+        if len(candidates) == 1:
+            return candidates[0], None
+        train = [p for p in candidates if p.stem.lower().startswith("train")]
+        val = [p for p in candidates if p.stem.lower().startswith(_VAL_PREFIXES)]
+        if len(train) == 1 and len(val) <= 1 and len(train) + len(val) == len(candidates):
+            return train[0], (val[0] if val else None)
+        found = ", ".join(p.name for p in candidates) or "none"
+        raise InvalidRequest(field, f"{dataset} must hold one .jsonl manifest, or a train*.jsonl "
+                             f"and a val*.jsonl (found {found})", "or pass the manifest itself")
     if not dataset.is_file():
         raise InvalidRequest(field, f"{dataset} does not exist")
-    return dataset
+    return dataset, None
 
 
-def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe):
+def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe, field: str):
     from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
     from mizuoto_voxcpm.config import VoxCPMConfig
     from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
@@ -203,7 +257,8 @@ def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe):
     tokenizer = VoxCPMTokenizer.from_model_dir(model_dir)
     samples, rejected = read_manifest(
         manifest, sample_rate=vae.sample_rate, tokenize=tokenizer.encode,
-        max_length=config.max_length, patch_size=config.patch_size, hop_length=vae.hop_length)
+        max_length=config.max_length, patch_size=config.patch_size, hop_length=vae.hop_length,
+        field=field)
     if recipe is None:  # validation rows: not filtered
         return samples, rejected, len(samples)
     kept, dropped = batch_token_filter(

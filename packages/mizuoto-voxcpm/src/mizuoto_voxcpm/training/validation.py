@@ -10,15 +10,18 @@ validation rows (its ``DataLoader`` draws a base seed and a sampler seed, then `
 
 Then upstream speaks the first :data:`SPOKEN` validation texts into TensorBoard (zero-shot, 10
 steps, guidance 2, at most ``6 · tokens + 10`` patches, the audio VAE decoding them). Mizuoto
-keeps no audio or plots, but generates the same patches from the same generator (and decodes
-when the VAE has noise blocks, which draw too), so the training steps after a validation draw
-what upstream's draw.
+generates the same patches from the same generator (and decodes, which draws too when the VAE
+has noise blocks), so the training steps after a validation draw what upstream's draw, and
+writes them as ``samples/step_<s>_<i>.wav`` in the run directory (and TensorBoard audio when
+installed) unless ``params.samples`` is false (no mel plots).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from mizuoto_voxcpm.generation import Sampling, build_sequence, generate_patches, patch_cap
@@ -61,14 +64,17 @@ def mean_losses(outputs: Sequence[dict[str, torch.Tensor]], lambdas: dict[str, f
     return means
 
 
-def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator) -> None:
-    """Generate (and throw away) what upstream speaks after a validation (``texts``: the
-    validation rows' token ids, as upstream's model tokenizes them), drawing from
-    ``generator`` as upstream draws from its global one."""
+def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator
+          ) -> list[np.ndarray]:
+    """Generate what upstream speaks after a validation (``texts``: the validation rows' token
+    ids, as upstream's model tokenizes them), drawing from ``generator`` as upstream draws
+    from its global one; the decoded audio when the VAE has its decoder (kept for samples, or
+    because its noise blocks draw), else nothing."""
     from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
     from mizuoto_voxcpm.decoding import patches_to_latents
 
     config = model.config
+    spoken = []
     model.allocate_caches()
     try:
         for ids in texts[:SPOKEN]:
@@ -80,9 +86,30 @@ def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator
                                       feat_dim=config.feat_dim)
             patches = [patch for patch, _ in generate_patches(model, sequence, sampling, seed=0,
                                                               generator=generator)]
-            if vae.decoder is not None:  # kept only when its noise blocks draw
+            if vae.decoder is not None:  # kept for samples, or because its noise blocks draw
                 with torch.inference_mode(), noise_drawn_from(vae, generator):
-                    vae.decode(patches_to_latents(torch.stack(patches, dim=1)).to(
+                    audio = vae.decode(patches_to_latents(torch.stack(patches, dim=1)).to(
                         next(vae.parameters()).device))
+                spoken.append(audio.detach().float().reshape(-1).cpu().numpy())
     finally:
-        model.lm_cache = model.residual_cache = None
+        model.caches = None
+    return spoken
+
+
+def write_samples(spoken: Sequence[np.ndarray], directory: Path, step: int, rate: int,
+                  metrics=None) -> list[Path]:
+    """``samples/step_<step>_<i>.wav`` (upstream's TensorBoard ``val/sample_<i>``), and the
+    same as TensorBoard audio when ``metrics`` writes events."""
+    import soundfile as sf
+
+    from mizuoto.runtime.atomic import atomic_path
+
+    paths = []
+    for index, audio in enumerate(spoken):
+        path = Path(directory) / f"step_{step}_{index}.wav"
+        with atomic_path(path) as tmp:
+            sf.write(tmp, audio, rate, format="WAV", subtype="FLOAT")
+        if metrics is not None:
+            metrics.audio(f"val/sample_{index}/generated_audio", audio, step, rate)
+        paths.append(path)
+    return paths

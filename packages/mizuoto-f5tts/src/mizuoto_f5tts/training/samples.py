@@ -1,0 +1,84 @@
+"""Audio samples while training: upstream's ``--log_samples``.
+
+At every numbered-checkpoint update (upstream's ``save_per_updates``) the model being trained
+(not its EMA, as upstream) speaks a clip's text twice, continuing from the clip itself: the
+clip's mel as the reference, its tokens, a space and its tokens again as the text, twice the
+clip's frames; 32 steps, guidance 2, sway -1 (upstream's ``utils_infer`` defaults). The
+generated part and the reference are vocoded and written as ``samples/update_<N>_gen.wav`` and
+``update_<N>_ref.wav`` (24 kHz), and as TensorBoard audio when it is installed.
+
+Upstream takes the first clip of the batch at hand and draws the sampler's noise from the
+training's own random generator, so turning samples on changes its training from then on.
+Here the clip is the data set's first and the noise has its own generator (seeded with the run's
+seed and the update), and torch's generator is restored after: the training bytes are the same
+with and without samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from mizuoto.training import MetricsLog
+from mizuoto_f5tts.training.batching import MelDataset
+from mizuoto_f5tts.training.loop import text_ids
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+STEPS, GUIDANCE, SWAY = 32, 2.0, -1.0  # upstream's nfe_step, cfg_strength, sway_sampling_coef
+
+
+class TrainingSamples:
+    def __init__(self, model_dir: Path, dataset: MelDataset, vocab: Mapping[str, int],
+                 directory: Path, seed: int, metrics: MetricsLog | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.vocoder = None  # loaded at the first sample, inside its forked RNG: building
+        # Vocos draws its initial weights from torch's generator
+        self.dataset = dataset
+        self.vocab = vocab
+        self.directory = Path(directory)
+        self.seed = seed
+        self.metrics = metrics
+
+    def __call__(self, model: torch.nn.Module, update: int) -> tuple[Path, Path]:
+        training = model.training
+        device = next(model.parameters()).device
+        forked = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=forked), torch.inference_mode():
+            if self.vocoder is None:
+                from mizuoto_f5tts.checkpoint import load_vocos
+
+                self.vocoder = load_vocos(self.model_dir / "vocos")
+            mel, tokens = self.dataset[0]
+            frames = mel.shape[-1]
+            cond = mel.T[None].to(device)
+            text = text_ids([list(tokens) + [" "] + list(tokens)], self.vocab)
+            generator = torch.Generator(cond.device).manual_seed(self.seed + update)
+            generated, _ = model.sample(cond, text, frames * 2, steps=STEPS,
+                                        cfg_strength=GUIDANCE, sway_sampling_coef=SWAY,
+                                        generator=generator)
+            gen_mel = generated.to(torch.float32)[:, frames:, :].permute(0, 2, 1).cpu()
+            gen = self.vocoder.decode(gen_mel).squeeze().numpy()
+            ref = self.vocoder.decode(mel[None].float().cpu()).squeeze().numpy()
+        model.train(training)
+        return self._write(update, gen, ref)
+
+    def _write(self, update: int, gen, ref) -> tuple[Path, Path]:
+        import soundfile as sf
+
+        from mizuoto.runtime.atomic import atomic_path
+
+        paths = []
+        for kind, audio in (("gen", gen), ("ref", ref)):
+            path = self.directory / f"update_{update}_{kind}.wav"
+            with atomic_path(path) as tmp:
+                sf.write(tmp, audio, SAMPLE_RATE, format="WAV", subtype="FLOAT")
+            if self.metrics is not None:
+                self.metrics.audio(f"samples/{kind}", audio, update, SAMPLE_RATE)
+            paths.append(path)
+        logger.info("samples of update %d written to %s", update, self.directory)
+        return paths[0], paths[1]
