@@ -65,5 +65,5 @@ def test_a_unicode_file_with_a_byte_order_mark_is_named_with_its_encoding(tmp_pa
     path.write_bytes("\ufeffid,text\na,café\n".encode(encoding))
     with pytest.raises(InvalidRequest) as caught:
         files.check_utf8(path, "input")
-    assert f"is {encoding} text" in str(caught.value)
+    assert f"is not UTF-8 text: it is {encoding}" in str(caught.value)
     assert f"iconv -f {encoding} -t utf-8" in str(caught.value)

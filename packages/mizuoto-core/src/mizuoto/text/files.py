@@ -54,7 +54,8 @@ def _not_utf8(path, field: str, offset: int, exc: UnicodeDecodeError) -> Invalid
     for bom, encoding in _BOMS:
         if head.startswith(bom):  # the usual iconv hint (from latin1) would garble it
             return InvalidRequest(
-                field, f"{path} is {encoding} text (its byte order mark says so), not UTF-8",
+                field, f"{path} is not UTF-8 text: it is {encoding} (its byte order mark "
+                "says so)",
                 f"convert it to UTF-8, e.g. iconv -f {encoding} -t utf-8 FILE > NEW")
     bad = exc.object[exc.start:exc.end].hex(" ")
     return InvalidRequest(
