@@ -298,3 +298,27 @@ def test_an_output_ending_with_a_slash_is_a_folder_not_a_file(model, tmp_path, n
     result = _say("-m", model_dir, "-o", f"{tmp_path}/{name}", "hello")
     assert result.exit_code == 2 and "ends with a slash" in result.output, result.output
     assert loads == [] and not (tmp_path / name.rstrip("/")).exists()
+
+
+def test_random_model_refuses_a_directory_holding_other_files(fake_plugin, tmp_path,
+                                                             monkeypatch):
+    """A rerun into the same directory rewrites it; a directory holding anything else (your
+    files, another model: two checkpoints in one model directory) is refused, untouched, and
+    an empty name is not the current directory."""
+    def write(directory):
+        return CliRunner().invoke(cli, ["random-model", "fake/tiny", str(directory)], obj={})
+
+    assert write(tmp_path / "m").exit_code == 0
+    written = sorted(p.name for p in (tmp_path / "m").iterdir())
+    assert write(tmp_path / "m").exit_code == 0  # a rerun
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == written
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    result = write(tmp_path / "mine")
+    assert result.exit_code == 2 and "holds files this model does not write (notes.txt)" in \
+        result.output, result.output
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    monkeypatch.chdir(tmp_path / "mine")
+    result = write("")
+    assert result.exit_code == 2 and "DIRECTORY: is empty" in result.output, result.output
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".random-model")] == []

@@ -618,7 +618,8 @@ def random_model(fixture, directory):
 
     Most fixtures have random weights: such a model speaks noise, not speech. They exist so
     that plugin authors, tests and offline demos can run the whole synthesis path without any
-    download. The installed fixtures are listed below.
+    download. The installed fixtures are listed below. DIRECTORY must be new, empty or an
+    earlier write of the same fixture (a directory holding other files is refused).
     """
     from mizuoto.registry import random_models
 
@@ -628,11 +629,37 @@ def random_model(fixture, directory):
         raise InvalidRequest("FIXTURE", f"unknown fixture {fixture!r}", f"known: {known}")
     from mizuoto.output_paths import check_output_dir
 
+    if not directory.strip():  # "" would be the current directory
+        raise InvalidRequest("DIRECTORY", "is empty", "name the directory to write the model in")
     path = check_output_dir(directory, "DIRECTORY")
     path.mkdir(parents=True, exist_ok=True)
-    fixtures[fixture].make(path)
+    _write_fixture(fixtures[fixture], path)
     note = " (random weights: noise, not speech)" if fixtures[fixture].random_init else ""
     click.echo(f"Wrote {fixture} to {path}{note}", err=True)
+
+
+def _write_fixture(fixture, path: Path) -> None:
+    """Write ``fixture`` beside ``path``, then move its files in: a directory holding anything
+    but the files this model writes (a rerun) is refused, never mixed with a model's files (two
+    checkpoints, or files another engine recognizes, in one model directory)."""
+    import shutil
+    import tempfile
+
+    staging = Path(tempfile.mkdtemp(prefix=".random-model-", dir=path.parent))
+    try:
+        fixture.make(staging)
+        extra = sorted(item.name for item in path.iterdir() if not (staging / item.name).exists())
+        if extra:
+            raise InvalidRequest("DIRECTORY", f"{path} holds files this model does not write "
+                                 f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''})",
+                                 "name a new or empty directory")
+        for item in staging.iterdir():
+            target = path / item.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(item, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 _DATA_HELP = ("The data set: a metadata.csv (upstream F5-TTS's layout: header audio_file|text, "
