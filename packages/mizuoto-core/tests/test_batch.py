@@ -444,3 +444,18 @@ def test_csv_number_cells_are_converted_and_bad_ones_name_their_field(tmp_path):
     good, *bad = _lines(path)
     assert good.error is None and good.fields["steps"] == 2 and good.fields["guidance"] == 1.5
     assert [line.error.field for line in bad] == ["steps", "seed", "steps"]
+
+
+@pytest.mark.parametrize("workers", ["257", "99999999999999999999"])
+def test_a_worker_count_past_any_machine_is_refused_at_once(tmp_path, workers):
+    """``--workers 99999999999999999999`` queued worker slots forever (the process never
+    started a line nor exited): refused by name, as run_batch refuses it."""
+    (tmp_path / "in.txt").write_text("Hi.\n", encoding="utf-8")
+    result = CliRunner().invoke(cli, ["batch", "-m", str(tmp_path), "-o", str(tmp_path / "o"),
+                                      "--workers", workers, str(tmp_path / "in.txt")], obj={})
+    assert result.exit_code == 2 and "--workers" in result.output, result.output
+    for bad in (0, 257, 10 ** 20, True, 2.0):
+        with pytest.raises(InvalidRequest, match="workers"):
+            run_batch(BatchJob(tmp_path / "in.txt", tmp_path / "o"), engine=ToneEngine(),
+                      workers=bad)
+    assert not (tmp_path / "o").exists()

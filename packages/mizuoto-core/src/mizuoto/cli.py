@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from mizuoto.audio_formats import FORMATS, extensions_text
+from mizuoto.batch.run import MAX_WORKERS
 from mizuoto.benchmarking.command import bench, bench_run
 from mizuoto.command_options import command_options as _options
 from mizuoto.command_options import command_params as _params
@@ -553,9 +554,9 @@ class _FixtureListCommand(click.Command):
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
-@click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Local worker processes (CPU cores shared; one GPU each).")
+@click.option("--workers", type=click.IntRange(1, MAX_WORKERS), default=1, show_default=True, help="Local worker processes (CPU cores shared; one GPU each).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Run on Ray (mizuoto-core[ray]): a local instance, or ADDRESS.")
-@click.option("--ray-actors", type=click.IntRange(1), default=2, show_default=True, help="Ray actors (model copies).")
+@click.option("--ray-actors", type=click.IntRange(1, MAX_WORKERS), default=2, show_default=True, help="Ray actors (model copies).")
 @click.option("--ray-cpus", type=float, default=0.5, show_default=True, help="CPUs per Ray actor (above 0).")
 @click.option("--ray-gpus", type=float, default=0.0, show_default=True, help="GPUs per Ray actor (0 or more).")
 @click.pass_context

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.jsonl"
 #: The lock a running batch holds in its output folder (removed when it ends).
 LOCK = ".mizuoto-batch.lock"
+#: Most local worker processes (each loads its own model copy): far above any machine's
+#: useful count, far below a typo that would spawn processes until the machine stops.
+MAX_WORKERS = 256
 
 
 @attrs.frozen
@@ -181,6 +184,10 @@ def run_batch(job: BatchJob, *, engine: Engine | None = None, load: Callable[[],
 
     One batch at a time writes a folder: a second run into it raises
     :class:`~mizuoto.errors.InvalidRequest` naming the first (pid and host)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) \
+            or not 1 <= workers <= MAX_WORKERS:
+        raise InvalidRequest("workers", f"must be an integer in [1, {MAX_WORKERS}], got "
+                             f"{workers!r}")
     started = time.monotonic()
     total = count_lines(job.input)
     with RunLock(job.output_dir / LOCK, field="output_dir", what=str(job.output_dir)):
