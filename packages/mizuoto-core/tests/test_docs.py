@@ -73,14 +73,7 @@ def test_there_are_commands_to_check():
     assert {"say", "edit", "batch", "train", "serve", "bench", "random-model"} <= set(names)
 
 
-# `mizuoto train`'s options are being rewritten (issue 27 leaves their texts to that work):
-# strict, so that this mark fails, and goes, once they all have help
-_PENDING = {"train": "--steps, --learning-rate, --batch-size and --seed have no help yet"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=_PENDING[name]))
-    if name in _PENDING else name for name, _ in _commands()])
+@pytest.mark.parametrize("name", [name for name, _ in _commands()])
 def test_every_command_and_option_has_help(name):
     import click
 
