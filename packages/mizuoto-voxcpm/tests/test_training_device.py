@@ -14,7 +14,7 @@ from mizuoto.errors import InvalidOption, InvalidRequest
 from mizuoto.options import ComputeOptions
 from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
 from mizuoto_voxcpm.training import VoxCPMTrainer
-from mizuoto_voxcpm.training.loop import GradScaling
+from mizuoto_voxcpm.training.loop import precision_for
 from mizuoto_voxcpm.training.session import Session, pick_device, pick_mixed_precision
 
 
@@ -41,11 +41,11 @@ def test_device_choice():
 @pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
 def test_grad_scaling_follows_the_mode():
     cpu = torch.device("cpu")
-    off = GradScaling(cpu, "no")
+    off = precision_for(cpu, "no")
     assert off.scaler is None
     with off.autocast():
         assert not torch.is_autocast_enabled("cpu")
-    on = GradScaling(torch.device("cuda", 0), "bf16")  # built, not run, on a CPU machine
+    on = precision_for(torch.device("cuda", 0), "bf16")  # built, not run, on a CPU machine
     assert on.scaler is not None and on.mode == "bf16"
 
 
