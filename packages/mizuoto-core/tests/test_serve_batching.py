@@ -19,10 +19,10 @@ import soundfile as sf  # noqa: E402
 
 import mizuoto  # noqa: E402
 from mizuoto import Options, SynthesisRequest  # noqa: E402
+from mizuoto.audio_encoding import to_int16  # noqa: E402
 from mizuoto.errors import InvalidRequest  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
 from mizuoto.serve.batching import Lanes, options_with_max_batch  # noqa: E402
-from mizuoto.serve.encoders import to_int16  # noqa: E402
 
 TEXT = "Hello from the server."
 # twelve patches each: long enough that four concurrent streams overlap
