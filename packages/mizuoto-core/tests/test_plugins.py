@@ -91,7 +91,7 @@ def test_get_plugins_lists_name_distribution_version_hooks(monkeypatch, restore_
     assert example == {"name": "toy", "distribution": "mizuoto-example",
                        "version": importlib.metadata.version("mizuoto-example"),
                        "hooks": ["register_contract_fixtures", "register_engines",
-                                 "register_models"], "errors": []}
+                                 "register_models", "register_trainers"], "errors": []}
 
 
 def test_reset_plugins_clears_the_registry_cache(fake_plugin):
