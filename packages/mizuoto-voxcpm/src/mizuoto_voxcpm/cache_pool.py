@@ -19,10 +19,6 @@ import attrs
 from mizuoto.errors import EngineBusy
 from mizuoto_voxcpm.minicpm4 import CacheFull, KVCache
 
-#: default for ``engines.voxcpm.cache_slots``: a stream, a request made between two of its
-#: chunks, and two more threads' requests
-DEFAULT_CACHE_SLOTS = 4
-
 
 @attrs.define(eq=False)
 class CacheSlot:

@@ -18,8 +18,7 @@ from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.ranges import integer_in, number_in
-from mizuoto.contracts.requests import MAX_GUIDANCE, MAX_STEPS, Reference, SynthesisRequest
+from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, Rendered, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import (
@@ -35,7 +34,7 @@ from mizuoto.runtime.placement import Placement, place
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
-from mizuoto_voxcpm.cache_pool import DEFAULT_CACHE_SLOTS, CachePool
+from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
 from mizuoto_voxcpm.generation import (
@@ -55,6 +54,7 @@ from mizuoto_voxcpm.lora import AttachedLoRA, attach_lora, remove_lora
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
 from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
+from mizuoto_voxcpm.settings import DEFAULT_CACHE_SLOTS, VoxCPMOptions, VoxCPMParams
 from mizuoto_voxcpm.text import model_text, prepare_prompt_text, prepare_target_text
 from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
 from mizuoto_voxcpm.voice import model_fingerprint, prompt_from_voice, voice_from_prompt
@@ -69,90 +69,6 @@ CHUNK_SEED_STRIDE = 1000
 # thread, AVX2 (docs/performance.md): bfloat16 1.6x (a whole 12-patch stream) to 2.7x (first
 # audio); float16 measured on its matrix products only
 FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times"}
-# Ranges of the params (docs/engines/voxcpm.md, Settings): patches, retries, the length ratio.
-MAX_PATCHES = 65536
-MAX_RETRIES = 100
-MAX_RATIO = 100.0
-# requests one loaded model can hold open at once (engines.voxcpm.cache_slots)
-MAX_CACHE_SLOTS = 256
-
-
-def _integer(name: str, low: int, high: int):
-    return integer_in(f"params.{name}", low, high)
-
-
-def _number(name: str, low: float, high: float):
-    return number_in(f"params.{name}", low, high)
-
-
-def _flag(name: str):
-    def check(instance, attribute, value):
-        if not isinstance(value, bool):
-            raise InvalidRequest(f"params.{name}", f"must be true or false, got {value!r}")
-    return check
-
-
-@attrs.frozen
-class VoxCPMParams:
-    """``request.params`` for VoxCPM, with upstream's defaults.
-
-    ``inference_timesteps`` and ``cfg_value`` are the sampler's steps and guidance; the request's
-    ``steps`` / ``guidance`` take precedence when set. ``max_len`` caps the new patches (upstream
-    also caps at ``int(text tokens × retry_badcase_ratio_threshold + 10)``).
-    ``reference_prefix`` (VoxCPM2): a reference with a transcript is used both as an isolated
-    reference voice and as a continuation prompt; ``False`` uses it as a continuation prompt only.
-    ``split_text`` splits the text at sentence ends into chunks of at most ``chunk_tokens`` text
-    tokens (always done when the text would not fit the model's context).
-    ``tiled_decode`` forces the AudioVAE tile decoding used as the out-of-memory fallback.
-    Ranges: ``inference_timesteps`` [1, 1000], ``cfg_value`` [0, 100] (finite), ``min_len``
-    [0, 65536], ``max_len`` and ``chunk_tokens`` [1, 65536], ``retry_badcase_max_times``
-    [1, 100], ``retry_badcase_ratio_threshold`` [0, 100] (finite).
-    """
-
-    inference_timesteps: int = attrs.field(
-        default=10, validator=_integer("inference_timesteps", 1, MAX_STEPS))
-    cfg_value: float = attrs.field(default=2.0, validator=_number("cfg_value", 0.0, MAX_GUIDANCE))
-    min_len: int = attrs.field(default=2, validator=_integer("min_len", 0, MAX_PATCHES))
-    max_len: int = attrs.field(default=4096, validator=_integer("max_len", 1, MAX_PATCHES))
-    normalize: bool = attrs.field(default=False, validator=_flag("normalize"))
-    retry_badcase: bool = attrs.field(default=True, validator=_flag("retry_badcase"))
-    retry_badcase_max_times: int = attrs.field(
-        default=3, validator=_integer("retry_badcase_max_times", 1, MAX_RETRIES))
-    retry_badcase_ratio_threshold: float = attrs.field(
-        default=6.0, validator=_number("retry_badcase_ratio_threshold", 0.0, MAX_RATIO))
-    reference_prefix: bool = attrs.field(default=True, validator=_flag("reference_prefix"))
-    split_text: bool = attrs.field(default=False, validator=_flag("split_text"))
-    chunk_tokens: int = attrs.field(default=300,
-                                    validator=_integer("chunk_tokens", 1, MAX_PATCHES))
-    tiled_decode: bool = attrs.field(default=False, validator=_flag("tiled_decode"))
-
-
-def _dtype_option(instance, attribute, value):
-    if value not in ("auto", "float32", "bfloat16", "float16"):
-        raise InvalidOption("engines.voxcpm.dtype",
-                            f"must be auto, float32, bfloat16 or float16, got {value!r}")
-
-
-@attrs.frozen
-class VoxCPMOptions:
-    """``engines.voxcpm.*``: ``dtype`` overrides ``compute.dtype`` for the LM and DiT (the VAE
-    always runs in float32). ``auto`` is the config's dtype on every device, float32 on MPS.
-    ``cache_slots`` [1, 256]: how many requests (open streams included) the loaded model holds
-    at once, each in its own LM caches (allocated when first needed). ``max_batch``
-    [1, 256]: streams step together in batches of up to this many (continuous batching);
-    1 (the default) generates each alone. A batched row's audio is not bit-identical to its
-    audio alone on every CPU (docs/performance.md); results say ``compute["batched"]``."""
-
-    dtype: str = attrs.field(default="auto", validator=_dtype_option)
-    cache_slots: int = attrs.field(
-        default=DEFAULT_CACHE_SLOTS,
-        validator=integer_in("engines.voxcpm.cache_slots", 1, MAX_CACHE_SLOTS,
-                             error=InvalidOption))
-    max_batch: int = attrs.field(
-        default=1, validator=integer_in("engines.voxcpm.max_batch", 1, MAX_CACHE_SLOTS,
-                                        error=InvalidOption))
-
-
 @attrs.frozen
 class _Plan:
     """One request resolved: what to tokenize, the prompt, the sampler settings."""

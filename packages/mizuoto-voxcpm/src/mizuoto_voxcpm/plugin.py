@@ -23,7 +23,7 @@ def register_engines(register):
         capabilities={Capability.ZERO_SHOT, Capability.CLONE, Capability.CONTINUATION,
                       Capability.STREAM, Capability.VOICE_CACHE, Capability.LONG_TEXT,
                       Capability.DESIGN},
-        options="mizuoto_voxcpm.engine:VoxCPMOptions",
+        options="mizuoto_voxcpm.settings:VoxCPMOptions",
         description="VoxCPM-0.5B, VoxCPM1.5 and VoxCPM2: zero-shot, cloning, design, streaming"))
 
 

@@ -18,7 +18,7 @@ from mizuoto.contracts.requests import SynthesisRequest
 from mizuoto.errors import InvalidRequest
 from mizuoto.validation import parse_attrs
 from mizuoto_voxcpm.config import VoxCPMConfig
-from mizuoto_voxcpm.engine import VoxCPMParams
+from mizuoto_voxcpm.settings import VoxCPMParams
 
 # Mizuoto's own settings (long texts, the VoxCPM2 reference prefix): upstream has no such
 # keyword; at their defaults Mizuoto does what upstream does
