@@ -16,13 +16,16 @@ requests per second) and the CPU the server process used (cores: CPU seconds per
 
 ``--batching MODEL_DIR`` measures ``--max-batch`` instead (issue 25): one VoxCPM model (e.g. a
 real-size random-init VoxCPM-0.5B written by ``mizuoto random-model voxcpm/realsize-0.5b``),
-``--streams`` concurrent streams of one sentence (``--vox-patches`` patches each, no stop
-head), served with ``--max-batch B`` and with ``--max-batch 1``; each (server, streams) pair in
-a fresh server process, so its peak RSS (VmHWM) is its own. Reports aggregate audio seconds per
-second, TTFA p50/p95 and peak RSS, each also relative to one stream on the unbatched server:
+``--streams`` concurrent streams of one sentence, then each of its own (``--sentences``;
+``--vox-patches`` patches each, no stop head), served with ``--max-batch B`` and with
+``--max-batch 1``; each (server, streams) pair in a fresh server process, so its peak RSS
+(VmHWM) is its own, warmed up with another sentence (no measured prompt is prefilled before it
+is sent). Reports aggregate audio seconds per second (also against the unbatched server at the
+same streams), TTFA p50/p95 and peak RSS, each also relative to one stream on the unbatched
+server:
 
     python packages/mizuoto-core/benchmarks/bench_serve.py --batching DIR --dtype bfloat16 \
-        --streams 1,4,8,16 --max-batch 8 --vox-patches 12
+        --streams 1,4,8,16 --max-batch 8 --vox-patches 24
 
 Bounded: every request has a timeout, the servers stop at the end. Never run in CI.
 """
@@ -180,24 +183,46 @@ def _peak_rss(pid: int) -> int:
     return 0
 
 
-def _batching_level(root: Path, args, max_batch: int, streams: int) -> dict:
-    """``streams`` concurrent streams on a fresh server at ``max_batch``."""
-    body = {"model": "vox", "input": TEXT, "voice": "default", "response_format": "pcm",
-            "mizuoto": {"params": {"max_len": args.vox_patches, "retry_badcase": False}}}
-    bodies = [{**body, "mizuoto": {**body["mizuoto"], "seed": i}} for i in range(streams)]
+#: distinct sentences of similar length (``--sentences distinct``), and the warm-up's own
+#: (so that no measured request finds its prompt's prefill already made by the warm-up)
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "A small boat drifted slowly toward the harbor.",
+    "Please call me back after the meeting ends.",
+    "The museum opens at nine on most weekdays.",
+    "Fresh bread was cooling on the kitchen table.",
+    "Our train leaves from the second platform.",
+    "She painted the fence a bright shade of blue.",
+    "Turn left at the bakery and walk two blocks.",
+)
+WARMUP_TEXT = "Warming up the server before the measured requests."
+
+
+def _batching_level(root: Path, args, max_batch: int, streams: int, sentences: str) -> dict:
+    """``streams`` concurrent streams on a fresh server at ``max_batch``: all of one sentence
+    (``same``) or each its own (``distinct``)."""
+    def body(text: str, seed: int) -> dict:
+        return {"model": "vox", "input": text, "voice": "default", "response_format": "pcm",
+                "mizuoto": {"seed": seed, "params": {"max_len": args.vox_patches,
+                                                     "retry_badcase": False}}}
+
+    texts = [SENTENCES[0] if sentences == "same" else SENTENCES[i % len(SENTENCES)]
+             for i in range(streams)]
+    bodies = [body(text, i) for i, text in enumerate(texts)]
     level = argparse.Namespace(**{**vars(args), "max_batch": max_batch, "requests": streams})
     with _server(root, level, False) as (url, pid):
-        asyncio.run(_run(url, bodies[:1], concurrent=False))  # warm-up (first-call costs)
+        asyncio.run(_run(url, [body(WARMUP_TEXT, 999)], concurrent=False))  # first-call costs
         results, wall = asyncio.run(_run(url, bodies, concurrent=True))
         rss = _peak_rss(pid)
     ok = [r for r in results if "error" not in r]
     ttfa = [r["ttfa"] for r in ok] or [float("nan")]
     audio = sum(len(r["data"]) / 2 / 24000 for r in ok)  # pcm: 16-bit at 24 kHz
     errors = [r["error"] for r in results if "error" in r]
-    return {"max_batch": max_batch, "streams": streams, "errors": len(errors),
-            "first_error": errors[0] if errors else "", "audio_per_s": audio / wall,
-            "p50": _percentile(ttfa, 0.5), "p95": _percentile(ttfa, 0.95), "wall": wall,
-            "rss": rss, "load": os.getloadavg()[0]}
+    return {"max_batch": max_batch, "streams": streams, "sentences": sentences,
+            "errors": len(errors), "first_error": errors[0] if errors else "",
+            "audio_per_s": audio / wall, "p50": _percentile(ttfa, 0.5),
+            "p95": _percentile(ttfa, 0.95), "wall": wall, "rss": rss,
+            "load": os.getloadavg()[0]}
 
 
 def _batching_main(args) -> None:
@@ -207,24 +232,36 @@ def _batching_main(args) -> None:
     print(f"VoxCPM {args.batching} ({args.dtype}), {args.vox_patches} patches per stream, "
           f"--max-batch {args.max_batch} vs 1, {os.cpu_count()} CPUs, one thread",
           file=sys.stderr)
-    print("| --max-batch | streams | errors | audio s / s | x single | TTFA p50 (s) "
-          "| TTFA p95 (s) | p95 / single | peak RSS (GB) | / single | wall (s) | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    single = None
-    for max_batch in (1, args.max_batch):
-        for streams in levels:
-            if max_batch == args.max_batch == 1 and single is not None:
-                break
-            row = _batching_level(root, args, max_batch, streams)
-            if single is None:
-                single = row  # the first level of the unbatched server: one stream, ideally
-            print(f"| {max_batch} | {streams} | {row['errors']} | {row['audio_per_s']:.3f} "
-                  f"| {row['audio_per_s'] / single['audio_per_s']:.2f} | {row['p50']:.2f} "
-                  f"| {row['p95']:.2f} | {row['p95'] / single['p95']:.2f} "
-                  f"| {row['rss'] / 2**30:.2f} | {row['rss'] / single['rss']:.2f} "
-                  f"| {row['wall']:.1f} | {row['load']:.1f} |", flush=True)
-            if row["first_error"]:
-                print(f"  first error: {row['first_error']}", file=sys.stderr)
+    print("| sentences | --max-batch | streams | errors | audio s / s | x unbatched "
+          "| TTFA p50 (s) | TTFA p95 (s) | p95 / single | peak RSS (GB) | / single | wall (s) "
+          "| load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    # the reference: one stream on the unbatched server (the same for both sentence sets)
+    single = _batching_level(root, args, 1, 1, "same")
+    _print_level(single, single, single)
+    for sentences in args.sentences.split(","):
+        unbatched = {}
+        for max_batch in (1, args.max_batch):
+            for streams in levels:
+                if max_batch == 1 and streams == 1:
+                    unbatched[1] = single
+                    continue
+                row = _batching_level(root, args, max_batch, streams, sentences)
+                if max_batch == 1:
+                    unbatched[streams] = row
+                _print_level(row, single, unbatched.get(streams))
+                if row["first_error"]:
+                    print(f"  first error: {row['first_error']}", file=sys.stderr)
+
+
+def _print_level(row: dict, single: dict, unbatched: dict | None) -> None:
+    """One table row; throughput against the unbatched server at the same streams."""
+    versus = f"{row['audio_per_s'] / unbatched['audio_per_s']:.2f}" if unbatched else "-"
+    print(f"| {row['sentences']} | {row['max_batch']} | {row['streams']} | {row['errors']} "
+          f"| {row['audio_per_s']:.3f} | {versus} | {row['p50']:.2f} | {row['p95']:.2f} "
+          f"| {row['p95'] / single['p95']:.2f} | {row['rss'] / 2**30:.2f} "
+          f"| {row['rss'] / single['rss']:.2f} | {row['wall']:.1f} | {row['load']:.1f} |",
+          flush=True)
 
 
 def main() -> None:
@@ -240,6 +277,9 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="--batching: the batched "
                         "server's --max-batch")
     parser.add_argument("--dtype", default="bfloat16", help="--batching: engines.voxcpm.dtype")
+    parser.add_argument("--sentences", default="same,distinct",
+                        help="--batching: the streams speak one sentence (same), each its own "
+                             "(distinct), or both in turn")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shared-lock", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)

@@ -13,6 +13,7 @@ other bits when more rows are present.
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import torch
 from mizuoto import ComputeOptions, Options, SynthesisRequest
 from mizuoto.errors import EngineBusy, InvalidOption
 from mizuoto_voxcpm.batching import round_robin
+from mizuoto_voxcpm.decoding import V1_STREAM_WINDOW
 from mizuoto_voxcpm.engine import VoxCPMEngine
 from mizuoto_voxcpm.fixtures import write_random_model
 
@@ -32,7 +34,11 @@ TEXTS = ("Hello there.", "The quick brown fox jumps over the lazy dog.", "One, t
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     return {"v1": write_random_model(root / "v1", "voxcpm-0.5b"),
-            "v2": write_random_model(root / "v2", "voxcpm2", dtype="float32")}
+            "v2": write_random_model(root / "v2", "voxcpm2", dtype="float32"),
+            "v1.5": write_random_model(root / "v15", "voxcpm-1.5"),
+            # a VAE with noise blocks draws from the stream's generator between two patches
+            "noisy": write_random_model(root / "noisy", "voxcpm-0.5b",
+                                        vae_overrides={"use_noise_block": True})}
 
 
 def _load(path, dtype="float32", **engine_options) -> VoxCPMEngine:
@@ -130,3 +136,97 @@ def test_all_slots_held_is_a_named_error(model_dirs):
 def test_pool_and_batch_sizes_are_checked(model_dirs, key, value):
     with pytest.raises(InvalidOption, match=f"engines.voxcpm.{key}"):
         _load(model_dirs["v1"], **{key: value})
+
+
+def _in_threads(engine, requests) -> list[list]:
+    """Each request streamed on its own thread, all started together (a server's listeners)."""
+    results: list = [None] * len(requests)
+    errors: list = []
+    start = threading.Barrier(len(requests))
+
+    def listen(index: int) -> None:
+        try:
+            start.wait()
+            results[index] = list(engine.stream(requests[index]))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=listen, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a listener hung"
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("name", ["v1", "v2", "v1.5", "noisy"])
+def test_listeners_on_threads_step_together_and_end_where_they_end_alone(model_dirs, name):
+    single = _load(model_dirs[name])
+    batched = _load(model_dirs[name], max_batch=4)
+    requests = _requests(4)
+    together = _in_threads(batched, requests)
+    stats = batched.batcher.stats
+    assert stats.rows > stats.steps, "no step had more than one row"
+    assert stats.rows == sum(len(chunks) for chunks in together)
+    for request, chunks in zip(requests, together, strict=True):
+        alone = _alone(single, request)
+        assert [c.is_last for c in chunks] == [c.is_last for c in alone]
+        assert [c.audio.num_samples for c in chunks] == [c.audio.num_samples for c in alone]
+        assert _snr(_joined(alone), _joined(chunks)) > 40
+    assert batched.batcher.active == 0 and batched._pool.in_use == 0
+
+
+def test_the_same_prompt_is_prefilled_once_and_exactly(model_dirs):
+    """Requests with the same text share one prefill (the memo): exact, so a stream alone in
+    the batcher after it is still the unbatched stream, bit for bit."""
+    single = _load(model_dirs["v1"])
+    batched = _load(model_dirs["v1"], max_batch=4)
+    text = TEXTS[1]
+    requests = [SynthesisRequest(text, seed=seed, params=FAST) for seed in (1, 2, 3)]
+    _round_robin(batched, requests[:2])
+    assert batched.batcher.stats.prefills == 1
+    assert batched.batcher.stats.prefills_shared == 1
+    got = _alone(batched, requests[2])  # its prefill comes from the memo
+    assert batched.batcher.stats.prefills == 1
+    assert torch.equal(_joined(got), _joined(_alone(single, requests[2])))
+    batched.set_lora(None)  # weights may change with a LoRA: the memo is emptied
+    _alone(batched, requests[2])
+    assert batched.batcher.stats.prefills == 2
+
+
+def test_a_listener_that_hangs_up_mid_stream_frees_its_slot_for_the_next(model_dirs):
+    engine = _load(model_dirs["v1"], max_batch=2, cache_slots=2)
+    single = _load(model_dirs["v1"])
+    first, second, third = _requests(3)
+    quitter = iter(engine.stream(first))
+    next(quitter)
+    stayer_chunks: list = []
+    stayer = threading.Thread(target=lambda: stayer_chunks.extend(engine.stream(second)))
+    stayer.start()
+    quitter.close()  # the slot goes back at once; the other stream goes on
+    stayer.join(timeout=120)
+    assert stayer_chunks and stayer_chunks[-1].is_last
+    late = list(engine.stream(third))  # takes the freed slot
+    assert [c.is_last for c in late] == [c.is_last for c in _alone(single, third)]
+    assert engine._pool.in_use == 0 and engine.batcher.active == 0
+
+
+@pytest.mark.parametrize("name", ["v1", "v1.5"])
+def test_decoding_only_the_newest_patch_matches_the_whole_window(model_dirs, name):
+    """The batcher decodes the first generation's streaming window (the last three patches)
+    for its newest patch's samples only; they match the whole window's decode."""
+    engine = _load(model_dirs[name])
+    vae = engine.vae
+    keep = engine.config.patch_size * vae.hop_length
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for patches in range(1, V1_STREAM_WINDOW + 1):
+            for rows in (1, 3):
+                latents = torch.randn(rows, vae.latent_dim, patches * engine.config.patch_size,
+                                      generator=generator)
+                whole = vae.decode(latents)[..., -keep:]
+                tail = vae.decode_tail(latents, keep)
+                assert tail.shape == whole.shape
+                torch.testing.assert_close(tail, whole, rtol=0, atol=1e-6)

@@ -1,59 +1,87 @@
 """Continuous batching: the open streams of one model advance together, patch by patch.
 
 On a CPU one VoxCPM patch is thousands of small matrix products whose cost is reading the
-weights; ``b`` sequences read them once. A request joins after its prefill (its own, in its own
-cache slot) and takes part in every step from then on: one step samples a patch for each row
-that is waiting for one (the DiT's guided Euler steps, the stop head) and feeds the patches of
-the rows that go on through the local encoder and both LMs, all as ``b``-row batches. Each row
-keeps its own generator (its noise is drawn alone, in its order), buffers, cache slot and
-position, so rows join and leave at any patch boundary and a slot is free again as soon as its
-row stops or its stream is closed.
+weights; ``b`` sequences read them once. A request queues to join; the next step admits every
+queued request there is room for (prefills first, so that requests arriving together start
+together; one prefill serves every queued or recent request with the same prompt, see
+:class:`PrefillMemo`) and then samples a patch for each row that has room for one: the LM step
+for the row's previous patch (local encoder and both LMs, deferred to here as on the CPU alone:
+a patch is handed on before the LMs step), the DiT's guided Euler steps and the stop head, all
+as ``b``-row batches. Each row keeps its own generator (its noise is drawn alone, in its
+order), buffers, cache slot, position and decoder state, so rows join and leave at any patch
+boundary and a slot is free again as soon as its row stops or its stream is closed.
 
-A row takes part in a step only when its previous patch has been handed on (and decoded: a VAE
-with noise blocks draws from the row's generator between two patches), so the numbers each
-row draws are the ones it draws alone. What can differ from the row's audio alone are the bits
-of the batched matrix products (see docs/performance.md, "Batched VoxCPM generation"): the
-engine turns batching on only when asked (``engines.voxcpm.max_batch``) and every result says
-``applied.compute["batched"]``.
+Two kinds of work, each done by one thread at a time, by whichever listener's thread needs it:
+a *step* (above) and a *decode* (each row's sampled patches to audio, first-generation windows
+of one length in one VAE call: :func:`~mizuoto_voxcpm.decoding.decode_segments`). They run
+at once on two threads, so on a two-core CPU the VAE of one step's patches runs beside the
+next step. A row may run ``AHEAD`` patches ahead of its listener. A VAE with noise blocks draws
+from the row's generator between two patches: its patches are decoded in the step, row by row,
+right after they are sampled, so each row's draws keep the order they have alone.
 
-Not thread-safe by itself: the engine calls it under its lock (its requests hold their state
-in the request, so the lock is held per chunk, and another stream's step can run between two
-chunks of this one).
+What can differ from a row's audio alone are the bits of the batched matrix products and VAE
+convolutions (see docs/performance.md, "Batched VoxCPM generation"): the engine turns batching
+on only when asked (``engines.voxcpm.max_batch``) and every result says
+``applied.compute["batched"]``. A stream alone in the batcher runs the single-stream kernels
+and is bit-identical to the unbatched stream.
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 import torch
 
 from mizuoto.errors import InvalidRequest
+from mizuoto_voxcpm.audiovae.blocks import NoiseBlock, noise_drawn_from
 from mizuoto_voxcpm.cache_pool import CacheSlot
+from mizuoto_voxcpm.decoding import StreamDecoder, decode_segments
 from mizuoto_voxcpm.generation import PromptSequence, Sampling
 from mizuoto_voxcpm.minicpm4 import CacheFull
-from mizuoto_voxcpm.model import VoxCPMModel
+from mizuoto_voxcpm.model import Prefilled, VoxCPMModel
 from mizuoto_voxcpm.patch_decoder import PatchBuffers
+
+#: patches a row may have sampled and not yet handed to its listener
+AHEAD = 2
+#: recent prefills kept for requests with the same prompt
+PREFILL_MEMO_SIZE = 8
+#: a step that admits requests first waits until none has arrived for this long (seconds), at
+#: most ``ARRIVAL_WAIT``: requests sent together (a server's listeners connecting at once)
+#: are admitted in one step and get their first patches from one batched step
+ARRIVAL_QUIET = 0.02
+ARRIVAL_WAIT = 0.1
 
 
 @attrs.define(eq=False)
 class _Row:
-    """One request in the batch: its state, and the patch sampled for it but not yet taken."""
+    """One request: its state, its patches sampled but not decoded, its segments decoded but
+    not taken."""
 
-    slot: CacheSlot
-    buffers: PatchBuffers
-    generator: torch.Generator
+    sequence: PromptSequence
     sampling: Sampling
+    generator: torch.Generator
+    slot: CacheSlot
+    decoder: StreamDecoder
+    buffers: PatchBuffers | None = None  # from its prefill on
     sampled: int = 0
-    ready: tuple[torch.Tensor, bool] | None = None
+    decoded: int = 0
+    pending: torch.Tensor | None = None  # its last patch, not yet fed to the LMs
+    undecoded: deque = attrs.Factory(deque)  # (patch, last)
+    segments: deque = attrs.Factory(deque)  # (samples, last)
     error: BaseException | None = None
-    ended: bool = False  # its last patch is sampled: it waits only to be taken
+    ended: bool = False  # its last patch is sampled
+    busy: bool = False  # in a step or a decode running now
+    left: bool = False
 
     @property
-    def waiting(self) -> bool:
-        """Whether the row needs a patch (its previous one was taken)."""
-        return self.ready is None and self.error is None and not self.ended
+    def needs_patch(self) -> bool:
+        return (not self.ended and self.error is None and not self.left
+                and len(self.undecoded) + len(self.segments) < AHEAD)
 
     @property
     def key(self) -> tuple[int, float]:
@@ -64,13 +92,20 @@ class _Row:
 
 @attrs.define
 class BatchStats:
-    """What the batcher has done: steps, rows stepped, seconds; the last step's size."""
+    """What the batcher has done: steps, rows stepped, seconds; the last step's size; the
+    prefills run and those served from another request's (:class:`PrefillMemo`)."""
 
     steps: int = 0
     rows: int = 0
     seconds: float = 0.0
     last_size: int = 0
     last_seconds: float = 0.0
+    prefills: int = 0
+    prefills_shared: int = 0
+    prefill_seconds: float = 0.0
+    decodes: int = 0  # VAE calls
+    decoded: int = 0  # patches decoded
+    decode_seconds: float = 0.0
 
     def record(self, size: int, seconds: float) -> None:
         self.steps += 1
@@ -79,78 +114,281 @@ class BatchStats:
         self.last_size, self.last_seconds = size, seconds
 
 
-class PatchBatcher:
-    """Up to ``max_batch`` open generations of ``model`` stepped together."""
+class PrefillMemo:
+    """The last ``size`` prefills, by prompt: requests with the same prompt (text, prompt
+    audio, reference) share one. Exact: a prefill depends only on its prompt and the weights,
+    so its keys and values are the ones the request would compute; :meth:`clear` when the
+    weights change (a LoRA)."""
 
-    def __init__(self, model: VoxCPMModel, max_batch: int) -> None:
+    def __init__(self, size: int = PREFILL_MEMO_SIZE) -> None:
+        self.size = size
+        self._entries: OrderedDict[bytes, Prefilled] = OrderedDict()
+
+    @staticmethod
+    def key(sequence: PromptSequence) -> bytes:
+        digest = hashlib.sha256()
+        for tensor in (sequence.tokens, sequence.text_mask, sequence.feat_mask, sequence.feats):
+            tensor = tensor.detach().cpu().contiguous()
+            digest.update(repr((tensor.dtype, tuple(tensor.shape))).encode())
+            digest.update(tensor.view(torch.uint8).numpy().tobytes())
+        return digest.digest()
+
+    def get(self, key: bytes) -> Prefilled | None:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: bytes, prefilled: Prefilled) -> None:
+        self._entries[key] = prefilled
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+class PatchBatcher:
+    """Up to ``max_batch`` open generations of ``model`` stepped together; ``vae`` decodes
+    their patches."""
+
+    def __init__(self, model: VoxCPMModel, vae, max_batch: int) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
+        self.vae = vae
         self.max_batch = max_batch
         self.stats = BatchStats()
-        self._rows: list[_Row] = []
+        self.memo = PrefillMemo()
+        # a VAE with noise blocks draws from the row's generator: decoded in the step, in order
+        self._decode_in_step = any(isinstance(m, NoiseBlock) for m in vae.modules())
+        self._state = threading.Condition()
+        self._rows: list[_Row] = []  # admitted
+        self._queue: list[_Row] = []  # waiting to be admitted
+        self._stepping = False
+        self._decoding = False
+        self._last_arrival = 0.0
+        self._decoding_first = False  # a decode of some row's first patch is running
 
     @property
     def active(self) -> int:
-        """Requests in the batch now."""
+        """Requests in the batch now (admitted, not yet ended and taken)."""
         return len(self._rows)
 
-    @torch.inference_mode()
-    def generate(self, sequence: PromptSequence, sampling: Sampling, *,
-                 generator: torch.Generator, slot: CacheSlot
-                 ) -> Iterator[tuple[torch.Tensor, bool]]:
-        """What :func:`~mizuoto_voxcpm.generation.generate_patches` yields for this request,
-        each patch sampled in a batched step with the other open requests'."""
-        row = self._join(sequence, sampling, generator, slot)
+    def stream(self, sequence: PromptSequence, sampling: Sampling, *,
+               generator: torch.Generator, slot: CacheSlot, decoder: StreamDecoder
+               ) -> Iterator[tuple[torch.Tensor, bool]]:
+        """Each new patch's audio segment of this request (``decoder``'s output), with whether
+        it is the last: what :func:`~mizuoto_voxcpm.generation.generate_patches` and the
+        decoder give alone, each patch sampled in a batched step with the other open
+        requests'. Queued to join when first asked for a segment."""
+        row = _Row(sequence=sequence, sampling=sampling, generator=generator, slot=slot,
+                   decoder=decoder)
+        with self._state:
+            self._queue.append(row)
+            self._last_arrival = time.monotonic()
+            self._state.notify_all()
         try:
             while True:
-                if row.ready is None and row.error is None:
-                    self._step(row)
-                if row.error is not None:
-                    raise row.error
-                patch, last = row.ready
-                row.ready = None
-                yield patch, last
+                segment, last = self._next(row)
+                yield segment, last
                 if last:
                     return
         finally:
-            # leaves at once: the engine frees its slot as this stream ends
+            self._leave(row)
+
+    # -- who does what --------------------------------------------------------------------
+
+    def _next(self, row: _Row) -> tuple[torch.Tensor, bool]:
+        """``row``'s next segment; meanwhile this thread steps or decodes for every row when
+        that work is not being done by another thread."""
+        while True:
+            with self._state:
+                if row.segments:
+                    item = row.segments.popleft()
+                    self._state.notify_all()  # the row has room for another patch
+                    return item
+                if row.error is not None:
+                    raise row.error
+                job = self._claim(own_patches=bool(row.undecoded))
+                if job is None:
+                    self._state.wait()
+                    continue
+            job()
+
+    def _claim(self, *, own_patches: bool) -> Callable[[], None] | None:
+        """The work this thread should do now (under ``_state``), marked as taken."""
+        decodable = own_patches or any(r.undecoded for r in self._rows)
+        if own_patches and not self._decoding:
+            return self._run_decode()
+        if not self._stepping and self._step_work():
+            return self._run_step()
+        if decodable and not self._decoding:
+            return self._run_decode()
+        return None
+
+    def _step_work(self) -> bool:
+        if self._decoding_first:
+            # first audio before anything else: a step beside that decode would halve its
+            # speed (two threads on a two-core CPU)
+            return False
+        admissible = self._queue and len(self._rows) < self.max_batch
+        return bool(admissible) or any(r.needs_patch for r in self._rows)
+
+    def _run_step(self) -> Callable[[], None]:
+        self._stepping = True
+
+        def job() -> None:
+            rows: list[_Row] = []
+            admitted: list[_Row] = []
+            try:
+                with self._state:
+                    if self._queue:
+                        self._await_arrivals()
+                    admitted = self._queue[:self.max_batch - len(self._rows)]
+                    del self._queue[:len(admitted)]
+                    for row in admitted:
+                        row.busy = True
+                self._admit(admitted)
+                with self._state:
+                    self._rows.extend(r for r in admitted if r.error is None and not r.left)
+                    rows = [r for r in self._rows if r.needs_patch]
+                    for r in rows:
+                        r.busy = True
+                if rows:
+                    self._step(rows)
+            finally:
+                with self._state:
+                    for r in admitted + rows:
+                        r.busy = False
+                    self._stepping = False
+                    self._state.notify_all()
+
+        return job
+
+    def _await_arrivals(self) -> None:
+        """(Under ``_state``.) Wait for the requests arriving now to be queued too."""
+        deadline = time.monotonic() + ARRIVAL_WAIT
+        while True:
+            now = time.monotonic()
+            quiet_at = self._last_arrival + ARRIVAL_QUIET
+            if now >= quiet_at or now >= deadline:
+                return
+            self._state.wait(min(quiet_at, deadline) - now)
+
+    def _run_decode(self) -> Callable[[], None]:
+        self._decoding = True
+        rows = [r for r in self._rows if r.undecoded]
+        work = [(r, r.undecoded.popleft()) for r in rows]
+        self._decoding_first = any(r.decoded == 0 for r in rows)
+        for r in rows:
+            r.busy = True
+
+        def job() -> None:
+            started = time.perf_counter()
+            try:
+                segments = decode_segments([r.decoder for r, _ in work],
+                                           [patch for _, (patch, _) in work])
+                self.stats.decodes += 1
+                self.stats.decoded += len(work)
+                self.stats.decode_seconds += time.perf_counter() - started
+            except BaseException as exc:
+                with self._state:
+                    for r, _ in work:
+                        r.error = exc
+                segments = None
+            with self._state:
+                if segments is not None:
+                    for (r, (_, last)), segment in zip(work, segments, strict=True):
+                        r.segments.append((segment, last))
+                        r.decoded += 1
+                for r in rows:
+                    r.busy = False
+                self._decoding = self._decoding_first = False
+                self._state.notify_all()
+
+        return job
+
+    def _leave(self, row: _Row) -> None:
+        """Take ``row`` out as soon as no step or decode is using it (its slot goes back to the
+        pool after this)."""
+        with self._state:
+            row.left = True
+            while row.busy:
+                self._state.wait()
+            if row in self._queue:
+                self._queue.remove(row)
             if row in self._rows:
                 self._rows.remove(row)
+            self._state.notify_all()
 
-    def _join(self, sequence: PromptSequence, sampling: Sampling,
-              generator: torch.Generator, slot: CacheSlot) -> _Row:
+    # -- the work -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _admit(self, rows: list[_Row]) -> None:
+        """Prefill ``rows`` (one prefill per distinct prompt) into their slots."""
         model = self.model
         device = model.device
-        feats = sequence.feats.to(device).to(model.dtype)
-        try:
-            lm_hidden, residual_hidden = model.prefill(
-                sequence.tokens.to(device), sequence.text_mask.to(device), feats,
-                sequence.feat_mask.to(device), slot)
-        except CacheFull as exc:
-            raise InvalidRequest("text", str(exc), "shorten the text or the prompt audio") \
-                from exc
-        buffers = PatchBuffers.allocate(model)
-        buffers.start(lm_hidden, residual_hidden, feats[:, -1])
-        row = _Row(slot=slot, buffers=buffers, generator=generator, sampling=sampling)
-        self._rows.append(row)
-        return row
-
-    def _step(self, caller: _Row) -> None:
-        """One patch for ``caller`` and for every other row waiting for one (same sampler
-        settings, up to ``max_batch``)."""
-        rows = [caller] + [row for row in list(self._rows)
-                           if row is not caller and row.waiting
-                           and row.key == caller.key][:self.max_batch - 1]
-        started = time.perf_counter()
-        try:
-            self._sample(rows)
-        except BaseException as exc:
-            # the others' generators and caches moved on with this step: none can go on
-            for row in rows:
+        for row in rows:
+            sequence = row.sequence
+            key = self.memo.key(sequence)
+            feats = sequence.feats.to(device).to(model.dtype)
+            try:
+                prefilled = self.memo.get(key)
+                if prefilled is None:
+                    started = time.perf_counter()
+                    prefilled = model.prefill_states(
+                        sequence.tokens.to(device), sequence.text_mask.to(device), feats,
+                        sequence.feat_mask.to(device))
+                    self.memo.put(key, prefilled)
+                    self.stats.prefills += 1
+                    self.stats.prefill_seconds += time.perf_counter() - started
+                else:
+                    self.stats.prefills_shared += 1
+                prefilled.fill(row.slot)
+            except CacheFull as exc:
+                row.error = InvalidRequest("text", str(exc),
+                                           "shorten the text or the prompt audio")
+                continue
+            except BaseException as exc:
                 row.error = exc
-            raise
+                continue
+            row.buffers = PatchBuffers.allocate(model)
+            row.buffers.start(prefilled.lm_hidden, prefilled.residual_hidden, feats[:, -1])
+
+    @torch.inference_mode()
+    def _step(self, rows: list[_Row]) -> None:
+        started = time.perf_counter()
+        groups: dict[tuple[int, float], list[_Row]] = {}
+        for row in rows:
+            groups.setdefault(row.key, []).append(row)
+        for group in groups.values():
+            try:
+                self._advance([r for r in group if r.pending is not None])
+                self._sample(group)
+            except BaseException as exc:
+                # the group's generators and caches moved on together: none can go on
+                with self._state:
+                    for row in group:
+                        row.error = exc
         self.stats.record(len(rows), time.perf_counter() - started)
+
+    def _advance(self, rows: list[_Row]) -> None:
+        """Feed each row's previous patch to both LMs (the LM step alone runs after the patch
+        is handed on)."""
+        if not rows:
+            return
+        model = self.model
+        # the patches as the sampler leaves them, a transposed view (one row's, alone, goes to
+        # the encoder as such: a contiguous copy would take another matrix-product path)
+        channels_first = torch.cat([row.pending.transpose(1, 2) for row in rows])
+        embeds = model.encode_patch_rows(channels_first.transpose(1, 2))
+        lm_next, residual_next = model.advance_rows(embeds, [row.slot for row in rows])
+        for index, row in enumerate(rows):
+            row.buffers.lm_hidden.copy_(lm_next[index:index + 1])
+            row.buffers.residual_hidden.copy_(residual_next[index:index + 1])
+            row.pending = None
 
     def _sample(self, rows: list[_Row]) -> None:
         model = self.model
@@ -165,35 +403,31 @@ class PatchBatcher:
         patches = model.sample(lm_hidden, residual_hidden, previous, noise, steps=steps,
                                guidance=guidance, rowwise=True)
         stops = model.stop_flag(lm_hidden).tolist()
-        going_on = []
         for index, row in enumerate(rows):
             patch = patches[index:index + 1]
             row.buffers.previous.copy_(patch)
-            # the rules of generate_patches: no stop before min_len, the cap, a full cache
+            # the rules of generate_patches: no stop before min_len, the cap, and room in the
+            # cache for the LM step after this patch
             stopped = row.sampled > row.sampling.min_len and stops[index]
             capped = row.sampled == row.sampling.max_patches - 1
             row.sampled += 1
+            last = stopped or capped
             if not row.slot.has_room and not stopped:
-                row.error = InvalidRequest("max_len", str(row.slot.cache_full()),
-                                           "lower max_len or shorten the text")
+                with self._state:
+                    row.error = InvalidRequest("max_len", str(row.slot.cache_full()),
+                                               "lower max_len or shorten the text")
                 continue
-            row.ready = (patch, stopped or capped)
-            row.ended = stopped or capped
-            if not (stopped or capped):
-                going_on.append((row, patch))
-        if not going_on:
-            return
-        # the patches as the sampler left them, a transposed view (one row's, alone, goes to
-        # the encoder as such: a contiguous copy would take another matrix-product path)
-        channels_first = patches.transpose(1, 2)
-        if len(going_on) < len(rows):
-            kept = torch.tensor([rows.index(row) for row, _ in going_on], device=model.device)
-            channels_first = channels_first.index_select(0, kept)
-        embeds = model.encode_patch_rows(channels_first.transpose(1, 2))
-        lm_next, residual_next = model.advance_rows(embeds, [row.slot for row, _ in going_on])
-        for index, (row, _) in enumerate(going_on):
-            row.buffers.lm_hidden.copy_(lm_next[index:index + 1])
-            row.buffers.residual_hidden.copy_(residual_next[index:index + 1])
+            row.pending = None if last else patch
+            if self._decode_in_step:
+                with noise_drawn_from(self.vae, row.generator):
+                    segment = row.decoder.decode(patch)
+                with self._state:
+                    row.segments.append((segment, last))
+                    row.ended = last
+            else:
+                with self._state:
+                    row.undecoded.append((patch, last))
+                    row.ended = last
 
 
 def round_robin(streams: Iterable[Iterable]) -> list[list]:

@@ -73,6 +73,18 @@ class CachePool:
     def allocated(self) -> int:
         return self._allocated
 
+    def reserve(self) -> None:
+        """Allocate every slot now (a batching engine: listeners that connect together
+        should not take turns allocating, and touching, their caches)."""
+        while True:
+            with self._guard:
+                if self._allocated >= self.size:
+                    return
+                self._allocated += 1
+            slot = CacheSlot.allocate(self._model, self.attention)
+            with self._guard:
+                self._free.append(slot)
+
     def acquire(self) -> CacheSlot:
         """A free slot (allocated on first need); :class:`EngineBusy` when all are open."""
         with self._guard:

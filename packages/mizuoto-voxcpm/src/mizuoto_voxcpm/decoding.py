@@ -67,38 +67,94 @@ def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool, patc
     return audio[..., drop:].reshape(-1).cpu()
 
 
-@contextmanager
-def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool,
-                    patch_size: int) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
-    """A function from each new patch ``(1, patch, d)``, in order, to its waveform segment, as
-    upstream streams; it decodes the patch it is given and nothing later, so a stream yields
-    each segment as soon as its patch is sampled.
+class StreamDecoder:
+    """One stream's decoding state: each new patch ``(1, patch, d)``, in order, to its waveform
+    segment, as upstream streams. It decodes the patch it is given and nothing later, so a
+    stream yields each segment as soon as its patch is sampled.
 
     VoxCPM2 feeds each patch to the stateful causal decoder (prompt context is not decoded);
     the first generation re-decodes the last three patches (context included) and keeps the
-    newest patch's samples.
+    newest patch's samples. Patches of several streams can be decoded in one VAE call
+    (:func:`decode_segments`).
     """
-    device = _device(vae)
-    if v2:
-        with vae.streaming_decoder() as decoder:
-            @torch.inference_mode()
-            def decode_v2(patch: torch.Tensor) -> torch.Tensor:
-                latents = patches_to_latents(patch.unsqueeze(1)).to(device)
-                return decoder.decode_chunk(latents).reshape(-1).cpu()
 
-            yield decode_v2
-        return
-    window = [p if p.dim() == 4 else p.unsqueeze(1) for p in context]
-    keep = patch_size * vae.hop_length
+    def __init__(self, vae, *, context: list[torch.Tensor], v2: bool, patch_size: int) -> None:
+        self.vae = vae
+        self.v2 = v2
+        self._device = _device(vae)
+        if v2:
+            self._streaming = vae.streaming_decoder()
+            self._streaming.reset()
+        else:
+            self._window = [p if p.dim() == 4 else p.unsqueeze(1) for p in context]
+            self.keep = patch_size * vae.hop_length
+
+    def latents(self, patch: torch.Tensor) -> torch.Tensor:
+        """What the VAE decodes for ``patch``: ``(1, d, frames)`` float32 (the first
+        generation: the window of the last three patches, ``patch`` the newest)."""
+        if self.v2:
+            return patches_to_latents(patch.unsqueeze(1)).to(self._device)
+        self._window.append(patch.unsqueeze(1))
+        del self._window[:-V1_STREAM_WINDOW]
+        return patches_to_latents(torch.cat(self._window, dim=1)).to(self._device)
+
+    def segment(self, audio: torch.Tensor) -> torch.Tensor:
+        """The newest patch's samples of the VAE's output ``(1, 1, samples)``."""
+        if self.v2:
+            return audio.reshape(-1).cpu()
+        return audio[..., -self.keep:].reshape(-1).cpu()
 
     @torch.inference_mode()
-    def decode_v1(patch: torch.Tensor) -> torch.Tensor:
-        window.append(patch.unsqueeze(1))
-        del window[:-V1_STREAM_WINDOW]
-        audio = vae.decode(patches_to_latents(torch.cat(window, dim=1)).to(device))
-        return audio[..., -keep:].reshape(-1).cpu()
+    def decode(self, patch: torch.Tensor) -> torch.Tensor:
+        latents = self.latents(patch)
+        if self.v2:
+            return self.segment(self._streaming.decode_chunk(latents))
+        return self.segment(self.vae.decode(latents))
 
-    yield decode_v1
+    def close(self) -> None:
+        if self.v2:
+            self._streaming.reset()
+
+
+@torch.inference_mode()
+def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
+                    ) -> list[torch.Tensor]:
+    """The next segment of each stream (``decoders[i]`` gets ``patches[i]``), for the
+    continuous batcher. First-generation windows of one length go through the VAE as one batch,
+    and only the newest patch's samples are computed (``AudioVAE.decode_tail``; the window's
+    first two patches are context whose audio upstream throws away); a window alone is
+    decoded as :meth:`StreamDecoder.decode` does. VoxCPM2's stateful decoders one by one. Both can differ from :meth:`StreamDecoder.decode` by float32 rounding
+    (a batch's convolutions, fewer positions); see docs/performance.md."""
+    segments: list[torch.Tensor | None] = [None] * len(decoders)
+    groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    for index, (decoder, patch) in enumerate(zip(decoders, patches, strict=True)):
+        if decoder.v2:
+            segments[index] = decoder.decode(patch)
+        else:
+            latents = decoder.latents(patch)
+            groups.setdefault(latents.size(-1), []).append((index, latents))
+    for members in groups.values():
+        first = decoders[members[0][0]]
+        if len(members) == 1:  # alone: the stream's own decode, exactly
+            segments[members[0][0]] = first.segment(first.vae.decode(members[0][1]))
+            continue
+        audio = first.vae.decode_tail(torch.cat([latents for _, latents in members]),
+                                      first.keep)
+        for row, (index, _) in enumerate(members):
+            segments[index] = audio[row].reshape(-1).cpu()
+    return segments
+
+
+@contextmanager
+def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool,
+                    patch_size: int) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+    """A function from each new patch ``(1, patch, d)``, in order, to its waveform segment
+    (:class:`StreamDecoder`, reset on exit as upstream's ``streaming_decode()`` block)."""
+    decoder = StreamDecoder(vae, context=context, v2=v2, patch_size=patch_size)
+    try:
+        yield decoder.decode
+    finally:
+        decoder.close()
 
 
 def _device(vae) -> torch.device:

@@ -36,7 +36,7 @@ from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
-from mizuoto_voxcpm.decoding import decode_utterance, segment_decoder
+from mizuoto_voxcpm.decoding import StreamDecoder, decode_utterance, segment_decoder
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -117,7 +117,9 @@ class VoxCPMEngine(Engine):
         self._pool = CachePool(model, size=cache_slots, attention=model.caches.lm.attention,
                                first=model.caches)
         # streams only: a synthesize call runs whole under the compute lock, alone
-        self._batcher = PatchBatcher(model, max_batch) if max_batch > 1 else None
+        self._batcher = PatchBatcher(model, vae, max_batch) if max_batch > 1 else None
+        if self._batcher is not None:
+            self._pool.reserve()
         self._compute = threading.RLock()
 
     # -- loading ------------------------------------------------------------------------
@@ -232,6 +234,8 @@ class VoxCPMEngine(Engine):
             self._set_lora(path)
 
     def _set_lora(self, path: str | Path | None) -> None:
+        if self._batcher is not None:
+            self._batcher.memo.clear()  # its prefills were made with the old weights
         if path is None:
             if self._lora is not None:
                 remove_lora(self.model)
@@ -412,6 +416,9 @@ class VoxCPMEngine(Engine):
         applied record (the stop head says which patch is the last before it is decoded).
         Planned now, so that a bad request is refused at the call."""
         plan = self._plan(request, params, generator.initial_seed())
+        if self._batcher is not None:
+            # the batcher steps and decodes under its own locks, from the listeners' threads
+            return self._batched_patches(plan, progress)
         return _per_chunk(self._compute, self._patches(plan, progress))
 
     def _patches(self, plan: _Plan, progress) -> Iterator[Rendered]:
@@ -427,12 +434,8 @@ class VoxCPMEngine(Engine):
             with self._pool.slot() as slot, \
                     segment_decoder(self.vae, context=context, v2=v2,
                                     patch_size=self.config.patch_size) as decode:
-                if self._batcher is not None:
-                    generated = self._batcher.generate(run.sequence, run.sampling,
-                                                       generator=generator, slot=slot)
-                else:
-                    generated = generate_patches(self.model, run.sequence, run.sampling,
-                                                 seed=run.seed, generator=generator, slot=slot)
+                generated = generate_patches(self.model, run.sequence, run.sampling,
+                                             seed=run.seed, generator=generator, slot=slot)
                 for patch, last_patch in generated:
                     # the decoder's noise (if any) draws between the patches' draws, as
                     # upstream's; set per patch, since the VAE's noise blocks are shared
@@ -440,12 +443,44 @@ class VoxCPMEngine(Engine):
                         segment = decode(patch)
                     index += 1
                     report(progress, "sampling", index, None)
-                    audio = Audio(segment, self.info.sample_rate)
-                    if last_patch and chunk_index == len(plan.chunks) - 1:
-                        yield self._rendered(plan, audio, retries=0, patches=index,
-                                             streamed=True)
-                    else:
-                        yield Rendered(audio, last=False)
+                    yield self._chunk(plan, segment, index, last_patch
+                                      and chunk_index == len(plan.chunks) - 1)
+
+    def _batched_patches(self, plan: _Plan, progress) -> Iterator[Rendered]:
+        """:meth:`_patches` through the batcher: each text chunk joins the batch, in a slot
+        taken under the engine's lock (a LoRA cannot change while a stream holds one)."""
+        v2 = self.config.is_v2
+        index = 0
+        for chunk_index, target in enumerate(plan.chunks):
+            with self._compute:
+                run = self._chunk_run(plan, chunk_index, target)
+                slot = self._pool.acquire()
+            try:
+                context = context_latents(run.sequence, v2=v2, device=self.model.device,
+                                          dtype=self.model.dtype)
+                decoder = StreamDecoder(self.vae, context=context, v2=v2,
+                                        patch_size=self.config.patch_size)
+                segments = self._batcher.stream(
+                    run.sequence, run.sampling, slot=slot, decoder=decoder,
+                    generator=sampling_generator(self.model, run.seed))
+                try:
+                    for segment, last_patch in segments:
+                        index += 1
+                        report(progress, "sampling", index, None)
+                        yield self._chunk(plan, segment, index, last_patch
+                                          and chunk_index == len(plan.chunks) - 1)
+                finally:
+                    segments.close()  # out of the batch before the slot goes back
+                    decoder.close()
+            finally:
+                with self._compute:
+                    self._pool.release(slot)
+
+    def _chunk(self, plan: _Plan, segment: torch.Tensor, patches: int, last: bool) -> Rendered:
+        audio = Audio(segment, self.info.sample_rate)
+        if last:
+            return self._rendered(plan, audio, retries=0, patches=patches, streamed=True)
+        return Rendered(audio, last=False)
 
 
 def _per_chunk(lock, chunks: Iterator[Rendered]) -> Iterator[Rendered]:

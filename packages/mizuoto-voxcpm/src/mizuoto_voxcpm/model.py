@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,6 +42,22 @@ class ScalarQuantization(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = torch.tanh(self.in_proj(hidden))
         return self.out_proj(torch.round(hidden * self.scale) / self.scale)
+
+
+@attrs.frozen
+class Prefilled:
+    """A prompt's prefill: both LMs' last hidden states ``(1, hidden)`` and their keys and
+    values per layer."""
+
+    lm_hidden: torch.Tensor
+    residual_hidden: torch.Tensor
+    lm_pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    residual_pairs: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def fill(self, slot: CacheSlot) -> None:
+        """Write the keys and values into ``slot`` (raises ``CacheFull`` when too long)."""
+        slot.lm.fill(self.lm_pairs)
+        slot.residual.fill(self.residual_pairs)
 
 
 class FlowDecoder(nn.Module):
@@ -138,17 +155,24 @@ class VoxCPMModel(nn.Module):
 
         ``tokens``/``text_mask``/``feat_mask``: ``(1, n)``; ``feats``: ``(1, n, patch, feat)``.
         """
+        prefilled = self.prefill_states(tokens, text_mask, feats, feat_mask)
+        prefilled.fill(slot)
+        return prefilled.lm_hidden, prefilled.residual_hidden
+
+    def prefill_states(self, tokens: torch.Tensor, text_mask: torch.Tensor, feats: torch.Tensor,
+                       feat_mask: torch.Tensor) -> Prefilled:
+        """:meth:`prefill` without a slot: the last hidden states and both LMs' keys and
+        values, which fill any number of slots (a prompt's prefill does not depend on the
+        slot it is written to)."""
         feat_embed = self.encode_patches(feats)
         text_embed = self.base_lm.embed_tokens(tokens) * self.scale_emb
         embeds = text_mask.unsqueeze(-1) * text_embed + feat_mask.unsqueeze(-1) * feat_embed
-        outputs, pairs = self.base_lm(embeds, causal=True)
-        slot.lm.fill(pairs)
+        outputs, lm_pairs = self.base_lm(embeds, causal=True)
         outputs = (self.fsq_layer(outputs) * feat_mask.unsqueeze(-1)
                    + outputs * text_mask.unsqueeze(-1))
         residual_in = self._residual_input(outputs, feat_mask.unsqueeze(-1) * feat_embed)
-        residual, pairs = self.residual_lm(residual_in, causal=True)
-        slot.residual.fill(pairs)
-        return outputs[:, -1, :], residual[:, -1, :]
+        residual, residual_pairs = self.residual_lm(residual_in, causal=True)
+        return Prefilled(outputs[:, -1, :], residual[:, -1, :], lm_pairs, residual_pairs)
 
     def dit_condition(self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor
                       ) -> torch.Tensor:

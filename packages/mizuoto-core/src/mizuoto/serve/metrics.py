@@ -11,8 +11,10 @@ histograms do not need a client library.
 - ``mizuoto_batch_size{model}`` and ``mizuoto_batch_step_seconds{model}``: the requests in the
   model's last batched step and how long it took; ``mizuoto_batch_steps_total{model}``,
   ``mizuoto_batch_rows_total{model}`` and ``mizuoto_batch_seconds_total{model}``: all its
-  batched steps (rows / steps is the mean batch size). Only for a model whose engine batches
-  (``mizuoto serve --max-batch``).
+  batched steps (rows / steps is the mean batch size); ``mizuoto_batch_prefills_total``,
+  ``mizuoto_batch_prefills_shared_total`` (requests that reused another's prefill of the same
+  prompt) and ``mizuoto_batch_decode_seconds_total`` where the engine reports them. Only for a
+  model whose engine batches (``mizuoto serve --max-batch``).
 """
 
 from __future__ import annotations
@@ -133,10 +135,19 @@ class Metrics:
                 ("mizuoto_batch_rows_total", "counter", "Requests stepped, summed over steps.",
                  "rows"),
                 ("mizuoto_batch_seconds_total", "counter", "Seconds spent in batched steps.",
-                 "seconds")):
-            if not current:
-                break
+                 "seconds"),
+                ("mizuoto_batch_prefills_total", "counter", "Prompts prefilled.", "prefills"),
+                ("mizuoto_batch_prefills_shared_total", "counter",
+                 "Requests whose prompt's prefill another request had made.",
+                 "prefills_shared"),
+                ("mizuoto_batch_decode_seconds_total", "counter",
+                 "Seconds spent decoding the batch's patches to audio.", "decode_seconds")):
+            # the last three only where the engine's statistics have them
+            values = {model: getattr(stats, field, None) for model, stats in current.items()}
+            values = {model: value for model, value in values.items() if value is not None}
+            if not values:
+                continue
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-            for model, stats in current.items():
-                lines.append(f'{name}{{model="{_label(model)}"}} {getattr(stats, field)}')
+            for model, value in values.items():
+                lines.append(f'{name}{{model="{_label(model)}"}} {value}')
         return lines

@@ -219,3 +219,38 @@ def earliest_input(layers: Iterable[nn.Module], index: int) -> int:
 
 
 _STREAMED = (CausalConv1d, CausalConvTranspose1d, CausalResidualUnit, CausalDecoderBlock)
+
+
+def decode_tail(layers: Iterable[nn.Module], z: torch.Tensor, keep: int) -> torch.Tensor:
+    """The last ``keep`` output samples of ``run_layers(layers, z, None)``, each layer run only
+    over the positions those samples depend on (:func:`earliest_input`).
+
+    A causal decoder's output at ``t`` depends on no input after ``t``, and on nothing before
+    :func:`earliest_input` of ``t``: cropping each layer's input to what the kept samples need
+    drops work, not information (the first generation's streaming re-decodes three patches to
+    keep the last one's samples: two thirds of that decode is thrown away). The kept samples
+    are the same sums over the same values; convolutions over fewer positions may group them
+    differently, so they can differ from the whole decode by float rounding.
+    """
+    flat: list[nn.Module] = []
+    for layer in layers:
+        flat.extend(layer.block if isinstance(layer, CausalDecoderBlock) else [layer])
+    if any(isinstance(layer, NoiseBlock) for layer in flat):
+        raise ValueError("decode_tail: noise blocks draw per position; decode whole")
+    total = z.size(-1)
+    for layer in flat:
+        if isinstance(layer, CausalConvTranspose1d):
+            total *= layer.stride[0]
+    target = total - keep
+    x, offset = z, 0  # offset: the full-decode position of x[..., 0] at this layer's input
+    for index, layer in enumerate(flat):
+        start = max(earliest_input(flat[index:], target), 0)
+        if start > offset:
+            x, offset = x[..., start - offset:], start
+        if isinstance(layer, _STREAMED):
+            x = layer(x, None)
+        else:
+            x = layer(x)
+        if isinstance(layer, CausalConvTranspose1d):
+            offset *= layer.stride[0]
+    return x[..., target - offset:]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mizuoto_voxcpm.audiovae.base import AudioVAEBase
-from mizuoto_voxcpm.audiovae.blocks import decoder_input_layers, run_layers
+from mizuoto_voxcpm.audiovae.blocks import decode_tail, decoder_input_layers, run_layers
 from mizuoto_voxcpm.audiovae.causal import CausalStreamState
 from mizuoto_voxcpm.audiovae.config import AudioVAEConfig
 
@@ -51,3 +51,8 @@ class AudioVAE(AudioVAEBase):
         VoxCPM-0.5B/1.5 never stream this way upstream: they re-decode the last patches.
         """
         return self.decoder(latents, stream)
+
+    def decode_tail(self, latents: torch.Tensor, samples: int) -> torch.Tensor:
+        """The last ``samples`` of :meth:`decode`, computing only what they depend on
+        (:func:`~mizuoto_voxcpm.audiovae.blocks.decode_tail`; equal up to float rounding)."""
+        return decode_tail(self.decoder.model, latents, samples)
