@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -151,8 +152,8 @@ class _EchoBackbone(nn.Module):
         self.scale = nn.Parameter(torch.ones(()))
         self.calls = []
 
-    def clear_cache(self):
-        pass
+    def own_text_cache(self):
+        return contextlib.nullcontext()
 
     def forward(self, x, cond, text, time, mask=None, cfg_infer=False, cache=False, **kwargs):
         self.calls.append(dict(x=x.shape, cond=cond, time=time, mask=mask, cfg=cfg_infer))

@@ -85,6 +85,20 @@ class TestBackbones:
         model.clear_cache()
         assert torch.equal(plain, first) and torch.equal(first, again)
 
+    def test_a_nested_run_has_its_own_text_cache(self, cls, extra):
+        model = self._model(cls, extra)
+        x, cond = torch.randn(1, 9, 100), torch.randn(1, 9, 100)
+        outer_text, inner_text = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])
+        with torch.no_grad(), model.own_text_cache():
+            model(x, cond, outer_text, torch.tensor(0.2), cfg_infer=True, cache=True)
+            outer = dict(model._text_cache)
+            with model.own_text_cache():
+                assert model._text_cache == {}
+                model(x, cond, inner_text, torch.tensor(0.2), cfg_infer=True, cache=True)
+            assert model._text_cache.keys() == outer.keys()
+            assert all(model._text_cache[k] is outer[k] for k in outer)
+        assert model._text_cache == {}  # as before the outer run
+
     def test_padding_frames_are_zeroed_in_attention(self, cls, extra):
         model = self._model(cls, extra)
         x, cond = torch.randn(2, 10, 100), torch.randn(2, 10, 100)

@@ -10,6 +10,7 @@ once per request, as ``F5TTS.infer`` seeds the global one.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from mizuoto.options import Options
 from mizuoto.runtime.placement import Placement, place
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
+from mizuoto_f5tts.compute_lock import ComputeLock
 from mizuoto_f5tts.duration import check_positions, chunk_durations
 from mizuoto_f5tts.joining import join_chunks
 from mizuoto_f5tts.settings import F5Options, F5Params
@@ -57,6 +59,11 @@ class F5Engine(Engine):
     params_class = F5Params
     options_class = F5Options
     compute_options = Engine.compute_options | {"oom_fallback", "compile"}
+    # a request's state is its generator (made per call) and its place in its text chunks (a
+    # local loop); the weights are only read. The one thing a sampler run keeps in the model,
+    # the backbone's text-embedding cache, lasts that run only, and runs are taken one at a
+    # time under the compute lock (a run nested in a progress callback gets its own cache).
+    concurrent_requests = True
 
     def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo,
                  placement: Placement) -> None:
@@ -64,8 +71,15 @@ class F5Engine(Engine):
         self.vocab = vocab
         self.vocoder = vocoder
         self._info = info
-        self._resamplers: dict[tuple[int, int], torch.nn.Module] = {}
         self.placement = placement
+        # Held per text chunk (one sampler run and its vocoding), so that two long requests
+        # take turns chunk by chunk. Not per request: a short request would wait for a whole
+        # long text. Not lock-free either: on a CPU a chunk's matrix products (~1,000 rows)
+        # are compute-bound, so two chunks at once only split the cores and both finish late.
+        # On any device it also keeps the backbone's text cache (in the model) to one run.
+        # Progress callbacks run under it; it is re-entrant, so a callback may call the engine
+        # (a callback that waits for another thread's request on this engine would deadlock).
+        self._compute = ComputeLock()
 
     # -- loading --------------------------------------------------------------------------
 
@@ -130,19 +144,16 @@ class F5Engine(Engine):
 
     # -- references and voices ------------------------------------------------------------
 
-    def _resample(self, audio: torch.Tensor, rate: int, new_rate: int) -> torch.Tensor:
-        # torchaudio.transforms.Resample as upstream builds it: float64 kernel cast to float32
-        from mizuoto.nn.dsp.resample import SincResampler
-
-        if (rate, new_rate) not in self._resamplers:
-            self._resamplers[rate, new_rate] = SincResampler(rate, new_rate)
-        return self._resamplers[rate, new_rate](audio)
+    @staticmethod
+    def _resample(audio: torch.Tensor, rate: int, new_rate: int) -> torch.Tensor:
+        return _resampler(rate, new_rate)(audio)
 
     def _build_voice(self, reference_: Reference) -> Voice:
         """A saved voice: the reference prepared as upstream prepares it (clipped, trimmed,
         padded, at its own rate) and its transcript. Loudness and resampling are applied when
         it is used, so a voice speaks exactly like its reference with any ``target_rms``."""
-        waveform, rate = reference.prepare_pcm(reference_.audio)
+        with self._compute:  # the silence search and trimming are CPU work too: one turn
+            waveform, rate = reference.prepare_pcm(reference_.audio)
         text = reference.prepare_reference_text(reference_.text)
         return Voice(engine=self.name, model_fingerprint=self.info.fingerprint,
                      sample_rate=rate, tensors={"waveform": waveform.contiguous()},
@@ -178,7 +189,8 @@ class F5Engine(Engine):
         warnings: list[str] = []
         fallbacks: list[str] = []
 
-        prepared = self._reference_for(request, params, warnings)
+        with self._compute:  # reference preparation (silences, resampling): one turn
+            prepared = self._reference_for(request, params, warnings)
         max_bytes = max_chunk_bytes(prepared.text, prepared.source_samples,
                                     prepared.source_rate, params.speed)
         chunks = chunk_text(request.text, max_bytes)
@@ -199,15 +211,16 @@ class F5Engine(Engine):
         for index, (chunk, tokens, frames) in enumerate(
                 zip(chunks, token_batches, durations, strict=True)):
             report(progress, "chunk", index, len(chunks), chunk)
-            mel, _ = self.model.sample(
-                cond, tokens, frames, steps=steps, cfg_strength=guidance,
-                sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
-                method=params.method, generator=generator, on_step=_on_step(progress))
             stage = f" (chunk {index + 1} of {len(chunks)})" if len(chunks) > 1 else ""
-            check_finite(mel, f"f5tts sampler{stage}")
-            mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
-            wave = vocode(self.vocoder, mel, tiled=params.tiled_decode,
-                          oom_fallback=self.placement.oom_fallback, fallbacks=fallbacks)
+            with self._compute:  # one turn per chunk; other requests' chunks go in between
+                mel, _ = self.model.sample(
+                    cond, tokens, frames, steps=steps, cfg_strength=guidance,
+                    sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
+                    method=params.method, generator=generator, on_step=_on_step(progress))
+                check_finite(mel, f"f5tts sampler{stage}")
+                mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
+                wave = vocode(self.vocoder, mel, tiled=params.tiled_decode,
+                              oom_fallback=self.placement.oom_fallback, fallbacks=fallbacks)
             check_finite(wave, f"f5tts vocoder{stage}")
             if prepared.raised:
                 wave = wave * prepared.rms / params.target_rms
@@ -260,28 +273,39 @@ class F5Engine(Engine):
             waveform, rate = source.samples[None], source.sample_rate
         else:
             waveform, rate = read_audio(source, field="reference.audio")
-        # upstream's speech_edit reads the recording as it is (torchaudio.load): no clipping
-        audio, rms = reference.condition_audio(waveform, rate, params.target_rms, self._resample)
-        original_mel = self.model.mel_spec(audio.to(self.model.device)).permute(0, 2, 1)
-        plan = editing.plan_edit(original_mel, request.segments, params.edit_durations)
         tokens = token_ids(to_tokens(request.text), self.vocab)[None]
-        check_positions(self.model.transformer, tokens.shape[-1], plan.frames, plan.frames,
-                        "the edited recording")
-        mel, _ = self.model.sample(
-            plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
-            sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
-            method=params.method, generator=generator, edit_mask=plan.edit_mask,
-            on_step=_on_step(progress))
-        check_finite(mel, "f5tts sampler")
-        wave = vocode(self.vocoder, mel.to(torch.float32).permute(0, 2, 1),
-                      tiled=params.tiled_decode, oom_fallback=self.placement.oom_fallback,
-                      fallbacks=fallbacks)
+        with self._compute:  # an edit is one sampler run: one turn
+            # upstream's speech_edit reads the recording as it is (torchaudio.load): no clipping
+            audio, rms = reference.condition_audio(waveform, rate, params.target_rms,
+                                                   self._resample)
+            original_mel = self.model.mel_spec(audio.to(self.model.device)).permute(0, 2, 1)
+            plan = editing.plan_edit(original_mel, request.segments, params.edit_durations)
+            check_positions(self.model.transformer, tokens.shape[-1], plan.frames, plan.frames,
+                            "the edited recording")
+            mel, _ = self.model.sample(
+                plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
+                sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
+                method=params.method, generator=generator, edit_mask=plan.edit_mask,
+                on_step=_on_step(progress))
+            check_finite(mel, "f5tts sampler")
+            wave = vocode(self.vocoder, mel.to(torch.float32).permute(0, 2, 1),
+                          tiled=params.tiled_decode, oom_fallback=self.placement.oom_fallback,
+                          fallbacks=fallbacks)
         check_finite(wave, "f5tts vocoder")
         if rms < params.target_rms:
             wave = wave * rms / params.target_rms
         return Rendered(Audio(wave.squeeze(0).cpu(), SAMPLE_RATE),
                         sampler=_sampler(steps, guidance, params), fallbacks=fallbacks,
                         extra={"segments": [list(s) for s in request.segments]})
+
+
+@functools.lru_cache(maxsize=16)
+def _resampler(rate: int, new_rate: int) -> torch.nn.Module:
+    """torchaudio.transforms.Resample as upstream builds it (float64 kernel cast to float32),
+    made once per pair of rates and shared by every request: its forward only reads it."""
+    from mizuoto.nn.dsp.resample import SincResampler
+
+    return SincResampler(rate, new_rate)
 
 
 def _sampler(steps: int, guidance: float, params: F5Params) -> dict:

@@ -180,8 +180,9 @@ class ConditionalFlowMatching(nn.Module):
         t = time_grid(steps, use_epss=use_epss, sway_sampling_coef=sway_sampling_coef,
                       device=self.device, dtype=step_cond.dtype)
 
-        self.transformer.clear_cache()
-        try:
+        # the backbone caches the text embedding in itself for this run only (callers keep
+        # two threads' runs apart; a run nested in on_step gets its own cache)
+        with self.transformer.own_text_cache():
             result = odeint_fixed(
                 velocity,
                 y0,
@@ -190,8 +191,6 @@ class ConditionalFlowMatching(nn.Module):
                 keep_trajectory=keep_trajectory,
                 on_step=None if on_step is None else lambda j, _t, _y: on_step(j, len(t) - 1),
             )
-        finally:
-            self.transformer.clear_cache()
         trajectory = result if keep_trajectory else None
         sampled = result[-1] if keep_trajectory else result
         return torch.where(cond_mask, cond, sampled), trajectory

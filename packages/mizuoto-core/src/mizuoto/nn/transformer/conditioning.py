@@ -3,6 +3,9 @@ cached across ODE steps, and classifier-free guidance as one batch of two."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -16,6 +19,18 @@ class TextConditionedBackbone(nn.Module):
 
     def clear_cache(self) -> None:
         self.__dict__["_text_cache"] = {}
+
+    @contextlib.contextmanager
+    def own_text_cache(self) -> Iterator[None]:
+        """One sampler run's text cache: empty at the start, and the cache before it back at
+        the end. A run nested in another's progress callback (same thread) then neither
+        reads nor clears the outer run's text."""
+        outer = self._text_cache
+        self.clear_cache()
+        try:
+            yield
+        finally:
+            self.__dict__["_text_cache"] = outer
 
     def _input_embed(
         self,

@@ -9,7 +9,7 @@ cfg_infer=False, cache=False) -> (b, n, mel_dim)`` (``(2b, n, mel_dim)`` with ``
 conditional half, then the half without audio condition and text). ``x`` and ``cond`` are
 ``(b, n, mel_dim)``, ``text`` ``(b, nt)`` ids with -1 padding, ``time`` ``(b,)`` or a scalar,
 ``mask`` ``(b, n)`` True = valid. With ``cache`` the text embedding is computed once and reused
-until `clear_cache()` (the sampler does this per call).
+until `clear_cache()`; the sampler gives each run its own (`own_text_cache()`).
 """
 
 from __future__ import annotations
