@@ -230,3 +230,39 @@ def test_decoding_only_the_newest_patch_matches_the_whole_window(model_dirs, nam
                 tail = vae.decode_tail(latents, keep)
                 assert tail.shape == whole.shape
                 torch.testing.assert_close(tail, whole, rtol=0, atol=1e-6)
+
+
+def test_distinct_prompts_admitted_together_are_prefilled_in_one_pass(model_dirs):
+    single = _load(model_dirs["v2"])
+    batched = _load(model_dirs["v2"], max_batch=4)
+    requests = _requests(4)  # four texts: four prompts
+    together = _in_threads(batched, requests)
+    stats = batched.batcher.stats
+    assert stats.prefills == 4 and stats.prefills_shared == 0
+    for request, chunks in zip(requests, together, strict=True):
+        alone = _alone(single, request)
+        assert [c.is_last for c in chunks] == [c.is_last for c in alone]
+        assert _snr(_joined(alone), _joined(chunks)) > 40
+
+
+@pytest.mark.parametrize("name", ["v1", "v2"])
+def test_a_packed_prefill_is_each_prompt_prefilled_alone(model_dirs, name):
+    """Prompts packed along the positions attend within themselves, from position 0: each
+    one's states and keys/values are its own prefill's (up to the products' rounding)."""
+    engine = _load(model_dirs[name])
+    sequences = [engine._sequence(engine._target_text(text, None, engine.parse_params({})),
+                                  None) for text in TEXTS]
+    model = engine.model
+    with torch.inference_mode():
+        alone = [model.prefill_states(s.tokens, s.text_mask, s.feats.to(model.dtype),
+                                      s.feat_mask) for s in sequences]
+        packed = model.prefill_packed(sequences)
+    for one, other, sequence in zip(alone, packed, sequences, strict=True):
+        torch.testing.assert_close(other.lm_hidden, one.lm_hidden, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(other.residual_hidden, one.residual_hidden, rtol=1e-4,
+                                   atol=1e-5)
+        for (k1, v1), (k2, v2) in zip(one.lm_pairs + one.residual_pairs,
+                                      other.lm_pairs + other.residual_pairs, strict=True):
+            assert k2.size(2) == sequence.tokens.size(1)
+            torch.testing.assert_close(k2, k1, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(v2, v1, rtol=1e-4, atol=1e-5)

@@ -4,7 +4,8 @@ On a CPU one VoxCPM patch is thousands of small matrix products whose cost is re
 weights; ``b`` sequences read them once. A request queues to join; the next step admits every
 queued request there is room for (prefills first, so that requests arriving together start
 together; one prefill serves every queued or recent request with the same prompt, see
-:class:`PrefillMemo`) and then samples a patch for each row that has room for one: the LM step
+:class:`PrefillMemo`, and the distinct prompts admitted together are prefilled in one packed
+pass, :meth:`~mizuoto_voxcpm.model.VoxCPMModel.prefill_packed`) and then samples a patch for each row that has room for one: the LM step
 for the row's previous patch (local encoder and both LMs, deferred to here as on the CPU alone:
 a patch is handed on before the LMs step), the DiT's guided Euler steps and the stop head, all
 as ``b``-row batches. Each row keeps its own generator (its noise is drawn alone, in its
@@ -55,6 +56,8 @@ PREFILL_MEMO_SIZE = 8
 #: are admitted in one step and get their first patches from one batched step
 ARRIVAL_QUIET = 0.02
 ARRIVAL_WAIT = 0.1
+#: the most prompts packed into one prefill pass
+PACKED_PREFILLS = 16
 
 
 @attrs.define(eq=False)
@@ -327,35 +330,64 @@ class PatchBatcher:
 
     @torch.inference_mode()
     def _admit(self, rows: list[_Row]) -> None:
-        """Prefill ``rows`` (one prefill per distinct prompt) into their slots."""
+        """Prefill ``rows`` into their slots: one prefill per distinct prompt (the memo's when
+        it has it); the prompts not in the memo, when several, packed into one pass."""
         model = self.model
-        device = model.device
+        by_prompt: dict[bytes, list[_Row]] = {}
         for row in rows:
-            sequence = row.sequence
-            key = self.memo.key(sequence)
-            feats = sequence.feats.to(device).to(model.dtype)
-            try:
-                prefilled = self.memo.get(key)
-                if prefilled is None:
-                    started = time.perf_counter()
-                    prefilled = model.prefill_states(
-                        sequence.tokens.to(device), sequence.text_mask.to(device), feats,
-                        sequence.feat_mask.to(device))
-                    self.memo.put(key, prefilled)
-                    self.stats.prefills += 1
-                    self.stats.prefill_seconds += time.perf_counter() - started
-                else:
-                    self.stats.prefills_shared += 1
-                prefilled.fill(row.slot)
-            except CacheFull as exc:
-                row.error = InvalidRequest("text", str(exc),
-                                           "shorten the text or the prompt audio")
-                continue
-            except BaseException as exc:
-                row.error = exc
-                continue
-            row.buffers = PatchBuffers.allocate(model)
-            row.buffers.start(prefilled.lm_hidden, prefilled.residual_hidden, feats[:, -1])
+            by_prompt.setdefault(self.memo.key(row.sequence), []).append(row)
+        prefills: dict[bytes, Prefilled] = {}
+        missing = []
+        for key, group in by_prompt.items():
+            found = self.memo.get(key)
+            if found is not None:
+                prefills[key] = found
+                self.stats.prefills_shared += len(group)
+            elif group[0].sequence.tokens.size(1) > model.config.max_length:
+                for row in group:  # refused by its slot below, kept out of the pass
+                    self._start(row, None)
+            else:
+                missing.append(key)
+                self.stats.prefills_shared += len(group) - 1
+        started = time.perf_counter()
+        try:
+            if len(missing) == 1:
+                # alone: the single-prompt prefill, exactly; kept for later requests
+                sequence = by_prompt[missing[0]][0].sequence
+                prefills[missing[0]] = prefilled = model.prefill_states(
+                    *_on_device(model, sequence))
+                self.memo.put(missing[0], prefilled)
+            elif missing:
+                # not kept: a packed prefill's bits may differ from the prompt's alone
+                for start in range(0, len(missing), PACKED_PREFILLS):
+                    keys = missing[start:start + PACKED_PREFILLS]
+                    packed = model.prefill_packed([by_prompt[key][0].sequence for key in keys])
+                    prefills.update(zip(keys, packed, strict=True))
+        except BaseException as exc:
+            for key in missing:
+                for row in by_prompt[key]:
+                    row.error = exc
+            return
+        self.stats.prefills += len(missing)
+        self.stats.prefill_seconds += time.perf_counter() - started
+        for key, prefilled in prefills.items():
+            for row in by_prompt[key]:
+                self._start(row, prefilled)
+
+    def _start(self, row: _Row, prefilled: Prefilled | None) -> None:
+        """Fill ``row``'s slot from ``prefilled`` (None: the prompt is too long for it)."""
+        try:
+            if prefilled is None:
+                raise CacheFull(f"the prompt is {row.sequence.tokens.size(1)} positions long "
+                                f"but the model's context (max_length) holds "
+                                f"{self.model.config.max_length}")
+            prefilled.fill(row.slot)
+        except CacheFull as exc:
+            row.error = InvalidRequest("text", str(exc), "shorten the text or the prompt audio")
+            return
+        row.buffers = PatchBuffers.allocate(self.model)
+        feats = row.sequence.feats.to(self.model.device).to(self.model.dtype)
+        row.buffers.start(prefilled.lm_hidden, prefilled.residual_hidden, feats[:, -1])
 
     @torch.inference_mode()
     def _step(self, rows: list[_Row]) -> None:
@@ -428,6 +460,13 @@ class PatchBatcher:
                 with self._state:
                     row.undecoded.append((patch, last))
                     row.ended = last
+
+
+def _on_device(model: VoxCPMModel, sequence: PromptSequence) -> tuple[torch.Tensor, ...]:
+    """``prefill_states``' arguments: the sequence's tensors on the model's device."""
+    device = model.device
+    return (sequence.tokens.to(device), sequence.text_mask.to(device),
+            sequence.feats.to(device).to(model.dtype), sequence.feat_mask.to(device))
 
 
 def round_robin(streams: Iterable[Iterable]) -> list[list]:

@@ -204,12 +204,26 @@ class Attention(nn.Module):
             q, k = apply_rope(q, k, *rope)
         return q, k, v
 
-    def forward(self, hidden: torch.Tensor, rope, causal: bool
+    def forward(self, hidden: torch.Tensor, rope, causal: bool,
+                segments: tuple[int, ...] | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """``segments``: the lengths of the sequences packed along ``hidden``'s positions
+        (each attends within itself only), or None for one sequence."""
         batch, length, _ = hidden.shape
         q, k, v = self._project(hidden, length, rope)
-        out = F.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(),
-                                             is_causal=causal, enable_gqa=True)
+        if segments is None:
+            out = F.scaled_dot_product_attention(q.contiguous(), k.contiguous(),
+                                                 v.contiguous(), is_causal=causal,
+                                                 enable_gqa=True)
+        else:
+            outs, start = [], 0
+            for size in segments:
+                end = start + size
+                outs.append(F.scaled_dot_product_attention(
+                    q[:, :, start:end].contiguous(), k[:, :, start:end].contiguous(),
+                    v[:, :, start:end].contiguous(), is_causal=causal, enable_gqa=True))
+                start = end
+            out = torch.cat(outs, dim=2)
         out = out.transpose(1, 2).contiguous().reshape(batch, length, -1)
         return self.o_proj(out), (k, v)
 
@@ -286,8 +300,9 @@ class DecoderLayer(nn.Module):
             return residual + update
         return residual + update * self.residual_scale
 
-    def forward(self, hidden: torch.Tensor, rope, causal: bool):
-        update, kv = self.self_attn(self.input_layernorm(hidden), rope, causal)
+    def forward(self, hidden: torch.Tensor, rope, causal: bool,
+                segments: tuple[int, ...] | None = None):
+        update, kv = self.self_attn(self.input_layernorm(hidden), rope, causal, segments)
         hidden = self._add(hidden, update)
         hidden = self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
         return hidden, kv
@@ -322,16 +337,24 @@ class MiniCPM4(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope_emb = None if config.no_rope else LongRoPE(config)
 
-    def forward(self, embeds: torch.Tensor, *, causal: bool = True
+    def forward(self, embeds: torch.Tensor, *, causal: bool = True,
+                segments: tuple[int, ...] | None = None
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Run a whole sequence; return the normed hidden states and each layer's keys/values."""
+        """Run a whole sequence; return the normed hidden states and each layer's keys/values.
+
+        ``segments``: several sequences packed one after another along the positions, of
+        these lengths: each has its own positions from 0 and attends within itself only, so
+        the matrix products run once for all of them (a batched prefill)."""
         rope = None
         if self.rope_emb is not None:
-            rope = self.rope_emb(torch.arange(embeds.size(1), device=embeds.device))
+            device = embeds.device
+            positions = torch.arange(embeds.size(1), device=device) if segments is None else \
+                torch.cat([torch.arange(size, device=device) for size in segments])
+            rope = self.rope_emb(positions)
         hidden = embeds
         pairs = []
         for layer in self.layers:
-            hidden, kv = layer(hidden, rope, causal)
+            hidden, kv = layer(hidden, rope, causal, segments)
             pairs.append(kv)
         return self.norm(hidden), pairs
 
