@@ -5,8 +5,9 @@
 
 For each dtype and batch size ``b``: ``b`` streams of sentences of mixed lengths (seeds differ)
 are consumed round-robin in one thread by an engine loaded with ``engines.voxcpm.max_batch=b``,
-so they join one by one and then step together; each is compared with the same stream from an
-engine that generates alone (``max_batch=1``). Reports per row: bit-identical or not, max |diff|
+so they join one by one and then step together (``--threads``: each on its own thread, started
+together, so they are admitted together and their prompts prefilled in one packed pass); each
+is compared with the same stream from an engine that generates alone (``max_batch=1``). Reports per row: bit-identical or not, max |diff|
 over the common length, SNR (dB) of the batched audio against the alone audio, and the number
 of patches each produced (a moved stop patch changes the length). One CPU thread.
 """
@@ -17,6 +18,7 @@ import argparse
 import json
 import math
 import sys
+import threading
 import time
 
 import torch
@@ -60,6 +62,24 @@ def compare(alone: torch.Tensor, batched: torch.Tensor) -> dict:
             "snr_db": snr}
 
 
+def _in_threads(engine, requests) -> list[list]:
+    """Each request streamed on its own thread, all started together, as a server's
+    listeners: they are admitted together (their prefills packed into one pass)."""
+    results: list = [None] * len(requests)
+    start = threading.Barrier(len(requests))
+
+    def listen(index: int) -> None:
+        start.wait()
+        results[index] = list(engine.stream(requests[index]))
+
+    threads = [threading.Thread(target=listen, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
@@ -67,6 +87,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="1,2,4,8")
     parser.add_argument("--max-len", type=int, default=12)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--threads", action="store_true",
+                        help="each stream on its own thread, started together (as a server's "
+                             "listeners: prefills packed) instead of round-robin in one thread")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -81,8 +104,12 @@ def main(argv=None) -> int:
         for size in sizes:
             engine = _load(args.model_dir, dtype, size)
             started = time.perf_counter()
-            batched = [[c.audio.samples for c in chunks] for chunks in
-                       round_robin([engine.stream(r) for r in requests[:size]])]
+            if args.threads:
+                batched = [[c.audio.samples for c in chunks] for chunks in
+                           _in_threads(engine, requests[:size])]
+            else:
+                batched = [[c.audio.samples for c in chunks] for chunks in
+                           round_robin([engine.stream(r) for r in requests[:size]])]
             seconds = time.perf_counter() - started
             stats = engine.batcher.stats if engine.batcher is not None else None
             for index in range(size):
@@ -93,7 +120,8 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
             if stats is not None:
                 print(f"# {dtype} b={size}: {stats.steps} steps, mean batch "
-                      f"{stats.rows / max(stats.steps, 1):.2f}, {seconds:.2f} s", flush=True)
+                      f"{stats.rows / max(stats.steps, 1):.2f}, {stats.prefills} prefills, "
+                      f"{seconds:.2f} s", flush=True)
             del engine
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
