@@ -246,6 +246,8 @@ def _batching_main(args) -> None:
                 if max_batch == 1 and streams == 1:
                     unbatched[1] = single
                     continue
+                if max_batch == 1 and args.batched_only:
+                    continue
                 row = _batching_level(root, args, max_batch, streams, sentences)
                 if max_batch == 1:
                     unbatched[streams] = row
@@ -277,6 +279,9 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="--batching: the batched "
                         "server's --max-batch")
     parser.add_argument("--dtype", default="bfloat16", help="--batching: engines.voxcpm.dtype")
+    parser.add_argument("--batched-only", action="store_true",
+                        help="--batching: of the unbatched server, only one stream (the "
+                             "reference); the unbatched levels take most of the run")
     parser.add_argument("--sentences", default="same,distinct",
                         help="--batching: the streams speak one sentence (same), each its own "
                              "(distinct), or both in turn")

@@ -1,16 +1,18 @@
 """Continuous batching: the open streams of one model advance together, patch by patch.
 
 On a CPU one VoxCPM patch is thousands of small matrix products whose cost is reading the
-weights; ``b`` sequences read them once. A request queues to join; the next step admits every
-queued request there is room for (prefills first, so that requests arriving together start
-together; one prefill serves every queued or recent request with the same prompt, see
-:class:`PrefillMemo`, and the distinct prompts admitted together are prefilled in one packed
-pass, :meth:`~mizuoto_voxcpm.model.VoxCPMModel.prefill_packed`) and then samples a patch for each row that has room for one: the LM step
-for the row's previous patch (local encoder and both LMs, deferred to here as on the CPU alone:
-a patch is handed on before the LMs step), the DiT's guided Euler steps and the stop head, all
-as ``b``-row batches. Each row keeps its own generator (its noise is drawn alone, in its
-order), buffers, cache slot, position and decoder state, so rows join and leave at any patch
-boundary and a slot is free again as soon as its row stops or its stream is closed.
+weights; ``b`` sequences read them once. A request joins the queue (:meth:`PatchBatcher.join`;
+:meth:`PatchBatcher.arriving` while it takes its slot and builds its prompt); the next step
+waits briefly for the requests arriving together and admits every queued request there is
+room for, prefills first (one prefill serves every queued or recent request with the same
+prompt, see :class:`PrefillMemo`; the distinct prompts admitted together are prefilled in one
+packed pass, :meth:`~mizuoto_voxcpm.model.VoxCPMModel.prefill_packed`). Then it samples a patch
+for each row that has room for one: the LM step for the row's previous patch (local encoder
+and both LMs, deferred to here as on the CPU alone: a patch is handed on before the LMs step),
+the DiT's guided Euler steps and the stop head, all as ``b``-row batches. Each row keeps its
+own generator (its noise is drawn alone, in its order), buffers, cache slot, position and
+decoder state, so rows join and leave at any patch boundary and a slot is free again as soon
+as its row stops or its stream is closed (:meth:`PatchBatcher.leave`).
 
 Two kinds of work, each done by one thread at a time, by whichever listener's thread needs it:
 a *step* (above) and a *decode* (each row's sampled patches to audio, first-generation windows
@@ -34,6 +36,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import attrs
 import torch
@@ -172,6 +175,7 @@ class PatchBatcher:
         self._stepping = False
         self._decoding = False
         self._last_arrival = 0.0
+        self._arriving = 0  # requests on their way to join (see arriving)
         self._decoding_first = False  # a decode of some row's first patch is running
 
     @property
@@ -179,27 +183,54 @@ class PatchBatcher:
         """Requests in the batch now (admitted, not yet ended and taken)."""
         return len(self._rows)
 
-    def stream(self, sequence: PromptSequence, sampling: Sampling, *,
-               generator: torch.Generator, slot: CacheSlot, decoder: StreamDecoder
-               ) -> Iterator[tuple[torch.Tensor, bool]]:
-        """Each new patch's audio segment of this request (``decoder``'s output), with whether
-        it is the last: what :func:`~mizuoto_voxcpm.generation.generate_patches` and the
-        decoder give alone, each patch sampled in a batched step with the other open
-        requests'. Queued to join when first asked for a segment."""
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """A request on its way to :meth:`join` (taking its cache slot, building its prompt):
+        a step that admits requests waits for it too, at most ``ARRIVAL_WAIT``."""
+        with self._state:
+            self._arriving += 1
+            self._last_arrival = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._state:
+                self._arriving -= 1
+                self._state.notify_all()
+
+    def join(self, sequence: PromptSequence, sampling: Sampling, *,
+             generator: torch.Generator, slot: CacheSlot, decoder: StreamDecoder) -> _Row:
+        """Queue a request to be admitted; :meth:`segments` gives its audio, :meth:`leave`
+        takes it out (always call it: it is what frees the row before its slot goes back)."""
         row = _Row(sequence=sequence, sampling=sampling, generator=generator, slot=slot,
                    decoder=decoder)
         with self._state:
             self._queue.append(row)
             self._last_arrival = time.monotonic()
             self._state.notify_all()
-        try:
-            while True:
-                segment, last = self._next(row)
-                yield segment, last
-                if last:
-                    return
-        finally:
-            self._leave(row)
+        return row
+
+    def segments(self, row: _Row) -> Iterator[tuple[torch.Tensor, bool]]:
+        """Each new patch's audio segment of ``row`` (its decoder's output), with whether it is
+        the last: what :func:`~mizuoto_voxcpm.generation.generate_patches` and the decoder
+        give alone, each patch sampled in a batched step with the other open requests'."""
+        while True:
+            segment, last = self._next(row)
+            yield segment, last
+            if last:
+                return
+
+    def leave(self, row: _Row) -> None:
+        """Take ``row`` out as soon as no step or decode is using it (its slot can go back to
+        the pool after this)."""
+        with self._state:
+            row.left = True
+            while row.busy:
+                self._state.wait()
+            if row in self._queue:
+                self._queue.remove(row)
+            if row in self._rows:
+                self._rows.remove(row)
+            self._state.notify_all()
 
     # -- who does what --------------------------------------------------------------------
 
@@ -271,14 +302,15 @@ class PatchBatcher:
         return job
 
     def _await_arrivals(self) -> None:
-        """(Under ``_state``.) Wait for the requests arriving now to be queued too."""
+        """(Under ``_state``.) Wait for the requests arriving now to be queued too: until none
+        is on its way and none has arrived for ``ARRIVAL_QUIET``, at most ``ARRIVAL_WAIT``."""
         deadline = time.monotonic() + ARRIVAL_WAIT
         while True:
             now = time.monotonic()
             quiet_at = self._last_arrival + ARRIVAL_QUIET
-            if now >= quiet_at or now >= deadline:
+            if (now >= quiet_at and not self._arriving) or now >= deadline:
                 return
-            self._state.wait(min(quiet_at, deadline) - now)
+            self._state.wait(min(quiet_at if not self._arriving else deadline, deadline) - now)
 
     def _run_decode(self) -> Callable[[], None]:
         self._decoding = True
@@ -312,19 +344,6 @@ class PatchBatcher:
                 self._state.notify_all()
 
         return job
-
-    def _leave(self, row: _Row) -> None:
-        """Take ``row`` out as soon as no step or decode is using it (its slot goes back to the
-        pool after this)."""
-        with self._state:
-            row.left = True
-            while row.busy:
-                self._state.wait()
-            if row in self._queue:
-                self._queue.remove(row)
-            if row in self._rows:
-                self._rows.remove(row)
-            self._state.notify_all()
 
     # -- the work -------------------------------------------------------------------------
 

@@ -119,7 +119,7 @@ class VoxCPMEngine(Engine):
         # streams only: a synthesize call runs whole under the compute lock, alone
         self._batcher = PatchBatcher(model, vae, max_batch) if max_batch > 1 else None
         if self._batcher is not None:
-            self._pool.reserve()
+            self._pool.reserve(max_batch)
         self._compute = threading.RLock()
 
     # -- loading ------------------------------------------------------------------------
@@ -447,34 +447,40 @@ class VoxCPMEngine(Engine):
                                       and chunk_index == len(plan.chunks) - 1)
 
     def _batched_patches(self, plan: _Plan, progress) -> Iterator[Rendered]:
-        """:meth:`_patches` through the batcher: each text chunk joins the batch, in a slot
-        taken under the engine's lock (a LoRA cannot change while a stream holds one)."""
+        """:meth:`_patches` through the batcher: each text chunk joins the batch in a slot of
+        its own. The slot is taken (and allocated, the first time) outside the engine's lock,
+        so that listeners arriving together do not take turns; then the lock is passed once, so
+        that a LoRA being set now is in place before this stream's prefill (``set_lora``
+        refuses while any slot is held). The slot goes back as the stream ends or is closed."""
         v2 = self.config.is_v2
         index = 0
         for chunk_index, target in enumerate(plan.chunks):
-            with self._compute:
+            with self._batcher.arriving():
                 run = self._chunk_run(plan, chunk_index, target)
                 slot = self._pool.acquire()
-            try:
-                context = context_latents(run.sequence, v2=v2, device=self.model.device,
-                                          dtype=self.model.dtype)
-                decoder = StreamDecoder(self.vae, context=context, v2=v2,
-                                        patch_size=self.config.patch_size)
-                segments = self._batcher.stream(
-                    run.sequence, run.sampling, slot=slot, decoder=decoder,
-                    generator=sampling_generator(self.model, run.seed))
                 try:
-                    for segment, last_patch in segments:
-                        index += 1
-                        report(progress, "sampling", index, None)
-                        yield self._chunk(plan, segment, index, last_patch
-                                          and chunk_index == len(plan.chunks) - 1)
-                finally:
-                    segments.close()  # out of the batch before the slot goes back
-                    decoder.close()
-            finally:
-                with self._compute:
+                    with self._compute:
+                        pass
+                    context = context_latents(run.sequence, v2=v2, device=self.model.device,
+                                              dtype=self.model.dtype)
+                    decoder = StreamDecoder(self.vae, context=context, v2=v2,
+                                            patch_size=self.config.patch_size)
+                    row = self._batcher.join(run.sequence, run.sampling, slot=slot,
+                                             decoder=decoder,
+                                             generator=sampling_generator(self.model, run.seed))
+                except BaseException:
                     self._pool.release(slot)
+                    raise
+            try:
+                for segment, last_patch in self._batcher.segments(row):
+                    index += 1
+                    report(progress, "sampling", index, None)
+                    yield self._chunk(plan, segment, index, last_patch
+                                      and chunk_index == len(plan.chunks) - 1)
+            finally:
+                self._batcher.leave(row)  # out of the batch before the slot goes back
+                decoder.close()
+                self._pool.release(slot)
 
     def _chunk(self, plan: _Plan, segment: torch.Tensor, patches: int, last: bool) -> Rendered:
         audio = Audio(segment, self.info.sample_rate)
