@@ -18,14 +18,13 @@ import argparse
 import json
 import math
 import sys
-import threading
 import time
 
 import torch
 
 import mizuoto
 from mizuoto import ComputeOptions, Options, SynthesisRequest
-from mizuoto_voxcpm.batching import round_robin
+from mizuoto_voxcpm.batching import listen_together, round_robin
 
 SENTENCES = (
     "Hello there.",
@@ -62,24 +61,6 @@ def compare(alone: torch.Tensor, batched: torch.Tensor) -> dict:
             "snr_db": snr}
 
 
-def _in_threads(engine, requests) -> list[list]:
-    """Each request streamed on its own thread, all started together, as a server's
-    listeners: they are admitted together (their prefills packed into one pass)."""
-    results: list = [None] * len(requests)
-    start = threading.Barrier(len(requests))
-
-    def listen(index: int) -> None:
-        start.wait()
-        results[index] = list(engine.stream(requests[index]))
-
-    threads = [threading.Thread(target=listen, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
@@ -105,8 +86,9 @@ def main(argv=None) -> int:
             engine = _load(args.model_dir, dtype, size)
             started = time.perf_counter()
             if args.threads:
-                batched = [[c.audio.samples for c in chunks] for chunks in
-                           _in_threads(engine, requests[:size])]
+                opens = [lambda r=r, e=engine: e.stream(r) for r in requests[:size]]
+                batched = [[c.audio.samples for c in chunks]
+                           for chunks in listen_together(opens)]
             else:
                 batched = [[c.audio.samples for c in chunks] for chunks in
                            round_robin([engine.stream(r) for r in requests[:size]])]

@@ -20,7 +20,7 @@ import torch
 
 from mizuoto import ComputeOptions, Options, SynthesisRequest
 from mizuoto.errors import EngineBusy, InvalidOption
-from mizuoto_voxcpm.batching import round_robin
+from mizuoto_voxcpm.batching import listen_together, round_robin
 from mizuoto_voxcpm.decoding import V1_STREAM_WINDOW
 from mizuoto_voxcpm.engine import VoxCPMEngine
 from mizuoto_voxcpm.fixtures import write_random_model
@@ -140,25 +140,7 @@ def test_pool_and_batch_sizes_are_checked(model_dirs, key, value):
 
 def _in_threads(engine, requests) -> list[list]:
     """Each request streamed on its own thread, all started together (a server's listeners)."""
-    results: list = [None] * len(requests)
-    errors: list = []
-    start = threading.Barrier(len(requests))
-
-    def listen(index: int) -> None:
-        try:
-            start.wait()
-            results[index] = list(engine.stream(requests[index]))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=listen, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a listener hung"
-    assert not errors, errors
-    return results
+    return listen_together([lambda r=r: engine.stream(r) for r in requests], timeout=120)
 
 
 @pytest.mark.parametrize("name", ["v1", "v2", "v1.5", "noisy"])

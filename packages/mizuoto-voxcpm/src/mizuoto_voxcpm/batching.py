@@ -505,4 +505,35 @@ def round_robin(streams: Iterable[Iterable]) -> list[list]:
     return items
 
 
+def listen_together(streams: Iterable[Callable[[], Iterable]], *,
+                    timeout: float | None = None) -> list[list]:
+    """Consume each stream (``streams``: callables that open one) on its own thread, all
+    started together, as a server's listeners connecting at once: a batching engine admits
+    them in one step. Each stream's items in order; the first error of any is raised, and
+    ``TimeoutError`` when a listener is still going after ``timeout`` seconds."""
+    opens = list(streams)
+    results: list = [None] * len(opens)
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(opens))
+
+    def listen(index: int) -> None:
+        try:
+            start.wait()
+            results[index] = list(opens[index]())
+        except BaseException as exc:  # raised in the caller's thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=listen, args=(i,), daemon=True)
+               for i in range(len(opens))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if any(thread.is_alive() for thread in threads):
+        raise TimeoutError(f"a listener was still streaming after {timeout} s")
+    if errors:
+        raise errors[0]
+    return results
+
+
 _END = object()
