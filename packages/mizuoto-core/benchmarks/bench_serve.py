@@ -22,7 +22,7 @@ real-size random-init VoxCPM-0.5B written by ``mizuoto random-model voxcpm/reals
 (VmHWM) is its own, warmed up with another sentence (no measured prompt is prefilled before it
 is sent). Reports aggregate audio seconds per second (also against the unbatched server at the
 same streams), TTFA p50/p95 and peak RSS, each also relative to one stream on the unbatched
-server:
+server; with ``--repeat N``, the medians of N runs of each level, each on a fresh server:
 
     python packages/mizuoto-core/benchmarks/bench_serve.py --batching DIR --dtype bfloat16 \
         --streams 1,4,8,16 --max-batch 8 --vox-patches 24
@@ -225,6 +225,23 @@ def _batching_level(root: Path, args, max_batch: int, streams: int, sentences: s
             "load": os.getloadavg()[0]}
 
 
+def _batching_median(root: Path, args, max_batch: int, streams: int, sentences: str) -> dict:
+    """:func:`_batching_level` ``--repeat`` times, each on a fresh server: the medians (a
+    two-core machine's timings move by a third from one run to the next)."""
+    runs = [_batching_level(root, args, max_batch, streams, sentences)
+            for _ in range(args.repeat)]
+    if len(runs) > 1:
+        print(f"  --max-batch {max_batch}, {streams} streams ({sentences}): p95 "
+              + ", ".join(f"{r['p95']:.2f}" for r in runs) + " s; audio s / s "
+              + ", ".join(f"{r['audio_per_s']:.3f}" for r in runs), file=sys.stderr)
+    row = dict(runs[0])
+    for key in ("audio_per_s", "p50", "p95", "wall", "rss", "load"):
+        row[key] = statistics.median(r[key] for r in runs)
+    row["errors"] = sum(r["errors"] for r in runs)
+    row["first_error"] = next((r["first_error"] for r in runs if r["first_error"]), "")
+    return row
+
+
 def _batching_main(args) -> None:
     root = args.dir or Path(tempfile.mkdtemp(prefix="mizuoto-bench-batch-"))
     (root / "voices").mkdir(parents=True, exist_ok=True)
@@ -237,7 +254,7 @@ def _batching_main(args) -> None:
           "| load avg |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     # the reference: one stream on the unbatched server (the same for both sentence sets)
-    single = _batching_level(root, args, 1, 1, "same")
+    single = _batching_median(root, args, 1, 1, "same")
     _print_level(single, single, single)
     for sentences in args.sentences.split(","):
         unbatched = {}
@@ -248,7 +265,7 @@ def _batching_main(args) -> None:
                     continue
                 if max_batch == 1 and args.batched_only:
                     continue
-                row = _batching_level(root, args, max_batch, streams, sentences)
+                row = _batching_median(root, args, max_batch, streams, sentences)
                 if max_batch == 1:
                     unbatched[streams] = row
                 _print_level(row, single, unbatched.get(streams))
@@ -282,6 +299,9 @@ def main() -> None:
     parser.add_argument("--batched-only", action="store_true",
                         help="--batching: of the unbatched server, only one stream (the "
                              "reference); the unbatched levels take most of the run")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="--batching: runs of each level, each on a fresh server; the "
+                             "table gives their medians")
     parser.add_argument("--sentences", default="same,distinct",
                         help="--batching: the streams speak one sentence (same), each its own "
                              "(distinct), or both in turn")

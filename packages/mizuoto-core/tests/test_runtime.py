@@ -19,7 +19,7 @@ from mizuoto.runtime.checkpoint import (
 )
 from mizuoto.runtime.device import describe, half_precision_or_float32, select_device, select_dtype
 from mizuoto.runtime.seeds import keyed_generator
-from mizuoto.runtime.threads import apply_cpu_threads
+from mizuoto.runtime.threads import apply_cpu_threads, thread_intra_op_threads
 from mizuoto.runtime.weight_norm import fold_weight_norm
 
 # --- device and dtype ---------------------------------------------------------------------
@@ -62,6 +62,40 @@ def test_apply_cpu_threads_sets_and_reports():
         assert apply_cpu_threads(ComputeOptions(cpu_threads=1)) == 1
         assert torch.get_num_threads() == 1
         assert apply_cpu_threads(ComputeOptions()) == 1  # None leaves it alone
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif("OpenMP" not in torch.__config__.parallel_info(),
+                    reason="torch's intra-op threads are not OpenMP's in this build")
+def test_thread_intra_op_threads_widens_this_thread_only():
+    import threading
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    seen = {}
+
+    def other(started: threading.Event, done: threading.Event) -> None:
+        started.set()
+        done.wait(10)
+        seen["other"] = torch.get_num_threads()
+
+    try:
+        started, done = threading.Event(), threading.Event()
+        thread = threading.Thread(target=other, args=(started, done))
+        thread.start()
+        started.wait(10)
+        with thread_intra_op_threads(3) as count:
+            seen["inside"] = (count, torch.get_num_threads())
+            done.set()
+            thread.join(10)
+            # the arithmetic torch parallelises runs (and gives the same result here)
+            x = torch.arange(1 << 16, dtype=torch.float32)
+            assert torch.equal(x * 2, x + x)
+        assert seen == {"inside": (3, 3), "other": 1}
+        assert torch.get_num_threads() == 1  # put back
+        with thread_intra_op_threads(1) as count:  # already so: nothing to do
+            assert count == 1
     finally:
         torch.set_num_threads(before)
 

@@ -13,6 +13,7 @@ other bits when more rows are present.
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import pytest
@@ -151,6 +152,10 @@ def test_listeners_on_threads_step_together_and_end_where_they_end_alone(model_d
     together = _in_threads(batched, requests)
     stats = batched.batcher.stats
     assert stats.rows > stats.steps, "no step had more than one row"
+    if min(2 * torch.get_num_threads(), len(os.sched_getaffinity(0))) > torch.get_num_threads():
+        # the first patches at least: stepped and decoded on both kinds' threads
+        assert stats.wide_steps >= 1
+        assert stats.wide_decodes >= (0 if name == "noisy" else 1)  # noisy: in the step
     assert stats.rows == sum(len(chunks) for chunks in together)
     for request, chunks in zip(requests, together, strict=True):
         alone = _alone(single, request)

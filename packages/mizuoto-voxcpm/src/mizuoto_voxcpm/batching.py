@@ -18,9 +18,11 @@ Two kinds of work, each done by one thread at a time, by whichever listener's th
 a *step* (above) and a *decode* (each row's sampled patches to audio, first-generation windows
 of one length in one VAE call: :func:`~mizuoto_voxcpm.decoding.decode_segments`). They run
 at once on two threads, so on a two-core CPU the VAE of one step's patches runs beside the
-next step. A row may run ``AHEAD`` patches ahead of its listener. A VAE with noise blocks draws
-from the row's generator between two patches: its patches are decoded in the step, row by row,
-right after they are sampled, so each row's draws keep the order they have alone.
+next step. When one kind has nothing to do (the first step after an admission, the decode of
+first patches: the batch's first audio), the other runs on both kinds' intra-op threads
+(``WIDE_ROWS``). A row may run ``AHEAD`` patches ahead of its listener. A VAE with noise blocks
+draws from the row's generator between two patches: its patches are decoded in the step, row
+by row, right after they are sampled, so each row's draws keep the order they have alone.
 
 What can differ from a row's audio alone are the bits of the batched matrix products and VAE
 convolutions (see docs/performance.md, "Batched VoxCPM generation"): the engine turns batching
@@ -32,6 +34,7 @@ and is bit-identical to the unbatched stream.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -42,6 +45,7 @@ import attrs
 import torch
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.threads import thread_intra_op_threads
 from mizuoto_voxcpm.audiovae.blocks import NoiseBlock, noise_drawn_from
 from mizuoto_voxcpm.cache_pool import CacheSlot
 from mizuoto_voxcpm.decoding import StreamDecoder, decode_segments
@@ -61,6 +65,11 @@ ARRIVAL_QUIET = 0.02
 ARRIVAL_WAIT = 0.1
 #: the most prompts packed into one prefill pass
 PACKED_PREFILLS = 16
+#: a step or a decode of at least this many rows, run while the other kind of work has none
+#: to do, runs on twice the intra-op threads (those of both kinds): the first patches of
+#: requests admitted together are the batch's critical path, and nothing else runs beside
+#: them. A row alone is never widened: it stays bit-identical to the unbatched stream.
+WIDE_ROWS = 2
 
 
 @attrs.define(eq=False)
@@ -112,6 +121,9 @@ class BatchStats:
     decodes: int = 0  # VAE calls
     decoded: int = 0  # patches decoded
     decode_seconds: float = 0.0
+    wide_steps: int = 0  # steps run on both kinds' threads (WIDE_ROWS)
+    wide_decodes: int = 0
+    wide_prefills: int = 0
 
     def record(self, size: int, seconds: float) -> None:
         self.steps += 1
@@ -284,14 +296,18 @@ class PatchBatcher:
                     del self._queue[:len(admitted)]
                     for row in admitted:
                         row.busy = True
-                self._admit(admitted)
+                    # (as for the step below)
+                    wide = not self._decoding and not any(r.undecoded for r in self._rows)
+                self._admit(admitted, wide=wide)
                 with self._state:
                     self._rows.extend(r for r in admitted if r.error is None and not r.left)
                     rows = [r for r in self._rows if r.needs_patch]
                     for r in rows:
                         r.busy = True
+                    # no decode running or to run: none can start before this step's patches
+                    wide = not self._decoding and not any(r.undecoded for r in self._rows)
                 if rows:
-                    self._step(rows)
+                    self._step(rows, wide=wide)
             finally:
                 with self._state:
                     for r in admitted + rows:
@@ -317,40 +333,65 @@ class PatchBatcher:
         rows = [r for r in self._rows if r.undecoded]
         work = [(r, r.undecoded.popleft()) for r in rows]
         self._decoding_first = any(r.decoded == 0 for r in rows)
+        # no step running or able to start before it ends (a first patch's decode holds
+        # steps back)
+        wide = self._decoding_first and not self._stepping
         for r in rows:
             r.busy = True
+
+        def decode(part: list) -> None:
+            try:
+                segments = decode_segments([r.decoder for r, _ in part],
+                                           [patch for _, (patch, _) in part])
+            except BaseException as exc:
+                with self._state:
+                    for r, _ in part:
+                        r.error = exc
+                return
+            with self._state:
+                for (r, (_, last)), segment in zip(part, segments, strict=True):
+                    r.segments.append((segment, last))
+                    r.decoded += 1
 
         def job() -> None:
             started = time.perf_counter()
             try:
-                segments = decode_segments([r.decoder for r, _ in work],
-                                           [patch for _, (patch, _) in work])
+                with self._widened(wide and len(work) >= WIDE_ROWS) as widened:
+                    decode(work)
                 self.stats.decodes += 1
+                self.stats.wide_decodes += widened
                 self.stats.decoded += len(work)
                 self.stats.decode_seconds += time.perf_counter() - started
-            except BaseException as exc:
+            finally:
                 with self._state:
-                    for r, _ in work:
-                        r.error = exc
-                segments = None
-            with self._state:
-                if segments is not None:
-                    for (r, (_, last)), segment in zip(work, segments, strict=True):
-                        r.segments.append((segment, last))
-                        r.decoded += 1
-                for r in rows:
-                    r.busy = False
-                self._decoding = self._decoding_first = False
-                self._state.notify_all()
+                    for r in rows:
+                        r.busy = False
+                    self._decoding = self._decoding_first = False
+                    self._state.notify_all()
 
         return job
+
+    @contextmanager
+    def _widened(self, wide: bool) -> Iterator[bool]:
+        """When ``wide``, this thread's work on twice its intra-op threads (those of the step
+        or decode that is not running beside it); yields whether it was widened."""
+        if not wide:
+            yield False
+            return
+        threads = torch.get_num_threads()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        with thread_intra_op_threads(min(2 * threads, max(cores, threads))) as count:
+            yield count > threads
 
     # -- the work -------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _admit(self, rows: list[_Row]) -> None:
+    def _admit(self, rows: list[_Row], *, wide: bool = False) -> None:
         """Prefill ``rows`` into their slots: one prefill per distinct prompt (the memo's when
-        it has it); the prompts not in the memo, when several, packed into one pass."""
+        it has it); the prompts not in the memo, when several, packed into one pass; when
+        ``wide`` and several rows are admitted, on twice the intra-op threads (then not kept
+        in the memo, whose prefills are each prompt's alone, exactly)."""
         model = self.model
         by_prompt: dict[bytes, list[_Row]] = {}
         for row in rows:
@@ -370,18 +411,22 @@ class PatchBatcher:
                 self.stats.prefills_shared += len(group) - 1
         started = time.perf_counter()
         try:
-            if len(missing) == 1:
-                # alone: the single-prompt prefill, exactly; kept for later requests
-                sequence = by_prompt[missing[0]][0].sequence
-                prefills[missing[0]] = prefilled = model.prefill_states(
-                    *_on_device(model, sequence))
-                self.memo.put(missing[0], prefilled)
-            elif missing:
-                # not kept: a packed prefill's bits may differ from the prompt's alone
-                for start in range(0, len(missing), PACKED_PREFILLS):
-                    keys = missing[start:start + PACKED_PREFILLS]
-                    packed = model.prefill_packed([by_prompt[key][0].sequence for key in keys])
-                    prefills.update(zip(keys, packed, strict=True))
+            with self._widened(wide and len(rows) >= WIDE_ROWS) as widened:
+                if len(missing) == 1:
+                    # alone: the single-prompt prefill, exactly; kept for later requests
+                    sequence = by_prompt[missing[0]][0].sequence
+                    prefills[missing[0]] = prefilled = model.prefill_states(
+                        *_on_device(model, sequence))
+                    if not widened:
+                        self.memo.put(missing[0], prefilled)
+                elif missing:
+                    # not kept: a packed prefill's bits may differ from the prompt's alone
+                    for start in range(0, len(missing), PACKED_PREFILLS):
+                        keys = missing[start:start + PACKED_PREFILLS]
+                        packed = model.prefill_packed(
+                            [by_prompt[key][0].sequence for key in keys])
+                        prefills.update(zip(keys, packed, strict=True))
+            self.stats.wide_prefills += widened and bool(missing)
         except BaseException as exc:
             for key in missing:
                 for row in by_prompt[key]:
@@ -408,22 +453,29 @@ class PatchBatcher:
         feats = row.sequence.feats.to(self.model.device).to(self.model.dtype)
         row.buffers.start(prefilled.lm_hidden, prefilled.residual_hidden, feats[:, -1])
 
-    @torch.inference_mode()
-    def _step(self, rows: list[_Row]) -> None:
+    def _step(self, rows: list[_Row], *, wide: bool = False) -> None:
+        """One patch for each of ``rows``, in one batch per sampler setting (``wide``: on
+        twice the intra-op threads, see ``WIDE_ROWS``)."""
         started = time.perf_counter()
         groups: dict[tuple[int, float], list[_Row]] = {}
         for row in rows:
             groups.setdefault(row.key, []).append(row)
         for group in groups.values():
-            try:
-                self._advance([r for r in group if r.pending is not None])
-                self._sample(group)
-            except BaseException as exc:
-                # the group's generators and caches moved on together: none can go on
-                with self._state:
-                    for row in group:
-                        row.error = exc
+            with self._widened(wide and len(group) >= WIDE_ROWS) as widened:
+                self._step_group(group)
+            self.stats.wide_steps += widened
         self.stats.record(len(rows), time.perf_counter() - started)
+
+    @torch.inference_mode()
+    def _step_group(self, rows: list[_Row]) -> None:
+        try:
+            self._advance([r for r in rows if r.pending is not None])
+            self._sample(rows)
+        except BaseException as exc:
+            # the rows' generators and caches moved on together: none can go on
+            with self._state:
+                for row in rows:
+                    row.error = exc
 
     def _advance(self, rows: list[_Row]) -> None:
         """Feed each row's previous patch to both LMs (the LM step alone runs after the patch

@@ -136,6 +136,9 @@ class KVCache:
                                   device=device, dtype=dtype)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.length = 0
+        # positions below this may hold keys and values (steps past ``length`` that were
+        # rewound, an earlier request's); from here on the tensor is zeros
+        self._written = 0
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.tensor[0, index], self.tensor[1, index]
@@ -148,7 +151,12 @@ class KVCache:
                             f"(max_length) holds {self.max_length}")
         self.length = length
         self.position.fill_(length)
-        self.tensor.zero_()
+        # the masked positions must be zeros, as in a new cache (what attention reads there is
+        # multiplied by zero weights, but not a NaN left by an earlier request): only those
+        # written since they last were are zeroed, not the whole slot (62 MB at real size)
+        if self._written > length:
+            self.tensor[:, :, :, :, length:self._written].zero_()
+        self._written = length
         for index, (key, value) in enumerate(pairs):
             self.tensor[0, index, :, :, :length] = key
             self.tensor[1, index, :, :, :length] = value
@@ -163,6 +171,7 @@ class KVCache:
             raise CacheFull(f"the model's context (max_length {self.max_length}) is full")
         position = self.length
         self.length += 1
+        self._written = max(self._written, self.length)
         return position
 
     def rewind(self) -> None:

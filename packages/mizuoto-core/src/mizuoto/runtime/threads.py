@@ -15,6 +15,8 @@ import ctypes
 import functools
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 
@@ -63,6 +65,48 @@ def openmp_binding() -> str | None:
     except (OSError, AttributeError):
         return None
     return _BINDINGS.get(bind)
+
+
+@contextmanager
+def thread_intra_op_threads(count: int) -> Iterator[int]:
+    """For the block, this thread's torch ops run on ``count`` intra-op threads; other threads'
+    count is unchanged. Yields the count in effect: unchanged where torch's threads are not
+    OpenMP's (this is OpenMP's per-thread ``omp_set_num_threads``, which
+    ``torch.set_num_threads`` would make every new thread's default too).
+
+    Only OpenMP-parallel work widens (oneDNN's, so bfloat16 matrix products, and torch's own
+    element-wise and convolution loops); MKL's float32 matrix products keep the count torch
+    gave them.
+    """
+    import torch
+
+    before = torch.get_num_threads()  # also runs torch's setup of this thread's count first
+    runtime = _openmp_runtime()
+    if runtime is None or count == before:
+        yield before
+        return
+    runtime.omp_set_num_threads(count)
+    try:
+        yield count
+    finally:
+        runtime.omp_set_num_threads(before)
+
+
+@functools.cache
+def _openmp_runtime() -> ctypes.CDLL | None:
+    """torch's OpenMP runtime, when its intra-op threads are OpenMP's."""
+    import torch
+
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    library = _openmp_library(Path(torch.__file__).parent)
+    try:
+        runtime = ctypes.CDLL(library) if library else None
+        if runtime is not None:
+            runtime.omp_set_num_threads.argtypes = [ctypes.c_int]
+        return runtime
+    except (OSError, AttributeError):
+        return None
 
 
 def _openmp_library(torch_dir: Path, maps: str | Path = "/proc/self/maps") -> str | None:
