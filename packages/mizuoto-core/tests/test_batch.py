@@ -193,6 +193,46 @@ def tone_model(no_plugins, tmp_path):
     return tmp_path / "model"
 
 
+@pytest.mark.parametrize("param", ["gain=nan", "gain=-1", "volume=2"])
+def test_a_bad_param_for_every_line_is_refused_before_any_line(no_plugins, tmp_path, param):
+    """``--param`` applies to every line: a value the engine's params_class refuses is
+    refused at once, naming it (it used to fail every line, exit code 5), and so is one the
+    model directory's defaults file would make bad."""
+    import math
+    import types
+
+    import attrs
+
+    from mizuoto import registry
+
+    @attrs.frozen
+    class GainParams:
+        gain: float = attrs.field(default=0.2, converter=float)
+
+        @gain.validator
+        def _finite_and_positive(self, attribute, value):
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"must be a finite number above 0, got {value}")
+
+    class GainEngine(ToneEngine):
+        name = "gain"
+        params_class = GainParams
+
+    module = types.ModuleType("gain_plugin")
+    module.register_engines = mizuoto.hookimpl(lambda register: register(GainEngine))
+    no_plugins.register(module, name="gain_plugin")
+    registry.clear_cache()
+    (tmp_path / "model").mkdir()
+    good = _write_jsonl(tmp_path / "good.jsonl", GOOD)
+    args = ["batch", "-e", "gain", "-m", str(tmp_path / "model"), "-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(cli, [*args, "--param", param, str(good)], obj={})
+    assert result.exit_code == 2, result.output
+    assert f"params.{param.split('=')[0]}" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out" / "manifest.jsonl").exists()  # no line was tried
+    result = CliRunner().invoke(cli, [*args, "--param", "gain=0.5", str(good)], obj={})
+    assert result.exit_code == 0, result.output
+
+
 def test_cli_batch_exit_code_says_whether_a_line_failed(tone_model, tmp_path):
     good = _write_jsonl(tmp_path / "good.jsonl", GOOD)
     args = ["batch", "-e", "tone", "-m", str(tone_model), "-o", str(tmp_path / "out")]

@@ -176,6 +176,31 @@ def test_a_model_that_fails_to_load_answers_503():
     assert caught.value.status == 503 and "vocab.txt" in caught.value.message
 
 
+@pytest.mark.parametrize("exc", [
+    errors.ModelFilesMissing("/srv/secret-dir/model-x", ["vocab.txt"]),
+    errors.CheckpointMismatch("/srv/secret-dir/model-x/model.safetensors", shapes=["a: (1,)"]),
+    errors.InvalidAudio("reference.audio", "/tmp/secret-dir/up.wav is unreadable"),
+    errors.NonFiniteAudio("C:\\secret-dir\\vocoder", 1, 0, 10),
+])
+def test_error_responses_name_files_not_where_the_server_keeps_them(exc):
+    """A model that fails to load, or any engine error, tells the client which file, never
+    the server's directories (the log keeps the whole message)."""
+    message = from_mizuoto(exc).message
+    assert "secret-dir" not in message and "/srv" not in message and "/tmp" not in message
+    assert any(name in message for name in ("vocab.txt", "model.safetensors", "up.wav",
+                                            "vocoder")), message
+
+    def fail():
+        raise exc
+
+    worker = ModelWorker("m", "/srv/secret-dir/model-x", load=fail, queue_size=1)
+    worker.start()
+    worker.loaded.wait(10)
+    with pytest.raises(APIError) as caught:
+        worker.submit_check()
+    assert "secret-dir" not in caught.value.message and "failed to load" in caught.value.message
+
+
 class _Weights:
     """An engine holding ``megabytes`` of float32 weights."""
 

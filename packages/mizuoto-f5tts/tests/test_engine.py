@@ -165,6 +165,11 @@ def test_edit_keeps_the_rest_of_the_recording(engine, ref):
     assert longer.audio.num_samples > result.audio.num_samples
     with pytest.raises(InvalidRequest, match="segments"):
         engine.edit(EditRequest(ref, "x", [(5.0, 6.0)], seed=2, steps=2))
+    # a segment may end past the recording (upstream regenerates it at its length, so the
+    # edit grows): past the model's positions, the error names the segment, not the text
+    with pytest.raises(InvalidRequest, match="0.3:99 ends past the recording's end") as info:
+        engine.edit(EditRequest(ref, "x", [(0.3, 99.0)], seed=2, steps=2))
+    assert info.value.field == "segments"
 
 
 def test_plugin_registers_engine_models_and_fixtures():

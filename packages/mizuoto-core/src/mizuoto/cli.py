@@ -595,7 +595,8 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
                             "cores: several batch workers would all share them; leave it off "
                             "with --workers or --ray")
     loader = ModelLoader(model, engine, options, workers=actors)
-    loader.check()  # the model is there and an engine loads it: exit 3 now, not in a worker
+    # the model is there, an engine loads it, --param suits it: exit 3 or 2 now, not per line
+    loader.check(defaults["params"])
     records = None
     if settings is not None:
         from mizuoto.batch.ray import ray_records

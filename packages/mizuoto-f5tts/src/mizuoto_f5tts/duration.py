@@ -36,8 +36,12 @@ def chunk_durations(ref_frames: int, prompt_text: str, chunks: list[str],
 MAX_DURATION = 65536
 
 
-def check_positions(backbone, text_len: int, cond_frames: int, duration: int, what: str) -> None:
-    """Refuse what upstream's DiT cannot run: more frames than its text position table."""
+def check_positions(backbone, text_len: int, cond_frames: int, duration: int, what: str, *,
+                    field: str = "text",
+                    fix: str = "shorten the text or the reference, or raise params.speed"
+                    ) -> None:
+    """Refuse what upstream's DiT cannot run: more frames than its text position table
+    (``field`` and ``fix`` name what the caller's request should change)."""
     from mizuoto.nn.transformer import DiT
 
     if not isinstance(backbone, DiT) or not backbone.text_embed.extra_modeling:
@@ -47,6 +51,5 @@ def check_positions(backbone, text_len: int, cond_frames: int, duration: int, wh
     if frames > limit:
         seconds = limit * HOP_LENGTH / SAMPLE_RATE
         raise InvalidRequest(
-            "text", f"{what} needs {frames} frames (reference included), more than the "
-            f"{limit} ({seconds:.1f} s) this model's text positions cover",
-            "shorten the text or the reference, or raise params.speed")
+            field, f"{what} needs {frames} frames (reference included), more than the "
+            f"{limit} ({seconds:.1f} s) this model's text positions cover", fix)

@@ -281,7 +281,9 @@ class F5Engine(Engine):
             original_mel = self.model.mel_spec(audio.to(self.model.device)).permute(0, 2, 1)
             plan = editing.plan_edit(original_mel, request.segments, params.edit_durations)
             check_positions(self.model.transformer, tokens.shape[-1], plan.frames, plan.frames,
-                            "the edited recording")
+                            "the edited recording", **_edit_too_long(
+                                request.segments, waveform.shape[-1] / rate,
+                                text_longer=tokens.shape[-1] >= plan.frames))
             mel, _ = self.model.sample(
                 plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
                 sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
@@ -318,3 +320,17 @@ def _on_step(progress: ProgressCallback | None):
     if progress is None:
         return None
     return lambda done, total: report(progress, "sampling", done, total)
+
+
+def _edit_too_long(segments, seconds: float, *, text_longer: bool) -> dict[str, str]:
+    """What to name when an edit is longer than the model's positions: the text when it is
+    what is long, else the segments (each is regenerated at its own length, as upstream's
+    speech_edit, so one that ends past the recording makes the edit longer than it)."""
+    if text_longer:
+        return {}
+    past = [f"{start:g}:{end:g}" for start, end in segments if end > seconds]
+    where = (f", and {', '.join(past)} ends past the recording's end at {seconds:.2f} s, "
+             "which lengthens the edit by the difference" if past else "")
+    return {"field": "segments",
+            "fix": "shorten the segments or params.edit_durations: each segment is "
+                   f"regenerated at its own length{where}"}

@@ -297,15 +297,22 @@ class ModelLoader:
     options: dict[str, Any] = attrs.field(factory=dict, converter=lambda o: _plain_options(o))
     workers: int = 1
 
-    def check(self) -> None:
+    def check(self, params: dict[str, Any] | None = None) -> None:
         """What loading checks first (the model is there, an engine loads it, the options
         suit it), in this process: before any worker starts, so that a missing model is exit
-        code 3 at once, not a broken worker pool later."""
+        code 3 at once, not a broken worker pool later. ``params`` (the params every line
+        gets, over the model directory's defaults) are checked against the engine's
+        ``params_class`` too, when it has one: a bad one would fail every line."""
+        from mizuoto.contracts.model_defaults import read_model_defaults
         from mizuoto.loading import resolve_engine
         from mizuoto.options import Options
+        from mizuoto.validation import parse_attrs
 
-        resolve_engine(self.model, engine=self.engine,
-                       options=Options.from_mapping(self.options))
+        engine_cls, resolved = resolve_engine(self.model, engine=self.engine,
+                                              options=Options.from_mapping(self.options))
+        if params and engine_cls.params_class is not None:
+            defaults = read_model_defaults(resolved.path, engine_cls.params_class)
+            parse_attrs(engine_cls.params_class, {**defaults, **params}, "params")
 
     def __call__(self, slot: int = 0) -> Engine:
         import mizuoto

@@ -3,7 +3,21 @@ the OpenAI SDK turns into its typed exceptions, mapped from Mizuoto's named erro
 
 from __future__ import annotations
 
+import re
+
 from mizuoto import errors
+
+# an absolute file path (POSIX or Windows), not a URL's: its last part is group 1
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/\\])(?:[A-Za-z]:\\|/)(?=[^\s'\"()<>:;,\\/])"
+                            r"(?:[^\s'\"()<>:;,\\/]+[\\/])*"
+                            r"([^\s'\"()<>:;,\\/]*)")
+
+
+def without_paths(message: str) -> str:
+    """``message`` with each absolute file path cut to its last part (``/srv/models/x/
+    vocab.txt`` -> ``vocab.txt``): a client learns which file, not where the server keeps its
+    models; the server's log has the whole message."""
+    return _ABSOLUTE_PATH.sub(lambda match: match.group(1) or "<path>", message)
 
 
 class APIError(Exception):
@@ -47,9 +61,16 @@ def from_mizuoto(exc: BaseException, *, param_prefix: str = "") -> APIError:
     """The response for an error an engine or a request raised.
 
     Request fields a client sent under the extension key are named as sent
-    (``mizuoto.params.speed``); fields the server derived are named as the request field."""
+    (``mizuoto.params.speed``); fields the server derived are named as the request field.
+    Messages carry no file paths of the server's (:func:`without_paths`)."""
     if isinstance(exc, APIError):
         return exc
+    response = _response(exc, param_prefix)
+    response.message = without_paths(response.message)
+    return response
+
+
+def _response(exc: BaseException, param_prefix: str) -> APIError:
     if isinstance(exc, errors.InvalidRequest):  # InvalidAudio included
         return bad_request(str(exc), param=_param(exc.field, param_prefix))
     if isinstance(exc, errors.VoiceMismatch):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from mizuoto.serve.batching import Lanes
-from mizuoto.serve.errors import APIError, from_mizuoto, unavailable
+from mizuoto.serve.errors import APIError, from_mizuoto, unavailable, without_paths
 
 log = logging.getLogger("mizuoto.serve")
 
@@ -159,8 +159,8 @@ class ModelWorker:
         if self.state == "loading" and not self.loaded.is_set():
             raise unavailable(f"model {self.name!r} is still loading", "model_loading")
         if self.state == "failed":
-            raise unavailable(f"model {self.name!r} failed to load: {self.error}",
-                              "model_unavailable", 60)
+            raise unavailable(f"model {self.name!r} failed to load: "
+                              f"{without_paths(str(self.error))}", "model_unavailable", 60)
         if self.state == "stopped":
             raise unavailable("the server is shutting down", "shutting_down")
 
