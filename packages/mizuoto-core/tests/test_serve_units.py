@@ -282,3 +282,21 @@ def test_aac_streams_in_adts_frames_that_join_into_the_whole_file():
         decoded = sum(frame.samples for frame in container.decode(audio=0))
     assert abs(decoded - samples.size) <= 2048
     assert StreamEncoder("aac", 22000).rate == 48000  # not an AAC rate: resampled
+
+
+def test_an_aac_stream_holds_only_what_it_has_not_handed_out():
+    """A long-form AAC export or an hours-long stream used to keep every byte it had
+    handed out (~345 MB for 12 hours): ADTS frames are written once, so they are dropped."""
+    import numpy as np
+
+    from mizuoto.audio_encoding import StreamEncoder, encode
+
+    second = (0.1 * np.sin(np.arange(24000) / 10)).astype(np.float32)
+    encoder = StreamEncoder("aac", 24000)
+    parts, held = [], []
+    for _ in range(60):
+        parts.append(encoder.feed(second))
+        held.append(len(encoder._sink.buffer))
+    parts.append(encoder.close())
+    assert b"".join(parts) == encode(np.tile(second, 60), 24000, "aac")
+    assert max(held) < 4096 < sum(map(len, parts)) / 10  # a few frames, not the file

@@ -58,24 +58,37 @@ class _Sink:
 
     libsndfile goes back at close to fill in headers (FLAC's STREAMINFO, MP3's Info frame):
     bytes already handed out cannot change, so a stream only hands out bytes from
-    ``hold_from`` on (see :class:`StreamEncoder`)."""
+    ``hold_from`` on (see :class:`StreamEncoder`). A writer that never goes back (PyAV's ADTS
+    muxer) gets ``keep_sent=False``: bytes handed out are dropped, so a stream of hours holds
+    only what is not yet handed out, not the whole file.
+    """
 
-    def __init__(self) -> None:
-        self.buffer = bytearray()
+    def __init__(self, *, keep_sent: bool = True) -> None:
+        self.buffer = bytearray()  # the file's bytes from offset ``start`` on
+        self.start = 0
         self.position = 0
         self.sent = 0
+        self._keep_sent = keep_sent
+
+    @property
+    def size(self) -> int:
+        """The file's length so far."""
+        return self.start + len(self.buffer)
 
     def write(self, data) -> int:
         data = bytes(data)
-        end = self.position + len(data)
+        if self.position < self.start:
+            raise OSError(f"cannot write at byte {self.position}: bytes before {self.start} "
+                          "were handed out and dropped")
+        begin, end = self.position - self.start, self.position - self.start + len(data)
         if end > len(self.buffer):
             self.buffer.extend(b"\0" * (end - len(self.buffer)))
-        self.buffer[self.position:end] = data
-        self.position = end
+        self.buffer[begin:end] = data
+        self.position += len(data)
         return len(data)
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.position, 2: len(self.buffer)}[whence]
+        base = {0: 0, 1: self.position, 2: self.size}[whence]
         self.position = base + offset
         return self.position
 
@@ -83,16 +96,20 @@ class _Sink:
         return self.position
 
     def read(self, size: int = -1) -> bytes:
-        end = len(self.buffer) if size < 0 else self.position + size
-        data = bytes(self.buffer[self.position:end])
-        self.position += len(data)
+        begin = max(self.position, self.start) - self.start
+        end = len(self.buffer) if size < 0 else begin + size
+        data = bytes(self.buffer[begin:end])
+        self.position = self.start + begin + len(data)
         return data
 
     def take(self, start: int = 0) -> bytes:
         """The bytes written since the last call, from offset ``start`` on."""
         begin = max(self.sent, start)
-        data = bytes(self.buffer[begin:])
-        self.sent = max(self.sent, len(self.buffer))
+        data = bytes(self.buffer[begin - self.start:])
+        self.sent = max(self.sent, self.size)
+        if not self._keep_sent:
+            del self.buffer[:self.sent - self.start]
+            self.start = self.sent
         return data
 
 
@@ -136,7 +153,7 @@ class _AacWriter:
         except ImportError:
             raise RuntimeError("AAC needs PyAV: pip install 'mizuoto-core[serve]'") from None
         self._av = av
-        self.sink = _Sink()
+        self.sink = _Sink(keep_sent=False)  # ADTS frames are written once, in order
         self._container = av.open(self.sink, "w", format="adts")
         self._stream = self._container.add_stream("aac", rate=rate)
         self._stream.layout = "mono"
@@ -223,7 +240,7 @@ class StreamEncoder:
             self._file.write(to_int16(samples) if self.format == "flac" else samples)
         if not self._streaming or not self._handed_out_early:
             return b""
-        if self.format == "mp3" and self._hold_from == 0 and len(self._sink.buffer) >= 4:
+        if self.format == "mp3" and self._hold_from == 0 and self._sink.size >= 4:
             # LAME's Info frame: a placeholder now, rewritten at close; a stream leaves it out
             self._hold_from = _mp3_frame_length(bytes(self._sink.buffer[:4]))
         if self.format == "mp3" and self._hold_from == 0:
