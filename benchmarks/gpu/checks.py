@@ -8,6 +8,10 @@ For each case, one ``mizuoto bench --json`` on CUDA, each configuration in its o
   bit for bit, ``compute.cuda_graphs=true`` must equal the base, ``compute.attention=fast`` must
   say so in ``applied.compute``; request times of each.
 - F5-TTS v1 Base (float16 on CUDA, as upstream picks) against upstream ``f5-tts``: identical.
+- VoxCPM continuous batching on CUDA (``batch_exactness.py --device cuda``, bfloat16, streams
+  on threads): a stream alone in the batcher must equal the unbatched stream bit for bit;
+  8 streams stepped together are reported (SNR against alone, patches moved) with their
+  throughput against 8 times one stream.
 - Training on CUDA against upstream's trainers, per step (the parity tests' own cases, run
   where both sides pick CUDA): F5 (tiny v1 Base under accelerate's ``mixed_precision`` fp16,
   its GradScaler, and bf16) and VoxCPM LoRA (tiny 0.5B, upstream's bf16 autocast + GradScaler).
@@ -43,6 +47,12 @@ CASES = [
 ]
 
 
+#: (name, fixture, batch sizes): continuous batching on CUDA (batch_exactness.py)
+BATCHING = [
+    ("voxcpm batching tiny-2", "voxcpm/tiny-2", "1,8"),
+    ("voxcpm batching realsize-0.5b", "voxcpm/realsize-0.5b", "1,8"),
+]
+
 #: (name, pytest node ids): training parity cases; on CUDA both sides train there
 TRAINING = [
     ("f5tts training fp16+bf16 (tiny v1)", [
@@ -63,6 +73,46 @@ def run_training(nodes: list[str], basetemp: Path) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     return {"returncode": done.returncode, "output": done.stdout[-4000:] + done.stderr[-2000:],
             "seconds": time.perf_counter() - started}
+
+
+def run_batching(fixture: str, sizes: str, root: Path) -> dict:
+    root.mkdir(parents=True, exist_ok=True)
+    model = root / fixture.replace("/", "_")
+    if not model.is_dir():
+        subprocess.run([sys.executable, "-m", "mizuoto", "-q", "random-model", fixture,
+                        str(model)], check=True)
+    out = root / f"{fixture.replace('/', '_')}-batching.json"
+    command = [sys.executable, "packages/mizuoto-voxcpm/benchmarks/batch_exactness.py",
+               str(model), "--device", "cuda", "--dtype", "bfloat16", "--sizes", sizes,
+               "--threads", "--max-len", "16", "--json", str(out)]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr[-4000:] or done.stdout[-4000:],
+                "seconds": time.perf_counter() - started}
+    return {"rows": json.loads(out.read_text()), "seconds": time.perf_counter() - started}
+
+
+def batching_checks(name: str, report: dict) -> list[tuple[str, bool, str]]:
+    """(check, passed, detail): the lone stream is exact; the batch's rows are reported."""
+    if "error" in report:
+        return [(f"{name}: ran", False, report["error"].strip().splitlines()[-1]
+                 if report["error"].strip() else "no output")]
+    rows = report["rows"]
+    lone = [r for r in rows if r["batch"] == 1]
+    batch = [r for r in rows if r["batch"] > 1]
+    results = [(f"{name}: a stream alone in the batcher equals the unbatched stream",
+                bool(lone) and all(r["identical"] for r in lone), "")]
+    if batch and lone:
+        size = batch[0]["batch"]
+        speedup = size * lone[0]["seconds"] / batch[0]["seconds"]
+        snr = sorted(r["snr_db"] for r in batch)
+        moved = sum(r["patches_alone"] != r["patches_batched"] for r in batch)
+        detail = (f"{size} streams: {speedup:.1f}x the throughput of one, SNR vs alone "
+                  f"{snr[0]:.1f}-{snr[-1]:.1f} dB, {sum(r['identical'] for r in batch)}/"
+                  f"{len(batch)} identical, {moved} stops moved")
+        results.append((f"{name}: {size} streams stepped together", True, detail))
+    return results
 
 
 def run_case(model: str, compares: list[str], upstream: bool, requests: int,
@@ -147,6 +197,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {name:24} {entry['name']:9} request {_median(entry, 'request_s')} s"
                   f"  warm {_median(entry, 'warm_request_s')} s"
                   f"  peak GPU {_median(entry, 'peak_gpu_mb')} MB", flush=True)
+        print(f"    ({report.get('seconds', 0):.0f} s)", flush=True)
+    for name, fixture, sizes in BATCHING:
+        if args.only and not any(part in name for part in args.only):
+            continue
+        report = run_batching(fixture, sizes, args.random_root / "batching")
+        reports[name] = report
+        for check, passed, detail in batching_checks(name, report):
+            results.append((check, passed))
+            print(f"{'PASS' if passed else 'FAIL'}: {check} {detail}", flush=True)
         print(f"    ({report.get('seconds', 0):.0f} s)", flush=True)
     for name, nodes in TRAINING:
         if args.only and not any(part in name for part in args.only):

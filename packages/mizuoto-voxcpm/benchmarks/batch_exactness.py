@@ -44,8 +44,8 @@ def _requests(count: int, max_len: int) -> list[SynthesisRequest]:
             for i in range(count)]
 
 
-def _load(model_dir: str, dtype: str, max_batch: int):
-    options = Options(compute=ComputeOptions(device="cpu", cpu_threads=1),
+def _load(model_dir: str, dtype: str, max_batch: int, device: str = "cpu"):
+    options = Options(compute=ComputeOptions(device=device, cpu_threads=1),
                       engines={"voxcpm": {"dtype": dtype, "max_batch": max_batch,
                                           "cache_slots": max(4, max_batch)}})
     return mizuoto.load(model_dir, options=options)
@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="1,2,4,8")
     parser.add_argument("--max-len", type=int, default=12)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cpu", help="where both engines run (cuda: the "
+                        "GPU check, benchmarks/gpu/checks.py)")
     parser.add_argument("--threads", action="store_true",
                         help="each stream on its own thread, started together (as a server's "
                              "listeners: prefills packed) instead of round-robin in one thread")
@@ -76,14 +78,14 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     report = []
     for dtype in args.dtype or ["float32", "bfloat16"]:
-        single = _load(args.model_dir, dtype, 1)
+        single = _load(args.model_dir, dtype, 1, args.device)
         requests = _requests(max(sizes), args.max_len)
         alone = []
         for request in requests:
             alone.append([c.audio.samples for c in single.stream(request)])
         del single
         for size in sizes:
-            engine = _load(args.model_dir, dtype, size)
+            engine = _load(args.model_dir, dtype, size, args.device)
             started = time.perf_counter()
             if args.threads:
                 opens = [lambda r=r, e=engine: e.stream(r) for r in requests[:size]]
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
             stats = engine.batcher.stats if engine.batcher is not None else None
             for index in range(size):
                 row = compare(torch.cat(alone[index]), torch.cat(batched[index]))
-                row.update(dtype=dtype, batch=size, row=index,
+                row.update(dtype=dtype, batch=size, row=index, seconds=seconds,
                            patches_alone=len(alone[index]), patches_batched=len(batched[index]))
                 report.append(row)
                 print(json.dumps(row), flush=True)
