@@ -68,6 +68,9 @@ ORACLE_REQUIREMENTS = [
     "packages/mizuoto-voxcpm/tests/parity/oracle-requirements.txt",
 ]
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+# pytest processes per suite (pytest-xdist): the tests run on one thread each (THREADS), so one
+# per core, at most 2 (CI's machine; more would multiply the tests' models in memory)
+TEST_WORKERS = int(os.environ.get("MIZUOTO_TEST_WORKERS", min(2, os.cpu_count() or 1)))
 
 
 def _install_base(session):
@@ -196,9 +199,12 @@ def parity(session):
     """Bit-exact parity against upstream f5-tts and voxcpm on random-init checkpoints."""
     _install_base(session)
     _install_oracles(session)
-    marker = "parity" if "--realsize" in session.posargs else "parity and not realsize"
+    realsize = "--realsize" in session.posargs
+    marker = "parity" if realsize else "parity and not realsize"
     session.posargs[:] = [a for a in session.posargs if a != "--realsize"]
-    _run_suites(session, marker, ["core", "f5tts", "voxcpm"])
+    # real-size models: one at a time (tens of GB of memory and disk each)
+    _run_suites(session, marker, ["core", "f5tts", "voxcpm"],
+                workers=1 if realsize else TEST_WORKERS)
 
 
 # Each distribution's tests run in their own pytest process: their test modules share basenames
@@ -225,8 +231,10 @@ FUZZ_SUITES = {
 }
 
 
-def _run_suites(session, marker: str, names=SUITES, suites=SUITES, env=THREADS) -> None:
-    """Run each suite, then print one closing line that totals them all."""
+def _run_suites(session, marker: str, names=SUITES, suites=SUITES, env=THREADS,
+                workers: int = TEST_WORKERS) -> None:
+    """Run each suite (on ``workers`` pytest processes), then print one closing line that
+    totals them all."""
     reports = []
     failed = []
     for name in names:
@@ -234,6 +242,7 @@ def _run_suites(session, marker: str, names=SUITES, suites=SUITES, env=THREADS) 
         reports.append(report)
         try:
             session.run("pytest", *suites[name], "-m", marker, "-p", "no:cacheprovider",
+                        *(["-n", str(workers)] if workers > 1 else []),
                         f"--junitxml={report}", *session.posargs, env=env)
         except nox.command.CommandFailed:
             failed.append(name)
