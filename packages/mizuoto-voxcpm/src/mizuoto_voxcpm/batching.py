@@ -189,6 +189,8 @@ class PatchBatcher:
         self._last_arrival = 0.0
         self._arriving = 0  # requests on their way to join (see arriving)
         self._decoding_first = False  # a decode of some row's first patch is running
+        self._cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)  # the most intra-op threads widened work takes (WIDE_ROWS)
 
     @property
     def active(self) -> int:
@@ -339,35 +341,30 @@ class PatchBatcher:
         for r in rows:
             r.busy = True
 
-        def decode(part: list) -> None:
-            try:
-                segments = decode_segments([r.decoder for r, _ in part],
-                                           [patch for _, (patch, _) in part])
-            except BaseException as exc:
-                with self._state:
-                    for r, _ in part:
-                        r.error = exc
-                return
-            with self._state:
-                for (r, (_, last)), segment in zip(part, segments, strict=True):
-                    r.segments.append((segment, last))
-                    r.decoded += 1
-
         def job() -> None:
             started = time.perf_counter()
             try:
                 with self._widened(wide and len(work) >= WIDE_ROWS) as widened:
-                    decode(work)
+                    segments = decode_segments([r.decoder for r, _ in work],
+                                               [patch for _, (patch, _) in work])
                 self.stats.decodes += 1
                 self.stats.wide_decodes += widened
                 self.stats.decoded += len(work)
                 self.stats.decode_seconds += time.perf_counter() - started
-            finally:
+            except BaseException as exc:
                 with self._state:
-                    for r in rows:
-                        r.busy = False
-                    self._decoding = self._decoding_first = False
-                    self._state.notify_all()
+                    for r, _ in work:
+                        r.error = exc
+                segments = None
+            with self._state:
+                if segments is not None:
+                    for (r, (_, last)), segment in zip(work, segments, strict=True):
+                        r.segments.append((segment, last))
+                        r.decoded += 1
+                for r in rows:
+                    r.busy = False
+                self._decoding = self._decoding_first = False
+                self._state.notify_all()
 
         return job
 
@@ -379,9 +376,7 @@ class PatchBatcher:
             yield False
             return
         threads = torch.get_num_threads()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-            (os.cpu_count() or 1)
-        with thread_intra_op_threads(min(2 * threads, max(cores, threads))) as count:
+        with thread_intra_op_threads(min(2 * threads, max(self._cores, threads))) as count:
             yield count > threads
 
     # -- the work -------------------------------------------------------------------------
