@@ -97,9 +97,20 @@ def cli(ctx, debug, quiet):
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
+#: What each hook gives a user, as `mizuoto plugins` lists it.
+_PLUGIN_FEATURES = {
+    "register_engines": "engines",
+    "register_trainers": "training (mizuoto train)",
+    "register_models": "catalog models (mizuoto models)",
+    "register_contract_fixtures": "random-init models (mizuoto random-model)",
+    "register_upstream_baselines": "upstream speed baselines (mizuoto bench)",
+    "register_commands": "commands",
+}
+
+
 @cli.command()
 def plugins():
-    """List installed plugins, their versions and the hooks they implement."""
+    """List installed plugins, their versions and what they provide."""
     from mizuoto.plugins import get_plugins
     from mizuoto.registry import engine_refs
 
@@ -112,7 +123,8 @@ def plugins():
         version = plugin["version"] or "?"
         dist = plugin["distribution"] or plugin["name"]
         click.echo(f"{plugin['name']}  ({dist} {version})")
-        click.echo(f"  hooks: {', '.join(plugin['hooks']) or '-'}")
+        features = [_PLUGIN_FEATURES.get(hook, hook) for hook in plugin["hooks"]]
+        click.echo(f"  provides: {', '.join(features) or '-'}")
         for error in plugin.get("errors", []):
             click.echo(f"  error: {error}")
     refs = engine_refs()  # the engines are not imported: listing them stays fast
@@ -336,15 +348,19 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     check_distinct(("--output", output), ("--save-voice", save_voice), *inputs)
     check_distinct(("--save-voice", save_voice), *inputs)
     # Validate the request before loading the model: a bad request fails in milliseconds.
-    request = SynthesisRequest(
-        text=_first_section(text_file) if long_form else _read_text(text, text_file),
-        reference=Reference(ref_audio, ref_text) if ref_audio else None,
-        voice=Voice.load(voice_file) if voice_file else None,
-        instruction=instruction, seed=seed, steps=steps, guidance=guidance, params=_params(params),
-    )
+    text_flag = {"text": "--text-file"} if text_file else {}
+    with _cli_names(**text_flag):
+        request = SynthesisRequest(
+            text=_first_section(text_file) if long_form else _read_text(text, text_file),
+            reference=Reference(ref_audio, ref_text) if ref_audio else None,
+            voice=Voice.load(voice_file) if voice_file else None,
+            instruction=instruction, seed=seed, steps=steps, guidance=guidance,
+            params=_params(params),
+        )
     options = _options_to_load(options_file, option_pairs)
-    with _progress(quiet) as progress:
-        tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
+    with _progress(quiet) as progress, _cli_names(**text_flag):
+        tts = mizuoto.load(model, engine=engine, options=options, progress=progress,
+                           request=request)
         if lora:
             if not hasattr(tts, "set_lora"):
                 raise InvalidRequest("--lora", f"engine {tts.name!r} does not apply LoRAs")
@@ -376,6 +392,33 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             applied = result.applied
     _check_written(output)
     _report(applied, output, quiet)
+
+
+#: The CLI flag of each request field, for the errors engines raise naming the field.
+_FLAGS = {"text": "TEXT", "reference": "--ref-audio", "reference.audio": "--ref-audio",
+          "reference.text": "--ref-text", "voice": "--voice", "instruction": "--instruction",
+          "seed": "--seed", "steps": "--steps", "guidance": "--guidance",
+          "segments": "--segment"}
+
+
+@contextlib.contextmanager
+def _cli_names(**flags: str) -> Iterator[None]:
+    """Re-raise an :class:`InvalidRequest` naming a request field with the flag that sets it
+    (``reference.text`` -> ``--ref-text``, ``params.nfe`` -> ``--param nfe``); ``flags``
+    overrides :data:`_FLAGS` (``text="--text-file"``)."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        flag = flags.get(exc.field, _FLAGS.get(exc.field))
+        if flag is None and exc.field.startswith("params."):
+            flag = f"--param {exc.field.removeprefix('params.')}"
+        if flag is None:
+            raise
+        try:
+            renamed = type(exc)(flag, exc.problem, exc.fix)
+        except TypeError:  # a subclass with another signature
+            renamed = InvalidRequest(flag, exc.problem, exc.fix)
+        raise renamed from None
 
 
 def _check_audio_output(output, *, keeps_files_beside: bool = False) -> None:
@@ -518,7 +561,7 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
             raise InvalidRequest("--segment", f"{segment!r} must be START:END in seconds") from None
         spans.append((start, end))
     options = _options_to_load(options_file, option_pairs)
-    with _progress(ctx.obj["quiet"]) as progress:
+    with _progress(ctx.obj["quiet"]) as progress, _cli_names():
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
         tts.require(Capability.EDIT)
         result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
@@ -530,15 +573,16 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
 
 
 class _FixtureListCommand(click.Command):
-    """Lists the installed contract fixtures at the end of its ``--help``."""
+    """Lists the installed random-init models (contract fixtures) at the end of its
+    ``--help``."""
 
     def format_epilog(self, ctx, formatter):
         from mizuoto.registry import random_models
 
         fixtures = random_models()
-        with formatter.section("Fixtures"):
+        with formatter.section("Random-init models"):
             if not fixtures:
-                formatter.write_text("none: no engine plugin is installed")
+                formatter.write_text("none: no engine is installed (pip install mizuoto-f5tts)")
             formatter.write_dl([(fid, fixture.description or "")
                                 for fid, fixture in sorted(fixtures.items())])
 
@@ -615,20 +659,24 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
 @click.argument("fixture")
 @click.argument("directory", type=click.Path(file_okay=False))
 def random_model(fixture, directory):
-    """Write the model directory of contract fixture FIXTURE (e.g. f5tts/tiny-v1-base) to
-    DIRECTORY.
+    """Write the random-init model FIXTURE (e.g. f5tts/tiny-v1-base) to DIRECTORY.
 
-    Most fixtures have random weights: such a model speaks noise, not speech. They exist so
-    that plugin authors, tests and offline demos can run the whole synthesis path without any
-    download. The installed fixtures are listed below. DIRECTORY must be new, empty or an
+    Most of these models have random weights: such a model speaks noise, not speech. They exist
+    so that plugin authors, tests and offline demos can run the whole synthesis path without
+    any download. The installed ones are listed below. DIRECTORY must be new, empty or an
     earlier write of the same fixture (a directory holding other files is refused).
     """
     from mizuoto.registry import random_models
 
     fixtures = random_models()
+    if not fixtures:
+        raise InvalidRequest("FIXTURE", f"{fixture!r}: no engine is installed, so there are no "
+                             "random-init models", "pip install mizuoto-f5tts (or "
+                             "mizuoto-voxcpm), then see mizuoto random-model --help")
     if fixture not in fixtures:
-        known = ", ".join(sorted(fixtures)) or "none (no engine installed)"
-        raise InvalidRequest("FIXTURE", f"unknown fixture {fixture!r}", f"known: {known}")
+        known = ", ".join(sorted(fixtures))
+        raise InvalidRequest("FIXTURE", f"unknown random-init model {fixture!r}",
+                             f"known: {known}")
     from mizuoto.output_paths import check_output_dir
 
     if not directory.strip():  # "" would be the current directory

@@ -167,6 +167,13 @@ class Engine(abc.ABC):
         """True when ``model_dir`` looks like one of this engine's models (for auto-detection)."""
         return False
 
+    @classmethod
+    def check_request(cls, request: SynthesisRequest, model_dir: Path) -> None:
+        """Raise :class:`InvalidRequest` for a request this engine would refuse whatever the
+        weights, before they load (a reference without the transcript the engine needs): a
+        command fails in milliseconds instead of after the load. Reads at most small files."""
+        return None
+
     @property
     @abc.abstractmethod
     def info(self) -> ModelInfo: ...
