@@ -453,10 +453,10 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
 
     from mizuoto.serve.app import auth_line
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     start(config, settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+        signal.signal(sig, lambda *_: stop.set())
     log.info("listening on http://%s:%d through Ray Serve; %s", config.host, config.port,
              auth_line(config))
     try:
