@@ -235,3 +235,30 @@ def test_a_replica_killed_mid_stream_fails_its_client_cleanly_and_another_serves
     assert error["code"] == "replica_lost"
     again = _post(ray_url, {**VOX, "input": "After the loss."})
     assert again.status_code == 200
+
+
+def test_settings_refuse_half_an_autoscaling_range_and_an_inverted_one():
+    from mizuoto.errors import InvalidRequest
+    from mizuoto.serve.ray import RaySettings
+
+    with pytest.raises(InvalidRequest, match="max_replicas"):
+        RaySettings(max_replicas=2)
+    with pytest.raises(InvalidRequest, match="above max_replicas"):
+        RaySettings(min_replicas=3, max_replicas=2)
+    with pytest.raises(InvalidRequest, match="num_cpus"):
+        RaySettings(num_cpus=-1)
+    assert RaySettings(min_replicas=1, max_replicas=3).most_replicas == 3
+
+
+def test_adapters_are_the_subdirectories_holding_a_lora(tmp_path):
+    from mizuoto.errors import InvalidRequest
+    from mizuoto.serve.ray import LORA_WEIGHTS, adapters
+
+    for name in ("a", "b"):
+        (tmp_path / "one" / name).mkdir(parents=True)
+    (tmp_path / "one" / "a" / LORA_WEIGHTS).write_bytes(b"")
+    (tmp_path / "two" / "a").mkdir(parents=True)
+    (tmp_path / "two" / "a" / LORA_WEIGHTS).write_bytes(b"")
+    assert adapters([tmp_path / "one"]) == {"a": str(tmp_path / "one" / "a")}
+    with pytest.raises(InvalidRequest, match="two LoRA exports"):
+        adapters([tmp_path / "one", tmp_path / "two"])
