@@ -88,8 +88,8 @@ def main() -> None:
              _node_ip_address="127.0.0.1")
     try:
         alone = None
+        port = _free_port()  # one Serve instance: its proxy keeps the port it started on
         for replicas in (1, 2):
-            port = _free_port()
             config = ServeConfig(models={"vox": str(root / "vox")}, voices_dir=root / "voices",
                                  port=port, queue_size=64)
             start(config, RaySettings(replicas=replicas, num_cpus=args.cpus, ingress_cpus=0.1))
@@ -104,7 +104,7 @@ def main() -> None:
                   f"{args.streams} ttfa_p50={result['ttfa_p50']:.2f}s "
                   f"ttfa_p95={result['ttfa_p95']:.2f}s wall={result['wall']:.2f}s "
                   f"audio_s_per_s={result['audio_per_s']:.2f}")
-            serve.shutdown()
+            serve.delete("mizuoto")
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -41,10 +41,20 @@ def _free_port() -> int:
 
 
 def _ray_processes() -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in listing.splitlines()
-            if ("raylet" in line or "gcs_server" in line or "ray::" in line)
-            and str(os.getpid()) not in line.split()[:1]]
+    """This process's descendants (ray.init starts the GCS and raylet, they start workers)."""
+    listing = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
+                             text=True).stdout
+    rows = [line.split(None, 2) for line in listing.splitlines() if line.strip()]
+    children: dict[str, list[list[str]]] = {}
+    for row in rows:
+        children.setdefault(row[1], []).append(row)
+    found, todo = [], [str(os.getpid())]
+    while todo:
+        for row in children.get(todo.pop(), []):
+            if row[2:] and "ray" in row[2]:
+                found.append(" ".join(row))
+            todo.append(row[0])
+    return found
 
 
 @pytest.fixture(scope="module")
