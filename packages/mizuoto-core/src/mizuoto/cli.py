@@ -831,9 +831,21 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--max-batch", default=1, show_default=True, type=int, help="Requests of one model run at once, 1 to 256; an engine that batches (VoxCPM streams) steps them together. Batched audio is close to, not always bit-identical with, unbatched (docs/performance.md).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Serve on Ray Serve (mizuoto-core[ray]): a local instance, or the cluster at ADDRESS (docs/serve.md, Scaling out).")
+@click.option("--replicas", type=int, default=1, show_default=True, help="With --ray: replicas per model.")
+@click.option("--min-replicas", type=int, help="With --ray: autoscale each model from this many replicas (with --max-replicas).")
+@click.option("--max-replicas", type=int, help="With --ray: autoscale each model up to this many replicas.")
+@click.option("--target-ongoing", type=float, default=1.0, show_default=True, help="With --ray and autoscaling: requests per replica to aim at.")
+@click.option("--num-cpus", type=float, default=1.0, show_default=True, help="With --ray: CPUs each model replica reserves (fractions allowed).")
+@click.option("--num-gpus", type=float, default=0.0, show_default=True, help="With --ray: GPUs each model replica reserves (fractions allowed).")
+@click.option("--ingress-replicas", type=int, default=1, show_default=True, help="With --ray: HTTP ingress replicas (more than one on several nodes: share the voices directory).")
+@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="With --ray: a directory of VoxCPM LoRA exports, each served as a model named by its subdirectory (repeatable).")
+@click.option("--max-adapters", type=int, default=4, show_default=True, help="With --ray: LoRA exports loaded at once per replica (least recently used unloaded).")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
-          memory_budget, max_batch, option_pairs, options_file):
+          memory_budget, max_batch, option_pairs, options_file, ray_address=None, replicas=1,
+          min_replicas=None, max_replicas=None, target_ongoing=1.0, num_cpus=1.0, num_gpus=0.0,
+          ingress_replicas=1, lora_dirs=(), max_adapters=4):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -856,8 +868,35 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
             "--" + exc.field.replace("_", "-")
         raise InvalidRequest(option, exc.problem, exc.fix) from None
+    ray_settings = None
+    if ray_address:
+        ray_settings = _ray_settings(ray_address, replicas=replicas, min_replicas=min_replicas,
+                                     max_replicas=max_replicas, target_ongoing=target_ongoing,
+                                     num_cpus=num_cpus, num_gpus=num_gpus,
+                                     ingress_replicas=ingress_replicas, lora_dirs=lora_dirs,
+                                     max_adapters=max_adapters)
     click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
+    if ray_settings is not None:
+        from mizuoto.serve.ray import run as run_on_ray
+
+        run_on_ray(config, ray_settings)
+        return
     run(config)
+
+
+def _ray_settings(address: str, **settings):
+    """``mizuoto serve --ray``'s settings, a bad one named by its flag."""
+    try:
+        import ray.serve  # noqa: F401
+
+        from mizuoto.serve.ray import RaySettings
+    except ImportError as exc:
+        raise click.ClickException(f"mizuoto serve --ray needs the ray extra ({exc.name} is "
+                                   "missing): pip install \"mizuoto-core[ray]\"") from None
+    try:
+        return RaySettings(None if address == "local" else address, **settings)
+    except InvalidRequest as exc:
+        raise InvalidRequest("--" + exc.field.replace("_", "-"), exc.problem, exc.fix) from None
 
 
 def _size(text):
