@@ -137,7 +137,7 @@ class WyomingHandler(AsyncEventHandler):
             pin.release()
             raise
         try:
-            item = await job.items.get()
+            item = await self._next(job)
             while item is not DONE:
                 if isinstance(item, BaseException):
                     raise from_mizuoto(item)
@@ -146,8 +146,20 @@ class WyomingHandler(AsyncEventHandler):
                     await self.write_event(AudioStart(rate, WIDTH, 1).event())
                 samples = to_int16(item.audio.numpy())
                 await self.write_event(AudioChunk(rate, WIDTH, 1, samples.tobytes()).event())
-                item = await job.items.get()
+                item = await self._next(job)
         finally:
             job.cancel()  # the client went away (a write failed): the engine stops and frees
         return rate
 
+    async def _next(self, job: Job):
+        """The job's next item; a :class:`ConnectionResetError` once the client has closed
+        the connection meanwhile (seen at once, not at the next write, so that a queued job
+        is skipped and a running one stops at its next chunk or progress report)."""
+        getter = asyncio.ensure_future(job.items.get())
+        while not (await asyncio.wait({getter}, timeout=0.05))[0]:
+            # at_eof: the client's end is closed and all it sent is read (a client may only
+            # send its next events once this one's answer has come)
+            if self.reader.at_eof() or self.writer.is_closing():
+                getter.cancel()
+                raise ConnectionResetError("the client closed the connection")
+        return getter.result()
