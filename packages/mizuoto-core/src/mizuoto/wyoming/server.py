@@ -179,6 +179,10 @@ def run(config: WyomingConfig) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         service.start()
+        # describe answers once the models are in: Home Assistant keeps what the first one
+        # says (connections wait in the listening socket's backlog meanwhile)
+        for worker in service.workers.values():
+            await asyncio.to_thread(worker.loaded.wait)
         if config.zeroconf:
             await _zeroconf(serve.port, serve.host)
         # said louder when anyone on the network can use it: Wyoming has no authentication
