@@ -210,6 +210,25 @@ def test_a_client_leaving_mid_stream_frees_the_engine(address, caplog):
     assert any("request cancelled" in r.getMessage() for r in caplog.records)
 
 
+def test_clients_past_the_connection_limit_are_refused(address):
+    async def crowd():
+        clients = [AsyncTcpClient(*address) for _ in range(3)]  # the fixture's limit
+        for client in clients:
+            await client.connect()
+            await client.write_event(Describe().event())
+            assert Info.is_type((await client.read_event()).type)
+        async with AsyncTcpClient(*address) as extra:
+            await extra.write_event(Describe().event())
+            refused = await extra.read_event()
+        for client in clients:
+            await client.disconnect()
+        return refused
+
+    refused = run(crowd())
+    assert Error.is_type(refused.type)
+    assert Error.from_event(refused).code == "too_many_connections"
+
+
 def test_sentences_are_cut_as_they_complete():
     from mizuoto.wyoming.sentences import SentenceSplitter
 
