@@ -54,7 +54,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 TORCH = ["torch==2.14.1", "torchaudio==2.11.0"]
 PACKAGES = [
-    "-e", "packages/mizuoto-core[hub,text,test,serve,ray,tensorboard]",
+    "-e", "packages/mizuoto-core[hub,text,test,serve,ray,tensorboard,wyoming]",
     "-e", "packages/mizuoto-f5tts[arrow]",
     "-e", "packages/mizuoto-voxcpm",
     "-e", "contract-tests",

@@ -1,0 +1,165 @@
+"""One Wyoming connection: ``describe``, ``synthesize`` and streamed synthesis, run on the
+model workers of ``mizuoto serve`` (:mod:`mizuoto.serve.worker`).
+
+Audio goes out as the engine makes it (``Engine.stream``, the HTTP server's job: VoxCPM's
+patches; an engine that cannot stream, F5-TTS here, sends its whole audio as one chunk),
+16-bit mono PCM at the model's own rate. With ``synthesize-start`` ...
+``synthesize-stop`` each sentence is spoken as soon as it is complete, inside one
+``audio-start`` ... ``audio-stop``, then ``synthesize-stopped``. A bad request gets an
+``error`` event and the connection stays open; a client that goes away mid-stream has its
+generation cancelled at the engine's next chunk or progress report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe
+from wyoming.server import AsyncEventHandler
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+)
+
+from mizuoto.audio_encoding import to_int16
+from mizuoto.contracts.capabilities import Capability
+from mizuoto.serve.errors import APIError, bad_request, from_mizuoto
+from mizuoto.serve.routes import _speech_job
+from mizuoto.serve.voices import DEFAULT_VOICE
+from mizuoto.serve.worker import DONE, Job, Pin
+from mizuoto.wyoming.sentences import SentenceSplitter
+
+log = logging.getLogger("mizuoto.wyoming")
+
+#: Sample width of the audio sent (bytes): 16-bit PCM, what every Wyoming client plays.
+WIDTH = 2
+
+
+class _Stream:
+    """A ``synthesize-start`` under way: its voice, the text not yet spoken, whether
+    ``audio-start`` went out."""
+
+    def __init__(self, voice) -> None:
+        self.voice = voice
+        self.splitter = SentenceSplitter()
+        self.rate: int | None = None
+
+
+class WyomingHandler(AsyncEventHandler):
+    """Events of one connection; ``service`` is the :class:`~mizuoto.wyoming.server.Service`
+    shared by all."""
+
+    def __init__(self, reader, writer, service) -> None:
+        super().__init__(reader, writer)
+        self.service = service
+        self.admitted = service.connections.admit()
+        self._stream: _Stream | None = None
+
+    async def disconnect(self) -> None:
+        if self.admitted:
+            self.service.connections.release()
+            self.admitted = False
+
+    async def handle_event(self, event: Event) -> bool:
+        if not self.admitted:
+            await self._error(APIError(429, f"{self.service.config.max_connections} clients "
+                                       "are connected: try again shortly",
+                                       code="too_many_connections"))
+            return False
+        try:
+            await self._handle(event)
+        except APIError as exc:
+            self._stream = None  # a streamed text that failed starts again from the next start
+            await self._error(exc)
+        return True
+
+    async def _handle(self, event: Event) -> None:
+        if Describe.is_type(event.type):
+            await self.write_event(await self.service.info())
+        elif Synthesize.is_type(event.type):
+            if self._stream is not None:
+                return  # the same text sent whole for clients that do not stream: spoken once
+            synthesize = Synthesize.from_event(event)
+            rate = await self._speak(synthesize.text, synthesize.voice, None)
+            await self.write_event(AudioStop().event())
+            log.debug("synthesized at %d Hz", rate)
+        elif SynthesizeStart.is_type(event.type):
+            self._stream = _Stream(SynthesizeStart.from_event(event).voice)
+        elif SynthesizeChunk.is_type(event.type):
+            stream = self._streaming("synthesize-chunk")
+            for sentence in stream.splitter.add(SynthesizeChunk.from_event(event).text):
+                stream.rate = await self._speak(sentence, stream.voice, stream.rate)
+        elif SynthesizeStop.is_type(event.type):
+            stream = self._streaming("synthesize-stop")
+            rest = stream.splitter.finish()
+            if rest or stream.rate is None:  # nothing spoken at all: the empty-text error
+                stream.rate = await self._speak(rest, stream.voice, stream.rate)
+            self._stream = None
+            await self.write_event(AudioStop().event())
+            await self.write_event(SynthesizeStopped().event())
+
+    def _streaming(self, kind: str) -> _Stream:
+        if self._stream is None:
+            raise bad_request(f"{kind} without synthesize-start: send synthesize-start first")
+        return self._stream
+
+    async def _error(self, exc: APIError) -> None:
+        await self.write_event(Error(text=exc.message, code=exc.code).event())
+
+    async def _speak(self, text: str, wyoming_voice, rate: int | None) -> int:
+        """Speak ``text``; ``rate`` None sends ``audio-start`` first. Returns the rate."""
+        service = self.service
+        worker, voice_name = service.worker_for(getattr(wyoming_voice, "name", None))
+        text = service.checked_text(text)
+        worker.submit_check()
+        pin = Pin(worker)
+        try:
+            engine = worker.engine
+            voice = None
+            if voice_name != DEFAULT_VOICE:
+                voice = await asyncio.to_thread(service.voices.load, voice_name)
+                try:
+                    voice.check(engine.name, engine.info.fingerprint)
+                except Exception as exc:
+                    raise from_mizuoto(exc) from exc
+            request = service.request(text, voice)
+            stream = engine.supports(Capability.STREAM)  # else the whole audio, as one chunk
+            job = Job(_speech_job(request, stream), asyncio.get_running_loop(), pin=pin)
+            worker.submit(job)
+        except BaseException:
+            pin.release()
+            raise
+        try:
+            item = await self._next(job)
+            while item is not DONE:
+                if isinstance(item, BaseException):
+                    raise from_mizuoto(item)
+                if rate is None:
+                    rate = engine.info.sample_rate
+                    await self.write_event(AudioStart(rate, WIDTH, 1).event())
+                samples = to_int16(item.audio.numpy())
+                await self.write_event(AudioChunk(rate, WIDTH, 1, samples.tobytes()).event())
+                item = await self._next(job)
+        finally:
+            job.cancel()  # the client went away (a write failed): the engine stops and frees
+        return rate
+
+    async def _next(self, job: Job):
+        """The job's next item; a :class:`ConnectionResetError` once the client has closed
+        the connection meanwhile (seen at once, not at the next write, so that a queued job
+        is skipped and a running one stops at its next chunk or progress report)."""
+        getter = asyncio.ensure_future(job.items.get())
+        while not (await asyncio.wait({getter}, timeout=0.05))[0]:
+            # at_eof: the client's end is closed and all it sent is read (a client may only
+            # send its next events once this one's answer has come)
+            if self.reader.at_eof() or self.writer.is_closing():
+                getter.cancel()
+                raise ConnectionResetError("the client closed the connection")
+        return getter.result()

@@ -1,0 +1,227 @@
+"""The Wyoming server: configuration, the state its connections share, and running it.
+
+It is ``mizuoto serve``'s machinery behind another protocol: the same model workers and
+bounded queues (:class:`~mizuoto.serve.worker.ModelWorker`), the same voice store (a voice
+made on the page of ``mizuoto serve`` is spoken here), the same port binding and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+import attrs
+
+from mizuoto.contracts.ranges import integer_in
+from mizuoto.serve.app import ServeConfig, _loopback, _State, bind
+from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
+from mizuoto.serve.routes import MAX_INPUT_CHARS
+from mizuoto.serve.voices import DEFAULT_VOICE, check_name
+from mizuoto.wyoming.info import describe, split_voice, voice_name
+
+log = logging.getLogger("mizuoto.wyoming")
+
+#: Longest text one synthesis takes (characters): the HTTP server's.
+MAX_TEXT_CHARS = MAX_INPUT_CHARS
+#: Wyoming's customary TTS port (wyoming-piper's).
+DEFAULT_PORT = 10200
+
+
+@attrs.frozen
+class WyomingConfig:
+    """What ``mizuoto wyoming`` serves: ``serve`` (its models, options, queue size, voice
+    directory and grace; its host and port are this server's), ``max_connections`` clients
+    at once, ``seed`` and ``steps`` (sampling steps) for every synthesis (None: each draws a
+    seed; the engine's steps), ``languages`` to announce
+    instead of the engine's, ``zeroconf`` to announce the server on the network."""
+
+    serve: ServeConfig
+    max_connections: int = attrs.field(default=32, validator=integer_in(
+        "max_connections", 1, 4096))
+    seed: int | None = attrs.field(default=None, validator=integer_in(
+        "seed", 0, 2**32 - 1, optional=True))
+    steps: int | None = attrs.field(default=None, validator=integer_in(
+        "steps", 1, 10_000, optional=True))
+    languages: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    zeroconf: bool = False
+
+
+class Connections:
+    """How many clients are connected, at most ``limit`` (the event loop's thread only)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def admit(self) -> bool:
+        if self.count >= self.limit:
+            return False
+        self.count += 1
+        return True
+
+    def release(self) -> None:
+        self.count -= 1
+
+
+class Service:
+    """What every connection shares: the workers, the voice store, the limits."""
+
+    def __init__(self, config: WyomingConfig) -> None:
+        from importlib.metadata import version
+
+        self.config = config
+        self.state = _State(config.serve)
+        self.voices = self.state.voices
+        self.workers = self.state.workers
+        self.connections = Connections(config.max_connections)
+        self.version = version("mizuoto-core")
+
+    async def info(self):
+        saved = await asyncio.to_thread(self.voices.list)
+        return describe(self.workers, saved, version=self.version,
+                        language_override=self.config.languages).event()
+
+    def worker_for(self, name: str | None):
+        """``(worker, voice)`` for a Wyoming voice name (None: the first model's default)."""
+        if not name:
+            return next(iter(self.workers.values())), DEFAULT_VOICE
+        model, voice = split_voice(name)
+        if model is None:  # a bare voice name: the first model it fits, else the first model
+            model, voice = (name, DEFAULT_VOICE) if name in self.workers else \
+                (next(iter(self.workers)), name)
+        worker = self.workers.get(model)
+        if worker is None:
+            raise not_found(f"no model named {model!r} (voice {name!r}): served are "
+                            f"{', '.join(self.workers)}; describe lists the voices",
+                            "voice", "voice_not_found")
+        if voice != DEFAULT_VOICE:
+            check_name(voice, "voice")
+            if not self.voices.path(voice).is_file():
+                raise not_found(f"no voice named {voice_name(model, voice)!r}: describe "
+                                "lists the voices", "voice", "voice_not_found")
+        return worker, voice
+
+    def checked_text(self, text: str) -> str:
+        if not isinstance(text, str) or not text.strip():
+            raise bad_request("the text is empty: send something to say", param="text")
+        if len(text) > MAX_TEXT_CHARS:
+            raise bad_request(f"the text has {len(text)} characters, more than "
+                              f"{MAX_TEXT_CHARS}: send it in parts", param="text",
+                              code="string_above_max_length")
+        return text
+
+    def request(self, text: str, voice):
+        from mizuoto.contracts.requests import SynthesisRequest
+        from mizuoto.runtime.seeds import resolve_seed
+
+        seed = self.config.seed if self.config.seed is not None else resolve_seed(None)[0]
+        try:
+            return SynthesisRequest(text, seed=seed, steps=self.config.steps, voice=voice)
+        except Exception as exc:
+            raise from_mizuoto(exc) from exc
+
+    def start(self) -> None:
+        for worker in self.workers.values():
+            worker.start()
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            worker.stop(self.config.serve.grace)
+
+
+async def _serve(service: Service, sock, stop: asyncio.Event) -> None:
+    from mizuoto.wyoming.handler import WyomingHandler
+
+    handlers: set[asyncio.Task] = set()
+
+    async def connected(reader, writer) -> None:
+        task = asyncio.current_task()
+        handlers.add(task)
+        try:
+            await WyomingHandler(reader, writer, service).run()
+        except (ConnectionError, APIError) as exc:  # the client left mid-answer
+            log.info("client disconnected: %s", exc.__class__.__name__)
+        finally:
+            handlers.discard(task)
+
+    server = await asyncio.start_server(connected, sock=sock)
+    async with server:
+        await stop.wait()
+        server.close()
+        for task in list(handlers):
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+
+
+async def _zeroconf(port: int, host: str):
+    from wyoming.zeroconf import HomeAssistantZeroconf
+
+    announcer = HomeAssistantZeroconf(port=port, host=None if host in ("0.0.0.0", "::")
+                                      else host)
+    await announcer.register_server()
+    log.info("announced on the network (zeroconf) as %s", announcer.name)
+
+
+def run(config: WyomingConfig) -> None:
+    """Serve until SIGINT or SIGTERM. The port is bound before any model loads."""
+    import signal
+
+    serve = config.serve
+    sock = bind(serve.host, serve.port)
+    service = Service(config)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        service.start()
+        # describe answers once the models are in: Home Assistant keeps what the first one
+        # says (connections wait in the listening socket's backlog meanwhile)
+        for worker in service.workers.values():
+            await asyncio.to_thread(worker.loaded.wait)
+        if config.zeroconf:
+            await _zeroconf(serve.port, serve.host)
+        # said louder when anyone on the network can use it: Wyoming has no authentication
+        log.log(logging.INFO if _loopback(serve.host) else logging.WARNING,
+                "listening on tcp://%s:%d (Wyoming; no authentication: anyone who can reach "
+                "it can use it)", serve.host, serve.port)
+        await _serve(service, sock, stop)
+
+    try:
+        asyncio.run(main())
+    finally:
+        service.stop()
+        sock.close()
+
+
+@contextlib.contextmanager
+def serve_in_thread(config: WyomingConfig, *, ready_timeout: float = 120.0
+                    ) -> Iterator[tuple[str, int]]:
+    """Run the server on a free loopback port in a thread; yields ``(host, port)`` once every
+    model has loaded, and stops it on exit. For tests."""
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    service = Service(config)
+    service.start()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(target=loop.run_until_complete,
+                              args=(_serve(service, sock, stop),), name="mizuoto-wyoming",
+                              daemon=True)
+    try:
+        for worker in service.workers.values():
+            if not worker.loaded.wait(ready_timeout):
+                raise TimeoutError(f"model {worker.name} did not load in {ready_timeout} s")
+        thread.start()
+        yield "127.0.0.1", port
+    finally:
+        if thread.is_alive():
+            loop.call_soon_threadsafe(stop.set)
+            thread.join(30)
+        service.stop()
+        loop.close()
+        sock.close()

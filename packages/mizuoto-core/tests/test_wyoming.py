@@ -1,0 +1,239 @@
+"""``mizuoto wyoming`` driven by the wyoming package's own client (Home Assistant's), against
+tiny random-init models on 127.0.0.1, next to ``mizuoto serve`` sharing its voice store."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+pytest.importorskip("wyoming")
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("mizuoto_f5tts")
+pytest.importorskip("mizuoto_voxcpm")
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop  # noqa: E402
+from wyoming.client import AsyncTcpClient  # noqa: E402
+from wyoming.error import Error  # noqa: E402
+from wyoming.info import Describe, Info  # noqa: E402
+from wyoming.tts import (  # noqa: E402
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeVoice,
+)
+
+from mizuoto.serve import ServeConfig  # noqa: E402
+from mizuoto.serve import serve_in_thread as http_in_thread  # noqa: E402
+from mizuoto.wyoming.server import MAX_TEXT_CHARS, WyomingConfig, serve_in_thread  # noqa: E402
+
+SEED = 7
+STEPS = 2  # a tiny model at two sampling steps: a fraction of a second
+TEXT = "Hello from the server."
+TIMEOUT = 60  # seconds any one exchange may take: a hang fails instead of blocking CI
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from mizuoto_f5tts.fixtures import write_random_model_dir
+    from mizuoto_voxcpm.fixtures import write_random_model
+
+    root = tmp_path_factory.mktemp("wyoming-models")
+    write_random_model_dir(root / "f5", "v1_base", size="tiny")
+    write_random_model(root / "vox", "voxcpm2", dtype="float32")
+    # three patches: the random stop head never fires (the HTTP tests' max_len)
+    (root / "vox" / "mizuoto-defaults.json").write_text(json.dumps({"params": {"max_len": 3}}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def serve_config(model_dirs, tmp_path_factory):
+    return ServeConfig(models={"f5": str(model_dirs / "f5"), "vox": str(model_dirs / "vox")},
+                       voices_dir=tmp_path_factory.mktemp("voices"), queue_size=2)
+
+
+@pytest.fixture(scope="module")
+def http(serve_config):
+    with http_in_thread(serve_config) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def address(serve_config):
+    config = WyomingConfig(serve_config, seed=SEED, steps=STEPS, max_connections=3)
+    with serve_in_thread(config) as address:
+        yield address
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, TIMEOUT))
+
+
+async def _events(client, until: str) -> list:
+    events = []
+    while True:
+        event = await client.read_event()
+        assert event is not None, "the server closed the connection"
+        events.append(event)
+        if event.type == until or Error.is_type(event.type):
+            return events
+
+
+async def _exchange(address, *sent, until: str) -> list:
+    async with AsyncTcpClient(*address) as client:
+        for event in sent:
+            await client.write_event(event.event())
+        return await _events(client, until)
+
+
+def _samples(events) -> np.ndarray:
+    return np.frombuffer(b"".join(AudioChunk.from_event(e).audio for e in events
+                                  if AudioChunk.is_type(e.type)), "<i2")
+
+
+@pytest.fixture(scope="module")
+def reader(http):
+    """A voice made through the HTTP server (as the page makes one), for the F5 model."""
+    from mizuoto_contract.reference import REFERENCE_TEXT, voiced_signal
+
+    clip = io.BytesIO()
+    sf.write(clip, voiced_signal(24000), 24000, format="WAV", subtype="PCM_16")
+    created = httpx.post(f"{http}/v1/audio/voices",
+                         data={"name": "reader", "model": "f5", "text": REFERENCE_TEXT},
+                         files={"audio": ("reader.wav", clip.getvalue(), "audio/wav")},
+                         timeout=60)
+    assert created.status_code == 201, created.text
+    return "reader"
+
+
+def test_describe_lists_every_model_and_saved_voice(address, reader):
+    [event] = run(_exchange(address, Describe(), until="info"))
+    info = Info.from_event(event)
+    programs = {p.name: p for p in info.tts}
+    assert set(programs) == {"mizuoto-f5", "mizuoto-vox"}
+    assert [v.name for v in programs["mizuoto-f5"].voices] == ["f5/default", "f5/reader"]
+    assert [v.name for v in programs["mizuoto-vox"].voices] == ["vox/default"]  # F5's voice
+    assert programs["mizuoto-f5"].voices[0].languages == ["en", "zh"]
+    assert all(p.supports_synthesize_streaming for p in info.tts)
+    assert "licence" in programs["mizuoto-vox"].description
+
+
+@pytest.mark.parametrize("voice", ["vox/default", "f5/reader"])
+def test_synthesize_is_the_http_apis_audio(address, http, reader, voice):
+    model, name = voice.split("/")
+    events = run(_exchange(address, Synthesize(TEXT, voice=SynthesizeVoice(voice)),
+                           until="audio-stop"))
+    start = AudioStart.from_event(events[0])
+    assert (start.width, start.channels) == (2, 1)
+    extension = {"seed": SEED, "steps": STEPS}
+    response = httpx.post(f"{http}/v1/audio/speech", json={
+        "model": model, "input": TEXT, "voice": name, "response_format": "wav",
+        "mizuoto": extension}, timeout=60)
+    assert response.status_code == 200, response.text
+    expected, rate = sf.read(io.BytesIO(response.content), dtype="int16")
+    assert start.rate == rate
+    assert np.array_equal(_samples(events), expected)
+    assert AudioStop.is_type(events[-1].type)
+
+
+def test_streamed_text_is_spoken_before_synthesize_stop(address):
+    async def exchange():
+        async with AsyncTcpClient(*address) as client:
+            voice = SynthesizeVoice("vox/default")
+            await client.write_event(SynthesizeStart(voice=voice).event())
+            await client.write_event(Synthesize("One. Two.", voice=voice).event())  # ignored
+            await client.write_event(SynthesizeChunk("One sentence. And ").event())
+            # the first sentence is complete: its audio comes before the stop is sent
+            before = [await client.read_event(), await client.read_event()]
+            await client.write_event(SynthesizeChunk("another").event())
+            await client.write_event(SynthesizeStop().event())
+            return before, await _events(client, "synthesize-stopped")
+
+    before, after = run(exchange())
+    assert AudioStart.is_type(before[0].type) and AudioChunk.is_type(before[1].type)
+    kinds = [e.type for e in after]
+    assert kinds[-2:] == ["audio-stop", "synthesize-stopped"]
+    assert "audio-start" not in kinds and "audio-chunk" in kinds  # one audio stream in all
+    assert not any(Error.is_type(k) for k in kinds)
+
+
+def test_bad_requests_get_an_error_and_the_connection_stays_usable(address):
+    async def exchange():
+        async with AsyncTcpClient(*address) as client:
+            errors = []
+            for event in (Synthesize(TEXT, voice=SynthesizeVoice("f5/nobody")),
+                          Synthesize(TEXT, voice=SynthesizeVoice("nomodel/default")),
+                          Synthesize("   ", voice=SynthesizeVoice("f5/default")),
+                          Synthesize("a" * (MAX_TEXT_CHARS + 1)),
+                          SynthesizeChunk("no start")):
+                await client.write_event(event.event())
+                [error] = await _events(client, "error")
+                errors.append(Error.from_event(error))
+            await client.write_event(Synthesize(TEXT, voice=SynthesizeVoice("f5")).event())
+            return errors, await _events(client, "audio-stop")
+
+    errors, events = run(exchange())
+    assert [e.code for e in errors] == ["voice_not_found", "voice_not_found", "invalid_value",
+                                        "string_above_max_length", "invalid_value"]
+    assert "nobody" in errors[0].text and "empty" in errors[2].text
+    assert len(_samples(events)) > 0
+
+
+def test_a_client_leaving_mid_stream_frees_the_engine(address, caplog):
+    import logging
+
+    async def leave_while_another_speaks():
+        async with AsyncTcpClient(*address) as first:
+            await first.write_event(Synthesize(TEXT, voice=SynthesizeVoice("vox")).event())
+            # the second one's job waits behind the first's; it leaves before its turn
+            second = AsyncTcpClient(*address)
+            await second.connect()
+            await second.write_event(Synthesize(TEXT, voice=SynthesizeVoice("vox")).event())
+            await asyncio.sleep(0.01)
+            await second.disconnect()
+            return await _events(first, "audio-stop")
+
+    with caplog.at_level(logging.INFO, logger="mizuoto.serve"):
+        events = run(leave_while_another_speaks())
+        assert not any(Error.is_type(e.type) for e in events)
+        # the abandoned job is skipped, not generated: the engine is free for the next ones
+        for _ in range(4):  # more clients in turn than the connection limit: none leaked
+            events = run(_exchange(address, Synthesize(TEXT, voice=SynthesizeVoice("vox")),
+                                   until="audio-stop"))
+            assert not any(Error.is_type(e.type) for e in events)
+    assert any("request cancelled" in r.getMessage() for r in caplog.records)
+
+
+def test_clients_past_the_connection_limit_are_refused(address):
+    async def crowd():
+        clients = [AsyncTcpClient(*address) for _ in range(3)]  # the fixture's limit
+        for client in clients:
+            await client.connect()
+            await client.write_event(Describe().event())
+            assert Info.is_type((await client.read_event()).type)
+        async with AsyncTcpClient(*address) as extra:
+            await extra.write_event(Describe().event())
+            refused = await extra.read_event()
+        for client in clients:
+            await client.disconnect()
+        return refused
+
+    refused = run(crowd())
+    assert Error.is_type(refused.type)
+    assert Error.from_event(refused).code == "too_many_connections"
+
+
+def test_sentences_are_cut_as_they_complete():
+    from mizuoto.wyoming.sentences import SentenceSplitter
+
+    splitter = SentenceSplitter()
+    assert splitter.add("Pi is 3.14 and") == []
+    assert splitter.add(" round. Next") == ["Pi is 3.14 and round."]
+    assert splitter.add("! 你好。再") == ["Next!", "你好。"]
+    assert splitter.finish() == "再"
