@@ -71,3 +71,32 @@ def test_real_size_configs_pass_and_estimate_their_size():
     for generation in ("voxcpm-0.5b", "voxcpm2"):
         config = VoxCPMConfig.from_dict(realsize_config(generation))
         assert 10**8 < parameter_bytes(config) < 2 * 10**10
+
+
+@pytest.mark.parametrize("lora_config", [
+    {"r": 1e9}, {"r": "8"}, {"r": 2.5}, {"r": True}, {"alpha": -1}, {"alpha": "16"},
+    {"dropout": 5.0}, {"dropout": -0.1}, {"dropout": float("nan")}])
+def test_hostile_lora_configs_are_named_before_layers_are_built(tmp_path, lora_config):
+    from safetensors.torch import save_file
+
+    from mizuoto.errors import CheckpointMismatch
+    from mizuoto_voxcpm.lora import CONFIG_FILE, WEIGHTS_FILE, read_lora_dir
+
+    save_file({}, str(tmp_path / WEIGHTS_FILE))
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"lora_config": lora_config}))
+    field = next(iter(lora_config))
+    with pytest.raises(CheckpointMismatch, match=f"lora_config.{field}"):
+        read_lora_dir(tmp_path, is_v2=True)
+
+
+@pytest.mark.parametrize("text", ["[1, 2, 3]", '"r"', "[" * 50_000 + "]" * 50_000])
+def test_lora_config_that_is_no_object_is_named(tmp_path, text):
+    from safetensors.torch import save_file
+
+    from mizuoto.errors import CheckpointMismatch
+    from mizuoto_voxcpm.lora import CONFIG_FILE, WEIGHTS_FILE, read_lora_dir
+
+    save_file({}, str(tmp_path / WEIGHTS_FILE))
+    (tmp_path / CONFIG_FILE).write_text(text)
+    with pytest.raises(CheckpointMismatch, match=CONFIG_FILE):
+        read_lora_dir(tmp_path, is_v2=True)
