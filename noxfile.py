@@ -224,9 +224,11 @@ FUZZ_SUITES = {
              "packages/mizuoto-core/tests/test_fuzz_audio.py",
              "packages/mizuoto-core/tests/test_fuzz_cli.py",
              "packages/mizuoto-core/tests/test_fuzz_batch.py",
-             "packages/mizuoto-core/tests/test_fuzz_serve.py"],
+             "packages/mizuoto-core/tests/test_fuzz_serve.py",
+             "packages/mizuoto-core/tests/test_fuzz_settings_files.py"],
     "f5tts": ["packages/mizuoto-f5tts/tests/test_fuzz_engine.py"],
-    "voxcpm": ["packages/mizuoto-voxcpm/tests/test_fuzz_engine.py"],
+    "voxcpm": ["packages/mizuoto-voxcpm/tests/test_fuzz_engine.py",
+               "packages/mizuoto-voxcpm/tests/test_fuzz_model_files.py"],
     "contract": ["--pyargs", "mizuoto_contract", "-k", "hostile or non_finite"],
 }
 

@@ -130,6 +130,17 @@ class CheckpointMismatch(MizuotoError):
         super().__init__(f"{path} does not match the model configuration: " + "; ".join(parts))
 
 
+class UnsafeCheckpoint(CheckpointMismatch):
+    """A pickle refused for safety: it holds objects other than tensors, which could run code."""
+
+    def __init__(self, path: str) -> None:
+        MizuotoError.__init__(self, (
+            f"{path} was refused for safety: this pickle holds objects other than tensors, "
+            "and loading them could run code; use a .safetensors file of the weights (convert "
+            "it only where you trust its source)"))
+        self.missing, self.unexpected, self.shapes = [], [], []
+
+
 class NonFiniteAudio(MizuotoError):
     """An engine stage produced NaN or infinite values: the result is refused, never returned
     or written. ``stage`` names where they appeared (e.g. ``f5tts vocoder``); bad weights or a

@@ -17,6 +17,7 @@ import attrs
 
 from mizuoto.contracts.ranges import integer_in, shown
 from mizuoto.errors import InvalidOption, InvalidRequest
+from mizuoto.settings_files import name_some
 from mizuoto.validation import parse_attrs
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -105,7 +106,7 @@ class Options:
         known = {a.name for a in attrs.fields(ComputeOptions)}
         for key in compute:
             if key not in known:
-                raise InvalidOption(f"compute.{key}", f"is not an option; known: {sorted(known)}")
+                raise InvalidOption(f"compute.{key}", f"is not an option; known: {name_some(known)}")
         engines = nested.get("engines", {})
         if not isinstance(engines, Mapping):
             raise InvalidOption("engines", "must be a table of engine sections, "
@@ -120,11 +121,13 @@ class Options:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Options:
+        from mizuoto.settings_files import SettingsFileError, parse_settings
+
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidOption(str(path), f"cannot read options file: {exc}") from exc
+            data = parse_settings(path.read_text(encoding="utf-8"), "toml", str(path))
+        except (OSError, UnicodeDecodeError, SettingsFileError) as exc:
+            raise InvalidOption(str(path), f"cannot read options file: {exc}") from None
         return cls.from_mapping(data)
 
     def with_overrides(self, pairs: Iterable[str]) -> Options:

@@ -155,7 +155,9 @@ class VoxCPMConfig:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(str(path), "config.json", f"cannot be read: {exc}") from exc
-        return cls.from_dict(raw, str(path))
+        config = cls.from_dict(raw, str(path))
+        _check_memory(config)
+        return config
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], path: str = "config.json") -> VoxCPMConfig:
@@ -324,6 +326,69 @@ def _parse(raw: Mapping[str, Any], path: str) -> VoxCPMConfig:
     return config
 
 
+# bounds far above any released VoxCPM (2B: 28 layers, 2048 wide, 73k vocabulary) and far below
+# what would make a downloaded config.json allocate gigabytes before the checkpoint is compared
+_BOUNDS = {"hidden_size": 65_536, "intermediate_size": 262_144, "num_attention_heads": 1024,
+           "num_hidden_layers": 512, "num_key_value_heads": 1024, "vocab_size": 1 << 22,
+           "max_position_embeddings": 1 << 22, "kv_channels": 4096}
+_TOP_BOUNDS = {"patch_size": 64, "feat_dim": 4096, "max_length": 1 << 22,
+               "residual_lm_num_layers": 512, "scalar_quantization_latent_dim": 65_536}
+
+
+def _check_ranges(config: VoxCPMConfig, stacks: Mapping[str, TransformerConfig]) -> None:
+    path = config.path
+    for name, stack in stacks.items():
+        for field, most in _BOUNDS.items():
+            value = getattr(stack, field)
+            if value is None or (field == "vocab_size" and name != "lm_config"):
+                continue
+            least = 0 if field == "num_hidden_layers" and name == "residual_lm" else 1
+            if not least <= value <= most:
+                raise ConfigError(path, f"{name}.{field}",
+                                  f"{value} is outside {least}..{most:,}")
+        if stack.kv_channels is None and stack.hidden_size % stack.num_attention_heads:
+            raise ConfigError(path, f"{name}.hidden_size", f"{stack.hidden_size} is not "
+                              f"divisible by {stack.num_attention_heads} attention heads")
+    for field, most in _TOP_BOUNDS.items():
+        value = getattr(config, field)
+        if not 1 <= value <= most:
+            raise ConfigError(path, field, f"{value} is outside 1..{most:,}")
+
+
+def parameter_bytes(config: VoxCPMConfig) -> int:
+    """An estimate of the weights' size in ``config.dtype`` (attention, MLP and embeddings of
+    every stack; norms and small projections left out, so it errs low)."""
+    total = config.lm.vocab_size * config.lm.hidden_size
+    for stack in (config.lm, config.residual_lm(), config.local(config.encoder),
+                  config.local(config.dit)):
+        heads = stack.head_dim * (stack.num_attention_heads + 2 * stack.num_key_value_heads)
+        attention = stack.hidden_size * heads + stack.head_dim * stack.num_attention_heads \
+            * stack.hidden_size
+        total += stack.num_hidden_layers * (attention + 3 * stack.hidden_size
+                                            * stack.intermediate_size)
+    return total * torch.empty((), dtype=config.torch_dtype).element_size()
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_memory(config: VoxCPMConfig) -> None:
+    """Refuse, by name, a config whose weights alone would not fit in the free memory."""
+    needed, available = parameter_bytes(config), _available_memory()
+    if available is not None and needed > available:
+        raise ConfigError(config.path, "lm_config", (
+            f"its weights need about {needed / 2**30:.1f} GiB but {available / 2**30:.1f} GiB "
+            "of memory is available; a config.json this large is not a VoxCPM release"))
+
+
 def _validate(config: VoxCPMConfig) -> None:
     path = config.path
     stacks = {
@@ -332,6 +397,7 @@ def _validate(config: VoxCPMConfig) -> None:
         "encoder_config": config.local(config.encoder),
         "dit_config": config.local(config.dit),
     }
+    _check_ranges(config, stacks)
     rope = config.lm.rope_scaling
     if len(rope.long_factor) != len(rope.short_factor):
         raise ConfigError(path, "lm_config.rope_scaling",

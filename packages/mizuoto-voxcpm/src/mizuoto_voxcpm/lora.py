@@ -64,11 +64,36 @@ class LoRAConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidRequest("lora_config", f"unknown keys {unknown}")
+        _check_numbers(data)
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
         """As pydantic's ``model_dump`` writes it (lists for the name lists)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
+
+
+#: far above any published VoxCPM LoRA (r 8..64) and far below a many-gigabyte allocation
+MAX_RANK = 4096
+
+
+def _check_numbers(data: dict[str, Any]) -> None:
+    """``r``, ``alpha`` and ``dropout`` of a (possibly downloaded) lora_config, typed and in range
+    before any layer is built: ``r: 1e9`` would allocate gigabytes, ``"8"`` fail deep in torch."""
+    def number(name: str) -> float | None:
+        value = data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise InvalidRequest(f"lora_config.{name}", f"must be a number, got {value!r}")
+        return value
+
+    r, alpha, dropout = number("r"), number("alpha"), number("dropout")
+    if r is not None and (r != int(r) or not 1 <= r <= MAX_RANK):
+        raise InvalidRequest("lora_config.r", f"{r!r} must be a whole number in 1..{MAX_RANK}")
+    if alpha is not None and not 0 < alpha <= 1e6:
+        raise InvalidRequest("lora_config.alpha", f"{alpha!r} must be in (0, 1e6]")
+    if dropout is not None and not 0 <= dropout < 1:
+        raise InvalidRequest("lora_config.dropout", f"{dropout!r} must be in [0, 1)")
 
 
 def lora_config_for(is_v2: bool, **values: Any) -> LoRAConfig:
@@ -193,7 +218,12 @@ def read_lora_dir(path: str | Path, *, is_v2: bool
     config = lora_config_for(is_v2, **INFERENCE_DEFAULT)
     if (directory / CONFIG_FILE).is_file():
         try:
-            info = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+            from mizuoto.settings_files import parse_settings
+
+            info = parse_settings((directory / CONFIG_FILE).read_text(encoding="utf-8"),
+                                  "json", CONFIG_FILE)
+            if not isinstance(info, dict):
+                raise ValueError(f"must hold a JSON object, not {type(info).__name__}")
             values = info.get("lora_config", {})
             if not isinstance(values, dict):
                 raise ValueError("lora_config must be an object")

@@ -32,8 +32,10 @@ def read_model_defaults(model_dir: str | Path, params_class: type | None = None
     path = Path(model_dir) / DEFAULTS_FILE
     if not path.is_file():
         return _NONE
+    from mizuoto.settings_files import parse_settings
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_settings(path.read_text(encoding="utf-8"), "json", DEFAULTS_FILE)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise CheckpointMismatch(str(path), detail=f"cannot read it ({exc}); fix or delete "
                                  "it") from None

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ import attrs
 import torch
 from torch import Tensor, nn
 
-from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
+from mizuoto.errors import CheckpointMismatch, ModelFilesMissing, UnsafeCheckpoint
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ def load_state_dict_file(
                 f"one of {', '.join(PICKLE_SUFFIXES)}")
     except CheckpointMismatch:
         raise
+    except pickle.UnpicklingError:
+        # torch's own text suggests weights_only=False: the one thing not to do with a
+        # downloaded file, so it is not passed on
+        raise UnsafeCheckpoint(str(path)) from None
     except Exception as exc:  # safetensors / pickle errors have no common base class
         raise CheckpointMismatch(str(path), detail=f"cannot read it: {exc}") from exc
     if key is not None:

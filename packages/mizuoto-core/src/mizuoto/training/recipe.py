@@ -52,22 +52,21 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     text = read_utf8(path, "--config")
-    if path.suffix.lower() in (".yaml", ".yml"):
+    from mizuoto.settings_files import SettingsFileError, parse_settings
+
+    kind = "yaml" if path.suffix.lower() in (".yaml", ".yml") else "toml"
+    if kind == "yaml":
         try:
-            import yaml
+            import yaml  # noqa: F401 - only to name the missing extra
         except ImportError:
             raise InvalidRequest("--config", f"{path} is YAML, which needs PyYAML",
                                  "pip install pyyaml, or write the settings as TOML") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InvalidRequest("--config", f"{path} is not valid YAML: {exc}") from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise InvalidRequest("--config", f"{path} is not valid TOML: {exc}",
-                                 "a .yaml/.yml file is read as YAML") from None
+    try:
+        data = parse_settings(text, kind, str(path))
+    except SettingsFileError as exc:
+        raise InvalidRequest("--config", str(exc),
+                             "" if kind == "yaml" else "a .yaml/.yml file is read as YAML"
+                             ) from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -124,7 +123,9 @@ def training_config(trainer, *, method: str | None, model: str | None, dataset: 
               **{k: v for k, v in (explicit or {}).items() if v is not None}}
     unknown = sorted(set(fields) - set(CONFIG_FIELDS))
     if unknown:
-        raise InvalidRequest("--config", f"unknown settings: {', '.join(unknown)}")
+        from mizuoto.settings_files import name_some
+
+        raise InvalidRequest("--config", f"unknown settings: {name_some(unknown)}")
     params = {**default_params, **file_params, **pair_params}
     return TrainingConfig(method=method, model=str(model), dataset=Path(dataset),
                           output_dir=Path(output_dir), params=params, **fields)

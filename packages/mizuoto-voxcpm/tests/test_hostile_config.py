@@ -1,0 +1,102 @@
+"""Downloaded config.json files that would cost gigabytes or end in a traceback: refused by
+name while parsing, before any module is built."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from mizuoto_voxcpm import config as config_module
+from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, parameter_bytes
+from mizuoto_voxcpm.fixtures import realsize_config, tiny_config
+
+
+def _config(**lm):
+    raw = copy.deepcopy(tiny_config("voxcpm2", vocab_size=500))
+    raw["lm_config"].update(lm)
+    return raw
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_hidden_layers", 100_000), ("num_hidden_layers", -3), ("num_hidden_layers", 0),
+    ("num_attention_heads", 0), ("num_key_value_heads", -1), ("vocab_size", 10**9),
+    ("hidden_size", 0), ("intermediate_size", -5), ("max_position_embeddings", 10**12)])
+def test_lm_fields_out_of_range_are_named(field, value):
+    with pytest.raises(ConfigError) as info:
+        VoxCPMConfig.from_dict(_config(**{field: value}))
+    assert info.value.field == f"lm_config.{field}"
+
+
+@pytest.mark.parametrize("section,field,value", [
+    ("encoder_config", "num_layers", 0), ("dit_config", "num_heads", 0),
+    ("dit_config", "hidden_dim", 10**7)])
+def test_local_stacks_out_of_range_are_named(section, field, value):
+    raw = _config()
+    raw[section][field] = value
+    with pytest.raises(ConfigError, match=section):
+        VoxCPMConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("field,value", [("max_length", 10**12), ("patch_size", 0),
+                                         ("feat_dim", 10**6)])
+def test_top_level_out_of_range_is_named(field, value):
+    raw = _config()
+    raw[field] = value
+    with pytest.raises(ConfigError) as info:
+        VoxCPMConfig.from_dict(raw)
+    assert info.value.field == field
+
+
+def test_hidden_size_not_divisible_by_heads_is_named():
+    raw = _config()
+    raw["lm_config"].pop("kv_channels", None)
+    raw["lm_config"]["hidden_size"] = raw["lm_config"]["num_attention_heads"] * 8 + 1
+    with pytest.raises(ConfigError, match="divisible"):
+        VoxCPMConfig.from_dict(raw)
+
+
+def test_weights_larger_than_memory_are_refused_by_name(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps(_config()))
+    needed = parameter_bytes(VoxCPMConfig.from_dict(_config()))
+    monkeypatch.setattr(config_module, "_available_memory", lambda: needed - 1)
+    with pytest.raises(ConfigError, match="GiB of memory is available"):
+        VoxCPMConfig.from_model_dir(tmp_path)
+    monkeypatch.setattr(config_module, "_available_memory", lambda: needed)
+    assert VoxCPMConfig.from_model_dir(tmp_path).lm.vocab_size == 500
+
+
+def test_real_size_configs_pass_and_estimate_their_size():
+    for generation in ("voxcpm-0.5b", "voxcpm2"):
+        config = VoxCPMConfig.from_dict(realsize_config(generation))
+        assert 10**8 < parameter_bytes(config) < 2 * 10**10
+
+
+@pytest.mark.parametrize("lora_config", [
+    {"r": 1e9}, {"r": "8"}, {"r": 2.5}, {"r": True}, {"alpha": -1}, {"alpha": "16"},
+    {"dropout": 5.0}, {"dropout": -0.1}, {"dropout": float("nan")}])
+def test_hostile_lora_configs_are_named_before_layers_are_built(tmp_path, lora_config):
+    from safetensors.torch import save_file
+
+    from mizuoto.errors import CheckpointMismatch
+    from mizuoto_voxcpm.lora import CONFIG_FILE, WEIGHTS_FILE, read_lora_dir
+
+    save_file({}, str(tmp_path / WEIGHTS_FILE))
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"lora_config": lora_config}))
+    field = next(iter(lora_config))
+    with pytest.raises(CheckpointMismatch, match=f"lora_config.{field}"):
+        read_lora_dir(tmp_path, is_v2=True)
+
+
+@pytest.mark.parametrize("text", ["[1, 2, 3]", '"r"', "[" * 50_000 + "]" * 50_000])
+def test_lora_config_that_is_no_object_is_named(tmp_path, text):
+    from safetensors.torch import save_file
+
+    from mizuoto.errors import CheckpointMismatch
+    from mizuoto_voxcpm.lora import CONFIG_FILE, WEIGHTS_FILE, read_lora_dir
+
+    save_file({}, str(tmp_path / WEIGHTS_FILE))
+    (tmp_path / CONFIG_FILE).write_text(text)
+    with pytest.raises(CheckpointMismatch, match=CONFIG_FILE):
+        read_lora_dir(tmp_path, is_v2=True)
