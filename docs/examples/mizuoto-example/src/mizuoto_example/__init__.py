@@ -95,7 +95,7 @@ def register_contract_fixtures(register):
         engine="toy",
         name="tiny",
         make=_write_tiny_model,
-        # max_seconds: room for the suite's 2000-character text (42 s at 0.02 s a character)
+        # max_seconds: room for the suite's 2045-character text (41 s at 0.02 s a character)
         request_params={"char_seconds": 0.02, "max_seconds": 60.0},
         stream_matches=True,
         needs_reference_text=False,
