@@ -22,10 +22,10 @@ from mizuoto_example.engine import ToyEngine
 
 pytest_plugins = ["pytester"]
 
-# Per toy model: 24 tests, plus test_empty_text_is_refused once; edit, design, long text and
+# Per toy model: 31 tests (7 of them in test_behaviour_contract), plus test_empty_text_is_refused once; edit, design, long text and
 # the refused-reference-text test do not apply to the toy. Three of them check hostile input
 # (non-finite numbers, NaN weights, a Hypothesis property).
-TOY_TESTS = 32
+TOY_TESTS = 39
 # 4 that do not apply, and the 5 trainer-contract tests run_suite leaves to the contract session
 TOY_DESELECTED = 9
 
@@ -85,8 +85,8 @@ def test_capabilities_decide_which_tests_exist(run_suite, monkeypatch):
     monkeypatch.setattr(ToyEngine, "info", property(
         lambda self: attrs.evolve(info(self), capabilities=info(self).capabilities - fewer)))
     result = run_suite("-v")
-    # 6 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
-    result.assert_outcomes(passed=TOY_TESTS - 6, deselected=TOY_DESELECTED + 8)
+    # 7 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
+    result.assert_outcomes(passed=TOY_TESTS - 7, deselected=TOY_DESELECTED + 9)
     result.stdout.fnmatch_lines(["*test_unsupported_capability_raises?toy/tiny-stream? PASSED*",
                                  "*test_unsupported_capability_raises?toy/tiny-voice_cache? "
                                  "PASSED*"])
@@ -106,10 +106,10 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
 
     monkeypatch.setattr(ToyEngine, "load", classmethod(broken))
     result = run_suite()
-    # Its capabilities are unknown: only the tests every model gets are generated (12
+    # Its capabilities are unknown: only the tests every model gets are generated (17
     # functions, one of them for three texts, one for two settings), and they error with the
-    # load error; the other 17 are deselected.
-    result.assert_outcomes(passed=0, errors=16, deselected=24)
+    # load error; the others are deselected.
+    result.assert_outcomes(passed=0, errors=21, deselected=26)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
 
@@ -256,6 +256,97 @@ def test_a_text_cut_short_is_caught(run_suite, monkeypatch):
     _assert_caught(run_suite("--mizuoto-engine", "toy"),
                    "test_longer_text_gives_longer_audio_or_is_refused_by_name?toy/tiny?",
                    "Likely cause: the text is cut")
+
+
+def test_a_text_cut_beyond_the_longest_sentence_is_caught(run_suite, monkeypatch):
+    hum = ToyEngine._hum
+    monkeypatch.setattr(ToyEngine, "_hum", lambda self, text, *args: hum(self, text[:200], *args))
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "thousands or longer_text"),
+                   "Likely cause: the text is cut beyond some length",
+                   "FAILED *test_thousands_of_characters_are_spoken_whole*toy/tiny*")
+
+
+def test_a_stream_computed_whole_before_its_first_chunk_is_caught(run_suite, monkeypatch):
+    hum = ToyEngine._hum
+    monkeypatch.setattr(ToyEngine, "_hum", lambda self, *args: iter(list(hum(self, *args))))
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "first_chunk"),
+                   "_stream computes the whole utterance",
+                   "FAILED *test_the_first_chunk_arrives_before_the_rest*toy/tiny*")
+
+
+def test_an_ignored_reference_is_caught(run_suite, monkeypatch):
+    monkeypatch.setattr(toy_engine, "_analyse", lambda audio: toy_engine._NEUTRAL)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "reference_changes"),
+                   "synthesis ignores request.reference",
+                   "FAILED *test_the_reference_changes_the_audio*toy/tiny*")
+
+
+def test_an_ignored_declared_param_is_caught(run_suite, monkeypatch):
+    hum = ToyEngine._hum
+    monkeypatch.setattr(ToyEngine, "_hum", lambda self, text, params, *args: hum(
+        self, text, attrs.evolve(params, char_seconds=0.02), *args))
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "declared_param"),
+                   "params char_seconds changed nothing",
+                   "FAILED *test_every_declared_param_changes_the_audio*toy/tiny*")
+
+
+def test_memory_kept_per_request_is_caught(run_suite, monkeypatch):
+    kept = []
+    synthesize = ToyEngine._synthesize
+
+    def leaking(self, *args):
+        kept.append(torch.ones(5 * 2**18))  # 5 MiB each request, never freed
+        return synthesize(self, *args)
+
+    monkeypatch.setattr(ToyEngine, "_synthesize", leaking)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "memory"),
+                   "grew the resident memory by", "FAILED *test_memory_stays_flat*toy/tiny*")
+
+
+def test_a_fixture_without_a_license_is_named(run_suite, monkeypatch):
+    from mizuoto import registry
+
+    listed = registry.contract_fixtures
+    monkeypatch.setattr(registry, "contract_fixtures", functools.cache(lambda: {  # cache_clear
+        key: attrs.evolve(fixture, license=None) for key, fixture in listed().items()}))
+    result = run_suite("--mizuoto-engine", "toy", "-k", "license")
+    # a deprecation (and the closing line) while the bundled fixtures adopt the field
+    result.stdout.fnmatch_lines(["*declares no license*", "plugin mizuoto_example (engine toy) "
+                                 "*misses 1 requirements*test_the_license_is_declared*"],
+                                consecutive=False)
+
+
+def test_a_generator_never_drawn_from_is_caught(run_suite, monkeypatch):
+    hum = ToyEngine._hum
+
+    def own_generator(self, text, params, shape, generator, progress):
+        mine = torch.Generator().manual_seed(generator.initial_seed() + 1)
+        return hum(self, text, params, shape, mine, progress)
+
+    monkeypatch.setattr(ToyEngine, "_hum", own_generator)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "generator_passed"),
+                   "was never drawn from",
+                   "FAILED *test_the_generator_passed_is_the_one_drawn_from*toy/tiny*")
+
+
+def test_int16_stream_chunks_are_named(run_suite, monkeypatch):
+    stream = ToyEngine._stream
+
+    def whole(self, *args):  # synthesis as before, from the float32 pieces
+        pieces = list(stream(self, *args))
+        samples = torch.cat([piece.audio.samples for piece in pieces])
+        return attrs.evolve(pieces[-1], audio=Audio(samples, pieces[-1].audio.sample_rate))
+
+    def quantised(self, *args):  # the stream's chunks rounded to 16-bit PCM
+        for piece in stream(self, *args):
+            samples = (piece.audio.samples * 32768).round() / 32768
+            yield attrs.evolve(piece, audio=Audio(samples, piece.audio.sample_rate))
+
+    monkeypatch.setattr(ToyEngine, "_synthesize", whole)
+    monkeypatch.setattr(ToyEngine, "_stream", quantised)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "stream_matches"),
+                   "one side is quantised to 16-bit PCM",
+                   "FAILED *test_stream_matches_synthesis*toy/tiny*")
 
 
 @pytest.mark.parametrize("setting", ["steps", "guidance"])

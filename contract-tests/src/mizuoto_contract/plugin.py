@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 _MODELS = pytest.StashKey["ContractModels"]()
 _UNUSED = pytest.StashKey[set[str]]()
+# per plugin written for API 1.0: the tests whose 1.1 requirements it misses (see note_missed)
+_MISSED: dict[tuple[str, str], set[str]] = {}
 
 # The capabilities a call can be refused for, and so can be tested when a model lacks them.
 REFUSABLE = ("zero_shot", "clone", "design", "edit", "stream", "voice_cache")
@@ -40,6 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "mizuoto_requires(*capabilities, when=None): generate this contract test "
         "only for models that declare the capabilities (and whose fixture passes `when`)")
     config.stash[_UNUSED] = set()
+    _MISSED.clear()
     from mizuoto_contract.profiles import load_profile
 
     try:  # the Hypothesis profile of every package's property tests (see profiles.py)
@@ -94,6 +97,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                              indirect=["contract_model"])
     else:
         metafunc.parametrize("contract_model", params, ids=ids, indirect=True)
+
+
+def note_missed(engine: object, test: str) -> None:
+    """Record that ``engine``'s plugin, written for API 1.0, misses the 1.1 requirement
+    ``test`` checks: the run ends with one line per such plugin."""
+    cls = type(engine)
+    plugin = f"{cls.__module__.split('.')[0]} (engine {getattr(cls, 'name', cls.__name__)})"
+    _MISSED.setdefault((plugin, getattr(cls, "plugin_api", "1.1")), set()).add(test)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    for (plugin, api), tests in sorted(_MISSED.items()):
+        terminalreporter.write_line(
+            f"plugin {plugin} is written for API {api}; it misses {len(tests)} requirements of "
+            f"1.1: {', '.join(sorted(tests))} (see the PluginAPIDeprecation warnings; enforced "
+            f"from API 2.0)", yellow=True, bold=True)
 
 
 def deselect(metafunc: pytest.Metafunc) -> None:

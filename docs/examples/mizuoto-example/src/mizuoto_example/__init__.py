@@ -95,12 +95,16 @@ def register_contract_fixtures(register):
         engine="toy",
         name="tiny",
         make=_write_tiny_model,
-        request_params={"char_seconds": 0.02},
+        # max_seconds: room for the suite's 2045-character text (41 s at 0.02 s a character)
+        request_params={"char_seconds": 0.02, "max_seconds": 60.0},
         stream_matches=True,
         needs_reference_text=False,
         # char_seconds is exact (rounded to whole samples at 16 kHz)
         seconds_per_character=(0.0199, 0.0201),
         description="random pitches and levels, 64 entries, 16 kHz",
+        license="Apache-2.0",
+        # a limit: it changes the audio only by refusing a text that needs more
+        inert_params={"max_seconds"},
     ))
 
 

@@ -29,6 +29,12 @@ class ContractFixture:
     ``seconds_per_character`` is the range of audio seconds per character of text the model
     gives with the fixture's settings, when the engine knows it (a duration rule); the suite
     then checks the duration, which catches audio made at one rate and labelled another.
+    ``license`` and ``non_commercial`` are the fixture's model's license (an SPDX name, as
+    ``ModelInfo.license``) and whether it forbids commercial use: the suite checks that the
+    engine reports them and that a non-commercial model's results carry the notice.
+    ``inert_params`` names request params that do not change the audio of the fixture's
+    model (a limit it does not reach, a switch for another model kind): the suite checks that
+    every other declared param does.
     ``realsize`` marks a recipe at the released architecture's sizes, for benchmarks
     (``mizuoto bench random:ID``) and ``mizuoto random-model``: the contract suite leaves it
     out (:func:`mizuoto.registry.contract_fixtures`), its requests take minutes.
@@ -48,6 +54,9 @@ class ContractFixture:
     length_follows_text: bool = True
     seconds_per_character: tuple[float, float] | None = None
     realsize: bool = False
+    license: str | None = None
+    non_commercial: bool = False
+    inert_params: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
 
     @property
     def id(self) -> str:

@@ -1,0 +1,293 @@
+"""Contract points a plugin breaks without raising anything: the stream is incremental, the
+reference and every declared setting change the audio, a long text is spoken whole, memory
+stays flat, the license is declared and reported, the generator the base class passes is the
+one drawn from.
+
+Each test fails with the likely cause and the fix. Work is counted in torch operations (a
+dispatch mode in the calling thread), never in seconds: the counts are the same on a loaded
+machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import attrs
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mizuoto import Audio, Capability, Reference
+from mizuoto.contracts.api import deprecated
+from mizuoto.errors import InvalidRequest
+from mizuoto_contract.models import ContractModel
+from mizuoto_contract.plugin import note_missed
+from mizuoto_contract.reference import REFERENCE_TEXT, voiced_signal
+from mizuoto_contract.test_contract import (
+    LONG_TEXT,
+    SEED,
+    TEXT,
+    _check_result,
+    _duration,
+    _plain_request,
+    _reference,
+    _request,
+    _require,
+)
+
+requires = pytest.mark.mizuoto_requires
+
+
+def _declares_license(fixture) -> bool:
+    # These checks are new: they run for fixtures written to them (which declare their
+    # license); the bundled engines' fixtures adopt them by declaring it.
+    return fixture.license is not None
+
+
+adopted = requires(when=_declares_license)
+
+
+class _OperationCount(TorchDispatchMode):
+    """Counts the torch operations run in this thread while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+# An incremental stream of n chunks has done about 1/n of its work when the first chunk
+# arrives; one that computes everything first, all of it. Half is generous for any n >= 3.
+FIRST_CHUNK_SHARE = 0.5
+
+
+@requires(Capability.STREAM, when=_declares_license)
+def test_the_first_chunk_arrives_before_the_rest_is_computed(contract_model: ContractModel
+                                                             ) -> None:
+    """For a long text, the first chunk comes after a fraction of the stream's work (torch
+    operations counted, not seconds): a stream is yielded as it is made, not at the end."""
+    request = _plain_request(contract_model, text=LONG_TEXT, seed=SEED)
+    counter = _OperationCount()
+    with counter:  # opening the stream counts too: it may do the work before the first chunk
+        chunks = iter(contract_model.engine.stream(request))
+        next(chunks)
+        first = counter.count
+        rest = sum(1 for _ in chunks)
+    total = counter.count
+    if rest < 2 or total == 0:
+        # one or two chunks (or no torch work): nothing tells incremental from all-at-once
+        pytest.skip(f"the stream of a {len(LONG_TEXT)}-character text has {rest + 1} chunks")
+    share = first / total
+    _require(contract_model, share <= FIRST_CHUNK_SHARE, (
+        f"the first of {rest + 1} stream chunks came after {share:.0%} of the stream's torch "
+        f"operations ({first} of {total}; limit {FIRST_CHUNK_SHARE:.0%}). Likely cause: "
+        f"_stream computes the whole utterance and then yields it in pieces; yield each chunk "
+        f"as soon as it is made"))
+
+
+def _other_reference(model: ContractModel) -> Reference:
+    """A second voiced reference: the suite's made at half the rate and played at the model's
+    (twice the pitch, 0.75 s), at a third of the level."""
+    rate = model.engine.info.sample_rate
+    samples = torch.from_numpy(voiced_signal(rate // 2, seconds=1.5))
+    return Reference(Audio(samples * 0.3, rate), text=REFERENCE_TEXT)
+
+
+@requires(Capability.CLONE, when=_declares_license)
+def test_the_reference_changes_the_audio(contract_model: ContractModel) -> None:
+    """Two different references (and, for a zero-shot model, no reference) give different
+    audio with the same seed: a cloning engine uses the recording."""
+    engine = contract_model.engine
+    cloned = engine.synthesize(_request(contract_model, reference=_reference(contract_model),
+                                        seed=SEED))
+    _check_result(contract_model, cloned, seed=SEED)
+    other = engine.synthesize(_request(
+        contract_model, reference=_other_reference(contract_model), seed=SEED))
+    samples = {"another reference": other.audio.samples}
+    if Capability.ZERO_SHOT in engine.capabilities:
+        samples["no reference"] = engine.synthesize(_request(contract_model,
+                                                             seed=SEED)).audio.samples
+    same = [what for what, audio in samples.items() if torch.equal(audio, cloned.audio.samples)]
+    _require(contract_model, not same, (
+        f"cloning from the suite's reference gave the same audio as {' and '.join(same)}, "
+        f"seed {SEED}. Likely cause: synthesis ignores request.reference (and the voice built "
+        f"from it); condition the audio on the reference's features"))
+
+
+def _values_across(field: attrs.Attribute, base) -> list:
+    """Two values of a param other than ``base``, below and above it, for a number; the
+    other value for a switch; none for anything else."""
+    if isinstance(base, bool):
+        return [not base]
+    if isinstance(base, int) and "int" in str(field.type):
+        return [max(base - 1, 0), base + 1] if base else [1, 2]
+    if isinstance(base, (int, float)):
+        return [base * 0.5, base * 1.5] if base else [0.5, 1.0]
+    return []
+
+
+@adopted
+def test_every_declared_param_changes_the_audio(contract_model: ContractModel) -> None:
+    """Each request param the engine declares (``params_class``) changes the audio somewhere
+    in its range, or is refused there by name, unless the fixture declares it inert
+    (``ContractFixture.inert_params``): a declared setting is never silently ignored."""
+    engine, fixture = contract_model.engine, contract_model.fixture
+    if engine.params_class is None:
+        pytest.skip("the engine declares no request params")
+    unknown = fixture.inert_params - {f.name for f in attrs.fields(engine.params_class)}
+    assert not unknown, f"ContractFixture.inert_params names params the engine lacks: {unknown}"
+    plain = engine.synthesize(_plain_request(contract_model, seed=SEED)).audio.samples
+    ignored = []
+    for field in attrs.fields(engine.params_class):
+        base = fixture.request_params.get(field.name, field.default)
+        if field.name in fixture.inert_params or isinstance(base, attrs.Factory):
+            continue
+        changed, tried = False, 0
+        for value in _values_across(field, base):
+            params = {**fixture.request_params, field.name: value}
+            try:
+                audio = engine.synthesize(_plain_request(contract_model, seed=SEED,
+                                                         params=params)).audio.samples
+            except InvalidRequest as exc:
+                assert field.name in exc.field, f"refusing params.{field.name} named {exc.field}"
+                continue
+            tried += 1
+            changed = changed or not torch.equal(audio, plain)
+        if tried and not changed:
+            ignored.append(field.name)
+    _require(contract_model, not ignored, (
+        f"params {', '.join(ignored)} changed nothing across their range (seed {SEED}). Likely "
+        f"cause: the engine declares them but never reads them; use them, remove them from "
+        f"the params class, or, where the fixture's model cannot show them (a limit it does "
+        f"not reach), list them in ContractFixture(inert_params=...)"))
+
+
+# About 2000 characters: far beyond a sentence, where a hidden cut (text[:n]) shows.
+THOUSANDS_TEXT = " ".join([LONG_TEXT] * 2)
+# The audio grows at least this share as fast as the text (a cut text gives far less).
+WHOLE_SHARE = 0.25
+
+
+@requires(when=lambda fixture: fixture.length_follows_text and _declares_license(fixture))
+def test_thousands_of_characters_are_spoken_whole_or_refused_by_name(
+        contract_model: ContractModel) -> None:
+    """A text of about 2000 characters is spoken whole (its audio grows with the text), or
+    refused naming ``text``, streamed and not: never cut at some hidden length."""
+    engine = contract_model.engine
+    short = _duration(engine.synthesize(_plain_request(contract_model, seed=SEED)))
+    request = _plain_request(contract_model, text=THOUSANDS_TEXT, seed=SEED)
+    expected = WHOLE_SHARE * len(THOUSANDS_TEXT) / len(TEXT)
+    ways = {"synthesized": lambda: engine.synthesize(request).audio}
+    if Capability.STREAM in engine.capabilities:
+        ways["streamed"] = lambda: Audio(torch.cat([c.audio.samples
+                                                    for c in engine.stream(request)]),
+                                         engine.info.sample_rate)
+    for way, speak in ways.items():
+        try:
+            audio = speak()
+        except InvalidRequest as exc:
+            assert exc.field == "text", f"a refused long text must name the field text: {exc}"
+            continue
+        ratio = audio.duration / max(short, 1e-9)
+        _require(contract_model, ratio >= expected, (
+            f"a {len(THOUSANDS_TEXT)}-character text {way} gave {ratio:.1f} times the audio of "
+            f"a {len(TEXT)}-character one (expected at least {expected:.0f}). Likely cause: the "
+            f"text is cut beyond some length or a length cap ends the audio; speak it whole "
+            f"(in chunks) or refuse it with InvalidRequest('text', ...) naming the limit"))
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+REPEATS = 12
+# What twelve requests may add to the resident memory once warm: allocator slack, not a
+# leak (a leak of a second of float32 audio per request at 48 kHz is 2.3 MB; a cache that
+# keeps each request's tensors is more).
+MEMORY_GROWTH_LIMIT = 24 * 2**20
+
+
+@adopted
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")
+def test_memory_stays_flat_over_repeated_requests(contract_model: ContractModel) -> None:
+    """The same request twelve times, after two to warm up: the process's resident memory
+    grows by at most 24 MiB. An engine that keeps something per request leaks."""
+    request = _plain_request(contract_model, seed=SEED)
+    for _ in range(2):
+        contract_model.engine.synthesize(request)
+    gc.collect()
+    before = _resident_bytes()
+    for _ in range(REPEATS):
+        contract_model.engine.synthesize(request)
+    gc.collect()
+    grown = _resident_bytes() - before
+    _require(contract_model, grown <= MEMORY_GROWTH_LIMIT, (
+        f"{REPEATS} identical requests grew the resident memory by {grown / 2**20:.1f} MiB "
+        f"(limit {MEMORY_GROWTH_LIMIT / 2**20:.0f} MiB). Likely cause: each request leaves "
+        f"something behind (a list or cache of tensors on the engine, a history kept for "
+        f"debugging); keep per-request state in the call, bound any cache"))
+
+
+def test_the_license_is_declared_and_reported(contract_model: ContractModel) -> None:
+    """The fixture declares its model's license; the engine reports it in ModelInfo and every
+    result, and a non-commercial model's results say so (``applied.non_commercial``, written
+    into saved files)."""
+    fixture, info = contract_model.fixture, contract_model.engine.info
+    if fixture.license is None:
+        # a deprecation for every plugin while the bundled fixtures adopt the field
+        deprecated(f"contract fixture {fixture.id} declares no license: set "
+                   f"ContractFixture(license=..., non_commercial=...) to the model's license, "
+                   f"so the suite can check what the engine reports")
+        note_missed(contract_model.engine, "test_the_license_is_declared_and_reported")
+        return
+    assert (info.license, info.non_commercial) == (fixture.license, fixture.non_commercial), (
+        f"the model reports license {info.license!r}, non_commercial={info.non_commercial}, "
+        f"but its fixture declares {fixture.license!r}, non_commercial="
+        f"{fixture.non_commercial}: pass the model's license to placement.model_info(...)")
+    applied = contract_model.engine.synthesize(_plain_request(contract_model,
+                                                              seed=SEED)).applied
+    from mizuoto.contracts.results import file_metadata
+
+    assert applied.non_commercial == fixture.non_commercial, (
+        "a non-commercial model's results must say so (applied.non_commercial=True): copy "
+        "ModelInfo.non_commercial into Applied")
+    if fixture.non_commercial:
+        assert "non-commercial" in file_metadata(applied)["comment"]
+
+
+@adopted
+def test_the_generator_passed_is_the_one_drawn_from(contract_model: ContractModel) -> None:
+    """Where the seed changes the audio, the engine draws from the generator the base class
+    made for ``applied.seed``, not from one of its own: what it reports is what it used."""
+    engine = contract_model.engine
+    made = []
+    make = engine.make_generator
+
+    def recording(seed):
+        made.append((seed, make(seed)))
+        return made[-1][1]
+
+    first = engine.synthesize(_plain_request(contract_model, seed=SEED)).audio.samples
+    second = engine.synthesize(_plain_request(contract_model, seed=SEED + 1)).audio.samples
+    if torch.equal(first, second):
+        pytest.skip("the seed does not change this model's audio")
+    try:
+        engine.make_generator = recording
+        result = engine.synthesize(_plain_request(contract_model, seed=SEED))
+    finally:
+        del engine.make_generator
+    if not made or not isinstance(made[0][1], torch.Generator):
+        return
+    seed, generator = made[0]
+    fresh = make(seed)
+    _require(contract_model, seed == result.applied.seed and not torch.equal(
+        generator.get_state(), fresh.get_state()), (
+        f"the generator the base class made for seed {seed} was never drawn from, yet the seed "
+        f"changes the audio. Likely cause: the engine draws from a generator of its own (or "
+        f"torch's global one), seeded otherwise than applied.seed says; draw only from the "
+        f"generator passed to _synthesize/_stream"))
