@@ -431,3 +431,18 @@ def test_a_full_disk_is_a_507_not_a_500():
         error = from_mizuoto(OSError(number, "No space left on device"))
         assert (error.status, error.code) == (507, "insufficient_storage")
     assert from_mizuoto(OSError(errno.EIO, "I/O error")).status == 500
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--allowed-origin", "app.example.com"], "--allowed-origin"),
+    (["--allowed-host", "https://x.example"], "--allowed-host"),
+    (["--max-voices", "0"], "--max-voices"), (["--max-voices-size", "lots"], "--max-voices-size"),
+    (["--max-voices-size", "0"], "--max-voices-size")])
+def test_the_cli_names_a_bad_browser_or_voice_option(toy_dir, args, named):
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    result = CliRunner().invoke(cli, ["serve", "-m", str(toy_dir), *args], obj={})
+    assert result.exit_code == 2, result.output
+    assert f"Error: {named}:" in result.output and "Traceback" not in result.output

@@ -73,6 +73,10 @@ class ServeConfig:
     once, batched by engines that batch (:mod:`mizuoto.serve.batching`); 1 runs them one
     after the other.
 
+    ``allowed_hosts`` and ``allowed_origins`` add to what a browser may reach
+    (:mod:`mizuoto.serve.browser`); ``max_voices`` and ``max_voices_bytes`` cap the stored
+    voices (:class:`~mizuoto.serve.voices.VoiceStore`).
+
     Every value is checked here, so the CLI and the Python API refuse the same ones: ``port``
     1 to 65535, ``grace`` finite in [0, :data:`MAX_GRACE`], an ``api_key`` that is not
     empty or blank (``None``: no authentication).
