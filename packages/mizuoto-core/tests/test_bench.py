@@ -187,3 +187,14 @@ def test_a_random_model_is_written_outside_the_bench_process(toy, monkeypatch):
     calls.clear()
     command._write_random(fixture, directory)  # complete: reused, nothing run
     assert calls == []
+
+
+def test_the_table_has_no_audio_column_when_there_is_nothing_to_say():
+    entries = summarize([Configuration("base")], {"base": [_run("a", 2.0)]})
+    header = {"model": "random:toy/tiny", "engine": "toy", "stream": False, "runs": 1,
+              "requests": 1, "threads": 1,
+              "load_average": {"before": [1.0, 1, 1], "after": [1.0, 1, 1]}}
+    lines = table(header, entries).splitlines()
+    assert lines[2].split() == ["configuration", "load", "s", "request", "s", "RTF", "peak",
+                                "RSS", "MB", "x", "base"]
+    assert not lines[3].rstrip().endswith("-")

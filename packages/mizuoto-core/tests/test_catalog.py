@@ -49,10 +49,20 @@ def test_a_local_directory_is_used_as_is(tmp_path, home):
 
 def test_unknown_id_lists_known_ids(home):
     with pytest.raises(ModelNotFound, match="'fake/large' is neither a directory nor a catalog "
-                                            "id; known ids: fake/base"):
+                                            "id: no such directory .*; known ids: fake/base"):
         resolve_model("fake/large", catalog=CATALOG)
     with pytest.raises(ModelNotFound, match=r"none \(no engine installed\)"):
         resolve_model("fake/large", catalog={})
+
+
+def test_a_mistyped_directory_names_the_nearest_one(tmp_path, home, monkeypatch):
+    (tmp_path / "models" / "f5-random").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelNotFound, match=r"no such directory \(did you mean "
+                                            r"models/f5-random\?\)"):
+        resolve_model("models/f5-randon", catalog=CATALOG)
+    with pytest.raises(ModelNotFound, match=r"did you mean fake/base\?"):
+        resolve_model("fake/bse", catalog=CATALOG)
 
 
 def test_the_registered_catalog_is_used_by_default(fake_plugin, home):

@@ -23,7 +23,8 @@ def test_plugins_lists_hooks_and_engines(fake_plugin):
     result = _run("plugins")
     assert result.exit_code == 0
     assert "fake_plugin" in result.output
-    assert "register_engines" in result.output and "engines: fake" in result.output
+    assert "provides: " in result.output and "engines: fake" in result.output
+    assert "register_" not in result.output and "random-init models" in result.output
 
 
 def test_models_lists_the_catalog_with_download_state(fake_plugin, tmp_path, monkeypatch):
@@ -70,14 +71,14 @@ def test_empty_text_is_a_usage_error_without_traceback(fake_plugin, tmp_path):
     (tmp_path / "fake.json").write_text("{}")
     result = _run("say", "-m", str(tmp_path), "-o", str(tmp_path / "x.wav"), "")
     assert result.exit_code == 2
-    assert "text: is empty" in result.output and "Traceback" not in result.output
+    assert "TEXT: is empty" in result.output and "Traceback" not in result.output
 
 
 def test_unknown_param_and_option_are_named(fake_plugin, tmp_path):
     (tmp_path / "fake.json").write_text("{}")
     out = str(tmp_path / "x.wav")
     result = _run("say", "-m", str(tmp_path), "-o", out, "--param", "pitch=2", "hi")
-    assert result.exit_code == 2 and "params.pitch" in result.output
+    assert result.exit_code == 2 and "--param pitch: " in result.output
     result = _run("say", "-m", str(tmp_path), "-o", out, "--option", "compute.speed=2", "hi")
     assert result.exit_code == 2 and "compute.speed" in result.output
     result = _run("say", "-m", str(tmp_path), "-o", out, "--option", "engines.fake.level=-1", "hi")
@@ -104,7 +105,15 @@ def test_random_model_writes_the_fixture(fake_plugin, tmp_path):
 def test_random_model_help_lists_the_fixtures(fake_plugin):
     result = _run("random-model", "--help")
     assert result.exit_code == 0
-    assert "Fixtures:" in result.output and "fake/tiny" in result.output
+    assert "Random-init models:" in result.output and "fake/tiny" in result.output
+    assert "contract fixture" not in result.output
+
+
+def test_random_model_without_engines_names_the_package(no_plugins, tmp_path):
+    result = _run("random-model", "f5tts/tiny-v1-base", str(tmp_path / "m"))
+    assert result.exit_code == 2
+    assert "no engine is installed" in result.output
+    assert "pip install mizuoto-f5tts" in result.output
 
 
 def test_no_noise_warning_for_a_fixture_that_is_not_random(fake_plugin, monkeypatch, tmp_path):

@@ -252,3 +252,53 @@ def test_the_command_restarts_itself_with_the_allocator_and_pinning(tmp_path):
     assert done.stderr.count("restarting with") == 1, done.stderr
     assert "cpu_allocator=jemalloc" in done.stderr and "cpu_pinning=True" in done.stderr
     assert (tmp_path / "out.wav").is_file(), done.stderr
+
+
+# --- OpenMP's wait policy -------------------------------------------------------------------------
+
+def test_wait_policy_environment_keeps_the_users_choice():
+    from mizuoto.runtime.threads import wait_policy_environment
+
+    assert wait_policy_environment(ComputeOptions(), {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_policy_environment(ComputeOptions(), {"OMP_WAIT_POLICY": "active"}) == {}
+    active = ComputeOptions(cpu_wait_policy="active")
+    assert wait_policy_environment(active, {"OMP_WAIT_POLICY": "passive"}) == {
+        "OMP_WAIT_POLICY": "ACTIVE"}
+    assert wait_policy_environment(active, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+
+
+def test_a_wait_policy_asked_for_after_torch_started_is_refused(monkeypatch):
+    import torch  # noqa: F401  (OpenMP has read its policy)
+
+    from mizuoto.runtime.threads import apply_cpu_wait_policy
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    apply_cpu_wait_policy(ComputeOptions())  # auto: whatever the process started with
+    apply_cpu_wait_policy(ComputeOptions(cpu_wait_policy="active"))
+    with pytest.raises(InvalidOption) as caught:
+        apply_cpu_wait_policy(ComputeOptions(cpu_wait_policy="passive"))
+    assert caught.value.key == "compute.cpu_wait_policy"
+    assert "OMP_WAIT_POLICY=PASSIVE" in str(caught.value)
+
+
+@pytest.mark.parametrize(("user", "option", "reported"), [
+    (None, "auto", "passive"), ("active", "auto", "active"), ("active", "passive", "passive")])
+def test_the_command_sets_the_wait_policy_before_torch_starts(tmp_path, user, option, reported):
+    """The policy is set in the command's own environment (no restart) and the result reports
+    the one torch's threads run with; a policy of the user's own is kept under ``auto``."""
+    from mizuoto_example.engine import write_tiny_model
+
+    model = tmp_path / "toy"
+    write_tiny_model(model)
+    environment = _plain_environment(MIZUOTO_PLUGINS="toy", MIZUOTO_HOME=str(tmp_path / "home"))
+    environment.pop("OMP_WAIT_POLICY", None)
+    if user:
+        environment["OMP_WAIT_POLICY"] = user
+    done = subprocess.run(
+        [sys.executable, "-m", "mizuoto", "say", "-m", str(model), "-o",
+         str(tmp_path / "out.wav"), "--seed", "1", "--option",
+         f"compute.cpu_wait_policy={option}", "hello"],
+        env=environment, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "restarting with" not in done.stderr
+    assert f"cpu_wait_policy={reported}" in done.stdout + done.stderr

@@ -73,7 +73,26 @@ def test_load_picks_the_engine_that_recognizes_the_directory(fake_plugin, tmp_pa
 
 
 def test_load_refuses_to_guess(fake_plugin, tmp_path):
-    with pytest.raises(EngineNotFound, match=r"recognized by: none\); pass engine="):
+    with pytest.raises(EngineNotFound, match=r"no installed engine \(fake\) recognizes .* "
+                       r"name the engine \(-e NAME in the CLI, engine=NAME in Python\)"):
+        mizuoto.load(tmp_path)
+
+
+@pytest.mark.parametrize(("files", "package"), [
+    (("vocos/config.yaml", "model_1200000.safetensors"), "mizuoto-f5tts"),
+    (("config.json", "audiovae.pth", "model.safetensors"), "mizuoto-voxcpm"),
+])
+def test_a_published_engines_folder_names_the_package_to_install(no_plugins, tmp_path, files,
+                                                                 package):
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(EngineNotFound, match=rf"installed: none\): pip install {package}$"):
+        mizuoto.load(tmp_path)
+
+
+def test_an_unknown_folder_without_engines_says_to_install_one(no_plugins, tmp_path):
+    with pytest.raises(EngineNotFound, match="no engine is installed .*pip install mizuoto-f5tts"):
         mizuoto.load(tmp_path)
 
 

@@ -141,6 +141,24 @@ def _offline() -> bool:
         os.environ.get("MIZUOTO_OFFLINE", "0") not in ("0", "", "false", "False")
 
 
+def _nearest(model: str, path: Path, catalog: Mapping[str, CatalogEntry]) -> str | None:
+    """The catalog id or the directory beside ``path`` closest to a mistyped ``model``."""
+    import difflib
+
+    names = {model_id: model_id for model_id in catalog}
+    parent = path.parent
+    try:
+        if parent.is_dir():
+            prefix = model[:len(model) - len(path.name)]  # the parent as the user wrote it
+            names.update({item.name: prefix + item.name for item in parent.iterdir()
+                          if item.is_dir() and not item.name.startswith(".")})
+    except OSError:
+        pass  # an unreadable parent: no suggestion from it
+    found = difflib.get_close_matches(path.name, [n for n in names if n not in catalog], 1, 0.6)
+    found += difflib.get_close_matches(model, list(catalog), 1, 0.6)
+    return names[found[0]] if found else None
+
+
 def resolve_in(model: str | Path, catalog: Mapping[str, CatalogEntry], *,
                download: bool = True, progress: ProgressCallback | None = None
                ) -> ResolvedModel:
@@ -152,7 +170,10 @@ def resolve_in(model: str | Path, catalog: Mapping[str, CatalogEntry], *,
     entry = catalog.get(str(model))
     if entry is None:
         known = ", ".join(sorted(catalog)) or "none (no engine installed)"
-        raise ModelNotFound(f"{model!r} is neither a directory nor a catalog id; known ids: {known}")
+        near = _nearest(str(model), path, catalog)
+        hint = f" (did you mean {near}?)" if near else ""
+        raise ModelNotFound(f"{model!r} is neither a directory nor a catalog id: no such "
+                            f"directory{hint}; known ids: {known}")
     directory = model_cache_dir(entry)
     files = downloaded_files(entry)
     missing = [name for name, local in files.items()

@@ -97,9 +97,20 @@ def cli(ctx, debug, quiet):
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
+#: What each hook gives a user, as `mizuoto plugins` lists it.
+_PLUGIN_FEATURES = {
+    "register_engines": "engines",
+    "register_trainers": "training (mizuoto train)",
+    "register_models": "catalog models (mizuoto models)",
+    "register_contract_fixtures": "random-init models (mizuoto random-model)",
+    "register_upstream_baselines": "upstream speed baselines (mizuoto bench)",
+    "register_commands": "commands",
+}
+
+
 @cli.command()
 def plugins():
-    """List installed plugins, their versions and the hooks they implement."""
+    """List installed plugins, their versions and what they provide."""
     from mizuoto.plugins import get_plugins
     from mizuoto.registry import engine_refs
 
@@ -112,7 +123,8 @@ def plugins():
         version = plugin["version"] or "?"
         dist = plugin["distribution"] or plugin["name"]
         click.echo(f"{plugin['name']}  ({dist} {version})")
-        click.echo(f"  hooks: {', '.join(plugin['hooks']) or '-'}")
+        features = [_PLUGIN_FEATURES.get(hook, hook) for hook in plugin["hooks"]]
+        click.echo(f"  provides: {', '.join(features) or '-'}")
         for error in plugin.get("errors", []):
             click.echo(f"  error: {error}")
     refs = engine_refs()  # the engines are not imported: listing them stays fast
@@ -336,15 +348,19 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     check_distinct(("--output", output), ("--save-voice", save_voice), *inputs)
     check_distinct(("--save-voice", save_voice), *inputs)
     # Validate the request before loading the model: a bad request fails in milliseconds.
-    request = SynthesisRequest(
-        text=_first_section(text_file) if long_form else _read_text(text, text_file),
-        reference=Reference(ref_audio, ref_text) if ref_audio else None,
-        voice=Voice.load(voice_file) if voice_file else None,
-        instruction=instruction, seed=seed, steps=steps, guidance=guidance, params=_params(params),
-    )
+    text_flag = {"text": "--text-file"} if text_file else {}
+    with _cli_names(**text_flag):
+        request = SynthesisRequest(
+            text=_first_section(text_file) if long_form else _read_text(text, text_file),
+            reference=Reference(ref_audio, ref_text) if ref_audio else None,
+            voice=Voice.load(voice_file) if voice_file else None,
+            instruction=instruction, seed=seed, steps=steps, guidance=guidance,
+            params=_params(params),
+        )
     options = _options_to_load(options_file, option_pairs)
-    with _progress(quiet) as progress:
-        tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
+    with _progress(quiet) as progress, _cli_names(**text_flag):
+        tts = mizuoto.load(model, engine=engine, options=options, progress=progress,
+                           request=request)
         if lora:
             if not hasattr(tts, "set_lora"):
                 raise InvalidRequest("--lora", f"engine {tts.name!r} does not apply LoRAs")
@@ -376,6 +392,33 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             applied = result.applied
     _check_written(output)
     _report(applied, output, quiet)
+
+
+#: The CLI flag of each request field, for the errors engines raise naming the field.
+_FLAGS = {"text": "TEXT", "reference": "--ref-audio", "reference.audio": "--ref-audio",
+          "reference.text": "--ref-text", "voice": "--voice", "instruction": "--instruction",
+          "seed": "--seed", "steps": "--steps", "guidance": "--guidance",
+          "segments": "--segment"}
+
+
+@contextlib.contextmanager
+def _cli_names(**flags: str) -> Iterator[None]:
+    """Re-raise an :class:`InvalidRequest` naming a request field with the flag that sets it
+    (``reference.text`` -> ``--ref-text``, ``params.nfe`` -> ``--param nfe``); ``flags``
+    overrides :data:`_FLAGS` (``text="--text-file"``)."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        flag = flags.get(exc.field, _FLAGS.get(exc.field))
+        if flag is None and exc.field.startswith("params."):
+            flag = f"--param {exc.field.removeprefix('params.')}"
+        if flag is None:
+            raise
+        try:
+            renamed = type(exc)(flag, exc.problem, exc.fix)
+        except TypeError:  # a subclass with another signature
+            renamed = InvalidRequest(flag, exc.problem, exc.fix)
+        raise renamed from None
 
 
 def _check_audio_output(output, *, keeps_files_beside: bool = False) -> None:
@@ -518,7 +561,7 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
             raise InvalidRequest("--segment", f"{segment!r} must be START:END in seconds") from None
         spans.append((start, end))
     options = _options_to_load(options_file, option_pairs)
-    with _progress(ctx.obj["quiet"]) as progress:
+    with _progress(ctx.obj["quiet"]) as progress, _cli_names():
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
         tts.require(Capability.EDIT)
         result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
@@ -530,15 +573,16 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
 
 
 class _FixtureListCommand(click.Command):
-    """Lists the installed contract fixtures at the end of its ``--help``."""
+    """Lists the installed random-init models (contract fixtures) at the end of its
+    ``--help``."""
 
     def format_epilog(self, ctx, formatter):
         from mizuoto.registry import random_models
 
         fixtures = random_models()
-        with formatter.section("Fixtures"):
+        with formatter.section("Random-init models"):
             if not fixtures:
-                formatter.write_text("none: no engine plugin is installed")
+                formatter.write_text("none: no engine is installed (pip install mizuoto-f5tts)")
             formatter.write_dl([(fid, fixture.description or "")
                                 for fid, fixture in sorted(fixtures.items())])
 
@@ -615,20 +659,24 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
 @click.argument("fixture")
 @click.argument("directory", type=click.Path(file_okay=False))
 def random_model(fixture, directory):
-    """Write the model directory of contract fixture FIXTURE (e.g. f5tts/tiny-v1-base) to
-    DIRECTORY.
+    """Write the random-init model FIXTURE (e.g. f5tts/tiny-v1-base) to DIRECTORY.
 
-    Most fixtures have random weights: such a model speaks noise, not speech. They exist so
-    that plugin authors, tests and offline demos can run the whole synthesis path without any
-    download. The installed fixtures are listed below. DIRECTORY must be new, empty or an
+    Most of these models have random weights: such a model speaks noise, not speech. They exist
+    so that plugin authors, tests and offline demos can run the whole synthesis path without
+    any download. The installed ones are listed below. DIRECTORY must be new, empty or an
     earlier write of the same fixture (a directory holding other files is refused).
     """
     from mizuoto.registry import random_models
 
     fixtures = random_models()
+    if not fixtures:
+        raise InvalidRequest("FIXTURE", f"{fixture!r}: no engine is installed, so there are no "
+                             "random-init models", "pip install mizuoto-f5tts (or "
+                             "mizuoto-voxcpm), then see mizuoto random-model --help")
     if fixture not in fixtures:
-        known = ", ".join(sorted(fixtures)) or "none (no engine installed)"
-        raise InvalidRequest("FIXTURE", f"unknown fixture {fixture!r}", f"known: {known}")
+        known = ", ".join(sorted(fixtures))
+        raise InvalidRequest("FIXTURE", f"unknown random-init model {fixture!r}",
+                             f"known: {known}")
     from mizuoto.output_paths import check_output_dir
 
     if not directory.strip():  # "" would be the current directory
@@ -787,10 +835,22 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--max-voices-size", default="512M", show_default=True, metavar="SIZE", help="Bytes of stored voices at most, e.g. 512M or 2G (more: 409).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Serve on Ray Serve (mizuoto-core[ray]): a local instance, or the cluster at ADDRESS (docs/serve.md, Scaling out).")
+@click.option("--replicas", type=int, default=1, show_default=True, help="With --ray: replicas per model.")
+@click.option("--min-replicas", type=int, help="With --ray: autoscale each model from this many replicas (with --max-replicas).")
+@click.option("--max-replicas", type=int, help="With --ray: autoscale each model up to this many replicas.")
+@click.option("--target-ongoing", type=float, default=1.0, show_default=True, help="With --ray and autoscaling: requests per replica to aim at.")
+@click.option("--num-cpus", type=float, default=1.0, show_default=True, help="With --ray: CPUs each model replica reserves (fractions allowed).")
+@click.option("--num-gpus", type=float, default=0.0, show_default=True, help="With --ray: GPUs each model replica reserves (fractions allowed).")
+@click.option("--ingress-replicas", type=int, default=1, show_default=True, help="With --ray: HTTP ingress replicas (more than one on several nodes: share the voices directory).")
+@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="With --ray: a directory of VoxCPM LoRA exports, each served as a model named by its subdirectory (repeatable).")
+@click.option("--max-adapters", type=int, default=4, show_default=True, help="With --ray: LoRA exports loaded at once per replica (least recently used unloaded).")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
           memory_budget, max_batch, allowed_hosts, allowed_origins, max_voices, max_voices_size,
-          option_pairs, options_file):
+          option_pairs, options_file, ray_address=None, replicas=1, min_replicas=None,
+          max_replicas=None, target_ongoing=1.0, num_cpus=1.0, num_gpus=0.0,
+          ingress_replicas=1, lora_dirs=(), max_adapters=4):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -817,8 +877,35 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
             "--" + {"max_voices_bytes": "max_voices_size"}.get(exc.field, exc.field).replace(
                 "_", "-")
         raise InvalidRequest(option, exc.problem, exc.fix) from None
+    ray_settings = None
+    if ray_address:
+        ray_settings = _ray_settings(ray_address, replicas=replicas, min_replicas=min_replicas,
+                                     max_replicas=max_replicas, target_ongoing=target_ongoing,
+                                     num_cpus=num_cpus, num_gpus=num_gpus,
+                                     ingress_replicas=ingress_replicas, lora_dirs=lora_dirs,
+                                     max_adapters=max_adapters)
     click.echo(f"Listen in a browser: {page_url(host, port)} (the API is under /v1)")
+    if ray_settings is not None:
+        from mizuoto.serve.ray import run as run_on_ray
+
+        run_on_ray(config, ray_settings)
+        return
     run(config)
+
+
+def _ray_settings(address: str, **settings):
+    """``mizuoto serve --ray``'s settings, a bad one named by its flag."""
+    try:
+        import ray.serve  # noqa: F401
+
+        from mizuoto.serve.ray import RaySettings
+    except ImportError as exc:
+        raise click.ClickException(f"mizuoto serve --ray needs the ray extra ({exc.name} is "
+                                   "missing): pip install \"mizuoto-core[ray]\"") from None
+    try:
+        return RaySettings(None if address == "local" else address, **settings)
+    except InvalidRequest as exc:
+        raise InvalidRequest("--" + exc.field.replace("_", "-"), exc.problem, exc.fix) from None
 
 
 def _size(text, option="--memory-budget"):

@@ -28,13 +28,20 @@ def command_options(option_file, option_pairs):
 
 def options_to_load(option_file, option_pairs):
     """:func:`command_options` for a command that loads the model in this process: first
-    restart it with the allocator preloaded and the threads bound when the options ask for
-    them, before torch is imported. Only the command itself restarts (``main``): a program
+    set OpenMP's wait policy (passive unless the user chose one) and restart it with the
+    allocator preloaded and the threads bound when the options ask for them, before torch is
+    imported. Only the command itself restarts (``main``): a program
     invoking ``cli`` in its own process gets the load's error saying how to start with
     them."""
-    from mizuoto.runtime.startup import RESTARTED_ENV, restart, startup_environment
+    from mizuoto.runtime.startup import (
+        RESTARTED_ENV,
+        restart,
+        set_wait_policy,
+        startup_environment,
+    )
 
     options = command_options(option_file, option_pairs)
+    set_wait_policy(options.compute)  # before torch is imported; a restart inherits it
     environment = startup_environment(options.compute)
     # the guard against a second restart is for this process: its own children start afresh
     os.environ.pop(RESTARTED_ENV, None)

@@ -14,6 +14,7 @@ from typing import Any
 from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
 from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.progress import ProgressCallback
+from mizuoto.contracts.requests import SynthesisRequest
 from mizuoto.errors import EngineMismatch, EngineNotFound, InvalidOption
 from mizuoto.options import Options
 from mizuoto.registry import catalog as registered_catalog
@@ -45,10 +46,12 @@ def resolve_engine(model: str | Path, *, engine: str | None = None,
         engine = resolved.entry.engine
     if engine is None:
         candidates = [cls for cls in engines().values() if cls.recognizes(resolved.path)]
-        if len(candidates) != 1:
-            names = ", ".join(sorted(c.name for c in candidates)) or "none"
-            raise EngineNotFound(f"cannot tell which engine loads {resolved.path} "
-                                 f"(recognized by: {names}); pass engine=...")
+        if len(candidates) > 1:
+            names = ", ".join(sorted(c.name for c in candidates))
+            raise EngineNotFound(f"{resolved.path} is recognized by several engines ({names}): "
+                                 "name one (-e NAME in the CLI, engine=NAME in Python)")
+        if not candidates:
+            raise EngineNotFound(_no_engine_for(resolved.path))
         engine_cls = candidates[0]
     else:
         engine_cls = get_engine(engine)
@@ -57,17 +60,46 @@ def resolve_engine(model: str | Path, *, engine: str | None = None,
     return engine_cls, resolved
 
 
+#: Model folders of the engines Mizuoto publishes, told by their files, to name the package
+#: to install when no installed engine recognizes a folder: (engine, package, files present).
+_PUBLISHED_LAYOUTS = (
+    ("F5-TTS", "mizuoto-f5tts", ("vocos/config.yaml", "*.safetensors|*.pt")),
+    ("VoxCPM", "mizuoto-voxcpm", ("config.json", "audiovae.safetensors|audiovae.pth")),
+)
+
+
+def _no_engine_for(path: Path) -> str:
+    """Why no engine loads ``path``, and the fix: the package to install when its files are
+    a published engine's, else how to name the engine."""
+    installed = sorted(engines())
+    for name, package, patterns in _PUBLISHED_LAYOUTS:
+        if all(any(any(path.glob(p)) for p in pattern.split("|")) for pattern in patterns):
+            return (f"{path} looks like an {name} model, and no installed engine loads it"
+                    f" (installed: {', '.join(installed) or 'none'}): pip install {package}")
+    if not installed:
+        return (f"no engine is installed to load {path}: install one, e.g. "
+                "pip install mizuoto-f5tts (or mizuoto-voxcpm)")
+    return (f"no installed engine ({', '.join(installed)}) recognizes {path} as its model: "
+            "name the engine (-e NAME in the CLI, engine=NAME in Python), or check the folder")
+
+
 def load(model: str | Path, *, engine: str | None = None,
          options: Options | Mapping[str, Any] | None = None,
-         progress: ProgressCallback | None = None) -> Engine:
+         progress: ProgressCallback | None = None,
+         request: SynthesisRequest | None = None) -> Engine:
     """Load a model (a directory or a catalog id) with the engine that owns it.
 
     ``options``: :class:`~mizuoto.options.Options`, or a plain mapping of the same sections
     (``{"compute": {"device": "cpu"}}`` or dotted keys), read by ``Options.from_mapping``.
+    ``request``: a request to check against the engine first
+    (:meth:`~mizuoto.contracts.engine.Engine.check_request`), so that one it would refuse
+    fails before the weights load.
     """
     options = _as_options(options)
     engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
                                           progress=progress)
+    if request is not None:
+        engine_cls.check_request(request, resolved.path)
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
                            progress=progress)
 

@@ -25,6 +25,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 # fast: attend to the filled part of the cache only (or FlashAttention), not bit-identical
 ATTENTION = ("exact", "fast")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
+WAIT_POLICIES = ("auto", "passive", "active")
 MAX_CPU_THREADS = 1024
 MAX_DEVICE_INDEX = 1023
 
@@ -73,6 +74,11 @@ class ComputeOptions:
                                      validator=_choice("compute.cpu_allocator", ALLOCATORS))
     # bind torch's threads to cores (OMP_PROC_BIND=close, OMP_PLACES=cores at process start)
     cpu_pinning: bool = attrs.field(default=False, validator=_bool("compute.cpu_pinning"))
+    # how idle OpenMP threads wait (OMP_WAIT_POLICY, read when torch is imported): "auto" is
+    # passive in the mizuoto command and server unless the user set OMP_WAIT_POLICY, and
+    # whatever the process started with elsewhere
+    cpu_wait_policy: str = attrs.field(default="auto", validator=_choice("compute.cpu_wait_policy",
+                                                                         WAIT_POLICIES))
     attention: str = attrs.field(default="exact",
                                  validator=_choice("compute.attention", ATTENTION))
     cuda_graphs: bool = attrs.field(default=False, validator=_bool("compute.cuda_graphs"))

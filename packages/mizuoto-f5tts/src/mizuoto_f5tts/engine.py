@@ -90,6 +90,11 @@ class F5Engine(Engine):
         return has_checkpoint and all((model_dir / name).is_file() for name in VOCOS_FILES)
 
     @classmethod
+    def check_request(cls, request: SynthesisRequest, model_dir: Path) -> None:
+        if request.voice is None and request.reference is not None:
+            reference.prepare_reference_text(request.reference.text)  # the transcript is due
+
+    @classmethod
     def load(cls, model_dir: Path, *, options: Options | None = None,
              model_id: str | None = None, progress: ProgressCallback | None = None) -> F5Engine:
         from mizuoto_f5tts.checkpoint import (

@@ -138,7 +138,6 @@ def _join_until_limit(parts: list[PcmSegment]) -> PcmSegment:
     joined = PcmSegment.silent(0)
     for part in parts:
         if len(joined) > MAX_REFERENCE_MS // 2 and len(joined + part) > MAX_REFERENCE_MS:
-            log.info("reference is over %d ms: clipped at a silence", MAX_REFERENCE_MS)
             break
         joined = joined + part
     return joined
@@ -152,6 +151,14 @@ def clip_reference(segment: PcmSegment) -> PcmSegment:
         clipped = _join_until_limit(split_on_silence(segment, 100, -40, 1000, 10))
     if len(clipped) > MAX_REFERENCE_MS:
         clipped = clipped.slice(None, MAX_REFERENCE_MS)
+    if len(segment) > MAX_REFERENCE_MS:
+        # upstream keeps the whole transcript for the clipped audio: the model then reads
+        # words the reference does not say, which the user can only fix at the source
+        log.warning("the reference recording is %.1f s: F5-TTS uses only its first %.1f s "
+                    "(cut at a silence; the limit is %d s). Give a clip of at most %d s with "
+                    "the transcript of just that part (--ref-text), or the output may repeat "
+                    "or skip words", len(segment) / 1000, len(clipped) / 1000,
+                    MAX_REFERENCE_MS // 1000, MAX_REFERENCE_MS // 1000)
     # upstream pads through audioop.ratecv: 1198 samples at 24 kHz, not 1200
     return _trim_silent_edges(clipped) + PcmSegment.silent(_TAIL_SILENCE_MS)
 

@@ -63,6 +63,13 @@ log = logging.getLogger(__name__)
 
 LICENSE = "Apache-2.0"
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")
+
+
+def _needs_transcript() -> InvalidRequest:
+    return InvalidRequest("reference.text", "is required by VoxCPM-0.5B and VoxCPM1.5",
+                          "give the transcript of the reference recording")
+
+
 # a chunk k of a split text samples with seed + CHUNK_SEED_STRIDE * k
 CHUNK_SEED_STRIDE = 1000
 # how much faster float32 is than a reduced precision the CPU emulates, VoxCPM-0.5B size, one
@@ -133,6 +140,20 @@ class VoxCPMEngine(Engine):
             return '"lm_config"' in config.read_text(encoding="utf-8")
         except OSError:
             return False
+
+    @classmethod
+    def check_request(cls, request: SynthesisRequest, model_dir: Path) -> None:
+        ref = request.reference
+        if request.voice is not None or ref is None or (ref.text and ref.text.strip()):
+            return
+        import json
+
+        try:
+            raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # the load names what is wrong with the file
+        if str(raw.get("architecture", "voxcpm")).lower() != "voxcpm2":
+            raise _needs_transcript()
 
     @classmethod
     def load(cls, model_dir: Path, *, options: Options | None = None,
@@ -269,8 +290,7 @@ class VoxCPMEngine(Engine):
         v2 = self.config.is_v2
         text = reference.text if reference.text and reference.text.strip() else None
         if not v2 and text is None:
-            raise InvalidRequest("reference.text", "is required by VoxCPM-0.5B and VoxCPM1.5",
-                                 "give the transcript of the reference recording")
+            raise _needs_transcript()
         audio = read_prompt_audio(reference.audio, self.vae.sample_rate, v2=v2)
         use_prompt = text is not None and (not v2 or instruction is None or both)
         use_reference = v2 and (not use_prompt or reference_prefix or both)

@@ -162,11 +162,14 @@ def _write_random(fixture: ContractFixture, directory: Path) -> None:
         if (directory / _COMPLETE).read_text().strip() != fixture.id:
             raise InvalidRequest("--random-dir", f"{directory} holds another random model",
                                  "give a directory of its own")
+        log.info("using random model %s from %s (--random-dir to choose another)", fixture.id,
+                 directory)
         return
     if directory.exists() and any(directory.iterdir()):
         raise InvalidRequest("--random-dir", f"{directory} is not empty and holds no complete "
                              "random model", "give an empty or new directory")
-    log.info("writing random model %s to %s", fixture.id, directory)
+    log.info("writing random model %s to %s (kept for the next run; --random-dir to choose "
+             "another)", fixture.id, directory)
     directory.mkdir(parents=True, exist_ok=True)
     # In a process of its own: building a real-size model's weights takes gigabytes, and on
     # Linux a child starts with its parent's peak RSS as its own (ru_maxrss survives fork and

@@ -91,7 +91,9 @@ def table(header: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> st
     columns += ["warm request s"] if warm else []
     columns += ["first audio s"] if stream else []
     columns += ["RTF", "peak RSS MB"] + (["peak GPU MB"] if gpu else [])
-    columns += ["x base"] + (["x upstream"] if upstream else []) + ["audio"]
+    notes = [_audio_note(entry) for entry in entries]
+    columns += ["x base"] + (["x upstream"] if upstream else [])
+    columns += ["audio"] if any(notes) else []  # a column of dashes says nothing
     rows = []
     for entry in entries:
         summary = entry["summary"]
@@ -102,7 +104,7 @@ def table(header: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> st
         row += [_cell(summary, "peak_gpu_mb", 0)] if gpu else []
         row += [_ratio(entry["ratio_to_base"]["request_s"])]
         row += [_ratio(entry["ratio_to_upstream"]["request_s"])] if upstream else []
-        row += [_audio_note(entry)]
+        row += [notes[len(rows)] or "-"] if any(notes) else []
         rows.append(row)
     widths = [max(len(str(r[i])) for r in [columns, *rows]) for i in range(len(columns))]
     lines = [_title(header), ""]
@@ -124,7 +126,7 @@ def _audio_note(entry: Mapping[str, Any]) -> str:
                          else "differs from upstream")
     elif entry["identical_to_base"] is not None:
         notes.append("identical to base" if entry["identical_to_base"] else "differs from base")
-    return "; ".join(notes) or "-"
+    return "; ".join(notes)
 
 
 def _title(header: Mapping[str, Any]) -> str:

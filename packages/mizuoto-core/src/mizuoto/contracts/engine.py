@@ -86,11 +86,11 @@ class Engine(abc.ABC):
     #: The ``compute.*`` options this engine implements. Any other one set to a value other
     #: than its default is refused at load (:meth:`check_compute`): an option that silently
     #: does nothing is a defect. Add a name here only once ``load`` honours it (a subclass
-    #: extends the base set: ``Engine.compute_options | {"oom_fallback"}``). The allocator and
-    #: thread pinning act on the whole process, not on an engine: the base class checks them
+    #: extends the base set: ``Engine.compute_options | {"oom_fallback"}``). The allocator,
+    #: thread pinning and wait policy act on the whole process, not on an engine: the base class checks them
     #: at every load (:func:`mizuoto.runtime.startup.check_startup_options`).
     compute_options: ClassVar[frozenset[str]] = frozenset(
-        {"device", "dtype", "cpu_threads", "cpu_allocator", "cpu_pinning"})
+        {"device", "dtype", "cpu_threads", "cpu_allocator", "cpu_pinning", "cpu_wait_policy"})
     #: The opt-in to concurrent requests. ``False`` (the default): the engine keeps state of a
     #: request in the instance (a KV cache, a noise generator), so the base class runs one
     #: request at a time (:class:`~mizuoto.contracts.request_lock.RequestLock`): other threads
@@ -166,6 +166,13 @@ class Engine(abc.ABC):
     def recognizes(cls, model_dir: Path) -> bool:
         """True when ``model_dir`` looks like one of this engine's models (for auto-detection)."""
         return False
+
+    @classmethod
+    def check_request(cls, request: SynthesisRequest, model_dir: Path) -> None:
+        """Raise :class:`InvalidRequest` for a request this engine would refuse whatever the
+        weights, before they load (a reference without the transcript the engine needs): a
+        command fails in milliseconds instead of after the load. Reads at most small files."""
+        return None
 
     @property
     @abc.abstractmethod

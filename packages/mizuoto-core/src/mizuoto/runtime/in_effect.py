@@ -6,14 +6,15 @@ import functools
 from typing import Any
 
 from mizuoto.runtime.allocator import loaded_allocator
-from mizuoto.runtime.threads import openmp_binding
+from mizuoto.runtime.threads import cpu_wait_policy, openmp_binding
 
 
 def compute_in_effect(**engine_options: Any) -> dict[str, Any]:
     """``Applied.compute`` for a result made now: the process-wide CPU settings every engine
     shares (``cpu_threads``: torch's thread count; ``cpu_allocator``: ``jemalloc``,
     ``tcmalloc`` or ``default``, the one that provides malloc; ``cpu_pinning``: whether
-    torch's threads are bound to cores), then the options the engine itself applies
+    torch's threads are bound to cores; ``cpu_wait_policy``: ``passive``, ``active`` or
+    ``default``, how its idle threads wait), then the options the engine itself applies
     (``compile=True``, ``attention="fast"``, ``oom_fallback=...``), which win.
 
     Read when the result is made, not at load: the thread count is torch's global setting,
@@ -24,6 +25,7 @@ def compute_in_effect(**engine_options: Any) -> dict[str, Any]:
     return {"cpu_threads": torch.get_num_threads(),
             "cpu_allocator": _allocator(),
             "cpu_pinning": openmp_binding() is not None,
+            "cpu_wait_policy": cpu_wait_policy(),
             **engine_options}
 
 

@@ -1,5 +1,6 @@
 """Options that act only from the start of a process: ``compute.cpu_allocator`` (a preloaded
-malloc) and ``compute.cpu_pinning`` (OpenMP's thread binding, read when torch is imported).
+malloc), ``compute.cpu_pinning`` (OpenMP's thread binding, read when torch is imported) and
+``compute.cpu_wait_policy`` (OpenMP's wait policy, read then too).
 
 Every engine's load checks them (:func:`check_startup_options`, run by the base class): asked
 for and not in effect, the load is refused with how to start the process with them. The
@@ -24,7 +25,12 @@ from mizuoto.runtime.allocator import (
     loaded_allocator,
     preload_list,
 )
-from mizuoto.runtime.threads import PINNING_ENVIRONMENT
+from mizuoto.runtime.threads import (
+    PINNING_ENVIRONMENT,
+    WAIT_POLICY_ENV,
+    apply_cpu_wait_policy,
+    wait_policy_environment,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +42,7 @@ def check_startup_options(compute: ComputeOptions) -> None:
     """Raise :class:`InvalidOption` for an allocator or a thread binding asked for that this
     process does not run with."""
     check_cpu_allocator(compute.cpu_allocator)
+    apply_cpu_wait_policy(compute)
     if compute.cpu_pinning:
         from mizuoto.runtime.threads import check_cpu_pinning  # imports torch
 
@@ -66,6 +73,23 @@ def startup_environment(compute: ComputeOptions, environ: Mapping[str, str] | No
     if not changes or environ.get(RESTARTED_ENV):
         return None
     return {**environ, **changes, RESTARTED_ENV: "1"}
+
+
+def set_wait_policy(compute: ComputeOptions) -> None:
+    """Set ``OMP_WAIT_POLICY`` in this process's environment for ``compute.cpu_wait_policy``
+    (``auto``: passive unless the user set one) while torch is not imported yet: OpenMP reads
+    it then, and the processes this one starts (a restart, server workers) inherit it. No
+    restart is needed for it. Once torch is imported it is too late: nothing is set (the load
+    refuses an explicit policy not in effect)."""
+    changes = wait_policy_environment(compute, os.environ)
+    if not changes:
+        return
+    if "torch" in sys.modules:
+        logger.debug("torch is imported: %s stays %s", WAIT_POLICY_ENV,
+                     os.environ.get(WAIT_POLICY_ENV, "unset"))
+        return
+    logger.debug("setting %s", " ".join(f"{k}={v}" for k, v in changes.items()))
+    os.environ.update(changes)
 
 
 def restart(environment: Mapping[str, str]) -> NoReturn:

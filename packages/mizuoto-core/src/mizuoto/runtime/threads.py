@@ -1,5 +1,5 @@
-"""CPU threads: their count (``compute.cpu_threads``) and their binding to cores
-(``compute.cpu_pinning``).
+"""CPU threads: their count (``compute.cpu_threads``), their binding to cores
+(``compute.cpu_pinning``) and how they wait when idle (``compute.cpu_wait_policy``).
 
 Results on the CPU depend on the thread count (reductions split differently), so parity runs
 fix it; which cores the threads run on changes nothing in the arithmetic. torch's intra-op
@@ -14,8 +14,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -132,3 +134,56 @@ def check_cpu_pinning(compute: ComputeOptions) -> None:
                         f"process with {settings} (e.g. {settings} python ...) or set them in "
                         "os.environ before importing torch, or use the mizuoto command, which "
                         "restarts itself with them")
+
+
+# --- how idle threads wait ----------------------------------------------------------------------
+
+#: OpenMP's wait policy, read once by torch's OpenMP runtime (libgomp) when torch is imported.
+#: ``ACTIVE`` threads spin between parallel regions; ``PASSIVE`` ones sleep at once. libgomp's
+#: default spins about 300,000 times first: on a busy machine each spinning thread takes a core
+#: from the process it waits on, and a request slows down far more than the load (a 6-second
+#: request took 37-89 s at load 3 on 2 cores, passive degrades in proportion to the load). The
+#: policy changes when threads sleep, never the arithmetic.
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+
+
+def wait_policy_environment(compute: ComputeOptions, environ: Mapping[str, str]
+                            ) -> dict[str, str]:
+    """The variables to set before torch is imported for ``compute.cpu_wait_policy``: ``auto``
+    is passive unless ``OMP_WAIT_POLICY`` is already set (the user's choice is kept);
+    ``passive``/``active`` set it. Empty when nothing is to change."""
+    wanted = compute.cpu_wait_policy
+    current = environ.get(WAIT_POLICY_ENV)
+    if wanted == "auto":
+        return {} if current is not None else {WAIT_POLICY_ENV: "PASSIVE"}
+    return {} if (current or "").lower() == wanted else {WAIT_POLICY_ENV: wanted.upper()}
+
+
+def apply_cpu_wait_policy(compute: ComputeOptions) -> None:
+    """Make ``compute.cpu_wait_policy`` (``passive`` or ``active``) take effect: set
+    ``OMP_WAIT_POLICY`` when torch is not imported yet (OpenMP reads it then), else raise
+    :class:`InvalidOption` when the process runs with another one. ``auto`` changes nothing
+    here (the ``mizuoto`` command sets it, :func:`wait_policy_environment`)."""
+    if compute.cpu_wait_policy == "auto":
+        return
+    changes = wait_policy_environment(compute, os.environ)
+    if not changes:
+        return
+    if "torch" not in sys.modules:
+        os.environ.update(changes)
+        return
+    setting = f"{WAIT_POLICY_ENV}={changes[WAIT_POLICY_ENV]}"
+    raise InvalidOption("compute.cpu_wait_policy", f"torch's threads run with "
+                        f"{WAIT_POLICY_ENV}={os.environ.get(WAIT_POLICY_ENV, 'unset')}: OpenMP "
+                        "reads it once, when torch is imported; start the process with "
+                        f"{setting} (e.g. {setting} python ...) or set it in os.environ before "
+                        "importing torch, or use the mizuoto command, which sets it")
+
+
+@functools.cache
+def cpu_wait_policy() -> str:
+    """The wait policy torch's threads run with as ``Applied.compute`` reports it:
+    ``passive``, ``active`` or ``default`` (libgomp's spin-then-sleep), as ``OMP_WAIT_POLICY``
+    says when this is first asked (once torch is imported, OpenMP has read it)."""
+    value = os.environ.get(WAIT_POLICY_ENV, "").strip().lower()
+    return value if value in ("passive", "active") else "default"

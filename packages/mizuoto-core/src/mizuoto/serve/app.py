@@ -163,7 +163,7 @@ def model_names(models: list[str] | tuple[str, ...], aliases: list[str] | tuple[
 
 
 class _State:
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, loader=None) -> None:
         from mizuoto.catalog import mizuoto_home
 
         self.config = config
@@ -180,7 +180,10 @@ class _State:
         self.workers: dict[str, ModelWorker] = {}
         for index, (name, model) in enumerate(config.models.items()):
             preload = config.max_loaded is None or index < config.max_loaded
-            worker = ModelWorker(name, model, load=_loader(model, config),
+            load = _loader(model, config)
+            if loader is not None:  # mizuoto serve --ray: the model runs on its replicas
+                load, preload = loader(name, model)
+            worker = ModelWorker(name, model, load=load,
                                  queue_size=config.queue_size, metrics=self.metrics,
                                  shared_lock=shared, pool=pool, preload=preload,
                                  max_batch=config.max_batch)
@@ -213,8 +216,10 @@ def _batch_stats(worker: ModelWorker):
     return getattr(batcher, "stats", None)
 
 
-def create_app(config: ServeConfig):
-    """The FastAPI application serving ``config``."""
+def create_app(config: ServeConfig, *, loader=None):
+    """The FastAPI application serving ``config``. ``loader(name, model)``, if given, returns
+    what loads each model and whether to load it at start, instead of loading it in this
+    process (:mod:`mizuoto.serve.ray`: an engine whose calls run on Ray Serve replicas)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import Response
@@ -225,7 +230,7 @@ def create_app(config: ServeConfig):
     from mizuoto.serve.page import router as page_router
     from mizuoto.serve.routes import router
 
-    state = _State(config)
+    state = _State(config, loader)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

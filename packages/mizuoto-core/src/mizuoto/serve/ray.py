@@ -1,0 +1,473 @@
+"""``mizuoto serve --ray``: the same server on Ray Serve (``pip install "mizuoto-core[ray]"``).
+
+One Ray Serve application:
+
+- one deployment per model (:class:`ModelReplica`): each replica loads its engine once and runs
+  it on a :class:`~mizuoto.serve.worker.ModelWorker`, as the single-process server does (so
+  ``--max-batch`` batches inside each replica);
+- with ``lora_dirs``, one deployment for the VoxCPM LoRA exports found there
+  (:class:`AdapterReplica`): each adapter is a model named by its directory, loaded on demand
+  through ``serve.multiplexed`` (at most ``max_adapters`` per replica, least recently used
+  unloaded), requests routed to a replica that has it loaded when one does;
+- the ingress (:class:`Ingress`): the application of :func:`~mizuoto.serve.app.create_app`,
+  routes, page, authentication, limits and metrics unchanged, whose models are
+  :class:`RemoteEngine` objects: each engine call is a streaming call to the model's
+  deployment, so audio passes through chunk by chunk, and a client that leaves cancels the
+  call (its replica stops the generation at the next step, as the single-process server does).
+
+Voices are read and written by the ingress in ``voices_dir`` and travel inside each request: the
+model replicas never read the store. Several ingress replicas (``ingress_replicas``) on several
+nodes need that directory shared (an NFS or other ReadWriteMany volume mounted at the same path):
+otherwise a voice exists only on the node whose ingress saved it.
+
+:func:`application` builds the application; :func:`app_builder` is the same for
+``serve run mizuoto.serve.ray:app_builder models='{"name": "model"}'`` and RayService manifests;
+:func:`run` is ``mizuoto serve --ray``. See docs/serve.md, "Scaling out".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import attrs
+
+from mizuoto.contracts.ranges import integer_in, number_in
+from mizuoto.errors import InvalidRequest
+from mizuoto.serve.app import ServeConfig, _loader, create_app
+from mizuoto.serve.batching import MAX_BATCH
+from mizuoto.serve.errors import unavailable
+from mizuoto.serve.worker import DONE, Job, ModelWorker
+
+log = logging.getLogger("mizuoto.serve")
+
+#: Requests one ingress replica takes at once: its own queues and 429s bound them, not Ray.
+INGRESS_ONGOING = 4096
+#: The file that makes a directory a LoRA export (mizuoto_voxcpm.lora.WEIGHTS_FILE).
+LORA_WEIGHTS = "lora_weights.safetensors"
+
+
+def _replicas(field: str, optional: bool = False):
+    return integer_in(field, 1, 4096, optional=optional)
+
+
+@attrs.frozen
+class RaySettings:
+    """How the models are spread over Ray: ``address`` of the cluster (None: a local instance);
+    ``replicas`` per model, or autoscaling between ``min_replicas`` and ``max_replicas`` aiming at
+    ``target_ongoing`` requests per replica; ``num_cpus`` / ``num_gpus`` each model replica
+    reserves (fractions allowed); ``ingress_replicas`` and ``ingress_cpus`` for the HTTP side;
+    ``lora_dirs``: directories whose subdirectories are LoRA exports, each served as a model of
+    its directory's name, at most ``max_adapters`` loaded per replica."""
+
+    address: str | None = None
+    replicas: int = attrs.field(default=1, validator=_replicas("replicas"))
+    min_replicas: int | None = attrs.field(default=None, validator=_replicas("min_replicas",
+                                                                             True))
+    max_replicas: int | None = attrs.field(default=None, validator=_replicas("max_replicas",
+                                                                             True))
+    target_ongoing: float = attrs.field(default=1.0, validator=number_in(
+        "target_ongoing", 0.0, float(MAX_BATCH), low_open=True))
+    num_cpus: float = attrs.field(default=1.0, validator=number_in("num_cpus", 0.0, 1024.0))
+    num_gpus: float = attrs.field(default=0.0, validator=number_in("num_gpus", 0.0, 64.0))
+    ingress_replicas: int = attrs.field(default=1, validator=_replicas("ingress_replicas"))
+    ingress_cpus: float = attrs.field(default=0.25, validator=number_in("ingress_cpus", 0.0,
+                                                                        64.0))
+    lora_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    max_adapters: int = attrs.field(default=4, validator=integer_in("max_adapters", 1, 1024))
+
+    def __attrs_post_init__(self) -> None:
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            given = "min_replicas" if self.max_replicas is None else "max_replicas"
+            raise InvalidRequest(given, "is given alone",
+                                 "give both min_replicas and max_replicas, or replicas")
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise InvalidRequest("min_replicas", f"{self.min_replicas} is above max_replicas "
+                                 f"{self.max_replicas}")
+
+    @property
+    def most_replicas(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else self.replicas
+
+
+def adapters(lora_dirs) -> dict[str, str]:
+    """The LoRA exports under ``lora_dirs``: adapter id (its directory's name) to directory."""
+    found: dict[str, str] = {}
+    for root in lora_dirs:
+        root = Path(root)
+        if not root.is_dir():
+            raise InvalidRequest("lora_dirs", f"{root} is not a directory",
+                                 "give directories holding LoRA exports")
+        for path in sorted(root.iterdir()):
+            if (path / LORA_WEIGHTS).is_file():
+                if path.name in found:
+                    raise InvalidRequest("lora_dirs", f"two LoRA exports are named "
+                                         f"{path.name!r}", "rename one of the directories")
+                found[path.name] = str(path)
+    return found
+
+
+def _config_fields(config: ServeConfig) -> dict:
+    """``config`` as keyword arguments that pickle (a mapping proxy does not)."""
+    fields = {f.name: getattr(config, f.name) for f in attrs.fields(ServeConfig)}
+    fields["models"] = dict(config.models)
+    return fields
+
+
+# -- the model replicas ----------------------------------------------------------------------
+
+def _start_worker(name: str, model: str, config: ServeConfig) -> ModelWorker:
+    """A started worker with ``model`` loaded (or failed to load: logged, and said by
+    :func:`_describe` to whoever asks)."""
+    worker = ModelWorker(name, model, load=_loader(model, config), queue_size=config.queue_size,
+                         max_batch=config.max_batch)
+    worker.start()
+    worker.loaded.wait()
+    if worker.state == "failed":
+        log.error("model %s (%s) failed to load on this replica: %s", name, model, worker.error)
+    return worker
+
+
+def _describe(worker: ModelWorker) -> dict:
+    """What the ingress needs to know of the loaded engine to check and build requests."""
+    engine = worker.engine
+    if engine is None:
+        raise ModelLoadFailed(f"model {worker.name!r} failed to load on its replica: "
+                              f"{worker.error}")
+    return {"cls": type(engine), "name": engine.name, "info": engine.info,
+            "model_defaults": dict(engine.model_defaults),
+            "sampler_defaults": dict(engine.sampler_defaults())}
+
+
+class ModelLoadFailed(RuntimeError):
+    """A replica could not load its model (the message names the model and why)."""
+
+
+def _engine_call(method: str, args: tuple):
+    def run(engine, job: Job) -> None:
+        if method == "stream":
+            chunks = engine.stream(*args, progress=job.check)
+            try:
+                for chunk in chunks:
+                    job.check()
+                    job.emit(chunk)
+            finally:
+                chunks.close()  # releases the engine at once when the caller left
+        elif method == "synthesize":
+            job.emit(engine.synthesize(*args, progress=job.check))
+        else:
+            job.emit(engine.build_voice(*args))
+
+    return run
+
+
+async def _run(worker: ModelWorker, method: str, args: tuple):
+    """The items of one engine call on ``worker``; cancelled (Ray cancels the call when the
+    ingress does), the job stops at its next step."""
+    if method not in ("stream", "synthesize", "build_voice"):
+        raise ValueError(f"unknown engine call {method!r}")
+    job = Job(_engine_call(method, args), asyncio.get_running_loop())
+    worker.submit(job)
+    try:
+        while (item := await job.items.get()) is not DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        job.cancel()
+
+
+class ModelReplica:
+    """One replica of one model's deployment: the engine loaded once, on its worker."""
+
+    def __init__(self, name: str, model: str, config: dict) -> None:
+        self._worker = _start_worker(name, model, ServeConfig(**config))
+
+    def describe(self) -> dict:
+        return _describe(self._worker)
+
+    async def call(self, method: str, args: tuple):
+        async for item in _run(self._worker, method, args):
+            yield item
+
+
+class _Adapter:
+    """A loaded LoRA export in an :class:`AdapterReplica`; stopped when Ray unloads it."""
+
+    def __init__(self, worker: ModelWorker, grace: float) -> None:
+        self.worker = worker
+        self._grace = grace
+
+    def __del__(self) -> None:
+        # the running request finishes (within the grace), queued ones are refused
+        threading.Thread(target=self.worker.stop, args=(self._grace,), daemon=True).start()
+
+
+class AdapterReplica:
+    """A replica of the LoRA deployment: up to ``max_adapters`` exports loaded, each on its
+    own worker, chosen by the request's multiplexed model id (the adapter's id)."""
+
+    def __init__(self, exports: dict, config: dict, max_adapters: int) -> None:
+        from ray import serve
+
+        self._exports = dict(exports)
+        self._config = ServeConfig(**config)
+
+        async def load(adapter: str) -> _Adapter:
+            if adapter not in self._exports:
+                raise ModelLoadFailed(f"no LoRA export named {adapter!r}")
+            worker = await asyncio.to_thread(_start_worker, adapter, self._exports[adapter],
+                                             self._config)
+            if worker.engine is None:  # not kept: the next request tries again
+                worker.stop(0)
+                raise ModelLoadFailed(f"model {adapter!r} failed to load on its replica: "
+                                      f"{worker.error}")
+            return _Adapter(worker, self._config.grace)
+
+        self._adapter = serve.multiplexed(max_num_models_per_replica=max_adapters)(load)
+
+    async def _worker(self) -> ModelWorker:
+        from ray import serve
+
+        return (await self._adapter(serve.get_multiplexed_model_id())).worker
+
+    async def describe(self) -> dict:
+        return _describe(await self._worker())
+
+    async def call(self, method: str, args: tuple):
+        async for item in _run(await self._worker(), method, args):
+            yield item
+
+
+# -- the ingress -----------------------------------------------------------------------------
+
+def _unwrapped(exc: BaseException, model: str) -> BaseException:
+    """What the ingress raises for a failed remote call: the replica's own error (an
+    :class:`APIError`, a bad request...) as raised there; a replica that died, a 503."""
+    import ray.exceptions as errors
+
+    if isinstance(exc, errors.RayTaskError) and exc.cause is not None:
+        return exc.cause
+    if isinstance(exc, errors.ActorDiedError | errors.ActorUnavailableError
+                  | errors.RayActorError):
+        log.warning("model %s: a replica stopped during a request: %s", model, exc)
+        return unavailable(f"the replica running model {model!r} stopped during the "
+                           "request: send it again (another replica takes it)", "replica_lost",
+                           1)
+    return exc
+
+
+class RemoteEngine:
+    """An engine whose calls run on a model deployment's replicas: what the routes read of an
+    engine (name, info, settings, ``parse_params``) is the replica's, fetched once."""
+
+    params_class = None
+
+    def __init__(self, model: str, handle, description: dict) -> None:
+        self._model = model
+        self._handle = handle
+        self._engine_class = description["cls"]
+        self.name = description["name"]
+        self.info = description["info"]
+        self.model_defaults = MappingProxyType(description["model_defaults"])
+        self._sampler_defaults = description["sampler_defaults"]
+
+    @classmethod
+    def connect(cls, model: str, handle) -> RemoteEngine:
+        """The remote engine of ``handle``'s deployment (waits until a replica answers)."""
+        try:
+            description = handle.describe.remote().result()
+        except Exception as exc:
+            raise _unwrapped(exc, model) from None
+        # the routes read params_class from the engine's type, as of a local engine
+        kind = type(f"Remote{description['cls'].__name__}", (cls,),
+                    {"params_class": description["cls"].params_class})
+        return kind(model, handle, description)
+
+    @property
+    def capabilities(self):
+        return self.info.capabilities
+
+    def supports(self, capability) -> bool:
+        return capability in self.info.capabilities
+
+    def sampler_defaults(self) -> dict:
+        return dict(self._sampler_defaults)
+
+    def parse_params(self, params):
+        # the engine class's own validation, over the model's defaults
+        return self._engine_class.parse_params(self, params)
+
+    def _items(self, method: str, *args):
+        calls = self._handle.options(stream=True).call.remote(method, args)
+        try:
+            while True:
+                try:
+                    item = next(calls)
+                except StopIteration:
+                    return
+                except Exception as exc:
+                    raise _unwrapped(exc, self._model) from None
+                yield item
+        finally:
+            calls.cancel()  # the replica stops the generation (a no-op once it ended)
+
+    def stream(self, request, progress=None):
+        for chunk in self._items("stream", request):
+            if progress is not None:
+                progress()
+            yield chunk
+
+    def synthesize(self, request, progress=None):
+        items = self._items("synthesize", request)
+        try:
+            return next(items)
+        finally:
+            items.close()
+
+    def build_voice(self, reference):
+        items = self._items("build_voice", reference)
+        try:
+            return next(items)
+        finally:
+            items.close()
+
+
+class Ingress:
+    """The HTTP side: :func:`~mizuoto.serve.app.create_app`'s application over remote models.
+    ``handles`` maps each served name to its deployment's handle and, for a LoRA, the adapter
+    id; ``lanes`` is how many requests of one model it passes on at once (every replica's)."""
+
+    def __init__(self, config: dict, handles: dict, lanes: int) -> None:
+        self._config = attrs.evolve(ServeConfig(**config), max_batch=lanes)
+        self._handles = handles
+
+    def _loader(self, name: str, model: str):
+        handle, adapter = self._handles[name]
+        if adapter is not None:
+            handle = handle.options(multiplexed_model_id=adapter)
+
+        def load():
+            return RemoteEngine.connect(name, handle)
+
+        # an adapter loads on its first request (in a replica's LRU), a model at start
+        return load, adapter is None
+
+    def __serve_build_asgi_app__(self):
+        return create_app(self._config, loader=self._loader)
+
+
+def _deployment_name(name: str) -> str:
+    return "model-" + re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
+def _replica_options(settings: RaySettings, config: ServeConfig) -> dict:
+    options = {"ray_actor_options": {"num_cpus": settings.num_cpus,
+                                     "num_gpus": settings.num_gpus},
+               # a replica runs max_batch requests at once; the others wait in Ray's router,
+               # which hands each to the first replica with room
+               "max_ongoing_requests": config.max_batch}
+    if settings.max_replicas is not None:
+        options["autoscaling_config"] = {"min_replicas": settings.min_replicas,
+                                         "max_replicas": settings.max_replicas,
+                                         "target_ongoing_requests": settings.target_ongoing}
+    else:
+        options["num_replicas"] = settings.replicas
+    return options
+
+
+def application(config: ServeConfig, settings: RaySettings | None = None):
+    """The Ray Serve application serving ``config`` as ``settings`` spread it."""
+    from ray import serve
+
+    settings = settings or RaySettings()
+    fields = _config_fields(config)
+    exports = adapters(settings.lora_dirs)
+    clash = sorted(set(exports) & set(config.models))
+    if clash:
+        raise InvalidRequest("lora_dirs", f"a LoRA export and a model are both named "
+                             f"{clash[0]!r}", "rename the export's directory or --alias the model")
+    options = _replica_options(settings, config)
+    handles = {}
+    for name, model in config.models.items():
+        deployment = serve.deployment(ModelReplica, name=_deployment_name(name), **options)
+        handles[name] = (deployment.bind(name, model, fields), None)
+    if exports:
+        deployment = serve.deployment(AdapterReplica, name="loras", **options)
+        bound = deployment.bind(exports, fields, settings.max_adapters)
+        handles.update({adapter: (bound, adapter) for adapter in exports})
+    served = {**dict(config.models), **exports}
+    fields["models"] = served
+    lanes = min(MAX_BATCH, settings.most_replicas * config.max_batch)
+    ingress = serve.deployment(serve.ingress()(Ingress), name="ingress",
+                               num_replicas=settings.ingress_replicas,
+                               max_ongoing_requests=INGRESS_ONGOING,
+                               ray_actor_options={"num_cpus": settings.ingress_cpus})
+    return ingress.bind(fields, handles, lanes)
+
+
+def app_builder(args: Mapping[str, object]):
+    """``serve run mizuoto.serve.ray:app_builder`` (and a RayService's ``import_path``):
+    ``args`` holds :class:`~mizuoto.serve.app.ServeConfig`'s fields (``models``: a mapping of
+    name to model, or a list of models) and :class:`RaySettings`' (``address`` aside)."""
+    from mizuoto.serve.app import model_names
+
+    args = dict(args)
+    models = args.pop("models", None)
+    if isinstance(models, str):
+        models = [models]
+    if not isinstance(models, Mapping):
+        models = model_names(list(models or []))
+    ray_fields = {f.name for f in attrs.fields(RaySettings)} - {"address"}
+    settings = RaySettings(**{k: args.pop(k) for k in list(args) if k in ray_fields})
+    if "voices_dir" in args:
+        args["voices_dir"] = Path(args["voices_dir"])
+    return application(ServeConfig(models=models, **args), settings)
+
+
+def start(config: ServeConfig, settings: RaySettings, *, name: str = "mizuoto") -> None:
+    """Deploy on Ray (a running cluster at ``settings.address``, else a local instance) with
+    Serve's HTTP proxy on ``config.host``:``config.port``; returns once every model replica
+    has loaded (or failed to: ``/health`` says which and why)."""
+    import ray
+    from ray import serve
+
+    app = application(config, settings)  # a bad setting fails before Ray starts
+    if not ray.is_initialized():
+        ray.init(address=settings.address, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.run(app, name=name, route_prefix="/")
+
+
+def run(config: ServeConfig, settings: RaySettings) -> None:
+    """``mizuoto serve --ray``: deploy, serve until SIGINT or SIGTERM, then take the
+    application down (a local Ray instance stops with it)."""
+    import ray
+    from ray import serve
+
+    from mizuoto.serve.app import auth_line
+
+    start(config, settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("listening on http://%s:%d through Ray Serve; %s", config.host, config.port,
+             auth_line(config))
+    try:
+        stop.wait()
+    finally:
+        serve.delete("mizuoto")
+        if settings.address is None:
+            serve.shutdown()
+            ray.shutdown()
+
+
+__all__ = ["AdapterReplica", "Ingress", "ModelLoadFailed", "ModelReplica",
+           "RaySettings", "RemoteEngine", "adapters", "app_builder", "application", "run",
+           "start"]

@@ -1,0 +1,274 @@
+"""``mizuoto serve --ray``: the server's application on a local Ray Serve instance bound to
+127.0.0.1 (two CPUs, replicas at fractions of one), with tiny random-init models.
+
+One Ray instance for the module (starting Ray and Serve takes seconds); it is shut down at the
+end and the test checks no Ray process is left. Marked ``ray``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("mizuoto_f5tts")
+pytest.importorskip("mizuoto_voxcpm")
+
+from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+F5 = {"model": "f5", "voice": "default", "response_format": "wav",
+      "mizuoto": {"seed": 7, "steps": 2}}
+VOX = {"model": "vox", "voice": "default", "response_format": "pcm",
+       "mizuoto": {"seed": 3, "steps": 2, "params": {"max_len": 3}}}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ray_processes() -> list[str]:
+    """This process's descendants (ray.init starts the GCS and raylet, they start workers)."""
+    listing = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True,
+                             text=True).stdout
+    rows = [line.split(None, 2) for line in listing.splitlines() if line.strip()]
+    children: dict[str, list[list[str]]] = {}
+    for row in rows:
+        children.setdefault(row[1], []).append(row)
+    found, todo = [], [str(os.getpid())]
+    while todo:
+        for row in children.get(todo.pop(), []):
+            if row[2:] and "ray" in row[2]:
+                found.append(" ".join(row))
+            todo.append(row[0])
+    return found
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from mizuoto_f5tts.fixtures import write_random_model_dir
+    from mizuoto_voxcpm.fixtures import write_random_lora, write_random_model
+
+    root = tmp_path_factory.mktemp("ray-models")
+    write_random_model_dir(root / "f5", "v1_base", size="tiny")
+    write_random_model(root / "vox", "voxcpm2", dtype="float32")
+    for seed, adapter in enumerate(("alice", "bob"), 1):  # two LoRA exports of vox
+        shutil.copytree(root / "vox", root / "loras" / adapter)
+        write_random_lora(root / "loras" / adapter, root / "vox", seed=seed)
+    (root / "broken").mkdir()
+    (root / "broken" / "config.json").write_text("{}")  # no engine takes it
+    return root
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    return tmp_path_factory.mktemp("voices")
+
+
+@pytest.fixture(scope="module")
+def config(model_dirs, voices):
+    return ServeConfig(models={"f5": str(model_dirs / "f5"), "vox": str(model_dirs / "vox")},
+                       voices_dir=voices, queue_size=8, grace=5.0)
+
+
+@pytest.fixture(scope="module")
+def ray_url(config, model_dirs):
+    import ray
+    from ray import serve
+
+    from mizuoto.serve.ray import RaySettings, start
+
+    assert not ray.is_initialized()
+    port = _free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    try:
+        broken = ServeConfig(models={**config.models, "broken": str(model_dirs / "broken")},
+                             voices_dir=config.voices_dir, queue_size=8, grace=5.0,
+                             port=port)
+        start(broken, RaySettings(replicas=2, num_cpus=0.2, ingress_cpus=0.1,
+                                  lora_dirs=[str(model_dirs / "loras")], max_adapters=1))
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    leftover = []
+    for _ in range(50):
+        leftover = _ray_processes()
+        if not leftover:
+            break
+        threading.Event().wait(0.2)
+    assert not leftover, leftover
+
+
+@pytest.fixture(scope="module")
+def local_url(config):
+    with serve_in_thread(config) as url:
+        yield url
+
+
+def _post(url, body, **kwargs):
+    return httpx.post(f"{url}/v1/audio/speech", json=body, timeout=120, **kwargs)
+
+
+def _sse_audio(text: str) -> bytes:
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done", events[-1]
+    return b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+
+
+def test_same_bytes_as_the_single_process_server_through_the_sdk(ray_url, local_url):
+    client = openai.OpenAI(base_url=f"{ray_url}/v1", api_key="x", max_retries=0)
+    extra = {"mizuoto": F5["mizuoto"]}
+    through_ray = client.audio.speech.create(model="f5", voice="default", input="Hello Ray.",
+                                             response_format="wav", extra_body=extra)
+    local = _post(local_url, {**F5, "input": "Hello Ray."})
+    assert local.status_code == 200
+    assert through_ray.content == local.content
+    sse = {**VOX, "input": "Streamed.", "stream_format": "sse"}
+    assert _sse_audio(_post(ray_url, sse).text) == _sse_audio(_post(local_url, sse).text)
+    models = client.models.list()
+    assert {m.id for m in models.data} == {"f5", "vox", "broken", "alice", "bob"}
+
+
+def test_two_replicas_serve_concurrent_streams(ray_url, local_url):
+    bodies = [{**VOX, "input": f"Stream {i}.", "mizuoto": {**VOX["mizuoto"], "seed": i}}
+              for i in range(4)]
+    results: dict[int, bytes] = {}
+
+    def stream(i):
+        with httpx.stream("POST", f"{ray_url}/v1/audio/speech", json=bodies[i],
+                          timeout=120) as response:
+            assert response.status_code == 200
+            results[i] = b"".join(response.iter_bytes())
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    for i, body in enumerate(bodies):
+        assert results[i] == _post(local_url, body).content, i
+
+
+def test_a_voice_created_through_one_replica_speaks_through_the_others(ray_url, local_url,
+                                                                      voices):
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    clip = io.BytesIO()
+    sf.write(clip, 0.1 * np.sin(np.arange(24000) * 0.05), 24000, format="WAV")
+    created = httpx.post(f"{ray_url}/v1/audio/voices", data={"name": "rayvoice", "model": "f5",
+                                                             "text": "a clip"},
+                         files={"audio": ("clip.wav", clip.getvalue())}, timeout=120)
+    assert created.status_code == 201, created.text
+    assert (voices / "rayvoice.safetensors").is_file()
+    body = {**F5, "voice": "rayvoice", "input": "In the new voice."}
+    answers = [_post(ray_url, body).content for _ in range(3)]  # over both replicas
+    assert answers[0] == answers[1] == answers[2] == _post(local_url, body).content
+
+
+def test_adapters_are_models_routed_by_id(ray_url):
+    alice = {**VOX, "model": "alice", "input": "Adapted."}
+    first = _post(ray_url, alice)
+    assert first.status_code == 200, first.text
+    bob = _post(ray_url, {**alice, "model": "bob"})
+    base = _post(ray_url, {**alice, "model": "vox"})
+    assert bob.status_code == 200 and base.status_code == 200
+    assert len({first.content, bob.content, base.content}) == 3  # each LoRA changes the audio
+    # one adapter per replica at most: alice unloaded somewhere, loaded again, same audio
+    assert _post(ray_url, alice).content == first.content
+
+
+def test_a_model_that_fails_to_load_is_named_and_the_others_serve(ray_url):
+    health = httpx.get(f"{ray_url}/health", timeout=30)
+    assert health.status_code == 503
+    assert health.json()["models"]["broken"] == "failed"
+    assert health.json()["models"]["f5"] == "ready"
+    refused = _post(ray_url, {**F5, "model": "broken", "input": "x"})
+    assert refused.status_code == 503
+    assert "'broken' failed to load" in refused.json()["error"]["message"]
+    assert _post(ray_url, {**F5, "input": "Still here."}).status_code == 200
+
+
+def test_a_replica_killed_mid_stream_fails_its_client_cleanly_and_another_serves(ray_url):
+    import ray
+
+    long_text = {**VOX, "input": "A long stream. " * 8, "stream_format": "sse",
+                 "mizuoto": {"seed": 1, "steps": 2, "params": {"max_len": 60}}}
+    events: dict[int, list[dict]] = {0: [], 1: []}
+    started = threading.Barrier(3)
+
+    def stream(i):
+        with httpx.stream("POST", f"{ray_url}/v1/audio/speech", json=long_text,
+                          timeout=120) as response:
+            first = True
+            try:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        events[i].append(json.loads(line[6:]))
+                        if first:
+                            first = False
+                            started.wait(60)
+            except httpx.HTTPError as exc:
+                events[i].append({"type": "broken", "error": str(exc)})
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    started.wait(120)  # both streams have audio: each runs on its own replica (1 at a time)
+    replicas = [name for name in ray.util.list_named_actors(all_namespaces=True)
+                if "model-vox" in name["name"]]
+    assert len(replicas) == 2, replicas
+    ray.kill(ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"]))
+    for thread in threads:
+        thread.join(180)
+    ends = [events[i][-1] for i in (0, 1)]
+    kinds = sorted(end["type"] for end in ends)
+    assert kinds == ["error", "speech.audio.done"], ends
+    error = next(end for end in ends if end["type"] == "error")["error"]
+    assert error["code"] == "replica_lost"
+    again = _post(ray_url, {**VOX, "input": "After the loss."})
+    assert again.status_code == 200
+
+
+def test_settings_refuse_half_an_autoscaling_range_and_an_inverted_one():
+    from mizuoto.errors import InvalidRequest
+    from mizuoto.serve.ray import RaySettings
+
+    with pytest.raises(InvalidRequest, match="max_replicas"):
+        RaySettings(max_replicas=2)
+    with pytest.raises(InvalidRequest, match="above max_replicas"):
+        RaySettings(min_replicas=3, max_replicas=2)
+    with pytest.raises(InvalidRequest, match="num_cpus"):
+        RaySettings(num_cpus=-1)
+    assert RaySettings(min_replicas=1, max_replicas=3).most_replicas == 3
+
+
+def test_adapters_are_the_subdirectories_holding_a_lora(tmp_path):
+    from mizuoto.errors import InvalidRequest
+    from mizuoto.serve.ray import LORA_WEIGHTS, adapters
+
+    for name in ("a", "b"):
+        (tmp_path / "one" / name).mkdir(parents=True)
+    (tmp_path / "one" / "a" / LORA_WEIGHTS).write_bytes(b"")
+    (tmp_path / "two" / "a").mkdir(parents=True)
+    (tmp_path / "two" / "a" / LORA_WEIGHTS).write_bytes(b"")
+    assert adapters([tmp_path / "one"]) == {"a": str(tmp_path / "one" / "a")}
+    with pytest.raises(InvalidRequest, match="two LoRA exports"):
+        adapters([tmp_path / "one", tmp_path / "two"])
