@@ -126,12 +126,13 @@ def _frames(body: bytes, chunked: bool, splits: list[int]) -> tuple[list[bytes],
 
 
 def _send(url: str, method: str, path: str, headers: list[tuple[str, str]], body: bytes,
-          chunked: bool, splits: list[int]) -> bytes:
+          chunked: bool, splits: list[int], host_header: str | None = None) -> bytes:
     import socket
 
     host, port = url.removeprefix("http://").split(":")
     frames, framing = _frames(body, chunked, splits)
-    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n".encode()
+    named = host if host_header is None else host_header
+    head = f"{method} {path} HTTP/1.1\r\nHost: {named}\r\nConnection: close\r\n".encode()
     head += b"".join(f"{k}: {v}\r\n".encode() for k, v in headers) + framing + b"\r\n"
     answer = b""
     with socket.create_connection((host, int(port)), timeout=120) as sock:
@@ -231,3 +232,40 @@ def test_voice_uploads_with_hostile_parts_never_crash_the_server(
     _check_answer(answer, server)
     if answer.split(b" ", 2)[1] == b"201":  # a voice was built: leave room for the next
         httpx.delete(f"{server}/v1/audio/voices/{name}", timeout=30)
+
+
+# --- Host and Origin: answered exactly as the browser policy says (issue 33) -----------------
+
+HOST_TEXT = st.text(alphabet="abcdefxyz0123456789.-:[]_@", max_size=40)
+HOSTS = st.one_of(HOST_TEXT, st.sampled_from(
+    ["127.0.0.1", "localhost", "[::1]:80", "127.0.0.1.evil.example", "localhost:x", "[::1",
+     "0.0.0.0", "[::ffff:127.0.0.1]", "2130706433", "127.1", "LocalHost."]))
+ORIGINS = st.one_of(st.none(), st.just("null"),
+                    st.builds(lambda scheme, host: f"{scheme}://{host}",
+                              st.sampled_from(["http", "https", "ftp"]), HOSTS))
+
+
+@RAW_RUNS
+@given(host=HOSTS, origin=ORIGINS, method=st.sampled_from(["GET", "POST", "DELETE"]))
+def test_hosts_and_origins_are_refused_exactly_as_the_policy_says(server, host, origin, method):
+    from mizuoto.serve.browser import BrowserPolicy
+
+    policy = BrowserPolicy("127.0.0.1")
+    path = {"GET": "/v1/models", "POST": "/v1/audio/speech",
+            "DELETE": "/v1/audio/voices/nobody"}[method]
+    headers = [("Content-Type", "application/json")] + ([("Origin", origin)] if origin else [])
+    answer = _send(server, method, path, headers,
+                   b'{"model": "nope", "input": "x", "voice": "default"}', False, [],
+                   host_header=host)
+    assert answer.startswith(b"HTTP/1.1 "), answer[:200]
+    status = int(answer.split(b" ", 2)[1])
+    if not policy.host_allowed(host):
+        expected = b"host_not_allowed"
+    elif method != "GET" and not policy.origin_allowed(origin, host):
+        expected = b"origin_not_allowed"
+    else:
+        expected = None
+    if expected is None:
+        assert status in (200, 404), answer[:300]
+    else:
+        assert status == 403 and expected in answer, answer[:300]

@@ -606,7 +606,7 @@ def test_a_named_error_from_any_route_is_its_status_and_only_a_500_is_logged(tmp
     async def ask(path):
         # raise_app_exceptions: what escapes the application is what uvicorn logs again
         transport = httpx.ASGITransport(app=gate, raise_app_exceptions=True)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             return await client.get(path)
 
     try:

@@ -829,6 +829,10 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
 @click.option("--max-batch", default=1, show_default=True, type=int, help="Requests of one model run at once, 1 to 256; an engine that batches (VoxCPM streams) steps them together. Batched audio is close to, not always bit-identical with, unbatched (docs/performance.md).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME", help="Also answer requests whose Host is NAME (repeatable; a reverse proxy's public name; '*': any). Loopback names and --host are always answered.")
+@click.option("--allowed-origin", "allowed_origins", multiple=True, metavar="ORIGIN", help="Also take state-changing requests from web pages at ORIGIN, e.g. https://app.example.com (repeatable; the server's own page always may).")
+@click.option("--max-voices", default=100, show_default=True, type=int, help="Voices stored at most (more: 409).")
+@click.option("--max-voices-size", default="512M", show_default=True, metavar="SIZE", help="Bytes of stored voices at most, e.g. 512M or 2G (more: 409).")
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
 @click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Serve on Ray Serve (mizuoto-core[ray]): a local instance, or the cluster at ADDRESS (docs/serve.md, Scaling out).")
@@ -843,8 +847,9 @@ def _stopped_training(ctx, result, command: str) -> None:
 @click.option("--max-adapters", type=int, default=4, show_default=True, help="With --ray: LoRA exports loaded at once per replica (least recently used unloaded).")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
-          memory_budget, max_batch, option_pairs, options_file, ray_address=None, replicas=1,
-          min_replicas=None, max_replicas=None, target_ongoing=1.0, num_cpus=1.0, num_gpus=0.0,
+          memory_budget, max_batch, allowed_hosts, allowed_origins, max_voices, max_voices_size,
+          option_pairs, options_file, ray_address=None, replicas=1, min_replicas=None,
+          max_replicas=None, target_ongoing=1.0, num_cpus=1.0, num_gpus=0.0,
           ingress_replicas=1, lora_dirs=(), max_adapters=4):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
@@ -858,15 +863,19 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
         # click reads an empty variable as unset: here it must not mean "no authentication"
         api_key, from_env = os.environ["MIZUOTO_API_KEY"], True
     names, budget = model_names(models, aliases), _size(memory_budget)
+    voices_bytes = _size(max_voices_size, "--max-voices-size")
     options = _options_to_load(options_file, option_pairs)
     try:
         config = ServeConfig(models=names, engine=engine, host=host, port=port,
                              api_key=api_key, queue_size=queue_size, grace=grace,
                              max_loaded=max_loaded, memory_budget=budget, options=options,
-                             max_batch=max_batch)
+                             max_batch=max_batch, allowed_hosts=allowed_hosts,
+                             allowed_origins=allowed_origins, max_voices=max_voices,
+                             max_voices_bytes=voices_bytes)
     except InvalidRequest as exc:  # named as the user wrote it
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
-            "--" + exc.field.replace("_", "-")
+            "--" + {"max_voices_bytes": "max_voices_size"}.get(exc.field, exc.field).replace(
+                "_", "-")
         raise InvalidRequest(option, exc.problem, exc.fix) from None
     ray_settings = None
     if ray_address:
@@ -943,7 +952,7 @@ def wyoming(models, aliases, engine, host, port, queue_size, max_connections, se
     run(config)
 
 
-def _size(text):
+def _size(text, option="--memory-budget"):
     """Bytes from ``8G``, ``500M``, ``64K`` or a plain number; None stays None."""
     if text is None:
         return None
@@ -954,10 +963,10 @@ def _size(text):
     try:
         value = float(number)
     except ValueError:
-        raise InvalidRequest("--memory-budget", f"{text!r} is not a size", "e.g. 8G or 500M") \
+        raise InvalidRequest(option, f"{text!r} is not a size", "e.g. 8G or 500M") \
             from None
     if not 0 < value < float("inf"):
-        raise InvalidRequest("--memory-budget", f"{text!r} must be a positive size")
+        raise InvalidRequest(option, f"{text!r} must be a positive size")
     return int(value * unit)
 
 

@@ -25,10 +25,17 @@ import attrs
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.serve.batching import MAX_BATCH, options_with_max_batch
+from mizuoto.serve.browser import BrowserPolicy
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
-from mizuoto.serve.gate import FORM_OVERHEAD, MAX_SPEECH_BODY, Gate, check_api_key
+from mizuoto.serve.gate import (
+    FORM_OVERHEAD,
+    MAX_SPEECH_BODY,
+    Gate,
+    StreamStalled,
+    check_api_key,
+)
 from mizuoto.serve.metrics import Metrics
-from mizuoto.serve.voices import VoiceStore
+from mizuoto.serve.voices import DEFAULT_MAX_VOICES, DEFAULT_MAX_VOICES_BYTES, VoiceStore
 from mizuoto.serve.worker import ModelPool, ModelWorker
 
 log = logging.getLogger("mizuoto.serve")
@@ -66,6 +73,10 @@ class ServeConfig:
     once, batched by engines that batch (:mod:`mizuoto.serve.batching`); 1 runs them one
     after the other.
 
+    ``allowed_hosts`` and ``allowed_origins`` add to what a browser may reach
+    (:mod:`mizuoto.serve.browser`); ``max_voices`` and ``max_voices_bytes`` cap the stored
+    voices (:class:`~mizuoto.serve.voices.VoiceStore`).
+
     Every value is checked here, so the CLI and the Python API refuse the same ones: ``port``
     1 to 65535, ``grace`` finite in [0, :data:`MAX_GRACE`], an ``api_key`` that is not
     empty or blank (``None``: no authentication).
@@ -91,6 +102,32 @@ class ServeConfig:
         "memory_budget"))
     shared_lock: bool = False
     max_batch: int = attrs.field(default=1, validator=integer_in("max_batch", 1, MAX_BATCH))
+    # what a browser may reach (mizuoto.serve.browser): Host names besides loopback and
+    # ``host`` (a reverse proxy's), and origins besides the page's own ("*": any)
+    allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    allowed_origins: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    # stored voices: how many, and their bytes together (a page or client filling the disk)
+    max_voices: int = attrs.field(default=DEFAULT_MAX_VOICES, validator=integer_in(
+        "max_voices", 1, 1 << 20))
+    max_voices_bytes: int = attrs.field(default=DEFAULT_MAX_VOICES_BYTES, validator=integer_in(
+        "max_voices_bytes", 1, 1 << 50))
+
+    @allowed_hosts.validator
+    def _allowed_hosts(self, attribute, value) -> None:
+        for name in value:
+            if not isinstance(name, str) or not name.strip() or any(
+                    c in name for c in "/ \t@"):
+                raise InvalidRequest("allowed_host", f"{name!r} is not a host name",
+                                     "give a name such as tts.example.com (no scheme or path)")
+
+    @allowed_origins.validator
+    def _allowed_origins(self, attribute, value) -> None:
+        for origin in value:
+            scheme, sep, rest = str(origin).partition("://")
+            if origin != "*" and (not sep or scheme not in ("http", "https") or not rest
+                                  or "/" in rest.rstrip("/")):
+                raise InvalidRequest("allowed_origin", f"{origin!r} is not an origin",
+                                     "give scheme://host[:port], e.g. https://app.example.com")
 
     @host.validator
     def _host(self, attribute, value) -> None:
@@ -131,7 +168,9 @@ class _State:
 
         self.config = config
         self.metrics = Metrics()
-        self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices")
+        self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices",
+                                 max_count=config.max_voices,
+                                 max_bytes=config.max_voices_bytes)
         self.closing = False
         self.cards: dict[str, dict] = {}  # GET /v1/models' card of each model, once loaded
         shared = threading.Lock() if config.shared_lock else None
@@ -239,10 +278,13 @@ def create_app(config: ServeConfig, *, loader=None):
 
     @app.exception_handler(Exception)
     async def unexpected(request, exc: Exception):
+        if isinstance(exc, StreamStalled):  # the answer had begun: the gate ends it, no 500
+            return Response(status_code=499)
         return respond(_logged(from_mizuoto(exc), exc))
 
+    browser = BrowserPolicy(config.host, config.allowed_hosts, config.allowed_origins)
     return Gate(app, api_key=config.api_key, on_request=state.metrics.request,
-                is_open=is_page_path, limits={
+                is_open=is_page_path, browser=browser, limits={
         # refused before the body is read, or as soon as it passes the limit; a voice's
         # multipart form holds the clip and its fields
         "/v1/audio/speech": MAX_SPEECH_BODY,

@@ -3,6 +3,7 @@ the OpenAI SDK turns into its typed exceptions, mapped from Mizuoto's named erro
 
 from __future__ import annotations
 
+import errno
 import re
 
 from mizuoto import errors
@@ -57,6 +58,16 @@ def unavailable(message: str, code: str, retry_after: int = 5) -> APIError:
                     headers={"Retry-After": str(retry_after)})
 
 
+def insufficient_storage(message: str) -> APIError:
+    """507: the server's disk (the voice folder's) is full; the client's request was fine."""
+    return APIError(507, message, type="server_error", code="insufficient_storage",
+                    headers={"x-should-retry": "false"})
+
+
+#: errno values that mean "the disk is full" (ENOSPC, EDQUOT): a 507, not a 500.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
 def from_mizuoto(exc: BaseException, *, param_prefix: str = "") -> APIError:
     """The response for an error an engine or a request raised.
 
@@ -86,6 +97,10 @@ def _response(exc: BaseException, param_prefix: str) -> APIError:
     if isinstance(exc, errors.EngineBusy):
         return APIError(429, str(exc), type="rate_limit_error", code="engine_busy",
                         headers={"Retry-After": "1"})
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        # the hook for full disks (issue 33, 3): a named disk-full error maps here too
+        return insufficient_storage("the server's disk is full: no space left to save "
+                                    f"this ({exc.strerror})")
     if isinstance(exc, errors.MizuotoError):  # NonFiniteAudio and the rest
         return APIError(500, str(exc), type="server_error", code="generation_failed")
     return APIError(500, "internal error: see the server's log", type="server_error",

@@ -9,6 +9,8 @@ untouched.
 - **Body limits**: counted as the bytes arrive, on every route and whatever the framing
   (``Content-Length`` or chunked): a declared length over the limit is refused before anything
   is read; a body that grows past it is cut off there with 413, whatever the handler was doing.
+- **Browsers**: the ``Host``, ``Origin`` and content-type rules of
+  :mod:`mizuoto.serve.browser`, checked first, on every route.
 - **Slow bodies**: a body whose next bytes take longer than :data:`BODY_IDLE_SECONDS` to come
   (one byte a minute holds a connection and its handler forever) is cut off with 408.
 """
@@ -19,11 +21,14 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 from collections.abc import Callable
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.serve.browser import BrowserPolicy
 from mizuoto.serve.errors import APIError
 
+log = logging.getLogger("mizuoto.serve")
 #: Paths open without the API key (a load balancer's probe has no key).
 OPEN_PATHS = frozenset({"/health"})
 #: Largest JSON body of a speech request (bytes).
@@ -34,6 +39,16 @@ MAX_OTHER_BODY = 64 << 10
 #: Longest wait for a request body's next bytes (seconds) before a 408: far above any real
 #: client's pause, far below holding a worker slot forever.
 BODY_IDLE_SECONDS = 30.0
+#: The metric label of a request no route took (an unknown path).
+UNMATCHED = "unmatched"
+#: Longest wait for a client to take the next bytes of an answer (seconds): a stream whose
+#: client stopped reading is then ended, its generation stopped and its model freed.
+STREAM_WRITE_SECONDS = 30.0
+#: Most bytes of a refused body read and dropped after its 413, and the longest time spent
+#: so: most clients send their whole body before they read, and a connection closed on
+#: unread bytes is reset, losing the 413 the client has not read yet.
+DRAIN_BYTES = 32 << 20
+DRAIN_SECONDS = 10.0
 #: Room for a voice upload's form fields and multipart framing, beyond the clip itself.
 FORM_OVERHEAD = 64 << 10
 
@@ -71,6 +86,24 @@ class BodyStalled(APIError):
                          code="request_timeout", headers={"Connection": "close"})
 
 
+class StreamStalled(Exception):
+    """The client took no bytes of the answer for :data:`STREAM_WRITE_SECONDS`."""
+
+
+class _QuietStalls(logging.Filter):
+    """uvicorn logs what escapes an application as an ERROR with its traceback; a client
+    that stopped reading is the client's doing, logged once at INFO by the gate."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamStalled))
+
+
+def _quiet_stalls() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _QuietStalls) for f in logger.filters):
+        logger.addFilter(_QuietStalls())
+
+
 def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 
@@ -81,8 +114,11 @@ class Gate:
     ``is_open(path)`` names paths served without the key besides :data:`OPEN_PATHS`."""
 
     def __init__(self, app, *, api_key: str | None, limits: dict[str, int], on_request,
-                 is_open: Callable[[str], bool] = lambda path: False) -> None:
+                 is_open: Callable[[str], bool] = lambda path: False,
+                 browser: BrowserPolicy | None = None) -> None:
         self.app = app
+        self._browser = browser if browser is not None else BrowserPolicy()
+        _quiet_stalls()
         self._is_open = is_open
         self._key = _digest(check_api_key(api_key).encode()) if api_key is not None else None
         self._limits = dict(limits)
@@ -101,6 +137,13 @@ class Gate:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
+        refusal = self._browser.refusal(scope.get("method", "GET"), path, scope["headers"])
+        if refusal is not None:  # before the key: a foreign page never learns which is wrong
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await _send_error(send, refusal)
+            return
         if self._key is not None and path not in OPEN_PATHS and not self._is_open(path) \
                 and not self._authorized(scope["headers"]):
             if scope["type"] == "websocket":
@@ -116,7 +159,7 @@ class Gate:
         limit = self._limits.get(path, MAX_OTHER_BODY)
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            await _send_error(send, BodyTooLarge(limit, int(declared)))
+            await _send_refusal(send, receive, BodyTooLarge(limit, int(declared)))
             return
         await _Limited(self.app, limit, path, self._on_request)(scope, receive, send)
 
@@ -160,7 +203,10 @@ class _Limited:
     async def send(self, send, message) -> None:
         if self.refusal is not None and not self.started:
             self.started = True
-            await _send_error(send, self.refusal)
+            if isinstance(self.refusal, BodyTooLarge):
+                await _send_refusal(send, self._receive, self.refusal)
+            else:
+                await _send_error(send, self.refusal)
             self.status = self.refusal.status
             return
         if self.refusal is not None:
@@ -168,12 +214,26 @@ class _Limited:
         if message["type"] == "http.response.start":
             self.started = True
             self.status = message["status"]
-        await send(message)
+            await send(message)
+            return
+        seconds = STREAM_WRITE_SECONDS
+        try:  # the server's send waits while the client's socket is full
+            await asyncio.wait_for(send(message), seconds)
+        except TimeoutError:
+            raise StreamStalled(f"the client took no bytes for {seconds:g} s") from None
 
     async def __call__(self, scope, receive, send) -> None:
+        self._receive = receive
         try:
             await self.app(scope, lambda: self.receive(receive),
                            lambda message: self.send(send, message))
+        except StreamStalled:
+            cancel = scope.get("mizuoto.cancel")
+            if cancel is not None:
+                cancel()  # at once: the response's generator may be closed only later
+            log.info("%s: the client took no bytes for %g s: answer ended", self.path,
+                     STREAM_WRITE_SECONDS)
+            raise  # uvicorn then closes the connection (its log is quieted: _QuietStalls)
         except Exception:
             # the application has answered (Starlette's last handler sends its 500, logged,
             # then re-raises it); an over-long body is a 413 whatever the handler raised
@@ -182,15 +242,44 @@ class _Limited:
             elif not self.started:
                 raise
         finally:
-            if self.path.startswith("/v1/"):
-                self.on_request(scope.get("mizuoto.model", ""), self.path, self.status)
+            endpoint = route_template(scope)
+            if endpoint.startswith("/v1/") or endpoint == UNMATCHED and \
+                    self.path.startswith("/v1/"):
+                self.on_request(scope.get("mizuoto.model", ""), endpoint, self.status)
 
 
-async def _send_error(send, error: APIError) -> None:
+def route_template(scope) -> str:
+    """The route ``scope`` was routed to, as written (``/v1/audio/voices/{name}``), or
+    :data:`UNMATCHED`: a metric label per raw path would let any page's ``<img>`` tags grow
+    the server's memory and ``/metrics`` without bound."""
+    return getattr(scope.get("route"), "path_format", None) or UNMATCHED
+
+
+async def _send_error(send, error: APIError, *, more: bool = False) -> None:
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
     for name, value in error.headers.items():
         headers.append((name.lower().encode(), value.encode()))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": body, "more_body": more})
+
+
+async def _send_refusal(send, receive, error: APIError) -> None:
+    """``error`` (a 413) sent whole, then the rest of the body read and dropped (up to
+    :data:`DRAIN_BYTES` and :data:`DRAIN_SECONDS`) before the answer ends and the
+    connection closes: a client still sending reads the 413 instead of a reset."""
+    await _send_error(send, error, more=True)
+    loop = asyncio.get_running_loop()
+    deadline, dropped = loop.time() + DRAIN_SECONDS, 0
+    while dropped <= DRAIN_BYTES:
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            break
+        if message["type"] != "http.request":
+            break  # the client left
+        dropped += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -178,9 +178,9 @@ async def _next(job: Job, request: Request | None):
     cancelled when the client disconnects meanwhile; a streaming response passes none, since
     Starlette watches its client and cancels the response (see :func:`_chunks`)."""
     if request is None:
-        item = await job.items.get()
+        item = await job.get()
     else:
-        getter = asyncio.ensure_future(job.items.get())
+        getter = asyncio.ensure_future(job.get())
         while not (await asyncio.wait({getter}, timeout=0.25))[0]:
             if await request.is_disconnected():
                 getter.cancel()
@@ -259,6 +259,7 @@ async def speech(request: Request):
         stream = stream and engine.supports(Capability.STREAM)
         job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop(), pin=pin)
         worker.submit(job)
+        request.scope["mizuoto.cancel"] = job.cancel  # the gate's write timeout ends it
     except BaseException:
         pin.release()  # the job's once submitted (it releases the pin when it ends)
         raise
@@ -398,6 +399,8 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
     worker = _worker(state, model)
     request.scope["mizuoto.model"] = worker.name
     worker.submit_check()
+    # the caps, before the clip is decoded or the engine builds anything (and again at save)
+    await asyncio.to_thread(state.voices.check_room)
     data = await audio.read(state.config.max_upload_bytes + 1)
     if len(data) > state.config.max_upload_bytes:
         raise APIError(413, f"the audio is larger than {state.config.max_upload_bytes} bytes",

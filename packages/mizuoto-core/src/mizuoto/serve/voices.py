@@ -11,12 +11,17 @@ another model is refused by the engine.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.errors import APIError, bad_request, not_found
 
 DEFAULT_VOICE = "default"
+#: Most voices stored, and their bytes together, unless the server is told otherwise: an
+#: F5-TTS voice holds its clip (60 s at 24 kHz: 5.8 MB), so 100 of them fit in 512 MB.
+DEFAULT_MAX_VOICES = 100
+DEFAULT_MAX_VOICES_BYTES = 512 << 20
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _SUFFIX = ".safetensors"
 
@@ -29,9 +34,43 @@ def check_name(name: str, param: str = "name") -> str:
     return name
 
 
+def _store_full(message: str, code: str) -> APIError:
+    # 409 (the store's state), never retried: the SDK would retry a 409 unless told not to
+    return APIError(409, message, param="name", code=code, headers={"x-should-retry": "false"})
+
+
 class VoiceStore:
-    def __init__(self, directory: Path) -> None:
+    """The voice directory; at most ``max_count`` voices of ``max_bytes`` together (more: a
+    409 naming the cap, before the clip is decoded or the voice built where it can be)."""
+
+    def __init__(self, directory: Path, *, max_count: int = DEFAULT_MAX_VOICES,
+                 max_bytes: int = DEFAULT_MAX_VOICES_BYTES) -> None:
         self.directory = Path(directory)
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self._saving = threading.Lock()  # two uploads at once must not both take the last room
+
+    def _usage(self) -> tuple[int, int]:
+        """The voices stored and their bytes."""
+        if not self.directory.is_dir():
+            return 0, 0
+        sizes = [path.stat().st_size for path in self.directory.glob(f"*{_SUFFIX}")
+                 if path.is_file()]
+        return len(sizes), sum(sizes)
+
+    def check_room(self, adding: int = 0) -> None:
+        """A 409 unless one more voice of ``adding`` bytes fits under both caps."""
+        count, size = self._usage()
+        if count >= self.max_count:
+            raise _store_full(f"{count} voices are stored, the most this server keeps "
+                              f"({self.max_count}): delete one (DELETE /v1/audio/voices/NAME) "
+                              "or start the server with a higher --max-voices",
+                              "too_many_voices")
+        if size + adding > self.max_bytes:
+            raise _store_full(f"the stored voices take {size} bytes; with this one "
+                              f"({adding} bytes) they would pass the server's "
+                              f"{self.max_bytes}: delete some or start the server with a "
+                              "higher --max-voices-size", "voices_too_large")
 
     def path(self, name: str, param: str = "voice") -> Path:
         path = self.directory / f"{check_name(name, param)}{_SUFFIX}"
@@ -58,11 +97,13 @@ class VoiceStore:
 
     def save(self, name: str, voice) -> None:
         path = self.path(name, "name")
-        if name == DEFAULT_VOICE or path.exists():
-            raise APIError(409, f"a voice named {name!r} exists: delete it first or pick "
-                           "another name", param="name", code="voice_exists")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        voice.save(path)
+        with self._saving:
+            if name == DEFAULT_VOICE or path.exists():
+                raise APIError(409, f"a voice named {name!r} exists: delete it first or pick "
+                               "another name", param="name", code="voice_exists")
+            self.check_room(_voice_bytes(voice))
+            self.directory.mkdir(parents=True, exist_ok=True)
+            voice.save(path)
 
     def delete(self, name: str) -> None:
         path = self.path(name, "name")
@@ -91,3 +132,12 @@ class VoiceStore:
             found.append({"name": name, "engine": header.get("engine", ""),
                           "fingerprint": header.get("model_fingerprint", "")})
         return found
+
+
+def _voice_bytes(voice) -> int:
+    """About the size of ``voice``'s file: its tensors and texts (the header's framing is a
+    few hundred bytes more)."""
+    tensors = sum(t.numel() * t.element_size() for t in voice.tensors.values())
+    texts = sum(len(str(v).encode("utf-8", "replace")) for v in (*voice.texts.values(),
+                                                                 *voice.meta.values()))
+    return tensors + texts

@@ -26,6 +26,9 @@ log = logging.getLogger("mizuoto.serve")
 
 #: Emitted last by every job.
 DONE = object()
+#: Items (audio chunks) a job may have waiting for its client: a client that reads slowly
+#: slows its own generation instead of piling its audio up in the server's memory.
+MAX_BUFFERED = 8
 
 
 class Cancelled(Exception):
@@ -59,14 +62,26 @@ class Job:
         self._run = run
         self._loop = loop
         self._pin = pin
-        self.items: asyncio.Queue = asyncio.Queue()
+        self.items: asyncio.Queue = asyncio.Queue()  # read with :meth:`get`
+        self._room = threading.Semaphore(MAX_BUFFERED)
         self._cancelled = threading.Event()
         self.submitted = time.monotonic()
         self.audio_seconds = 0.0
 
     def emit(self, item) -> None:
+        """Send ``item`` to the event loop; waits (on the worker's thread) while
+        :data:`MAX_BUFFERED` items wait for the client, unless the job is cancelled."""
+        while not self._room.acquire(timeout=0.1):
+            if self._cancelled.is_set():
+                break
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
             self._loop.call_soon_threadsafe(self.items.put_nowait, item)
+
+    async def get(self):
+        """The next item emitted (on the event loop), which makes room for another."""
+        item = await self.items.get()
+        self._room.release()
+        return item
 
     def cancel(self) -> None:
         self._cancelled.set()
