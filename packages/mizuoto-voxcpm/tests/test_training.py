@@ -402,6 +402,7 @@ def test_preview_clones_a_long_clip_or_reads_zero_shot(workspace, tmp_path, capl
             trainer.export(run, tmp_path / name / "export")
         assert (tmp_path / name / "preview.wav").is_file()
         assert any(f"preview ({mode})" in r.getMessage() for r in caplog.records)
+        assert any("--param preview=false turns it off" in r.getMessage() for r in caplog.records)
         caplog.clear()
 
 

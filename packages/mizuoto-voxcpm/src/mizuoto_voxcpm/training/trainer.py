@@ -187,6 +187,7 @@ def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
     import soundfile as sf
 
     from mizuoto.contracts import Reference, SynthesisRequest
+    from mizuoto.contracts.model_defaults import read_model_defaults
     from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
     from mizuoto_voxcpm.engine import VoxCPMEngine
 
@@ -202,8 +203,13 @@ def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
             clip = Path(tmp) / "reference.wav"
             sf.write(clip, run.samples[clips[0]].audio, rate, subtype="FLOAT")
             reference = Reference(clip, run.texts[clips[0]])
-        result = engine.synthesize(SynthesisRequest(text, reference=reference, seed=run.config.seed,
-                                                    params={"retry_badcase": False}))
+        # the base model's mizuoto-defaults.json applies, as it would to the base model
+        defaults = dict(read_model_defaults(run.model_dir))
+        log.info("speaking a preview (%s) with the exported model into %s; --param "
+                 "preview=false turns it off", "cloned" if clips else "zero-shot", path)
+        result = engine.synthesize(SynthesisRequest(
+            text, reference=reference, seed=run.config.seed,
+            params={**defaults, "retry_badcase": False}))
     result.save(path)
     log.info("preview (%s) written to %s", "cloned" if clips else "zero-shot", path)
     return path
