@@ -51,3 +51,34 @@ def test_the_directory_gets_the_permissions_of_a_plain_mkdir(tmp_path):
     finally:
         os.umask(previous)
     assert (tmp_path / "export").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_fixed_staging_name_is_cleared_of_a_crashed_attempt_and_used(tmp_path):
+    debris = tmp_path / ".latest.staging"
+    debris.mkdir()
+    _write(debris, {"half.pt": "from a killed run"})
+    with atomic_directory(tmp_path / "latest", staging=".latest.staging", durable=True) as part:
+        assert part == debris and list(part.iterdir()) == []
+        _write(part, {"state.pt": "whole"})
+    assert [p.name for p in (tmp_path / "latest").iterdir()] == ["state.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest"]
+
+
+def test_the_old_directory_moved_aside_by_a_crash_is_found(tmp_path, monkeypatch):
+    target = tmp_path / "latest"
+    target.mkdir()
+    _write(target, {"step": "4"})
+    assert atomic.left_aside(target) is None
+    monkeypatch.setattr(atomic, "_exchange", lambda first, second: False)
+    real_replace = os.replace
+
+    def killed_after_moving_aside(source, destination):
+        real_replace(source, destination)
+        if os.fspath(source) == os.fspath(target):
+            raise KeyboardInterrupt("killed between the two renames")
+
+    monkeypatch.setattr(atomic.os, "replace", killed_after_moving_aside)
+    with pytest.raises(KeyboardInterrupt), atomic_directory(target) as part:
+        _write(part, {"step": "5"})
+    aside = atomic.left_aside(target)
+    assert not target.exists() and (aside / "step").read_text() == "4"

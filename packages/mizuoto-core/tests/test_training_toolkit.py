@@ -24,6 +24,7 @@ from mizuoto.training import (
     numbered,
     process_world,
     rotate,
+    warn_long_warmup,
 )
 from mizuoto.training.recipe import parse_params, read_config_file, split_settings
 
@@ -161,6 +162,35 @@ def test_step_loop_stops_on_a_signal_after_the_update_and_saves(tmp_path):
     assert (outcome.done, outcome.interrupted) == (3, "SIGTERM")
     assert saves == [3]
 
+
+
+def test_samples_due_at_a_stop_are_announced_before_they_are_written(caplog):
+    written = []
+
+    def update():
+        if loop.done == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {"loss": 0.5}
+
+    def samples(done):
+        assert any("writing the audio samples of update 2" in m for m in caplog.messages)
+        written.append(done)
+
+    loop = _loop(10, cadence=Cadence(save_every=100, samples_every=2), samples=samples)
+    with caplog.at_level("INFO", logger="mizuoto.training.steps"):
+        outcome = loop.run(update)
+    assert (outcome.done, outcome.interrupted, written) == (2, "SIGTERM", [2])
+
+
+def test_a_warmup_outlasting_the_updates_made_is_warned_of_with_steps_and_schedule(caplog):
+    with caplog.at_level("WARNING", logger="mizuoto.training.steps"):
+        assert not warn_long_warmup("warmup_steps", 4, steps=4, learning_rate=1e-4)
+        assert warn_long_warmup("warmup_updates", 20000, steps=20, schedule=100,
+                                learning_rate=1e-5)
+    assert caplog.messages == ["warmup_updates 20000 exceeds the 20 updates this run makes "
+                               "(--steps 20; the schedule spans 100 updates): the learning "
+                               "rate rises all run and never reaches 1e-05 (upstream's "
+                               "behaviour)"]
 
 def test_micro_batches_skip_the_all_reduce_but_on_the_last():
     entered = []

@@ -82,6 +82,27 @@ def test_bad_rows_are_reported_and_skipped(workspace, tmp_path):
     assert [r["line"] for r in prepared["rejected"]] == [3, 4, 5, 6, 7, 8]
 
 
+
+def test_a_warmup_longer_than_the_run_is_warned_of_in_core_s_words(workspace, caplog):
+    root, model = workspace
+    with caplog.at_level("WARNING", logger="mizuoto.training.steps"):
+        VoxCPMTrainer().prepare(_config(root, model, "warm", steps=4,
+                                        params={"warmup_steps": 100}))
+    assert any("warmup_steps 100 exceeds the 4 updates this run makes (--steps 4)" in m
+               for m in caplog.messages)
+
+
+def test_a_metadata_csv_folder_is_read_as_its_rows(workspace, tmp_path):
+    root, model = workspace
+    rows = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines()]
+    data = tmp_path / "my-voice"
+    data.mkdir()
+    (data / "metadata.csv").write_text("audio_file|text\n" + "".join(
+        f"{row['audio'] if Path(row['audio']).is_absolute() else root / row['audio']}|"
+        f"{row['text']}\n" for row in rows), encoding="utf-8")
+    run = VoxCPMTrainer().prepare(_config(root, model, "csv", dataset=data))
+    assert [s.text for s in run.samples] == [row["text"] for row in rows]
+
 def test_unsupported_settings_are_refused(workspace):
     root, model = workspace
     trainer = VoxCPMTrainer()
@@ -91,7 +112,7 @@ def test_unsupported_settings_are_refused(workspace):
         trainer.prepare(_config(root, model, "x", params={"no_such": 1}))
     with pytest.raises(InvalidRequest):
         trainer.prepare(_config(root, model, "x", params={"lora_r": 4}))  # full: no LoRA
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match="4 usable rows.*--batch-size 4 or less"):
         trainer.prepare(_config(root, model, "x", batch_size=8))  # four rows
 
 
@@ -381,6 +402,7 @@ def test_preview_clones_a_long_clip_or_reads_zero_shot(workspace, tmp_path, capl
             trainer.export(run, tmp_path / name / "export")
         assert (tmp_path / name / "preview.wav").is_file()
         assert any(f"preview ({mode})" in r.getMessage() for r in caplog.records)
+        assert any("--param preview=false turns it off" in r.getMessage() for r in caplog.records)
         caplog.clear()
 
 

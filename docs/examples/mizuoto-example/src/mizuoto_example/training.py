@@ -29,7 +29,6 @@ from mizuoto.loading import resolve_for_engine
 from mizuoto.nn.dsp.audio_io import read_audio, to_mono
 from mizuoto.runtime.atomic import atomic_directory, atomic_path
 from mizuoto.runtime.checkpoint import load_state_dict_file
-from mizuoto.text.files import read_utf8
 from mizuoto.training import (
     Cadence,
     MetricsLog,
@@ -42,6 +41,7 @@ from mizuoto.training import (
     data_fingerprint,
     micro_batches,
     process_world,
+    read_manifest,
     rotate,
 )
 from mizuoto_example import CONFIG_FILE, WEIGHTS_FILE
@@ -175,29 +175,6 @@ class ToyTrainer(Trainer):
 
 
 def _rows(dataset: Path) -> list[tuple[str, Path]]:
-    """``(text, audio path)`` of each usable manifest line; a bad line (not JSON, no text, a
-    missing audio file) is skipped with a warning naming it."""
-    if dataset.is_dir():
-        found = sorted(dataset.glob("*.jsonl"))
-        if len(found) != 1:
-            raise InvalidRequest("dataset", f"{dataset} must hold one .jsonl manifest")
-        dataset = found[0]
-    rows = []
-    for number, line in enumerate(read_utf8(dataset, "dataset").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-            text, audio = item["text"], dataset.parent / item["audio"]
-        except (ValueError, KeyError, TypeError):
-            reason = 'not a JSON object with "audio" and "text"'
-        else:
-            reason = ("empty text" if not isinstance(text, str) or not text.strip()
-                      else "" if audio.is_file() else f"no audio file {audio}")
-        if reason:
-            logger.warning("%s line %d skipped: %s", dataset, number, reason)
-            continue
-        rows.append((text, audio))
-    if not rows:
-        raise InvalidRequest("dataset", f"{dataset} has no usable rows")
-    return rows
+    """``(text, audio path)`` of each usable row of the JSONL manifest or metadata.csv (a bad
+    row is skipped with a warning naming its line: the toolkit's `read_manifest`)."""
+    return [(row.text, row.audio) for row in read_manifest(dataset)]

@@ -76,22 +76,36 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | Path) -> Iterator[Path]:
+def atomic_directory(path: str | Path, *, staging: str | None = None,
+                     durable: bool = False) -> Iterator[Path]:
     """Yield an empty temporary directory beside ``path``; fill it, and on success it
     replaces ``path`` whole, whether or not ``path`` exists (an export written again over
     the last one). On an error nothing changes and the temporary directory is removed.
 
     Renaming a directory over a non-empty one fails, so an existing ``path`` is swapped with
     the new one in one step where the system can (Linux ``renameat2(RENAME_EXCHANGE)``), else
-    moved aside first (a crash in between leaves it as ``.<name>.old-*`` beside ``path``);
-    the old one is then deleted.
+    moved aside first (a crash in between leaves it as ``.<name>.old-*/<name>`` beside
+    ``path``: :func:`left_aside` finds it); the old one is then deleted.
+
+    ``staging``: a fixed name for the temporary directory (one left by a crash is removed
+    first), for other processes of a torchrun world to write their files into as well.
+    ``durable``: the files are flushed to the disk before the rename (checkpoints: a power
+    loss after the rename must not leave a directory of empty files).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent))
+    if staging is None:
+        tmp_path = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part",
+                                         dir=path.parent))
+    else:
+        tmp_path = path.parent / staging
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        tmp_path.mkdir()
     os.chmod(tmp_path, directory_mode())  # mkdtemp creates 0700
     try:
         yield tmp_path
+        if durable:
+            _fsync_files(tmp_path)
         if not path.exists():
             os.replace(tmp_path, path)
         elif _exchange(tmp_path, path):
@@ -104,6 +118,22 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             shutil.rmtree(tmp_path)
+
+
+def left_aside(path: str | Path) -> Path | None:
+    """The previous ``path`` that :func:`atomic_directory` moved aside, where a crash came
+    before the new one was renamed into place (only where the system cannot swap the two)."""
+    path = Path(path)
+    for candidate in sorted(path.parent.glob(f".{path.name}.old-*/{path.name}")):
+        return candidate
+    return None
+
+
+def _fsync_files(folder: Path) -> None:
+    for child in folder.rglob("*"):
+        if child.is_file() and not child.is_symlink():
+            with open(child, "rb") as f:
+                os.fsync(f.fileno())
 
 
 _AT_FDCWD = -100

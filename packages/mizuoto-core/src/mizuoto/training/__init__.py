@@ -9,12 +9,15 @@
 - `checkpoints`: numbered checkpoints and their rotation;
 - `metrics`: ``metrics.jsonl`` and TensorBoard event files (the ``tensorboard`` extra);
 - `progress`: the ``train`` progress line with loss, rate and ETA;
+- `manifest`: the data set's rows from a JSONL manifest or a ``metadata.csv``;
+- `state`: a resumable training state (weights, optimizer, scheduler, RNG) in one file;
 - `recipe`: a trainer's settings from ``--param KEY=VALUE`` and ``--config FILE``.
 
 docs/plugins.md ("Training toolkit") shows a trainer built on it.
 """
 
 from mizuoto.training.checkpoints import numbered, rotate
+from mizuoto.training.manifest import ManifestRow, find_manifest, read_manifest
 from mizuoto.training.metrics import MetricsLog, read_metrics, tensorboard_available
 from mizuoto.training.precision import Precision
 from mizuoto.training.progress import StepProgress
@@ -24,12 +27,20 @@ from mizuoto.training.run_directory import (
     base_fingerprint,
     data_fingerprint,
 )
-from mizuoto.training.steps import Cadence, LoopOutcome, StepLoop, micro_batches
+from mizuoto.training.state import load_training_state, save_training_state
+from mizuoto.training.steps import (
+    Cadence,
+    LoopOutcome,
+    StepLoop,
+    micro_batches,
+    warn_long_warmup,
+)
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
-    "Cadence", "LoopOutcome", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
+    "Cadence", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
     "RunIdentity", "StepLoop", "StepProgress", "barrier", "base_fingerprint",
-    "data_fingerprint", "gather", "join", "micro_batches", "numbered", "process_world",
-    "read_metrics", "rotate", "tensorboard_available",
+    "data_fingerprint", "find_manifest", "gather", "join", "load_training_state",
+    "micro_batches", "numbered", "process_world", "read_manifest", "read_metrics", "rotate",
+    "save_training_state", "tensorboard_available", "warn_long_warmup",
 ]

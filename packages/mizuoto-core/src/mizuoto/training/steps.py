@@ -19,6 +19,7 @@ last skipping the gradient all-reduce (DDP's ``no_sync``) in a multi-process run
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Mapping
 
 import attrs
@@ -27,6 +28,8 @@ from mizuoto.runtime.interruption import catch_interruption
 from mizuoto.training.metrics import MetricsLog
 from mizuoto.training.progress import StepProgress
 from mizuoto.training.world import ProcessWorld
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -60,6 +63,23 @@ def micro_batches(count: int, no_sync: Callable[[], contextlib.AbstractContextMa
     for index in range(count):
         last = index == count - 1
         yield index, (contextlib.nullcontext() if last or no_sync is None else no_sync())
+
+
+def warn_long_warmup(setting: str, warmup: int, *, steps: int, schedule: int | None = None,
+                     learning_rate: float) -> bool:
+    """Warn, in the same words for every trainer, when the warm-up (``setting``, as the user
+    names it) outlasts the updates the run makes (``--steps``; ``schedule``: the updates the
+    learning-rate schedule spans, where that differs). Upstream runs it: the rate rises all
+    run. Returns whether it warned."""
+    made = steps if schedule is None else min(steps, schedule)
+    if warmup <= made:
+        return False
+    spans = "" if schedule is None or schedule == steps else \
+        f"; the schedule spans {schedule} updates"
+    logger.warning("%s %d exceeds the %d updates this run makes (--steps %d%s): the learning "
+                   "rate rises all run and never reaches %g (upstream's behaviour)", setting,
+                   warmup, made, steps, spans, learning_rate)
+    return True
 
 
 class StepLoop:
@@ -115,6 +135,10 @@ class StepLoop:
                 if self._numbered is not None and self.cadence.numbered_due(self.done):
                     self._numbered(self.done)
                 if self._samples is not None and self.cadence.samples_due(self.done):
+                    if interruption.received is not None:  # the stop waits: say why
+                        logger.info("%s: writing the audio samples of update %d before "
+                                    "stopping (the trainer's samples setting turns them off)",
+                                    interruption.received, self.done)
                     self._samples(self.done)
                 if self.progress is not None:  # after the saves: update N reported is on disk
                     self.progress(self.done, values)

@@ -1,7 +1,7 @@
 """Exporting a fine-tuned model: a directory the F5 engine (and upstream) loads.
 
 `export_model(ema_state, update, base_dir, variant, destination, *, base_model) -> Path` writes,
-atomically (built beside ``destination``, then renamed over it):
+atomically (core's ``atomic_directory``: built beside ``destination``, then swapped in):
 
 - ``model_<update>.safetensors``: the EMA weights as upstream's trainer keeps them (``initted``,
   ``step``, ``ema_model.<CFM key>``), which is also the layout of upstream's releases; a v0 Base
@@ -18,15 +18,13 @@ atomically (built beside ``destination``, then renamed over it):
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from mizuoto.runtime.atomic import directory_mode, save_safetensors
+from mizuoto.runtime.atomic import atomic_directory, save_safetensors
 from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path
 from mizuoto_f5tts.identification import write_record
 from mizuoto_f5tts.variants import F5Variant
@@ -56,9 +54,7 @@ def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: s
                  variant: F5Variant, destination: str | Path, *, base_model: str,
                  vocab_file: str | Path | None = None, finetuned: bool = True) -> Path:
     base_dir, destination = Path(base_dir), Path(destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
+    with atomic_directory(destination) as build:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
         name = checkpoint_file_name(variant, update)
         save_safetensors(tensors, build / name)
@@ -75,15 +71,4 @@ def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: s
              "license": "the base model's (CC-BY-NC-4.0 for released F5-TTS weights)"
              if finetuned else "the trainer's choice"},
             indent=1), encoding="utf-8")
-        os.chmod(build, directory_mode())  # mkdtemp makes 0700
-        if destination.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{destination.name}.old.", dir=destination.parent))
-            os.replace(destination, old / "previous")
-            os.replace(build, destination)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(build, destination)
-    finally:
-        if build.exists():
-            shutil.rmtree(build, ignore_errors=True)
     return destination

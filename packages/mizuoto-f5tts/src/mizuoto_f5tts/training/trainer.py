@@ -76,6 +76,7 @@ from mizuoto.training import (
     join,
     process_world,
     rotate,
+    warn_long_warmup,
 )
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
@@ -234,12 +235,9 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
         # upstream's decay LinearLR then has no iterations: it divides by zero at the last update
         raise InvalidRequest("params.warmup_updates", f"must not equal the run's {total} "
                              f"updates ({epochs} epochs of {updates_per_epoch})")
-    if warmup > total:
-        # upstream runs it (its CLI default of 20000 does on small data sets): the rate rises
-        # for the whole run and never decays
-        logger.warning("warmup_updates %d exceeds the run's %d updates: the learning rate "
-                       "rises all run and never reaches %g (upstream's behaviour)", warmup,
-                       total, config.learning_rate)
+    # upstream runs it (its CLI default of 20000 does on small data sets)
+    warn_long_warmup("warmup_updates", warmup, steps=config.steps, schedule=total,
+                     learning_rate=config.learning_rate)
     return LoopSettings(
         epochs=epochs, learning_rate=config.learning_rate, warmup_updates=warmup,
         batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,

@@ -79,7 +79,8 @@ def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:
 def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int,
                   patch_size: int, hop_length: int, field: str = "dataset"
                   ) -> tuple[list[Sample], list[Rejected]]:
-    """Usable rows and the rejected ones with their reasons (unreadable or silent audio, empty
+    """Usable rows of a JSONL manifest or a ``metadata.csv`` (``audio_file|text``, header
+    optional), and the rejected ones with their reasons (unreadable or silent audio, empty
     text, a sequence longer than the model's context, a declared duration that is not a
     non-negative number of seconds, an ``is_prompt`` that is not a flag)."""
     samples, rejected, rows = [], [], []
@@ -88,6 +89,15 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
     lines = read_utf8(manifest, field).removeprefix("\ufeff").splitlines()
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
+            continue
+        if manifest.suffix.lower() == ".csv":  # upstream F5's metadata.csv: audio_file|text
+            cells = [cell.strip() for cell in raw.split("|", 1)]
+            if number == 1 and cells == ["audio_file", "text"]:
+                continue
+            if len(cells) == 2:
+                rows.append((number, {"audio": cells[0], "text": cells[1]}))
+            else:
+                rejected.append(Rejected(number, "not audio_file|text"))
             continue
         try:
             rows.append((number, json.loads(raw)))

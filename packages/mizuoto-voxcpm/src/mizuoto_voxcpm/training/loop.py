@@ -6,7 +6,7 @@ clipping is off, so the norm is always computed); AdamW; the cosine schedule wit
 learning rate logged is the scheduler's after its step (the next step's), as upstream logs it.
 
 A checkpoint holds the trainable weights, optimiser and scheduler state, the generator's state
-and the data position, written as a directory that replaces ``latest`` atomically: a run killed
+and the data position, written as a directory that replaces ``latest`` atomically (core's ``atomic_directory``): a run killed
 at any point resumes from the last checkpoint to the same bits an uninterrupted run reaches.
 """
 
@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mizuoto.runtime.atomic import save_safetensors
+from mizuoto.runtime.atomic import atomic_directory, left_aside, save_safetensors
 from mizuoto.training import Precision, barrier, micro_batches
 from mizuoto_voxcpm.training.data import EpochSampler
 
@@ -113,35 +111,29 @@ def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Pr
     """Write ``directory/latest`` whole or not at all (a new folder renamed over the old).
     Under torchrun every process adds its generator and data position; process 0 the rest."""
 
-    staging = directory / f".{LATEST}.staging"
+    latest = directory / LATEST
     if rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        with atomic_directory(latest, staging=f".{LATEST}.staging", durable=True) as staging:
+            barrier()  # the folder exists: every process writes its own file into it
+            _save_own(staging, rank, generator, sampler)
+            barrier()
+            save_safetensors(trainable_state(model), staging / TRAINABLE)
+            torch.save({"optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(), "scaler": scaling.state_dict()},
+                       staging / "state.pt")
+            (staging / "training_state.json").write_text(json.dumps({"step": step}),
+                                                         encoding="utf-8")
+    else:
+        barrier()
+        _save_own(directory / f".{LATEST}.staging", rank, generator, sampler)
+        barrier()
     barrier()
+
+
+def _save_own(folder: Path, rank: int, generator: torch.Generator, sampler: EpochSampler
+              ) -> None:
     torch.save({"generator": generator.get_state(), "sampler": sampler.state()},
-               staging / f"rank{rank}.pt")
-    barrier()
-    if rank == 0:
-        save_safetensors(trainable_state(model), staging / TRAINABLE)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "scaler": scaling.state_dict()},
-                   staging / "state.pt")
-        (staging / "training_state.json").write_text(json.dumps({"step": step}),
-                                                     encoding="utf-8")
-        _fsync_tree(staging)
-        latest, old = directory / LATEST, directory / f"{LATEST}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if latest.exists():
-            os.replace(latest, old)
-        os.replace(staging, latest)
-        shutil.rmtree(old, ignore_errors=True)
-    barrier()
-
-
-def _fsync_tree(path: Path) -> None:
-    for child in path.iterdir():
-        with open(child, "rb") as f:
-            os.fsync(f.fileno())
+               folder / f"rank{rank}.pt")
 
 
 NUMBERED = "step_{:07d}"  # checkpoints/step_<N>/, named as upstream's save_checkpoint names them
@@ -150,26 +142,22 @@ NUMBERED = "step_{:07d}"  # checkpoints/step_<N>/, named as upstream's save_chec
 def write_numbered(directory: Path, step: int, write_weights, *, optimizer, scheduler) -> Path:
     """``directory/step_<step>`` with upstream's files (the weights ``write_weights(folder)``
     writes, ``optimizer.pth``, ``scheduler.pth``, ``training_state.json``), built beside it and
-    renamed into place (an older one of that step is replaced)."""
+    swapped into place (an older one of that step is replaced)."""
     folder = directory / NUMBERED.format(step)
-    staging = directory / f".{folder.name}.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    write_weights(staging)
-    torch.save(optimizer.state_dict(), staging / "optimizer.pth")
-    torch.save(scheduler.state_dict(), staging / "scheduler.pth")
-    with open(staging / "training_state.json", "w", encoding="utf-8") as f:
-        json.dump({"step": int(step)}, f)
-    _fsync_tree(staging)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(staging, folder)
+    with atomic_directory(folder, durable=True) as staging:
+        write_weights(staging)
+        torch.save(optimizer.state_dict(), staging / "optimizer.pth")
+        torch.save(scheduler.state_dict(), staging / "scheduler.pth")
+        with open(staging / "training_state.json", "w", encoding="utf-8") as f:
+            json.dump({"step": int(step)}, f)
     return folder
 
 
 def find_checkpoint(directory: Path) -> Path | None:
-    for name in (LATEST, f"{LATEST}.old"):  # .old: killed between the two renames
-        candidate = directory / name
-        if (candidate / "training_state.json").is_file():
+    # the old one left aside: killed between two renames (``latest.old``: by earlier versions)
+    for candidate in (directory / LATEST, left_aside(directory / LATEST),
+                      directory / f"{LATEST}.old"):
+        if candidate is not None and (candidate / "training_state.json").is_file():
             return candidate
     return None
 

@@ -20,6 +20,7 @@ import attrs
 
 from mizuoto.contracts import TrainingConfig
 from mizuoto.errors import InvalidRequest
+from mizuoto.training import warn_long_warmup
 from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for, target_names
 
 UPSTREAM_SEED = 42  # upstream's Accelerator(seed=42), whatever the yaml says
@@ -148,12 +149,15 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     interval = VALID_INTERVAL if interval is None else pick("valid_interval", int)
     if interval < 1:
         raise InvalidRequest("params.valid_interval", "must be at least 1")
+    max_steps = config.steps if params.get("max_steps") is None else pick("max_steps", int)
+    warmup = pick("warmup_steps", int)
+    warn_long_warmup("warmup_steps", warmup, steps=config.steps, schedule=max_steps,
+                     learning_rate=float(config.learning_rate))
     return Recipe(
-        method=config.method, num_iters=config.steps,
-        max_steps=config.steps if params.get("max_steps") is None else pick("max_steps", int),
+        method=config.method, num_iters=config.steps, max_steps=max_steps,
         learning_rate=float(config.learning_rate), batch_size=config.batch_size,
         seed=config.seed, weight_decay=pick("weight_decay", float),
-        warmup_steps=pick("warmup_steps", int), max_batch_tokens=pick("max_batch_tokens", int),
+        warmup_steps=warmup, max_batch_tokens=pick("max_batch_tokens", int),
         grad_accum_steps=max(accum, 1), max_grad_norm=pick("max_grad_norm", float),
         lambdas={"loss/diff": pick("lambda_diff", float), "loss/stop": pick("lambda_stop", float)},
         lora=lora, val_manifest=str(val_manifest) if val_manifest else None,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.errors import InvalidRequest
 from mizuoto.options import ComputeOptions
 from mizuoto.runtime import precision
-from mizuoto.runtime.atomic import directory_mode, file_mode, save_safetensors
+from mizuoto.runtime.atomic import atomic_directory, file_mode, save_safetensors
 from mizuoto.runtime.device import select_device
 from mizuoto.training import (
     Cadence,
@@ -325,10 +324,7 @@ class Session:
             barrier()
             return destination
         base = self.run.model_dir
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-        staging.chmod(directory_mode())  # mkdtemp makes 0700
-        try:
+        with atomic_directory(destination) as staging:
             if self.recipe.lora is not None:
                 for name in BASE_FILES + WEIGHT_FILES:
                     if (base / name).is_file():
@@ -338,13 +334,5 @@ class Session:
             for path in staging.iterdir():
                 if not path.is_symlink() and path.stat().st_nlink == 1:
                     path.chmod(file_mode())
-            old = destination.with_name(f".{destination.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            if destination.exists():
-                destination.rename(old)
-            staging.rename(destination)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         barrier()
         return destination

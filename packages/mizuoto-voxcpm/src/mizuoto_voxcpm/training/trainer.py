@@ -111,7 +111,9 @@ class VoxCPMTrainer(Trainer):
         if len(samples) < recipe.batch_size:
             raise InvalidRequest("dataset", f"{len(samples)} usable rows in {manifest}, fewer "
                                  f"than one batch of {recipe.batch_size}"
-                                 + (f"; skipped: {rejected[0].reason}" if rejected else ""))
+                                 + (f"; skipped: {rejected[0].reason}" if rejected else ""),
+                                 f"pass --batch-size {max(len(samples), 1)} or less, or add "
+                                 "rows")
         output = Path(config.output_dir)
         run_dir = RunDirectory(output)
         run_dir.check_writable()
@@ -185,6 +187,7 @@ def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
     import soundfile as sf
 
     from mizuoto.contracts import Reference, SynthesisRequest
+    from mizuoto.contracts.model_defaults import read_model_defaults
     from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
     from mizuoto_voxcpm.engine import VoxCPMEngine
 
@@ -200,8 +203,13 @@ def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
             clip = Path(tmp) / "reference.wav"
             sf.write(clip, run.samples[clips[0]].audio, rate, subtype="FLOAT")
             reference = Reference(clip, run.texts[clips[0]])
-        result = engine.synthesize(SynthesisRequest(text, reference=reference, seed=run.config.seed,
-                                                    params={"retry_badcase": False}))
+        # the base model's mizuoto-defaults.json applies, as it would to the base model
+        defaults = dict(read_model_defaults(run.model_dir))
+        log.info("speaking a preview (%s) with the exported model into %s; --param "
+                 "preview=false turns it off", "cloned" if clips else "zero-shot", path)
+        result = engine.synthesize(SynthesisRequest(
+            text, reference=reference, seed=run.config.seed,
+            params={**defaults, "retry_badcase": False}))
     result.save(path)
     log.info("preview (%s) written to %s", "cloned" if clips else "zero-shot", path)
     return path
@@ -227,20 +235,22 @@ _VAL_PREFIXES = ("val", "valid", "validation", "dev", "eval")
 
 def _manifests(dataset: Path | str, field: str = "dataset") -> tuple[Path, Path | None]:
     """The training manifest, and a folder's validation manifest: a folder holds one
-    ``.jsonl``, or a ``train*.jsonl`` and at most one ``val*``/``valid*``/``dev*``/``eval*``
+    ``.jsonl`` (or, without one, a ``metadata.csv``), or a ``train*.jsonl`` and at most one ``val*``/``valid*``/``dev*``/``eval*``
     ``.jsonl`` beside it."""
     dataset = Path(dataset)
     if dataset.is_dir():
         candidates = sorted(dataset.glob("*.jsonl"))
         if len(candidates) == 1:
             return candidates[0], None
+        if not candidates and (dataset / "metadata.csv").is_file():
+            return dataset / "metadata.csv", None
         train = [p for p in candidates if p.stem.lower().startswith("train")]
         val = [p for p in candidates if p.stem.lower().startswith(_VAL_PREFIXES)]
         if len(train) == 1 and len(val) <= 1 and len(train) + len(val) == len(candidates):
             return train[0], (val[0] if val else None)
         found = ", ".join(p.name for p in candidates) or "none"
         raise InvalidRequest(field, f"{dataset} must hold one .jsonl manifest, or a train*.jsonl "
-                             f"and a val*.jsonl (found {found})", "or pass the manifest itself")
+                             f"and a val*.jsonl, or a metadata.csv (found {found})", "or pass the manifest itself")
     if not dataset.is_file():
         raise InvalidRequest(field, f"{dataset} does not exist")
     return dataset, None

@@ -1,0 +1,110 @@
+"""Reading a training data set in the contract's formats: a JSONL manifest (one object per
+line, ``{"audio": path, "text": ...}``, paths relative to the manifest's folder or absolute)
+or upstream's ``metadata.csv`` (``|``-delimited, header ``audio_file|text``), or a folder
+holding exactly one of them.
+
+A bad row (not JSON, no text, a missing audio file) is skipped with a warning naming its line,
+as the contract suite expects; a data set with no usable row is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from mizuoto.errors import InvalidRequest
+from mizuoto.text.files import read_utf8
+
+logger = logging.getLogger(__name__)
+
+METADATA_CSV = "metadata.csv"
+CSV_HEADER = ("audio_file", "text")
+
+
+@attrs.frozen
+class ManifestRow:
+    """One usable row: its audio file, its text, its line in the manifest and, for JSONL,
+    the row's other keys (``duration``, ``ref_audio``, ...)."""
+
+    audio: Path
+    text: str
+    line: int
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+
+def find_manifest(dataset: str | Path, *, field: str = "dataset") -> Path:
+    """The manifest file ``dataset`` names: itself, or the one ``.jsonl`` / ``metadata.csv``
+    in the folder it names."""
+    dataset = Path(dataset)
+    if not dataset.is_dir():
+        if not dataset.is_file():
+            raise InvalidRequest(field, f"{dataset} does not exist",
+                                 "pass a .jsonl manifest, a metadata.csv or a folder holding one")
+        return dataset
+    found = sorted(dataset.glob("*.jsonl")) + sorted(dataset.glob(METADATA_CSV))
+    if len(found) != 1:
+        named = ", ".join(p.name for p in found) or "none"
+        raise InvalidRequest(field, f"{dataset} must hold exactly one .jsonl manifest or "
+                             f"{METADATA_CSV} (found: {named})",
+                             "name the manifest file itself")
+    return found[0]
+
+
+def read_manifest(dataset: str | Path, *, field: str = "dataset") -> list[ManifestRow]:
+    """The usable rows of the data set ``dataset`` names (see the module's docstring)."""
+    path = find_manifest(dataset, field=field)
+    lines = read_utf8(path, field).splitlines()
+    is_csv = path.suffix.lower() == ".csv"
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if is_csv:
+            cells = tuple(cell.strip() for cell in line.split("|", 1))
+            if number == 1 and cells == CSV_HEADER:
+                continue
+            row, reason = _csv_row(path, cells, number)
+        else:
+            row, reason = _json_row(path, line, number)
+        if row is None:
+            logger.warning("%s line %d skipped: %s", path, number, reason)
+            continue
+        rows.append(row)
+    if not rows:
+        raise InvalidRequest(field, f"{path} has no usable rows",
+                             'each line: {"audio": "clip.wav", "text": "..."} (JSONL) or '
+                             "clip.wav|text (metadata.csv)")
+    return rows
+
+
+def _csv_row(path: Path, cells: tuple[str, ...], number: int
+             ) -> tuple[ManifestRow | None, str]:
+    if len(cells) != 2:
+        return None, "not audio_file|text"
+    return _checked(path, cells[0], cells[1], number, {})
+
+
+def _json_row(path: Path, line: str, number: int) -> tuple[ManifestRow | None, str]:
+    try:
+        item = json.loads(line)
+        audio, text = item["audio"], item["text"]
+    except (ValueError, KeyError, TypeError):
+        return None, 'not a JSON object with "audio" and "text"'
+    if not isinstance(audio, str):
+        return None, '"audio" is not a path'
+    extra = {key: value for key, value in item.items() if key not in ("audio", "text")}
+    return _checked(path, audio, text, number, extra)
+
+
+def _checked(path: Path, audio: str, text: Any, number: int, extra: dict[str, Any]
+             ) -> tuple[ManifestRow | None, str]:
+    if not isinstance(text, str) or not text.strip():
+        return None, "empty text"
+    audio_path = path.parent / audio  # an absolute path stays itself
+    if not audio_path.is_file():
+        return None, f"no audio file {audio_path}"
+    return ManifestRow(audio_path, text, number, extra), ""
