@@ -514,7 +514,7 @@ def test_a_pinned_model_is_not_unloaded_and_a_waiting_load_gets_its_turn():
         assert a.engine is not None and b.engine is None  # b waits: a is pinned
         assert pool.turn(a) is None  # new requests for a wait their turn behind b
         held.release()
-        assert await asyncio.wait_for(load_b.items.get(), 10) is DONE
+        assert await asyncio.wait_for(load_b.get(), 10) is DONE
         assert a.engine is None and b.engine is not None
         assert pool.turn(a) is not None  # nobody waits now
         for worker in workers.values():
@@ -542,7 +542,7 @@ def test_a_load_waiting_for_room_gives_up_when_its_client_leaves():
         b.submit(load_b)
         await asyncio.sleep(0.3)
         load_b.cancel()  # the client went away while b waited for a's room
-        assert await asyncio.wait_for(load_b.items.get(), 10) is DONE
+        assert await asyncio.wait_for(load_b.get(), 10) is DONE
         held.release()
         await asyncio.sleep(0.3)
         for worker in (a, b):
@@ -571,7 +571,7 @@ def test_a_model_loading_at_start_counts_against_max_loaded():
         await asyncio.sleep(0.3)
         loading_together = b.engine is not None  # b must wait for a's start-up load
         release.set()
-        assert await asyncio.wait_for(load_b.items.get(), 60) is DONE
+        assert await asyncio.wait_for(load_b.get(), 60) is DONE
         for worker in (a, b):
             worker.stop(5)
         return loading_together, a.loads, b.loads, a.engine is None

@@ -156,8 +156,8 @@ def test_a_full_queue_answers_429_and_a_cancelled_job_is_skipped():
         assert caught.value.status == 429 and caught.value.headers["Retry-After"]
         queued.cancel()
         release.set()
-        assert await asyncio.wait_for(first.items.get(), 10) is DONE
-        assert await asyncio.wait_for(queued.items.get(), 10) is DONE
+        assert await asyncio.wait_for(first.get(), 10) is DONE
+        assert await asyncio.wait_for(queued.get(), 10) is DONE
         worker.stop(5)
         return ran
 
@@ -229,7 +229,7 @@ def _pool_run(pool_kwargs, sizes, order):
         for name in order:
             job = Job(lambda engine, job: None, loop)
             workers[name].submit(job)
-            assert await asyncio.wait_for(job.items.get(), 10) is DONE
+            assert await asyncio.wait_for(job.get(), 10) is DONE
             deadline = loop.time() + 10
             while (pool._over() or any(w.depth() or w._engine_lock.locked()
                                        for w in workers.values())) and loop.time() < deadline:

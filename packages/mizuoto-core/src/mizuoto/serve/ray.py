@@ -175,7 +175,7 @@ async def _run(worker: ModelWorker, method: str, args: tuple):
     job = Job(_engine_call(method, args), asyncio.get_running_loop())
     worker.submit(job)
     try:
-        while (item := await job.items.get()) is not DONE:
+        while (item := await job.get()) is not DONE:
             if isinstance(item, BaseException):
                 raise item
             yield item

@@ -62,7 +62,7 @@ class Job:
         self._run = run
         self._loop = loop
         self._pin = pin
-        self.items: asyncio.Queue = asyncio.Queue()  # read with :meth:`get`
+        self._items: asyncio.Queue = asyncio.Queue()  # private: read with :meth:`get`, which makes room
         self._room = threading.Semaphore(MAX_BUFFERED)
         self._cancelled = threading.Event()
         self.submitted = time.monotonic()
@@ -75,11 +75,11 @@ class Job:
             if self._cancelled.is_set():
                 break
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
-            self._loop.call_soon_threadsafe(self.items.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
 
     async def get(self):
         """The next item emitted (on the event loop), which makes room for another."""
-        item = await self.items.get()
+        item = await self._items.get()
         self._room.release()
         return item
 

@@ -155,7 +155,7 @@ class WyomingHandler(AsyncEventHandler):
         """The job's next item; a :class:`ConnectionResetError` once the client has closed
         the connection meanwhile (seen at once, not at the next write, so that a queued job
         is skipped and a running one stops at its next chunk or progress report)."""
-        getter = asyncio.ensure_future(job.items.get())
+        getter = asyncio.ensure_future(job.get())
         while not (await asyncio.wait({getter}, timeout=0.05))[0]:
             # at_eof: the client's end is closed and all it sent is read (a client may only
             # send its next events once this one's answer has come)
