@@ -250,13 +250,13 @@ def test_a_local_ray_instance_keeps_its_files_outside_the_virtualenv(monkeypatch
     import sys
     import tempfile
 
-    from mizuoto.batch import ray as ray_backend
+    from mizuoto.runtime.ray_temp import local_ray_temp_dir
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(Path(sys.prefix) / "tmp"))
-    chosen = ray_backend._local_temp_dir()["_temp_dir"]
+    chosen = local_ray_temp_dir()["_temp_dir"]
     assert not Path(chosen).resolve().is_relative_to(Path(sys.prefix).resolve())
     monkeypatch.setattr(tempfile, "gettempdir", lambda: "/tmp")
-    assert ray_backend._local_temp_dir() == {}  # outside it: Ray's default is fine
+    assert local_ray_temp_dir() == {}  # outside it: Ray's default is fine
 
 
 # -- hostile inputs (issue 22 item 15) --------------------------------------------------------

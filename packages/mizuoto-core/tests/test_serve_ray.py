@@ -93,9 +93,14 @@ def ray_url(config, model_dirs):
 
     assert not ray.is_initialized()
     port = _free_port()
+    from mizuoto.runtime.ray_temp import local_ray_temp_dir
+
+    # nox's TMPDIR is inside its virtualenv, where Ray's workers refuse to start
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
+             _node_ip_address="127.0.0.1", **local_ray_temp_dir())
     try:
+        # a worker that cannot start makes Ray wait forever: fail in bounded time instead
+        ray.get(ray.remote(lambda: None).remote(), timeout=120)
         broken = ServeConfig(models={**config.models, "broken": str(model_dirs / "broken")},
                              voices_dir=config.voices_dir, queue_size=8, grace=5.0,
                              port=port)

@@ -14,11 +14,7 @@ two actors on two cores leave none for Ray's read tasks and the pipeline stalls.
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -26,6 +22,7 @@ import attrs
 from mizuoto.batch.items import BatchLine
 from mizuoto.batch.run import BatchJob, ModelLoader, speak_line
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.ray_temp import local_ray_temp_dir
 
 
 @attrs.frozen
@@ -89,7 +86,7 @@ def ray_records(loader: ModelLoader, settings: RaySettings):
         if not pending:
             return
         if not ray.is_initialized():
-            local = {} if settings.address not in (None, "local") else _local_temp_dir()
+            local = {} if settings.address not in (None, "local") else local_ray_temp_dir()
             ray.init(address=settings.address, include_dashboard=False,
                      log_to_driver=False, configure_logging=False, **local)
         context = ray.data.DataContext.get_current()
@@ -105,18 +102,6 @@ def ray_records(loader: ModelLoader, settings: RaySettings):
             yield json.loads(row["record"])
 
     return records
-
-
-def _local_temp_dir() -> dict[str, str]:
-    """Ray's workers refuse a temp dir inside the virtualenv ("temp_dir must not be child
-    directory of virtualenv root") and die at start, and the job then waits forever. nox sets
-    ``TMPDIR`` inside its virtualenv: a local instance then keeps its files in the system's
-    /tmp instead (short: Ray puts Unix sockets there)."""
-    temp = Path(tempfile.gettempdir()).resolve()
-    prefix = Path(sys.prefix).resolve()
-    if temp != prefix and prefix not in temp.parents:
-        return {}
-    return {"_temp_dir": os.path.join("/tmp", f"mizuoto-ray-{os.getuid()}")}
 
 
 def _pack(line: BatchLine, previous: dict | None) -> str:

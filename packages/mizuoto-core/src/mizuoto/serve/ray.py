@@ -440,7 +440,11 @@ def start(config: ServeConfig, settings: RaySettings, *, name: str = "mizuoto") 
 
     app = application(config, settings)  # a bad setting fails before Ray starts
     if not ray.is_initialized():
-        ray.init(address=settings.address, include_dashboard=False, log_to_driver=False)
+        from mizuoto.runtime.ray_temp import local_ray_temp_dir
+
+        local = {} if settings.address not in (None, "local") else local_ray_temp_dir()
+        ray.init(address=settings.address, include_dashboard=False, log_to_driver=False,
+                 **local)
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(app, name=name, route_prefix="/")
 
