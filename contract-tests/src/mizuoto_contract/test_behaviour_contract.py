@@ -16,6 +16,10 @@ import os
 import attrs
 import pytest
 import torch
+
+# torch imports its compiler lazily, at the first torch.arange and the like; imported inside the
+# operation counter it fails (CI, in-process self-test runs): import it here, outside any mode
+import torch._dynamo
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mizuoto import Audio, Capability, Reference
