@@ -14,6 +14,11 @@ import attrs
 import pytest
 import torch
 
+# pytester's in-process runs forget every module they import; torch's compiler (imported by the
+# suite's operation counter) registers an operator library once per process, so it is imported
+# here, before any run, and kept
+import torch._dynamo  # noqa: F401
+
 from mizuoto import Audio, Capability, Engine, plugins
 from mizuoto.contracts import engine as engine_base
 from mizuoto.errors import CheckpointMismatch
