@@ -330,13 +330,20 @@ def compat(session):
                     f"sys.exit('{undeclared} is installed: this session proves we run without it')")
     _check_plugin_listing(session)
     tmp = session.create_tmp()
-    for fixture in ("f5tts/tiny-v1-base", "voxcpm/tiny-2"):
+    for fixture in COMPAT_FIXTURES:
         model = os.path.join(tmp, fixture.replace("/", "-"))
         if not os.path.isdir(model):
             session.run("mizuoto", "-q", "random-model", fixture, model)
         session.run("mizuoto", "-q", "say", "-m", model, "Hello from Mizuoto.",
                     "-o", os.path.join(tmp, "hello.wav"), env=THREADS)
-    _run_suites(session, "not realsize and not fuzz_only", ["contract"], env=THREADS)
+    _run_suites(session, "not realsize and not fuzz_only", ["contract"], suites=COMPAT_SUITES,
+                env=THREADS)
+
+
+# On the newer Pythons the contract suite runs against one model of each engine (3.11 runs it
+# against them all): what differs between Pythons shows on any model, and CI's time is short.
+COMPAT_FIXTURES = ("f5tts/tiny-v1-base", "voxcpm/tiny-2")
+COMPAT_SUITES = {"contract": [*SUITES["contract"], "-k", " or ".join(COMPAT_FIXTURES)]}
 
 
 def _check_plugin_listing(session) -> None:

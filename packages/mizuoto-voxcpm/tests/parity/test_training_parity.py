@@ -98,8 +98,38 @@ CUSTOM_V2 = {
 }
 
 
+class UpstreamTrainer:
+    """The training oracle as one long-lived process (``voxcpm_train_oracle.py --serve``): each
+    run is a fork of it, so upstream's imports are paid once per module, not once per case."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        self.process = subprocess.Popen([sys.executable, str(ORACLE), "--serve"], env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+
+    def train(self, config_path: Path) -> None:
+        self.process.stdin.write(f"{config_path}\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith("RESULT "):
+                break
+        else:
+            raise RuntimeError(f"the training oracle exited ({self.process.wait()})")
+        if line.split()[1] != "0":
+            log = Path(f"{config_path}.log").read_text(encoding="utf-8")
+            raise RuntimeError(f"upstream training failed:\n{log[-4000:]}")
+
+    def close(self) -> None:
+        # killed, not asked to exit: unloading its imports at exit takes seconds, and it holds
+        # nothing that needs saving
+        self.process.kill()
+        self.process.wait(timeout=60)
+
+
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, Path]:
+def data(tmp_path_factory):
     """A manifest per encoder rate (16 kHz for both generations here), clips of tones and
     noise, one of them stereo at 22.05 kHz."""
     root = tmp_path_factory.mktemp("voxcpm-train")
@@ -149,10 +179,13 @@ def data(tmp_path_factory) -> dict[str, Path]:
     models["voxcpm2-custom"] = write_random_model(root / "voxcpm2-custom", "voxcpm2", seed=6,
                                                   dtype="float32", overrides=CUSTOM_V2,
                                                   vae_overrides={"latent_dim": 4})
-    return {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models,
-            "prompt": root / "prompt.jsonl", "prompt_with_ref": root / "prompt_with_ref.jsonl",
-            "val": root / "val.jsonl", "val_many": root / "val_many.jsonl",
-            **{name: root / f"{name}.jsonl" for name in DECLARED_MANIFESTS}}
+    upstream = UpstreamTrainer()
+    yield {"manifest": manifest, "with_ref": root / "with_ref.jsonl", "root": root, **models,
+           "prompt": root / "prompt.jsonl", "prompt_with_ref": root / "prompt_with_ref.jsonl",
+           "val": root / "val.jsonl", "val_many": root / "val_many.jsonl",
+           **{name: root / f"{name}.jsonl" for name in DECLARED_MANIFESTS},
+           "upstream": upstream}
+    upstream.close()
 
 
 def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
@@ -178,10 +211,7 @@ def _upstream(data, name, generation, method, batch_size, overrides, steps=STEPS
                           "dropout": 0.0, **overrides["lora"]}
     path = save.with_suffix(".config.json")
     path.write_text(json.dumps(config), encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    subprocess.run([sys.executable, str(ORACLE), str(path)], check=True, env=env,
-                   cwd=data["root"], capture_output=True)
+    data["upstream"].train(path)
     return json.loads(save.with_suffix(".json").read_text(encoding="utf-8")), save
 
 

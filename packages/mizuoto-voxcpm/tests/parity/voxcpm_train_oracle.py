@@ -12,8 +12,10 @@ GitHub tag; checkpoints land in ``save_path`` as it writes them (``step_<N>/``, 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -35,8 +37,7 @@ def main(config_path: str) -> None:
         return original(self, metrics, split)
 
     TrainingTracker.log_metrics = log_metrics
-    sys.path.insert(0, str(Path(__file__).parent / "upstream"))
-    import train_voxcpm_finetune as script
+    script = _upstream_script()
 
     start = time.perf_counter()
     script.train(**config)
@@ -44,5 +45,57 @@ def main(config_path: str) -> None:
                    encoding="utf-8")
 
 
+def _upstream_script():
+    sys.path.insert(0, str(Path(__file__).parent / "upstream"))
+    import train_voxcpm_finetune as script
+
+    return script
+
+
+def _warm_imports() -> None:
+    """What a run would import lazily (librosa and its numba kernels through the data set's
+    audio decoding, torch's compiler through AdamW): loaded once, before the first fork."""
+    import librosa
+    import numpy as np
+    import torch._dynamo  # noqa: F401
+    from voxcpm.training.tracker import TrainingTracker  # noqa: F401
+
+    _upstream_script()
+    librosa.resample(np.zeros(2205, dtype=np.float32), orig_sr=22050, target_sr=16000)
+
+
+def serve() -> None:
+    """``python voxcpm_train_oracle.py --serve``: import upstream once, then run each config path
+    read from stdin in a forked child, and answer ``RESULT <exit status>`` per line.
+
+    A child starts from the parent's state (nothing trained yet), as a fresh process does,
+    without paying upstream's imports (transformers, datasets, librosa, torch's compiler: 10 to
+    20 s) for every case. The child's output goes to ``CONFIG.log``."""
+    _warm_imports()
+    for line in sys.stdin:
+        config_path = line.strip()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with open(config_path + ".log", "w", encoding="utf-8") as log:
+                    os.dup2(log.fileno(), 1)
+                    os.dup2(log.fileno(), 2)
+                    os.chdir(Path(config_path).parent)
+                    main(config_path)
+                    code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(f"RESULT {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--serve":
+        serve()
+    else:
+        main(sys.argv[1])
