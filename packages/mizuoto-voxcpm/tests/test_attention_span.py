@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
-from mizuoto_voxcpm.minicpm4 import ATTEND_SPAN_MULTIPLE, Attention, KVCache
+from mizuoto_voxcpm.kv_cache import ATTEND_SPAN_MULTIPLE, KVCache
+from mizuoto_voxcpm.minicpm4 import Attention
 
 
 def _config(hidden: int, head_dim: int) -> TransformerConfig:

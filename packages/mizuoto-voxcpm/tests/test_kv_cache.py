@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
-from mizuoto_voxcpm.minicpm4 import KVCache, MiniCPM4
+from mizuoto_voxcpm.kv_cache import KVCache
+from mizuoto_voxcpm.minicpm4 import MiniCPM4
 
 CONFIG = TransformerConfig(
     hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,

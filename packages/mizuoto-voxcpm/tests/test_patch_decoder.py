@@ -9,7 +9,7 @@ import torch
 from mizuoto_voxcpm.engine import VoxCPMEngine
 from mizuoto_voxcpm.fixtures import write_random_model
 from mizuoto_voxcpm.generation import Sampling, build_sequence, generate_patches
-from mizuoto_voxcpm.minicpm4 import KVCache
+from mizuoto_voxcpm.kv_cache import KVCache
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
 
 

@@ -50,7 +50,7 @@ from mizuoto_voxcpm.audiovae.blocks import NoiseBlock, noise_drawn_from
 from mizuoto_voxcpm.cache_pool import CacheSlot
 from mizuoto_voxcpm.decoding import StreamDecoder, decode_segments
 from mizuoto_voxcpm.generation import PromptSequence, Sampling
-from mizuoto_voxcpm.minicpm4 import CacheFull
+from mizuoto_voxcpm.kv_cache import CacheFull
 from mizuoto_voxcpm.model import Prefilled, VoxCPMModel
 from mizuoto_voxcpm.patch_decoder import PatchBuffers
 

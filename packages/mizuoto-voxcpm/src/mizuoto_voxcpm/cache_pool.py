@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import attrs
 
 from mizuoto.errors import EngineBusy
-from mizuoto_voxcpm.minicpm4 import CacheFull, KVCache
+from mizuoto_voxcpm.kv_cache import CacheFull, KVCache
 
 
 @attrs.define(eq=False)

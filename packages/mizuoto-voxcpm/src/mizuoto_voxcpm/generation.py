@@ -18,7 +18,7 @@ import torch
 
 from mizuoto.errors import InvalidRequest
 from mizuoto_voxcpm.cache_pool import CacheSlot
-from mizuoto_voxcpm.minicpm4 import CacheFull
+from mizuoto_voxcpm.kv_cache import CacheFull
 from mizuoto_voxcpm.model import VoxCPMModel
 from mizuoto_voxcpm.patch_decoder import PatchBuffers, decode_patch, step_language_models
 from mizuoto_voxcpm.tokenizer import (

@@ -116,7 +116,7 @@ class VoxCPMModel(nn.Module):
         """The model's own slot of static caches (``max_length`` positions).
 
         ``attention``: ``exact`` (upstream's bits) or ``fast`` (the filled part of the cache
-        only; see :data:`~mizuoto_voxcpm.minicpm4.ATTENTION_MODES`).
+        only; see :data:`~mizuoto_voxcpm.kv_cache.ATTENTION_MODES`).
         """
         self.caches = CacheSlot.allocate(self, attention)
         self.patch_graphs = None  # graphs capture the caches' memory: they go with them
