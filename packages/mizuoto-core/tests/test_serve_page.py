@@ -85,7 +85,8 @@ def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
         assert toy["mizuoto"] == {
             "engine": "toy", "variant": "tiny", "sample_rate": 16000, "pcm_sample_rate": 24000,
             "capabilities": ["clone", "stream", "voice_cache", "zero_shot"], "streams": True,
-            "license": "Apache-2.0", "non_commercial": False, "max_input_chars": 4096,
+            "license": "Apache-2.0", "non_commercial": False, "random_init": False,
+            "max_input_chars": 4096,
             "sampler": {},
             "params": [{"name": "char_seconds", "default": 0.06, "kind": "float",
                         "model_default": False},
@@ -119,6 +120,27 @@ def test_a_model_directorys_defaults_are_the_cards(toy_dirs, tmp_path):
     assert card["params"][0] == {"name": "char_seconds", "default": 0.1, "kind": "float",
                                  "model_default": True}
     assert card["params"][1]["model_default"] is False
+
+
+def test_a_random_model_says_so_in_its_card(toy_dirs, tmp_path):
+    """``mizuoto random-model`` marks the directory of a fixture declared random-init (the
+    example's toy is, by the default); the card of a marked directory says random_init, that
+    of a directory written otherwise does not."""
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+    from mizuoto.contracts.fixtures import RANDOM_INIT_FILE
+    from mizuoto.registry import random_models
+
+    assert random_models()["toy/tiny"].random_init
+    result = CliRunner().invoke(cli, ["random-model", "toy/tiny", str(tmp_path / "noise")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "noise" / RANDOM_INIT_FILE).is_file()
+    config = ServeConfig(models={"noise": str(tmp_path / "noise"), "toy": str(toy_dirs / "toy")},
+                         voices_dir=tmp_path / "v")
+    with serve_in_thread(config) as url:
+        cards = {e["id"]: e["mizuoto"] for e in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert cards["noise"]["random_init"] is True and cards["toy"]["random_init"] is False
 
 
 def test_the_page_url_for_each_host():
