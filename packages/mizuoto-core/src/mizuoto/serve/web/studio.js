@@ -51,10 +51,11 @@ async function errorOf(response) {
 let keyPrompt = null;
 
 /** Ask for the key (again: ``refused``); resolves once one is entered. Closing the prompt
- * (Escape) leaves the page waiting: the "API key" button opens it again. */
+ * (Cancel, Escape) leaves the page waiting: the "API key" button opens it again. */
 function askForKey(refused) {
   const dialog = $("key-dialog");
   $("key-open").hidden = false;
+  $("server-state").textContent = "Waiting for the API key…";
   if (!dialog.open) dialog.showModal();
   $("key-input").focus();
   if (keyPrompt) return keyPrompt;
@@ -139,6 +140,7 @@ class Player {
 /** A player for the next sound; whatever was playing stops. */
 function freshPlayer(rate) {
   if (studio.playing) studio.playing.stop();
+  for (const element of document.querySelectorAll("audio.player")) element.pause();
   studio.playing = new Player(rate);
   return studio.playing;
 }
@@ -189,6 +191,24 @@ function toInt16(samples) {
   return out;
 }
 
+/** Show ``pcm`` in the seekable ``<audio>`` element (its timeline: a WAV blob). */
+function showPlayer(element, pcm, rate) {
+  showBlob(element, wavBlob(pcm, rate));
+}
+
+function showBlob(element, blob) {
+  if (element.src) URL.revokeObjectURL(element.src);
+  element.src = URL.createObjectURL(blob);
+  element.hidden = false;
+}
+
+function hidePlayer(element) {
+  element.pause();
+  if (element.src) URL.revokeObjectURL(element.src);
+  element.removeAttribute("src");
+  element.hidden = true;
+}
+
 function save(blob, name) {
   const url = URL.createObjectURL(blob);
   const link = document.createElement("a");
@@ -202,12 +222,16 @@ function save(blob, name) {
 
 // ---------------------------------------------------------------- waveform
 
+/** A waveform drawn scaled to its peak (a quiet model's audio would be a flat line beside a
+ * loud one's); ``caption`` says the true peak and the scale. */
 class Wave {
-  constructor(canvas, rate) {
+  constructor(canvas, rate, caption = null) {
     this.canvas = canvas;
+    this.caption = caption;
     this.rate = rate;
     this.blocks = [];
     this.length = 0;
+    this.peak = 0; // of |sample| / 32768
     this.pending = false;
     this.draw();
   }
@@ -215,6 +239,10 @@ class Wave {
   add(block) {
     this.blocks.push(block);
     this.length += block.length;
+    for (let i = 0; i < block.length; i += 1) {
+      const value = Math.abs(block[i]) / 32768;
+      if (value > this.peak) this.peak = value;
+    }
     if (!this.pending) {
       this.pending = true;
       requestAnimationFrame(() => { this.pending = false; this.draw(); });
@@ -234,7 +262,9 @@ class Wave {
     g.clearRect(0, 0, width, height);
     g.fillStyle = style.getPropertyValue("--wave-axis").trim() || "#999";
     g.fillRect(0, Math.floor(height / 2), width, Math.max(1, ratio));
+    this.describe();
     if (!this.length) return;
+    const scale = this.peak > 0 ? 1 / this.peak : 1;
     // at least five seconds across, so that a stream grows from the left as it comes
     const span = Math.max(this.length, this.rate * 5);
     const perColumn = span / width;
@@ -253,10 +283,23 @@ class Wave {
     g.fillStyle = style.getPropertyValue("--wave").trim() || "#06c";
     const middle = height / 2;
     for (let x = 0; x < columns; x += 1) {
-      const top = middle - high[x] * middle;
-      const bottom = middle - low[x] * middle;
+      const top = middle - high[x] * scale * middle;
+      const bottom = middle - low[x] * scale * middle;
       g.fillRect(x, top, 1, Math.max(1, bottom - top));
     }
+  }
+
+  describe() {
+    this.canvas.dataset.peak = String(this.peak);
+    if (!this.caption) return;
+    if (!this.length || this.peak === 0) {
+      this.caption.textContent = this.length ? "Silent: every sample is 0." : "";
+      return;
+    }
+    const db = 20 * Math.log10(this.peak);
+    const scale = 1 / this.peak;
+    this.caption.textContent = `Peak ${this.peak.toFixed(3)} (${db.toFixed(1)} dBFS)`
+      + (scale > 1.05 ? `, drawn ×${scale.toFixed(1)} to fit` : "");
   }
 }
 
@@ -419,8 +462,8 @@ function outcome(result, rate) {
 }
 
 function remember(entry) {
-  studio.history.unshift(entry);
-  studio.history.length = Math.min(studio.history.length, HISTORY_LIMIT);
+  studio.history.unshift({ ...entry, url: URL.createObjectURL(wavBlob(entry.pcm, entry.rate)) });
+  for (const dropped of studio.history.splice(HISTORY_LIMIT)) URL.revokeObjectURL(dropped.url);
   renderHistory();
 }
 
@@ -455,8 +498,9 @@ function speakSettings(model = $("speak-model").value) {
   return settings;
 }
 
-function speechBody(model, voice, text, settings, instructions) {
+function speechBody(model, voice, text, settings, instructions, stream = true) {
   const extension = {};
+  if (!stream) extension.stream = false;
   if (settings.seed !== null) extension.seed = settings.seed;
   if (settings.steps !== null) extension.steps = settings.steps;
   if (settings.guidance !== null) extension.guidance = settings.guidance;
@@ -479,6 +523,7 @@ function applyCard() {
     about.push("not loaded yet: settings appear once it is");
   }
   $("speak-model-about").textContent = about.join(" · ");
+  $("speak-model-badge").hidden = !(c && c.random_init);
   $("speak-instructions-field").hidden = !can(model, "design");
   for (const name of ["steps", "guidance"]) {
     const shown = Boolean(c && name in c.sampler);
@@ -566,11 +611,63 @@ function showError(error, fields, fallback) {
   }
 }
 
+/** The model directory's defaults a request with ``params`` took, as ``name=value``. */
+function takenDefaults(model, params) {
+  const c = card(model);
+  if (!c) return [];
+  return c.params.filter((p) => p.model_default && !(p.name in params))
+    .map((p) => `${p.name}=${JSON.stringify(p.default)}`);
+}
+
+/** Say which of the model directory's defaults limited the result (as `mizuoto say` does). */
+function showDefaults(element, model, params, duration) {
+  const taken = takenDefaults(model, params);
+  let note = "";
+  if (taken.length) {
+    note = `With this model directory's defaults: ${taken.join(", ")} (Engine settings override them).`;
+    const c = card(model);
+    if (c && c.random_init) {
+      note += ` A random-init model never ends speech by itself: its length cap cut this audio at ${duration.toFixed(2)} s.`;
+    }
+  }
+  element.textContent = note;
+  element.hidden = !note;
+}
+
+// the Speak view's reference fields, and what the server calls them
+const REFERENCE_FIELDS = {
+  audio: "speak-ref-file", "reference.audio": "speak-ref-file", name: "speak-ref-file",
+  text: "speak-ref-text", "reference.text": "speak-ref-text", model: "speak-model",
+};
+
+/** The voice of the Speak view's reference clip for ``model``, built (once per clip, text and
+ * model: its name is their digest) and kept as a voice; null without a clip. */
+async function referenceVoice(model) {
+  const file = $("speak-ref-file").files[0];
+  if (!file) return null;
+  const text = $("speak-ref-text").value;
+  const bytes = await file.arrayBuffer();
+  const keyed = await new Blob([`${model}\n${text}\n`, bytes]).arrayBuffer();
+  const digest = await crypto.subtle.digest("SHA-256", keyed);
+  const hex = [...new Uint8Array(digest).slice(0, 6)].map((b) => b.toString(16).padStart(2, "0")).join("");
+  const name = `clip-${hex}`;
+  const known = await voicesOf(model).catch(() => []);
+  if (known.some((voice) => voice.id === name)) return name;
+  const form = new FormData();
+  form.append("name", name);
+  form.append("model", model);
+  form.append("text", text);
+  form.append("audio", file, file.name);
+  await api("/v1/audio/voices", { method: "POST", body: form });
+  forgetVoices();
+  await refreshVoiceSelects();
+  return name;
+}
+
 async function onSpeak(event) {
   event.preventDefault();
   clearErrors($("view-speak"));
   const model = $("speak-model").value;
-  const voice = $("speak-voice").value || "default";
   const text = $("speak-text").value;
   if (!text.trim()) {
     $("speak-text-error").textContent = "Type the words to speak.";
@@ -585,25 +682,55 @@ async function onSpeak(event) {
   }
   const settings = speakSettings();
   const instructions = can(model, "design") ? $("speak-instructions").value.trim() : "";
-  const body = speechBody(model, voice, text, settings, instructions);
+  const streamed = $("speak-stream").checked;
   const rate = pcmRate(model);
   const player = freshPlayer(rate);
-  const wave = new Wave($("speak-wave"), rate);
+  const wave = new Wave($("speak-wave"), rate, $("speak-wave-scale"));
   const controller = new AbortController();
   speakState.controller = controller;
-  $("speak-go").disabled = true;
+  // the Speak button is disabled while it works: focus on it moves to Stop, not to <body>
+  const focused = document.activeElement === $("speak-go");
   $("speak-stop").disabled = false;
+  if (focused) $("speak-stop").focus();
+  $("speak-go").disabled = true;
   $("speak-replay").disabled = true;
   $("speak-download").disabled = true;
   $("speak-warnings").hidden = true;
+  $("speak-defaults").hidden = true;
+  hidePlayer($("speak-audio"));
   $("speak-facts").replaceChildren();
   showLicense($("speak-license"), model);
-  $("speak-status").textContent = `Speaking with ${model}…`;
+  const started = performance.now();
+  let doing = `Speaking with ${model}…`;
+  const tick = () => {
+    $("speak-status").textContent = `${doing} ${((performance.now() - started) / 1000).toFixed(1)} s`;
+  };
+  tick();
+  const timer = setInterval(tick, 100);
   try {
+    let voice = $("speak-voice").value || "default";
+    if ($("speak-ref-file").files.length) {
+      doing = `Building a voice from the clip for ${model}…`;
+      tick();
+      try {
+        voice = await referenceVoice(model);
+      } catch (error) {
+        error.fields = REFERENCE_FIELDS;
+        throw error;
+      }
+      $("speak-voice").value = voice;
+      doing = `Speaking with ${model}…`;
+    }
+    const body = speechBody(model, voice, text, settings, instructions, streamed);
     const result = await speak(body, {
       signal: controller.signal,
-      onBlock: (block) => { player.push(block); wave.add(block); },
+      onBlock: (block) => {
+        if (streamed) player.push(block);
+        wave.add(block);
+      },
     });
+    if (!streamed) player.push(result.pcm);
+    clearInterval(timer);
     const { duration, rtf } = outcome(result, rate);
     const ttfa = player.firstSound === null ? null : player.firstSound - result.started;
     const c = card(model);
@@ -613,22 +740,26 @@ async function onSpeak(event) {
     };
     showFacts($("speak-facts"), [
       ["Seed used", result.seed],
+      ["Voice", voice],
       ["Time to first audio", ttfa === null ? null : seconds(ttfa)],
       ["Real-time factor", rtf === null ? null : rtf.toFixed(2)],
       ["Duration", `${duration.toFixed(2)} s`],
       ["Steps", applied.steps],
       ["Guidance", applied.guidance],
+      ["Delivery", streamed ? "streamed" : "whole"],
     ]);
     if (result.warning) {
       $("speak-warnings").textContent = `The server says: ${result.warning}`;
       $("speak-warnings").hidden = false;
     }
+    showDefaults($("speak-defaults"), model, settings.params, duration);
+    showPlayer($("speak-audio"), result.pcm, rate);
     $("speak-status").textContent = `Spoke ${duration.toFixed(2)} s with ${model}, seed ${result.seed}.`;
     if (!card(model)) refreshCards(); // it has loaded now: its controls can show
     speakState.last = { body: { ...body, mizuoto: { ...body.mizuoto, seed: result.seed } }, pcm: result.pcm, rate, model };
     $("speak-replay").disabled = false;
     $("speak-download").disabled = false;
-    $("speak-download").textContent = `Download ${$("speak-format").value}`;
+    $("speak-download").textContent = downloadLabel();
     remember({
       when: new Date(), text, model, voice, seed: result.seed, instructions,
       settings: { ...applied, params: settings.params }, ttfa, rtf, duration, pcm: result.pcm, rate,
@@ -639,13 +770,20 @@ async function onSpeak(event) {
       $("speak-status").textContent = "Stopped.";
     } else {
       $("speak-status").textContent = "The server could not speak this.";
-      showError(error, SPEAK_FIELDS, "speak-error");
+      showError(error, error.fields || SPEAK_FIELDS, "speak-error");
     }
   } finally {
+    clearInterval(timer);
     speakState.controller = null;
     $("speak-go").disabled = false;
+    const lost = document.activeElement === $("speak-stop") || document.activeElement === document.body;
     $("speak-stop").disabled = true;
+    if (lost) $("speak-go").focus();
   }
+}
+
+function downloadLabel() {
+  return `Download ${$("speak-format").value.toUpperCase()}`;
 }
 
 async function onDownload() {
@@ -687,15 +825,8 @@ const VOICE_FIELDS = {
 
 function setClip(blob, name) {
   studio.clip = blob ? { blob, name } : null;
-  const preview = $("voice-preview");
-  if (preview.src) URL.revokeObjectURL(preview.src);
-  if (blob) {
-    preview.src = URL.createObjectURL(blob);
-    preview.hidden = false;
-  } else {
-    preview.removeAttribute("src");
-    preview.hidden = true;
-  }
+  if (blob) showBlob($("voice-preview"), blob);
+  else hidePlayer($("voice-preview"));
 }
 
 const recording = { recorder: null, stream: null, started: 0, timer: null };
@@ -910,8 +1041,9 @@ async function compareSide(side, text, seed) {
   const model = $(`compare-${side}-model`).value;
   const voice = $(`compare-${side}-voice`).value || "default";
   const rate = pcmRate(model);
-  const wave = new Wave(panel.querySelector("canvas"), rate);
+  const wave = new Wave(panel.querySelector("canvas"), rate, panel.querySelector(".wave-scale"));
   const error = panel.querySelector(".error");
+  hidePlayer(panel.querySelector("audio"));
   const play = panel.querySelector(".play");
   error.textContent = "";
   play.disabled = true;
@@ -925,11 +1057,12 @@ async function compareSide(side, text, seed) {
     const firstData = result.firstByte === null ? null : result.firstByte - result.started;
     showFacts(panel.querySelector(".facts"), [
       ["Seed", result.seed],
-      ["First audio data", firstData === null ? null : seconds(firstData)],
+      ["Time to first audio", firstData === null ? null : seconds(firstData)],
       ["Real-time factor", rtf === null ? null : rtf.toFixed(2)],
       ["Duration", `${duration.toFixed(2)} s`],
     ]);
     compared[side] = { pcm: result.pcm, rate };
+    showPlayer(panel.querySelector("audio"), result.pcm, rate);
     play.disabled = false;
     const c = card(model);
     remember({
@@ -983,7 +1116,13 @@ function renderHistory() {
       what.append(license);
     }
     const name = `mizuoto-${entry.model}-${entry.seed}.wav`;
-    item.append(what,
+    const player = document.createElement("audio");
+    player.className = "player";
+    player.controls = true;
+    player.preload = "metadata";
+    player.src = entry.url;
+    player.setAttribute("aria-describedby", what.id);
+    item.append(what, player,
       button("Replay", () => play(entry.pcm, entry.rate), what.id),
       button("Download WAV", () => save(wavBlob(entry.pcm, entry.rate), name), what.id));
     return item;
@@ -1028,7 +1167,7 @@ function wire() {
   });
   $("speak-download").addEventListener("click", onDownload);
   $("speak-format").addEventListener("change", () => {
-    $("speak-download").textContent = `Download ${$("speak-format").value}`;
+    $("speak-download").textContent = downloadLabel();
   });
   $("speak-text").addEventListener("input", countText);
   $("speak-model").addEventListener("change", () => {
@@ -1044,7 +1183,15 @@ function wire() {
   }
   $("compare-form").addEventListener("submit", onCompare);
   $("voice-form").addEventListener("submit", onCreateVoice);
-  $("voice-model").addEventListener("change", () => renderVoices());
+  $("voice-model").addEventListener("change", () => {
+    // what was chosen and said for the previous model does not carry over to this one
+    clearErrors($("voice-form"));
+    $("voice-status").textContent = "";
+    $("voice-record-state").textContent = "";
+    $("voice-file").value = "";
+    setClip(null, "");
+    renderVoices();
+  });
   $("voice-record").addEventListener("click", onRecord);
   $("voice-file").addEventListener("change", () => {
     const file = $("voice-file").files[0];
@@ -1052,6 +1199,26 @@ function wire() {
     $("voice-audio-error").textContent = "";
   });
   $("key-open").hidden = !studio.key;
+  $("key-cancel").addEventListener("click", () => $("key-dialog").close());
+  $("key-dialog").addEventListener("close", () => {
+    if (keyPrompt) {
+      $("server-state").textContent = "Not connected: this server needs its API key (the API key button asks for it).";
+    }
+  });
+  // one sound at a time: a player starting stops the others and the Web Audio playback
+  document.addEventListener("play", (event) => {
+    if (studio.playing) studio.playing.stop();
+    for (const element of document.querySelectorAll("audio")) {
+      if (element !== event.target) element.pause();
+    }
+  }, true);
+  $("speak-ref-file").addEventListener("change", () => {
+    const file = $("speak-ref-file").files[0];
+    const preview = $("speak-ref-preview");
+    if (file) showBlob(preview, file);
+    else hidePlayer(preview);
+    $("speak-ref-file-error").textContent = "";
+  });
   $("key-open").addEventListener("click", () => {
     const waiting = keyPrompt !== null; // a call is waiting for the key: it resumes by itself
     const entered = askForKey(false);
