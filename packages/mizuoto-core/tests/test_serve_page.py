@@ -74,6 +74,21 @@ def test_the_page_loads_only_its_own_files():
         assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", text, re.IGNORECASE), name
 
 
+def test_the_pages_modules_are_its_folders_and_hold_no_server_value():
+    """Each module the page imports is served from its folder (no list of files kept by
+    hand), and no server value is written into the page: formats, limits, rates and the seed
+    range come from GET /v1/models."""
+    web = resources.files("mizuoto.serve").joinpath("web")
+    on_disk = {item.name for item in web.iterdir() if item.is_file()}
+    assert set(FILES) == on_disk
+    for name in (n for n in FILES if n.endswith(".js")):
+        text = web.joinpath(name).read_text()
+        for imported in re.findall(r'^import .* from "\./([^"]+)";$', text, re.MULTILINE):
+            assert imported in FILES, (name, imported)
+        for value in ("24000", "4096", "4294967295", '"mp3"'):
+            assert value not in text, (name, value)
+
+
 def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
     config = ServeConfig(models={"toy": str(toy_dirs / "toy"), "toy2": str(toy_dirs / "toy2")},
                          voices_dir=tmp_path, max_loaded=1)
@@ -97,6 +112,10 @@ def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
         assert sorted(toy["mizuoto"]["formats"]) == ["aac", "flac", "mp3", "opus", "pcm", "wav"]
         # not loaded yet (the second of --max-loaded 1): no card until it is
         assert entries["toy2"]["state"] == "unloaded" and entries["toy2"]["mizuoto"] is None
+        # what every model shares, for a client without the card yet
+        assert httpx.get(f"{url}/v1/models").json()["mizuoto"] == {
+            "pcm_sample_rate": 24000, "max_input_chars": 4096, "seed_range": [0, 2**32 - 1],
+            "formats": toy["mizuoto"]["formats"]}
         speech = httpx.post(f"{url}/v1/audio/speech", json={
             "model": "toy2", "input": "Hi.", "voice": "default", "response_format": "pcm"})
         assert speech.status_code == 200
