@@ -129,7 +129,7 @@ export function showDefaults(element, model, params, duration) {
     note = `With this model directory's defaults: ${taken.join(", ")} (Engine settings override them).`;
     const c = card(model);
     if (c && c.random_init) {
-      note += ` A random-init model never ends speech by itself: its length cap cut this audio at ${duration.toFixed(2)} s.`;
+      note += ` A random-init model never ends speech by itself: it runs to its length cap (here ${duration.toFixed(2)} s).`;
     }
   }
   element.textContent = note;
