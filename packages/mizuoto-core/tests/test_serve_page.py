@@ -74,6 +74,21 @@ def test_the_page_loads_only_its_own_files():
         assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", text, re.IGNORECASE), name
 
 
+def test_the_pages_modules_are_its_folders_and_hold_no_server_value():
+    """Each module the page imports is served from its folder (no list of files kept by
+    hand), and no server value is written into the page: formats, limits, rates and the seed
+    range come from GET /v1/models."""
+    web = resources.files("mizuoto.serve").joinpath("web")
+    on_disk = {item.name for item in web.iterdir() if item.is_file()}
+    assert set(FILES) == on_disk
+    for name in (n for n in FILES if n.endswith(".js")):
+        text = web.joinpath(name).read_text()
+        for imported in re.findall(r'^import .* from "\./([^"]+)";$', text, re.MULTILINE):
+            assert imported in FILES, (name, imported)
+        for value in ("24000", "4096", "4294967295", '"mp3"'):
+            assert value not in text, (name, value)
+
+
 def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
     config = ServeConfig(models={"toy": str(toy_dirs / "toy"), "toy2": str(toy_dirs / "toy2")},
                          voices_dir=tmp_path, max_loaded=1)
@@ -85,7 +100,8 @@ def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
         assert toy["mizuoto"] == {
             "engine": "toy", "variant": "tiny", "sample_rate": 16000, "pcm_sample_rate": 24000,
             "capabilities": ["clone", "stream", "voice_cache", "zero_shot"], "streams": True,
-            "license": "Apache-2.0", "non_commercial": False, "max_input_chars": 4096,
+            "license": "Apache-2.0", "non_commercial": False, "random_init": False,
+            "max_input_chars": 4096,
             "sampler": {},
             "params": [{"name": "char_seconds", "default": 0.06, "kind": "float",
                         "model_default": False},
@@ -96,6 +112,10 @@ def test_models_carry_the_card_the_page_needs(toy_dirs, tmp_path):
         assert sorted(toy["mizuoto"]["formats"]) == ["aac", "flac", "mp3", "opus", "pcm", "wav"]
         # not loaded yet (the second of --max-loaded 1): no card until it is
         assert entries["toy2"]["state"] == "unloaded" and entries["toy2"]["mizuoto"] is None
+        # what every model shares, for a client without the card yet
+        assert httpx.get(f"{url}/v1/models").json()["mizuoto"] == {
+            "pcm_sample_rate": 24000, "max_input_chars": 4096, "seed_range": [0, 2**32 - 1],
+            "formats": toy["mizuoto"]["formats"]}
         speech = httpx.post(f"{url}/v1/audio/speech", json={
             "model": "toy2", "input": "Hi.", "voice": "default", "response_format": "pcm"})
         assert speech.status_code == 200
@@ -119,6 +139,27 @@ def test_a_model_directorys_defaults_are_the_cards(toy_dirs, tmp_path):
     assert card["params"][0] == {"name": "char_seconds", "default": 0.1, "kind": "float",
                                  "model_default": True}
     assert card["params"][1]["model_default"] is False
+
+
+def test_a_random_model_says_so_in_its_card(toy_dirs, tmp_path):
+    """``mizuoto random-model`` marks the directory of a fixture declared random-init (the
+    example's toy is, by the default); the card of a marked directory says random_init, that
+    of a directory written otherwise does not."""
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+    from mizuoto.contracts.fixtures import RANDOM_INIT_FILE
+    from mizuoto.registry import random_models
+
+    assert random_models()["toy/tiny"].random_init
+    result = CliRunner().invoke(cli, ["random-model", "toy/tiny", str(tmp_path / "noise")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "noise" / RANDOM_INIT_FILE).is_file()
+    config = ServeConfig(models={"noise": str(tmp_path / "noise"), "toy": str(toy_dirs / "toy")},
+                         voices_dir=tmp_path / "v")
+    with serve_in_thread(config) as url:
+        cards = {e["id"]: e["mizuoto"] for e in httpx.get(f"{url}/v1/models").json()["data"]}
+    assert cards["noise"]["random_init"] is True and cards["toy"]["random_init"] is False
 
 
 def test_the_page_url_for_each_host():

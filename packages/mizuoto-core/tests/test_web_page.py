@@ -100,14 +100,21 @@ def browser():
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
+    from mizuoto.contracts.fixtures import mark_random_init
+    from mizuoto.contracts.model_defaults import write_model_defaults
     from mizuoto_example.engine import write_tiny_model
     from mizuoto_f5tts.fixtures import write_random_model_dir
     from mizuoto_voxcpm.fixtures import write_random_model
+    from mizuoto_voxcpm.plugin import DEMO_DEFAULTS
 
     root = tmp_path_factory.mktemp("page-models")
     write_random_model_dir(root / "f5", "v1_base", size="tiny")
     write_random_model(root / "vox", "voxcpm2", dtype="float32")
     write_tiny_model(root / "toy")
+    # as `mizuoto random-model` leaves them: marked random-init, VoxCPM2 with its demo defaults
+    mark_random_init(root / "f5", "f5tts/tiny-v1-base")
+    mark_random_init(root / "vox", "voxcpm/tiny-2")
+    write_model_defaults(root / "vox", DEMO_DEFAULTS, "random-init demo model")
     return root
 
 
@@ -348,6 +355,7 @@ def test_download_is_the_chosen_format_with_the_same_seed(visit, server):
     _set_speak(page, model="vox", text="Keep this one.", seed=11, **VOX)
     page.select_option("#speak-format", "wav")
     _speak_and_wait(page)
+    assert page.inner_text("#speak-download") == "Download WAV"
     with page.expect_download() as caught:
         page.click("#speak-download")
     download = caught.value
@@ -452,6 +460,14 @@ def test_bad_uploads_show_the_servers_message_next_to_the_field(visit, tmp_path)
     name_error.wait_for(state="visible")
     assert "is not valid" in name_error.inner_text()
     assert page.get_attribute("#voice-name", "aria-invalid") == "true"
+    # another model: the form forgets the error and the clip chosen for the previous one
+    page.select_option("#voice-model", "vox")
+    assert page.is_hidden("#voice-name-error") and page.get_attribute(
+        "#voice-name", "aria-invalid") is None
+    assert page.evaluate("document.querySelector('#voice-file').files.length") == 0
+    assert page.is_hidden("#voice-preview")
+    page.click("#voice-create")
+    _expect(page.locator("#voice-audio-error")).to_have_text("Choose a clip or record one.")
     # speaking a text over the limit is stopped in the page, naming the limit
     page.click("#tab-speak")
     page.fill("#speak-text", "x" * 4097)
@@ -467,6 +483,13 @@ def test_the_key_is_asked_for_kept_for_the_tab_and_a_wrong_one_refused(browser, 
         v = visit(url=url)
         page = v.open(ready=False)
         dialog = page.locator("#key-dialog")
+        dialog.wait_for(state="visible")
+        # the header says what the page waits for, and Cancel leaves it waiting for the key
+        _expect(page.locator("#server-state")).to_have_text("Waiting for the API key…")
+        page.click("#key-cancel")
+        assert dialog.is_hidden()
+        _expect(page.locator("#server-state")).to_contain_text("needs its API key")
+        page.click("#key-open")
         dialog.wait_for(state="visible")
         page.fill("#key-input", "guess")
         page.click("#key-form button[type=submit]")
@@ -608,3 +631,111 @@ def test_a_model_not_loaded_yet_gets_its_controls_once_it_has_spoken(visit, mode
         _expect(page.locator("#speak-model-about")).to_contain_text("toy · 16000 Hz")
         assert page.is_visible("#speak-params")
         assert v.errors == [], v.errors
+
+
+def _wave_rows(page, canvas: str) -> float:
+    """The share of the canvas's height the drawn waveform spans (its painted rows)."""
+    return page.evaluate("""(selector) => {
+        const canvas = document.querySelector(selector);
+        const { width, height } = canvas;
+        const data = canvas.getContext("2d").getImageData(0, 0, width, height).data;
+        let top = height, bottom = -1;
+        for (let y = 0; y < height; y += 1) {
+            for (let x = 0; x < width; x += 1) {
+                if (data[(y * width + x) * 4 + 3] > 0) { top = Math.min(top, y); bottom = y; break; }
+            }
+        }
+        return bottom < 0 ? 0 : (bottom - top + 1) / height;
+    }""", canvas)
+
+
+def test_a_random_models_whole_answer_says_what_it_is_and_what_cut_it(visit, server):
+    """VoxCPM2's random model, not streamed, on its directory's defaults (max_len 24: 3.84 s):
+    the badge says random-init, the time runs while it works, the note names the default that
+    cut it, the player seeks over the whole audio, and focus moves from Speak to Stop and
+    back."""
+    v = visit()
+    page = v.open()
+    page.select_option("#speak-model", "vox")
+    assert page.is_visible("#speak-model-badge")
+    assert "random-init" in page.inner_text("#speak-model-badge").lower()
+    page.select_option("#speak-model", "toy")
+    assert page.is_hidden("#speak-model-badge")
+    _set_speak(page, model="vox", text="All at once.", seed=4, steps=2)
+    page.uncheck("#speak-stream")
+    bodies = []
+    page.on("request", lambda r: r.url.endswith("/v1/audio/speech") and bodies.append(
+        json.loads(r.post_data)))
+    page.focus("#speak-go")
+    page.keyboard.press("Enter")
+    _expect(page.locator("#speak-status")).to_have_text(
+        re.compile(r"^Speaking with vox… \d+\.\d s$"))
+    assert page.evaluate("document.activeElement.id") == "speak-stop"
+    _expect(page.locator("#speak-status")).to_have_text(re.compile("^Spoke"), timeout=TIMEOUT_MS)
+    assert page.evaluate("document.activeElement.id") == "speak-go"
+    assert bodies[0]["mizuoto"]["stream"] is False and "params" not in bodies[0]["mizuoto"]
+    # not streamed: it plays once the whole answer is in, as one buffer
+    played, reads = v.played(), v.reads()
+    assert len(played) == 1 and played[0]["at"] >= reads[-1]["at"]
+    expected = _api_pcm(server, {"model": "vox", "voice": "default", "input": "All at once.",
+                                 "mizuoto": {"seed": 4, "steps": 2, "stream": False}})
+    assert np.array_equal(_int16(played[0]["samples"]), expected)
+    seconds = len(expected) / 24000
+    assert seconds == pytest.approx(3.84, abs=0.01)
+    note = page.inner_text("#speak-defaults")
+    assert "max_len=24" in note and "retry_badcase=false" in note and "3.84 s" in note
+    assert "whole" in page.inner_text("#speak-facts")
+    # the seekable player holds the same audio
+    player = page.locator("#speak-audio")
+    assert player.is_visible()
+    _until(page, "document.querySelector('#speak-audio').readyState >= 1")
+    assert page.evaluate("document.querySelector('#speak-audio').duration") == pytest.approx(
+        seconds, abs=0.01)
+    page.evaluate("document.querySelector('#speak-audio').currentTime = 2.5")
+    _until(page, "document.querySelector('#speak-audio').currentTime > 2.4")
+    page.click("#tab-history")
+    _until(page, "document.querySelector('#history-list audio').readyState >= 1")
+    assert page.evaluate("document.querySelector('#history-list audio').duration") == (
+        pytest.approx(seconds, abs=0.01))
+    assert v.errors == [], v.errors
+
+
+def test_quiet_audio_is_drawn_to_its_peak_and_the_peak_said(visit, server):
+    """F5's random model is quiet: its waveform fills the canvas, and the caption gives the
+    true peak."""
+    v = visit()
+    page = v.open()
+    _set_speak(page, model="f5", text="Quiet.", seed=6, steps=F5_STEPS)
+    _speak_and_wait(page)
+    expected = _api_pcm(server, {"model": "f5", "voice": "default", "input": "Quiet.",
+                                 "mizuoto": {"seed": 6, "steps": F5_STEPS}})
+    peak = np.abs(expected.astype(np.int32)).max() / 32768
+    assert peak < 0.5  # quiet: unscaled, it would fill less than half the height
+    caption = page.inner_text("#speak-wave-scale")
+    assert f"Peak {peak:.3f}" in caption and "drawn ×" in caption
+    page.wait_for_timeout(100)  # the last frame is drawn
+    assert _wave_rows(page, "#speak-wave") > 0.9
+
+
+def test_speak_clones_the_voice_of_a_clip_given_in_its_own_view(visit, server, tmp_path):
+    v = visit()
+    page = v.open()
+    _set_speak(page, model="toy", text="In my voice.", seed=8)
+    page.set_input_files("#speak-ref-file", str(_clip(tmp_path / "me.wav")))
+    assert page.is_visible("#speak-ref-preview")
+    page.fill("#speak-ref-text", "Hello there.")
+    _speak_and_wait(page)
+    voice = page.locator("#speak-facts dt:text-is('Voice') + dd").inner_text()
+    assert voice.startswith("clip-")
+    assert page.input_value("#speak-voice") == voice
+    played = np.concatenate([_int16(p["samples"]) for p in v.played()])
+    expected = _api_pcm(server, {"model": "toy", "voice": voice, "input": "In my voice.",
+                                 "mizuoto": {"seed": 8}})
+    assert np.array_equal(played, expected)
+    # the same clip again is the same voice, not another
+    _speak_and_wait(page)
+    voices = [e["id"] for e in httpx.get(f"{server}/v1/audio/voices").json()["voices"]]
+    assert voices.count(voice) == 1
+    httpx.delete(f"{server}/v1/audio/voices/{voice}")
+    assert v.errors == [], v.errors
+

@@ -698,6 +698,10 @@ def _write_fixture(fixture, path: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".random-model-", dir=path.parent))
     try:
         fixture.make(staging)
+        if fixture.random_init:
+            from mizuoto.contracts.fixtures import mark_random_init
+
+            mark_random_init(staging, fixture.id)
         extra = sorted(item.name for item in path.iterdir() if not (staging / item.name).exists())
         if extra:
             raise InvalidRequest("DIRECTORY", f"{path} holds files this model does not write "

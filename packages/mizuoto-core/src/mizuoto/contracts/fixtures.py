@@ -61,3 +61,24 @@ class ContractFixture:
     @property
     def id(self) -> str:
         return f"{self.engine}/{self.name}"
+
+
+#: The file ``mizuoto random-model`` leaves in a random-init model's directory, so that what
+#: serves it (the server's model card, the page's badge) can say its audio is noise.
+RANDOM_INIT_FILE = "mizuoto-random-init.json"
+
+
+def mark_random_init(directory: str | Path, fixture_id: str) -> Path:
+    """Leave :data:`RANDOM_INIT_FILE` in ``directory``: its weights are random."""
+    import json
+
+    path = Path(directory) / RANDOM_INIT_FILE
+    path.write_text(json.dumps({"fixture": fixture_id,
+                                "why": "random weights: the audio is noise, not speech"}) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def is_random_init(directory: str | Path) -> bool:
+    """Whether ``directory`` (a model directory, or a catalog id: never) is marked random-init."""
+    return (Path(directory) / RANDOM_INIT_FILE).is_file()

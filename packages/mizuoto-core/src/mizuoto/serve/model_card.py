@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.fixtures import is_random_init
 
 #: A request setting's kind, from its default (settings without a plain default are listed
 #: with kind None: a client may send them but has no control for them).
@@ -29,6 +30,7 @@ def model_card(engine, *, max_input_chars: int, stream_rate: int, formats) -> di
         "streams": Capability.STREAM in info.capabilities,
         "license": info.license,
         "non_commercial": bool(info.non_commercial),
+        "random_init": is_random_init(info.model),
         "max_input_chars": max_input_chars,
         "sampler": dict(engine.sampler_defaults()),
         "params": _params(type(engine).params_class, engine.model_defaults),

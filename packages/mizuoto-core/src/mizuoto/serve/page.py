@@ -1,5 +1,5 @@
 """The page at ``GET /``: a studio to listen to the served models (speak, voices, A/B compare,
-history), plain HTML, CSS and one JavaScript module shipped in ``mizuoto/serve/web``.
+history), plain HTML, CSS and JavaScript modules (no bundler) shipped in ``mizuoto/serve/web``.
 
 The page holds no data: it is served without the API key, and asks for the key in the
 browser when the API refuses a call (every API call carries it). Its content security policy
@@ -16,9 +16,20 @@ from fastapi.responses import Response
 
 from mizuoto.serve.errors import not_found
 
-#: The page's files and their media types.
-FILES = {"index.html": "text/html; charset=utf-8", "studio.css": "text/css; charset=utf-8",
-         "studio.js": "text/javascript; charset=utf-8"}
+#: The media type of each kind of file the page is made of.
+MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+               ".js": "text/javascript; charset=utf-8"}
+
+
+def _suffix(name: str) -> str:
+    return "." + name.rpartition(".")[2]
+
+
+#: The page's files, as its folder holds them (a module added there is served; nothing else
+#: is), with their media types.
+FILES = {item.name: MEDIA_TYPES[_suffix(item.name)]
+         for item in resources.files("mizuoto.serve").joinpath("web").iterdir()
+         if item.is_file() and _suffix(item.name) in MEDIA_TYPES}
 #: Where the page's files are served (and served without the API key, with ``/``).
 PREFIX = "/web/"
 

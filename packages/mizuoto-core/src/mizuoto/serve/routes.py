@@ -22,6 +22,7 @@ from mizuoto.audio_encoding import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.audio_formats import FORMATS
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.ranges import check_number
+from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.contracts.results import AudioChunk
 from mizuoto.serve.errors import (
     APIError,
@@ -353,7 +354,14 @@ async def models(request: Request):
              "owned_by": f"mizuoto-{worker.engine_name or 'unknown'}", "state": worker.state,
              "mizuoto": _card(state, name, worker)}
             for name, worker in state.workers.items()]
-    return {"object": "list", "data": data}
+    # the values every model shares, for a client that has no card yet (a model not loaded)
+    shared = {"pcm_sample_rate": PCM_RATE, "max_input_chars": MAX_INPUT_CHARS,
+              "formats": _formats(), "seed_range": [0, MAX_SEED]}
+    return {"object": "list", "data": data, "mizuoto": shared}
+
+
+def _formats() -> list[str]:
+    return [f for f in MEDIA_TYPES if f not in UNSUPPORTED_FORMATS]
 
 
 def _card(state, name: str, worker) -> dict | None:
@@ -363,9 +371,7 @@ def _card(state, name: str, worker) -> dict | None:
     engine = worker.engine
     if engine is not None and name not in state.cards:
         state.cards[name] = model_card(engine, max_input_chars=MAX_INPUT_CHARS,
-                                       stream_rate=PCM_RATE,
-                                       formats=[f for f in MEDIA_TYPES
-                                                if f not in UNSUPPORTED_FORMATS])
+                                       stream_rate=PCM_RATE, formats=_formats())
     return state.cards.get(name)
 
 
