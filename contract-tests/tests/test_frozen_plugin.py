@@ -16,7 +16,7 @@ from __future__ import annotations
 # and kept for every test of this module.
 import numpy  # noqa: F401
 import pytest
-import torch  # noqa: F401
+import torch
 import torch._dynamo  # noqa: F401
 
 from mizuoto import plugins

@@ -40,6 +40,8 @@ from mizuoto.errors import (
 )
 from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_directory, atomic_path, save_safetensors
+from mizuoto.runtime.interruption import catch_interruption
+from mizuoto.runtime.seeds import keyed_generator
 from mizuoto.text.files import read_utf8
 
 # Names from modules that import torch, imported on first use (module -> names).
@@ -72,8 +74,10 @@ __all__ = [
     "UnsafeCheckpoint", "UnsupportedCapability", "VoiceMismatch",
     # files: atomic writers, text files, model directories
     "atomic_directory", "atomic_path", "read_utf8", "resolve_for_engine", "save_safetensors",
+    # contract fixtures: random-init weights per state-dict key
+    "keyed_generator",
     # training
-    "checkpoint_retention",
+    "catch_interruption", "checkpoint_retention",
     *_MODULE_OF,
 ]
 
