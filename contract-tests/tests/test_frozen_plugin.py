@@ -55,19 +55,21 @@ def frozen_plugin_1_1(monkeypatch):
     plugins.reset_plugins()
 
 
-def _run_suite(pytester, engine):
-    return pytester.runpytest_inprocess("--pyargs", "mizuoto_contract", "-p",
-                                        "no:cacheprovider", "--mizuoto-engine", engine,
-                                        "-W", "default::DeprecationWarning")
+def _run_suite(pytester, engine, passed):
+    """The whole suite on ``engine``: ``passed`` tests pass, none fails or is skipped."""
+    result = pytester.runpytest_inprocess("--pyargs", "mizuoto_contract", "-p",
+                                          "no:cacheprovider", "--mizuoto-engine", engine,
+                                          "-W", "default::DeprecationWarning")
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0, result.stdout.str()[-4000:]
+    assert outcomes.get("passed") == passed and "failed" not in outcomes
+    assert "skipped" not in outcomes
+    return result
 
 
 def test_a_plugin_written_for_api_1_0_passes_the_suite_with_deprecation_warnings(
         pytester, frozen_plugin):
-    result = _run_suite(pytester, "toy")
-    outcomes = result.parseoutcomes()
-    assert result.ret == 0, result.stdout.str()[-4000:]
-    assert outcomes.get("passed") == FROZEN_TESTS and "failed" not in outcomes
-    assert "skipped" not in outcomes
+    result = _run_suite(pytester, "toy", FROZEN_TESTS)
     result.stdout.fnmatch_lines(["*PluginAPIDeprecation*overrides Engine.synthesize()*",
                                  "plugin toy_api_1_0 (engine toy) is written for API 1.0; it "
                                  "misses * requirements of 1.1: *test_the_license_is_declared*"],
@@ -89,11 +91,7 @@ def test_the_frozen_plugin_is_still_api_1_0():
 
 def test_a_plugin_written_for_api_1_1_passes_the_suite_without_deprecations(
         pytester, frozen_plugin_1_1):
-    result = _run_suite(pytester, "chime")
-    outcomes = result.parseoutcomes()
-    assert result.ret == 0, result.stdout.str()[-4000:]
-    assert outcomes.get("passed") == FROZEN_1_1_TESTS and "failed" not in outcomes
-    assert "skipped" not in outcomes
+    result = _run_suite(pytester, "chime", FROZEN_1_1_TESTS)
     assert "PluginAPIDeprecation" not in result.stdout.str()
 
 
