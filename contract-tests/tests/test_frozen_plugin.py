@@ -1,14 +1,23 @@
-"""A plugin written against round 2's documented API (1.0) passes today's contract suite.
+"""Plugins written against earlier documented APIs pass today's contract suite unchanged.
 
-``toy_api_1_0`` is a frozen copy of the example plugin as it was then (it overrides
-``synthesize``/``stream``, resolves its own seed and builds ``Applied`` without ``compute``).
-The suite runs on it unchanged: every test passes, and what the plugin will have to change
-arrives as a ``PluginAPIDeprecation`` warning in the report, never as a failure.
+``toy_api_1_0`` is a frozen copy of the example plugin as it was in round 2 (API 1.0: it
+overrides ``synthesize``/``stream``, resolves its own seed and builds ``Applied`` without
+``compute``): every test passes, and what it will have to change arrives as
+``PluginAPIDeprecation`` warnings and a closing line, never as a failure. ``toy_api_1_1`` is a
+plugin written against API 1.1's docs (``mizuoto.plugin`` only, ``_stream`` only): every test
+passes with no deprecation.
 """
 
 from __future__ import annotations
 
+# pytester's in-process runs forget every module imported inside them: numpy refuses a second
+# import in one process ("cannot load module more than once per process"), and torch's
+# compiler a second registration of its operators, so both are imported here, before any run,
+# and kept for every test of this module.
+import numpy  # noqa: F401
 import pytest
+import torch
+import torch._dynamo  # noqa: F401
 
 from mizuoto import plugins
 
@@ -16,30 +25,51 @@ pytest_plugins = ["pytester"]
 
 # Every contract test generated for the frozen toy model passes; none is skipped.
 FROZEN_TESTS = 33
+# The same for the API 1.1 plugin (no trainer: the trainer tests are deselected).
+FROZEN_1_1_TESTS = 39
+
+
+def _only(monkeypatch, module, name):
+    """Only ``module`` registered as a plugin (no entry point: it is not installed)."""
+    monkeypatch.setenv("MIZUOTO_PLUGINS", "")
+    plugins.reset_plugins()
+    plugins.load_plugins()
+    plugins.pm.register(module, name=name)
 
 
 @pytest.fixture
 def frozen_plugin(monkeypatch):
-    """Only the frozen plugin registered (no entry point: it is not installed)."""
     import toy_api_1_0
 
-    monkeypatch.setenv("MIZUOTO_PLUGINS", "")
-    plugins.reset_plugins()
-    plugins.load_plugins()
-    plugins.pm.register(toy_api_1_0, name="toy-api-1.0")
+    _only(monkeypatch, toy_api_1_0, "toy-api-1.0")
     yield
     plugins.reset_plugins()
 
 
-def test_a_plugin_written_for_api_1_0_passes_the_suite_with_deprecation_warnings(
-        pytester, frozen_plugin):
+@pytest.fixture
+def frozen_plugin_1_1(monkeypatch):
+    import toy_api_1_1
+
+    _only(monkeypatch, toy_api_1_1, "toy-api-1.1")
+    yield
+    plugins.reset_plugins()
+
+
+def _run_suite(pytester, engine, passed):
+    """The whole suite on ``engine``: ``passed`` tests pass, none fails or is skipped."""
     result = pytester.runpytest_inprocess("--pyargs", "mizuoto_contract", "-p",
-                                          "no:cacheprovider", "--mizuoto-engine", "toy",
+                                          "no:cacheprovider", "--mizuoto-engine", engine,
                                           "-W", "default::DeprecationWarning")
     outcomes = result.parseoutcomes()
     assert result.ret == 0, result.stdout.str()[-4000:]
-    assert outcomes.get("passed") == FROZEN_TESTS and "failed" not in outcomes
+    assert outcomes.get("passed") == passed and "failed" not in outcomes
     assert "skipped" not in outcomes
+    return result
+
+
+def test_a_plugin_written_for_api_1_0_passes_the_suite_with_deprecation_warnings(
+        pytester, frozen_plugin):
+    result = _run_suite(pytester, "toy", FROZEN_TESTS)
     result.stdout.fnmatch_lines(["*PluginAPIDeprecation*overrides Engine.synthesize()*",
                                  "plugin toy_api_1_0 (engine toy) is written for API 1.0; it "
                                  "misses * requirements of 1.1: *test_the_license_is_declared*"],
@@ -57,3 +87,26 @@ def test_the_frozen_plugin_is_still_api_1_0():
     assert "def synthesize(" in source and "def stream(" in source
     assert "compute=" not in source and "resolve_seed(request.seed)" in source
     assert engine.ToyEngine.plugin_api == "1.0"
+
+
+def test_a_plugin_written_for_api_1_1_passes_the_suite_without_deprecations(
+        pytester, frozen_plugin_1_1):
+    result = _run_suite(pytester, "chime", FROZEN_1_1_TESTS)
+    assert "PluginAPIDeprecation" not in result.stdout.str()
+
+
+def test_the_frozen_1_1_plugin_stands_on_the_public_api_only():
+    """It must not be edited into passing: it imports only mizuoto.plugin and implements
+    only _stream, as the API 1.1 docs let a plugin do."""
+    import ast
+    import inspect
+
+    import toy_api_1_1
+    from toy_api_1_1 import engine
+
+    for module in (toy_api_1_1, engine):
+        tree = ast.parse(inspect.getsource(module))
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert {m for m in imported if m.startswith("mizuoto")} == {"mizuoto.plugin"}
+    assert "_synthesize" not in engine.ChimeEngine.__dict__
+    assert engine.ChimeEngine.plugin_api == "1.1"

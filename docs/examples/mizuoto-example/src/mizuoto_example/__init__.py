@@ -16,9 +16,15 @@ from __future__ import annotations
 
 import attrs
 
-import mizuoto
-from mizuoto import Capability, CatalogEntry, ContractFixture, EngineRef, HubFile
-from mizuoto.contracts.ranges import number_in
+from mizuoto.plugin import (
+    Capability,
+    CatalogEntry,
+    ContractFixture,
+    EngineRef,
+    HubFile,
+    hookimpl,
+    number_in,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -61,14 +67,14 @@ def _write_tiny_model(directory) -> None:
     write_tiny_model(directory)
 
 
-@mizuoto.hookimpl
+@hookimpl
 def register_engines(register):
     register(EngineRef("toy", "mizuoto_example.engine:ToyEngine", capabilities=CAPABILITIES,
                        options="mizuoto_example:ToyOptions",
                        description="hums one tone per character (a template, not a voice)"))
 
 
-@mizuoto.hookimpl
+@hookimpl
 def register_models(register):
     register(CatalogEntry(
         id="toy/tiny",
@@ -81,7 +87,7 @@ def register_models(register):
     ))
 
 
-@mizuoto.hookimpl
+@hookimpl
 def register_trainers(register):
     # imported only when a trainer is needed (mizuoto train): listing plugins stays torch-free
     from mizuoto_example.training import ToyTrainer
@@ -89,7 +95,7 @@ def register_trainers(register):
     register(ToyTrainer)
 
 
-@mizuoto.hookimpl
+@hookimpl
 def register_contract_fixtures(register):
     register(ContractFixture(
         engine="toy",

@@ -6,7 +6,6 @@ registers the engine by its location, ``mizuoto_example.engine:ToyEngine``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Iterator
@@ -16,21 +15,25 @@ import attrs
 import numpy as np
 import torch
 
-from mizuoto import (
+from mizuoto.plugin import (
     Audio,
     Engine,
+    ModelFilesMissing,
     Options,
+    Placement,
     Reference,
     Rendered,
     SynthesisRequest,
     Voice,
+    check_output_length,
+    check_state_dict,
+    load_state_dict_file,
+    place,
+    read_reference,
+    report,
+    save_safetensors,
+    weights_fingerprint,
 )
-from mizuoto.contracts.progress import report
-from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
-from mizuoto.nn.dsp.audio_io import check_not_silent, read_audio, to_mono
-from mizuoto.runtime.atomic import save_safetensors
-from mizuoto.runtime.checkpoint import check_state_dict, load_state_dict_file
-from mizuoto.runtime.placement import Placement, place
 from mizuoto_example import CAPABILITIES, CONFIG_FILE, WEIGHTS_FILE, ToyOptions, ToyParams
 
 _WEIGHT_NAMES = ("pitch", "level")  # each of shape (vocab_size,)
@@ -54,8 +57,9 @@ _NEUTRAL = _VoiceShape(1.0, 1.0)
 class ToyEngine(Engine):
     """Hums the text. Zero-shot, cloning, streaming and saved voices; no editing or design.
 
-    The base class does the shared work (capabilities, params, seed, lock, ``Applied``); the
-    toy writes ``_synthesize``, ``_stream`` and ``_build_voice``.
+    The base class does the shared work (capabilities, params, seed, lock, ``Applied``,
+    the device and dtype refusal, ``synthesize`` as the join of the stream); the toy writes
+    ``_stream`` and ``_build_voice``.
     """
 
     name = "toy"
@@ -64,6 +68,9 @@ class ToyEngine(Engine):
     # The toy has no sampler: a request's steps or guidance is refused by the base class,
     # naming the field, rather than silently ignored.
     request_settings = frozenset()
+    # anything else in compute.device / compute.dtype is refused before load, by name
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({"float32"})
 
     def __init__(self, *, pitch: torch.Tensor, level: torch.Tensor, placement: Placement,
                  info, options: ToyOptions) -> None:
@@ -85,10 +92,6 @@ class ToyEngine(Engine):
              model_id: str | None = None, progress=None) -> ToyEngine:
         model_dir = Path(model_dir)
         options = options or Options()
-        if options.compute.device not in ("auto", "cpu"):
-            raise InvalidOption("compute.device", "the toy engine runs on the CPU only")
-        if options.compute.dtype not in ("auto", "float32"):
-            raise InvalidOption("compute.dtype", "the toy engine runs in float32 only")
         # threads, device and dtype as every engine applies them
         placement = place(cls, options.compute, device=lambda: torch.device("cpu"))
         missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if not (model_dir / n).is_file()]
@@ -107,7 +110,7 @@ class ToyEngine(Engine):
             capabilities=CAPABILITIES,
             license="Apache-2.0",
             # A voice file is only valid for the weights it was built with.
-            fingerprint=hashlib.sha256(weights_path.read_bytes()).hexdigest(),
+            fingerprint=weights_fingerprint([weights_path], context=config),
         )
         report(progress, "load", 1, 1)
         return cls(pitch=weights["pitch"].to(torch.float64),
@@ -118,12 +121,6 @@ class ToyEngine(Engine):
     def info(self):
         return self._info
 
-    def _synthesize(self, request: SynthesisRequest, params: ToyParams,
-                    generator: torch.Generator, progress) -> Rendered:
-        pieces = list(self._stream(request, params, generator, progress))
-        samples = torch.cat([piece.audio.samples for piece in pieces])
-        return attrs.evolve(pieces[-1], audio=Audio(samples, self._info.sample_rate))
-
     def _stream(self, request: SynthesisRequest, params: ToyParams,
                 generator: torch.Generator, progress) -> Iterator[Rendered]:
         # Not a generator function: the reference is read (and refused) now, not at the
@@ -132,26 +129,22 @@ class ToyEngine(Engine):
             shape = _VoiceShape(float(request.voice.tensors["pitch_scale"][0]),
                                 float(request.voice.tensors["level_scale"][0]))
         elif request.reference is not None:
-            shape = _analyse(_read_reference(request.reference))
+            shape = _analyse(read_reference(request.reference, self._info.sample_rate))
         else:
             shape = _NEUTRAL
         return self._hum(request.text, params, shape, generator, progress)
 
     def _build_voice(self, reference: Reference) -> Voice:
-        shape = _analyse(_read_reference(reference))
-        return Voice(engine=self.name, model_fingerprint=self._info.fingerprint,
-                     sample_rate=self._info.sample_rate, tensors=shape.tensors(),
-                     texts={"reference": reference.text or ""})
+        shape = _analyse(read_reference(reference, self._info.sample_rate))
+        return self.make_voice(shape.tensors(), texts={"reference": reference.text or ""})
 
     def _hum(self, text: str, params: ToyParams, shape: _VoiceShape,
              generator: torch.Generator, progress) -> Iterator[Rendered]:
         rate = self._info.sample_rate
         per_char = max(1, round(params.char_seconds * rate))
-        if len(text) * per_char > params.max_seconds * rate:
-            # refused by name, never cut: a caller must not get a fraction of the text
-            raise InvalidRequest("text", f"needs {len(text) * per_char / rate:.1f} s of audio, "
-                                 f"more than params.max_seconds ({params.max_seconds:g} s)",
-                                 "raise params.max_seconds or split the text")
+        # refused by name, never cut: a caller must not get a fraction of the text
+        check_output_length(len(text) * per_char / rate, params.max_seconds,
+                            setting="params.max_seconds")
         words = _words(text)
         time = torch.arange(per_char, dtype=torch.float64) / rate
         envelope = torch.hann_window(per_char, periodic=False, dtype=torch.float64)
@@ -184,17 +177,6 @@ def _words(text: str) -> list[str]:
     if current:
         words.append(current)
     return words
-
-
-def _read_reference(reference: Reference) -> Audio:
-    """The reference as mono audio; InvalidAudio for a missing, unreadable or silent one."""
-    if isinstance(reference.audio, Audio):
-        audio = reference.audio
-    else:
-        channels, rate = read_audio(reference.audio, field="reference.audio")
-        audio = Audio(to_mono(channels)[0], rate)
-    check_not_silent(audio.samples, "reference.audio")
-    return audio
 
 
 def _analyse(audio: Audio) -> _VoiceShape:

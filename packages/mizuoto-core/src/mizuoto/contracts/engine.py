@@ -26,6 +26,7 @@ import attrs
 
 from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.engine_support import join_stream, one_chunk
 from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.request_lock import NoLock, RequestLock
@@ -107,6 +108,13 @@ class Engine(abc.ABC):
     #: (an engine without a sampler declares ``frozenset()``): a setting that silently does
     #: nothing is a defect, as for compute options.
     request_settings: ClassVar[frozenset[str]] = frozenset({"steps", "guidance"})
+    #: The ``compute.device`` types this engine runs on (``frozenset({"cpu"})``), or ``None``
+    #: for any. Another one is refused at load, before any weights are read, with
+    #: :class:`InvalidOption` naming ``compute.device`` and the devices it supports.
+    devices: ClassVar[frozenset[str] | None] = None
+    #: The ``compute.dtype`` values this engine runs in (``frozenset({"float32"})``), or
+    #: ``None`` for any; another one is refused at load as for :attr:`devices`.
+    dtypes: ClassVar[frozenset[str] | None] = None
     #: The plugin API the class is written against: ``"1.0"`` for one that overrides the
     #: public calls itself (see :mod:`mizuoto.contracts.api`), else the current version.
     plugin_api: ClassVar[str] = API_VERSION
@@ -136,13 +144,23 @@ class Engine(abc.ABC):
     @classmethod
     def check_compute(cls, options: Options | None) -> None:
         """Raise :class:`InvalidOption` naming the option and the engine for a ``compute.*``
-        option this engine does not implement, set to a non-default value.
+        option this engine does not implement, set to a non-default value, and for a
+        ``compute.device`` / ``compute.dtype`` outside :attr:`devices` / :attr:`dtypes`.
 
         Every subclass's ``load`` runs it first (the base class wraps ``load``), so neither
         ``mizuoto.load`` nor a direct ``SomeEngine.load(...)`` can skip it.
         """
         if options is None:
             return
+        device = options.compute.device.partition(":")[0]
+        for setting, value, supported, verb in (
+                ("device", device, cls.devices, "runs on"),
+                ("dtype", options.compute.dtype, cls.dtypes, "runs in")):
+            if supported is not None and value != "auto" and value not in supported:
+                raise InvalidOption(
+                    f"compute.{setting}",
+                    f"the {cls.name} engine {verb} {', '.join(sorted(supported))} only; set "
+                    f"compute.{setting} to auto or {sorted(supported)[0]}")
         compute_class = type(options.compute)  # ComputeOptions, without importing options
         defaults = compute_class()
         for field in attrs.fields(compute_class):
@@ -245,14 +263,22 @@ class Engine(abc.ABC):
         """Make the audio for a checked request: ``params`` parsed from ``request.params``,
         ``generator`` from :meth:`make_generator` seeded with the request's (or a drawn)
         seed. Return the audio and the facts only the engine knows (sampler settings,
-        retries, fallbacks, warnings, chunks, extra)."""
-        raise NotImplementedError
+        retries, fallbacks, warnings, chunks, extra).
+
+        An engine implements this or :meth:`_stream` (or both): by default it is the join of
+        ``_stream``'s chunks, with the last chunk's facts."""
+        _check_implements_one(type(self))
+        return join_stream(self._stream(request, params, generator, progress),
+                           self.info.sample_rate)
 
     def _stream(self, request: SynthesisRequest, params: Any, generator: Any,
                 progress: ProgressCallback | None) -> Iterator[Rendered]:
         """Yield a :class:`Rendered` per chunk, the last with ``last=True``; a generator
-        function, or a function that checks the request and returns an iterator."""
-        raise NotImplementedError
+        function, or a function that checks the request and returns an iterator.
+
+        By default one chunk: the whole of :meth:`_synthesize`, made when the stream opens."""
+        _check_implements_one(type(self))
+        return one_chunk(self._synthesize(request, params, generator, progress))
 
     def _edit(self, request: EditRequest, params: Any, generator: Any,
               progress: ProgressCallback | None) -> Rendered:
@@ -260,6 +286,14 @@ class Engine(abc.ABC):
 
     def _build_voice(self, reference: Reference) -> Voice:
         raise NotImplementedError
+
+    def make_voice(self, tensors: Mapping[str, Any], *, texts: Mapping[str, str] | None = None,
+                   meta: Mapping[str, Any] | None = None) -> Voice:
+        """A :class:`Voice` of ``tensors`` for this engine: its name, the weights' fingerprint
+        (``info.fingerprint``, which :meth:`Voice.check` compares) and its sample rate."""
+        return Voice(engine=self.name, model_fingerprint=self.info.fingerprint,
+                     sample_rate=self.info.sample_rate, tensors=tensors, texts=texts or {},
+                     meta=meta or {})
 
     def make_generator(self, seed: int) -> Any:
         """The random generator a request draws from: a ``torch.Generator`` on the model's
@@ -299,7 +333,9 @@ class Engine(abc.ABC):
         its method (declaring a capability without it is a plugin bug, named as such)."""
         if capability is not None:
             self.require(capability)
-        if getattr(type(self), hook) is getattr(Engine, hook):
+        if hook in _RENDER_HOOKS:
+            _check_implements_one(type(self))
+        elif getattr(type(self), hook) is getattr(Engine, hook):
             declares = f"declares {capability.value} but " if capability is not None else ""
             raise UnsupportedCapability(
                 f"{self.name} model {self.info.model} {declares}the engine does not implement "
@@ -346,10 +382,18 @@ class Engine(abc.ABC):
 
 
 _SAMPLER_SETTINGS = frozenset({"steps", "guidance"})
+_RENDER_HOOKS = ("_synthesize", "_stream")  # each has a default built from the other
 _PUBLIC_CALLS = ("synthesize", "stream", "edit", "build_voice")
 _HOOKS = {name: f"_{name}" for name in _PUBLIC_CALLS}
 _LOCKS_GUARD = threading.Lock()
 _NO_LOCK = NoLock()
+
+
+def _check_implements_one(cls: type[Engine]) -> None:
+    if all(getattr(cls, hook) is getattr(Engine, hook) for hook in _RENDER_HOOKS):
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__} implements neither _synthesize() "
+                        "nor _stream(): implement one of them (the base class builds the "
+                        "other from it)")
 
 
 def engine_lock(engine: Engine) -> RequestLock:
