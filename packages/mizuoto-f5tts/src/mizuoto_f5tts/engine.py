@@ -50,6 +50,8 @@ from mizuoto_f5tts.vocoding import vocode
 DEFAULT_STEPS = 32
 DEFAULT_GUIDANCE = 2.0
 LICENSE = "CC-BY-NC-4.0"
+#: What every F5-TTS and E2-TTS release was trained on (Emilia): English and Chinese.
+LANGUAGES = ("en", "zh")
 VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
 _VOICE_TEXT = "reference_text"
 
@@ -140,7 +142,7 @@ class F5Engine(Engine):
             model=model_id or str(model_dir), variant=variant_of_model(model),
             sample_rate=SAMPLE_RATE, capabilities=capabilities, dtype=model.dtype,
             license=LICENSE if catalog_weights else None, non_commercial=catalog_weights,
-            fingerprint=weights_fingerprint(checkpoint, vocab))
+            fingerprint=weights_fingerprint(checkpoint, vocab), languages=LANGUAGES)
         return cls(model=model, vocab=vocab, vocoder=vocoder, info=info, placement=placement)
 
     def sampler_defaults(self) -> dict[str, int | float]:

@@ -2,8 +2,8 @@
 model workers of ``mizuoto serve`` (:mod:`mizuoto.serve.worker`).
 
 Audio goes out as the engine makes it (``Engine.stream``, the HTTP server's job: VoxCPM's
-patches; an engine that cannot stream, F5-TTS here, sends its whole audio as one chunk),
-16-bit mono PCM at the model's own rate. With ``synthesize-start`` ...
+patches, F5-TTS's text chunks; an engine that cannot stream sends its whole audio as one
+chunk), 16-bit mono PCM at the model's own rate. With ``synthesize-start`` ...
 ``synthesize-stop`` each sentence is spoken as soon as it is complete, inside one
 ``audio-start`` ... ``audio-stop``, then ``synthesize-stopped``. A bad request gets an
 ``error`` event and the connection stays open; a client that goes away mid-stream has its
