@@ -32,7 +32,6 @@ from mizuoto.audio_encoding import to_int16
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.serve.errors import APIError, bad_request, from_mizuoto
 from mizuoto.serve.routes import _speech_job
-from mizuoto.serve.voices import DEFAULT_VOICE
 from mizuoto.serve.worker import DONE, Job, Pin
 from mizuoto.wyoming.sentences import SentenceSplitter
 
@@ -122,13 +121,7 @@ class WyomingHandler(AsyncEventHandler):
         pin = Pin(worker)
         try:
             engine = worker.engine
-            voice = None
-            if voice_name != DEFAULT_VOICE:
-                voice = await asyncio.to_thread(service.voices.load, voice_name)
-                try:
-                    voice.check(engine.name, engine.info.fingerprint)
-                except Exception as exc:
-                    raise from_mizuoto(exc) from exc
+            voice = await service.voices.for_engine(voice_name, engine)
             request = service.request(text, voice)
             stream = engine.supports(Capability.STREAM)  # else the whole audio, as one chunk
             job = Job(_speech_job(request, stream), asyncio.get_running_loop(), pin=pin)
