@@ -82,8 +82,17 @@ def test_bad_arguments_fail_before_any_run(toy, args, exit_code, message):
 
 
 def test_streaming_is_measured_for_streaming_engines_only(tmp_path, monkeypatch):
+    import attrs
+
+    from mizuoto import Capability, registry
+
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path))
     pytest.importorskip("mizuoto_f5tts")
+    # every bundled engine streams: F5-TTS registered as one that does not
+    refs = dict(registry.engine_refs())
+    refs["f5tts"] = attrs.evolve(refs["f5tts"],
+                                 capabilities=refs["f5tts"].capabilities - {Capability.STREAM})
+    monkeypatch.setattr(registry, "engine_refs", lambda: refs)
     result = _bench("random:f5tts/tiny-v1-base", "--stream")
     assert result.exit_code == 4
     assert "engine 'f5tts' does not stream" in result.output

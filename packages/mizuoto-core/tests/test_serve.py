@@ -79,14 +79,14 @@ def _int16(data: bytes) -> np.ndarray:
 
 @pytest.mark.parametrize("response_format", ["wav", "flac", "pcm", "mp3", "opus", "aac"])
 def test_every_format_holds_the_engines_audio(client, engines, response_format):
-    extension = {**F5, "seed": 11}
+    extension = {**F5, "seed": 11, "stream": False}
     response = client.audio.speech.create(model="f5", input=TEXT, voice="default",
                                           response_format=response_format,
                                           extra_body={"mizuoto": extension})
     expected = _expected(engines["f5"], extension, stream=False).numpy()
     data = response.content
     assert response.response.headers["x-mizuoto-seed"] == "11"
-    # F5-TTS cannot stream: a whole file, its length known
+    # not streamed: a whole file, its length known
     assert int(response.response.headers["content-length"]) == len(data)
     if response_format == "pcm":
         assert np.array_equal(np.frombuffer(data, "<i2"), to_int16(expected))

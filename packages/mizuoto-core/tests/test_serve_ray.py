@@ -1,8 +1,9 @@
 """``mizuoto serve --ray``: the server's application on a local Ray Serve instance bound to
 127.0.0.1 (two CPUs, replicas at fractions of one), with tiny random-init models.
 
-One Ray instance for the module (starting Ray and Serve takes seconds); it is shut down at the
-end and the test checks no Ray process is left. Marked ``ray``.
+One Ray instance and one deployment for the module (starting Ray and Serve takes seconds); it
+is shut down at the end and the test checks no Ray process is left. The Ctrl-C test runs first,
+in a subprocess with its own instance, before the module's starts. Marked ``ray``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -96,7 +98,7 @@ def ray_url(config, model_dirs):
     from mizuoto.runtime.ray_temp import local_ray_temp_dir
 
     # nox's TMPDIR is inside its virtualenv, where Ray's workers refuse to start
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _node_ip_address="127.0.0.1", **local_ray_temp_dir())
     try:
         # a worker that cannot start makes Ray wait forever: fail in bounded time instead
@@ -125,8 +127,71 @@ def local_url(config):
         yield url
 
 
+def _session_processes(session: int) -> list[str]:
+    """Processes still running in ``session`` (Ray's GCS, raylet and workers stay in the
+    session of the process that started them: they set their own process group only)."""
+    listing = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True,
+                             text=True).stdout
+    return [line for line in listing.splitlines()
+            if line.split(None, 1)[0] == str(session) and "ray" in line]
+
+
+def test_ctrl_c_while_serve_ray_starts_stops_it_and_its_ray_instance(model_dirs, tmp_path):
+    """SIGINT once Ray has started and the replicas load: the command ends (bounded) and
+    leaves no Ray process. First in the module: no other Ray instance runs meanwhile."""
+    import sys
+
+    command = [sys.executable, "-m", "mizuoto", "serve", "-m", str(model_dirs / "f5"),
+               "--port", str(_free_port()), "--ray"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True,
+                               env={**os.environ, "MIZUOTO_HOME": str(tmp_path)})
+    seen, ray_started = [], threading.Event()
+
+    def read():
+        for line in process.stderr:
+            seen.append(line)
+            if "Ray instance" in line or "Started Serve" in line:
+                ray_started.set()
+        ray_started.set()  # the command ended: the assertion below says how
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ray_started.wait(180), "".join(seen)
+        assert process.poll() is None, "".join(seen)  # still starting: the replica loads
+        process.send_signal(signal.SIGINT)
+        process.wait(60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+    reader.join(30)
+    assert "Traceback" not in "".join(seen)
+    leftover = []
+    for _ in range(50):
+        if not (leftover := _session_processes(process.pid)):
+            break
+        threading.Event().wait(0.2)
+    assert not leftover, leftover
+
+
+def test_replicas_start_with_this_processs_cpu_wait_policy(monkeypatch):
+    from mizuoto.serve.ray import RaySettings, _replica_options
+
+    def env_vars(**fields):
+        options = _replica_options(RaySettings(), ServeConfig(models={"m": "x"}, **fields))
+        return options["ray_actor_options"]["runtime_env"]["env_vars"]
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # as the mizuoto command set it
+    assert env_vars() == {"OMP_WAIT_POLICY": "ACTIVE"}
+    monkeypatch.delenv("OMP_WAIT_POLICY")  # not set: compute.cpu_wait_policy's (auto: passive)
+    assert env_vars() == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def _post(url, body, **kwargs):
-    return httpx.post(f"{url}/v1/audio/speech", json=body, timeout=120, **kwargs)
+    kwargs.setdefault("timeout", 120)
+    return httpx.post(f"{url}/v1/audio/speech", json=body, **kwargs)
 
 
 def _sse_audio(text: str) -> bytes:
@@ -147,6 +212,59 @@ def test_same_bytes_as_the_single_process_server_through_the_sdk(ray_url, local_
     assert _sse_audio(_post(ray_url, sse).text) == _sse_audio(_post(local_url, sse).text)
     models = client.models.list()
     assert {m.id for m in models.data} == {"f5", "vox", "broken", "alice", "bob"}
+
+
+def test_the_page_and_its_files_are_served_through_ray(ray_url, local_url):
+    """Plain HTTP (no browser): the page and the files it loads, as the single-process
+    server sends them, and the reads the page makes at start."""
+    import re
+
+    page = httpx.get(f"{ray_url}/", timeout=30)
+    assert page.status_code == 200 and page.text == httpx.get(f"{local_url}/").text
+    files = re.findall(r'(?:src|href)="(/web/[^"]+)"', page.text)
+    assert files, "the page loads its script and style from /web/"
+    for path in files:
+        through_ray = httpx.get(f"{ray_url}{path}", timeout=30)
+        assert through_ray.status_code == 200, path
+        assert through_ray.content == httpx.get(f"{local_url}{path}").content
+    models = httpx.get(f"{ray_url}/v1/models", timeout=30).json()["data"]
+    assert {m["id"] for m in models} >= {"f5", "vox"}
+    assert next(m for m in models if m["id"] == "f5")["mizuoto"]["streams"] is True
+    voices = httpx.get(f"{ray_url}/v1/audio/voices", params={"model": "f5"}, timeout=30)
+    assert voices.status_code == 200 and voices.json()["voices"][0]["id"] == "default"
+
+
+def test_a_client_leaving_mid_stream_stops_its_replicas_generation(ray_url):
+    """Two streams far longer than the test's bound (65,536 patches each), one on each
+    replica, left after their first bytes: both replicas are free again at once, so two
+    short streams are served together within the bound (each replica takes one request
+    at a time: a replica still generating would hold its request past it)."""
+    endless = {**VOX, "input": "An endless stream.",
+               "mizuoto": {"seed": 2, "steps": 2, "params": {"max_len": 65536}}}
+    left = threading.Barrier(3)
+
+    def leave_after_first_bytes():
+        with httpx.stream("POST", f"{ray_url}/v1/audio/speech", json=endless,
+                          timeout=120) as response:
+            assert response.status_code == 200
+            next(response.iter_bytes())
+        left.wait(120)
+
+    leaving = [threading.Thread(target=leave_after_first_bytes) for _ in range(2)]
+    for thread in leaving:
+        thread.start()
+    left.wait(150)
+    answers: dict[int, int] = {}
+
+    def short(i):
+        answers[i] = _post(ray_url, {**VOX, "input": f"Short {i}."}, timeout=60).status_code
+
+    shorts = [threading.Thread(target=short, args=(i,)) for i in range(2)]
+    for thread in shorts:
+        thread.start()
+    for thread in leaving + shorts:
+        thread.join(90)
+    assert answers == {0: 200, 1: 200}
 
 
 def test_two_replicas_serve_concurrent_streams(ray_url, local_url):
@@ -211,43 +329,55 @@ def test_a_model_that_fails_to_load_is_named_and_the_others_serve(ray_url):
     assert _post(ray_url, {**F5, "input": "Still here."}).status_code == 200
 
 
-def test_a_replica_killed_mid_stream_fails_its_client_cleanly_and_another_serves(ray_url):
+def test_a_replica_killed_mid_stream_fails_its_client_and_a_new_one_serves(ray_url):
+    """Both vox replicas killed while each streams: the SSE client gets an error event, the
+    raw-audio client a transfer that breaks off without its last chunk (never a file that
+    looks complete but is cut short); Ray's replacement replicas serve the next request."""
     import ray
 
-    long_text = {**VOX, "input": "A long stream. " * 8, "stream_format": "sse",
-                 "mizuoto": {"seed": 1, "steps": 2, "params": {"max_len": 60}}}
-    events: dict[int, list[dict]] = {0: [], 1: []}
+    long_text = {**VOX, "input": "A long stream. " * 8,
+                 "mizuoto": {"seed": 1, "steps": 2, "params": {"max_len": 600}}}
+    ends: dict[str, object] = {}
     started = threading.Barrier(3)
 
-    def stream(i):
+    def sse():
+        events = []
+        with httpx.stream("POST", f"{ray_url}/v1/audio/speech", timeout=120,
+                          json={**long_text, "stream_format": "sse"}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 1:
+                        started.wait(60)
+        ends["sse"] = events[-1]
+
+    def audio():
         with httpx.stream("POST", f"{ray_url}/v1/audio/speech", json=long_text,
                           timeout=120) as response:
-            first = True
+            chunks = response.iter_bytes()
+            next(chunks)
+            started.wait(60)
             try:
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        events[i].append(json.loads(line[6:]))
-                        if first:
-                            first = False
-                            started.wait(60)
-            except httpx.HTTPError as exc:
-                events[i].append({"type": "broken", "error": str(exc)})
+                for _ in chunks:
+                    pass
+                ends["audio"] = "complete"
+            except httpx.HTTPError as exc:  # the chunked body ended without its last chunk
+                ends["audio"] = exc
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=sse), threading.Thread(target=audio)]
     for thread in threads:
         thread.start()
     started.wait(120)  # both streams have audio: each runs on its own replica (1 at a time)
     replicas = [name for name in ray.util.list_named_actors(all_namespaces=True)
                 if "model-vox" in name["name"]]
     assert len(replicas) == 2, replicas
-    ray.kill(ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"]))
+    for replica in replicas:
+        ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]))
     for thread in threads:
         thread.join(180)
-    ends = [events[i][-1] for i in (0, 1)]
-    kinds = sorted(end["type"] for end in ends)
-    assert kinds == ["error", "speech.audio.done"], ends
-    error = next(end for end in ends if end["type"] == "error")["error"]
-    assert error["code"] == "replica_lost"
+    assert ends["sse"]["type"] == "error", ends["sse"]
+    assert ends["sse"]["error"]["code"] == "replica_lost"
+    assert isinstance(ends["audio"], httpx.RemoteProtocolError), ends["audio"]
     again = _post(ray_url, {**VOX, "input": "After the loss."})
     assert again.status_code == 200
 

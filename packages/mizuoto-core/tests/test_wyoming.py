@@ -119,7 +119,11 @@ def test_describe_lists_every_model_and_saved_voice(address, reader):
     assert set(programs) == {"mizuoto-f5", "mizuoto-vox"}
     assert [v.name for v in programs["mizuoto-f5"].voices] == ["f5/default", "f5/reader"]
     assert [v.name for v in programs["mizuoto-vox"].voices] == ["vox/default"]  # F5's voice
+    # the model cards' languages (ModelInfo.languages): F5-TTS's, VoxCPM2's
+    from mizuoto_voxcpm.engine import V2_LANGUAGES
+
     assert programs["mizuoto-f5"].voices[0].languages == ["en", "zh"]
+    assert programs["mizuoto-vox"].voices[0].languages == list(V2_LANGUAGES)
     assert all(p.supports_synthesize_streaming for p in info.tts)
     assert "licence" in programs["mizuoto-vox"].description
 
@@ -161,6 +165,41 @@ def test_streamed_text_is_spoken_before_synthesize_stop(address):
     assert kinds[-2:] == ["audio-stop", "synthesize-stopped"]
     assert "audio-start" not in kinds and "audio-chunk" in kinds  # one audio stream in all
     assert not any(Error.is_type(k) for k in kinds)
+
+
+def test_f5_audio_goes_out_chunk_by_chunk_of_its_text(address, monkeypatch):
+    """A long text for F5-TTS: its first text chunk's audio reaches the client while the
+    second chunk is held back at its vocoder (chunks counted, not timed)."""
+    import threading
+
+    import mizuoto_f5tts.engine as f5_engine
+
+    vocode, vocoded, held = f5_engine.vocode, [], threading.Event()
+
+    def counting_vocode(*args, **kwargs):
+        vocoded.append(1)
+        if len(vocoded) == 2:  # bounded: a server that sends nothing yet fails, not hangs
+            held.wait(TIMEOUT / 2)
+        return vocode(*args, **kwargs)
+
+    monkeypatch.setattr(f5_engine, "vocode", counting_vocode)
+    text = " ".join(f"This is sentence number {n} of a long text, read aloud in one request."
+                    for n in range(1, 6))
+
+    async def exchange():
+        async with AsyncTcpClient(*address) as client:
+            await client.write_event(Synthesize(text, voice=SynthesizeVoice("f5")).event())
+            start, first = await client.read_event(), await client.read_event()
+            vocoded_before_first = len(vocoded)
+            held.set()
+            return [start, first], vocoded_before_first, await _events(client, "audio-stop")
+
+    (start, first), vocoded_before_first, rest = run(exchange())
+    assert AudioStart.is_type(start.type) and AudioChunk.is_type(first.type)
+    assert len(vocoded) >= 3, "the text is cut into three chunks or more"
+    assert vocoded_before_first <= 2 < len(vocoded)
+    chunks = [e for e in rest if AudioChunk.is_type(e.type)]
+    assert len(chunks) == len(vocoded) - 1 and AudioStop.is_type(rest[-1].type)
 
 
 def test_bad_requests_get_an_error_and_the_connection_stays_usable(address):
@@ -237,3 +276,48 @@ def test_sentences_are_cut_as_they_complete():
     assert splitter.add(" round. Next") == ["Pi is 3.14 and round."]
     assert splitter.add("! 你好。再") == ["Next!", "你好。"]
     assert splitter.finish() == "再"
+
+
+def test_languages_are_the_model_cards_unless_overridden(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from mizuoto.wyoming.info import languages
+
+    def engine(spoken):
+        return SimpleNamespace(info=SimpleNamespace(model="m", languages=spoken))
+
+    assert languages(engine(("en", "zh"))) == ["en", "zh"]
+    assert languages(engine(("en", "zh")), ("de",)) == ["de"]
+    with caplog.at_level(logging.WARNING, logger="mizuoto.wyoming"):
+        assert languages(engine(())) == []  # announced as it is, with the fix logged
+    assert "--language" in caplog.text
+
+
+def test_the_zeroconf_registration_is_what_home_assistant_browses():
+    """Built, not sent: no multicast needed on the machine running the tests."""
+    from mizuoto.wyoming.server import zeroconf_service
+
+    service = zeroconf_service(10200, "127.0.0.1", "kitchen")
+    assert service.type == "_wyoming._tcp.local."
+    assert service.name == "kitchen._wyoming._tcp.local."
+    assert service.port == 10200 and service.parsed_addresses() == ["127.0.0.1"]
+    default = zeroconf_service(10300, "127.0.0.1")
+    assert default.name.startswith("mizuoto-") and default.name.endswith(
+        "-10300._wyoming._tcp.local.")
+    assert len(default.name.removesuffix("._wyoming._tcp.local.").encode()) <= 63
+
+
+def test_zeroconf_without_its_package_is_a_named_error(monkeypatch, tmp_path):
+    import sys
+
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    monkeypatch.setitem(sys.modules, "zeroconf", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "zeroconf.asyncio", None)
+    result = CliRunner().invoke(cli, ["wyoming", "-m", str(tmp_path), "--zeroconf"])
+    assert result.exit_code != 0
+    assert "--zeroconf needs the zeroconf package" in result.output
+    assert "pip install" in result.output

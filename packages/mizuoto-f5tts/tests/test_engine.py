@@ -94,6 +94,40 @@ def test_long_text_is_chunked_and_crossfaded(engine, ref):
     assert result.applied.chunks > 1
 
 
+def test_a_long_text_streams_chunk_by_chunk_as_it_is_synthesized(engine, ref):
+    """Each text chunk's audio comes as soon as it is made (the first before the second
+    chunk is sampled: counted in progress reports), and the joined stream is the synthesis."""
+    # three chunks of this reference's size; a fixed total keeps each chunk's audio short
+    request = _request(ref, text=" ".join(f"Sentence number {i} is here." for i in range(24)),
+                       params={"fix_duration": 9.0})
+    seen = []
+    stream = engine.stream(request, progress=seen.append)
+    first = next(stream)
+    chunks_begun = [p.done for p in seen if p.stage == "chunk"]
+    rest = list(stream)
+    result = engine.synthesize(request)
+    assert result.applied.chunks >= 3
+    assert chunks_begun == [0] and len(rest) == result.applied.chunks - 1
+    joined = torch.cat([c.audio.samples for c in [first, *rest]])
+    assert torch.equal(joined, result.audio.samples)
+    assert rest[-1].is_last and rest[-1].applied == result.applied
+
+
+def test_the_streamed_crossfade_is_the_joined_one():
+    """Chunk by chunk, what is final comes out at once and only the overlap is kept back:
+    the pieces join to upstream's crossfade (chunks shorter than it included)."""
+    from mizuoto_f5tts.joining import CrossFade
+
+    draw = np.random.default_rng(0)
+    waves = [draw.standard_normal(n).astype(np.float32) for n in (30, 5, 0, 12, 40, 3)]
+    for fade in (0.0, 8 / 24000, 100 / 24000):
+        joiner = CrossFade(fade)
+        pieces = [joiner.add(wave) for wave in waves]
+        assert all(len(p) <= len(w) + joiner.fade for p, w in zip(pieces, waves, strict=True))
+        streamed = np.concatenate([*pieces, joiner.finish()])
+        assert np.array_equal(streamed, join_chunks(waves, fade))
+
+
 def test_crossfade_is_computed_in_float64_like_upstream():
     a, b = np.ones(10, np.float32), np.full(10, 3, np.float32)
     joined = join_chunks([a, b], 4 / 24000)

@@ -937,11 +937,17 @@ def wyoming(models, aliases, engine, host, port, queue_size, max_connections, se
         from mizuoto.wyoming.server import WyomingConfig, run
 
         importlib.import_module("wyoming.server")
-        if zeroconf:
-            importlib.import_module("zeroconf")
     except ImportError as exc:
         raise click.ClickException(f"mizuoto wyoming needs the wyoming extra ({exc.name} is "
                                    "missing): pip install \"mizuoto-core[wyoming]\"") from None
+    if zeroconf:
+        try:
+            importlib.import_module("zeroconf.asyncio")
+        except ImportError:
+            raise click.ClickException(
+                "--zeroconf needs the zeroconf package, which is not installed: pip install "
+                "\"mizuoto-core[wyoming]\" (or pip install zeroconf), or leave --zeroconf off "
+                "and add the server in Home Assistant by host and port") from None
     names = model_names(models, aliases)
     options = _options_to_load(options_file, option_pairs)
     try:

@@ -11,8 +11,10 @@ once per request, as ``F5TTS.infer`` seeds the global one.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import numpy as np
 import torch
 
@@ -34,7 +36,7 @@ from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
 from mizuoto_f5tts.compute_lock import ComputeLock
 from mizuoto_f5tts.duration import check_positions, chunk_durations
-from mizuoto_f5tts.joining import join_chunks
+from mizuoto_f5tts.joining import CrossFade, join_chunks
 from mizuoto_f5tts.settings import F5Options, F5Params
 from mizuoto_f5tts.text import to_tokens, token_ids
 from mizuoto_f5tts.variants import (
@@ -48,6 +50,8 @@ from mizuoto_f5tts.vocoding import vocode
 DEFAULT_STEPS = 32
 DEFAULT_GUIDANCE = 2.0
 LICENSE = "CC-BY-NC-4.0"
+#: What every F5-TTS and E2-TTS release was trained on (Emilia): English and Chinese.
+LANGUAGES = ("en", "zh")
 VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
 _VOICE_TEXT = "reference_text"
 
@@ -132,12 +136,13 @@ class F5Engine(Engine):
         report(progress, "load", 2, 2)
         catalog_weights = model_id is not None and catalog_variant(model_id) is not None
         capabilities = frozenset({Capability.ZERO_SHOT, Capability.CLONE, Capability.EDIT,
-                                  Capability.LONG_TEXT, Capability.VOICE_CACHE})
+                                  Capability.LONG_TEXT, Capability.VOICE_CACHE,
+                                  Capability.STREAM})
         info = placement.model_info(
             model=model_id or str(model_dir), variant=variant_of_model(model),
             sample_rate=SAMPLE_RATE, capabilities=capabilities, dtype=model.dtype,
             license=LICENSE if catalog_weights else None, non_commercial=catalog_weights,
-            fingerprint=weights_fingerprint(checkpoint, vocab))
+            fingerprint=weights_fingerprint(checkpoint, vocab), languages=LANGUAGES)
         return cls(model=model, vocab=vocab, vocoder=vocoder, info=info, placement=placement)
 
     def sampler_defaults(self) -> dict[str, int | float]:
@@ -186,14 +191,42 @@ class F5Engine(Engine):
 
     def _synthesize(self, request: SynthesisRequest, params: F5Params,
                     generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
+        plan = self._plan(request, params)
+        return self._whole(plan, self._chunk_waves(plan, params, generator, progress), params)
+
+    def _stream(self, request: SynthesisRequest, params: F5Params,
+                generator: torch.Generator, progress: ProgressCallback | None
+                ) -> Iterator[Rendered]:
+        """Each text chunk's audio as soon as it is generated and vocoded: all of it but the
+        last ``cross_fade_duration``, which the next chunk's crossfade blends (the joined
+        stream is :meth:`_synthesize`'s audio). With ``remove_silence`` the audio comes as
+        one chunk at the end: upstream cuts silences across the whole joined audio.
+        Planned now, so that a bad request is refused at the call."""
+        return self._joined_stream(self._plan(request, params), params, generator, progress)
+
+    def _joined_stream(self, plan: _Plan, params: F5Params, generator: torch.Generator,
+                       progress: ProgressCallback | None) -> Iterator[Rendered]:
+        waves = self._chunk_waves(plan, params, generator, progress)
+        if params.remove_silence:
+            yield self._whole(plan, waves, params)
+            return
+        joiner = CrossFade(params.cross_fade_duration)
+        for index, wave in enumerate(waves):
+            final = joiner.add(wave)
+            # none final: a chunk shorter than the crossfade, all of it kept back
+            if index + 1 < len(plan.chunks) and len(final):
+                yield Rendered(_audio(final), last=False)
+        # the last chunk's audio and the tail kept for a crossfade, with what was applied
+        yield self._rendered(np.concatenate([final, joiner.finish()]), plan, params)
+
+    def _plan(self, request: SynthesisRequest, params: F5Params) -> _Plan:
+        """Check the request and cut its text into chunks, before any sampling."""
         if params.edit_durations is not None:
             raise InvalidRequest("params.edit_durations", "applies to editing only")
         steps = request.steps or DEFAULT_STEPS
         self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
         warnings: list[str] = []
-        fallbacks: list[str] = []
-
         with self._compute:  # reference preparation (silences, resampling): one turn
             prepared = self._reference_for(request, params, warnings)
         max_bytes = max_chunk_bytes(prepared.text, prepared.source_samples,
@@ -208,44 +241,58 @@ class F5Engine(Engine):
         cond_frames = prepared.audio.shape[-1] // HOP_LENGTH + 1
         for index, (tokens, frames) in enumerate(zip(token_batches, durations, strict=True)):
             check_positions(self.model.transformer, tokens.shape[-1], cond_frames, frames,
-                                  f"chunk {index + 1} of {len(chunks)}")
+                            f"chunk {index + 1} of {len(chunks)}")
+        return _Plan(prepared, chunks, token_batches, durations, steps, guidance, warnings)
 
+    def _chunk_waves(self, plan: _Plan, params: F5Params, generator: torch.Generator,
+                     progress: ProgressCallback | None) -> Iterator[np.ndarray]:
+        """Each text chunk's audio, in order, drawing its noise from ``generator``."""
+        prepared, chunks = plan.prepared, plan.chunks
         cond = prepared.audio.to(self.model.device)
         ref_frames = prepared.audio.shape[-1] // HOP_LENGTH
-        waves: list[np.ndarray] = []
         for index, (chunk, tokens, frames) in enumerate(
-                zip(chunks, token_batches, durations, strict=True)):
+                zip(chunks, plan.token_batches, plan.durations, strict=True)):
             report(progress, "chunk", index, len(chunks), chunk)
             stage = f" (chunk {index + 1} of {len(chunks)})" if len(chunks) > 1 else ""
             with self._compute:  # one turn per chunk; other requests' chunks go in between
                 mel, _ = self.model.sample(
-                    cond, tokens, frames, steps=steps, cfg_strength=guidance,
+                    cond, tokens, frames, steps=plan.steps, cfg_strength=plan.guidance,
                     sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
                     method=params.method, generator=generator, on_step=_on_step(progress))
                 check_finite(mel, f"f5tts sampler{stage}")
                 mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
                 wave = vocode(self.vocoder, mel, tiled=params.tiled_decode,
-                              oom_fallback=self.placement.oom_fallback, fallbacks=fallbacks)
+                              oom_fallback=self.placement.oom_fallback,
+                              fallbacks=plan.fallbacks)
             check_finite(wave, f"f5tts vocoder{stage}")
             if prepared.raised:
                 wave = wave * prepared.rms / params.target_rms
-            waves.append(wave.squeeze().cpu().numpy())
+            yield wave.squeeze().cpu().numpy()
         report(progress, "chunk", len(chunks), len(chunks))
 
-        samples = join_chunks(waves, params.cross_fade_duration)
+    def _whole(self, plan: _Plan, waves: Iterator[np.ndarray], params: F5Params) -> Rendered:
+        """The chunks' audio joined (and its silences cut, if asked), as one piece."""
+        samples = join_chunks(list(waves), params.cross_fade_duration)
         if params.remove_silence:
-            from mizuoto_f5tts.silence import remove_silence
+            samples = self._without_silence(samples, plan)
+        return self._rendered(samples, plan, params)
 
-            trimmed = remove_silence(samples, SAMPLE_RATE)
-            if len(trimmed):
-                samples = trimmed
-            else:  # upstream would write an empty file
-                warnings.append("remove_silence found only silence: the audio is kept as "
-                                "generated")
-        samples = samples.astype(np.float32, copy=False)
-        return Rendered(Audio(torch.from_numpy(samples), SAMPLE_RATE),
-                        sampler=_sampler(steps, guidance, params), fallbacks=fallbacks,
-                        warnings=warnings, chunks=len(chunks))
+    def _without_silence(self, samples: np.ndarray, plan: _Plan) -> np.ndarray:
+        from mizuoto_f5tts.silence import remove_silence
+
+        trimmed = remove_silence(samples, SAMPLE_RATE)
+        if len(trimmed):
+            return trimmed
+        # upstream would write an empty file
+        plan.warnings.append("remove_silence found only silence: the audio is kept as "
+                             "generated")
+        return samples
+
+    def _rendered(self, samples: np.ndarray, plan: _Plan, params: F5Params) -> Rendered:
+        """The last (or only) piece of a request's audio, with what was applied."""
+        return Rendered(_audio(samples), sampler=_sampler(plan.steps, plan.guidance, params),
+                        fallbacks=plan.fallbacks, warnings=plan.warnings,
+                        chunks=len(plan.chunks))
 
     def _check_time_grid(self, steps: int, params: F5Params) -> None:
         """Refuse a time grid that repeats values in the model's dtype (half precision, many
@@ -304,6 +351,26 @@ class F5Engine(Engine):
         return Rendered(Audio(wave.squeeze(0).cpu(), SAMPLE_RATE),
                         sampler=_sampler(steps, guidance, params), fallbacks=fallbacks,
                         extra={"segments": [list(s) for s in request.segments]})
+
+
+@attrs.define
+class _Plan:
+    """A synthesis request checked and cut into text chunks; ``fallbacks`` and ``warnings``
+    fill in as its chunks are made."""
+
+    prepared: reference.PreparedReference
+    chunks: list[str]
+    token_batches: list[torch.Tensor]
+    durations: list[int]
+    steps: int
+    guidance: float
+    warnings: list[str]
+    fallbacks: list[str] = attrs.field(factory=list)
+
+
+def _audio(samples: np.ndarray) -> Audio:
+    """Joined samples (float64 where crossfaded, as upstream's) as float32 audio."""
+    return Audio(torch.from_numpy(samples.astype(np.float32, copy=False)), SAMPLE_RATE)
 
 
 @functools.lru_cache(maxsize=16)

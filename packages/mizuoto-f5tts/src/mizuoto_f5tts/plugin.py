@@ -23,7 +23,7 @@ def register_engines(register):
     register(EngineRef(
         "f5tts", "mizuoto_f5tts.engine:F5Engine",
         capabilities={Capability.ZERO_SHOT, Capability.CLONE, Capability.EDIT,
-                      Capability.LONG_TEXT, Capability.VOICE_CACHE},
+                      Capability.LONG_TEXT, Capability.VOICE_CACHE, Capability.STREAM},
         options="mizuoto_f5tts.settings:F5Options",
         description="F5-TTS v1 Base, Base and E2: flow matching + Vocos"))
 
@@ -57,7 +57,7 @@ def register_contract_fixtures(register):
         register(ContractFixture(
             engine="f5tts", name=f"tiny-{variant.replace('_', '-')}",
             make=partial(_write_random, variant, "tiny"), request_params=_FAST,
-            steps=_FAST_STEPS, needs_reference_text=True,
+            steps=_FAST_STEPS, needs_reference_text=True, stream_matches=True,
             description=f"{label} architecture at dim 64, random weights, tiny Vocos"))
         # the released sizes, for benchmarks (`mizuoto bench random:f5tts/realsize-v1-base`)
         register(ContractFixture(

@@ -62,6 +62,11 @@ from mizuoto_voxcpm.voice import model_fingerprint, prompt_from_voice, voice_fro
 log = logging.getLogger(__name__)
 
 LICENSE = "Apache-2.0"
+#: What the model cards say the models speak (BCP 47): VoxCPM 0.5B and 1.5 Chinese and
+#: English, VoxCPM2 the languages its README lists.
+LANGUAGES = ("en", "zh")
+V2_LANGUAGES = ("ar", "da", "de", "el", "en", "es", "fi", "fr", "he", "hi", "it", "ja", "ko",
+                "ms", "nl", "no", "pl", "pt", "ru", "sv", "sw", "th", "tr", "vi", "zh")
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")
 
 
@@ -203,7 +208,8 @@ class VoxCPMEngine(Engine):
         info = placement.model_info(
             model=model_id or str(model_dir), variant=config.architecture,
             sample_rate=vae.out_sample_rate, capabilities=capabilities, license=LICENSE,
-            fingerprint=model_fingerprint(model_dir, weights))
+            fingerprint=model_fingerprint(model_dir, weights),
+            languages=V2_LANGUAGES if config.is_v2 else LANGUAGES)
         log.info("loaded VoxCPM %s from %s (%s, %s)", config.architecture, model_dir,
                  info.dtype, info.device)
         engine = cls(model_dir=model_dir, config=config, model=model, vae=vae,

@@ -57,6 +57,8 @@ class ModelInfo:
     license: str | None = None
     non_commercial: bool = False
     fingerprint: str = ""  # identity of the weights, for voice files
+    # what the model card says the model speaks (BCP 47); empty: not declared
+    languages: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
 
 @attrs.frozen

@@ -85,13 +85,15 @@ class Placement:
     def model_info(self, *, model: str, variant: str, sample_rate: int,
                    capabilities: frozenset[Capability] | set[Capability],
                    license: str | None = None, non_commercial: bool = False,
-                   fingerprint: str = "", dtype: torch.dtype | None = None) -> ModelInfo:
-        """``ModelInfo`` for the engine placed here (``dtype``: when the model's differs)."""
+                   fingerprint: str = "", dtype: torch.dtype | None = None,
+                   languages: tuple[str, ...] = ()) -> ModelInfo:
+        """``ModelInfo`` for the engine placed here (``dtype``: when the model's differs;
+        ``languages``: what its model card says it speaks, BCP 47 tags)."""
         return ModelInfo(engine=self.engine.name, model=model, variant=variant,
                          sample_rate=sample_rate, dtype=dtype_name(dtype or self.dtype),
                          device=str(self.device), capabilities=frozenset(capabilities),
                          license=license, non_commercial=non_commercial,
-                         fingerprint=fingerprint)
+                         fingerprint=fingerprint, languages=languages)
 
 
 def place(engine: type[Engine], compute: ComputeOptions, *,

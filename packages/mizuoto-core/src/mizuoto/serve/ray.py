@@ -28,6 +28,7 @@ otherwise a voice exists only on the node whose ingress saved it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import signal
@@ -367,9 +368,29 @@ def _deployment_name(name: str) -> str:
     return "model-" + re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
+def _actor_environment(config: ServeConfig) -> dict[str, str]:
+    """Variables every replica process starts with: OpenMP's wait policy as this process runs
+    with it (the ``mizuoto`` command sets it before torch is imported), else as
+    ``compute.cpu_wait_policy`` asks. A Ray actor is a new process whose environment is the
+    raylet's: without this, its torch threads would spin in libgomp's default."""
+    import os
+
+    from mizuoto.runtime.threads import WAIT_POLICY_ENV, wait_policy_environment
+
+    if WAIT_POLICY_ENV in os.environ:
+        return {WAIT_POLICY_ENV: os.environ[WAIT_POLICY_ENV]}
+    options = config.options
+    if options is None:
+        from mizuoto.options import Options
+
+        options = Options()
+    return wait_policy_environment(options.compute, {})
+
+
 def _replica_options(settings: RaySettings, config: ServeConfig) -> dict:
     options = {"ray_actor_options": {"num_cpus": settings.num_cpus,
-                                     "num_gpus": settings.num_gpus},
+                                     "num_gpus": settings.num_gpus,
+                                     "runtime_env": {"env_vars": _actor_environment(config)}},
                # a replica runs max_batch requests at once; the others wait in Ray's router,
                # which hands each to the first replica with room
                "max_ongoing_requests": config.max_batch}
@@ -408,7 +429,9 @@ def application(config: ServeConfig, settings: RaySettings | None = None):
     ingress = serve.deployment(serve.ingress()(Ingress), name="ingress",
                                num_replicas=settings.ingress_replicas,
                                max_ongoing_requests=INGRESS_ONGOING,
-                               ray_actor_options={"num_cpus": settings.ingress_cpus})
+                               ray_actor_options={
+                                   "num_cpus": settings.ingress_cpus,
+                                   "runtime_env": {"env_vars": _actor_environment(config)}})
     return ingress.bind(fields, handles, lanes)
 
 
@@ -443,8 +466,10 @@ def start(config: ServeConfig, settings: RaySettings, *, name: str = "mizuoto") 
         from mizuoto.runtime.ray_temp import local_ray_temp_dir
 
         local = {} if settings.address not in (None, "local") else local_ray_temp_dir()
-        ray.init(address=settings.address, include_dashboard=False, log_to_driver=False,
-                 **local)
+        # "local": a new instance, never one found on the machine (ray.init's default
+        # joins the cluster last started here, whatever it is)
+        ray.init(address=settings.address or "local", include_dashboard=False,
+                 log_to_driver=False, **local)
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(app, name=name, route_prefix="/")
 
@@ -457,19 +482,27 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
 
     from mizuoto.serve.app import auth_line
 
-    start(config, settings)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
-        signal.signal(sig, lambda *_: stop.set())
-    log.info("listening on http://%s:%d through Ray Serve; %s", config.host, config.port,
-             auth_line(config))
     try:
+        # Ctrl-C while Ray starts or the replicas load is Python's KeyboardInterrupt (Ray's
+        # handler is for SIGTERM): it ends the wait at once, and the finally takes down what
+        # was started
+        start(config, settings)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+            signal.signal(sig, lambda *_: stop.set())
+        log.info("listening on http://%s:%d through Ray Serve; %s", config.host, config.port,
+                 auth_line(config))
         stop.wait()
+    except KeyboardInterrupt:
+        log.info("interrupted while starting: stopping")
     finally:
-        serve.delete("mizuoto")
-        if settings.address is None:
-            serve.shutdown()
-            ray.shutdown()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one Ctrl-C is enough: no half teardown
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):  # not deployed yet: nothing to delete
+                serve.delete("mizuoto")
+            if settings.address is None:
+                serve.shutdown()
+                ray.shutdown()
 
 
 __all__ = ["AdapterReplica", "Ingress", "ModelLoadFailed", "ModelReplica",

@@ -247,13 +247,7 @@ async def speech(request: Request):
     pin = await _pin(worker, request)
     try:
         engine = await _loaded_engine(worker, request)
-        voice = None
-        if voice_name != DEFAULT_VOICE:
-            voice = await asyncio.to_thread(state.voices.load, voice_name)
-            try:
-                voice.check(engine.name, engine.info.fingerprint)
-            except Exception as exc:
-                raise from_mizuoto(exc) from exc
+        voice = await state.voices.for_engine(voice_name, engine)
         engine_request, warnings, stream = _build_request(body, checked, engine, voice)
         # an engine that cannot stream has the whole audio before the first byte: a whole
         # file (with its length in the header) then comes as early as a stream would

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from mizuoto.errors import InvalidRequest
-from mizuoto.serve.errors import APIError, bad_request, not_found
+from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
 
 DEFAULT_VOICE = "default"
 #: Most voices stored, and their bytes together, unless the server is told otherwise: an
@@ -94,6 +94,20 @@ class VoiceStore:
             raise bad_request(f"voice {name!r} cannot be used: "
                               f"{exc.problem.replace(str(path), 'its file')}; build it again",
                               param="voice", code="voice_damaged") from None
+
+    async def for_engine(self, name: str, engine):
+        """The voice a request names for ``engine``: None for ``default``, else the saved
+        voice, checked against the engine's model (an HTTP error when it is for another)."""
+        import asyncio
+
+        if name == DEFAULT_VOICE:
+            return None
+        voice = await asyncio.to_thread(self.load, name)
+        try:
+            voice.check(engine.name, engine.info.fingerprint)
+        except Exception as exc:
+            raise from_mizuoto(exc) from exc
+        return voice
 
     def save(self, name: str, voice) -> None:
         path = self.path(name, "name")

@@ -2,8 +2,8 @@
 model workers of ``mizuoto serve`` (:mod:`mizuoto.serve.worker`).
 
 Audio goes out as the engine makes it (``Engine.stream``, the HTTP server's job: VoxCPM's
-patches; an engine that cannot stream, F5-TTS here, sends its whole audio as one chunk),
-16-bit mono PCM at the model's own rate. With ``synthesize-start`` ...
+patches, F5-TTS's text chunks; an engine that cannot stream sends its whole audio as one
+chunk), 16-bit mono PCM at the model's own rate. With ``synthesize-start`` ...
 ``synthesize-stop`` each sentence is spoken as soon as it is complete, inside one
 ``audio-start`` ... ``audio-stop``, then ``synthesize-stopped``. A bad request gets an
 ``error`` event and the connection stays open; a client that goes away mid-stream has its
@@ -32,7 +32,6 @@ from mizuoto.audio_encoding import to_int16
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.serve.errors import APIError, bad_request, from_mizuoto
 from mizuoto.serve.routes import _speech_job
-from mizuoto.serve.voices import DEFAULT_VOICE
 from mizuoto.serve.worker import DONE, Job, Pin
 from mizuoto.wyoming.sentences import SentenceSplitter
 
@@ -122,13 +121,7 @@ class WyomingHandler(AsyncEventHandler):
         pin = Pin(worker)
         try:
             engine = worker.engine
-            voice = None
-            if voice_name != DEFAULT_VOICE:
-                voice = await asyncio.to_thread(service.voices.load, voice_name)
-                try:
-                    voice.check(engine.name, engine.info.fingerprint)
-                except Exception as exc:
-                    raise from_mizuoto(exc) from exc
+            voice = await service.voices.for_engine(voice_name, engine)
             request = service.request(text, voice)
             stream = engine.supports(Capability.STREAM)  # else the whole audio, as one chunk
             job = Job(_speech_job(request, stream), asyncio.get_running_loop(), pin=pin)

@@ -8,15 +8,12 @@ one list of voices across programs, so the model is part of the name.
 
 from __future__ import annotations
 
+import logging
+
 from mizuoto.serve.voices import DEFAULT_VOICE
 
-#: Languages each engine's models speak (BCP 47), as their model cards say: F5-TTS's base
-#: models were trained on English and Chinese (Emilia), VoxCPM2's list is its README's.
-ENGINE_LANGUAGES = {
-    "f5tts": ("en", "zh"),
-    "voxcpm": ("ar", "da", "de", "el", "en", "es", "fi", "fr", "he", "hi", "it", "ja", "ko",
-               "ms", "nl", "no", "pl", "pt", "ru", "sv", "sw", "th", "tr", "vi", "zh"),
-}
+log = logging.getLogger("mizuoto.wyoming")
+
 _ATTRIBUTION = ("Mizuoto", "https://pypi.org/project/mizuoto-core/")
 
 
@@ -34,7 +31,14 @@ def split_voice(name: str) -> tuple[str | None, str]:
 
 
 def languages(engine, override: tuple[str, ...] = ()) -> list[str]:
-    return list(override or ENGINE_LANGUAGES.get(engine.name, ("en",)))
+    """What ``engine``'s model speaks, as its card says (``ModelInfo.languages``), unless
+    ``--language`` overrides it. A model that declares none is announced with none: Home
+    Assistant then offers it for no language, and ``--language`` is the fix (logged)."""
+    spoken = list(override or engine.info.languages)
+    if not spoken:
+        log.warning("model %s declares no languages: Home Assistant will not offer its voices; "
+                    "announce them with --language", engine.info.model)
+    return spoken
 
 
 def licence_line(info) -> str:

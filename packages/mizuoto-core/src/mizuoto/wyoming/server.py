@@ -28,6 +28,9 @@ log = logging.getLogger("mizuoto.wyoming")
 MAX_TEXT_CHARS = MAX_INPUT_CHARS
 #: Wyoming's customary TTS port (wyoming-piper's).
 DEFAULT_PORT = 10200
+#: The mDNS service type Home Assistant's Wyoming integration browses.
+ZEROCONF_TYPE = "_wyoming._tcp.local."
+MDNS_GROUP = "224.0.0.251"
 
 
 @attrs.frozen
@@ -156,13 +159,39 @@ async def _serve(service: Service, sock, stop: asyncio.Event) -> None:
         await asyncio.gather(*handlers, return_exceptions=True)
 
 
-async def _zeroconf(port: int, host: str):
-    from wyoming.zeroconf import HomeAssistantZeroconf
+def zeroconf_service(port: int, host: str, name: str | None = None):
+    """The mDNS service Home Assistant discovers (``zeroconf.asyncio.AsyncServiceInfo``): type
+    ``_wyoming._tcp.local.`` (wyoming's ``HomeAssistantZeroconf``), instance ``name`` (default
+    ``mizuoto-<hostname>-<port>``), ``port``, and the address clients reach: ``host``, or for a
+    wildcard host the address of the interface that routes to the mDNS group."""
+    import socket
 
-    announcer = HomeAssistantZeroconf(port=port, host=None if host in ("0.0.0.0", "::")
-                                      else host)
-    await announcer.register_server()
-    log.info("announced on the network (zeroconf) as %s", announcer.name)
+    from zeroconf.asyncio import AsyncServiceInfo
+
+    if host in ("", "0.0.0.0", "::"):
+        # as wyoming's: a UDP socket "connected" to the mDNS group sends nothing, it only
+        # picks the interface (and its address) that route there
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((MDNS_GROUP, 1))
+            address = probe.getsockname()[0]
+    else:
+        address = socket.gethostbyname(host)
+    # an mDNS instance name is one DNS label: 63 bytes at most
+    name = name or f"mizuoto-{socket.gethostname()}"[:50] + f"-{port}"
+    return AsyncServiceInfo(ZEROCONF_TYPE, f"{name}.{ZEROCONF_TYPE}",
+                            addresses=[socket.inet_aton(address)], port=port)
+
+
+async def _announce(port: int, host: str):
+    """Register the service on the network; the ``AsyncZeroconf`` to close at shutdown."""
+    from zeroconf.asyncio import AsyncZeroconf
+
+    service = zeroconf_service(port, host)
+    announcer = AsyncZeroconf()
+    await announcer.async_register_service(service)
+    log.info("announced on the network (zeroconf) as %s at %s:%d", service.name,
+             service.parsed_addresses()[0], port)
+    return announcer
 
 
 def run(config: WyomingConfig) -> None:
@@ -183,13 +212,16 @@ def run(config: WyomingConfig) -> None:
         # says (connections wait in the listening socket's backlog meanwhile)
         for worker in service.workers.values():
             await asyncio.to_thread(worker.loaded.wait)
-        if config.zeroconf:
-            await _zeroconf(serve.port, serve.host)
+        announcer = await _announce(serve.port, serve.host) if config.zeroconf else None
         # said louder when anyone on the network can use it: Wyoming has no authentication
         log.log(logging.INFO if _loopback(serve.host) else logging.WARNING,
                 "listening on tcp://%s:%d (Wyoming; no authentication: anyone who can reach "
                 "it can use it)", serve.host, serve.port)
-        await _serve(service, sock, stop)
+        try:
+            await _serve(service, sock, stop)
+        finally:
+            if announcer is not None:  # withdrawn, so that Home Assistant forgets it now
+                await announcer.async_close()
 
     try:
         asyncio.run(main())
