@@ -17,7 +17,7 @@ import torch
 # pytester's in-process runs forget every module they import; torch's compiler (imported by the
 # suite's operation counter) registers an operator library once per process, so it is imported
 # here, before any run, and kept
-import torch._dynamo  # noqa: F401
+import torch._dynamo
 
 from mizuoto import Audio, Capability, Engine, plugins
 from mizuoto.contracts import engine as engine_base
