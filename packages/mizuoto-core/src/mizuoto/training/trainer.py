@@ -54,6 +54,33 @@ CHECKPOINT = Path("checkpoints") / "last.pt"
 NUMBERED_PREFIX, NUMBERED_SUFFIX = "model_", ".pt"  # checkpoints/model_<N>.pt, as f5-tts's
 
 
+def training_device(compute, *, auto=None):
+    """``compute.device`` (`mizuoto.runtime.device.select_device`; ``auto``: the trainer's
+    rule, default CUDA, else MPS, else the CPU); under torchrun each process takes its own GPU
+    (``LOCAL_RANK``), as accelerate does."""
+    import torch
+
+    from mizuoto.runtime.device import select_device
+
+    device = select_device(compute) if auto is None else select_device(compute, auto=auto)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", process_world().local_rank)
+    return device
+
+
+def training_precision(requested: str, device, *, auto: str = "no",
+                       cuda_only: tuple[str, ...] = ("fp16",), why: str = "") -> str:
+    """The mixed-precision mode a run applies: ``requested`` (``TrainingConfig.
+    mixed_precision``), ``auto`` the trainer's upstream default on ``device``; a mode in
+    ``cuda_only`` off CUDA is refused (``why``: upstream's reason, in words)."""
+    mode = auto if requested == "auto" else requested
+    if mode in cuda_only and device.type != "cuda":
+        raise InvalidRequest("training.mixed_precision", f"{mode} needs a CUDA device, not "
+                             f"{device.type}{f' ({why})' if why else ''}",
+                             f"use {' or '.join(m for m in ('bf16', 'no') if m not in cuda_only)}")
+    return mode
+
+
 class TrainingSession(abc.ABC):
     """One run in memory, built by `StepTrainer.start`: the model, optimiser and data.
 
@@ -86,9 +113,10 @@ class TrainingSession(abc.ABC):
     def finished(self, done: int) -> bool:
         return done >= self.total
 
-    def samples(self, done: int) -> None:
+    def samples(self, done: int, metrics: MetricsLog | None) -> None:
         """Audio samples after update ``done`` (process 0; called when ``samples_every`` is
-        set); they must draw no number of the run's own generators."""
+        set), also into ``metrics``' TensorBoard; they must draw no number of the run's own
+        generators."""
         raise NotImplementedError(f"{type(self).__name__} sets samples_every: write samples()")
 
     def result_metrics(self, values: Mapping[str, float]) -> Mapping[str, float]:
@@ -163,7 +191,8 @@ class StepTrainer(Trainer):
             loop = StepLoop(
                 start=start, total=session.total, world=world,
                 save=lambda done: session.save(state_path, done), numbered=numbered,
-                samples=session.samples if session.samples_every else None,
+                samples=(lambda done: session.samples(done, metrics))
+                if session.samples_every else None,
                 cadence=Cadence(config.save_every, every, keep,
                                 samples_every=session.samples_every),
                 metrics=metrics, finished=session.finished, count_from=1,
@@ -188,7 +217,7 @@ class StepTrainer(Trainer):
         if not state_path.is_file():
             raise InvalidRequest("output_dir", f"{run.config.output_dir} holds no checkpoint "
                                  "to export", "train first")
-        if process_world().main:
+        if self.world(run).main:
             with atomic_directory(destination) as folder:
                 self.write_export(run, folder)
         barrier()
