@@ -544,7 +544,9 @@ def test_a_tiny_run_writes_metrics_tensorboard_and_progress(tmp_path, model_dir,
     assert [p.done for p in train] == [1, 2, 3] and train[-1].total == 3
     assert train[-1].detail.startswith("loss ") and "ETA 0:00:00" in train[-1].detail
     recipe = json.loads((tmp_path / "run" / "recipe.json").read_text())
-    assert recipe["warmup_updates"] == 1 and recipe["batch_size"] == 300
+    assert recipe["warmup_updates"] == 1 and recipe["batch_frames"] == 300
+    assert "batch_size" not in recipe and "batch_frames" not in recipe["params"]
+    assert recipe["logger"] == "tensorboard"
 
 
 def test_train_cli_takes_upstream_flags_and_refuses_what_does_not_apply(tmp_path, model_dir,

@@ -293,12 +293,16 @@ class F5Trainer(StepTrainer):
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
         settings = _settings(config, data, mixed_precision)
+        # each setting once, under the name it is given by (frames under frame batching)
+        applied = attrs.asdict(settings)
+        applied["steps"] = applied.pop("max_updates")
+        if settings.batch_size_type == "frame":
+            applied["batch_frames"] = applied.pop("batch_size")
         run_dir.write_recipe({
             "engine": self.engine, "method": config.method, "variant": variant.name,
-            "seed": config.seed, "memory": config.memory, "save_every": config.save_every,
-            "steps": config.steps, **attrs.asdict(settings),
-            "params": {k: v for k, v in config.params.items() if k not in attrs.fields_dict(
-                LoopSettings)}, "device": str(device)})
+            "seed": config.seed, "memory": config.memory, **applied,
+            "params": {k: v for k, v in config.params.items() if k not in applied
+                       and k not in ("batch_frames", "max_samples")}, "device": str(device)})
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
                      config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
                      every, str(device))
