@@ -1,9 +1,10 @@
-"""A minimal trainer for the example's toy engine, for the trainer contract's self-test.
+"""A minimal trainer for the example's toy engine, for the trainer contract's self-test, built
+on `mizuoto.training.StepTrainer` (which resumes, saves every ``save_every`` steps, reports
+progress after the checkpoint and exports atomically).
 
 It "fine-tunes" the toy's ``level`` weights by seeded pseudo-gradient steps scaled by the
-learning rate, checkpoints atomically every ``save_every`` steps and resumes from the last
-checkpoint, and exports a toy model directory atomically. Mutations of it (an ignored learning
-rate, a resume that loses state) must be caught by the trainer contract.
+learning rate. Mutations of it (an ignored learning rate, a resume that loses state) must be
+caught by the trainer contract.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from mizuoto import Trainer, TrainingResult, resolve_model
-from mizuoto.contracts.progress import report
-from mizuoto.runtime.atomic import atomic_directory, atomic_path
+from mizuoto import resolve_model
+from mizuoto.runtime.atomic import atomic_path
+from mizuoto.training import StepTrainer, TrainingSession
 from mizuoto_example import CONFIG_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
-CHECKPOINT = "checkpoint.safetensors"
 
 
-class ToyTrainer(Trainer):
+class ToyTrainer(StepTrainer):
     engine = "toy"
     methods = frozenset({"full"})
+    checkpoint = Path("checkpoint.safetensors")
+    graceful_stop = False  # the suite's stop test needs an installed trainer (a subprocess)
 
     def prepare(self, config, *, progress=None):
         self.check(config)
@@ -40,41 +42,44 @@ class ToyTrainer(Trainer):
                 log.warning("row %d skipped: no text or no audio file", number)
                 continue
             rows.append(row)
-        return config, model_dir, rows
-
-    def train(self, run, *, progress=None):
-        config, model_dir, _ = run
-        output = Path(config.output_dir)
-        output.mkdir(parents=True, exist_ok=True)
-        checkpoint = output / CHECKPOINT
-        resumed_from = None
-        if checkpoint.is_file():
-            state = load_file(str(checkpoint))
-            resumed_from = start = int(state.pop("step"))
-        else:
-            state, start = load_file(str(model_dir / WEIGHTS_FILE)), 0
-        for step in range(start, config.steps):
-            noise = torch.Generator().manual_seed(config.seed * 100_003 + step)
-            gradient = torch.randn(state["level"].shape, generator=noise)
-            state["level"] = state["level"] - self.learning_rate(config) * gradient
-            done = step + 1
-            if done % config.save_every == 0 or done == config.steps:
-                self.save(checkpoint, state, done)
-            report(progress, "train", done, config.steps)  # after the checkpoint
-        return TrainingResult(output, config.steps, resumed_from, metrics={"loss": 0.0})
+        return _Run(config, model_dir)
 
     def learning_rate(self, config) -> float:
         return config.learning_rate
 
-    def save(self, checkpoint: Path, state: dict, done: int) -> None:
-        with atomic_path(checkpoint) as part:
-            save_file({**state, "step": torch.tensor(done)}, str(part))
+    def start(self, run, world):
+        return _Session(run, self.learning_rate(run.config))
 
-    def export(self, run, destination):
-        config, model_dir, _ = run
-        state = load_file(str(Path(config.output_dir) / CHECKPOINT))
+    def write_export(self, run, folder):
+        state = load_file(str(Path(run.config.output_dir) / self.checkpoint))
         state.pop("step")
-        with atomic_directory(destination) as part:
-            shutil.copyfile(model_dir / CONFIG_FILE, part / CONFIG_FILE)
-            save_file(state, str(part / WEIGHTS_FILE))
-        return Path(destination)
+        shutil.copyfile(run.model_dir / CONFIG_FILE, folder / CONFIG_FILE)
+        save_file(state, str(folder / WEIGHTS_FILE))
+
+
+class _Run:
+    def __init__(self, config, model_dir: Path) -> None:
+        self.config, self.model_dir = config, model_dir
+
+
+class _Session(TrainingSession):
+    def __init__(self, run: _Run, learning_rate: float) -> None:
+        self.config, self.learning_rate = run.config, learning_rate
+        self.state = load_file(str(run.model_dir / WEIGHTS_FILE))
+        self.total, self.done = run.config.steps, 0
+
+    def update(self):
+        noise = torch.Generator().manual_seed(self.config.seed * 100_003 + self.done)
+        gradient = torch.randn(self.state["level"].shape, generator=noise)
+        self.state["level"] = self.state["level"] - self.learning_rate * gradient
+        self.done += 1
+        return {"loss": 0.0}
+
+    def save(self, path, done):
+        with atomic_path(path) as part:
+            save_file({**self.state, "step": torch.tensor(done)}, str(part))
+
+    def load(self, path):
+        self.state = load_file(str(path))
+        self.done = int(self.state.pop("step"))
+        return self.done

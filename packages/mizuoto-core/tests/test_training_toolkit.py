@@ -275,3 +275,68 @@ def test_training_progress_on_a_terminal_and_in_a_log(caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train ")]
     assert lines[0].startswith("train 1/3 (loss 0.5000") and "ETA" in lines[0]
     assert lines[-1].startswith("train 3/3") and len(lines) == 2  # update 2: within 30 s
+
+
+# -- StepTrainer: the shared run around an engine's session ------------------------------------
+
+class _CountingSession:
+    """A session whose state is the sum of the update numbers it made."""
+
+    def __init__(self, total):
+        self.total, self.made, self.sum = total, 0, 0
+
+    def update(self):
+        self.made += 1
+        self.sum += self.made
+        return {"loss": float(self.sum)}
+
+    def save(self, path, done):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([done, self.sum]))
+
+    def load(self, path):
+        self.made, self.sum = json.loads(path.read_text())
+        return self.made
+
+
+def _counting_trainer():
+    from mizuoto.training import StepTrainer, TrainingSession
+
+    class Session(_CountingSession, TrainingSession):
+        pass
+
+    class Counting(StepTrainer):
+        engine, methods = "counting", frozenset({"full"})
+
+        def prepare(self, config, *, progress=None):
+            return type("Run", (), {"config": config})()
+
+        def start(self, run, world):
+            return Session(run.config.steps)
+
+        def write_export(self, run, folder):
+            (folder / "sum.json").write_text((run.config.output_dir / self.checkpoint).read_text())
+
+    return Counting()
+
+
+def test_a_step_trainer_resumes_logs_update_numbers_rotates_and_exports(tmp_path):
+    from mizuoto import TrainingConfig
+
+    trainer = _counting_trainer()
+
+    def config(steps):
+        return TrainingConfig(method="full", model="m", dataset=tmp_path, steps=steps,
+                              output_dir=tmp_path / "run", save_every=2,
+                              params={"keep_last_n_checkpoints": 2, "checkpoint_every": 1})
+
+    first = trainer.train(trainer.prepare(config(3)))
+    assert (first.steps_done, first.resumed_from, first.metrics["loss"]) == (3, None, 6.0)
+    resumed = trainer.train(trainer.prepare(config(5)))
+    assert (resumed.steps_done, resumed.resumed_from, resumed.metrics["loss"]) == (5, 3, 15.0)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]  # one run's numbering, from 1
+    assert [n for n, _ in numbered(tmp_path / "run" / "checkpoints", "model_", ".pt")] == [4, 5]
+    exported = trainer.export(trainer.prepare(config(5)), tmp_path / "export")
+    assert json.loads((exported / "sum.json").read_text()) == [5, 15]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no leftovers

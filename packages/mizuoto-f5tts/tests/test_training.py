@@ -533,8 +533,8 @@ def test_a_tiny_run_writes_metrics_tensorboard_and_progress(tmp_path, model_dir,
     trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=3)),
                   progress=seen.append)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in rows] == [1, 2, 3]
-    assert all(set(r) == {"update", "loss", "lr", "grad_norm"} for r in rows)
+    assert [r["step"] for r in rows] == [1, 2, 3]  # the update number, as every trainer logs it
+    assert all(set(r) == {"step", "loss", "lr", "grad_norm"} for r in rows)
     records = load_run_state(tmp_path / "run" / CHECKPOINT)["records"]
     assert rows[-1]["loss"] == records[-1][1] and rows[-1]["lr"] == records[-1][2]
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
@@ -544,7 +544,9 @@ def test_a_tiny_run_writes_metrics_tensorboard_and_progress(tmp_path, model_dir,
     assert [p.done for p in train] == [1, 2, 3] and train[-1].total == 3
     assert train[-1].detail.startswith("loss ") and "ETA 0:00:00" in train[-1].detail
     recipe = json.loads((tmp_path / "run" / "recipe.json").read_text())
-    assert recipe["warmup_updates"] == 1 and recipe["batch_size"] == 300
+    assert recipe["warmup_updates"] == 1 and recipe["batch_frames"] == 300
+    assert "batch_size" not in recipe and "batch_frames" not in recipe["params"]
+    assert recipe["logger"] == "tensorboard"
 
 
 def test_train_cli_takes_upstream_flags_and_refuses_what_does_not_apply(tmp_path, model_dir,

@@ -716,6 +716,18 @@ def _write_fixture(fixture, path: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _training_settings(command):
+    """The ``train`` options of `TrainingConfig`'s settings (`training_settings`: each declared
+    once there, with its default and check; None here: the recipe's value applies)."""
+    from mizuoto.contracts.trainer import training_settings
+
+    for setting in reversed(training_settings()):
+        kind = click.Choice(setting.kind) if isinstance(setting.kind, tuple) else setting.kind
+        command = click.option(setting.flag, setting.name, type=kind, default=None,
+                               help=setting.help)(command)
+    return command
+
+
 _DATA_HELP = ("The data set: a metadata.csv (upstream F5-TTS's layout: header audio_file|text, "
               "one clip per line, paths relative to the file), a JSONL manifest (one "
               '{"audio": PATH, "text": ...} object per line), or a folder holding one; a folder '
@@ -728,19 +740,13 @@ _DATA_HELP = ("The data set: a metadata.csv (upstream F5-TTS's layout: header au
 @click.option("-m", "--model", help="Model to fine-tune: a catalog id or a model directory (default: the --config file's).")
 @click.option("--data", "dataset", type=click.Path(exists=True), help=_DATA_HELP)
 @click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False), help="Run directory: checkpoints, metrics, recipe.json, export/ (a run there resumes).")
-@click.option("--steps", type=int, help="Optimiser updates to run (default: upstream's for the engine and method).")
-@click.option("--learning-rate", type=float, help="Peak learning rate (default: upstream's for the engine and method).")
-@click.option("--batch-size", type=int, help="Clips per batch, where the recipe batches by clips (default: upstream's; refused under F5 frame batching: use --param batch_frames=N).")
-@click.option("--seed", type=int, help="Seed of every random draw (default: upstream's; VoxCPM 42).")
-@click.option("--save-every", type=int, help="Updates between resumable checkpoints (default: upstream's).")
-@click.option("--memory", default=None, help="training.memory: default, low or lowest.")
-@click.option("--mixed-precision", default=None, type=click.Choice(["auto", "no", "fp16", "bf16"]), help="Forward under autocast (fp16 with loss scaling); default auto: the engine's upstream default.")
+@_training_settings
 @click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="compute.* option such as compute.device=cuda:1 (repeatable).")
 @click.option("--param", "param_pairs", multiple=True, metavar="KEY=VALUE", help="A recipe setting (repeatable), e.g. grad_accum_steps=4 or lora_r=16; values are TOML (true, 1e-4, [\"a\", \"b\"]). Unknown keys are refused by name.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="Recipe file: TOML of the same keys, or upstream's own (VoxCPM conf/*.yaml; F5-TTS finetune_cli flag names).")
 @click.pass_context
-def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate, batch_size, seed,
-          save_every, memory, mixed_precision, option_pairs, param_pairs, config_file):
+def train(ctx, engine, method, model, dataset, output_dir, option_pairs, param_pairs, config_file,
+          **settings):
     """Fine-tune a model with the engine's trainer (prepare, train, export).
 
     The recipe starts from upstream's defaults for the engine, method and model; a --config
@@ -751,9 +757,7 @@ def train(ctx, engine, method, model, dataset, output_dir, steps, learning_rate,
     from mizuoto.training.recipe import recipe_text, training_config
 
     trainer = get_trainer(engine)()
-    explicit = {"steps": steps, "learning_rate": learning_rate, "batch_size": batch_size,
-                "seed": seed, "save_every": save_every, "memory": memory,
-                "mixed_precision": mixed_precision,
+    explicit = {**settings,
                 "compute": _options(None, option_pairs).compute if option_pairs else None}
     config = training_config(trainer, method=method, model=model, dataset=dataset,
                              output_dir=output_dir, config_file=config_file,
@@ -791,15 +795,15 @@ def _resume_command(params: dict) -> str:
     under torchrun, with as many processes."""
     import shlex
 
+    from mizuoto.contracts.trainer import training_settings
+
     words = ["mizuoto", "train"]
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     if processes > 1:
         words = ["torchrun", "--nproc_per_node", str(processes), "-m", *words]
     for option, key in (("-e", "engine"), ("--method", "method"), ("-m", "model"),
-                        ("--data", "dataset"), ("--output", "output_dir"), ("--steps", "steps"),
-                        ("--learning-rate", "learning_rate"), ("--batch-size", "batch_size"),
-                        ("--seed", "seed"), ("--save-every", "save_every"),
-                        ("--memory", "memory"), ("--mixed-precision", "mixed_precision"),
+                        ("--data", "dataset"), ("--output", "output_dir"),
+                        *((s.flag, s.name) for s in training_settings()),
                         ("--config", "config_file")):
         if params.get(key) is not None:
             words += [option, str(params[key])]

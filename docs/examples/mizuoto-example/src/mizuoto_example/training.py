@@ -4,11 +4,10 @@ it, built on the training toolkit (``mizuoto.training``, docs/plugins.md "Traini
 Data: a JSONL manifest (``{"audio": PATH, "text": ...}`` per line) or a folder holding one.
 Per update, ``grad_accumulation`` micro-batches of ``batch_size`` clips drawn from a seeded
 generator; the loss is the squared difference between the mean level of a clip's characters
-and the clip's RMS. Adam, a constant learning rate. What the toolkit gives it: the run
-directory (its identity, so that a resume with another base model or data is refused; the
-recipe; the writability check), the loop (metrics.jsonl and TensorBoard, progress with loss
-and ETA, saves every ``save_every`` updates, numbered checkpoints rotated, SIGINT/SIGTERM
-saving and stopping), the accumulation and the mixed-precision hooks, the process world.
+and the clip's RMS. Adam, a constant learning rate. It writes what is its own (the data, one
+update, its state, its export files); `StepTrainer` does the rest: resuming, metrics.jsonl and
+TensorBoard, progress with loss and ETA, saves every ``save_every`` updates, numbered
+checkpoints rotated, SIGINT/SIGTERM saving and stopping, the process world, the atomic export.
 """
 
 from __future__ import annotations
@@ -22,33 +21,24 @@ import attrs
 import torch
 from safetensors.torch import save_file
 
-from mizuoto import Trainer, TrainingConfig, TrainingResult
+from mizuoto import TrainingConfig
 from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.loading import resolve_for_engine
 from mizuoto.nn.dsp.audio_io import read_audio, to_mono
-from mizuoto.runtime.atomic import atomic_directory, atomic_path
+from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_state_dict_file
 from mizuoto.training import (
-    Cadence,
-    MetricsLog,
     Precision,
-    RunDirectory,
-    RunIdentity,
-    StepLoop,
-    StepProgress,
-    base_fingerprint,
-    data_fingerprint,
+    StepTrainer,
+    TrainingSession,
     micro_batches,
-    process_world,
     read_manifest,
-    rotate,
 )
 from mizuoto_example import CONFIG_FILE, WEIGHTS_FILE
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoints/last.pt"
 PARAMS = ("grad_accumulation", "keep_last_n_checkpoints", "checkpoint_every")
 
 
@@ -56,18 +46,14 @@ PARAMS = ("grad_accumulation", "keep_last_n_checkpoints", "checkpoint_every")
 class ToyRun:
     config: TrainingConfig
     model_dir: Path
-    run_dir: RunDirectory
     slots: tuple[tuple[int, ...], ...]  # per clip: its characters' weight rows
     loudness: tuple[float, ...]  # per clip: its RMS
     accumulation: int
-    keep: int
-    every: int
 
 
-class ToyTrainer(Trainer):
+class ToyTrainer(StepTrainer):
     engine = "toy"
     methods = frozenset({"full"})
-    graceful_stop = True
 
     def defaults(self, method: str, model: str) -> dict:
         return {"steps": 100, "learning_rate": 1e-2, "batch_size": 2}
@@ -85,96 +71,68 @@ class ToyTrainer(Trainer):
         keep, every = checkpoint_retention(config)
         model_dir = resolve_for_engine(config.model, self.engine).path
         vocab = json.loads((model_dir / CONFIG_FILE).read_text())["toy_vocab_size"]
-        rows = _rows(Path(config.dataset))
-        run_dir = RunDirectory(config.output_dir)
-        run_dir.check_writable()
-        run_dir.claim(RunIdentity(
-            engine=self.engine, method=config.method, base_model=str(config.model),
-            base_fingerprint=base_fingerprint([model_dir / WEIGHTS_FILE]),
-            dataset=str(config.dataset), data_fingerprint=data_fingerprint(rows)),
-            resumable=(run_dir.path / CHECKPOINT).is_file())
-        run_dir.write_recipe({"engine": self.engine, "steps": config.steps,
-                              "learning_rate": config.learning_rate,
-                              "batch_size": config.batch_size, "seed": config.seed,
-                              "save_every": config.save_every,
-                              "grad_accumulation": accumulation,
-                              "keep_last_n_checkpoints": keep, "checkpoint_every": every})
+        rows = [(row.text, row.audio) for row in read_manifest(Path(config.dataset))]
+        self.claim_run(config, weights=[model_dir / WEIGHTS_FILE], rows=rows, recipe={
+            "engine": self.engine, "steps": config.steps,
+            "learning_rate": config.learning_rate, "batch_size": config.batch_size,
+            "seed": config.seed, "save_every": config.save_every,
+            "grad_accumulation": accumulation, "keep_last_n_checkpoints": keep,
+            "checkpoint_every": every})
         slots, loudness = [], []
         for text, audio in rows:
             samples, _ = read_audio(audio, field="dataset")
             loudness.append(float(to_mono(samples).to(torch.float64).pow(2).mean().sqrt()))
             slots.append(tuple(ord(c) % vocab for c in text if not c.isspace()))
-        return ToyRun(config, model_dir, run_dir, tuple(slots), tuple(loudness), accumulation,
-                      keep, every)
+        return ToyRun(config, model_dir, tuple(slots), tuple(loudness), accumulation)
 
-    def train(self, run: ToyRun, *, progress=None) -> TrainingResult:
-        config, world = run.config, process_world()
+    def start(self, run: ToyRun, world) -> ToySession:
+        return ToySession(run)
+
+    def write_export(self, run: ToyRun, folder: Path) -> None:
+        """The base model with the trained levels."""
+        state = torch.load(Path(run.config.output_dir) / self.checkpoint, weights_only=True)
         weights = load_state_dict_file(run.model_dir / WEIGHTS_FILE)
-        level = torch.nn.Parameter(weights["level"].to(torch.float32).clone())
-        optimizer = torch.optim.Adam([level], lr=config.learning_rate)
-        generator = torch.Generator().manual_seed(config.seed)
-        precision = Precision()  # the toy has nothing to autocast; the hooks stay in place
-        state_path = run.run_dir.path / CHECKPOINT
-        start = 0
-        if state_path.is_file():
-            state = torch.load(state_path, weights_only=True)
-            level.data.copy_(state["level"])
-            optimizer.load_state_dict(state["optimizer"])
-            generator.set_state(state["generator"])
-            start = int(state["update"])
+        save_file({"pitch": weights["pitch"], "level": state["level"]},
+                  str(folder / WEIGHTS_FILE))
+        shutil.copy2(run.model_dir / CONFIG_FILE, folder / CONFIG_FILE)
 
-        def update() -> dict[str, float]:
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for _, skip_sync in micro_batches(run.accumulation):
-                picks = torch.randint(len(run.slots), (config.batch_size,), generator=generator)
-                with skip_sync, precision.autocast():
-                    loss = torch.stack([
-                        (level[list(run.slots[i])].mean() - run.loudness[i]) ** 2
-                        for i in picks.tolist()]).mean() / run.accumulation
-                precision.backward(loss)
-                total += loss.item()
-            precision.unscale(optimizer)
-            precision.step(optimizer)
-            return {"loss": total, "lr": optimizer.param_groups[0]["lr"]}
 
-        def save(done: int) -> None:
-            with atomic_path(state_path) as tmp:
-                torch.save({"level": level.detach().clone(), "update": done,
-                            "optimizer": optimizer.state_dict(),
-                            "generator": generator.get_state()}, tmp)
-
-        def numbered(done: int) -> None:
-            loop.save_now()
-            with atomic_path(state_path.parent / f"model_{done}.pt") as tmp:
-                shutil.copyfile(state_path, tmp)
-            rotate(state_path.parent, "model_", ".pt", keep=run.keep)
-
-        metrics = MetricsLog(run.run_dir.path, resume_from=start) if world.main else None
-        loop = StepLoop(start=start, total=config.steps, world=world, save=save,
-                        numbered=numbered, metrics=metrics,
-                        cadence=Cadence(config.save_every, run.every, run.keep),
-                        progress=StepProgress(progress, config.steps, start))
-        try:
-            outcome = loop.run(update)
-        finally:
-            if metrics is not None:
-                metrics.close()
-        return TrainingResult(run.run_dir.path, outcome.done, start or None,
-                              metrics=loop.values, interrupted=outcome.interrupted)
-
-    def export(self, run: ToyRun, destination: Path) -> Path:
-        """The base model with the trained levels, replacing ``destination`` whole."""
-        state = torch.load(run.run_dir.path / CHECKPOINT, weights_only=True)
+class ToySession(TrainingSession):
+    def __init__(self, run: ToyRun) -> None:
+        self.run, config = run, run.config
         weights = load_state_dict_file(run.model_dir / WEIGHTS_FILE)
-        with atomic_directory(destination) as part:
-            save_file({"pitch": weights["pitch"], "level": state["level"]},
-                      str(part / WEIGHTS_FILE))
-            shutil.copy2(run.model_dir / CONFIG_FILE, part / CONFIG_FILE)
-        return Path(destination)
+        self.level = torch.nn.Parameter(weights["level"].to(torch.float32).clone())
+        self.optimizer = torch.optim.Adam([self.level], lr=config.learning_rate)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.precision = Precision()  # the toy has nothing to autocast; the hooks stay in place
+        self.total = config.steps
 
+    def update(self) -> dict[str, float]:
+        run, optimizer, precision = self.run, self.optimizer, self.precision
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for _, skip_sync in micro_batches(run.accumulation):
+            picks = torch.randint(len(run.slots), (run.config.batch_size,),
+                                  generator=self.generator)
+            with skip_sync, precision.autocast():
+                loss = torch.stack([
+                    (self.level[list(run.slots[i])].mean() - run.loudness[i]) ** 2
+                    for i in picks.tolist()]).mean() / run.accumulation
+            precision.backward(loss)
+            total += loss.item()
+        precision.unscale(optimizer)
+        precision.step(optimizer)
+        return {"loss": total, "lr": optimizer.param_groups[0]["lr"]}
 
-def _rows(dataset: Path) -> list[tuple[str, Path]]:
-    """``(text, audio path)`` of each usable row of the JSONL manifest or metadata.csv (a bad
-    row is skipped with a warning naming its line: the toolkit's `read_manifest`)."""
-    return [(row.text, row.audio) for row in read_manifest(dataset)]
+    def save(self, path: Path, done: int) -> None:
+        with atomic_path(path) as tmp:
+            torch.save({"level": self.level.detach().clone(), "update": done,
+                        "optimizer": self.optimizer.state_dict(),
+                        "generator": self.generator.get_state()}, tmp)
+
+    def load(self, path: Path) -> int:
+        state = torch.load(path, weights_only=True)
+        self.level.data.copy_(state["level"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        return int(state["update"])

@@ -19,9 +19,27 @@ if TYPE_CHECKING:
     from mizuoto.options import ComputeOptions
 
 MEMORY_LEVELS = ("default", "low", "lowest")
+#: ``auto``: the trainer's upstream default (`mizuoto.runtime.precision`)
+MIXED_PRECISION = ("auto", "no", "fp16", "bf16")
 #: Bounds of a run's numbers: steps (and save_every) and batch size.
 MAX_STEPS = 10_000_000
 MAX_BATCH_SIZE = 4096
+
+
+@attrs.frozen
+class Setting:
+    """A `TrainingConfig` field the ``train`` command sets: ``--config`` key ``name``, option
+    ``flag`` (``kind``: its type, or the tuple of its choices), the resume command, the help."""
+
+    name: str
+    flag: str
+    kind: Any
+    help: str
+
+
+def _flag(flag: str, kind: Any, what: str, note: str = "", *,
+          default: str = "upstream's for the engine and method") -> dict[str, Any]:
+    return {"setting": (flag, kind, f"{what} (default: {default}{note}).")}
 
 
 @attrs.frozen
@@ -44,25 +62,33 @@ class TrainingConfig:
     model: str
     dataset: Path = attrs.field(converter=Path)
     output_dir: Path = attrs.field(converter=Path)
-    steps: int = attrs.field(default=1000, validator=integer_in("training.steps", 1, MAX_STEPS))
+    steps: int = attrs.field(default=1000, validator=integer_in("training.steps", 1, MAX_STEPS),
+                             metadata=_flag("--steps", int, "Optimiser updates to run"))
     learning_rate: float = attrs.field(
-        default=1e-5, validator=number_in("training.learning_rate", 0.0, 1.0, low_open=True))
-    batch_size: int = attrs.field(default=1, validator=integer_in("training.batch_size", 1,
-                                                                  MAX_BATCH_SIZE))
-    seed: int = attrs.field(default=0, validator=integer_in("training.seed", 0, MAX_SEED))
-    memory: str = attrs.field(default="default")
-    save_every: int = attrs.field(default=500, validator=integer_in("training.save_every", 1,
-                                                                    MAX_STEPS))
+        default=1e-5, validator=number_in("training.learning_rate", 0.0, 1.0, low_open=True),
+        metadata=_flag("--learning-rate", float, "Peak learning rate"))
+    batch_size: int = attrs.field(
+        default=1, validator=integer_in("training.batch_size", 1, MAX_BATCH_SIZE),
+        metadata=_flag("--batch-size", int, "Clips per batch, where the recipe batches by "
+                       "clips", "; refused under F5 frame batching: use --param batch_frames=N"))
+    seed: int = attrs.field(default=0, validator=integer_in("training.seed", 0, MAX_SEED),
+                            metadata=_flag("--seed", int, "Seed of every random draw",
+                                           "; VoxCPM 42"))
+    memory: str = attrs.field(default="default", metadata=_flag(
+        "--memory", str, "training.memory: default, low or lowest", default="default"))
+    save_every: int = attrs.field(
+        default=500, validator=integer_in("training.save_every", 1, MAX_STEPS),
+        metadata=_flag("--save-every", int, "Updates between resumable checkpoints"))
     params: Mapping[str, Any] = attrs.field(factory=dict,
                                             converter=lambda v: MappingProxyType(dict(v)))
     compute: ComputeOptions = attrs.field(factory=lambda: _compute({}),
                                           converter=lambda v: _compute(v))
-    mixed_precision: str = attrs.field(default="auto")
+    mixed_precision: str = attrs.field(default="auto", metadata=_flag(
+        "--mixed-precision", MIXED_PRECISION, "Forward under autocast (fp16 "
+        "with loss scaling)", default="auto: the engine's upstream default"))
 
     @mixed_precision.validator
     def _mixed_precision(self, attribute, value):
-        from mizuoto.runtime.precision import MIXED_PRECISION
-
         if value not in MIXED_PRECISION:
             raise InvalidRequest("training.mixed_precision",
                                  f"must be one of {', '.join(MIXED_PRECISION)}, got {value!r}")
@@ -71,6 +97,13 @@ class TrainingConfig:
     def _memory(self, attribute, value):
         if value not in MEMORY_LEVELS:
             raise InvalidRequest("training.memory", f"must be one of {MEMORY_LEVELS}, got {value!r}")
+
+
+def training_settings() -> tuple[Setting, ...]:
+    """The fields a command-line run sets by name, declared once on `TrainingConfig` (its
+    default and check there): the ``train`` options, ``--config`` keys and resume command."""
+    return tuple(Setting(field.name, *field.metadata["setting"])
+                 for field in attrs.fields(TrainingConfig) if "setting" in field.metadata)
 
 
 def _compute(value) -> ComputeOptions:

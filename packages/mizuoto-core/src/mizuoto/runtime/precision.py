@@ -19,7 +19,8 @@ import contextlib
 
 import torch
 
-MIXED_PRECISION = ("auto", "no", "fp16", "bf16")
+from mizuoto.contracts.trainer import MIXED_PRECISION  # noqa: F401 - declared once there
+
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 

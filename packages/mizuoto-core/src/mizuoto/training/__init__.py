@@ -11,7 +11,9 @@
 - `progress`: the ``train`` progress line with loss, rate and ETA;
 - `manifest`: the data set's rows from a JSONL manifest or a ``metadata.csv``;
 - `state`: a resumable training state (weights, optimizer, scheduler, RNG) in one file;
-- `recipe`: a trainer's settings from ``--param KEY=VALUE`` and ``--config FILE``.
+- `recipe`: a trainer's settings from ``--param KEY=VALUE`` and ``--config FILE``;
+- `trainer`: `StepTrainer`, the `Trainer` base class doing all of the above for a run, and
+  `TrainingSession`, what an engine's trainer builds (one update, its state).
 
 docs/plugins.md ("Training toolkit") shows a trainer built on it.
 """
@@ -35,6 +37,7 @@ from mizuoto.training.steps import (
     micro_batches,
     warn_long_warmup,
 )
+from mizuoto.training.trainer import StepTrainer, TrainingSession
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
@@ -42,5 +45,6 @@ __all__ = [
     "RunIdentity", "StepLoop", "StepProgress", "barrier", "base_fingerprint",
     "data_fingerprint", "find_manifest", "gather", "join", "load_training_state",
     "micro_batches", "numbered", "process_world", "read_manifest", "read_metrics", "rotate",
-    "save_training_state", "tensorboard_available", "warn_long_warmup",
+    "save_training_state", "StepTrainer", "tensorboard_available", "TrainingSession",
+    "warn_long_warmup",
 ]

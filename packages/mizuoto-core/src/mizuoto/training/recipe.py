@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mizuoto.contracts.trainer import training_settings
 from mizuoto.errors import InvalidRequest
 
-CONFIG_FIELDS = ("steps", "learning_rate", "batch_size", "seed", "memory", "save_every",
-                 "mixed_precision", "compute")
+#: the `TrainingConfig` fields a file sets: the command's settings, and ``compute``
+CONFIG_FIELDS = (*(setting.name for setting in training_settings()), "compute")
 #: keys a file may set besides the fields and params: what ``-m``, ``--data``, ``--method`` set
 RUN_KEYS = ("model", "dataset", "method")
 

@@ -133,8 +133,13 @@ class RunDirectory:
             tmp.write_text(json.dumps(attrs.asdict(identity), indent=2), encoding="utf-8")
 
     def write_recipe(self, recipe: Mapping[str, Any]) -> Path:
+        """``recipe.json``, with the ``logger`` the run writes (``tensorboard`` when the extra
+        is installed, else ``none``; ``metrics.jsonl`` always)."""
+        from mizuoto.training.metrics import tensorboard_available
+
         path = self.path / RECIPE_FILE
+        recipe = {**recipe, "logger": "tensorboard" if tensorboard_available() else "none"}
         with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(dict(recipe), indent=2, default=str) + "\n",
+            tmp.write_text(json.dumps(recipe, indent=2, default=str) + "\n",
                            encoding="utf-8")
         return path

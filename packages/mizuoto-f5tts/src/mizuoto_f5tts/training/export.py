@@ -1,7 +1,7 @@
 """Exporting a fine-tuned model: a directory the F5 engine (and upstream) loads.
 
-`export_model(ema_state, update, base_dir, variant, destination, *, base_model) -> Path` writes,
-atomically (core's ``atomic_directory``: built beside ``destination``, then swapped in):
+`write_model(folder, ema_state, update, base_dir, variant, *, base_model)` writes into
+``folder`` (`StepTrainer.export` gives it: core's atomic directory, swapped in whole):
 
 - ``model_<update>.safetensors``: the EMA weights as upstream's trainer keeps them (``initted``,
   ``step``, ``ema_model.<CFM key>``), which is also the layout of upstream's releases; a v0 Base
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from mizuoto.runtime.atomic import atomic_directory, save_safetensors
+from mizuoto.runtime.atomic import save_safetensors
 from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path
 from mizuoto_f5tts.identification import write_record
 from mizuoto_f5tts.variants import F5Variant
@@ -50,25 +50,23 @@ def checkpoint_file_name(variant: F5Variant, update: int) -> str:
     return f"{prefix}model_{update}.safetensors"
 
 
-def export_model(ema_state: Mapping[str, torch.Tensor], update: int, base_dir: str | Path,
-                 variant: F5Variant, destination: str | Path, *, base_model: str,
-                 vocab_file: str | Path | None = None, finetuned: bool = True) -> Path:
-    base_dir, destination = Path(base_dir), Path(destination)
-    with atomic_directory(destination) as build:
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
-        name = checkpoint_file_name(variant, update)
-        save_safetensors(tensors, build / name)
-        write_record(build, name, variant.name)
-        vocab = Path(vocab_file) if vocab_file is not None else base_dir / VOCAB_FILE
-        shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
-        if (base_dir / VOCOS_DIR).is_dir():
-            shutil.copytree(base_dir / VOCOS_DIR, build / VOCOS_DIR)
-        license_text = LICENSE_TEXT if finetuned else SCRATCH_LICENSE_TEXT
-        (build / "LICENSE.txt").write_text(license_text.format(base=base_model), encoding="utf-8")
-        (build / "training.json").write_text(json.dumps(
-            {"base_model": base_model, "variant": variant.name, "updates": update,
-             "initialisation": "base model" if finetuned else "random",
-             "license": "the base model's (CC-BY-NC-4.0 for released F5-TTS weights)"
-             if finetuned else "the trainer's choice"},
-            indent=1), encoding="utf-8")
-    return destination
+def write_model(build: Path, ema_state: Mapping[str, torch.Tensor], update: int,
+                base_dir: str | Path, variant: F5Variant, *, base_model: str,
+                vocab_file: str | Path | None = None, finetuned: bool = True) -> None:
+    base_dir = Path(base_dir)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
+    name = checkpoint_file_name(variant, update)
+    save_safetensors(tensors, build / name)
+    write_record(build, name, variant.name)
+    vocab = Path(vocab_file) if vocab_file is not None else base_dir / VOCAB_FILE
+    shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
+    if (base_dir / VOCOS_DIR).is_dir():
+        shutil.copytree(base_dir / VOCOS_DIR, build / VOCOS_DIR)
+    license_text = LICENSE_TEXT if finetuned else SCRATCH_LICENSE_TEXT
+    (build / "LICENSE.txt").write_text(license_text.format(base=base_model), encoding="utf-8")
+    (build / "training.json").write_text(json.dumps(
+        {"base_model": base_model, "variant": variant.name, "updates": update,
+         "initialisation": "base model" if finetuned else "random",
+         "license": "the base model's (CC-BY-NC-4.0 for released F5-TTS weights)"
+         if finetuned else "the trainer's choice"},
+        indent=1), encoding="utf-8")

@@ -40,44 +40,33 @@ where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_preci
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 import torch
 
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.trainer import (
-    MAX_STEPS,
-    Trainer,
-    TrainingConfig,
-    TrainingResult,
-    checkpoint_retention,
-)
+from mizuoto.contracts.trainer import MAX_STEPS, TrainingConfig, checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
 from mizuoto.training import (
-    Cadence,
     MetricsLog,
     ProcessWorld,
     RunDirectory,
-    RunIdentity,
-    StepLoop,
-    StepProgress,
+    StepTrainer,
+    TrainingSession,
     barrier,
-    base_fingerprint,
-    data_fingerprint,
     gather,
-    join,
-    process_world,
-    rotate,
     warn_long_warmup,
 )
+from mizuoto.training.trainer import training_device, training_precision
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
     PreparedData,
@@ -86,15 +75,11 @@ from mizuoto_f5tts.training.data import (
     write_prepared,
     write_vocab,
 )
-from mizuoto_f5tts.training.export import export_model
+from mizuoto_f5tts.training.export import write_model
 from mizuoto_f5tts.training.loop import FineTuning, LoopSettings, Record
 from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
 from mizuoto_f5tts.training.samples import TrainingSamples
-from mizuoto_f5tts.training.state import (
-    CHECKPOINT,
-    load_run_state,
-    save_run_state,
-)
+from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state, save_run_state
 from mizuoto_f5tts.variants import VARIANT_NAMES, F5Variant
 
 logger = logging.getLogger(__name__)
@@ -103,7 +88,6 @@ PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_sa
           "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches",
           "extend_vocab", "vocab_file", "finetune", "keep_last_n_checkpoints",
           "checkpoint_every", "log_samples")
-NUMBERED = "model_{}.pt"  # checkpoints/model_<update>.pt, as upstream names its numbered saves
 LOG_FILE = "training_log.jsonl"
 
 
@@ -125,16 +109,6 @@ class F5Run:
     keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
     checkpoint_every: int = 0  # updates between numbered copies
     device: str = "cpu"
-
-
-def _claim(run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
-           data: PreparedData) -> None:
-    """Record the run's identity; refuse resuming a run of other base weights or data."""
-    run_dir.claim(RunIdentity(
-        engine=F5Trainer.engine, method=config.method, base_model=str(config.model),
-        base_fingerprint=base_fingerprint(weights), dataset=str(config.dataset),
-        data_fingerprint=data_fingerprint((c.text, c.audio) for c in data.clips)),
-        resumable=(run_dir.path / CHECKPOINT).is_file())
 
 
 def _bool_param(params, key: str, default: bool) -> bool:
@@ -176,18 +150,9 @@ def _int_param(params, key: str, default: int, low: int = 0) -> int:
 
 
 def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
-    from mizuoto.runtime.device import select_device
-
-    device = select_device(config.compute)
-    if device.type == "cuda" and device.index is None:
-        # under torchrun each process takes its own GPU, as accelerate does
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    mode = "no" if config.mixed_precision == "auto" else config.mixed_precision
-    if mode == "fp16" and device.type != "cuda":
-        raise InvalidRequest("training.mixed_precision", f"fp16 needs a CUDA device, not "
-                             f"{device.type} (accelerate's loss scaling refuses it there too)",
-                             "use bf16, or no")
-    return device, mode
+    device = training_device(config.compute)
+    return device, training_precision(config.mixed_precision, device, auto="no", why=(
+        "accelerate's loss scaling refuses it there too"))
 
 
 def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str = "no"
@@ -246,11 +211,10 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
         max_updates=config.steps, mixed_precision=mixed_precision)
 
 
-class F5Trainer(Trainer):
+class F5Trainer(StepTrainer):
     engine = "f5tts"
     methods = frozenset({"full"})
     memory_levels = ("default", "low", "lowest")
-    graceful_stop = True
 
     def defaults(self, method: str, model: str) -> dict:
         """``f5-tts_finetune-cli``'s defaults: 100 epochs (``steps`` unbounded), learning rate
@@ -302,7 +266,7 @@ class F5Trainer(Trainer):
         new_tokens = 0
         if extend is False:
             data = prepare_dataset(config.dataset, vocab, progress=progress)
-            _claim(run_dir, config, [checkpoint, vocab_file], data)
+            self._claim(run_dir, config, [checkpoint, vocab_file], data)
             write_prepared(data, prepared_dir)
         else:
             if extend is not True and not (isinstance(extend, (list, tuple))
@@ -319,7 +283,7 @@ class F5Trainer(Trainer):
                 added = extended_vocab(vocab, data.clips)
                 vocab = read_vocab_lines(tokens + added)
             new_tokens = len(added)
-            _claim(run_dir, config, [checkpoint, vocab_file], data)
+            self._claim(run_dir, config, [checkpoint, vocab_file], data)
             vocab_file = prepared_dir / VOCAB_FILE
             write_vocab(vocab_file, tokens + added)
             write_prepared(data, prepared_dir)
@@ -329,12 +293,16 @@ class F5Trainer(Trainer):
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
         settings = _settings(config, data, mixed_precision)
+        # each setting once, under the name it is given by (frames under frame batching)
+        applied = attrs.asdict(settings)
+        applied["steps"] = applied.pop("max_updates")
+        if settings.batch_size_type == "frame":
+            applied["batch_frames"] = applied.pop("batch_size")
         run_dir.write_recipe({
             "engine": self.engine, "method": config.method, "variant": variant.name,
-            "seed": config.seed, "memory": config.memory, "save_every": config.save_every,
-            "steps": config.steps, **attrs.asdict(settings),
-            "params": {k: v for k, v in config.params.items() if k not in attrs.fields_dict(
-                LoopSettings)}, "device": str(device)})
+            "seed": config.seed, "memory": config.memory, **applied,
+            "params": {k: v for k, v in config.params.items() if k not in applied
+                       and k not in ("batch_frames", "max_samples")}, "device": str(device)})
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
                      config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
                      every, str(device))
@@ -354,7 +322,7 @@ class F5Trainer(Trainer):
             del base
         model.to(run.device).train()
         shard = _bool_param(run.config.params, "shard_batches", True)
-        world = distributed_world()
+        world = self.world(run)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           run.settings, py_random=py_random, memory=run.memory,
                           world=(world.rank, world.size), shard_batches=shard)
@@ -368,92 +336,86 @@ class F5Trainer(Trainer):
             loop.ema.step = raw["step"].clone()
         return loop
 
-    def train(self, run: F5Run, *, progress: ProgressCallback | None = None) -> TrainingResult:
-        output = Path(run.config.output_dir)
-        state_path = output / CHECKPOINT
-        world = distributed_world()
-        rank, world_size = world.rank, world.size
+    def _claim(self, run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
+               data: PreparedData) -> None:
+        self.claim_run(config, weights=weights, rows=((c.text, c.audio) for c in data.clips),
+                       run_dir=run_dir)
+
+    @contextlib.contextmanager
+    def random_scope(self, run: F5Run) -> Iterator[None]:
+        """Upstream seeds torch, the device's generator too (its draws count): in a forked RNG,
+        so that the caller's generators are untouched."""
         device = torch.device(run.device)
-        if rank == 0:
-            logger.info("training on %s, mixed precision %s, memory %s", device,
-                        run.settings.mixed_precision, run.memory)
-        # upstream seeds the device's generator too (torch.manual_seed): its draws count
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(run.config.seed)
-            py_random = random.Random(run.config.seed)
-            loop = self.build(run, py_random)
-            resumed_from = None
-            if state_path.is_file():
-                state = load_run_state(state_path)
-                if state.get("settings") != loop.recipe():
-                    raise InvalidRequest(
-                        "output_dir", f"{output} holds a run with other settings "
-                        f"({state.get('settings')}); resume it with the same ones or use "
-                        "another directory")
-                loop.load_state_dict(state)
-                ranks = state.get("rank_rng") or [loop.rng_state()]
-                if len(ranks) != world_size:
-                    raise InvalidRequest("output_dir", f"{output} holds a run of {len(ranks)} "
-                                         f"process(es); resume it with as many, not "
-                                         f"{world_size}")
-                loop.set_rng_state(ranks[rank])
-                resumed_from = loop.update
-                logger.info("resuming %s at update %d", output, loop.update)
-            total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
+            yield
 
-            def save(done: int) -> None:
-                state = loop.state_dict()
-                if world_size > 1:
-                    state["rank_rng"] = gather(loop.rng_state(), world)
-                if rank == 0:
-                    save_run_state(state_path, state)
-                    _write_log(output / LOG_FILE, loop.records)
-                barrier()
+    def start(self, run: F5Run, world: ProcessWorld) -> F5Session:
+        if world.main:
+            logger.info("training on %s, mixed precision %s, memory %s", run.device,
+                        run.settings.mixed_precision, run.memory)
+        return F5Session(run, self.build(run, random.Random(run.config.seed)), world)
 
-            def numbered(done: int) -> None:
-                steps.save_now()  # the numbered copy is the run checkpoint's
-                if rank == 0:
-                    keep_numbered(state_path, done, run.keep_checkpoints)
+    def write_export(self, run: F5Run, folder: Path) -> None:
+        """The EMA weights as a model directory (`write_model`)."""
+        state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
+        write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
+                    run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
+                    finetuned=run.finetune)
 
-            metrics = (MetricsLog(output, step_key="update", resume_from=loop.update + 1)
-                       if rank == 0 else None)
-            samples = None
-            if _bool_param(run.config.params, "log_samples", False) and rank == 0:
-                writer = TrainingSamples(run.model_dir, loop.dataset, run.vocab,
-                                         output / "samples", run.config.seed, metrics)
 
-                def samples(done: int) -> None:
-                    writer(loop.model, done)
+class F5Session(TrainingSession):
+    """One run's `FineTuning` loop, with the checkpoint of every process's RNG."""
 
-            steps = StepLoop(
-                start=loop.update, total=total, world=world, save=save, numbered=numbered,
-                samples=samples,
-                cadence=Cadence(run.config.save_every, run.checkpoint_every,
-                                run.keep_checkpoints,
-                                samples_every=run.checkpoint_every if samples else 0),
-                metrics=metrics, progress=StepProgress(progress, total, loop.update),
-                finished=lambda done: loop.done(), count_from=1)
-            try:
-                interrupted = steps.run(loop.next_update).interrupted
-            finally:
-                if metrics is not None:
-                    metrics.close()
-        if interrupted is not None and rank == 0:
-            logger.info("%s: stopped at update %d, checkpoint saved in %s; train again on it "
-                        "to resume", interrupted, loop.update, output)
-        last = loop.records[-1] if loop.records else None
-        metrics_out = {} if last is None else {"loss": last.loss, "lr": last.lr}
-        return TrainingResult(output, loop.update, resumed_from, metrics=metrics_out,
-                              interrupted=interrupted)
+    def __init__(self, run: F5Run, loop: FineTuning, world: ProcessWorld) -> None:
+        self.run, self.loop, self.world = run, loop, world
+        self.total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
+        log_samples = _bool_param(run.config.params, "log_samples", False)
+        self.samples_every = run.checkpoint_every if log_samples else 0
+        self._writer = None
 
-    def export(self, run: F5Run, destination: Path) -> Path:
-        if distributed_world().main:
-            state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
-            export_model(state["ema"], state["position"]["update"], run.model_dir,
-                         run.variant, destination, base_model=str(run.config.model),
-                         vocab_file=run.vocab_file, finetuned=run.finetune)
+    def update(self) -> dict[str, float]:
+        return self.loop.next_update()
+
+    def finished(self, done: int) -> bool:
+        return self.loop.done()
+
+    def save(self, path: Path, done: int) -> None:
+        state = self.loop.state_dict()
+        if self.world.size > 1:
+            state["rank_rng"] = gather(self.loop.rng_state(), self.world)
+        if self.world.main:
+            save_run_state(path, state)
+            _write_log(Path(self.run.config.output_dir) / LOG_FILE, self.loop.records)
         barrier()
-        return Path(destination)
+
+    def load(self, path: Path) -> int:
+        loop, output = self.loop, self.run.config.output_dir
+        state = load_run_state(path)
+        if state.get("settings") != loop.recipe():
+            raise InvalidRequest(
+                "output_dir", f"{output} holds a run with other settings "
+                f"({state.get('settings')}); resume it with the same ones or use "
+                "another directory")
+        loop.load_state_dict(state)
+        ranks = state.get("rank_rng") or [loop.rng_state()]
+        if len(ranks) != self.world.size:
+            raise InvalidRequest("output_dir", f"{output} holds a run of {len(ranks)} "
+                                 f"process(es); resume it with as many, not {self.world.size}")
+        loop.set_rng_state(ranks[self.world.rank])
+        return loop.update
+
+    def samples(self, done: int, metrics: MetricsLog | None) -> None:
+        if self._writer is None:
+            run = self.run
+            self._writer = TrainingSamples(run.model_dir, self.loop.dataset, run.vocab,
+                                           Path(run.config.output_dir) / "samples",
+                                           run.config.seed, metrics)
+        self._writer(self.loop.model, done)
+
+    def result_metrics(self, values) -> dict[str, float]:
+        last = self.loop.records[-1] if self.loop.records else None
+        return {} if last is None else {"loss": last.loss, "lr": last.lr}
 
 
 TEXT_EMBED = "transformer.text_embed.text_embed.weight"
@@ -476,24 +438,6 @@ def read_vocab_lines(tokens: list[str]) -> dict[str, int]:
     for index, token in enumerate(tokens):
         vocab[token] = index
     return vocab
-
-
-def distributed_world() -> ProcessWorld:
-    """This process's place; under ``torchrun`` (``WORLD_SIZE`` > 1) the process group is
-    joined on first use (gloo, which also carries CUDA tensors)."""
-    return join(process_world(), "cpu")
-
-
-def keep_numbered(state_path: Path, update: int, keep: int) -> None:
-    """Copy the run checkpoint to ``model_<update>.pt`` beside it, then delete the oldest
-    numbered copies beyond ``keep`` (-1: keep all), as upstream's ``save_checkpoint`` rotates
-    (by update number; ``last.pt`` is not one of them)."""
-    import shutil
-
-    folder = state_path.parent
-    with atomic_path(folder / NUMBERED.format(update)) as tmp:
-        shutil.copyfile(state_path, tmp)
-    rotate(folder, "model_", ".pt", keep=keep)
 
 
 def _write_log(path: Path, records: list[Record]) -> None:

@@ -29,6 +29,7 @@ from mizuoto.training import (
     process_world,
     rotate,
 )
+from mizuoto.training.trainer import training_precision
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
@@ -69,13 +70,8 @@ def pick_device(local_rank: int = 0, compute: ComputeOptions | None = None) -> t
 def pick_mixed_precision(device: torch.device, requested: str) -> str:
     """``auto``: upstream's, bf16 autocast + gradient scaler on CUDA, none elsewhere (its
     ``autocast("cuda")`` is disabled on the CPU). ``bf16``/``fp16`` need CUDA."""
-    if requested == "auto":
-        return "bf16" if device.type == "cuda" else "no"
-    if requested != "no" and device.type != "cuda":
-        raise InvalidRequest("training.mixed_precision", f"{requested} needs a CUDA device, "
-                             f"not {device.type} (upstream autocasts on CUDA only)",
-                             "use no (or auto) on this device")
-    return requested
+    return training_precision(requested, device, auto="bf16" if device.type == "cuda" else "no",
+                              cuda_only=("bf16", "fp16"), why="upstream autocasts on CUDA only")
 
 
 class Session:

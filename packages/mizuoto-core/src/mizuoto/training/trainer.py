@@ -1,0 +1,224 @@
+"""`StepTrainer`: a `Trainer` that does the shared work of a run, as `Engine` does for synthesis.
+
+An engine's trainer writes what is its own:
+
+- `prepare(config)`: check the settings, build its manifests, return a run handle (any object
+  with ``config``, the `TrainingConfig`); `claim_run` records the run directory's identity and
+  recipe;
+- `start(run, world)`: build the model, the data and the optimiser, returning a
+  `TrainingSession` (one update, its state, how many updates the run makes);
+- `write_export(run, folder)`: the files of its model directory.
+
+`StepTrainer.train` then does the rest, the same way for every trainer: the process world
+(torchrun's, joined), resuming from ``checkpoints/last.pt``, ``metrics.jsonl`` and TensorBoard
+(the step of a row is the update's number: 1 after the first update, as progress and numbered
+checkpoints count), the step loop (a save before an update is reported, SIGINT/SIGTERM saving
+and stopping with one line saying how to resume), numbered checkpoints
+(``checkpoints/model_<N>.pt`` copies, rotated by number: ``params.keep_last_n_checkpoints`` /
+``params.checkpoint_every``), audio samples and the result. `StepTrainer.export` writes the
+model directory through core's one atomic directory writer, on process 0.
+
+The contract's `Trainer` stays as it was: a trainer that implements ``prepare``/``train``/
+``export`` itself keeps working.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mizuoto.contracts.progress import ProgressCallback
+from mizuoto.contracts.trainer import Trainer, TrainingConfig, TrainingResult, checkpoint_retention
+from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.atomic import atomic_directory, atomic_path
+from mizuoto.training.checkpoints import rotate
+from mizuoto.training.metrics import MetricsLog
+from mizuoto.training.progress import StepProgress
+from mizuoto.training.run_directory import (
+    RunDirectory,
+    RunIdentity,
+    base_fingerprint,
+    data_fingerprint,
+)
+from mizuoto.training.steps import Cadence, StepLoop
+from mizuoto.training.world import ProcessWorld, barrier, join, process_world
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT = Path("checkpoints") / "last.pt"
+NUMBERED_PREFIX, NUMBERED_SUFFIX = "model_", ".pt"  # checkpoints/model_<N>.pt, as f5-tts's
+
+
+def training_device(compute, *, auto=None):
+    """``compute.device`` (`mizuoto.runtime.device.select_device`; ``auto``: the trainer's
+    rule, default CUDA, else MPS, else the CPU); under torchrun each process takes its own GPU
+    (``LOCAL_RANK``), as accelerate does."""
+    import torch
+
+    from mizuoto.runtime.device import select_device
+
+    device = select_device(compute) if auto is None else select_device(compute, auto=auto)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", process_world().local_rank)
+    return device
+
+
+def training_precision(requested: str, device, *, auto: str = "no",
+                       cuda_only: tuple[str, ...] = ("fp16",), why: str = "") -> str:
+    """The mixed-precision mode a run applies: ``requested`` (``TrainingConfig.
+    mixed_precision``), ``auto`` the trainer's upstream default on ``device``; a mode in
+    ``cuda_only`` off CUDA is refused (``why``: upstream's reason, in words)."""
+    mode = auto if requested == "auto" else requested
+    if mode in cuda_only and device.type != "cuda":
+        raise InvalidRequest("training.mixed_precision", f"{mode} needs a CUDA device, not "
+                             f"{device.type}{f' ({why})' if why else ''}",
+                             f"use {' or '.join(m for m in ('bf16', 'no') if m not in cuda_only)}")
+    return mode
+
+
+class TrainingSession(abc.ABC):
+    """One run in memory, built by `StepTrainer.start`: the model, optimiser and data.
+
+    ``total``: the updates the run makes. `update` makes one whole optimiser update and
+    returns the values it logs; `save`/`load` write and restore everything a resumed run needs
+    to reach the bytes of an uninterrupted one (`save` runs on every process: it may be a
+    collective; it writes ``path`` atomically, e.g. `mizuoto.training.save_training_state`).
+    """
+
+    total: int
+    #: updates between audio samples (`samples`); 0: none
+    samples_every: int = 0
+    #: the loss keys the progress line shows
+    progress_losses: tuple[str, ...] = ("loss",)
+    #: where the interruption's all-reduce runs (None: the CPU)
+    device: Any = None
+
+    @abc.abstractmethod
+    def update(self) -> Mapping[str, float]:
+        """One optimiser update (its micro-batches, clipping, the optimiser and schedule)."""
+
+    @abc.abstractmethod
+    def save(self, path: Path, done: int) -> None:
+        """Write the resumable state after ``done`` updates to ``path``."""
+
+    @abc.abstractmethod
+    def load(self, path: Path) -> int:
+        """Restore the state ``save`` wrote; returns the updates it holds."""
+
+    def finished(self, done: int) -> bool:
+        return done >= self.total
+
+    def samples(self, done: int, metrics: MetricsLog | None) -> None:
+        """Audio samples after update ``done`` (process 0; called when ``samples_every`` is
+        set), also into ``metrics``' TensorBoard; they must draw no number of the run's own
+        generators."""
+        raise NotImplementedError(f"{type(self).__name__} sets samples_every: write samples()")
+
+    def result_metrics(self, values: Mapping[str, float]) -> Mapping[str, float]:
+        """The result's metrics from the last update's ``values`` (empty when it made none)."""
+        return values
+
+
+class StepTrainer(Trainer):
+    """See the module doc. ``checkpoint``: the resumable checkpoint, in the run directory."""
+
+    checkpoint: ClassVar[Path] = CHECKPOINT
+    graceful_stop = True
+
+    @abc.abstractmethod
+    def start(self, run: Any, world: ProcessWorld) -> TrainingSession:
+        """Build the run's model, data and optimiser (every process)."""
+
+    @abc.abstractmethod
+    def write_export(self, run: Any, folder: Path) -> None:
+        """Write the model directory's files into ``folder`` (empty; swapped in whole)."""
+
+    # -- what every trainer shares ------------------------------------------------------------
+
+    def world(self, run: Any) -> ProcessWorld:
+        """This process's place; under torchrun the group is joined (gloo: it carries CUDA
+        tensors too)."""
+        return join(process_world(), "cpu")
+
+    def random_scope(self, run: Any) -> contextlib.AbstractContextManager:
+        """The context the run is built and trained in (e.g. a forked, seeded torch RNG)."""
+        return contextlib.nullcontext()
+
+    def claim_run(self, config: TrainingConfig, *, weights: Iterable[Path],
+                  rows: Iterable[tuple[str, str | Path | None]],
+                  recipe: Mapping[str, Any] | None = None,
+                  run_dir: RunDirectory | None = None) -> RunDirectory:
+        """The run directory, checked writable, its identity recorded (a resume onto other
+        base weights or data is refused) and its recipe written when given."""
+        if run_dir is None:
+            run_dir = RunDirectory(config.output_dir)
+            run_dir.check_writable()
+        run_dir.claim(RunIdentity(
+            engine=self.engine, method=config.method, base_model=str(config.model),
+            base_fingerprint=base_fingerprint(weights), dataset=str(config.dataset),
+            data_fingerprint=data_fingerprint(rows)),
+            resumable=(run_dir.path / self.checkpoint).is_file())
+        if recipe is not None:
+            run_dir.write_recipe(recipe)
+        return run_dir
+
+    def train(self, run: Any, *, progress: ProgressCallback | None = None) -> TrainingResult:
+        config: TrainingConfig = run.config
+        output = Path(config.output_dir)
+        state_path = output / self.checkpoint
+        keep, every = checkpoint_retention(config)
+        world = self.world(run)
+        with self.random_scope(run):
+            session = self.start(run, world)
+            start = session.load(state_path) if state_path.is_file() else 0
+            if start and world.main:
+                logger.info("resuming %s at update %d", output, start)
+
+            def numbered(done: int) -> None:
+                loop.save_now()  # the numbered copy is the run checkpoint's
+                if world.main:
+                    folder = state_path.parent
+                    with atomic_path(folder / f"{NUMBERED_PREFIX}{done}{NUMBERED_SUFFIX}") as tmp:
+                        shutil.copyfile(state_path, tmp)
+                    rotate(folder, NUMBERED_PREFIX, NUMBERED_SUFFIX, keep=keep)
+
+            metrics = MetricsLog(output, resume_from=start + 1) if world.main else None
+            loop = StepLoop(
+                start=start, total=session.total, world=world,
+                save=lambda done: session.save(state_path, done), numbered=numbered,
+                samples=(lambda done: session.samples(done, metrics))
+                if session.samples_every else None,
+                cadence=Cadence(config.save_every, every, keep,
+                                samples_every=session.samples_every),
+                metrics=metrics, finished=session.finished, count_from=1,
+                progress=StepProgress(progress, session.total, start,
+                                      losses=session.progress_losses),
+                stop_device=session.device)
+            try:
+                outcome = loop.run(session.update)
+            finally:
+                if metrics is not None:
+                    metrics.close()
+        if outcome.interrupted is not None and world.main:
+            logger.info("%s: stopped at update %d, checkpoint saved in %s; train again on it "
+                        "to resume", outcome.interrupted, outcome.done, output)
+        return TrainingResult(output, outcome.done, start or None,
+                              metrics=session.result_metrics(loop.values),
+                              interrupted=outcome.interrupted)
+
+    def export(self, run: Any, destination: Path) -> Path:
+        """The trained model directory, replacing ``destination`` whole (process 0 writes)."""
+        state_path = Path(run.config.output_dir) / self.checkpoint
+        if not state_path.is_file():
+            raise InvalidRequest("output_dir", f"{run.config.output_dir} holds no checkpoint "
+                                 "to export", "train first")
+        if self.world(run).main:
+            with atomic_directory(destination) as folder:
+                self.write_export(run, folder)
+        barrier()
+        return Path(destination)
