@@ -17,9 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from mizuoto import resolve_model
-from mizuoto.runtime.atomic import atomic_path
-from mizuoto.training import StepTrainer, TrainingSession
+from mizuoto.plugin import StepTrainer, TrainingSession, atomic_path, resolve_model
 from mizuoto_example import CONFIG_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)

@@ -71,10 +71,6 @@ def test_importing_the_plugin_module_imports_no_torch():
     assert out.strip() == "False"
 
 
-# The example's training.py is being rewritten on the Trainer base class (issue #39) and still
-# imports from the modules behind mizuoto.plugin; until it moves, every name it imports must at
-# least be one mizuoto.plugin exports (then the switch is a change of import lines only).
-_PENDING = {"training.py"}
 _PUBLIC = {"mizuoto", "mizuoto.plugin"}
 
 
@@ -94,10 +90,6 @@ def _mizuoto_imports(path: Path) -> dict[str, set[str]]:
 @pytest.mark.parametrize("module", sorted(p.name for p in EXAMPLE.glob("*.py")))
 def test_the_example_plugin_imports_only_the_public_modules(module):
     imports = _mizuoto_imports(EXAMPLE / module)
-    if module in _PENDING:
-        names = set().union(*imports.values()) if imports else set()
-        assert names <= set(mizuoto.plugin.__all__), sorted(names - set(mizuoto.plugin.__all__))
-        return
     deep = set(imports) - _PUBLIC
     assert not deep, f"{module} imports internal modules {sorted(deep)}: import from " \
                      "mizuoto.plugin"

@@ -53,10 +53,12 @@ _ON_FIRST_USE = {
     # the training toolkit (mizuoto.training): the parts a trainer builds on
     "mizuoto.training": (
         "Cadence", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld",
-        "RunDirectory", "RunIdentity", "StepLoop", "StepProgress", "barrier",
-        "base_fingerprint", "data_fingerprint", "find_manifest", "gather",
-        "load_training_state", "micro_batches", "numbered", "process_world", "read_manifest",
-        "read_metrics", "rotate", "save_training_state", "tensorboard_available"),
+        "RunDirectory", "RunIdentity", "StepLoop", "StepProgress", "StepTrainer",
+        "TrainingSession", "barrier", "base_fingerprint", "data_fingerprint", "find_manifest",
+        "gather", "load_training_state", "micro_batches", "numbered", "process_world",
+        "read_manifest", "read_metrics", "rotate", "save_training_state",
+        "tensorboard_available"),
+    "mizuoto.training.trainer": ("training_device", "training_precision"),
 }
 _MODULE_OF = {name: module for module, names in _ON_FIRST_USE.items() for name in names}
 

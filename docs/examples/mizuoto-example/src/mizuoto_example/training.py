@@ -21,19 +21,20 @@ import attrs
 import torch
 from safetensors.torch import save_file
 
-from mizuoto import TrainingConfig
-from mizuoto.contracts.trainer import checkpoint_retention
-from mizuoto.errors import InvalidRequest
-from mizuoto.loading import resolve_for_engine
-from mizuoto.nn.dsp.audio_io import read_audio, to_mono
-from mizuoto.runtime.atomic import atomic_path
-from mizuoto.runtime.checkpoint import load_state_dict_file
-from mizuoto.training import (
+from mizuoto.plugin import (
+    InvalidRequest,
     Precision,
     StepTrainer,
+    TrainingConfig,
     TrainingSession,
+    atomic_path,
+    checkpoint_retention,
+    load_state_dict_file,
     micro_batches,
+    read_audio,
     read_manifest,
+    resolve_for_engine,
+    to_mono,
 )
 from mizuoto_example import CONFIG_FILE, WEIGHTS_FILE
 
