@@ -171,6 +171,8 @@ class F5Engine(Engine):
             if "waveform" not in voice.tensors or _VOICE_TEXT not in voice.texts:
                 raise InvalidRequest("voice", "is not an F5-TTS voice (no waveform/text)",
                                      "build it with this engine's build_voice")
+            reference.check_voice(voice.tensors["waveform"], voice.sample_rate,
+                                  voice.texts[_VOICE_TEXT])
             return reference.condition_prepared(
                 voice.tensors["waveform"].to(torch.float32), voice.sample_rate,
                 voice.texts[_VOICE_TEXT], target_rms=params.target_rms, resample=self._resample)

@@ -57,7 +57,13 @@ from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
 from mizuoto_voxcpm.settings import DEFAULT_CACHE_SLOTS, VoxCPMOptions, VoxCPMParams
 from mizuoto_voxcpm.text import model_text, prepare_prompt_text, prepare_target_text
 from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
-from mizuoto_voxcpm.voice import model_fingerprint, prompt_from_voice, voice_from_prompt
+from mizuoto_voxcpm.voice import (
+    ENGINE,
+    check_voice_latents,
+    model_fingerprint,
+    prompt_from_voice,
+    voice_from_prompt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +316,10 @@ class VoxCPMEngine(Engine):
         """The request resolved (capabilities, params and seed checked by the base class)."""
         warnings = []
         if request.voice is not None:
+            request.voice.check(ENGINE, self.info.fingerprint)
+            check_voice_latents(request.voice, patch_size=self.config.patch_size,
+                                feat_dim=self.config.feat_dim,
+                                max_length=self.config.max_length, is_v2=self.config.is_v2)
             prompt = prompt_from_voice(request.voice, fingerprint=self.info.fingerprint,
                                        reference_prefix=params.reference_prefix,
                                        use_prompt=request.instruction is None)
