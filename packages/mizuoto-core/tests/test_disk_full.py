@@ -170,3 +170,25 @@ def test_a_real_full_tmpfs_is_named_for_audio_and_safetensors(tmp_path):
     assert mounted.stdout.splitlines() == [
         f"No space left on device: {tmp_path / 'mnt' / 'a.wav'}",
         f"No space left on device: {tmp_path / 'mnt' / 'v.safetensors'}"], mounted.stderr
+
+
+def test_a_writer_threads_full_disk_is_one_line_not_a_traceback(fake_plugin, monkeypatch,
+                                                                capsys):
+    """As TensorBoard's event writer thread meets a full disk during `mizuoto train`."""
+    import threading
+
+    passed_on = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: passed_on.append(args.exc_value))
+    CliRunner().invoke(cli, ["plugins"], obj={})  # any command installs the hook
+
+    def write_events():
+        raise OSError(errno.ENOSPC, "No space left on device", "/runs/a/tensorboard/events")
+
+    for target in (write_events, lambda: (_ for _ in ()).throw(ValueError("not the disk"))):
+        thread = threading.Thread(target=target, name="event-writer")
+        thread.start()
+        thread.join()
+    err = capsys.readouterr().err
+    assert "Error: No space left on device: /runs/a/tensorboard/events\n" in err
+    assert "Traceback" not in err  # any other failure goes to the hook there was before
+    assert [str(exc) for exc in passed_on] == ["not the disk"]

@@ -30,7 +30,7 @@ def _state(dim, dim_head, text_dim, mel_dim, inner, ff_inner, depth):
     return state
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(dim=_SIZE, dim_head=_SIZE, text_dim=_SIZE, mel_dim=st.sampled_from([0, 80, 100, 10**6]),
        inner=_SIZE, ff_inner=_SIZE, depth=st.integers(min_value=0, max_value=300))
 def test_hostile_checkpoint_sizes_are_read_or_named(dim, dim_head, text_dim, mel_dim, inner,
@@ -55,7 +55,7 @@ def test_the_generator_builds_a_real_layout():
     assert RotaryEmbedding(tiny.dim_head).inv_freq.numel() == tiny.dim_head // 2
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(shape=st.lists(st.integers(min_value=0, max_value=40), max_size=3),
        rate=st.integers(min_value=-5, max_value=10**6), text=st.sampled_from(["", " \n", "Hi."]),
        fill=st.sampled_from([0.0, 0.5, float("nan"), float("inf")]),
