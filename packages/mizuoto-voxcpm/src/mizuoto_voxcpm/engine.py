@@ -404,7 +404,8 @@ class VoxCPMEngine(Engine):
     def _synthesize(self, request: SynthesisRequest, params: VoxCPMParams,
                     generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
         plan = self._plan(request, params, generator.initial_seed())
-        with self._compute, self._pool.slot() as slot:
+        # the slot first: a wait for one must not hold the lock its holders need to finish
+        with self._pool.slot() as slot, self._compute:
             return self._synthesize_plan(plan, slot, progress)
 
     def _synthesize_plan(self, plan: _Plan, slot, progress) -> Rendered:
