@@ -100,3 +100,28 @@ def test_lora_config_that_is_no_object_is_named(tmp_path, text):
     (tmp_path / CONFIG_FILE).write_text(text)
     with pytest.raises(CheckpointMismatch, match=CONFIG_FILE):
         read_lora_dir(tmp_path, is_v2=True)
+
+
+@pytest.mark.parametrize("section,field,factor", [("lm_config", "intermediate_size", 2),
+                                                  ("lm_config", "num_hidden_layers", 3)])
+def test_a_config_its_weights_do_not_fit_is_named_before_the_model_is_allocated(
+        tmp_path, monkeypatch, section, field, factor):
+    """A valid config.json beside weights of another layout: the safetensors header's shapes
+    are compared with the config's before the model takes any memory."""
+    from mizuoto.errors import CheckpointMismatch
+    from mizuoto_voxcpm import model as model_module
+    from mizuoto_voxcpm.fixtures import write_random_model
+
+    directory = write_random_model(tmp_path / "m", "voxcpm2")
+    raw = json.loads((directory / "config.json").read_text())
+    raw[section][field] *= factor
+    (directory / "config.json").write_text(json.dumps(raw))
+
+    def allocated(*args, **kwargs):
+        raise AssertionError("the model was allocated before its weights were compared")
+
+    monkeypatch.setattr(model_module, "materialize_empty", allocated)
+    config = VoxCPMConfig.from_model_dir(directory)
+    with pytest.raises(CheckpointMismatch, match="model.safetensors does not match") as info:
+        model_module.load_model(directory, config, dtype=config.torch_dtype)
+    assert info.value.missing or info.value.shapes

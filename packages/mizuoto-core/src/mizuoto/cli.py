@@ -64,6 +64,8 @@ class _Group(click.Group):
         return command
 
     def invoke(self, ctx):
+        if not (ctx.obj and ctx.obj.get("debug")):
+            _name_thread_disk_failures()
         try:
             return super().invoke(ctx)
         except MizuotoError as exc:
@@ -82,6 +84,28 @@ class _Group(click.Group):
             where = f": {exc.filename}" if exc.filename else ""
             click.echo(f"Error: {exc.strerror or exc}{where}", err=True)
             ctx.exit(1)
+
+
+def _name_thread_disk_failures() -> None:
+    """A full or failing disk met by a writer thread (TensorBoard's event writer, a trainer's
+    checkpoint saver) is one named line on stderr, as on the main thread: no traceback."""
+    import threading
+
+    from mizuoto.runtime.atomic import storage_error
+
+    previous = threading.excepthook
+    if getattr(previous, "names_disk_failures", False):
+        return
+
+    def hook(args):
+        where = getattr(args.exc_value, "filename", None) or f"(thread {args.thread.name})"
+        named = storage_error(args.exc_value, where) if args.exc_value else None
+        if named is None:
+            return previous(args)
+        click.echo(f"Error: {named}", err=True)
+
+    hook.names_disk_failures = True
+    threading.excepthook = hook
 
 
 @click.group(cls=_Group)

@@ -6,6 +6,8 @@ Every error says what is wrong and how to fix it. The CLI maps each class to an 
 
 from __future__ import annotations
 
+import errno
+
 
 class MizuotoError(Exception):
     """Base class of every error Mizuoto raises on purpose."""
@@ -168,6 +170,25 @@ class VoiceMismatch(MizuotoError):
     """A saved voice built for another engine or model."""
 
     exit_code = 2
+
+
+class DiskFull(MizuotoError, OSError):
+    """Writing ``path`` failed because its disk is full (ENOSPC, EDQUOT) or failing (EIO).
+
+    Also an ``OSError`` with that ``errno`` (a server answers the full-disk ones with 507);
+    its text is the system's, ``"No space left on device: PATH"``. Nothing partial is left:
+    Mizuoto's writers are atomic. :func:`mizuoto.runtime.atomic.storage_error` makes one from
+    what the writers raise (``OSError``, libsndfile's "System error.", ``SafetensorError``)."""
+
+    exit_code = 1
+
+    def __init__(self, path: str, code: int = errno.ENOSPC) -> None:
+        reason = "Input/output error" if code == errno.EIO else "No space left on device"
+        OSError.__init__(self, code, reason, str(path))
+        self.path = str(path)
+
+    def __str__(self) -> str:
+        return f"{self.strerror}: {self.path}"
 
 
 def _preview(items: list[str], limit: int = 8) -> str:

@@ -52,7 +52,13 @@ from mizuoto.nn.dsp.mel import log_mel_spectrogram
 from mizuoto.nn.flow import ConditionalFlowMatching
 from mizuoto.nn.vocoders import Vocos
 from mizuoto.nn.vocoders import load_vocos as _load_vocos
-from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto.runtime.checkpoint import (
+    available_memory,
+    check_state_dict,
+    load_into,
+    load_state_dict_file,
+    module_bytes,
+)
 from mizuoto.runtime.checkpoint import weights_fingerprint as core_fingerprint
 from mizuoto_f5tts.text import read_vocab
 from mizuoto_f5tts.variants import (
@@ -156,6 +162,14 @@ def detect_variant(
         text_dim = state[_TEXT_EMBED_KEY].shape[1]
     except KeyError as e:
         raise CheckpointMismatch(source, detail=f"not an F5-TTS model: no {e}") from e
+    _check_size(source, "transformer width (time_embed.time_mlp.2.weight rows)", dim, 1,
+                _MOST["dim"])
+    _check_size(source, "head width (2 x rotary_embed.inv_freq)", dim_head, 2, _MOST["dim_head"])
+    _check_size(source, "text width (text_embed.text_embed.weight columns)", text_dim, 1,
+                _MOST["dim"])
+    if mel_dim != N_MELS:
+        raise CheckpointMismatch(source, detail=f"its mel width (proj_out.weight rows) is "
+                                 f"{mel_dim}, but F5-TTS's mel has {N_MELS} channels")
     conv_layers = _count(keys, r"transformer\.text_embed\.text_blocks\.(\d+)\.")
     backbone = backbone_of(state, source)
     if backbone == "dit":
@@ -173,8 +187,21 @@ def detect_variant(
             detail=f"it holds a {backbone.upper()} backbone but variant {family!r} is a "
             f"{family_variant.backbone.upper()}; choose a matching variant",
         )
-    inner = state[attn + "to_q.weight"].shape[0]
-    ff_mult = _ff_mult(state[ff].shape[0], dim)
+    _check_size(source, "depth (numbered blocks)", depth, 1, _MOST["depth"])
+    _check_size(source, "text conv layers", conv_layers, 0, _MOST["conv_layers"])
+    try:
+        inner = state[attn + "to_q.weight"].shape[0]
+        ff_inner = state[ff].shape[0]
+    except KeyError as e:
+        raise CheckpointMismatch(source, detail=f"not an F5-TTS model: no {e}") from e
+    _check_size(source, "attention width (attn.to_q.weight rows)", inner, dim_head,
+                _MOST["dim"])
+    if inner % dim_head:
+        raise CheckpointMismatch(source, detail=f"its attention width {inner} is not a "
+                                 f"multiple of its head width {dim_head}")
+    _check_size(source, "feed-forward width (ff.ff.0.0.weight rows)", ff_inner, 1,
+                _MOST["ff_inner"])
+    ff_mult = _ff_mult(ff_inner, dim)
     fields = dict(
         backbone=backbone,
         dim=dim,
@@ -198,6 +225,36 @@ def detect_variant(
         ):
             return known
     return attrs.evolve(family_variant, size="custom", **fields)
+
+
+# far above any released F5-TTS / E2-TTS (width 1024, 22-24 blocks, head 64) and far below a
+# size that would make a file of empty tensors allocate gigabytes when the model is built
+_MOST = {"dim": 16_384, "dim_head": 1024, "depth": 256, "conv_layers": 64, "ff_inner": 262_144}
+
+
+def _check_size(source: str, what: str, value: int, least: int, most: int) -> None:
+    if not least <= value <= most:
+        raise CheckpointMismatch(source, detail=f"its {what} is {value}, outside {least}.."
+                                 f"{most:,}: not an F5-TTS model this package can build")
+
+
+def _check_before_building(variant: F5Variant, vocab: dict[str, int],
+                           state: Mapping[str, torch.Tensor], path: Path,
+                           dtype: torch.dtype) -> None:
+    """The model the checkpoint describes, built on the meta device (nothing allocated, the
+    random state untouched): its size against the memory there is, its layout against the
+    checkpoint's shapes, so a file that does not fit fails by name before it costs anything."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        skeleton = ConditionalFlowMatching(variant.build_backbone(text_num_embeds=len(vocab)),
+                                           num_channels=variant.mel_dim, mel_spec=_f5_mel)
+    needed, available = module_bytes(skeleton, dtype), available_memory()
+    if available is not None and needed > available:
+        raise CheckpointMismatch(str(path), detail=(
+            f"its model needs about {needed / 2**30:.1f} GiB but {available / 2**30:.1f} GiB "
+            "of memory is available"))
+    layout = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    check_state_dict(layout, state, path, detail=f"the layout of {variant.name} "
+                     f"({variant.size}) with {len(vocab)} tokens")
 
 
 def checkpoint_variant(
@@ -279,6 +336,8 @@ def load_f5_model(
             f"checkpoint was trained with",
         )
 
+    _check_before_building(variant, vocab, state, ckpt_path,
+                           dtype if dtype is not None else auto_dtype(device))
     model = ConditionalFlowMatching(
         variant.build_backbone(text_num_embeds=len(vocab)),
         num_channels=variant.mel_dim,

@@ -51,3 +51,26 @@ def chunk_text(text: str, max_bytes: int = 135) -> list[str]:
     if current:
         chunks.append(current.strip())
     return chunks
+
+
+def split_to_fit(chunk: str, max_bytes: int) -> list[str]:
+    """``chunk`` cut into pieces of at most ``max_bytes`` UTF-8 bytes (at least one character
+    each): after the last space that fits, else between characters. For a chunk upstream's
+    splitter leaves too long for the model (a long text without sentence punctuation), which
+    upstream cannot speak at all; chunks that fit are never cut."""
+    pieces: list[str] = []
+    rest = chunk.strip()
+    while rest:
+        if _byte_len(rest) <= max_bytes:
+            pieces.append(rest)
+            break
+        end, size = 0, 0
+        while end < len(rest) and size + _byte_len(rest[end]) <= max_bytes:
+            size += _byte_len(rest[end])
+            end += 1
+        end = max(end, 1)
+        space = rest.rfind(" ", 0, end + 1)
+        cut = space if space > 0 else end
+        pieces.append(rest[:cut].strip())
+        rest = rest[cut:].strip()
+    return [p for p in pieces if p]

@@ -33,7 +33,7 @@ from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.options import Options
 from mizuoto.runtime.placement import Placement, place
 from mizuoto_f5tts import editing, reference
-from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes
+from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes, split_to_fit
 from mizuoto_f5tts.compute_lock import ComputeLock
 from mizuoto_f5tts.duration import check_positions, chunk_durations
 from mizuoto_f5tts.joining import CrossFade, join_chunks
@@ -176,6 +176,8 @@ class F5Engine(Engine):
             if "waveform" not in voice.tensors or _VOICE_TEXT not in voice.texts:
                 raise InvalidRequest("voice", "is not an F5-TTS voice (no waveform/text)",
                                      "build it with this engine's build_voice")
+            reference.check_voice(voice.tensors["waveform"], voice.sample_rate,
+                                  voice.texts[_VOICE_TEXT])
             return reference.condition_prepared(
                 voice.tensors["waveform"].to(torch.float32), voice.sample_rate,
                 voice.texts[_VOICE_TEXT], target_rms=params.target_rms, resample=self._resample)
@@ -234,6 +236,7 @@ class F5Engine(Engine):
         chunks = chunk_text(request.text, max_bytes)
         if not chunks:
             raise InvalidRequest("text", "has nothing to speak after splitting")
+        chunks = self._fit_positions(chunks, max_bytes, prepared, params)
         durations = chunk_durations(prepared.audio.shape[-1] // HOP_LENGTH,
                                     prepared.prompt_text, chunks, params)
         token_batches = [token_ids(to_tokens(prepared.prompt_text + chunk), self.vocab)[None]
@@ -293,6 +296,30 @@ class F5Engine(Engine):
         return Rendered(_audio(samples), sampler=_sampler(plan.steps, plan.guidance, params),
                         fallbacks=plan.fallbacks, warnings=plan.warnings,
                         chunks=len(plan.chunks))
+
+    def _fit_positions(self, chunks: list[str], max_bytes: int,
+                       prepared: reference.PreparedReference, params: F5Params) -> list[str]:
+        """Each chunk longer than the model's text positions cut again at spaces (else between
+        characters) into chunks of upstream's size: so any text within the request limit (the
+        model card's ``max_input_chars``) is spoken at any speed, where upstream refuses a long
+        unpunctuated text. Chunks that fit stay exactly as upstream makes them; a fixed total
+        duration is the caller's, so it is not cut."""
+        if params.fix_duration is not None:
+            return chunks
+        ref_frames = prepared.audio.shape[-1] // HOP_LENGTH
+
+        def fits(chunk: str) -> bool:
+            frames = chunk_durations(ref_frames, prepared.prompt_text, [chunk], params)[0]
+            tokens = token_ids(to_tokens(prepared.prompt_text + chunk), self.vocab)
+            try:
+                check_positions(self.model.transformer, tokens.shape[-1], ref_frames + 1,
+                                frames, "chunk")
+            except InvalidRequest:
+                return False
+            return True
+
+        return [piece for chunk in chunks
+                for piece in ([chunk] if fits(chunk) else split_to_fit(chunk, max_bytes))]
 
     def _check_time_grid(self, steps: int, params: F5Params) -> None:
         """Refuse a time grid that repeats values in the model's dtype (half precision, many

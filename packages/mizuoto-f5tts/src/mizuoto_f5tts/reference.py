@@ -196,6 +196,35 @@ def prepare_pcm(source: Audio | Path) -> tuple[torch.Tensor, int]:
     return waveform, pcm.rate
 
 
+# a saved voice holds the clipped reference (upstream keeps under 12 s): a minute is generous
+_VOICE_SECONDS = 60
+_VOICE_RATES = (1000, 384_000)
+_RESAVE = "save the voice again from its recording (--save-voice)"
+
+
+def check_voice(waveform: torch.Tensor, rate: int, text: str) -> None:
+    """Refuse, naming the voice, a saved voice that is not what :func:`prepare_pcm` and
+    :func:`prepare_reference_text` make: float ``[channels, samples]`` audio, not empty, not
+    silent, finite, of a plausible rate and length, with a transcript."""
+    shape = tuple(waveform.shape)
+    if waveform.ndim != 2 or not 1 <= shape[0] <= 8 or shape[1] == 0:
+        raise InvalidRequest("voice", f"its waveform has shape {shape}, not [channels, "
+                             "samples] with audio in it", _RESAVE)
+    if not waveform.is_floating_point():
+        raise InvalidRequest("voice", f"its waveform is {waveform.dtype}, not float", _RESAVE)
+    if not _VOICE_RATES[0] <= rate <= _VOICE_RATES[1]:
+        raise InvalidRequest("voice", f"its sample rate {rate} is outside "
+                             f"{_VOICE_RATES[0]}..{_VOICE_RATES[1]} Hz", _RESAVE)
+    if shape[1] > _VOICE_SECONDS * rate:
+        raise InvalidRequest("voice", f"its waveform is {shape[1] / rate:.0f} s long, more than "
+                             f"{_VOICE_SECONDS} s", "save a voice from a shorter recording")
+    if not bool(torch.isfinite(waveform).all()) or not bool(waveform.abs().amax() > 0):
+        raise InvalidRequest("voice", "its waveform is silent or not finite", _RESAVE)
+    if not text.strip():
+        raise InvalidRequest("voice", "its reference text is empty", _RESAVE + " with the "
+                             "recording's transcript")
+
+
 def condition_audio(waveform: torch.Tensor, rate: int, target_rms: float,
                     resample) -> tuple[torch.Tensor, torch.Tensor]:
     """Average the channels, raise to ``target_rms`` when quieter (RMS measured before

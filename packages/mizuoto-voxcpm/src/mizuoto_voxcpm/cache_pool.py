@@ -49,9 +49,15 @@ class CacheSlot:
         return CacheFull(f"the model's context (max_length {self.lm.max_length}) is full")
 
 
+#: How long a request waits for a slot another thread holds before EngineBusy (a library
+#: call waits, as a call on a busy resource does; a caller that must not wait passes ``wait=0``)
+SLOT_WAIT_SECONDS = 30.0
+
+
 class CachePool:
     """Up to ``size`` cache slots for one model; ``first`` (the model's own slot, the one CUDA
-    graphs are captured over) is handed out first."""
+    graphs are captured over) is handed out first. A request finding every slot held by other
+    threads waits up to ``wait`` seconds for one to come back."""
 
     def __init__(self, model, *, size: int, attention: str, first: CacheSlot | None = None
                  ) -> None:
@@ -63,6 +69,9 @@ class CachePool:
         self._free: list[CacheSlot] = [first] if first is not None else []
         self._allocated = len(self._free)
         self._guard = threading.Lock()
+        self._returned = threading.Condition(self._guard)
+        self._holders: dict[int, int] = {}  # id(slot) -> the thread that holds it
+        self.wait = SLOT_WAIT_SECONDS
 
     @property
     def in_use(self) -> int:
@@ -94,24 +103,38 @@ class CachePool:
             with self._guard:
                 self._free.append(slot)
 
-    def acquire(self) -> CacheSlot:
-        """A free slot (allocated on first need); :class:`EngineBusy` when all are open."""
+    def acquire(self, wait: float | None = None) -> CacheSlot:
+        """A free slot (allocated on first need). When all are open, wait up to ``wait``
+        seconds (default: the pool's ``wait``) for another thread to give one back, then
+        :class:`EngineBusy` naming the wait; at once when this thread holds them all (it
+        cannot give one back while it waits)."""
+        wait = self.wait if wait is None else wait
         with self._guard:
+            if not self._free and self._allocated >= self.size:
+                me = threading.get_ident()
+                others = any(holder != me for holder in self._holders.values())
+                if not (others and wait > 0 and self._returned.wait_for(
+                        lambda: bool(self._free), timeout=wait)):
+                    waited = f"waited {wait:g} s; " if others and wait > 0 else ""
+                    raise EngineBusy(
+                        f"all {self.size} cache slots of this VoxCPM model are held by open "
+                        f"requests ({waited}streams not yet finished or closed)",
+                        "finish or close a stream first, or load the model with a larger "
+                        "engines.voxcpm.cache_slots")
             if self._free:
-                return self._free.pop(0)
-            if self._allocated >= self.size:
-                raise EngineBusy(
-                    f"all {self.size} cache slots of this VoxCPM model are held by open "
-                    "requests (streams not yet finished or closed)",
-                    "finish or close a stream first, or load the model with a larger "
-                    "engines.voxcpm.cache_slots")
+                slot = self._free.pop(0)
+                self._holders[id(slot)] = threading.get_ident()
+                return slot
             self._allocated += 1
         try:
-            return CacheSlot.allocate(self._model, self.attention)
+            slot = CacheSlot.allocate(self._model, self.attention)
         except BaseException:
             with self._guard:
                 self._allocated -= 1
             raise
+        with self._guard:
+            self._holders[id(slot)] = threading.get_ident()
+        return slot
 
     def release(self, slot: CacheSlot) -> None:
         """Give ``slot`` back; its contents are overwritten by the next prefill."""
@@ -120,6 +143,8 @@ class CachePool:
                 raise ValueError("this cache slot was already released")
             # the model's own slot first again: CUDA graphs replay over it
             self._free.insert(0 if slot is self._model.caches else len(self._free), slot)
+            self._holders.pop(id(slot), None)
+            self._returned.notify()
 
     @contextmanager
     def slot(self) -> Iterator[CacheSlot]:

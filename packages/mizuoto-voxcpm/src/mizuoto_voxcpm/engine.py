@@ -57,7 +57,13 @@ from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
 from mizuoto_voxcpm.settings import DEFAULT_CACHE_SLOTS, VoxCPMOptions, VoxCPMParams
 from mizuoto_voxcpm.text import model_text, prepare_prompt_text, prepare_target_text
 from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
-from mizuoto_voxcpm.voice import model_fingerprint, prompt_from_voice, voice_from_prompt
+from mizuoto_voxcpm.voice import (
+    ENGINE,
+    check_voice_latents,
+    model_fingerprint,
+    prompt_from_voice,
+    voice_from_prompt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +322,10 @@ class VoxCPMEngine(Engine):
         """The request resolved (capabilities, params and seed checked by the base class)."""
         warnings = []
         if request.voice is not None:
+            request.voice.check(ENGINE, self.info.fingerprint)
+            check_voice_latents(request.voice, patch_size=self.config.patch_size,
+                                feat_dim=self.config.feat_dim,
+                                max_length=self.config.max_length, is_v2=self.config.is_v2)
             prompt = prompt_from_voice(request.voice, fingerprint=self.info.fingerprint,
                                        reference_prefix=params.reference_prefix,
                                        use_prompt=request.instruction is None)
@@ -400,7 +410,8 @@ class VoxCPMEngine(Engine):
     def _synthesize(self, request: SynthesisRequest, params: VoxCPMParams,
                     generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
         plan = self._plan(request, params, generator.initial_seed())
-        with self._compute, self._pool.slot() as slot:
+        # the slot first: a wait for one must not hold the lock its holders need to finish
+        with self._pool.slot() as slot, self._compute:
             return self._synthesize_plan(plan, slot, progress)
 
     def _synthesize_plan(self, plan: _Plan, slot, progress) -> Rendered:

@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto.runtime.checkpoint import find_weights_file, load_weights_into, materialize_empty
+from mizuoto.runtime.checkpoint import (
+    check_weights_file,
+    find_weights_file,
+    load_weights_into,
+    materialize_empty,
+)
 from mizuoto_voxcpm.cache_pool import CacheSlot
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.flow import sample_patch
@@ -265,6 +270,10 @@ def load_model(model_dir: str | Path, config: VoxCPMConfig, *, dtype: torch.dtyp
     # recomputed: the same values as upstream's build-in-float32-then-cast, without the init cost
     with torch.device("meta"):
         model = VoxCPMModel(config)
+    # the file's shapes against the config's, from the header alone: a config.json that does
+    # not fit its weights is named before the model takes any memory
+    check_weights_file(model, path, skip_prefixes=("audio_vae.",), tolerate_unexpected=True,
+                       detail=f"the layout comes from {config.path}")
     model = materialize_empty(model, device, dtype)
     for module in model.modules():
         if isinstance(module, LongRoPE):

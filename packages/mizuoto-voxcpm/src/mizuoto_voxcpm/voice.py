@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from mizuoto.contracts.voice import Voice
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.checkpoint import weights_fingerprint
 from mizuoto_voxcpm.generation import PromptCache
 
@@ -19,6 +20,7 @@ ENGINE = "voxcpm"
 PROMPT_LATENTS = "prompt_latents"
 REFERENCE_LATENTS = "reference_latents"
 PROMPT_TEXT = "prompt_text"
+_RESAVE = "save the voice again from its recording (--save-voice) with this model"
 
 def model_fingerprint(model_dir: str | Path, files: list[str]) -> str:
     """Identity of a model: its config and its weight files (core's fingerprint).
@@ -65,3 +67,35 @@ def prompt_from_voice(voice: Voice, *, fingerprint: str, reference_prefix: bool,
             reference = None
     text = voice.texts.get(PROMPT_TEXT) if prompt is not None else None
     return PromptCache(prompt_text=text, prompt_latents=prompt, reference_latents=reference)
+
+
+def check_voice_latents(voice: Voice, *, patch_size: int, feat_dim: int, max_length: int,
+                        is_v2: bool) -> None:
+    """Refuse, naming ``voice``, a voice file this model cannot speak with: latents missing
+    (VoxCPM2's voices always hold ``reference_latents``, the first generation's a prompt with
+    its text), of another layout than ``(patches, patch_size, feat_dim)``, empty, or longer
+    than the model's context (a voice's fault, not the text's)."""
+    needed = [REFERENCE_LATENTS] if is_v2 else [PROMPT_LATENTS]
+    for name in needed:
+        if name not in voice.tensors:
+            raise InvalidRequest("voice", f"it holds no {name}, which every "
+                                 f"{'VoxCPM2' if is_v2 else 'VoxCPM'} voice has", _RESAVE)
+    if PROMPT_LATENTS in voice.tensors and not voice.texts.get(PROMPT_TEXT, "").strip():
+        raise InvalidRequest("voice", f"its {PROMPT_LATENTS} come without their {PROMPT_TEXT}",
+                             _RESAVE)
+    patches = 0
+    for name in (PROMPT_LATENTS, REFERENCE_LATENTS):
+        latents = voice.tensors.get(name)
+        if latents is None:
+            continue
+        shape = tuple(latents.shape)
+        if latents.ndim != 3 or shape[1:] != (patch_size, feat_dim) or shape[0] == 0:
+            raise InvalidRequest("voice", f"its {name} have shape {shape}, not (patches >= 1, "
+                                 f"{patch_size}, {feat_dim}) as this model's", _RESAVE)
+        if not latents.is_floating_point():
+            raise InvalidRequest("voice", f"its {name} are {latents.dtype}, not float", _RESAVE)
+        patches += shape[0]
+    if patches >= max_length:
+        raise InvalidRequest("voice", f"it holds {patches} patches of prompt, more than the "
+                             f"model's context of {max_length} positions leaves room for",
+                             "save a voice from a shorter recording (a few seconds)")

@@ -108,6 +108,15 @@ def _jsonl(path: Path) -> Iterator[BatchLine]:
                 yield BatchLine(number, str(number), error=InvalidRequest(
                     "line", "must be a JSON object with at least \"text\""))
                 continue
+            half = _lone_surrogate(fields) if "\\u" in raw.lower() else None
+            if half is not None:
+                # JSON's \ud83d escape decodes to half a character that no file, manifest or
+                # tokenizer can encode: named here, not as a codec error later
+                yield BatchLine(number, str(number), error=InvalidRequest(
+                    "line", f"line {number} holds a lone surrogate \\u{half:04x} (half of a "
+                    "UTF-16 pair)", "write the character itself or both halves of its pair, "
+                    "e.g. \\ud83d\\ude00"))
+                continue
             if "id" in fields:
                 # an integer id is what a user numbering lines means: 7 names 7.wav; a bool,
                 # float or null has no one file name (true? 7.0 or 7?) and is refused
@@ -119,6 +128,23 @@ def _jsonl(path: Path) -> Iterator[BatchLine]:
                         'write it in quotes, e.g. "id": "intro-1"'))
                     continue
             yield BatchLine(number, fields.get("id", str(number)), fields)
+
+
+def _lone_surrogate(decoded: object) -> int | None:
+    """The first lone surrogate in a decoded JSON line's keys and values, if any."""
+    pending = [decoded]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, str):
+            for char in value:
+                if 0xD800 <= ord(char) <= 0xDFFF:
+                    return ord(char)
+    return None
 
 
 def _delimited(path: Path) -> Iterator[BatchLine]:

@@ -29,7 +29,7 @@ from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine_support import join_stream, one_chunk
 from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.request_lock import NoLock, RequestLock
+from mizuoto.contracts.request_lock import NoLock, RequestLock, Stream
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, Rendered, SynthesisResult
 from mizuoto.contracts.voice import Voice
@@ -441,7 +441,7 @@ def _serialized(method):
         def call(self, *args, **kwargs):
             with self._lock():
                 result = method(self, *args, **kwargs)
-            if inspect.isgenerator(result):  # a stream built by a helper generator
+            if inspect.isgenerator(result) or isinstance(result, Stream):  # a stream
                 return self._lock().stream(result, functools.partial(_completed, self, args))
             return _completed(self, args, result)
 

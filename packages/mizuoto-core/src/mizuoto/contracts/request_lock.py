@@ -56,9 +56,12 @@ class RequestLock:
             self._lock.release()
 
     def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
-               ) -> Iterator[T]:
+               ) -> Stream[T]:
         """Iterate ``chunks`` under the lock (taken at the first chunk), marked paused while
         each chunk is with the consumer; ``each`` maps a chunk before it is handed out."""
+        return Stream(self._locked(chunks, each))
+
+    def _locked(self, chunks: Iterator[T], each: Callable[[T], T]) -> Iterator[T]:
         with self:
             while True:
                 try:
@@ -82,6 +85,57 @@ class NoLock:
         return None
 
     def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
-               ) -> Iterator[T]:
-        for chunk in chunks:
-            yield each(chunk)
+               ) -> Stream[T]:
+        return Stream(each(chunk) for chunk in chunks)
+
+
+class Stream(Iterator[T]):
+    """What ``engine.stream(...)`` returns: the chunks, plus :meth:`cancel` for any thread.
+
+    Closing a generator from another thread while it runs raises "generator already
+    executing"; ``cancel()`` instead marks the stream, which then stops at its next chunk (the
+    chunk being made is dropped): closed at once when no chunk is being made, else by the
+    consuming thread when that chunk is done. Either way the engine's lock and the request's
+    state (a cache slot) are given back. ``close()`` is the consumer's own, as a generator's."""
+
+    def __init__(self, chunks: Iterator[T]) -> None:
+        self._chunks = chunks
+        self._guard = threading.Lock()
+        self._making = False
+        self._cancelled = False
+
+    def __iter__(self) -> Stream[T]:
+        return self
+
+    def __next__(self) -> T:
+        with self._guard:
+            if self._cancelled:
+                raise StopIteration
+            self._making = True
+        try:
+            chunk = next(self._chunks)
+        finally:
+            with self._guard:
+                self._making = False
+                cancelled = self._cancelled
+        if cancelled:
+            self.close()
+            raise StopIteration
+        return chunk
+
+    def cancel(self) -> None:
+        """Stop the stream at its next chunk; safe from any thread, and more than once."""
+        with self._guard:
+            self._cancelled = True
+            if self._making:
+                return  # the consuming thread closes it when its chunk is done
+        self.close()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()

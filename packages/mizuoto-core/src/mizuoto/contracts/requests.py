@@ -42,6 +42,14 @@ def _check_length(field_name: str, value: str) -> None:
                              f"{MAX_TEXT_CHARS}", "split it into several requests")
 
 
+def is_blank(text: str) -> bool:
+    """Whether ``text`` has nothing to speak: only whitespace and invisible format characters (zero-width space/joiners U+200B-U+200D, word joiner U+2060, BOM U+FEFF,
+    soft hyphen, bidi marks: Unicode category Cf). The one test of "empty" for every front
+    end, so text of only zero-width characters is refused as whitespace is (control characters
+    are dropped first, with their own message: :func:`drop_control_characters`)."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+
+
 #: Control characters kept in text: line breaks and tabs are layout, and upstream handles them.
 KEPT_CONTROL = frozenset("\n\r\t")
 
@@ -56,7 +64,7 @@ def drop_control_characters(field_name: str, text: str) -> tuple[str, tuple[str,
     if not dropped:
         return text, ()
     kept = "".join(c for c in text if c in KEPT_CONTROL or unicodedata.category(c) != "Cc")
-    if not kept.strip():
+    if is_blank(kept):
         raise InvalidRequest(field_name, "holds only control characters",
                              "give the words to speak")
     codes = ", ".join(f"U+{ord(c):04X}" for c in sorted(set(dropped))[:6])
@@ -75,8 +83,13 @@ def _check_text(field_name: str):
     def check(instance, attribute, value):
         if not isinstance(value, str):
             raise InvalidRequest(field_name, f"must be a string, got {type(value).__name__}")
-        if not value.strip():
+        if is_blank(value):
             raise InvalidRequest(field_name, "is empty", "give the words to speak")
+        half = next((c for c in value if "\ud800" <= c <= "\udfff"), None)
+        if half is not None:
+            raise InvalidRequest(field_name, f"holds a lone surrogate U+{ord(half):04X} (half "
+                                 "of a UTF-16 pair), which no file or tokenizer can encode",
+                                 "pass the character itself (decode the text as UTF-8)")
         _check_length(field_name, value)
 
     return check
@@ -170,7 +183,7 @@ class SynthesisRequest:
         if self.reference is not None and self.voice is not None:
             raise InvalidRequest("voice", "cannot be combined with reference",
                                  "pass either a reference recording or a saved voice")
-        if self.instruction is not None and not self.instruction.strip():
+        if self.instruction is not None and is_blank(self.instruction):
             raise InvalidRequest("instruction", "is empty", "omit it or describe the voice")
 
 

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from mizuoto.errors import DiskFull
 
 
 def _umask() -> int:
@@ -47,6 +51,70 @@ def is_special(path: Path) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+#: errno values of a write that failed for its disk, not for its caller
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+# below this many free bytes a writer's errno-less "System error." is taken as a full disk
+_NEARLY_FULL = 1 << 20
+
+
+def storage_error(exc: BaseException, path: str | Path) -> DiskFull | None:
+    """The :class:`DiskFull` that ``exc`` (or an exception it was raised from) stands for, or
+    None when it is not a disk's failure. Writers hide the errno in their own types:
+    soundfile's ``LibsndfileError`` says "System error." (cffi keeps the errno of the C call
+    that failed), safetensors' ``SafetensorError`` spells the io error out in its text."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain of causes, never a cycle of contexts
+        if seen is None:
+            break
+        if isinstance(seen, DiskFull):
+            return seen
+        if isinstance(seen, OSError) and seen.errno in STORAGE_ERRNOS:
+            return DiskFull(str(path), seen.errno)
+        code = _writer_errno(seen, Path(path))
+        if code is not None:
+            return DiskFull(str(path), code)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _writer_errno(exc: BaseException, path: Path) -> int | None:
+    kind, text = type(exc).__name__, str(exc)
+    if kind == "SafetensorError":  # "I/O error: No space left on device (os error 28)"
+        found = re.search(r"os error (\d+)", text)
+        code = int(found.group(1)) if found else None
+        return code if code in STORAGE_ERRNOS else None
+    if kind != "LibsndfileError" or getattr(exc, "code", None) != 2:  # SFE_SYSTEM
+        return None
+    try:
+        import soundfile
+
+        code = soundfile._ffi.errno
+    except (ImportError, AttributeError):
+        code = 0
+    if code in STORAGE_ERRNOS:
+        return code
+    try:
+        disk = os.statvfs(path.parent)
+        free = disk.f_bavail * disk.f_frsize
+    except OSError:
+        return None
+    return errno.ENOSPC if free < _NEARLY_FULL else None
+
+
+@contextlib.contextmanager
+def storage_errors_named(path: str | Path) -> Iterator[None]:
+    """Re-raise a disk's failure inside the block as :class:`DiskFull` naming ``path``."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as exc:
+        named = storage_error(exc, path)
+        if named is None:
+            raise
+        raise named from exc
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed over ``path``.
@@ -58,18 +126,21 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     if path.is_symlink():
         path = path.resolve()
     if is_special(path):
-        with _written_into(path) as tmp:
+        with storage_errors_named(path), _written_into(path) as tmp:
             yield tmp
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
+    with storage_errors_named(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix,
+                                   dir=path.parent)
+        os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        # after the write: a writer may have replaced the file (safetensors makes it 0600)
-        os.chmod(tmp_path, file_mode())
-        os.replace(tmp_path, path)
+        with storage_errors_named(path):
+            yield tmp_path
+            # after the write: a writer may have replaced the file (safetensors makes it 0600)
+            os.chmod(tmp_path, file_mode())
+            os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -103,18 +174,19 @@ def atomic_directory(path: str | Path, *, staging: str | None = None,
         tmp_path.mkdir()
     os.chmod(tmp_path, directory_mode())  # mkdtemp creates 0700
     try:
-        yield tmp_path
-        if durable:
-            _fsync_files(tmp_path)
-        if not path.exists():
-            os.replace(tmp_path, path)
-        elif _exchange(tmp_path, path):
-            shutil.rmtree(tmp_path)  # now the old directory
-        else:
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / path.name)
-            os.replace(tmp_path, path)
-            shutil.rmtree(old)
+        with storage_errors_named(path):
+            yield tmp_path
+            if durable:
+                _fsync_files(tmp_path)
+            if not path.exists():
+                os.replace(tmp_path, path)
+            elif _exchange(tmp_path, path):
+                shutil.rmtree(tmp_path)  # now the old directory
+            else:
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+                os.replace(path, old / path.name)
+                os.replace(tmp_path, path)
+                shutil.rmtree(old)
     finally:
         if tmp_path.exists():
             shutil.rmtree(tmp_path)

@@ -177,6 +177,45 @@ def load_weights_into(module: nn.Module, path: str | Path, *,
     return module
 
 
+def check_weights_file(module: nn.Module, path: str | Path, *,
+                       skip_prefixes: Sequence[str] = (), tolerate_unexpected: bool = False,
+                       detail: str = "") -> None:
+    """Compare a ``.safetensors`` file's tensor names and shapes, read from its header alone,
+    with ``module``'s (built on the meta device: nothing allocated yet), as
+    :func:`load_weights_into` later does; a mismatch is a :class:`CheckpointMismatch` before
+    the model costs any memory. Other formats are compared when they are loaded."""
+    path = Path(path)
+    if path.suffix.lower() not in SAFETENSORS_SUFFIXES or not path.is_file():
+        return
+    with path.open("rb") as handle:
+        found = {name: torch.empty(entry.shape, dtype=entry.dtype, device="meta")
+                 for name, entry in _safetensors_index(handle, path).items()
+                 if not name.startswith(tuple(skip_prefixes))}
+    layout = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    check_state_dict(layout, found, path, tolerate_unexpected=tolerate_unexpected,
+                     detail=detail)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can still give (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:
+    """The size of ``module``'s parameters and buffers (floating ones in ``dtype``); works on
+    the meta device, so a model's cost is known before it is allocated."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return sum(t.numel() * (itemsize if t.is_floating_point() else t.element_size())
+               for t in (*module.parameters(), *module.buffers()))
+
+
 @attrs.frozen
 class _StoredTensor:
     dtype: torch.dtype
