@@ -10,6 +10,7 @@ import types
 import pytest
 
 from mizuoto.errors import EngineBusy
+from mizuoto.runtime.busy_wait import waiting_at_most
 from mizuoto_voxcpm.cache_pool import CachePool
 
 
@@ -65,3 +66,15 @@ def test_a_thread_holding_every_slot_is_told_at_once():
         pool.acquire(wait=600)  # no other thread could give one back: no wait
     pool.release(held)
     assert pool.acquire(wait=0) is held
+
+
+def test_a_server_job_is_told_at_once():
+    """mizuoto serve runs its jobs inside waiting_at_most(0): its 429 comes without a wait."""
+    pool = _pool()
+    pool.wait = 600  # a library call would wait this long
+    thread, give_back = _held_elsewhere(pool)
+    with waiting_at_most(0), pytest.raises(EngineBusy) as info:
+        pool.acquire()
+    assert "waited" not in str(info.value)
+    give_back.set()
+    thread.join()

@@ -21,11 +21,13 @@ from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.engine_support import check_output_length, read_reference
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.ranges import check_number, integer_in, number_in
+from mizuoto.contracts.request_lock import Stream
 from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS
 from mizuoto.contracts.results import check_finite
 from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import (
     CheckpointMismatch,
+    DiskFull,
     EngineBusy,
     InvalidAudio,
     InvalidOption,
@@ -40,6 +42,7 @@ from mizuoto.errors import (
 )
 from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_directory, atomic_path, save_safetensors
+from mizuoto.runtime.busy_wait import busy_wait, waiting_at_most
 from mizuoto.runtime.interruption import catch_interruption
 from mizuoto.runtime.seeds import keyed_generator
 from mizuoto.text.files import read_utf8
@@ -67,11 +70,12 @@ __all__ = [
     # the plugin API's version and its deprecation warning
     "API_VERSION", "PluginAPIDeprecation",
     # engine helpers
-    "ProgressCallback", "check_finite", "check_output_length", "read_reference", "report",
+    "ProgressCallback", "Stream", "busy_wait", "check_finite", "check_output_length", "read_reference",
+    "report", "waiting_at_most",
     # request limits and range validators for params and options classes
     "MAX_SEED", "MAX_TEXT_CHARS", "check_number", "integer_in", "number_in",
     # errors
-    "CheckpointMismatch", "EngineBusy", "InvalidAudio", "InvalidOption", "InvalidRequest",
+    "CheckpointMismatch", "DiskFull", "EngineBusy", "InvalidAudio", "InvalidOption", "InvalidRequest",
     "ModelFilesMissing", "NonFiniteAudio", "OutputNotWritable", "RequestConflict",
     "UnsafeCheckpoint", "UnsupportedCapability", "VoiceMismatch",
     # files: atomic writers, text files, model directories

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import attrs
 
 from mizuoto.errors import EngineBusy
+from mizuoto.runtime.busy_wait import busy_wait
 from mizuoto_voxcpm.kv_cache import CacheFull, KVCache
 
 
@@ -105,10 +106,11 @@ class CachePool:
 
     def acquire(self, wait: float | None = None) -> CacheSlot:
         """A free slot (allocated on first need). When all are open, wait up to ``wait``
-        seconds (default: the pool's ``wait``) for another thread to give one back, then
+        seconds (default: the pool's ``wait``, or the caller's bound: a server waits none,
+        see :mod:`mizuoto.runtime.busy_wait`) for another thread to give one back, then
         :class:`EngineBusy` naming the wait; at once when this thread holds them all (it
         cannot give one back while it waits)."""
-        wait = self.wait if wait is None else wait
+        wait = busy_wait(self.wait) if wait is None else wait
         with self._guard:
             if not self._free and self._allocated >= self.size:
                 me = threading.get_ident()

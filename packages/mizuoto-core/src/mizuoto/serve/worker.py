@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mizuoto.runtime.busy_wait import waiting_at_most
 from mizuoto.serve.batching import Lanes
 from mizuoto.serve.errors import APIError, from_mizuoto, unavailable, without_paths
 
@@ -326,7 +327,8 @@ class ModelWorker:
         try:
             if job.cancelled:
                 raise Cancelled
-            with self._shared_lock or contextlib.nullcontext():
+            # a full engine answers 429 at once: the library's bounded wait is not a server's
+            with self._shared_lock or contextlib.nullcontext(), waiting_at_most(0):
                 job.run(self.engine)
         except Cancelled:
             if self._metrics is not None:
