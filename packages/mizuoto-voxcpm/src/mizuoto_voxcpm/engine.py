@@ -31,6 +31,7 @@ from mizuoto.errors import (
 from mizuoto.options import Options
 from mizuoto.runtime.device import dtype_name, preferred_device
 from mizuoto.runtime.placement import Placement, place
+from mizuoto.runtime.prepack import prepack_linears, prepack_report
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
@@ -103,7 +104,7 @@ class VoxCPMEngine(Engine):
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
-                                                "cuda_graphs"}
+                                                "cuda_graphs", "prepack"}
     # each request generates in its own cache slot with its own generator, buffers and
     # decoder state; what the model's modules share (the VAE's noise source, the batcher) is
     # used under the engine's own lock, held per chunk (self._compute)
@@ -183,6 +184,10 @@ class VoxCPMEngine(Engine):
         # replaces layers inside it: dynamo's guards see that and recompile
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
             attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
+        # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
+        compiled = [model.feat_decoder.estimator] if options.compute.compile else []
+        prepack_linears(model.component_groups(), options.compute.prepack, skip=compiled)
+        placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(
             {"architecture": config.architecture, "audio_vae_config": config.audio_vae})
@@ -232,7 +237,11 @@ class VoxCPMEngine(Engine):
         # compute["batched"]: whether this result's patches were sampled in batched steps
         applied = super()._applied(call, rendered)
         batched = self._batcher is not None and bool(rendered.extra.get("streamed"))
-        return attrs.evolve(applied, compute={**applied.compute, "batched": batched})
+        # compute["prepack"]: per component, how many linear layers have run a packed kernel
+        # (proven bit-identical on this CPU) and how many F.linear only
+        prepack = prepack_report(self.model.component_groups(), self.placement.settings["prepack"])
+        return attrs.evolve(applied, compute={**applied.compute, "batched": batched,
+                                              "prepack": prepack})
 
     # -- LoRA ---------------------------------------------------------------------------
 
