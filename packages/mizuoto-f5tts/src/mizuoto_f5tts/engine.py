@@ -143,6 +143,10 @@ class F5Engine(Engine):
     def sampler_defaults(self) -> dict[str, int | float]:
         return {"steps": DEFAULT_STEPS, "guidance": DEFAULT_GUIDANCE}
 
+    def profile_components(self) -> dict[str, list]:
+        """For ``mizuoto bench --profile``: the modules of each part of a request."""
+        return {"transformer": [self.model.transformer], "vocoder": [self.vocoder]}
+
     @property
     def info(self) -> ModelInfo:
         return self._info

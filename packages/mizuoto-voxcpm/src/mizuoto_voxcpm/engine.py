@@ -228,6 +228,11 @@ class VoxCPMEngine(Engine):
     def info(self) -> ModelInfo:
         return self._info
 
+    def profile_components(self) -> dict[str, list]:
+        """For ``mizuoto bench --profile``: the modules of each part of a patch (the stop head
+        runs once a patch) and the VAE."""
+        return {**self.model.component_groups(), "vae": [self.vae]}
+
     @property
     def batcher(self) -> PatchBatcher | None:
         """The continuous batcher of streams (``engines.voxcpm.max_batch`` > 1), else None."""

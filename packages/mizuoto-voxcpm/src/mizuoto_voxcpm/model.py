@@ -133,11 +133,11 @@ class VoxCPMModel(nn.Module):
         ``mizuoto bench --profile`` name them."""
         groups = {"base_lm": [self.base_lm], "residual_lm": [self.residual_lm],
                   "encoder": [self.feat_encoder, self.enc_to_lm_proj],
-                  "dit": [self.feat_decoder, self.lm_to_dit_proj, self.res_to_dit_proj],
+                  "dit": [self.feat_decoder.estimator, self.lm_to_dit_proj, self.res_to_dit_proj],
                   "stop_head": [self.stop_proj, self.stop_head],
-                  "other": [self.fsq_layer]}
+                  "projections": [self.fsq_layer]}
         if self.config.is_v2:
-            groups["other"].append(self.fusion_concat_proj)
+            groups["projections"].append(self.fusion_concat_proj)
         return groups
 
     # -- the pieces of one generation ------------------------------------------------------
