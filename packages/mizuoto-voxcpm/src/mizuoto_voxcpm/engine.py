@@ -38,6 +38,7 @@ from mizuoto_voxcpm.batching import PatchBatcher
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import StreamDecoder, decode_utterance, segment_decoder
+from mizuoto_voxcpm.fast import apply_fast, check_fast
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -184,6 +185,9 @@ class VoxCPMEngine(Engine):
         # replaces layers inside it: dynamo's guards see that and recompile
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
             attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
+        check_fast(engine_options.fast, device, placement.dtype)
+        apply_fast(model.component_groups(), engine_options.fast)
+        placement = placement.with_settings(fast=engine_options.fast)
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
         compiled = [model.feat_decoder.estimator] if options.compute.compile else []
         prepack_linears(model.component_groups(), options.compute.prepack, skip=compiled)
@@ -261,6 +265,10 @@ class VoxCPMEngine(Engine):
         weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA.
         Refused while a request is open (a stream between two chunks): its voice would change
         mid-utterance."""
+        if path is not None and self.placement.settings["fast"] != "off":
+            raise InvalidOption("engines.voxcpm.fast", "a LoRA needs the float linear layers "
+                                "the int8 fast profile replaced: load with "
+                                "engines.voxcpm.fast=off")
         with self._compute:
             if self._pool.in_use:
                 raise EngineBusy(f"{self._pool.in_use} request(s) are open on this model; "
