@@ -74,8 +74,8 @@ class PrepackedLinear(nn.Linear):
     weight at the row counts proven bit-identical to ``F.linear`` (module docstring)."""
 
     _pack: tuple[str, torch.Tensor, tuple, int] | None  # kernel, packed, weight stamp, rows
-    _rows_ok: set[tuple[int, int]]  # (rows, threads) proven for the pack
-    _rows_tried: set[tuple[int, int]]
+    _rows_ok: set[tuple]  # (rows, threads, input dims, contiguous) proven for the pack
+    _rows_tried: set[tuple]
 
     def _init_prepack(self) -> None:
         self._pack = None
@@ -96,7 +96,9 @@ class PrepackedLinear(nn.Linear):
         rows = x.numel() // self.in_features
         if rows > MAX_ROWS or rows == 0:
             return F.linear(x, weight, self.bias)
-        key = (rows, torch.get_num_threads())
+        # F.linear's own path depends on the input's layout (a strided 3-d view is copied
+        # differently from contiguous rows): proofs are per layout too
+        key = (rows, torch.get_num_threads(), x.dim(), x.is_contiguous())
         pack = self._pack
         if pack is not None and pack[2] != _stamp(weight):  # weight changed or moved
             self._drop()
@@ -105,20 +107,27 @@ class PrepackedLinear(nn.Linear):
             if key in self._rows_tried:
                 return F.linear(x, weight, self.bias)
             with self._pack_lock:
-                self._try(key)
+                self._try(key, x)
             pack = self._pack
             if key not in self._rows_ok:
                 return F.linear(x, weight, self.bias)
+        return self._run(pack, x, rows)
+
+    def _run(self, pack, x: torch.Tensor, rows: int) -> torch.Tensor:
         kernel, packed, _, _ = pack
-        return KERNELS[kernel][1](x.contiguous(), packed, weight, self.bias, rows)
+        flat = x.reshape(rows, self.in_features).contiguous()
+        out = KERNELS[kernel][1](flat, packed, self.weight, self.bias, rows)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def _drop(self) -> None:
         self._pack, self._rows_ok, self._rows_tried = None, set(), set()
 
-    def _try(self, key: tuple[int, int]) -> None:
-        """Prove (or reject) a packed kernel for ``key`` = (rows, threads): the current pack's
-        if there is one (it cannot be exchanged: one packed copy per layer), else each kernel
-        in turn."""
+    def _try(self, key: tuple, x: torch.Tensor) -> None:
+        """Prove (or reject) a packed kernel for ``key`` (rows, threads and the layout of
+        ``x``, the input about to run): the current pack's if there is one (it cannot be
+        exchanged: one packed copy per layer), else each kernel in turn. The proof runs this
+        layer's forward path and ``F.linear`` on ``x`` itself and on random inputs laid out
+        as ``x``."""
         if key in self._rows_ok or key in self._rows_tried:
             return
         self._rows_tried.add(key)
@@ -134,7 +143,10 @@ class PrepackedLinear(nn.Linear):
                 continue
             try:
                 packed = self._pack[1] if self._pack is not None else pack_fn(self.weight, rows)
-                same = _same_bits(run, packed, self.weight, self.bias, rows)
+                trial = (kernel, packed, None, rows)
+                same = all(torch.equal(self._run(trial, probe, rows),
+                                       F.linear(probe, self.weight, self.bias))
+                           for probe in (x, *_probes(x, rows)))
             except (RuntimeError, NotImplementedError) as exc:
                 log.debug("prepack %s refused for %s: %s", kernel, proof, exc)
                 same = False
@@ -151,14 +163,16 @@ def _stamp(weight: torch.Tensor) -> tuple:
     return weight._version, weight.data_ptr(), weight.dtype
 
 
-def _same_bits(run, packed, weight, bias, rows) -> bool:
-    # a generator of its own: probing never moves the request's random streams
+def _probes(x: torch.Tensor, rows: int) -> list[torch.Tensor]:
+    """Random inputs with ``x``'s shape and strides (a generator of its own: probing never
+    moves the request's random streams)."""
     generator = torch.Generator().manual_seed(rows)
+    probes = []
     for _ in range(_PROBES):
-        x = torch.randn(rows, weight.size(1), generator=generator).to(weight.dtype)
-        if not torch.equal(run(x, packed, weight, bias, rows), F.linear(x, weight, bias)):
-            return False
-    return True
+        probe = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+        probe.copy_(torch.randn(x.size(), generator=generator))
+        probes.append(probe)
+    return probes
 
 
 Groups = Mapping[str, Iterable[nn.Module]]
