@@ -393,7 +393,8 @@ def bench(session):
 @nox.session(python="3.11")
 def gpu(session):
     """The GPU checks (needs CUDA; never part of CI): VoxCPM bf16 and F5-TTS fp16 on CUDA
-    against upstream, CUDA graphs identical to eager, fast attention flagged, timings.
+    against upstream, CUDA graphs identical to eager, fast attention flagged, compute.prepack
+    inert on CUDA, F5 fast profile (float16 autocast) reported, timings.
     Under 8 minutes on one H200. On a machine without PyPI see docs/performance.md, "GPU
     checks" (benchmarks/gpu/wheels.sh, then benchmarks/gpu/checks.py)."""
     _install_base(session)

@@ -35,15 +35,18 @@ from pathlib import Path
 #: (name, model, compares, against upstream, requests per run)
 CASES = [
     ("voxcpm tiny-0.5b", "random:voxcpm/tiny-0.5b",
-     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
+     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast",
+      "plain:compute.prepack=off"], True, 2),
     ("voxcpm tiny-2", "random:voxcpm/tiny-2",
      ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
-    ("f5tts tiny-v1-base", "random:f5tts/tiny-v1-base", [], True, 1),
+    ("f5tts tiny-v1-base", "random:f5tts/tiny-v1-base", ["autocast:engines.f5tts.fast=autocast"],
+     True, 1),
     ("voxcpm realsize-0.5b", "random:voxcpm/realsize-0.5b",
      ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
     ("voxcpm realsize-2", "random:voxcpm/realsize-2",
      ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
-    ("f5tts realsize-v1-base", "random:f5tts/realsize-v1-base", [], True, 2),
+    ("f5tts realsize-v1-base", "random:f5tts/realsize-v1-base",
+     ["autocast:engines.f5tts.fast=autocast"], True, 2),
 ]
 
 
@@ -161,6 +164,22 @@ def checks(name: str, report: dict) -> list[tuple[str, bool, str]]:
         ran = fast["runs"][0].get("compute", {}) if fast.get("runs") else {}
         results.append((f"{name}: fast attention flagged in applied.compute",
                         ran.get("attention") == "fast", str(ran)))
+    if "plain" in entries:  # compute.prepack: CPU kernels only; on CUDA nothing may change
+        plain = entries["plain"]
+        results.append((f"{name}: prepack=off identical to the default",
+                        plain.get("identical_to_base") is True, ""))
+        ran = base["runs"][0].get("compute", {}) if base.get("runs") else {}
+        packed = {kernel for group in ran.get("prepack", {}).get("modules", {}).values()
+                  for kernel in group if kernel != "plain"}
+        results.append((f"{name}: no layer prepacked on CUDA", not packed, str(packed)))
+    if "autocast" in entries:  # F5's fast profile: float16 autocast on CUDA, as upstream
+        ran = entries["autocast"]["runs"][0].get("compute", {}) \
+            if entries["autocast"].get("runs") else {}
+        results.append((f"{name}: autocast reported (float16)",
+                        ran.get("fast") == "autocast" and ran.get("fast_dtype") == "float16",
+                        str(ran)))
+        results.append((f"{name}: autocast is not called identical",
+                        entries["autocast"].get("identical_to_base") is not True, ""))
     return results
 
 

@@ -225,7 +225,7 @@ def test_loads_with_valid_info(contract_model: ContractModel) -> None:
 _NON_DEFAULT_COMPUTE = {"compile": True, "oom_fallback": False, "cpu_threads": 1,
                         "cpu_allocator": "jemalloc", "cpu_pinning": True, "attention": "fast",
                         "cpu_wait_policy": "passive",
-                        "cuda_graphs": True,
+                        "cuda_graphs": True, "prepack": "off",
                         "device": "cpu", "dtype": "float32"}
 
 

@@ -27,6 +27,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION = ("exact", "fast")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 WAIT_POLICIES = ("auto", "passive", "active")
+PREPACK_MODES = ("auto", "off")
 MAX_CPU_THREADS = 1024
 MAX_DEVICE_INDEX = 1023
 
@@ -83,6 +84,10 @@ class ComputeOptions:
     attention: str = attrs.field(default="exact",
                                  validator=_choice("compute.attention", ATTENTION))
     cuda_graphs: bool = attrs.field(default=False, validator=_bool("compute.cuda_graphs"))
+    # linear weights packed once for the CPU's matrix kernel, used only where that gives
+    # F.linear's bits (proven per layer, row count and thread count: mizuoto.runtime.prepack)
+    prepack: str = attrs.field(default="auto", validator=_choice("compute.prepack",
+                                                                 PREPACK_MODES))
 
 
 @attrs.frozen

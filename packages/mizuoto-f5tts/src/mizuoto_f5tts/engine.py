@@ -36,6 +36,7 @@ from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes, split_to_fit
 from mizuoto_f5tts.compute_lock import ComputeLock
 from mizuoto_f5tts.duration import check_positions, chunk_durations
+from mizuoto_f5tts.fast import autocast_transformer
 from mizuoto_f5tts.joining import CrossFade, join_chunks
 from mizuoto_f5tts.settings import F5Options, F5Params
 from mizuoto_f5tts.text import to_tokens, token_ids
@@ -131,6 +132,12 @@ class F5Engine(Engine):
         # the backbone only (the ODE loop and guidance stay eager); dynamic: every request has
         # its own number of frames and tokens
         placement = placement.compile(model.transformer, dynamic=True)
+        if engine_options.fast == "autocast":
+            placement = placement.with_settings(
+                fast="autocast", fast_dtype=autocast_transformer(model.transformer,
+                                                                 placement.device))
+        else:
+            placement = placement.with_settings(fast="off")
         report(progress, "load", 1, 2, "vocoder")
         vocoder = load_vocos(model_dir / "vocos", device=placement.device)
         report(progress, "load", 2, 2)
@@ -147,6 +154,10 @@ class F5Engine(Engine):
 
     def sampler_defaults(self) -> dict[str, int | float]:
         return {"steps": DEFAULT_STEPS, "guidance": DEFAULT_GUIDANCE}
+
+    def profile_components(self) -> dict[str, list]:
+        """For ``mizuoto bench --profile``: the modules of each part of a request."""
+        return {"transformer": [self.model.transformer], "vocoder": [self.vocoder]}
 
     @property
     def info(self) -> ModelInfo:

@@ -80,9 +80,17 @@ class F5Params:
 
 @attrs.frozen
 class F5Options:
-    """``engines.f5tts.*`` options: ``variant`` (``auto`` detects it from the checkpoint)."""
+    """``engines.f5tts.*`` options: ``variant`` (``auto`` detects it from the checkpoint),
+    ``fast`` (``off``, the exact default, or ``autocast``: docs/performance.md)."""
 
     variant: str = attrs.field(default="auto")
+    #: the opt-in fast profile, never exact (mizuoto_f5tts.fast): off or autocast
+    fast: str = attrs.field(default="off")
+
+    @fast.validator
+    def _fast(self, attribute, value):
+        if value not in ("off", "autocast"):
+            raise InvalidRequest("engines.f5tts.fast", f"must be off or autocast, got {value!r}")
 
     @variant.validator
     def _variant(self, attribute, value):

@@ -31,12 +31,14 @@ from mizuoto.errors import (
 from mizuoto.options import Options
 from mizuoto.runtime.device import dtype_name, preferred_device
 from mizuoto.runtime.placement import Placement, place
+from mizuoto.runtime.prepack import prepack_linears, prepack_report
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
 from mizuoto_voxcpm.decoding import StreamDecoder, decode_utterance, segment_decoder
+from mizuoto_voxcpm.fast import apply_fast, check_fast
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -114,7 +116,7 @@ class VoxCPMEngine(Engine):
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
-                                                "cuda_graphs"}
+                                                "cuda_graphs", "prepack"}
     # each request generates in its own cache slot with its own generator, buffers and
     # decoder state; what the model's modules share (the VAE's noise source, the batcher) is
     # used under the engine's own lock, held per chunk (self._compute)
@@ -194,6 +196,13 @@ class VoxCPMEngine(Engine):
         # replaces layers inside it: dynamo's guards see that and recompile
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
             attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
+        check_fast(engine_options.fast, device, placement.dtype)
+        apply_fast(model.component_groups(), engine_options.fast)
+        placement = placement.with_settings(fast=engine_options.fast)
+        # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
+        compiled = [model.feat_decoder.estimator] if options.compute.compile else []
+        prepack_linears(model.component_groups(), options.compute.prepack, skip=compiled)
+        placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(
             {"architecture": config.architecture, "audio_vae_config": config.audio_vae})
@@ -235,6 +244,11 @@ class VoxCPMEngine(Engine):
     def info(self) -> ModelInfo:
         return self._info
 
+    def profile_components(self) -> dict[str, list]:
+        """For ``mizuoto bench --profile``: the modules of each part of a patch (the stop head
+        runs once a patch) and the VAE."""
+        return {**self.model.component_groups(), "vae": [self.vae]}
+
     @property
     def batcher(self) -> PatchBatcher | None:
         """The continuous batcher of streams (``engines.voxcpm.max_batch`` > 1), else None."""
@@ -244,7 +258,11 @@ class VoxCPMEngine(Engine):
         # compute["batched"]: whether this result's patches were sampled in batched steps
         applied = super()._applied(call, rendered)
         batched = self._batcher is not None and bool(rendered.extra.get("streamed"))
-        return attrs.evolve(applied, compute={**applied.compute, "batched": batched})
+        # compute["prepack"]: per component, how many linear layers have run a packed kernel
+        # (proven bit-identical on this CPU) and how many F.linear only
+        prepack = prepack_report(self.model.component_groups(), self.placement.settings["prepack"])
+        return attrs.evolve(applied, compute={**applied.compute, "batched": batched,
+                                              "prepack": prepack})
 
     # -- LoRA ---------------------------------------------------------------------------
 
@@ -259,6 +277,10 @@ class VoxCPMEngine(Engine):
         weights stay loaded. The fingerprint (``info``, voices) then names base and LoRA.
         Refused while a request is open (a stream between two chunks): its voice would change
         mid-utterance."""
+        if path is not None and self.placement.settings["fast"] != "off":
+            raise InvalidOption("engines.voxcpm.fast", "a LoRA needs the float linear layers "
+                                "the int8 fast profile replaced: load with "
+                                "engines.voxcpm.fast=off")
         with self._compute:
             if self._pool.in_use:
                 raise EngineBusy(f"{self._pool.in_use} request(s) are open on this model; "

@@ -133,6 +133,18 @@ class VoxCPMModel(nn.Module):
             self.allocate_caches(self.caches.lm.attention)
         return moved
 
+    def component_groups(self) -> dict[str, list[nn.Module]]:
+        """The modules of each component of a patch, as ``applied.compute["prepack"]`` and
+        ``mizuoto bench --profile`` name them."""
+        groups = {"base_lm": [self.base_lm], "residual_lm": [self.residual_lm],
+                  "encoder": [self.feat_encoder, self.enc_to_lm_proj],
+                  "dit": [self.feat_decoder.estimator, self.lm_to_dit_proj, self.res_to_dit_proj],
+                  "stop_head": [self.stop_proj, self.stop_head],
+                  "projections": [self.fsq_layer]}
+        if self.config.is_v2:
+            groups["projections"].append(self.fusion_concat_proj)
+        return groups
+
     # -- the pieces of one generation ------------------------------------------------------
 
     def encode_patches(self, patches: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,9 @@ def _dtype_option(instance, attribute, value):
                             f"must be auto, float32, bfloat16 or float16, got {value!r}")
 
 
+FAST_PROFILES = ("off", "int8-lm", "int8")
+
+
 @attrs.frozen
 class VoxCPMOptions:
     """``engines.voxcpm.*``: ``dtype`` overrides ``compute.dtype`` for the LM and DiT (the VAE
@@ -94,3 +97,11 @@ class VoxCPMOptions:
     max_batch: int = attrs.field(
         default=1, validator=integer_in("engines.voxcpm.max_batch", 1, MAX_CACHE_SLOTS,
                                         error=InvalidOption))
+    #: the opt-in fast profile, never exact (mizuoto_voxcpm.fast): off, int8-lm or int8
+    fast: str = attrs.field(default="off")
+
+    @fast.validator
+    def _fast(self, attribute, value):
+        if value not in FAST_PROFILES:
+            raise InvalidOption("engines.voxcpm.fast", f"must be one of "
+                                f"{', '.join(FAST_PROFILES)}, got {value!r}")

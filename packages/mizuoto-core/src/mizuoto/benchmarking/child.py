@@ -24,14 +24,16 @@ from mizuoto.benchmarking.spec import RunSpec
 FIELDS = ("side", "import_s", "load_s", "load_cpu_s", "request_s", "request_cpu_s",
           "warm_request_s", "first_audio_s", "audio_s", "rtf", "sample_rate", "samples",
           "chunks", "audio_sha256", "same_audio_every_request", "peak_rss_mb", "peak_gpu_mb",
-          "threads", "device", "dtype", "compute", "upstream_version")
+          "threads", "device", "dtype", "compute", "upstream_version", "profile")
 
 
 class _Side:
     """A loaded model on one side: its sample rate and how to send it a request."""
 
     def __init__(self, sample_rate: int, synthesize: Callable, stream: Callable,
-                 describe: Callable[[], dict[str, Any]]) -> None:
+                 describe: Callable[[], dict[str, Any]], components: Callable | None = None
+                 ) -> None:
+        self.components = components  # () -> the engine's profile_components(), if any
         self.sample_rate = sample_rate
         self.synthesize = synthesize  # request -> mono float32 samples
         self.stream = stream  # request -> iterator of mono float32 samples
@@ -64,7 +66,8 @@ def _load_mizuoto(spec: RunSpec, options, imported: Callable[[], None]) -> _Side
                 "compute": dict(applied.compute) if applied is not None else {},
                 "upstream_version": None}
 
-    return _Side(tts.info.sample_rate, synthesize, stream, describe)
+    return _Side(tts.info.sample_rate, synthesize, stream, describe,
+                 getattr(tts, "profile_components", None))
 
 
 def _load_upstream(spec: RunSpec, options, imported: Callable[[], None]) -> _Side:
@@ -156,4 +159,21 @@ def measure(spec: RunSpec, options) -> dict[str, Any]:
         "same_audio_every_request": len({r["audio_sha256"] for r in requests}) == 1,
         "peak_rss_mb": _peak_rss_mb(), "peak_gpu_mb": _peak_gpu_mb(),
         "threads": torch.get_num_threads(), **side.describe(),
+        # after the peak memory is read: the bandwidth probe's buffers are not the model's
+        "profile": _profile(side, request, spec) if spec.profile else None,
     }
+
+
+def _profile(side: _Side, request, spec: RunSpec) -> dict[str, Any] | None:
+    """One more request under :mod:`mizuoto.benchmarking.profile`'s clocks (``None`` for a
+    side whose engine names no components)."""
+    from mizuoto.benchmarking.profile import component_clocks, measure_bandwidth, split
+
+    if side.components is None:
+        return None
+    bandwidth = measure_bandwidth()
+    components = side.components()
+    with component_clocks(components) as clocks:
+        total = _request(side, request, spec.stream)["request_s"]
+    return split(clocks, total, bandwidth, per="stop_head" if "stop_head" in components
+                 else None)

@@ -46,11 +46,12 @@ _COMPLETE = ".mizuoto-random-model"  # written last: a directory without it is r
 @click.option("--threads", type=click.IntRange(1), help="CPU threads in every run (compute.cpu_threads, OMP_NUM_THREADS).")
 @click.option("--stream", is_flag=True, help="Request through the engine's stream: time to first audio (engines that stream).")
 @click.option("--random-dir", type=click.Path(file_okay=False), help="Where a random: model is written (default $MIZUOTO_HOME/random-models/<id>); reused.")
+@click.option("--profile", is_flag=True, help="One more request per run, timed per component (VoxCPM: base LM, residual LM, encoder, DiT, stop head, VAE; F5: transformer, vocoder), against the memory bandwidth measured first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the table.")
 @click.pass_context
 def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, params,
           option_pairs, options_file, compares, against_upstream, runs, requests, threads,
-          stream, random_dir, as_json):
+          stream, random_dir, profile, as_json):
     """Measure MODEL: load time, real-time factor, time to first audio (--stream) and peak
     memory, over --runs fresh processes, configurations taking turns.
 
@@ -95,7 +96,7 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
                         text=text, seed=seed, option_pairs=(*c.option_pairs, *threads_pair),
                         options_file=options_file, ref_audio=ref_audio, ref_text=ref_text,
                         steps=steps, guidance=guidance, params=request_params, stream=stream,
-                        requests=requests, threads=threads))
+                        requests=requests, threads=threads, profile=profile))
             for c in configurations]
     before = os.getloadavg()
 
@@ -118,6 +119,14 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
         click.echo(json.dumps({**header, "configurations": entries}, indent=2))
     else:
         click.echo(table(header, entries))
+        if profile:
+            from mizuoto.benchmarking.profile import profile_table
+
+            for entry in entries:
+                profiled = [run["profile"] for run in entry["runs"] if run.get("profile")]
+                if profiled:  # the run with the fastest profiled request
+                    click.echo(f"\n{entry['name']} "
+                               + profile_table(min(profiled, key=lambda p: p["request_s"])))
 
 
 def _resolve(model: str, engine: str | None, random_dir: str | None

@@ -42,6 +42,8 @@ class RunSpec:
     stream: bool = False
     requests: int = 1
     threads: int | None = None
+    #: one more request, timed component by component (``mizuoto bench --profile``)
+    profile: bool = False
 
     def to_json(self) -> str:
         return json.dumps(attrs.asdict(self, value_serializer=_serialize))

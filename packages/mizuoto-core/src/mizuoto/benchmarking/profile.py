@@ -1,0 +1,174 @@
+"""``mizuoto bench --profile``: where a request's time goes, component by component, against
+the memory bandwidth measured on this machine (the roofline of a weight-streaming decoder).
+
+An engine names its components with ``profile_components()`` (a name -> the modules whose
+forward calls make it up, e.g. VoxCPM's ``base_lm``, ``dit``, ``vae``; F5's ``transformer``,
+``vocoder``). Each module's calls are timed by forward hooks (wall clock; on CUDA the device is
+synchronised at each hook, which slows the run: the split is what it is for, not the total),
+and every call is counted as reading all of the module's weights once: ``weights_gb_s`` is
+that traffic over the component's time, ``roofline`` its fraction of the measured bandwidth.
+What no component covers (Python, sampling glue, the text path) is ``other``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+#: Bytes copied per bandwidth probe: far larger than any L3 cache.
+BANDWIDTH_BYTES = 256 << 20
+
+
+def measure_bandwidth(repeats: int = 5) -> float:
+    """This machine's memory bandwidth in GB/s as torch's threads see it: the fastest of
+    ``repeats`` copies of a ``BANDWIDTH_BYTES`` tensor (read + write counted)."""
+    import torch
+
+    source = torch.ones(BANDWIDTH_BYTES // 4)
+    target = torch.empty_like(source)
+    target.copy_(source)  # pages touched before timing
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * BANDWIDTH_BYTES / best / 1e9
+
+
+#: Methods timed besides ``forward`` where a module has them (a decode step is often a method
+#: of its own: VoxCPM's ``MiniCPM4.step``, its VAE's ``decode``).
+TIMED_METHODS = ("step", "step_rows", "decode", "decode_tail")
+
+
+def _weight_bytes(module) -> int:
+    """The weights one call reads: all parameters but embedding tables (a call gathers a few
+    rows of those)."""
+    from torch import nn
+
+    tables = {id(p) for m in module.modules() if isinstance(m, nn.Embedding)
+              for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in tables)
+
+
+class _Clock:
+    def __init__(self, synchronize) -> None:
+        self.synchronize = synchronize
+        self.seconds = 0.0
+        self.calls = 0
+        self.bytes = 0
+        self.weight_bytes = 0
+        self._depth = 0  # a timed method calling forward (or another) counts once
+        self._started = 0.0
+
+    def start(self, *_) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self.synchronize()
+            self._started = time.perf_counter()
+
+    def stop(self, *_) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.synchronize()
+            self.seconds += time.perf_counter() - self._started
+            self.calls += 1
+            self.bytes += self.weight_bytes
+
+    def wrap(self, method):
+        def timed(*args, **kwargs):
+            self.start()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.stop()
+        return timed
+
+
+@contextmanager
+def component_clocks(components: Mapping[str, Sequence[Any]]) -> Iterator[dict[str, list]]:
+    """Hooks timing every forward call of each component's modules for the block; yields
+    name -> its clocks (read them after the block with :func:`split`)."""
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    clocks: dict[str, list] = {}
+    handles, wrapped = [], []
+    for name, modules in components.items():
+        clocks[name] = []
+        for module in modules:
+            clock = _Clock(synchronize)
+            clock.weight_bytes = _weight_bytes(module)
+            handles.append(module.register_forward_pre_hook(clock.start))
+            handles.append(module.register_forward_hook(clock.stop))
+            for method in TIMED_METHODS:
+                if callable(getattr(module, method, None)) and method not in vars(module):
+                    setattr(module, method, clock.wrap(getattr(module, method)))
+                    wrapped.append((module, method))
+            clocks[name].append(clock)
+    try:
+        yield clocks
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, method in wrapped:
+            delattr(module, method)
+
+
+def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
+          per: str | None = None) -> dict[str, Any]:
+    """The profile of one request: per component its milliseconds, calls, weight traffic
+    (GB/s) and fraction of ``bandwidth_gb_s``; ``other`` the rest of ``total_s``. ``per``: the
+    component whose call count is the unit (VoxCPM's ``stop_head``: one call per patch), to
+    also give milliseconds per unit."""
+    # a component's calls are its first module's (the LM itself, not its projections)
+    units = clocks[per][0].calls if clocks.get(per) else 1
+    components: dict[str, Any] = {}
+    covered = 0.0
+    for name, group in clocks.items():
+        seconds = sum(c.seconds for c in group)
+        traffic = sum(c.bytes for c in group)
+        covered += seconds
+        rate = traffic / seconds / 1e9 if seconds else None
+        components[name] = {
+            "ms": seconds * 1e3, "calls": group[0].calls if group else 0,
+            "ms_per_unit": seconds * 1e3 / units if units else None,
+            "weights_mb_per_unit": traffic / units / 1e6 if units else None,
+            "weights_gb_s": rate,
+            "roofline": rate / bandwidth_gb_s if rate and bandwidth_gb_s else None}
+    rest = max(total_s - covered, 0.0)
+    components["other"] = {"ms": rest * 1e3, "calls": None,
+                           "ms_per_unit": rest * 1e3 / units if units else None,
+                           "weights_mb_per_unit": None, "weights_gb_s": None, "roofline": None}
+    traffic = sum(c.bytes for group in clocks.values() for c in group)
+    bound_s = traffic / (bandwidth_gb_s * 1e9) if bandwidth_gb_s else None
+    return {"bandwidth_gb_s": bandwidth_gb_s, "request_s": total_s, "unit": per or "request",
+            "units": units, "components": components,
+            # the request could not take less than reading its weights once per call
+            "bandwidth_bound_s": bound_s,
+            "roofline": bound_s / total_s if bound_s and total_s else None}
+
+
+def profile_table(profile: Mapping[str, Any]) -> str:
+    """The split as text: one row per component."""
+    unit = profile["unit"]
+    lines = [f"profile: {profile['request_s']:.2f} s, {profile['units'] or '-'} {unit} calls; "
+             f"measured bandwidth {profile['bandwidth_gb_s']:.1f} GB/s; bandwidth bound "
+             f"{_num(profile['bandwidth_bound_s'], 2)} s ({_pct(profile['roofline'])} of it)",
+             f"{'component':<12} {'ms':>9} {'calls':>6} {'ms/' + unit:>12} "
+             f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8}"]
+    for name, row in profile["components"].items():
+        lines.append(f"{name:<12} {row['ms']:>9.1f} {row['calls'] or '-':>6} "
+                     f"{_num(row['ms_per_unit'], 1):>12} {_num(row['weights_mb_per_unit'], 1):>12} "
+                     f"{_num(row['weights_gb_s'], 1):>6} {_pct(row['roofline']):>8}")
+    return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"

@@ -1,0 +1,213 @@
+"""Prepacked linear weights (``compute.prepack``): a layer's weight reordered once into the
+blocked layout a CPU matrix kernel streams fastest, used only where that gives the very bits
+``F.linear`` gives.
+
+``F.linear`` on the CPU repacks its weight on every call (MKL for float32, oneDNN for bfloat16
+where the CPU has native bfloat16). Two kernels take a weight packed once: oneDNN's
+(``torch.ops.mkldnn._linear_pointwise`` on a ``_reorder_linear_weight``; any row count) and
+MKL's packed GEMM (``torch.ops.mkl._mkl_linear``; float32, one row count fixed when packing).
+Whether either sums in the same order as ``F.linear`` depends on the CPU, the dtype, the shape,
+the row count and the thread count: on an AMD EPYC (AVX2) oneDNN's float32 kernel differs from
+MKL's at every row count and its bfloat16 reorder is refused, while MKL's packed GEMM matches
+``F.linear`` from 3-4 rows up but not at 1 (``F.linear`` takes MKL's GEMV there).
+
+So nothing is assumed: a layer packs lazily, the first time it sees a small row count
+(``MAX_ROWS`` at most: decode steps; a prefill keeps the plain kernel), and only after the
+packed kernel gave ``torch.equal`` results against ``F.linear`` on that layer's own weight for
+random inputs at that row count and thread count (a kernel that sums in another order differs
+on random inputs at once). A combination that differs is remembered and never packed again.
+Anything else (gradients, another dtype, a weight changed in place, another thread count not
+yet proven) runs ``F.linear``. :func:`prepack_report` says, per module group, which kernel ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+#: The largest row count (tokens × batch flattened) a layer packs for: decode steps and the
+#: local DiT/encoder's short sequences; longer inputs are prefills, where repacking per call
+#: costs little against the product itself.
+MAX_ROWS = 16
+_PROBES = 2
+
+# (kernel, out, in, bias, dtype, rows, threads) -> bool: whether the kernel matched F.linear
+_proven: dict[tuple, bool] = {}
+_lock = threading.Lock()
+
+
+def _onednn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def _onednn_run(x, packed, weight, bias, rows):
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _mkl_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    if weight.dtype != torch.float32:
+        raise RuntimeError("MKL's packed GEMM is float32 only")
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+
+
+def _mkl_run(x, packed, weight, bias, rows):
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+
+
+#: name -> (pack(weight, rows), run(x, packed, weight, bias, rows), covers every row count)
+KERNELS: dict[str, tuple[Callable, Callable, bool]] = {
+    "onednn": (_onednn_pack, _onednn_run, True),
+    "mkl": (_mkl_pack, _mkl_run, False),
+}
+
+
+class PrepackedLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state dict) that runs a packed copy of its
+    weight at the row counts proven bit-identical to ``F.linear`` (module docstring)."""
+
+    _pack: tuple[str, torch.Tensor, tuple, int] | None  # kernel, packed, weight stamp, rows
+    _rows_ok: set[tuple]  # (rows, threads, input dims, contiguous) proven for the pack
+    _rows_tried: set[tuple]
+
+    def _init_prepack(self) -> None:
+        self._pack = None
+        self._rows_ok = set()
+        self._rows_tried = set()
+        self._pack_lock = threading.Lock()
+
+    @property
+    def prepacked_kernel(self) -> str | None:
+        """The packed kernel this layer has used (``None``: plain ``F.linear`` only)."""
+        return self._pack[0] if self._pack is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if (x.dim() < 2 or x.dtype != weight.dtype or x.device.type != "cpu"
+                or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))):
+            return F.linear(x, weight, self.bias)
+        rows = x.numel() // self.in_features
+        if rows > MAX_ROWS or rows == 0:
+            return F.linear(x, weight, self.bias)
+        # F.linear's own path depends on the input's layout (a strided 3-d view is copied
+        # differently from contiguous rows): proofs are per layout too
+        key = (rows, torch.get_num_threads(), x.dim(), x.is_contiguous())
+        pack = self._pack
+        if pack is not None and pack[2] != _stamp(weight):  # weight changed or moved
+            self._drop()
+            pack = None
+        if key not in self._rows_ok:
+            if key in self._rows_tried:
+                return F.linear(x, weight, self.bias)
+            with self._pack_lock:
+                self._try(key, x)
+            pack = self._pack
+            if key not in self._rows_ok:
+                return F.linear(x, weight, self.bias)
+        return self._run(pack, x, rows)
+
+    def _run(self, pack, x: torch.Tensor, rows: int) -> torch.Tensor:
+        kernel, packed, _, _ = pack
+        flat = x.reshape(rows, self.in_features).contiguous()
+        out = KERNELS[kernel][1](flat, packed, self.weight, self.bias, rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _drop(self) -> None:
+        self._pack, self._rows_ok, self._rows_tried = None, set(), set()
+
+    def _try(self, key: tuple, x: torch.Tensor) -> None:
+        """Prove (or reject) a packed kernel for ``key`` (rows, threads and the layout of
+        ``x``, the input about to run): the current pack's if there is one (it cannot be
+        exchanged: one packed copy per layer), else each kernel in turn. The proof runs this
+        layer's forward path and ``F.linear`` on ``x`` itself and on random inputs laid out
+        as ``x``."""
+        if key in self._rows_ok or key in self._rows_tried:
+            return
+        self._rows_tried.add(key)
+        rows = key[0]
+        candidates = [self._pack[0]] if self._pack is not None else list(KERNELS)
+        for kernel in candidates:
+            pack_fn, run, any_rows = KERNELS[kernel]
+            if self._pack is not None and not any_rows and self._pack[3] != rows:
+                continue  # packed for another row count
+            proof = (kernel, self.out_features, self.in_features, self.bias is not None,
+                     self.weight.dtype, *key)
+            if _proven.get(proof) is False:
+                continue
+            try:
+                packed = self._pack[1] if self._pack is not None else pack_fn(self.weight, rows)
+                trial = (kernel, packed, None, rows)
+                same = all(torch.equal(self._run(trial, probe, rows),
+                                       F.linear(probe, self.weight, self.bias))
+                           for probe in (x, *_probes(x, rows)))
+            except (RuntimeError, NotImplementedError) as exc:
+                log.debug("prepack %s refused for %s: %s", kernel, proof, exc)
+                same = False
+            with _lock:
+                _proven[proof] = _proven.get(proof, True) and same
+            if same:
+                if self._pack is None:
+                    self._pack = (kernel, packed, _stamp(self.weight), rows)
+                self._rows_ok.add(key)
+                return
+
+
+def _stamp(weight: torch.Tensor) -> tuple:
+    return weight._version, weight.data_ptr(), weight.dtype
+
+
+def _probes(x: torch.Tensor, rows: int) -> list[torch.Tensor]:
+    """Random inputs with ``x``'s shape and strides (a generator of its own: probing never
+    moves the request's random streams)."""
+    generator = torch.Generator().manual_seed(rows)
+    probes = []
+    for _ in range(_PROBES):
+        probe = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+        probe.copy_(torch.randn(x.size(), generator=generator))
+        probes.append(probe)
+    return probes
+
+
+Groups = Mapping[str, Iterable[nn.Module]]
+
+
+def _linears(roots: Iterable[nn.Module]) -> Iterable[nn.Module]:
+    for root in roots:
+        yield from (m for m in root.modules() if isinstance(m, nn.Linear))
+
+
+def prepack_linears(modules: Groups, mode: str = "auto",
+                    *, skip: Iterable[nn.Module] = ()) -> None:
+    """Turn every ``nn.Linear`` under each of ``modules`` (a group name -> its modules) into a
+    :class:`PrepackedLinear` in place (``mode="auto"``); ``"off"`` changes nothing. Modules in
+    ``skip`` (and everything under them) keep the plain layer, e.g. a module being compiled."""
+    if mode == "off":
+        return
+    skipped = {id(m) for s in skip for m in s.modules()}
+    for roots in modules.values():
+        for module in _linears(roots):
+            if type(module) is nn.Linear and id(module) not in skipped:
+                module.__class__ = PrepackedLinear
+                module._init_prepack()
+
+
+def prepack_report(modules: Groups, mode: str = "auto") -> dict[str, Any]:
+    """For ``applied.compute["prepack"]``: per group, the packed kernels its linear layers have
+    run so far and how many ran ``F.linear`` only (``"off"`` when ``mode`` is off)."""
+    if mode == "off":
+        return {"mode": "off"}
+    groups: dict[str, Any] = {}
+    for name, roots in modules.items():
+        kernels: dict[str, int] = {}
+        for module in _linears(roots):
+            kernel = getattr(module, "prepacked_kernel", None) or "plain"
+            kernels[kernel] = kernels.get(kernel, 0) + 1
+        groups[name] = dict(sorted(kernels.items()))
+    return {"mode": mode, "modules": groups}

@@ -1,0 +1,66 @@
+"""``mizuoto bench --profile``: the per-component clocks and the roofline split (no timing is
+asserted: only what is counted, and that the parts add up)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from mizuoto.benchmarking.profile import component_clocks, profile_table, split
+from mizuoto.cli import cli
+
+
+class _Stepper(nn.Module):
+    """A decoder whose step is a method of its own calling forward (counted once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1000, 8)  # a table a call gathers from: not weight traffic
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+    def step(self, x):
+        return self(x) + 1
+
+
+def test_clocks_count_calls_and_weight_traffic_and_unhook():
+    lm, head = _Stepper(), nn.Linear(8, 2, bias=False)
+    x = torch.randn(1, 8)
+    with component_clocks({"lm": [lm], "head": [head]}) as clocks:
+        for _ in range(3):
+            head(lm.step(x))
+        lm(x)
+    profile = split(clocks, total_s=10.0, bandwidth_gb_s=10.0, per="head")
+    rows = profile["components"]
+    assert rows["lm"]["calls"] == 4 and rows["head"]["calls"] == 3 and profile["units"] == 3
+    assert rows["lm"]["weights_mb_per_unit"] == pytest.approx(4 * (8 * 8 + 8) * 4 / 3 / 1e6)
+    assert rows["other"]["ms"] == pytest.approx(10e3 - rows["lm"]["ms"] - rows["head"]["ms"])
+    traffic = (4 * 72 + 3 * 16) * 4
+    assert profile["bandwidth_bound_s"] == pytest.approx(traffic / 10e9)
+    assert "step" not in vars(lm) and not lm._forward_hooks and not head._forward_pre_hooks
+    text = profile_table(profile)
+    assert text.splitlines()[1].split()[:2] == ["component", "ms"] and "other" in text
+
+
+def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
+    pytest.importorskip("mizuoto_voxcpm")
+    monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(cli, ["--quiet", "bench", "random:voxcpm/tiny-0.5b", "--runs",
+                                      "1", "--threads", "1", "--json", "--profile"], obj={},
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.output)["configurations"][0]["runs"]
+    profile = run["profile"]
+    assert list(profile["components"]) == ["base_lm", "residual_lm", "encoder", "dit",
+                                           "stop_head", "projections", "vae", "other"]
+    assert profile["unit"] == "stop_head" and profile["units"] > 0
+    assert profile["components"]["base_lm"]["calls"] > 0  # the prefill and the steps
+    assert profile["bandwidth_gb_s"] > 0 and 0 < profile["roofline"] < 1
+    covered = sum(row["ms"] for row in profile["components"].values())
+    assert covered == pytest.approx(profile["request_s"] * 1e3)

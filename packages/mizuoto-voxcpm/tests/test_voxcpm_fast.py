@@ -1,0 +1,58 @@
+"""engines.voxcpm.fast: int8 profiles quantize what they say and say it in applied; the exact
+default reports itself off and keeps float layers; refused where torch has no int8 kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mizuoto
+from mizuoto.errors import InvalidOption
+from mizuoto_voxcpm.engine import VoxCPMEngine
+from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("voxcpm-fast")
+    base = write_random_model(root / "v05", "voxcpm-0.5b", seed=3)
+    return {"bfloat16": base, "float32": with_dtype(base, root / "v05-fp32", "float32")}
+
+
+def _load(directory, fast):
+    return VoxCPMEngine.load(directory, options=mizuoto.Options.from_mapping(
+        {"engines.voxcpm.fast": fast}))
+
+
+def _say(engine):
+    return engine.synthesize(mizuoto.SynthesisRequest(text="Hello world.", seed=1,
+                                                      params={"max_len": 4}))
+
+
+def _float_linears(module):
+    return sum(isinstance(m, nn.Linear) for m in module.modules())
+
+
+def test_profiles_quantize_what_they_say(dirs):
+    exact, lm_only, every = (_load(dirs["float32"], f) for f in ("off", "int8-lm", "int8"))
+    assert _float_linears(exact.model.base_lm) > 0
+    assert _float_linears(lm_only.model.base_lm) == _float_linears(lm_only.model.residual_lm) == 0
+    assert _float_linears(lm_only.model.feat_decoder) == _float_linears(exact.model.feat_decoder)
+    assert _float_linears(every.model.feat_decoder) == 0
+    assert _float_linears(every.model.feat_encoder) == 0
+    results = {f: _say(e) for f, e in (("off", exact), ("int8-lm", lm_only), ("int8", every))}
+    for name, result in results.items():
+        assert result.applied.compute["fast"] == name
+        assert torch.isfinite(result.audio.samples).all()
+    assert not torch.equal(results["int8-lm"].audio.samples, results["off"].audio.samples)
+
+
+def test_int8_needs_float32_and_refuses_a_lora(dirs, tmp_path):
+    with pytest.raises(InvalidOption, match="engines.voxcpm.dtype=float32"):
+        _load(dirs["bfloat16"], "int8-lm")
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast"):
+        _load(dirs["float32"], "fp4")
+    engine = _load(dirs["float32"], "int8-lm")
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast=off"):
+        engine.set_lora(tmp_path)
