@@ -55,7 +55,9 @@ class ToyTrainer(Trainer):
             state, start = load_file(str(model_dir / WEIGHTS_FILE)), 0
         for step in range(start, config.steps):
             noise = torch.Generator().manual_seed(config.seed * 100_003 + step)
-            gradient = torch.randn(state["level"].shape, generator=noise)
+            # one pseudo-gradient per example, averaged over the update's micro-batches
+            examples = config.batch_size * config.params.get("grad_accumulation", 1)
+            gradient = torch.randn((examples, *state["level"].shape), generator=noise).mean(0)
             state["level"] = state["level"] - self.learning_rate(config) * gradient
             done = step + 1
             if done % config.save_every == 0 or done == config.steps:
