@@ -320,17 +320,19 @@ _BATCHING = (("batch size 1 and 4", "batch_size", {"batch_size": 4}),
 
 
 def test_batch_size_and_accumulation_change_the_export_or_are_refused(case, tmp_path):
-    """One update with batch size 4, and one with ``params.grad_accumulation=2``, each export
-    other weights than one with batch size 1 and no accumulation; or the trainer refuses the
-    setting with ``InvalidRequest`` naming it (before training)."""
+    """A run with batch size 4, and one with ``params.grad_accumulation=2``, each export other
+    weights than one with batch size 1 and no accumulation; or the trainer refuses the setting
+    with ``InvalidRequest`` naming it (before training)."""
     from mizuoto.errors import InvalidRequest
 
     trainer_cls, _, method, model_dir, manifest = case
     trainer = trainer_cls()
 
     def export(name, **fields):
-        config = attrs.evolve(_config(method, model_dir, manifest, tmp_path / name, steps=1),
-                              **fields)
+        # the learning rate test's larger rate: a small one's updates (within a warm-up) can
+        # vanish in bfloat16 weights, exporting the base weights whatever the batch
+        config = attrs.evolve(_config(method, model_dir, manifest, tmp_path / name,
+                                      learning_rate=1e-2), **fields)
         run = trainer.prepare(config)
         trainer.train(run)
         return _weight_files(trainer.export(run, tmp_path / f"{name}-export"))
@@ -339,9 +341,9 @@ def test_batch_size_and_accumulation_change_the_export_or_are_refused(case, tmp_
     for what, name, fields in _BATCHING:
         try:
             changed = export(name, **fields)
-        except InvalidRequest as exc:
-            assert name in exc.field, (
-                f"{what}: the trainer refused the run naming {exc.field!r}, not {name}: {exc}")
+        except InvalidRequest as exc:  # the field, or the message of an unknown-params refusal
+            assert name in exc.field or name in str(exc), (
+                f"{what}: the trainer refused the run without naming {name}: {exc}")
             continue
         assert changed != plain, (
             f"{what} exported the same weights. Likely cause: the trainer ignores "
