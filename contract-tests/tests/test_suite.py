@@ -19,9 +19,9 @@ import torch
 # here, before any run, and kept
 import torch._dynamo
 
-from mizuoto import Audio, Capability, Engine, plugins
+from mizuoto import Audio, Capability, Engine, hookimpl, plugins
 from mizuoto.contracts import engine as engine_base
-from mizuoto.errors import CheckpointMismatch
+from mizuoto.errors import CheckpointMismatch, InvalidRequest
 from mizuoto_example import engine as toy_engine
 from mizuoto_example.engine import ToyEngine
 
@@ -29,10 +29,13 @@ pytest_plugins = ["pytester"]
 
 # Per toy model: 31 tests (7 of them in test_behaviour_contract), plus test_empty_text_is_refused once; edit, design, long text and
 # the refused-reference-text test do not apply to the toy. Three of them check hostile input
-# (non-finite numbers, NaN weights, a Hypothesis property).
-TOY_TESTS = 39
-# 4 that do not apply, and the 5 trainer-contract tests run_suite leaves to the contract session
-TOY_DESELECTED = 9
+# (non-finite numbers, NaN weights, a Hypothesis property). Then 2 of test_plugin_contract: the
+# plugin loads and its hooks run, its EngineRef matches.
+TOY_TESTS = 41
+# 4 that do not apply, the 6 trainer-contract tests run_suite leaves to the contract session
+# and the 3 checks in fresh interpreters (the listing: test_the_listing_check_runs_in_the_suite)
+TOY_DESELECTED = 13
+FRESH_PROCESS_TESTS = "test_cpu_startup_options_keep_audio or imports_no_torch"
 
 
 @pytest.fixture
@@ -42,9 +45,11 @@ def run_suite(pytester, monkeypatch):
 
     def run(*args):
         # the trainer contract runs in the contract session's own process: in-process reruns
-        # of it here re-import torch's inductor test ops, which refuses a second registration
+        # of it here re-import torch's inductor test ops, which refuses a second registration;
+        # the checks in fresh interpreters (seconds each) run in their own test
         return pytester.runpytest_inprocess("--pyargs", "mizuoto_contract",
-                                            "-p", "no:cacheprovider", "-k", "not ToyTrainer",
+                                            "-p", "no:cacheprovider", "-k",
+                                            f"not ToyTrainer and not ({FRESH_PROCESS_TESTS})",
                                             *args)
 
     yield run
@@ -93,8 +98,11 @@ def test_capabilities_decide_which_tests_exist(run_suite, monkeypatch):
     monkeypatch.setattr(ToyEngine, "info", property(
         lambda self: attrs.evolve(info(self), capabilities=info(self).capabilities - fewer)))
     result = run_suite("-v")
-    # 7 stream and 2 voice tests are not generated; 2 refusal tests are, and pass.
-    result.assert_outcomes(passed=TOY_TESTS - 7, deselected=TOY_DESELECTED + 9)
+    # 7 stream and 2 voice tests are not generated; 2 refusal tests are, and pass. The listing
+    # (the EngineRef) still promises both: its check fails, naming them.
+    result.assert_outcomes(passed=TOY_TESTS - 8, failed=1, deselected=TOY_DESELECTED + 9)
+    result.stdout.fnmatch_lines(["*the listing of 'toy' promises what no model of the engine "
+                                 "can do: stream, voice_cache*"], consecutive=False)
     result.stdout.fnmatch_lines(["*test_unsupported_capability_raises?toy/tiny-stream? PASSED*",
                                  "*test_unsupported_capability_raises?toy/tiny-voice_cache? "
                                  "PASSED*"])
@@ -116,8 +124,9 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
     result = run_suite()
     # Its capabilities are unknown: only the tests every model gets are generated (17
     # functions, one of them for three texts, one for two settings), and they error with the
-    # load error; the others are deselected.
-    result.assert_outcomes(passed=0, errors=21, deselected=26)
+    # load error; the others are deselected. Of the plugin's own tests, the EngineRef check
+    # fails with the load error; its hooks pass.
+    result.assert_outcomes(passed=1, failed=1, errors=21, deselected=30)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
 
@@ -146,6 +155,51 @@ def test_the_stop_signal_test_is_generated_for_trainers_that_declare_it(run_suit
     assert "test_resume_after_sigkill_exports_the_same_weights[toy-ToyTrainer-full]" in collected
     stop_test = "test_a_stop_signal_saves_the_checkpoint_and_resumes_identically"
     assert (f"{stop_test}[toy-ToyTrainer-full]" in collected) is graceful_stop
+
+
+def test_the_listing_check_runs_in_the_suite(run_suite):
+    # the start-up variants (three fresh interpreters with torch) are not run again here: the
+    # contract session runs them against every installed engine, the toy's included
+    result = run_suite("--mizuoto-engine", "toy", "-k", "imports_no_torch", "-v")
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("failed")) == (1, None), outcomes
+    result.stdout.fnmatch_lines(["*test_listing_the_plugin_imports_no_torch?toy? PASSED*"])
+
+
+class _BrokenPlugin:
+    """A plugin whose trainer hook imports a module not yet written (its engine is fine)."""
+
+    @staticmethod
+    @hookimpl
+    def register_trainers(register):
+        import mizuoto_hum_training_not_written  # noqa: F401
+
+
+def test_a_hook_that_raises_is_a_failing_test_and_the_rest_runs(run_suite):
+    plugins.load_plugins()
+    plugins.pm.register(_BrokenPlugin, name="hum")
+    result = run_suite("--mizuoto-engine", "toy", "-k", "hooks_run or seeded")
+    # the toy's own plugin test and its 3 seeded tests still run and pass
+    result.assert_outcomes(failed=1, passed=4)
+    result.stdout.fnmatch_lines([
+        "*plugin 'hum': its register_trainers hook raised ModuleNotFoundError: No module named "
+        "'mizuoto_hum_training_not_written'*",
+        "FAILED *test_the_plugin_loads_and_its_hooks_run[[]hum[]]*"], consecutive=False)
+
+
+def test_a_plugin_that_fails_to_import_is_a_failing_test(run_suite, monkeypatch):
+    import importlib.metadata
+
+    entry_points = importlib.metadata.entry_points
+    broken = importlib.metadata.EntryPoint("hum", "mizuoto_hum_not_written", "mizuoto")
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: (
+        [*entry_points(**kw), broken] if kw.get("group") == "mizuoto" else entry_points(**kw)))
+    monkeypatch.setenv("MIZUOTO_PLUGINS", "toy,hum")
+    plugins.reset_plugins()
+    result = run_suite("--mizuoto-engine", "toy", "-k", "hooks_run")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*plugin 'hum' was not loaded: importing mizuoto_hum_not_written"
+                                 " failed: ModuleNotFoundError*"], consecutive=False)
 
 
 # -- mutations: each breakage a plugin author could make is caught ---------------------------
@@ -333,8 +387,53 @@ def test_a_generator_never_drawn_from_is_caught(run_suite, monkeypatch):
 
     monkeypatch.setattr(ToyEngine, "_hum", own_generator)
     _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "generator_passed"),
-                   "was never drawn from",
+                   "was never drawn from*seeded its own generators with [[]1235[]]",
                    "FAILED *test_the_generator_passed_is_the_one_drawn_from*toy/tiny*")
+
+
+def test_a_generator_derived_from_the_one_passed_passes(run_suite, monkeypatch):
+    """An engine whose upstream needs its own generator (VoxCPM) seeds it from the one passed:
+    what it reports is what it used, so the check passes."""
+    hum = ToyEngine._hum
+
+    def derived(self, text, params, shape, generator, progress):
+        mine = torch.Generator().manual_seed(generator.initial_seed())
+        return hum(self, text, params, shape, mine, progress)
+
+    monkeypatch.setattr(ToyEngine, "_hum", derived)
+    run_suite("--mizuoto-engine", "toy", "-k", "generator_passed").assert_outcomes(passed=1)
+
+
+def test_a_voice_that_synthesis_ignores_blames_synthesis(run_suite, monkeypatch):
+    stream = ToyEngine._stream
+
+    def voiceless(self, request, *args):  # build_voice is right; synthesis drops the voice
+        return stream(self, attrs.evolve(request, voice=None) if request.voice else request,
+                      *args)
+
+    monkeypatch.setattr(ToyEngine, "_stream", voiceless)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "saved_voice"),
+                   "Likely cause: synthesis ignores request.voice*build_voice is not at fault",
+                   "FAILED *test_saved_voice_speaks_like_its_reference*toy/tiny*")
+
+
+def test_a_stream_on_the_global_rng_is_named(run_suite, monkeypatch):
+    stream = ToyEngine._stream
+
+    def whole(self, request, params, generator, progress):  # synthesis as before
+        pieces = list(stream(self, request, params, generator, progress))
+        samples = torch.cat([piece.audio.samples for piece in pieces])
+        return attrs.evolve(pieces[-1], audio=Audio(samples, pieces[-1].audio.sample_rate))
+
+    def global_rng(self, request, params, generator, progress):  # the stream ignores its own
+        return stream(self, request, params, torch.default_generator, progress)
+
+    monkeypatch.setattr(ToyEngine, "_synthesize", whole)
+    monkeypatch.setattr(ToyEngine, "_stream", global_rng)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "two_threads"),
+                   "Likely cause: the given generator is not used: the audio follows torch's "
+                   "global RNG",
+                   "FAILED *test_streams_from_two_threads_match_each_alone*toy/tiny*")
 
 
 def test_int16_stream_chunks_are_named(run_suite, monkeypatch):
@@ -415,7 +514,7 @@ def test_the_toy_trainer_passes_the_in_process_trainer_tests(run_suite, monkeypa
 
     _with_toy_trainer(monkeypatch, ToyTrainer)
     result = run_suite("--mizuoto-engine", "toy", "-k", "trainer_contract and not sigkill")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypatch):
@@ -429,6 +528,35 @@ def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypat
     _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "learning_rate"),
                    "exported the same weights. Likely cause: the trainer ignores "
                    "TrainingConfig.learning_rate")
+
+
+def test_a_trainer_that_ignores_batch_size_and_accumulation_is_caught(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer
+
+    class OneExampleAtATime(ToyTrainer):
+        def prepare(self, config, *, progress=None):
+            return super().prepare(attrs.evolve(config, batch_size=1, params={}),
+                                   progress=progress)
+
+    _with_toy_trainer(monkeypatch, OneExampleAtATime)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "batch_size"),
+                   "batch size 1 and 4 exported the same weights. Likely cause: the trainer "
+                   "ignores TrainingConfig.batch_size",
+                   "FAILED *test_batch_size_and_accumulation_change_the_export_or_are_refused*")
+
+
+def test_a_trainer_that_refuses_accumulation_by_name_passes(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer
+
+    class NoAccumulation(ToyTrainer):
+        def prepare(self, config, *, progress=None):
+            if config.params.get("grad_accumulation", 1) != 1:
+                raise InvalidRequest("params.grad_accumulation", "this trainer does not "
+                                     "accumulate gradients", "leave it at 1")
+            return super().prepare(config, progress=progress)
+
+    _with_toy_trainer(monkeypatch, NoAccumulation)
+    run_suite("--mizuoto-engine", "toy", "-k", "batch_size").assert_outcomes(passed=1)
 
 
 def test_a_resumed_export_that_differs_names_the_first_differing_tensor():

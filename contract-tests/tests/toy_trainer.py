@@ -68,7 +68,9 @@ class _Session(TrainingSession):
 
     def update(self):
         noise = torch.Generator().manual_seed(self.config.seed * 100_003 + self.done)
-        gradient = torch.randn(self.state["level"].shape, generator=noise)
+        # one pseudo-gradient per example, averaged over the update's micro-batches
+        examples = self.config.batch_size * self.config.params.get("grad_accumulation", 1)
+        gradient = torch.randn((examples, *self.state["level"].shape), generator=noise).mean(0)
         self.state["level"] = self.state["level"] - self.learning_rate * gradient
         self.done += 1
         return {"loss": 0.0}

@@ -47,3 +47,14 @@ def write_reference(path: Path, sample_rate: int) -> Path:
 def write_silence(path: Path, sample_rate: int) -> Path:
     silence = np.zeros(round(sample_rate * REFERENCE_SECONDS), np.float32)
     return write_audio(path, silence, sample_rate, subtype="PCM_16")
+
+
+def other_reference(sample_rate: int):
+    """A second voiced reference: :func:`voiced_signal` made at half the rate and played at
+    ``sample_rate`` (twice the pitch, 0.75 s), at a third of the level."""
+    import torch
+
+    from mizuoto import Audio, Reference
+
+    samples = torch.from_numpy(voiced_signal(sample_rate // 2, seconds=1.5))
+    return Reference(Audio(samples * 0.3, sample_rate), text=REFERENCE_TEXT)

@@ -7,6 +7,7 @@ interpreter and fails if torch, numpy or safetensors got imported (a lazy ``Engi
 ``mizuoto plugins`` fast). ``check_engine_ref`` loads every contract fixture of the engine and
 checks that the registered reference names the class, its options class and exactly the
 capabilities its models have (each model's within the reference's; together all of them).
+The contract suite runs both for every selected engine (``test_plugin_contract``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 HEAVY_MODULES = ("torch", "numpy", "safetensors")
 
 
-def check_listing_imports_no_torch(plugin: str, engine: str, cwd: str | Path) -> None:
-    """``plugin``: the entry-point name (``MIZUOTO_PLUGINS``); ``engine``: what it registers."""
+def check_listing_imports_no_torch(plugin: str, engine: str | Collection[str],
+                                   cwd: str | Path) -> None:
+    """``plugin``: the entry-point name (``MIZUOTO_PLUGINS``); ``engine``: what it registers
+    (a name, or every name when it registers several)."""
     code = ("import json, sys\n"
             "from mizuoto.registry import catalog, contract_fixtures, engine_refs\n"
             "refs, entries, fixtures = engine_refs(), catalog(), contract_fixtures()\n"
@@ -31,26 +35,60 @@ def check_listing_imports_no_torch(plugin: str, engine: str, cwd: str | Path) ->
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=cwd, timeout=120, check=True)
     listed = json.loads(done.stdout.strip().splitlines()[-1])
-    assert listed == {"engines": [engine], "heavy": []}, (
+    engines = [engine] if isinstance(engine, str) else sorted(engine)
+    assert listed == {"engines": engines, "heavy": []}, (
         f"listing plugin {plugin!r} gave {listed}: register an EngineRef and import the engine "
         "(and torch) only inside it")
+
+
+def registered_by(engine: str) -> tuple[str, list[str]]:
+    """The plugin (entry-point name) that registers ``engine``, and every engine it registers."""
+    from mizuoto.plugins import load_plugins, pm
+
+    load_plugins()
+    for impl in pm.hook.register_engines.get_hookimpls():
+        registered: list = []  # EngineRefs or Engine classes: each has a name
+        try:
+            impl.function(register=registered.append)
+        except Exception:  # its own test (test_the_plugin_loads_and_its_hooks_run) says why
+            continue
+        names = sorted(item.name for item in registered)
+        if engine in names:
+            return impl.plugin_name, names
+    raise LookupError(f"no loaded plugin registers the engine {engine!r}")
 
 
 def check_engine_ref(engine: str, engine_cls: type, directory: str | Path) -> None:
     """Load each contract fixture of ``engine`` under ``directory`` and compare capabilities."""
     import mizuoto
-    from mizuoto.registry import contract_fixtures, engine_refs, get_engine
+    from mizuoto.registry import contract_fixtures, engine_refs
 
-    ref = engine_refs()[engine]
-    assert ref.load() is engine_cls and get_engine(engine) is engine_cls
-    assert ref.options_class is engine_cls.options_class
     options = mizuoto.Options.from_mapping({"compute.device": "cpu", "compute.cpu_threads": 1})
-    seen = set()
+    capabilities = {}
     for fixture in (f for f in contract_fixtures().values() if f.engine == engine):
         model_dir = Path(directory) / fixture.name
         model_dir.mkdir(parents=True, exist_ok=True)
         fixture.make(model_dir)
-        capabilities = engine_cls.load(model_dir, options=options).info.capabilities
-        assert capabilities <= ref.capabilities, f"{fixture.id} can do more than registered"
-        seen |= capabilities
-    assert seen == ref.capabilities, "the listing promises what no model of the engine can do"
+        capabilities[fixture.id] = engine_cls.load(model_dir, options=options).info.capabilities
+    check_ref_against_models(engine_refs()[engine], engine_cls, capabilities)
+
+
+def check_ref_against_models(ref, engine_cls: type,
+                             capabilities: Mapping[str, frozenset]) -> None:
+    """The registered reference ``ref`` names ``engine_cls`` and its options class, and
+    exactly the capabilities of its loaded models (``capabilities``: per fixture id)."""
+    from mizuoto.registry import get_engine
+
+    assert ref.load() is engine_cls and get_engine(ref.name) is engine_cls, (
+        f"the EngineRef of {ref.name!r} names {ref.load()!r}, its models load as {engine_cls!r}")
+    assert ref.options_class is engine_cls.options_class, (
+        f"the EngineRef of {ref.name!r} names the options class {ref.options_class!r}; the "
+        f"engine's is {engine_cls.options_class!r}")
+    seen: set = set()
+    for fixture_id, model_capabilities in capabilities.items():
+        extra = sorted(c.value for c in model_capabilities - ref.capabilities)
+        assert not extra, f"{fixture_id} can do more than registered: {', '.join(extra)}"
+        seen |= model_capabilities
+    promised = sorted(c.value for c in ref.capabilities - seen)
+    assert not promised, (f"the listing of {ref.name!r} promises what no model of the engine "
+                          f"can do: {', '.join(promised)}")

@@ -43,7 +43,10 @@ from mizuoto import Options, SynthesisRequest
 engine, model_dir, compute, request, out = sys.argv[1:6]
 tts = mizuoto.load(model_dir, engine=engine,
                    options=Options.from_mapping({"compute": json.loads(compute)}))
-result = tts.synthesize(SynthesisRequest(**json.loads(request)))
+fields = json.loads(request)
+if "reference" in fields:  # {"audio": path, "text": ...}: an engine that only clones
+    fields["reference"] = mizuoto.Reference(**fields["reference"])
+result = tts.synthesize(SynthesisRequest(**fields))
 threads = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")]
 torch.save({"samples": result.audio.samples, "compute": dict(result.applied.compute),
             "affinities": threads}, out)

@@ -44,7 +44,7 @@ from mizuoto.runtime.allocator import loaded_allocator
 from mizuoto_contract.compare import assert_same, first_differing_tensor
 from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
 from mizuoto_contract.plugin import note_missed
-from mizuoto_contract.reference import REFERENCE_TEXT, write_silence
+from mizuoto_contract.reference import REFERENCE_TEXT, other_reference, write_silence
 
 TEXT = "Hello there, this is a contract test."
 EDITED_TEXT = "A steady voice reads that line."
@@ -72,6 +72,32 @@ def _request(model: ContractModel, **fields) -> SynthesisRequest:
 
 def _reference(model: ContractModel, text: str | None = REFERENCE_TEXT) -> Reference:
     return Reference(model.reference_path, text=text)
+
+
+def _global_rng(model: ContractModel, request: SynthesisRequest, stream: bool = False):
+    """A diagnosis for :func:`assert_same`: whether ``request``'s audio follows torch's global
+    RNG (the same under one ``torch.manual_seed``, other under another), which would make the
+    generator the base class passes unused."""
+    def run(global_seed: int) -> torch.Tensor:
+        torch.manual_seed(global_seed)
+        if stream:
+            return _joined(model.engine.stream(request))
+        return model.engine.synthesize(request).audio.samples
+
+    def diagnose() -> str | None:
+        state = torch.get_rng_state()
+        try:
+            once, again, other = run(0), run(0), run(1)
+        finally:
+            torch.set_rng_state(state)
+        if torch.equal(once, again) and not torch.equal(once, other):
+            return ("the given generator is not used: the audio follows torch's global RNG "
+                    f"(torch.manual_seed changes {'the stream' if stream else 'it'}); draw "
+                    "only from the generator passed to _synthesize/_stream "
+                    "(torch.randn(..., generator=generator))")
+        return None
+
+    return diagnose
 
 
 def _plain_request(model: ContractModel, **fields) -> SynthesisRequest:
@@ -252,7 +278,8 @@ def test_seeded_synthesis_is_deterministic(contract_model: ContractModel) -> Non
     _check_result(contract_model, first, seed=SEED)
     _check_result(contract_model, second, seed=SEED)
     assert_same(second.audio.samples, first.audio.samples,
-                "two runs of the same seeded request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next")
+                "two runs of the same seeded request", "the engine draws from an unseeded or global generator (draw only from the generator the base class passes), or keeps state from one request to the next",
+                _global_rng(contract_model, request))
 
 
 def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> None:
@@ -267,7 +294,8 @@ def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> 
     for index, expected in enumerate(alone):
         assert_same(together[index], expected, f"request {index} run concurrently and alone",
                     "per-request state shared between threads: an engine that declares "
-                    "concurrent_requests=True must keep every request's state in its own call")
+                    "concurrent_requests=True must keep every request's state in its own call",
+                    _global_rng(contract_model, requests[index]))
 
 
 def test_unseeded_synthesis_reports_its_seed(contract_model: ContractModel) -> None:
@@ -561,7 +589,7 @@ def test_stream_matches_synthesis(contract_model: ContractModel) -> None:
                 "the joined stream and the synthesized audio",
                 "the chunks are not consecutive pieces of the same audio (other noise draws, "
                 "overlap or padding at the joins); a fixture whose engine differs on purpose "
-                "sets stream_matches=False")
+                "sets stream_matches=False", _global_rng(contract_model, request, stream=True))
 
 
 def _joined(chunks) -> torch.Tensor:
@@ -607,7 +635,8 @@ def test_streams_from_two_threads_match_each_alone(contract_model: ContractModel
                            "concurrent streams")
     for index, expected in enumerate(alone):
         assert_same(together[index], expected, f"stream {index} run concurrently and alone",
-                    "per-request state shared between threads")
+                    "per-request state shared between threads",
+                    _global_rng(contract_model, requests[index], stream=True))
 
 
 @requires(Capability.STREAM)
@@ -620,7 +649,9 @@ def test_unseeded_stream_reports_its_seed(contract_model: ContractModel) -> None
     assert_same(torch.cat([c.audio.samples for c in replay]),
                 torch.cat([c.audio.samples for c in chunks]),
                 "an unseeded stream and its replay with applied.seed",
-                "the last chunk's applied.seed is not the seed the stream was drawn with")
+                "the last chunk's applied.seed is not the seed the stream was drawn with",
+                _global_rng(contract_model, _plain_request(contract_model, seed=applied.seed),
+                            stream=True))
 
 
 @requires(Capability.VOICE_CACHE)
@@ -642,7 +673,21 @@ def test_saved_voice_speaks_like_its_reference(contract_model: ContractModel, tm
     assert_same(by_voice.audio.samples, by_reference.audio.samples,
                 "speaking with a saved voice and with its reference",
                 "build_voice keeps less than a request with the reference uses (or prepares "
-                "it differently); the voice must hold exactly what the reference gives")
+                "it differently); the voice must hold exactly what the reference gives",
+                lambda: _voice_ignored(contract_model, by_voice.audio.samples))
+
+
+def _voice_ignored(model: ContractModel, by_voice: torch.Tensor) -> str | None:
+    """A diagnosis: a voice built from another reference speaks exactly as ``by_voice``
+    (the suite's reference's voice), so synthesis does not use the voice at all."""
+    engine = model.engine
+    other = engine.build_voice(other_reference(engine.info.sample_rate))
+    if torch.equal(engine.synthesize(_request(model, voice=other, seed=SEED)).audio.samples,
+                   by_voice):
+        return ("synthesis ignores request.voice: a voice built from another reference "
+                "gives the same audio (build_voice is not at fault); read the voice's tensors "
+                "in _synthesize/_stream as the reference would be")
+    return None
 
 
 @requires(Capability.VOICE_CACHE)

@@ -13,7 +13,9 @@ to the manifest) of voiced clips. Every method the trainer declares is tested:
 - bad rows (a missing audio file, an empty text) are skipped with a warning naming the row,
   and the run trains on the rest;
 - two learning rates give different exported weights (a trainer that ignores
-  ``TrainingConfig.learning_rate`` is caught).
+  ``TrainingConfig.learning_rate`` is caught);
+- batch size 4 and ``params.grad_accumulation=2`` each give other exported weights than batch
+  size 1 without accumulation, or are refused by name.
 
 A failed weight comparison names the first differing tensor (shape, first index, max |diff|).
 
@@ -32,6 +34,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -308,6 +311,45 @@ def test_the_learning_rate_changes_the_export(case, tmp_path):
         f"learning rates {rates[0]:g} and {rates[1]:g} exported the same weights. Likely "
         f"cause: the trainer ignores TrainingConfig.learning_rate (an optimizer built with a "
         f"fixed lr), or exports the base weights rather than the trained ones")
+
+
+# (what changes, its name in a refusal, the TrainingConfig fields of the changed run)
+_BATCHING = (("batch size 1 and 4", "batch_size", {"batch_size": 4}),
+             ("gradient accumulation 1 and 2", "grad_accumulation",
+              {"params": {"grad_accumulation": 2}}))
+
+
+def test_batch_size_and_accumulation_change_the_export_or_are_refused(case, tmp_path):
+    """A run with batch size 4, and one with ``params.grad_accumulation=2``, each export other
+    weights than one with batch size 1 and no accumulation; or the trainer refuses the setting
+    with ``InvalidRequest`` naming it (before training)."""
+    from mizuoto.errors import InvalidRequest
+
+    trainer_cls, _, method, model_dir, manifest = case
+    trainer = trainer_cls()
+
+    def export(name, **fields):
+        # the learning rate test's larger rate: a small one's updates (within a warm-up) can
+        # vanish in bfloat16 weights, exporting the base weights whatever the batch
+        config = attrs.evolve(_config(method, model_dir, manifest, tmp_path / name,
+                                      learning_rate=1e-2), **fields)
+        run = trainer.prepare(config)
+        trainer.train(run)
+        return _weight_files(trainer.export(run, tmp_path / f"{name}-export"))
+
+    plain = export("plain")
+    for what, name, fields in _BATCHING:
+        try:
+            changed = export(name, **fields)
+        except InvalidRequest as exc:  # the field, or the message of an unknown-params refusal
+            assert name in exc.field or name in str(exc), (
+                f"{what}: the trainer refused the run without naming {name}: {exc}")
+            continue
+        assert changed != plain, (
+            f"{what} exported the same weights. Likely cause: the trainer ignores "
+            f"{'TrainingConfig.batch_size' if name == 'batch_size' else 'params.' + name} (a "
+            f"fixed batch, one micro-batch per update); use it, or refuse a value it cannot "
+            f"do with InvalidRequest naming {name}")
 
 
 def test_bad_rows_are_skipped_and_named(case, tmp_path, caplog):

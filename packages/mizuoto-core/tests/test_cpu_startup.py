@@ -4,7 +4,7 @@ the ``mizuoto`` command restarting itself with them.
 
 Processes started with a library preloaded run without torch where they can (a fraction of a
 second); the pinning and command checks import torch in one child each. That the audio stays
-bit-identical is checked with each engine (tests/test_cpu_startup.py of each package).
+bit-identical is checked with each engine by the contract suite (test_plugin_contract.py).
 """
 
 from __future__ import annotations

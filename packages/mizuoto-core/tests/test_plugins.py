@@ -74,8 +74,12 @@ def test_a_broken_plugin_is_logged_and_skipped(monkeypatch, caplog, restore_plug
     monkeypatch.delenv("MIZUOTO_PLUGINS", raising=False)
     plugins.reset_plugins()
     with caplog.at_level(logging.ERROR, logger="mizuoto.plugins"):
-        names = [p["name"] for p in plugins.get_plugins()]
-    assert names == ["good"]
+        found = {p["name"]: p for p in plugins.get_plugins()}
+    assert list(found) == ["good", "broken"]  # listed with its error, for `mizuoto plugins`
+    assert found["good"]["errors"] == [] and found["broken"]["hooks"] == []
+    assert found["broken"]["errors"] == ["importing mizuoto_test_no_such_module failed: "
+                                         "ModuleNotFoundError: No module named "
+                                         "'mizuoto_test_no_such_module'"]
     assert "could not load plugin broken" in caplog.text
 
 

@@ -39,8 +39,10 @@ def load_plugins() -> None:
             continue
         try:
             module = entry_point.load()
-        except Exception:
+        except Exception as exc:
             log.exception("could not load plugin %s (%s)", entry_point.name, entry_point.value)
+            _errors[entry_point.name] = [f"importing {entry_point.value} failed: "
+                                         f"{type(exc).__name__}: {exc}"]
             continue
         unknown = unknown_hooks(module)
         if unknown:
@@ -57,6 +59,28 @@ def load_plugins() -> None:
 
 _distributions: dict[str, tuple[str | None, str | None]] = {}
 _errors: dict[str, list[str]] = {}
+# (plugin, hook) -> what its hook raised, kept so that the contract suite can fail on it
+_hook_errors: dict[tuple[str, str], BaseException] = {}
+
+
+def call_each(hook_name: str, **kwargs) -> None:
+    """Call every plugin's ``hook_name`` implementation in pluggy's order, each on its own: one
+    that raises is logged and recorded (:func:`hook_errors`) and the others still run, so that
+    one broken plugin (a ``register_trainers`` importing a module not written yet) hides no
+    other plugin's engines."""
+    load_plugins()
+    for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls()):
+        try:
+            impl.function(*(kwargs[name] for name in impl.argnames))
+        except Exception as exc:
+            log.error("plugin %s: its %s hook raised %s: %s", impl.plugin_name, hook_name,
+                      type(exc).__name__, exc, exc_info=True)
+            _hook_errors[(impl.plugin_name, hook_name)] = exc
+
+
+def hook_errors() -> dict[tuple[str, str], BaseException]:
+    """What each ``(plugin, hook)`` that raised raised, for the hooks called so far."""
+    return dict(_hook_errors)
 
 
 def _spec_names() -> set[str]:
@@ -83,6 +107,7 @@ def reset_plugins() -> None:
         pm.unregister(plugin, name=name)
     _distributions.clear()
     _errors.clear()
+    _hook_errors.clear()
     _loaded = False
     for callback in _on_reset:
         callback()
@@ -106,8 +131,11 @@ def get_plugins() -> list[dict]:
     for name, plugin in sorted(pm.list_name_plugin()):
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         dist, version = _distributions.get(name, (None, None))
+        raised = [f"{hook} raised {type(exc).__name__}: {exc}"
+                  for (plugin_name, hook), exc in sorted(_hook_errors.items(), key=str)
+                  if plugin_name == name]
         plugins.append({"name": name, "distribution": dist, "version": version, "hooks": hooks,
-                        "errors": []})
+                        "errors": raised})
     for name, errors in sorted(_errors.items()):
         dist, version = _distributions.get(name, (None, None))
         plugins.append({"name": name, "distribution": dist, "version": version, "hooks": [],

@@ -17,21 +17,29 @@ from mizuoto.contracts.fixtures import ContractFixture
 from mizuoto.contracts.trainer import Trainer
 from mizuoto.errors import EngineNotFound, MizuotoError
 from mizuoto.options import Options
-from mizuoto.plugins import load_plugins, on_reset, pm
+from mizuoto.plugins import call_each, on_reset, pm
 
 
 def _collect(hook, key, kind: str, convert=lambda item: item) -> dict:
-    load_plugins()
+    """What every plugin registers with ``hook``; a plugin whose hook raises registers nothing
+    and is recorded (:func:`mizuoto.plugins.hook_errors`), the others count."""
     found: dict = {}
+    refused: list[MizuotoError] = []  # the registry's own verdicts fail the whole listing
 
     def register(item):
-        item = convert(item)
-        name = key(item)
-        if name in found and found[name] != item:
-            raise MizuotoError(f"two plugins register the {kind} {name!r}")
+        try:
+            item = convert(item)
+            name = key(item)
+            if name in found and found[name] != item:
+                raise MizuotoError(f"two plugins register the {kind} {name!r}")
+        except MizuotoError as exc:
+            refused.append(exc)
+            return
         found[name] = item
 
-    hook(register=register)
+    call_each(hook.name, register=register)
+    if refused:
+        raise refused[0]
     return found
 
 
