@@ -54,7 +54,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 TORCH = ["torch==2.14.1", "torchaudio==2.11.0"]
 PACKAGES = [
-    "-e", "packages/mizuoto-core[hub,text,test,serve,ray,tensorboard,wyoming]",
+    "-e", "packages/mizuoto-core[hub,text,serve,ray,tensorboard,wyoming]",
     "-e", "packages/mizuoto-f5tts[arrow]",
     "-e", "packages/mizuoto-voxcpm",
     "-e", "contract-tests",
@@ -67,6 +67,9 @@ ORACLE_REQUIREMENTS = [
     "packages/mizuoto-f5tts/tests/parity/oracle-requirements.txt",
     "packages/mizuoto-voxcpm/tests/parity/oracle-requirements.txt",
 ]
+# the root pyproject's development dependency group (pip >= 25.1), kept out of what users install
+TEST_TOOLS = ["--group", "test"]
+PIP = ["pip>=25.1"]  # the first pip that installs dependency groups
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 # pytest processes per suite (pytest-xdist): the tests run on one thread each (THREADS), so one
 # per core, at most 2 (CI's machine; more would multiply the tests' models in memory)
@@ -74,8 +77,9 @@ TEST_WORKERS = int(os.environ.get("MIZUOTO_TEST_WORKERS", min(2, os.cpu_count() 
 
 
 def _install_base(session):
+    session.install(*PIP)
     session.install(*TORCH, "librosa", "pytest")
-    session.install(*PACKAGES)
+    session.install(*PACKAGES, *TEST_TOOLS)
 
 
 def _install_oracles(session):
@@ -153,7 +157,7 @@ def _allocator_env(session) -> dict[str, str]:
     return {"MIZUOTO_REQUIRE_ALLOCATORS": "1"}
 
 
-BROWSER_TEST = ["-e", "packages/mizuoto-core[browser-test]"]
+BROWSER_TEST = ["--group", "browser-test"]
 
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -321,11 +325,12 @@ def compat(session):
     Installed as a user adds to an environment: core first, then the engines together with
     another extra of core (an engine's requirement on core must not conflict with the core
     already installed: ResolutionImpossible before), then the test tools."""
+    session.install(*PIP)
     session.install(TORCH[0])
     session.install("./packages/mizuoto-core")
     session.install("./packages/mizuoto-voxcpm", "./packages/mizuoto-f5tts",
                     "./packages/mizuoto-core[serve]")
-    session.install("./packages/mizuoto-core[text,test,serve]", "./contract-tests")
+    session.install("./packages/mizuoto-core[text,serve]", "./contract-tests", *TEST_TOOLS)
     for undeclared in ("librosa", "torchaudio", "f5_tts", "voxcpm"):
         session.run("python", "-c", f"import importlib.util, sys; "
                     f"importlib.util.find_spec({undeclared!r}) and "

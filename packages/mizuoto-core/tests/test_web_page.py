@@ -84,7 +84,7 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _unavailable("playwright is not installed: pip install \"mizuoto-core[browser-test]\" "
+        _unavailable("playwright is not installed: pip install --group browser-test "
                      "(PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1)")
     executable = _chromium()
     if executable is None:
