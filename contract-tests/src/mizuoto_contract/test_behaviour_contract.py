@@ -45,7 +45,7 @@ requires = pytest.mark.mizuoto_requires
 
 def _declares_license(fixture) -> bool:
     # These checks are new: they run for fixtures written to them (which declare their
-    # license); the bundled engines' fixtures adopt them by declaring it.
+    # license); the bundled engines' fixtures declare it, so these run on them too.
     return fixture.license is not None
 
 

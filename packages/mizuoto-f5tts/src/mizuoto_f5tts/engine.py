@@ -30,6 +30,7 @@ from mizuoto.contracts.requests import (
 from mizuoto.contracts.results import Rendered, check_finite
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
+from mizuoto.licenses import is_non_commercial, model_card_license
 from mizuoto.options import Options
 from mizuoto.runtime.placement import Placement, place
 from mizuoto_f5tts import editing, reference
@@ -142,13 +143,15 @@ class F5Engine(Engine):
         vocoder = load_vocos(model_dir / "vocos", device=placement.device)
         report(progress, "load", 2, 2)
         catalog_weights = model_id is not None and catalog_variant(model_id) is not None
+        # a directory says its license in its model card (a copy of the Hub repository's)
+        license_name = LICENSE if catalog_weights else model_card_license(model_dir)
         capabilities = frozenset({Capability.ZERO_SHOT, Capability.CLONE, Capability.EDIT,
                                   Capability.LONG_TEXT, Capability.VOICE_CACHE,
                                   Capability.STREAM})
         info = placement.model_info(
             model=model_id or str(model_dir), variant=variant_of_model(model),
             sample_rate=SAMPLE_RATE, capabilities=capabilities, dtype=model.dtype,
-            license=LICENSE if catalog_weights else None, non_commercial=catalog_weights,
+            license=license_name, non_commercial=is_non_commercial(license_name),
             fingerprint=weights_fingerprint(checkpoint, vocab), languages=LANGUAGES)
         return cls(model=model, vocab=vocab, vocoder=vocoder, info=info, placement=placement)
 

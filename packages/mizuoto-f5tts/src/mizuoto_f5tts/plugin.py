@@ -44,10 +44,28 @@ def register_models(register):
         register(entry)
 
 
+#: what a random-init directory's model card says: its weights hold no trained data, so the
+#: code's MIT license is theirs, not the released weights' CC-BY-NC-4.0
+RANDOM_MODEL_CARD = """---
+license: mit
+tags: [mizuoto-random-init]
+---
+# Random-init {label} ({size})
+
+Written by `mizuoto random-model`: random weights in F5-TTS's file layout. The audio is noise.
+They hold no trained data, so the code's MIT license is theirs (the released F5-TTS weights
+are CC-BY-NC-4.0).
+"""
+
+
 def _write_random(variant: str, size: str, directory) -> None:
+    from pathlib import Path
+
     from mizuoto_f5tts.fixtures import write_random_model_dir
 
     write_random_model_dir(directory, variant, size=size, seed=0)
+    (Path(directory) / "README.md").write_text(
+        RANDOM_MODEL_CARD.format(label=variant, size=size), encoding="utf-8")
 
 
 @hookimpl
@@ -58,6 +76,10 @@ def register_contract_fixtures(register):
             engine="f5tts", name=f"tiny-{variant.replace('_', '-')}",
             make=partial(_write_random, variant, "tiny"), request_params=_FAST,
             steps=_FAST_STEPS, needs_reference_text=True, stream_matches=True,
+            license="MIT", non_commercial=False,
+            # one text batch at the suite's lengths: nothing to cross-fade; EPSS has no
+            # schedule for the fixture's 4 steps (upstream falls back to uniform steps)
+            inert_params={"cross_fade_duration", "use_epss"},
             description=f"{label} architecture at dim 64, random weights, tiny Vocos"))
         # the released sizes, for benchmarks (`mizuoto bench random:f5tts/realsize-v1-base`)
         register(ContractFixture(

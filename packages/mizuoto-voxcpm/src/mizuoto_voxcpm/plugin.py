@@ -13,6 +13,14 @@ from mizuoto import Capability, ContractFixture, EngineRef, UpstreamBaseline, ho
 
 # few steps and patches: contract requests stay fast on random weights
 _FAST = {"inference_timesteps": 2, "max_len": 4, "min_len": 1, "retry_badcase": False}
+#: params the tiny fixtures' requests cannot show (the suite varies one at a time): the
+#: request's steps win over inference_timesteps; the stop head never fires, so min_len and the
+#: bad-case retry (4 patches never exceed its length ratio) do nothing; the suite's texts have
+#: nothing to normalise and one sentence to split (chunk_tokens needs split_text); its plain
+#: requests have no reference for reference_prefix; tiled decoding is bit-identical by design
+_INERT = frozenset({"inference_timesteps", "min_len", "normalize", "retry_badcase",
+                    "retry_badcase_max_times", "retry_badcase_ratio_threshold",
+                    "reference_prefix", "split_text", "chunk_tokens", "tiled_decode"})
 
 
 @hookimpl
@@ -81,6 +89,8 @@ def register_contract_fixtures(register):
             needs_reference_text=text_needed,
             # the stop head never fires: every request runs to the cap, max_len=4 patches
             length_follows_text=False,
+            license="Apache-2.0", non_commercial=False,  # VoxCPM's code and weights
+            inert_params=_INERT,
             description=f"random-init {generation} with a few tiny layers (audio is noise); "
                         f"its defaults: {DEMO_DEFAULTS['max_len']} patches, no retry",
         ))
