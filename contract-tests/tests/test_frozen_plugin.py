@@ -18,6 +18,7 @@ import numpy  # noqa: F401
 import pytest
 import torch
 import torch._dynamo  # noqa: F401
+from suite_selection import FRESH_PROCESS_TESTS
 
 from mizuoto import plugins
 
@@ -28,7 +29,6 @@ pytest_plugins = ["pytester"]
 FROZEN_TESTS = 35
 # The same for the API 1.1 plugin (no trainer: the trainer tests are deselected).
 FROZEN_1_1_TESTS = 41
-FRESH_PROCESS_TESTS = "test_cpu_startup_options_keep_audio or imports_no_torch"
 
 
 def _only(monkeypatch, module, name):

@@ -18,6 +18,7 @@ import torch
 # suite's operation counter) registers an operator library once per process, so it is imported
 # here, before any run, and kept
 import torch._dynamo
+from suite_selection import FRESH_PROCESS_TESTS
 
 from mizuoto import Audio, Capability, Engine, hookimpl, plugins
 from mizuoto.contracts import engine as engine_base
@@ -35,7 +36,6 @@ TOY_TESTS = 41
 # 4 that do not apply, the 6 trainer-contract tests run_suite leaves to the contract session
 # and the 3 checks in fresh interpreters (the listing: test_the_listing_check_runs_in_the_suite)
 TOY_DESELECTED = 13
-FRESH_PROCESS_TESTS = "test_cpu_startup_options_keep_audio or imports_no_torch"
 
 
 @pytest.fixture
