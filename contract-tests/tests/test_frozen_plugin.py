@@ -27,6 +27,8 @@ pytest_plugins = ["pytester"]
 # Every contract test generated for the frozen toy model passes; none is skipped (with the 2
 # of test_plugin_contract run in this process: the plugin's hooks run, its EngineRef matches).
 FROZEN_TESTS = 35
+# The round-3 trainer's trainer tests run in this process (of 6: SIGKILL and stop signals not).
+FROZEN_TRAINER_TESTS = 4
 # The same for the API 1.1 plugin (no trainer: the trainer tests are deselected).
 FROZEN_1_1_TESTS = 41
 
@@ -79,6 +81,26 @@ def test_a_plugin_written_for_api_1_0_passes_the_suite_with_deprecation_warnings
                                  "plugin toy_api_1_0 (engine toy) is written for API 1.0; it "
                                  "misses * requirements of 1.1: *test_the_license_is_declared*"],
                                 consecutive=False)
+
+
+def test_a_trainer_written_on_the_round_3_toolkit_passes_the_trainer_tests(
+        pytester, frozen_plugin):
+    """The round-3 trainer, frozen, trains the round-2 engine. The trainer tests that run in a
+    child process (SIGKILL, stop signals) reach only installed plugins: these are not."""
+    import toy_trainer_round3
+
+    from mizuoto import registry
+
+    plugins.pm.register(toy_trainer_round3, name="toy-trainer-round-3")
+    registry.trainers.cache_clear()
+    try:
+        result = pytester.runpytest_inprocess(
+            "--pyargs", "mizuoto_contract", "-p", "no:cacheprovider", "--mizuoto-engine", "toy",
+            "-k", "trainer_contract and not sigkill and not stop_signal")
+    finally:
+        registry.trainers.cache_clear()
+    assert result.ret == 0, result.stdout.str()[-4000:]
+    result.assert_outcomes(passed=FROZEN_TRAINER_TESTS)
 
 
 def test_the_frozen_plugin_is_still_api_1_0():
