@@ -73,7 +73,8 @@ def test_the_servers_request_model_and_media_types_come_from_the_table():
 
 
 def test_batch_and_say_offer_every_format():
-    from mizuoto.cli import batch, say
+    from mizuoto.commands.batch import batch
+    from mizuoto.commands.say import say
 
     choice = next(p for p in batch.params if p.name == "file_format").type
     assert list(choice.choices) == list(FORMATS)

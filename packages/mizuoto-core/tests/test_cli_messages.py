@@ -11,7 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from mizuoto import SynthesisRequest, TrainingResult
-from mizuoto.cli import STREAMED, _ProgressBars, _ProgressLog, _trained, cli
+from mizuoto.cli import cli
+from mizuoto.commands.toolkit import STREAMED, ProgressBars, ProgressLog
+from mizuoto.commands.train import _trained
 from mizuoto.contracts.progress import Progress
 
 
@@ -31,7 +33,7 @@ def test_the_training_summary_says_what_this_run_trained(resumed_from, steps_don
 
 
 def test_a_resumed_stage_counts_its_rate_from_where_it_resumed():
-    bars = _ProgressBars(io.StringIO())
+    bars = ProgressBars(io.StringIO())
     bars(Progress("section", 40, 50))
     bar = bars._bars["section"]
     # tqdm's rate is (n - initial) / elapsed: 40 sections done before this run are not
@@ -44,7 +46,7 @@ def test_a_resumed_stage_counts_its_rate_from_where_it_resumed():
 
 
 def test_a_log_gets_one_info_line_per_streamed_chunk_and_batch_line(caplog):
-    log = _ProgressLog()
+    log = ProgressLog()
     with caplog.at_level(logging.INFO, logger="mizuoto"):
         log(Progress(STREAMED, 1, None, "0.16 s of audio written"))
         log(Progress(STREAMED, 2, None, "0.32 s of audio written"))

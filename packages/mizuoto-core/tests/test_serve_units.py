@@ -256,7 +256,7 @@ def test_the_pool_keeps_weights_within_the_memory_budget():
 
 
 def test_memory_budget_sizes():
-    from mizuoto.cli import _size
+    from mizuoto.commands.serve import _size
 
     assert _size("8G") == 8 << 30 and _size("500MB") == 500 << 20 and _size("1024") == 1024
     for bad in ("lots", "0", "-1G", "inf"):

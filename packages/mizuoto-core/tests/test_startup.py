@@ -20,7 +20,8 @@ from conftest import FakeEngine, FakeOptions, make_plugin
 
 import mizuoto
 from mizuoto import Capability, EngineRef, Progress, registry
-from mizuoto.cli import _progress, _ProgressBars, _ProgressLog, cli
+from mizuoto.cli import cli
+from mizuoto.commands.toolkit import ProgressBars, ProgressLog, command_progress
 from mizuoto.errors import EngineNotFound, InvalidOption, MizuotoError
 
 # Modules that take a second or more, or tens of MB, to import.
@@ -185,13 +186,13 @@ def test_registering_something_else_is_an_error(fake_plugin):
 # --- progress: bars on a terminal only, one log line per chunk elsewhere -----------------------
 
 def test_quiet_means_no_progress_at_all():
-    with _progress(quiet=True) as progress:
+    with command_progress(quiet=True) as progress:
         assert progress is None
 
 
 def test_not_a_terminal_logs_one_line_per_chunk(caplog):
-    with _progress(quiet=False) as progress:  # pytest's stderr is not a terminal
-        assert isinstance(progress, _ProgressLog)
+    with command_progress(quiet=False) as progress:  # pytest's stderr is not a terminal
+        assert isinstance(progress, ProgressLog)
         with caplog.at_level(logging.INFO, logger="mizuoto"):
             for chunk in range(3):
                 progress(Progress("chunk", chunk, 3))
@@ -205,7 +206,7 @@ def test_not_a_terminal_logs_one_line_per_chunk(caplog):
 
 def test_nested_bars_close_before_the_result_is_printed():
     stream = io.StringIO()
-    bars = _ProgressBars(stream)
+    bars = ProgressBars(stream)
     bars(Progress("chunk", 0, 2))
     bars(Progress("sampling", 5, 32))  # sampling stopped early: its bar is still open
     assert list(bars._bars) == ["chunk", "sampling"]

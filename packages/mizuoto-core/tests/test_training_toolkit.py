@@ -256,18 +256,18 @@ def test_training_progress_on_a_terminal_and_in_a_log(caplog):
     import io
     import logging
 
-    from mizuoto.cli import _ProgressBars, _ProgressLog
+    from mizuoto.commands.toolkit import ProgressBars, ProgressLog
 
     now = [0.0]
     terminal = io.StringIO()
-    bars = _ProgressBars(terminal)
+    bars = ProgressBars(terminal)
     progress = StepProgress(bars, total=4, clock=lambda: now[0])
     now[0] = 3.0
     progress(1, {"loss": 0.75})
     assert "loss 0.7500" in terminal.getvalue() and "ETA 0:00:09" in terminal.getvalue()
     bars.close()
 
-    logged = StepProgress(_ProgressLog(), total=3, clock=lambda: now[0])
+    logged = StepProgress(ProgressLog(), total=3, clock=lambda: now[0])
     with caplog.at_level(logging.INFO, logger="mizuoto"):
         for done in (1, 2, 3):
             now[0] += 1.0

@@ -599,7 +599,8 @@ def test_train_cli_takes_upstream_flags_and_refuses_what_does_not_apply(tmp_path
 def test_train_help_describes_every_option():
     from click.testing import CliRunner
 
-    from mizuoto.cli import cli, train
+    from mizuoto.cli import cli
+    from mizuoto.commands.train import train
 
     assert all(option.help for option in train.params if option.param_type_name == "option")
     text = CliRunner().invoke(cli, ["train", "--help"], obj={}).output

@@ -8,28 +8,9 @@
 
 from __future__ import annotations
 
+from mizuoto import contracts
 from mizuoto.catalog import CatalogEntry, HubFile
-from mizuoto.contracts import (
-    Applied,
-    Audio,
-    AudioChunk,
-    Capability,
-    ContractFixture,
-    EditRequest,
-    Engine,
-    EngineRef,
-    ModelInfo,
-    Progress,
-    Reference,
-    Rendered,
-    SynthesisRequest,
-    SynthesisResult,
-    Trainer,
-    TrainingConfig,
-    TrainingResult,
-    UpstreamBaseline,
-    Voice,
-)
+from mizuoto.contracts import *  # noqa: F403  (contracts.__all__, listed once, there)
 from mizuoto.errors import MizuotoError
 from mizuoto.hookspecs import hookimpl
 from mizuoto.loading import load, resolve_model
@@ -38,31 +19,13 @@ from mizuoto.options import ComputeOptions, Options
 __version__ = "0.1.0"
 
 __all__ = [
-    "Applied",
-    "Audio",
-    "AudioChunk",
-    "Capability",
     "CatalogEntry",
     "ComputeOptions",
-    "ContractFixture",
-    "EditRequest",
-    "Engine",
-    "EngineRef",
     "HubFile",
     "MizuotoError",
-    "ModelInfo",
     "Options",
-    "Progress",
-    "Reference",
-    "Rendered",
-    "SynthesisRequest",
-    "SynthesisResult",
-    "Trainer",
-    "TrainingConfig",
-    "TrainingResult",
-    "UpstreamBaseline",
-    "Voice",
     "hookimpl",
     "load",
     "resolve_model",
 ]
+__all__ += contracts.__all__  # the objects engines and users exchange

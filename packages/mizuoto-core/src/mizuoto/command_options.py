@@ -12,6 +12,7 @@ import os
 import click
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.key_values import parse_pairs
 
 
 def command_options(option_file, option_pairs):
@@ -52,12 +53,5 @@ def options_to_load(option_file, option_pairs):
 
 def command_params(pairs):
     """``--param key=value`` pairs as request params (values parsed as options' are)."""
-    from mizuoto.options import _parse_scalar
-
-    params = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise InvalidRequest("--param", f"{pair!r} must be written key=value")
-        key, raw = pair.split("=", 1)
-        params[key.strip()] = _parse_scalar(raw.strip())
-    return params
+    return parse_pairs(pairs, lambda pair: InvalidRequest(
+        "--param", f"{pair!r} must be written key=value"))

@@ -7,7 +7,6 @@ and a TOML file (:meth:`Options.from_toml`). Unknown keys and bad values raise
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -17,6 +16,7 @@ import attrs
 
 from mizuoto.contracts.ranges import integer_in, shown
 from mizuoto.errors import InvalidOption, InvalidRequest
+from mizuoto.key_values import parse_pairs
 from mizuoto.settings_files import name_some
 from mizuoto.validation import parse_attrs
 
@@ -139,11 +139,8 @@ class Options:
         """Apply ``key=value`` strings (values parsed as TOML scalars, else taken as text)."""
         merged = _flatten({"compute": attrs.asdict(self.compute),
                            "engines": {k: dict(v) for k, v in self.engines.items()}})
-        for pair in pairs:
-            if "=" not in pair:
-                raise InvalidOption(pair, "must be written key=value")
-            key, raw = pair.split("=", 1)
-            merged[key.strip()] = _parse_scalar(raw.strip())
+        merged.update(parse_pairs(pairs, lambda pair: InvalidOption(
+            pair, "must be written key=value")))
         return Options.from_mapping(merged)
 
     def engine(self, name: str) -> Mapping[str, Any]:
@@ -188,10 +185,3 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         elif not isinstance(value, Mapping):
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _parse_scalar(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw

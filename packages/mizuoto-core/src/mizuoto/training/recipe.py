@@ -11,13 +11,13 @@ upstream's names), ``--param`` pairs, then the explicit options (``--steps`` ...
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from mizuoto.contracts.trainer import training_settings
 from mizuoto.errors import InvalidRequest
+from mizuoto.key_values import parse_pairs
 
 #: the `TrainingConfig` fields a file sets: the command's settings, and ``compute``
 CONFIG_FIELDS = (*(setting.name for setting in training_settings()), "compute")
@@ -25,25 +25,10 @@ CONFIG_FIELDS = (*(setting.name for setting in training_settings()), "compute")
 RUN_KEYS = ("model", "dataset", "method")
 
 
-def parse_value(text: str) -> Any:
-    """A ``--param`` value: a TOML value (``3``, ``1e-4``, ``true``, ``["q_proj"]``,
-    ``"text"``), else the text itself."""
-    try:
-        return tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
 def parse_params(pairs: Iterable[str]) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise InvalidRequest("--param", f"expected KEY=VALUE, got {pair!r}",
-                                 "e.g. --param grad_accum_steps=4")
-        params[key] = parse_value(value.strip())
-    return params
+    """``--param KEY=VALUE`` pairs, each value read as TOML, else as text."""
+    return parse_pairs(pairs, lambda pair: InvalidRequest(
+        "--param", f"expected KEY=VALUE, got {pair!r}", "e.g. --param grad_accum_steps=4"))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

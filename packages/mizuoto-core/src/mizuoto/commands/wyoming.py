@@ -1,0 +1,63 @@
+"""``mizuoto wyoming``: serve models to Home Assistant over the Wyoming protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from mizuoto.commands.toolkit import options_to_load
+from mizuoto.errors import InvalidRequest
+
+
+@click.command()
+@click.option("-m", "--model", "models", multiple=True, help="Catalog id or model directory (repeatable); a directory is named by its directory name.")
+@click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable).")
+@click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default; Wyoming has no authentication).")
+@click.option("--port", default=10200, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2).")
+@click.option("--queue-size", default=16, show_default=True, type=int, help="Syntheses waiting per model before an error.")
+@click.option("--max-connections", default=32, show_default=True, type=int, help="Clients connected at once.")
+@click.option("--seed", type=int, help="Seed of every synthesis (same text and voice: same audio); default: each draws one.")
+@click.option("--steps", type=int, help="Sampling steps of every synthesis (default: the engine's).")
+@click.option("--language", "languages", multiple=True, help="Language to announce (repeatable; default: the engine's).")
+@click.option("--voices-dir", type=click.Path(file_okay=False), help="Saved voices (default: $MIZUOTO_HOME/voices, as mizuoto serve).")
+@click.option("--zeroconf", is_flag=True, help="Announce the server to Home Assistant on the network (needs zeroconf).")
+@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
+@click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
+def wyoming(models, aliases, engine, host, port, queue_size, max_connections, seed, steps,
+            languages, voices_dir, zeroconf, option_pairs, options_file):
+    """Serve models to Home Assistant over the Wyoming protocol (docs/home-assistant.md)."""
+    import importlib
+
+    try:
+        from mizuoto.serve.app import ServeConfig, model_names
+        from mizuoto.wyoming.server import WyomingConfig, run
+
+        importlib.import_module("wyoming.server")
+    except ImportError as exc:
+        raise click.ClickException(f"mizuoto wyoming needs the wyoming extra ({exc.name} is "
+                                   "missing): pip install \"mizuoto-core[wyoming]\"") from None
+    if zeroconf:
+        try:
+            importlib.import_module("zeroconf.asyncio")
+        except ImportError:
+            raise click.ClickException(
+                "--zeroconf needs the zeroconf package, which is not installed: pip install "
+                "\"mizuoto-core[wyoming]\" (or pip install zeroconf), or leave --zeroconf off "
+                "and add the server in Home Assistant by host and port") from None
+    names = model_names(models, aliases)
+    options = options_to_load(options_file, option_pairs)
+    try:
+        config = WyomingConfig(ServeConfig(
+            models=names, engine=engine, host=host, port=port, queue_size=queue_size,
+            options=options, voices_dir=Path(voices_dir) if voices_dir else None),
+            max_connections=max_connections, seed=seed, steps=steps, languages=languages,
+            zeroconf=zeroconf)
+    except InvalidRequest as exc:  # named as the user wrote it
+        raise InvalidRequest("--" + exc.field.replace("_", "-"), exc.problem, exc.fix) \
+            from None
+    run(config)
+
+
+COMMANDS = (wyoming,)
