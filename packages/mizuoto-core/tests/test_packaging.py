@@ -79,14 +79,16 @@ def test_the_wheels_alone_install_a_working_say(wheels, tmp_path):
     (site / "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
     wheel_files = [str(w) for w in wheels.glob("mizuoto_*.whl")
                    if "contract_tests" not in w.name]
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                    "--no-index", "--no-deps", "-q", *wheel_files], check=True)
-    mizuoto = environment / "bin" / "mizuoto"
+    # no PYTHONPATH (a checkout's sources on it would look installed to pip and to Python)
     env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                    "--no-index", "--no-deps", "-q", *wheel_files], check=True, env=env)
+    mizuoto = environment / "bin" / "mizuoto"
     where = subprocess.run([str(python), "-c", "import mizuoto, mizuoto_f5tts; "
                             "print(mizuoto.__file__); print(mizuoto_f5tts.__file__)"],
-                           check=True, capture_output=True, text=True, env=env).stdout
-    assert all(line.startswith(str(site)) for line in where.split()), where
+                           capture_output=True, text=True, env=env)
+    assert where.returncode == 0, where.stderr
+    assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout
     model = tmp_path / "f5-random"
     subprocess.run([str(mizuoto), "random-model", "f5tts/tiny-v1-base", str(model)],
                    check=True, env=env)
