@@ -16,7 +16,8 @@ from typing import Any, Literal
 import attrs
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic_core import PydanticCustomError
 
 from mizuoto.audio_encoding import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.audio_formats import FORMATS
@@ -82,10 +83,20 @@ class SpeechBody(BaseModel):
     input: str = Field(max_length=MAX_INPUT_CHARS)
     voice: str | VoiceId
     instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
-    response_format: Literal[tuple(FORMATS)] = "mp3"  # every format Mizuoto writes
+    response_format: str = "mp3"  # every format Mizuoto writes (checked below)
     speed: Any = 1.0  # checked by check_number, as every other number (see MizuotoExtension)
     stream_format: Literal["sse", "audio"] = "audio"
     mizuoto: MizuotoExtension | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _a_format_of_the_table(cls, value: str) -> str:
+        # read from the table at each request, not frozen into a Literal at import
+        if value not in FORMATS:
+            names = [repr(name) for name in FORMATS]
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": f"{', '.join(names[:-1])} or {names[-1]}"})
+        return value
 
 
 def _state(request: Request):
