@@ -24,7 +24,7 @@ import attrs
 
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest, MizuotoError
-from mizuoto.serve.batching import MAX_BATCH, options_with_max_batch
+from mizuoto.serve.batching import MAX_BATCH, batch_stats, options_with_max_batch
 from mizuoto.serve.browser import BrowserPolicy
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
 from mizuoto.serve.gate import (
@@ -188,7 +188,7 @@ class _State:
                                  shared_lock=shared, pool=pool, preload=preload,
                                  max_batch=config.max_batch)
             self.metrics.watch_queue(name, worker.depth)
-            self.metrics.watch_batches(name, lambda worker=worker: _batch_stats(worker))
+            self.metrics.watch_batches(name, lambda worker=worker: batch_stats(worker.engine))
             self.workers[name] = worker
 
 
@@ -201,19 +201,11 @@ def _loader(model: str, config: ServeConfig):
 
         # one load at a time: plugin discovery and the registry are not built for concurrent
         # first use, and two loads at once would only compete for memory and cores
-        options = config.options
-        if config.max_batch > 1:
-            options = options_with_max_batch(options, config.max_batch)
+        options = options_with_max_batch(config.options, config.max_batch)
         with _LOADING:
             return mizuoto.load(model, engine=config.engine, options=options)
 
     return load
-
-
-def _batch_stats(worker: ModelWorker):
-    """The loaded engine's batching statistics (``engine.batcher.stats``), if it batches."""
-    batcher = getattr(worker.engine, "batcher", None)
-    return getattr(batcher, "stats", None)
 
 
 def create_app(config: ServeConfig, *, loader=None):
