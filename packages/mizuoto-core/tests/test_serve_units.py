@@ -300,3 +300,39 @@ def test_an_aac_stream_holds_only_what_it_has_not_handed_out():
     parts.append(encoder.close())
     assert b"".join(parts) == encode(np.tile(second, 60), 24000, "aac")
     assert max(held) < 4096 < sum(map(len, parts)) / 10  # a few frames, not the file
+
+
+def test_admission_waits_its_turn_and_refuses_past_the_queue():
+    """The pool admits requests: while another model waits for room, a loaded model's new
+    requests wait their turn (up to its queue size, then 429) and leave when the client does."""
+    from mizuoto.serve.errors import ClientGone
+    from mizuoto.serve.pool import ModelPool, pin_for_request
+
+    pool = ModelPool(max_loaded=1)
+    a = ModelWorker("a", "a", load=object, queue_size=1, pool=pool, preload=False)
+    b = ModelWorker("b", "b", load=object, queue_size=1, pool=pool, preload=False)
+    a.engine = object()  # loaded; b's load waits for its room
+    pool._waiting.append(b)
+
+    async def main() -> None:
+        gone = asyncio.Event()
+
+        async def disconnected() -> bool:
+            return gone.is_set()
+
+        waiter = asyncio.ensure_future(pin_for_request(a, disconnected))
+        await asyncio.sleep(0.1)
+        assert not waiter.done(), "a request pinned a model another load waits to replace"
+        with pytest.raises(APIError) as full:
+            await pin_for_request(a, disconnected)
+        assert full.value.status == 429
+        pool._waiting.remove(b)
+        (await asyncio.wait_for(waiter, 5)).release()
+        pool._waiting.append(b)
+        leaving = asyncio.ensure_future(pin_for_request(a, disconnected))
+        gone.set()
+        with pytest.raises(ClientGone):
+            await asyncio.wait_for(leaving, 5)
+        assert a.pins == 0
+
+    asyncio.run(main())

@@ -35,8 +35,9 @@ from mizuoto.serve.gate import (
     check_api_key,
 )
 from mizuoto.serve.metrics import Metrics
+from mizuoto.serve.pool import ModelPool
 from mizuoto.serve.voices import DEFAULT_MAX_VOICES, DEFAULT_MAX_VOICES_BYTES, VoiceStore
-from mizuoto.serve.worker import ModelPool, ModelWorker
+from mizuoto.serve.worker import ModelWorker
 
 log = logging.getLogger("mizuoto.serve")
 
@@ -66,7 +67,8 @@ class ServeConfig:
     model's waiting requests (more: 429). ``voices_dir`` defaults to ``$MIZUOTO_HOME/voices``.
     ``max_loaded`` (models) and ``memory_budget`` (bytes of weights) bound what stays loaded:
     the first ``max_loaded`` models load at start, the others on their first request, and
-    the least recently used idle models are unloaded to make room (:class:`ModelPool`).
+    the least recently used idle models are unloaded to make room
+    (:class:`~mizuoto.serve.pool.ModelPool`).
     ``shared_lock`` runs every model's requests under one lock: the single-global-lock
     baseline of the load test, not a setting to serve with. ``max_batch`` (1 to
     :data:`~mizuoto.serve.batching.MAX_BATCH`) runs up to that many requests of one model at

@@ -33,10 +33,11 @@ from mizuoto.serve.errors import (
     not_found,
     unavailable,
 )
+from mizuoto.serve.jobs import DONE, Job
 from mizuoto.serve.json_body import parse_json
+from mizuoto.serve.pool import pin_for_request
 from mizuoto.serve.uploads import ClipLimits, read_clip
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
-from mizuoto.serve.worker import DONE, Job, Pin
 
 #: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
 MAX_INPUT_CHARS = 4096
@@ -204,28 +205,6 @@ async def _next(job: Job, request: Request | None):
     return item
 
 
-async def _pin(worker, request: Request) -> Pin:
-    """A pin holding ``worker``'s model loaded for this request, taken when its turn comes
-    (see :class:`~mizuoto.serve.worker.ModelPool`); a 429 when too many wait already."""
-    worker.submit_check()
-    pool = worker.pool
-    pin = Pin(worker) if pool is None else pool.turn(worker)
-    if pin is not None:
-        return pin
-    if worker.depth() + worker.waiting >= worker.queue_size:
-        raise worker.queue_full()
-    worker.waiting += 1  # only the event loop's thread changes it
-    try:
-        while (pin := pool.turn(worker)) is None:
-            worker.submit_check()
-            if await request.is_disconnected():
-                raise ClientGone
-            await asyncio.sleep(0.05)
-    finally:
-        worker.waiting -= 1
-    return pin
-
-
 async def _loaded_engine(worker, request: Request):
     """The worker's engine, loaded first (by a job in its queue) if the pool unloaded it. The
     caller holds a pin: once loaded, it stays so until the pin is released."""
@@ -255,7 +234,7 @@ async def speech(request: Request):
     voice_name = body.voice if isinstance(body.voice, str) else body.voice.id
     if voice_name != DEFAULT_VOICE:
         check_name(voice_name, "voice")
-    pin = await _pin(worker, request)
+    pin = await pin_for_request(worker, request.is_disconnected)
     try:
         engine = await _loaded_engine(worker, request)
         voice = await state.voices.for_engine(voice_name, engine)
@@ -387,7 +366,7 @@ async def list_voices(request: Request, model: str | None = None):
     fingerprint = None
     if model is not None:
         worker = _worker(state, model)
-        pin = await _pin(worker, request)
+        pin = await pin_for_request(worker, request.is_disconnected)
         try:
             fingerprint = (await _loaded_engine(worker, request)).info.fingerprint
         finally:
@@ -427,7 +406,8 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
     def build(engine, job: Job) -> None:
         job.emit(engine.build_voice(reference))
 
-    job = Job(build, asyncio.get_running_loop(), pin=await _pin(worker, request))
+    pin = await pin_for_request(worker, request.is_disconnected)
+    job = Job(build, asyncio.get_running_loop(), pin=pin)
     worker.submit(job)
     voice = await _next(job, request)
     await asyncio.to_thread(state.voices.save, name, voice)
