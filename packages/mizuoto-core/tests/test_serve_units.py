@@ -336,3 +336,45 @@ def test_admission_waits_its_turn_and_refuses_past_the_queue():
         assert a.pins == 0
 
     asyncio.run(main())
+
+
+def test_a_speech_request_is_built_and_its_params_parsed_once(tmp_path, monkeypatch):
+    import torch
+    from starlette.testclient import TestClient
+
+    from mizuoto import Audio
+    from mizuoto.contracts import requests
+    from mizuoto.contracts.capabilities import Capability
+    from mizuoto.contracts.engine import Engine, ModelInfo
+    from mizuoto.contracts.results import Rendered
+    from mizuoto.serve import ServeConfig, create_app
+
+    built, parsed = [], []
+    post_init = requests.SynthesisRequest.__attrs_post_init__
+    monkeypatch.setattr(requests.SynthesisRequest, "__attrs_post_init__",
+                        lambda self: (built.append(self.text), post_init(self)))
+
+    class Silence(Engine):
+        name = "silence"
+        request_settings = frozenset()
+        info = ModelInfo("silence", "s", "v0", 8000, "float32", "cpu",
+                         frozenset({Capability.ZERO_SHOT}))
+        load = classmethod(lambda cls, model_dir, **kwargs: cls())
+
+        def parse_params(self, params):
+            parsed.append(dict(params))
+            return super().parse_params(params)
+
+        def _synthesize(self, request, params, generator, progress):
+            return Rendered(Audio(torch.zeros(80), 8000))
+
+    app = create_app(ServeConfig(models={"s": "s"}, voices_dir=tmp_path),
+                     loader=lambda name, model: (Silence, True))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        response = client.post("/v1/audio/speech", json={
+            "model": "s", "input": "Once.", "voice": "default", "response_format": "pcm"})
+        assert response.status_code == 200 and response.content == b"\0\0" * 240  # 24 kHz
+        assert (built, parsed) == (["Once."], [{}])
+        bad = client.post("/v1/audio/speech", json={
+            "model": "s", "input": "Twice?", "voice": "default", "mizuoto": {"params": {"x": 1}}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "mizuoto.params.x"

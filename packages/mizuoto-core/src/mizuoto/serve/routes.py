@@ -1,7 +1,8 @@
 """The HTTP API: OpenAI's ``/v1/audio/speech`` and ``/v1/models``, voices, health, metrics.
 
-Handlers validate, build the engine request, hand it to the model's worker and encode what
-comes back; no model code runs here. Encoding and file work run on worker threads
+Handlers validate, build the engine request (once, before the model is queued for: the
+engine's own call parses its params), hand it to the model's worker and encode what comes
+back; no model code runs here. Encoding and file work run on worker threads
 (``asyncio.to_thread``), never on the event loop.
 """
 
@@ -11,6 +12,7 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
@@ -118,53 +120,56 @@ def _has_speed(engine) -> bool:
     return params_class is not None and any(a.name == "speed" for a in attrs.fields(params_class))
 
 
-def _checked_request(body: SpeechBody):
-    """The engine request's fields that need no engine, checked by the validators every front
-    end shares (before any model is loaded or queued for)."""
+def _speech_request(body: SpeechBody, voice):
+    """The engine request for ``body``, built once, before any model is loaded or queued for:
+    checked by the validators every front end shares. ``speed`` travels in ``params`` (see
+    :func:`_fit_to_engine`); ``voice`` is the saved voice named, read from the store."""
     from mizuoto.contracts.requests import SynthesisRequest
     from mizuoto.runtime.seeds import resolve_seed
 
     extension = body.mizuoto or MizuotoExtension()
+    params = extension.params
     try:
         check_number("speed", body.speed, *SPEED_RANGE)
+        given = {} if params is None else params
+        if body.speed != 1.0 and isinstance(given, Mapping):  # else refused as params below
+            if "speed" in given:
+                raise bad_request("speed is given twice: send either speed or "
+                                  "mizuoto.params.speed", param="speed")
+            params = {**given, "speed": float(body.speed)}
+        instruction = body.instructions if body.instructions is not None \
+            and body.instructions.strip() else None
         # a seed drawn here, not by the engine, is known before the first byte (and sent back)
         seed = extension.seed if extension.seed is not None else resolve_seed(None)[0]
-        return SynthesisRequest(body.input, seed=seed, steps=extension.steps,
-                                guidance=extension.guidance, params=extension.params)
+        return SynthesisRequest(body.input, voice=voice, instruction=instruction, seed=seed,
+                                steps=extension.steps, guidance=extension.guidance,
+                                params=params)
+    except APIError:
+        raise
     except Exception as exc:
         raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
 
 
-def _build_request(body: SpeechBody, checked, engine, voice):
-    """The engine request for ``body`` (``checked``: :func:`_checked_request`), and the
-    warnings for what was ignored."""
-    extension = body.mizuoto or MizuotoExtension()
-    params = dict(checked.params)
+def _fit_to_engine(request, body: SpeechBody, engine):
+    """``request`` as ``engine`` can run it, and the warnings for what was ignored: OpenAI's
+    ``instructions`` are dropped for a model that cannot design voices (clients send them
+    routinely); a ``speed`` the engine has no setting for is refused. Its params are parsed
+    once, by the engine's own call (a bad one is a 400 before the first byte)."""
     warnings = []
-    instruction = None
-    if body.instructions is not None and body.instructions.strip():
-        if engine.supports(Capability.DESIGN):
-            instruction = body.instructions
-        else:
-            warnings.append(f"instructions ignored: the {engine.name} model cannot design "
-                            "voices")
-    if body.speed != 1.0:
-        if not _has_speed(engine):
-            raise bad_request(f"the {engine.name} engine has no speed setting, and this server "
-                              "does not time-stretch (it would change the engine's audio): "
-                              "send speed 1.0", param="speed", code="unsupported_value")
-        if "speed" in params:
-            raise bad_request("speed is given twice: send either speed or "
-                              "mizuoto.params.speed", param="speed")
-        params["speed"] = float(body.speed)
-    try:
+    if body.speed != 1.0 and not _has_speed(engine):
+        raise bad_request(f"the {engine.name} engine has no speed setting, and this server "
+                          "does not time-stretch (it would change the engine's audio): "
+                          "send speed 1.0", param="speed", code="unsupported_value")
+    if request.voice is not None:
+        try:
+            request.voice.check(engine.name, engine.info.fingerprint)
+        except Exception as exc:
+            raise from_mizuoto(exc) from exc
+    if request.instruction is not None and not engine.supports(Capability.DESIGN):
+        warnings.append(f"instructions ignored: the {engine.name} model cannot design voices")
         # from the text as sent: evolving re-cleans it, and the notices must say what changed
-        request = attrs.evolve(checked, text=body.input, voice=voice, instruction=instruction,
-                               params=params)
-        engine.parse_params(request.params)  # a bad setting is named before queueing
-    except Exception as exc:
-        raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
-    return request, warnings, extension.stream
+        request = attrs.evolve(request, text=body.input, instruction=None)
+    return request, warnings
 
 
 def _speech_job(request, stream: bool):
@@ -228,20 +233,22 @@ async def speech(request: Request):
         raise bad_request(f"response_format {body.response_format!r} is not supported: "
                           f"{UNSUPPORTED_FORMATS[body.response_format]}; use one of "
                           f"{supported}", param="response_format", code="unsupported_value")
-    checked = _checked_request(body)
     worker = _worker(state, body.model)
     request.scope["mizuoto.model"] = worker.name  # served names only: bounded label values
     voice_name = body.voice if isinstance(body.voice, str) else body.voice.id
+    voice = None
     if voice_name != DEFAULT_VOICE:
         check_name(voice_name, "voice")
+        voice = await asyncio.to_thread(state.voices.load, voice_name)
+    engine_request = _speech_request(body, voice)
     pin = await pin_for_request(worker, request.is_disconnected)
     try:
         engine = await _loaded_engine(worker, request)
-        voice = await state.voices.for_engine(voice_name, engine)
-        engine_request, warnings, stream = _build_request(body, checked, engine, voice)
+        engine_request, warnings = _fit_to_engine(engine_request, body, engine)
         # an engine that cannot stream has the whole audio before the first byte: a whole
         # file (with its length in the header) then comes as early as a stream would
-        stream = stream and engine.supports(Capability.STREAM)
+        stream = (body.mizuoto or MizuotoExtension()).stream \
+            and engine.supports(Capability.STREAM)
         job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop(), pin=pin)
         worker.submit(job)
         request.scope["mizuoto.cancel"] = job.cancel  # the gate's write timeout ends it
