@@ -127,3 +127,14 @@ def test_trainer_docs_code_blocks_run(block, tmp_path, monkeypatch):
         return
     monkeypatch.chdir(tmp_path)
     exec(compile(tree, "<docs/plugins.md>", "exec"), {"__name__": "docs_block"})
+
+
+_FEATURE_BLOCKS = _python_blocks(_section((DOCS / "plugins.md").read_text(),
+                                          "## Optional features: LoRA and batching"))
+
+
+@pytest.mark.parametrize("block", _FEATURE_BLOCKS,
+                         ids=[f"block{i}" for i in range(len(_FEATURE_BLOCKS))])
+def test_optional_feature_docs_code_blocks_run(block, tmp_path, monkeypatch):
+    assert block.startswith("import"), "the example runs: it imports what it uses"
+    test_trainer_docs_code_blocks_run(block, tmp_path, monkeypatch)

@@ -371,17 +371,21 @@ def test_one_section_in_the_encoders_formats_is_what_say_writes(engine, tmp_path
 
 
 def test_a_wav_past_the_32_bit_limit_becomes_rf64_at_the_boundary(tmp_path):
-    from mizuoto.audio_formats import FORMATS
-    from mizuoto.longform import WAV_MAX_DATA_BYTES, _container
+    import soundfile as sf
 
-    raw = tmp_path / "audio.raw"  # sparse: sizes at the boundary cost no disk
+    from mizuoto.audio_encoding import WAV_MAX_DATA_BYTES, WriteSettings, open_writer, wav_container
+
     for size, container in ((WAV_MAX_DATA_BYTES, "WAV"), (WAV_MAX_DATA_BYTES + 2, "RF64"),
                             (0xFFFFFFFF + 2, "RF64"), (6 << 30, "RF64")):
-        with open(raw, "wb") as handle:
-            handle.truncate(size)
-        assert _container(FORMATS["wav"], raw.stat().st_size) == container, size
-        assert _container(FORMATS["flac"], raw.stat().st_size) == "FLAC"
-    assert raw.stat().st_blocks * 512 < 1 << 20  # it stayed sparse
+        assert wav_container(size) == container, size
+    # the writer asks it with the frames to come (16-bit: 2 bytes each); FLAC never changes
+    for name, frames, container in (("wav", WAV_MAX_DATA_BYTES // 2, "WAV"),
+                                    ("wav", WAV_MAX_DATA_BYTES // 2 + 1, "RF64"),
+                                    ("flac", 6 << 30, "FLAC")):
+        path = tmp_path / f"x.{name}"
+        with open_writer(path, name, RATE, WriteSettings(frames=frames)) as writer:
+            writer.write(np.zeros(16, np.float32))
+        assert sf.info(path).format == container, (name, frames)
     # what the limit leaves room for: RIFF's size field holds the data, header and tags
     assert WAV_MAX_DATA_BYTES + 44 + 4096 <= 0xFFFFFFFF
 
@@ -389,11 +393,11 @@ def test_a_wav_past_the_32_bit_limit_becomes_rf64_at_the_boundary(tmp_path):
 def test_rf64_output_reads_back_as_the_wav_would(engine, tmp_path, monkeypatch):
     import soundfile as sf
 
-    from mizuoto import longform
+    from mizuoto import audio_encoding
 
     request = SynthesisRequest(TEXT, seed=3)
     synthesize_to(engine, tmp_path / "plain.wav", request, max_chars=150)
-    monkeypatch.setattr(longform, "WAV_MAX_DATA_BYTES", 1000)  # a long run, in miniature
+    monkeypatch.setattr(audio_encoding, "WAV_MAX_DATA_BYTES", 1000)  # a long run, in miniature
     synthesize_to(engine, tmp_path / "long.wav", request, max_chars=150)
     with sf.SoundFile(tmp_path / "long.wav") as long, sf.SoundFile(tmp_path / "plain.wav") as plain:
         assert (long.format, plain.format) == ("RF64", "WAV")

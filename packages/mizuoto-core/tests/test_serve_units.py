@@ -300,3 +300,81 @@ def test_an_aac_stream_holds_only_what_it_has_not_handed_out():
     parts.append(encoder.close())
     assert b"".join(parts) == encode(np.tile(second, 60), 24000, "aac")
     assert max(held) < 4096 < sum(map(len, parts)) / 10  # a few frames, not the file
+
+
+def test_admission_waits_its_turn_and_refuses_past_the_queue():
+    """The pool admits requests: while another model waits for room, a loaded model's new
+    requests wait their turn (up to its queue size, then 429) and leave when the client does."""
+    from mizuoto.serve.errors import ClientGone
+    from mizuoto.serve.pool import ModelPool, pin_for_request
+
+    pool = ModelPool(max_loaded=1)
+    a = ModelWorker("a", "a", load=object, queue_size=1, pool=pool, preload=False)
+    b = ModelWorker("b", "b", load=object, queue_size=1, pool=pool, preload=False)
+    a.engine = object()  # loaded; b's load waits for its room
+    pool._waiting.append(b)
+
+    async def main() -> None:
+        gone = asyncio.Event()
+
+        async def disconnected() -> bool:
+            return gone.is_set()
+
+        waiter = asyncio.ensure_future(pin_for_request(a, disconnected))
+        await asyncio.sleep(0.1)
+        assert not waiter.done(), "a request pinned a model another load waits to replace"
+        with pytest.raises(APIError) as full:
+            await pin_for_request(a, disconnected)
+        assert full.value.status == 429
+        pool._waiting.remove(b)
+        (await asyncio.wait_for(waiter, 5)).release()
+        pool._waiting.append(b)
+        leaving = asyncio.ensure_future(pin_for_request(a, disconnected))
+        gone.set()
+        with pytest.raises(ClientGone):
+            await asyncio.wait_for(leaving, 5)
+        assert a.pins == 0
+
+    asyncio.run(main())
+
+
+def test_a_speech_request_is_built_and_its_params_parsed_once(tmp_path, monkeypatch):
+    import torch
+    from starlette.testclient import TestClient
+
+    from mizuoto import Audio
+    from mizuoto.contracts import requests
+    from mizuoto.contracts.capabilities import Capability
+    from mizuoto.contracts.engine import Engine, ModelInfo
+    from mizuoto.contracts.results import Rendered
+    from mizuoto.serve import ServeConfig, create_app
+
+    built, parsed = [], []
+    post_init = requests.SynthesisRequest.__attrs_post_init__
+    monkeypatch.setattr(requests.SynthesisRequest, "__attrs_post_init__",
+                        lambda self: (built.append(self.text), post_init(self)))
+
+    class Silence(Engine):
+        name = "silence"
+        request_settings = frozenset()
+        info = ModelInfo("silence", "s", "v0", 8000, "float32", "cpu",
+                         frozenset({Capability.ZERO_SHOT}))
+        load = classmethod(lambda cls, model_dir, **kwargs: cls())
+
+        def parse_params(self, params):
+            parsed.append(dict(params))
+            return super().parse_params(params)
+
+        def _synthesize(self, request, params, generator, progress):
+            return Rendered(Audio(torch.zeros(80), 8000))
+
+    app = create_app(ServeConfig(models={"s": "s"}, voices_dir=tmp_path),
+                     loader=lambda name, model: (Silence, True))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        response = client.post("/v1/audio/speech", json={
+            "model": "s", "input": "Once.", "voice": "default", "response_format": "pcm"})
+        assert response.status_code == 200 and response.content == b"\0\0" * 240  # 24 kHz
+        assert (built, parsed) == (["Once."], [{}])
+        bad = client.post("/v1/audio/speech", json={
+            "model": "s", "input": "Twice?", "voice": "default", "mizuoto": {"params": {"x": 1}}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "mizuoto.params.x"

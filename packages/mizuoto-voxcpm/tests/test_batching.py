@@ -253,3 +253,16 @@ def test_a_packed_prefill_is_each_prompt_prefilled_alone(model_dirs, name):
             assert k2.size(2) == sequence.tokens.size(1)
             torch.testing.assert_close(k2, k1, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(v2, v1, rtol=1e-4, atol=1e-5)
+
+
+def test_batching_and_lora_are_declared_through_the_contract(model_dirs):
+    from mizuoto.contracts.features import batching_engine, lora_engine
+
+    assert batching_engine(VoxCPMEngine) is VoxCPMEngine
+    assert VoxCPMEngine.batch_options({}, 8) == {"max_batch": 8, "cache_slots": 8}
+    assert VoxCPMEngine.batch_options({"max_batch": 2}, 8) == {"max_batch": 2, "cache_slots": 4}
+    alone = _load(model_dirs["v1"])
+    batched = _load(model_dirs["v1"], **VoxCPMEngine.batch_options({}, 3))
+    assert (alone.max_batch, alone.batch_stats) == (1, None)
+    assert batched.max_batch == 3 and batched.batch_stats is batched.batcher.stats
+    assert lora_engine(alone, "--lora") is alone

@@ -1,36 +1,65 @@
-"""Encoding audio into the formats of :mod:`mizuoto.audio_formats`: whole files, streams
-chunk by chunk, and files on disk.
+"""Encoding audio into the formats of :mod:`mizuoto.audio_formats`, through one writer.
 
-:class:`StreamEncoder` and :func:`encode` make the bytes the speech API sends: samples are
-quantized once, here, for the 16-bit formats: ``rint(clip(x, -1, 1) * 32767)``
-(:func:`to_int16`), so a client decoding WAV, FLAC or PCM gets exactly those integers; MP3 and
-Opus take the float samples; AAC (in ADTS frames, streamable) comes from PyAV's FFmpeg (the
-``serve`` extra installs it): libsndfile has no AAC encoder.
+:func:`open_writer` opens an :class:`AudioWriter` on a path (written atomically) or a binary
+file: it resamples to a rate the format holds and hands the samples to the encoder the format's
+row names (an :class:`Encoder`: libsndfile for WAV, FLAC, MP3 and Opus; Mizuoto's own raw PCM
+and streamed WAV header; AAC-LC in ADTS frames from PyAV's FFmpeg, which the ``serve`` extra
+installs, since libsndfile has no AAC encoder). Every front end writes through it:
 
-:func:`write_audio` writes a file (what ``Audio.save`` and ``SynthesisResult.save`` do): WAV
-and FLAC through libsndfile with Mizuoto's metadata tags, every other format through
-:func:`encode`, atomically.
+- :func:`write_audio` (``Audio.save``, ``SynthesisResult.save``) and long-form's last pass:
+  files, WAV and FLAC with Mizuoto's metadata tags;
+- :func:`write_stream` (``mizuoto say --stream``): a file written chunk by chunk as it comes;
+- :class:`StreamEncoder` and :func:`encode` (the speech API, streamed and whole): samples are
+  quantized once, here, for the 16-bit formats: ``rint(clip(x, -1, 1) * 32767)``
+  (:func:`to_int16`), so a client decoding WAV, FLAC or PCM gets exactly those integers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
+import attrs
 import numpy as np
 
-from mizuoto.audio_formats import FORMATS, PCM_RATE, AudioFormat, format_for_path
+from mizuoto.audio_formats import FORMATS, PCM_RATE, AudioFormat, format_for_path, format_named
 from mizuoto.errors import InvalidRequest, NonFiniteAudio
 
+
+class _MediaTypes(Mapping):
+    """Each format's media type, read from the table at each look-up."""
+
+    def __getitem__(self, name: str) -> str:
+        return FORMATS[name].media_type
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FORMATS)
+
+    def __len__(self) -> int:
+        return len(FORMATS)
+
+
 #: The ``response_format`` values encoded here, and their media types.
-MEDIA_TYPES = {name: fmt.media_type for name, fmt in FORMATS.items()}
+MEDIA_TYPES: Mapping[str, str] = _MediaTypes()
 #: Metadata keys the formats with tags can store (WAV INFO chunk, FLAC Vorbis comments).
 METADATA_KEYS = ("title", "copyright", "software", "artist", "comment", "date", "album",
                  "license", "tracknumber", "genre")
 
-__all__ = ["MEDIA_TYPES", "METADATA_KEYS", "PCM_RATE", "StreamEncoder", "encode", "output_rate",
-           "to_int16", "wav_header", "write_audio"]
+#: The largest data chunk a plain WAV file can describe: its size fields are 32 bits, and
+#: the header and the metadata tags (well under 64 KiB) count too. Longer audio (about 12.4 h
+#: of 16-bit audio at 24 kHz) is written as RF64, WAV's 64-bit form.
+WAV_MAX_DATA_BYTES = 0xFFFFFFFF - (1 << 16)
+#: Bytes per sample of libsndfile's subtypes, for the size a WAV's data will have.
+_SAMPLE_BYTES = {"PCM_U8": 1, "PCM_S8": 1, "PCM_16": 2, "PCM_24": 3, "PCM_32": 4, "FLOAT": 4,
+                 "DOUBLE": 8}
+
+__all__ = ["MEDIA_TYPES", "METADATA_KEYS", "PCM_RATE", "AudioWriter", "BytesEncoder", "Encoder",
+           "StreamEncoder", "WriteSettings", "encode", "open_writer", "output_rate", "to_int16",
+           "wav_header", "write_audio", "write_stream"]
 
 
 def to_int16(samples: np.ndarray) -> np.ndarray:
@@ -58,9 +87,10 @@ class _Sink:
 
     libsndfile goes back at close to fill in headers (FLAC's STREAMINFO, MP3's Info frame):
     bytes already handed out cannot change, so a stream only hands out bytes from
-    ``hold_from`` on (see :class:`StreamEncoder`). A writer that never goes back (PyAV's ADTS
-    muxer) gets ``keep_sent=False``: bytes handed out are dropped, so a stream of hours holds
-    only what is not yet handed out, not the whole file.
+    ``hold_from`` on (see :class:`StreamEncoder`). An encoder that never goes back (PyAV's
+    ADTS muxer, raw PCM, a streamed WAV: :attr:`Encoder.goes_back` False) gets
+    ``keep_sent=False``: bytes handed out are dropped, so a stream of hours holds only what is
+    not yet handed out, not the whole file.
     """
 
     def __init__(self, *, keep_sent: bool = True) -> None:
@@ -68,7 +98,7 @@ class _Sink:
         self.start = 0
         self.position = 0
         self.sent = 0
-        self._keep_sent = keep_sent
+        self.keep_sent = keep_sent
 
     @property
     def size(self) -> int:
@@ -102,12 +132,16 @@ class _Sink:
         self.position = self.start + begin + len(data)
         return data
 
+    def head(self, size: int) -> bytes:
+        """The file's first ``size`` bytes, as far as written (and not dropped)."""
+        return bytes(self.buffer[:max(0, size - self.start)]) if self.start == 0 else b""
+
     def take(self, start: int = 0) -> bytes:
         """The bytes written since the last call, from offset ``start`` on."""
         begin = max(self.sent, start)
         data = bytes(self.buffer[begin - self.start:])
         self.sent = max(self.sent, self.size)
-        if not self._keep_sent:
+        if not self.keep_sent:
             del self.buffer[:self.sent - self.start]
             self.start = self.sent
         return data
@@ -140,30 +174,189 @@ class _Resampler:
     def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
         if self._stream is None:
             return samples
-        return self._stream.resample_chunk(samples, last=last)
+        return self._stream.resample_chunk(np.asarray(samples, dtype=np.float32), last=last)
 
 
-class _AacWriter:
+@attrs.frozen
+class WriteSettings:
+    """What a writer is asked for besides the format and rate.
+
+    ``channels``: 1, or more for the formats with metadata (WAV, FLAC). ``metadata``: tags
+    (:data:`METADATA_KEYS`), kept by the formats with metadata and ignored by the others.
+    ``subtype``: libsndfile's sample type, where the format has a choice (``None``: the row's).
+    ``quantize``: 16-bit samples are :func:`to_int16`'s integers (the speech API's promise)
+    rather than libsndfile's own conversion of the floats (what files have always held).
+    ``stream``: the bytes are read while they are written, so nothing may wait for the end
+    (a WAV header then says "length unknown"). ``frames``: how many frames will come, when
+    known (a WAV too long for 32-bit sizes is then written as RF64).
+    """
+
+    channels: int = 1
+    metadata: Mapping[str, str] | None = None
+    subtype: str | None = None
+    quantize: bool = False
+    stream: bool = False
+    frames: int | None = None
+
+
+class Encoder:
+    """Writes one format's bytes to ``file`` (a binary file object, or a path) at ``rate``.
+
+    A format's row names its encoder; the writer resamples first, so an encoder only sees
+    rates its format holds. Subclasses implement :meth:`write` and :meth:`close`.
+    """
+
+    #: It goes back in the file to finish a header at close: a stream must then keep what it
+    #: has handed out (see :class:`_Sink`).
+    goes_back = True
+
+    def __init__(self, file: BinaryIO | Path, fmt: AudioFormat, rate: int,
+                 settings: WriteSettings) -> None:
+        self.format = fmt
+        self.rate = rate
+        self.settings = settings
+
+    def write(self, samples: np.ndarray) -> None:
+        """Encode ``(frames,)`` or ``(frames, channels)`` samples (float, or int16/int32 where
+        libsndfile takes them)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Push what is encoded so far to the file (``say --stream``: readable as it grows)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def stream_start(self, head: bytes) -> int | None:
+        """The first byte of the file a stream hands out, given the file's first bytes so far;
+        None while that is not known yet."""
+        return 0
+
+
+class BytesEncoder(Encoder):
+    """An encoder that writes the bytes itself, in order, to :attr:`file` (a file object, or
+    one it opens on a path): a new format of this kind implements :meth:`write` only."""
+
+    goes_back = False
+
+    def __init__(self, file, fmt, rate, settings) -> None:
+        super().__init__(file, fmt, rate, settings)
+        self._owned = open(file, "wb") if isinstance(file, (str, Path)) else None
+        self.file = self._owned or file
+
+    def flush(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self.file.flush()
+
+    def close(self) -> None:
+        if self._owned is not None:
+            self._owned.close()
+
+
+class PcmEncoder(BytesEncoder):
+    """Raw 16-bit little-endian samples, no header (OpenAI's ``pcm``)."""
+
+    def write(self, samples: np.ndarray) -> None:
+        self.file.write(to_int16(samples).tobytes())
+
+
+class SoundfileEncoder(Encoder):
+    """libsndfile writes the row's ``soundfile`` (container, subtype) with its ``settings``,
+    and the metadata tags where the format keeps them."""
+
+    def __init__(self, file, fmt, rate, settings) -> None:
+        import soundfile as sf
+
+        super().__init__(file, fmt, rate, settings)
+        container, subtype = fmt.soundfile
+        subtype = settings.subtype or subtype
+        self._quantize = settings.quantize and subtype == "PCM_16"
+        self._file = sf.SoundFile(file, "w", samplerate=rate, channels=settings.channels,
+                                  format=self.container(container, subtype), subtype=subtype,
+                                  **fmt.settings)
+        if fmt.metadata:
+            for key, value in (settings.metadata or {}).items():
+                setattr(self._file, key, str(value))
+
+    def container(self, container: str, subtype: str) -> str:
+        """libsndfile's container for this file (the row's)."""
+        return container
+
+    def write(self, samples: np.ndarray) -> None:
+        self._file.write(to_int16(samples) if self._quantize else samples)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Mp3Encoder(SoundfileEncoder):
+    """libsndfile's LAME. Its first frame is an Info frame, a placeholder rewritten at close:
+    a stream leaves it out (as in any live MP3 stream)."""
+
+    def stream_start(self, head: bytes) -> int | None:
+        return _mp3_frame_length(head[:4]) if len(head) >= 4 else None
+
+
+class WavEncoder(SoundfileEncoder):
+    """libsndfile's WAV, RF64 when the data will not fit 32-bit sizes; a stream's header is
+    Mizuoto's, with its sizes "unknown" (libsndfile would write them at close)."""
+
+    def __init__(self, file, fmt, rate, settings) -> None:
+        self._stream = None
+        if settings.stream:
+            Encoder.__init__(self, file, fmt, rate, settings)
+            self._stream = PcmEncoder(file, fmt, rate, settings)
+            self._stream.file.write(wav_header(rate, None))
+            self.goes_back = False
+        else:
+            super().__init__(file, fmt, rate, settings)
+
+    def container(self, container: str, subtype: str) -> str:
+        frames = self.settings.frames
+        data_bytes = 0 if frames is None else \
+            frames * self.settings.channels * _SAMPLE_BYTES.get(subtype, 8)
+        return wav_container(data_bytes)
+
+    def write(self, samples: np.ndarray) -> None:
+        (self._stream or super()).write(samples)
+
+    def flush(self) -> None:
+        (self._stream or super()).flush()
+
+    def close(self) -> None:
+        (self._stream or super()).close()
+
+
+def wav_container(data_bytes: int) -> str:
+    """libsndfile's container for a WAV of ``data_bytes`` of audio: RF64 past
+    :data:`WAV_MAX_DATA_BYTES` (libsndfile would write 0xFFFFFFFF, which readers take for
+    2**31 - 1 frames)."""
+    return "RF64" if data_bytes > WAV_MAX_DATA_BYTES else "WAV"
+
+
+class AdtsEncoder(BytesEncoder):
     """AAC-LC in ADTS frames through PyAV: each encoded packet is a self-contained frame, so a
     stream hands them out as they come (the encoder holds about two frames of lookahead)."""
 
-    def __init__(self, rate: int) -> None:
+    def __init__(self, file, fmt, rate, settings) -> None:
         try:
             import av
         except ImportError:
             raise RuntimeError("AAC needs PyAV: pip install 'mizuoto-core[serve]'") from None
+        super().__init__(file, fmt, rate, settings)
         self._av = av
-        self.sink = _Sink(keep_sent=False)  # ADTS frames are written once, in order
-        self._container = av.open(self.sink, "w", format="adts")
+        self._container = av.open(self.file, "w", format="adts")
         self._stream = self._container.add_stream("aac", rate=rate)
         self._stream.layout = "mono"
-        self._rate = rate
         self._pts = 0
 
     def write(self, samples: np.ndarray) -> None:
         frame = self._av.AudioFrame.from_ndarray(
             np.ascontiguousarray(samples, dtype=np.float32)[None], format="fltp", layout="mono")
-        frame.sample_rate = self._rate
+        frame.sample_rate = self.rate
         frame.pts = self._pts
         self._pts += samples.size
         for packet in self._stream.encode(frame):
@@ -173,17 +366,95 @@ class _AacWriter:
         for packet in self._stream.encode(None):
             self._container.mux(packet)
         self._container.close()
+        super().close()
+
+
+def _encoder_class(fmt: AudioFormat) -> type[Encoder]:
+    module, _, name = fmt.encoder.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class AudioWriter:
+    """An open output of one format: :meth:`write` samples as they come, then :meth:`close`
+    (or use it as a context manager: an error leaves no file behind at a path)."""
+
+    def __init__(self, encoder: Encoder, resample: _Resampler, files: contextlib.ExitStack
+                 ) -> None:
+        self.encoder = encoder
+        self.format = encoder.format
+        #: the rate written (the format's, when it cannot hold the input's)
+        self.rate = encoder.rate
+        self._resample = resample
+        self._files = files
+        self._closed = False
+
+    def write(self, samples) -> None:
+        samples = self._resample(np.asarray(samples))
+        if samples.size:
+            self.encoder.write(samples)
+
+    def flush(self) -> None:
+        self.encoder.flush()
+
+    def close(self) -> None:
+        """Encode what the resampler holds, finish the file and (at a path) move it into
+        place."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._files:
+            tail = self._resample(np.zeros(0, np.float32), last=True)
+            if tail.size:
+                self.encoder.write(tail)
+            self.encoder.close()
+
+    def abort(self, error: BaseException) -> None:
+        """Give the output up: at a path, nothing is left behind."""
+        if not self._closed:
+            self._closed = True
+            self._files.__exit__(type(error), error, error.__traceback__)
+
+    def __enter__(self) -> AudioWriter:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if error is None:
+            self.close()
+        else:
+            self.abort(error)
+
+
+def open_writer(target: str | Path | BinaryIO, fmt: AudioFormat | str, rate: int,
+                settings: WriteSettings | None = None) -> AudioWriter:
+    """An :class:`AudioWriter` of ``fmt`` (a row of :data:`~mizuoto.audio_formats.FORMATS`, or
+    its name) for audio at ``rate`` Hz, written to ``target``: a path (atomically: the file
+    appears when the writer closes) or a binary file object. The audio is resampled to
+    ``fmt.output_rate(rate)`` where the format cannot hold ``rate``."""
+    from mizuoto.runtime.atomic import atomic_path
+
+    fmt = fmt if isinstance(fmt, AudioFormat) else format_named(fmt)
+    settings = settings or WriteSettings()
+    files = contextlib.ExitStack()
+    try:
+        if isinstance(target, (str, Path)):
+            target = files.enter_context(atomic_path(Path(target)))
+        new_rate = fmt.output_rate(rate)
+        encoder = _encoder_class(fmt)(target, fmt, new_rate, settings)
+    except BaseException:
+        files.close()
+        raise
+    return AudioWriter(encoder, _Resampler(rate, new_rate), files)
 
 
 class StreamEncoder:
     """Encode audio chunk by chunk: :meth:`feed` returns the bytes ready so far, :meth:`close`
     the rest. Concatenated, they are a complete file of ``response_format``.
 
-    What a stream can hand out early: PCM and WAV (a header of unknown length, then samples)
-    every chunk; MP3 (constant bit rate) every frame, without LAME's leading Info frame (it is
-    written last, so a stream has none — as in any live MP3 stream); Opus every Ogg page (about one second of
-    audio); FLAC only at the end (libsndfile writes its header last, and cannot read a FLAC
-    file without it).
+    What a stream can hand out early (``streaming``; the row's ``streamable``): PCM and WAV (a
+    header of unknown length, then samples) every chunk; MP3 (constant bit rate) every frame,
+    without LAME's leading Info frame (:class:`Mp3Encoder`); Opus every Ogg page (about one
+    second of audio); FLAC only at the end (libsndfile writes its header last, and cannot read
+    a FLAC file without it).
     """
 
     def __init__(self, response_format: str, sample_rate: int, *, streaming: bool = True) -> None:
@@ -191,61 +462,28 @@ class StreamEncoder:
             raise ValueError(f"unsupported format {response_format!r}")
         fmt = FORMATS[response_format]
         self.format = response_format
-        self._handed_out_early = fmt.streamable
-        self.rate = fmt.output_rate(sample_rate)
-        self._resample = _Resampler(sample_rate, self.rate)
         self._streaming = streaming
-        self._frames = 0
-        self._pcm: list[bytes] = []
-        self._file = None
-        self._sink = None
-        self._hold_from = 0
-        self._header_sent = False
-        if response_format == "aac":
-            self._file = _AacWriter(self.rate)
-            self._sink = self._file.sink
-        elif response_format not in ("pcm", "wav"):  # WAV's header and PCM are ours
-            import soundfile as sf
-
-            container, subtype = fmt.soundfile
-            self._sink = _Sink()
-            self._file = sf.SoundFile(self._sink, "w", self.rate, 1, format=container,
-                                      subtype=subtype, **fmt.settings)
+        self._handed_out_early = streaming and fmt.streamable
+        self._sink = _Sink()
+        self._writer = open_writer(self._sink, fmt, sample_rate,
+                                   WriteSettings(quantize=True, stream=streaming))
+        self._sink.keep_sent = self._writer.encoder.goes_back
+        self.rate = self._writer.rate
+        self._hold_from: int | None = None  # where the handed-out bytes begin, once known
 
     def feed(self, samples: np.ndarray) -> bytes:
-        return self._encode(self._resample(np.asarray(samples, dtype=np.float32)))
+        self._writer.write(np.asarray(samples, dtype=np.float32))
+        if not self._handed_out_early:
+            return b""
+        if self._hold_from is None:
+            self._hold_from = self._writer.encoder.stream_start(self._sink.head(4))
+            if self._hold_from is None:
+                return b""
+        return self._sink.take(self._hold_from)
 
     def close(self) -> bytes:
-        tail = self._encode(self._resample(np.zeros(0, np.float32), last=True))
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            return tail + self._sink.take(self._hold_from)
-        if self.format == "wav" and not self._streaming:
-            body = b"".join(self._pcm)
-            return wav_header(self.rate, len(body)) + body
-        return tail
-
-    def _encode(self, samples: np.ndarray) -> bytes:
-        if self.format in ("pcm", "wav"):
-            data = to_int16(samples).tobytes()
-            if self.format == "wav" and not self._streaming:
-                self._pcm.append(data)  # the header needs the length: written at close
-                return b""
-            if self.format == "wav" and not self._header_sent:
-                self._header_sent = True
-                data = wav_header(self.rate, None) + data
-            return data
-        if samples.size:
-            self._file.write(to_int16(samples) if self.format == "flac" else samples)
-        if not self._streaming or not self._handed_out_early:
-            return b""
-        if self.format == "mp3" and self._hold_from == 0 and self._sink.size >= 4:
-            # LAME's Info frame: a placeholder now, rewritten at close; a stream leaves it out
-            self._hold_from = _mp3_frame_length(bytes(self._sink.buffer[:4]))
-        if self.format == "mp3" and self._hold_from == 0:
-            return b""
-        return self._sink.take(self._hold_from)
+        self._writer.close()
+        return self._sink.take(self._hold_from or 0)
 
 
 def encode(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes:
@@ -266,15 +504,14 @@ def write_audio(
     """Write ``(samples,)`` or ``(channels, samples)`` audio to ``path``, atomically, in the
     format its extension names (:mod:`mizuoto.audio_formats`; ``file_format`` overrides it).
 
-    WAV and FLAC go through libsndfile: ``subtype`` is soundfile's (``"PCM_16"`` default,
-    ``"PCM_24"``, ``"FLOAT"`` for WAV), float samples beyond ±1 are clipped by libsndfile, and
-    ``metadata`` (keys :data:`METADATA_KEYS`) is stored. Every other format is mono, made by
-    :func:`encode` (the server's bytes) and keeps no metadata. Returns the path. NaN or
-    infinite samples raise :class:`~mizuoto.errors.NonFiniteAudio`; nothing is written.
+    The formats with metadata (WAV, FLAC) take any channel count and libsndfile's conversion:
+    ``subtype`` is soundfile's (``"PCM_16"`` default, ``"PCM_24"``, ``"FLOAT"`` for WAV),
+    float samples beyond ±1 are clipped, and ``metadata`` (keys :data:`METADATA_KEYS`) is
+    stored. Every other format is mono, the bytes the server sends (:func:`encode`), and keeps
+    no metadata. Returns the path. NaN or infinite samples raise
+    :class:`~mizuoto.errors.NonFiniteAudio`; nothing is written.
     """
     import soundfile as sf
-
-    from mizuoto.runtime.atomic import atomic_path
 
     path = Path(path)
     fmt = file_format or format_for_path(path)
@@ -296,20 +533,35 @@ def write_audio(
         mono = data[0]
         if not np.issubdtype(mono.dtype, np.floating):  # integer PCM scaled as soundfile reads it
             mono = mono / float(-np.iinfo(mono.dtype).min)
-        encoded = encode(mono.astype(np.float32), int(sample_rate), fmt.name)
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(encoded)
-        return path
-    frames = np.ascontiguousarray(data.T)
-    container, default_subtype = fmt.soundfile
-    with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", samplerate=int(sample_rate),
-                                                channels=frames.shape[1],
-                                                subtype=subtype or default_subtype,
-                                                format=container) as file:
-        for key, value in (metadata or {}).items():
-            setattr(file, key, str(value))
-        file.write(frames)
+        data = mono.astype(np.float32)[None]
+    settings = WriteSettings(channels=data.shape[0], metadata=metadata, subtype=subtype,
+                             quantize=not fmt.metadata, frames=data.shape[1])
+    with open_writer(path, fmt, int(sample_rate), settings) as writer:
+        writer.write(np.ascontiguousarray(data.T) if fmt.metadata else data[0])
     return path
+
+
+def write_stream(chunks: Iterable, path: str | Path, sample_rate: int, *,
+                 field: str = "output",
+                 on_chunk: Callable[[int, float], None] | None = None):
+    """Write a stream of :class:`~mizuoto.AudioChunk` to ``path`` as it comes (atomically: the
+    file appears once the stream has ended), in the format its extension names (an unknown
+    one is an :class:`InvalidRequest` for ``field``). Each chunk is flushed to the file as it
+    is written; ``on_chunk(chunks_written, seconds_written)`` follows each. Returns the last
+    chunk's ``applied`` (None for an empty stream). WAV and FLAC keep no metadata here: the
+    tags come from ``applied``, known only at the end."""
+    fmt = format_for_path(path, field)
+    applied, seconds = None, 0.0
+    with open_writer(path, fmt, int(sample_rate)) as writer:
+        for index, chunk in enumerate(chunks, 1):
+            writer.write(chunk.audio.numpy())
+            writer.flush()
+            seconds += chunk.audio.duration
+            if on_chunk is not None:
+                on_chunk(index, seconds)
+            if chunk.is_last:
+                applied = chunk.applied
+    return applied
 
 
 def _frames(samples) -> np.ndarray:

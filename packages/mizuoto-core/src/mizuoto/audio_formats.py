@@ -1,9 +1,11 @@
 """The audio formats Mizuoto writes: one table, from which every writer and front end derives.
 
-``Audio.save``, ``mizuoto say`` (``-o``), long-form, ``mizuoto batch --format`` and the
-server's ``response_format`` all read :data:`FORMATS`; a new format is added here, once, and
-each writer learns it from its entry (how libsndfile writes it, the rates it can hold, whether
-it keeps metadata, whether it can be handed out before the end).
+``Audio.save``, ``mizuoto say`` (``-o``, ``--stream``), long-form, ``mizuoto batch --format``
+and the server's ``response_format`` (whole and streamed) all read :data:`FORMATS` and write
+through one writer, :func:`mizuoto.audio_encoding.open_writer`; a new format is added here,
+once: its row names its encoder (a :class:`mizuoto.audio_encoding.Encoder`, by import path)
+and says what every writer must know of it (how libsndfile writes it, the rates it can hold,
+whether it keeps metadata, whether it can be handed out before the end).
 
 This module sits below ``contracts``: it imports neither torch nor numpy.
 """
@@ -36,6 +38,8 @@ class AudioFormat:
     keeps Mizuoto's seed/license tags (WAV INFO, FLAC Vorbis comments). ``container``: it has a
     header (raw PCM has none). ``streamable``: its bytes can be handed out before the audio
     ends. ``needs``: the module its encoder imports, when it is an optional extra.
+    ``encoder``: its :class:`~mizuoto.audio_encoding.Encoder`, as ``"module:Class"`` (imported
+    when the first file of the format is written, so this table stays light).
     """
 
     name: str
@@ -50,6 +54,7 @@ class AudioFormat:
     container: bool = True
     streamable: bool = True
     needs: str | None = None
+    encoder: str = "mizuoto.audio_encoding:SoundfileEncoder"
 
     @property
     def extension(self) -> str:
@@ -71,9 +76,13 @@ OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 #: The raw ``pcm`` format's rate: 16-bit little-endian mono at 24 kHz, as OpenAI clients assume.
 PCM_RATE = 24000
 
-#: Every format, by name, in the order error messages list them.
-FORMATS: Mapping[str, AudioFormat] = MappingProxyType({fmt.name: fmt for fmt in (
-    AudioFormat("wav", (".wav",), "audio/wav", ("WAV", "PCM_16"), metadata=True, lossless=True),
+_ENCODERS = "mizuoto.audio_encoding"
+
+# Every format, by name, in the order error messages list them (a test adds a row of its own).
+_TABLE: dict[str, AudioFormat] = {fmt.name: fmt for fmt in (
+    # a WAV stream's header cannot wait for the length: its own encoder writes "unknown"
+    AudioFormat("wav", (".wav",), "audio/wav", ("WAV", "PCM_16"), metadata=True, lossless=True,
+                encoder=f"{_ENCODERS}:WavEncoder"),
     AudioFormat("flac", (".flac",), "audio/flac", ("FLAC", "PCM_16"), metadata=True,
                 lossless=True,
                 # libsndfile writes FLAC's header (STREAMINFO) last: nothing before the end
@@ -81,19 +90,39 @@ FORMATS: Mapping[str, AudioFormat] = MappingProxyType({fmt.name: fmt for fmt in 
     # Constant bit rate (80 kbit/s at 24 kHz): a streamed MP3 has no Info frame, and decoders
     # then estimate its length from the bit rate, which only a constant one gets right.
     AudioFormat("mp3", (".mp3",), "audio/mpeg", ("MP3", "MPEG_LAYER_III"),
-                {"bitrate_mode": "CONSTANT", "compression_level": 0.5}, MP3_RATES, 48000),
+                {"bitrate_mode": "CONSTANT", "compression_level": 0.5}, MP3_RATES, 48000,
+                encoder=f"{_ENCODERS}:Mp3Encoder"),
     AudioFormat("opus", (".opus", ".ogg"), "audio/ogg", ("OGG", "OPUS"), rates=OPUS_RATES,
                 fallback_rate=48000),
     # libsndfile has no AAC encoder: AAC-LC in ADTS frames comes from PyAV's FFmpeg
     AudioFormat("aac", (".aac",), "audio/aac", rates=AAC_RATES, fallback_rate=48000,
-                needs="av"),
+                needs="av", encoder=f"{_ENCODERS}:AdtsEncoder"),
     AudioFormat("pcm", (".pcm",), "audio/pcm", rates=(PCM_RATE,), fallback_rate=PCM_RATE,
-                lossless=True, container=False),
-)})
+                lossless=True, container=False, encoder=f"{_ENCODERS}:PcmEncoder"),
+)}
+
+#: Every format, by name, in the order error messages list them.
+FORMATS: Mapping[str, AudioFormat] = MappingProxyType(_TABLE)
+
+
+class _ByExtension(Mapping):
+    """The formats by file extension, read from the table at each look-up."""
+
+    def _index(self) -> dict[str, AudioFormat]:
+        return {extension: fmt for fmt in _TABLE.values() for extension in fmt.extensions}
+
+    def __getitem__(self, extension: str) -> AudioFormat:
+        return self._index()[extension]
+
+    def __iter__(self):
+        return iter(self._index())
+
+    def __len__(self) -> int:
+        return len(self._index())
+
 
 #: Every format by file extension.
-BY_EXTENSION: Mapping[str, AudioFormat] = MappingProxyType(
-    {extension: fmt for fmt in FORMATS.values() for extension in fmt.extensions})
+BY_EXTENSION: Mapping[str, AudioFormat] = _ByExtension()
 
 
 def extensions_text() -> str:

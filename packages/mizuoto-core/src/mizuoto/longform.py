@@ -56,10 +56,6 @@ log = logging.getLogger(__name__)
 #: Default section size in characters: about a minute of speech, short enough that an
 #: interruption loses little, long enough that the engine chunks as it would.
 DEFAULT_SECTION_CHARS = 1000
-#: The largest data chunk a plain WAV file can describe: its size fields are 32 bits, and
-#: the header and the metadata tags (well under 64 KiB) count too. Longer audio (about 12.4 h
-#: of 16-bit audio at 24 kHz) is written as RF64, WAV's 64-bit form.
-WAV_MAX_DATA_BYTES = 0xFFFFFFFF - (1 << 16)
 _RAW_DTYPE = {"PCM_16": "<i2", "FLOAT": "<f4"}
 _STATE_VERSION = 1
 _READ_CHARS = 1 << 16  # characters read from a text file at a time
@@ -452,15 +448,6 @@ def _output_format(path: Path) -> tuple[AudioFormat, str]:
     return fmt, "PCM_16" if fmt.name == "wav" else "FLOAT"
 
 
-def _container(fmt: AudioFormat, data_bytes: int) -> str:
-    """libsndfile's container for ``data_bytes`` of audio: RF64 for a WAV too long for 32-bit
-    sizes (libsndfile would write 0xFFFFFFFF, which readers take for 2**31 - 1 frames)."""
-    container = fmt.soundfile[0]
-    if container == "WAV" and data_bytes > WAV_MAX_DATA_BYTES:
-        return "RF64"
-    return container
-
-
 def _raw_bytes(samples, rate: int, raw_subtype: str) -> bytes:
     """``samples`` as ``audio.raw`` keeps them: converted by libsndfile, as writing the
     output directly would convert them (the same rounding and clipping)."""
@@ -485,42 +472,18 @@ def _metadata(applied: Applied | None, sections: int) -> dict[str, str]:
 
 def _encode(raw_path: Path, path: Path, rate: int, fmt: AudioFormat, raw_subtype: str,
             applied: Applied | None, sections: int, progress: ProgressCallback | None) -> None:
-    """Write the output from ``audio.raw`` in blocks, atomically: through libsndfile where it
-    writes the format at this rate (WAV, FLAC, MP3 and Opus; the bytes ``result.save``
-    writes), otherwise through the encoders (AAC, PCM; resampled where the rate needs it)."""
+    """Write the output from ``audio.raw`` in blocks, atomically, through the writer
+    ``result.save`` uses (the same bytes; a WAV too long for 32-bit sizes becomes RF64)."""
     import numpy as np
-    import soundfile as sf
 
-    from mizuoto.audio_encoding import StreamEncoder
-    from mizuoto.runtime.atomic import atomic_path
+    from mizuoto.audio_encoding import WriteSettings, open_writer
 
     dtype = np.dtype(_RAW_DTYPE[raw_subtype])
-    data_bytes = raw_path.stat().st_size
-    frames, done = data_bytes // dtype.itemsize, 0
-
-    def blocks():
-        nonlocal done
-        with open(raw_path, "rb") as raw:
-            while block := raw.read(_ENCODE_FRAMES * dtype.itemsize):
-                samples = np.frombuffer(block, dtype=dtype).astype(dtype.newbyteorder("="))
-                yield samples
-                done += len(samples)
-                report(progress, "encoding", done, frames)
-
-    if fmt.soundfile is not None and fmt.output_rate(rate) == rate:
-        with atomic_path(path) as tmp, \
-                sf.SoundFile(tmp, "w", samplerate=rate, channels=1,
-                             format=_container(fmt, data_bytes), subtype=fmt.soundfile[1],
-                             **fmt.settings) as out:
-            if fmt.metadata:
-                for key, value in _metadata(applied, sections).items():
-                    setattr(out, key, value)
-            for samples in blocks():
-                out.write(samples)
-        return
-    # a libsndfile format is held whole until its header is written; the others go as they come
-    encoder = StreamEncoder(fmt.name, rate, streaming=fmt.soundfile is None)
-    with atomic_path(path) as tmp, open(tmp, "wb") as out:
-        for samples in blocks():
-            out.write(encoder.feed(samples))
-        out.write(encoder.close())
+    frames, done = raw_path.stat().st_size // dtype.itemsize, 0
+    settings = WriteSettings(metadata=_metadata(applied, sections), frames=frames)
+    with open_writer(path, fmt, rate, settings) as out, open(raw_path, "rb") as raw:
+        while block := raw.read(_ENCODE_FRAMES * dtype.itemsize):
+            samples = np.frombuffer(block, dtype=dtype).astype(dtype.newbyteorder("="))
+            out.write(samples)
+            done += len(samples)
+            report(progress, "encoding", done, frames)

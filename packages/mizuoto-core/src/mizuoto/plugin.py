@@ -19,6 +19,7 @@ import mizuoto as _mizuoto
 from mizuoto import *  # noqa: F403  (mizuoto.__all__, listed once, there)
 from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.engine_support import check_output_length, read_reference
+from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.ranges import check_number, integer_in, number_in
 from mizuoto.contracts.request_lock import Stream
@@ -76,6 +77,8 @@ __all__ = [
     # engine helpers
     "ProgressCallback", "Stream", "busy_wait", "check_finite", "check_output_length", "read_reference",
     "report", "waiting_at_most",
+    # optional features an engine declares (mizuoto.contracts.features)
+    "SupportsBatching", "SupportsLoRA",
     # request limits and range validators for params and options classes
     "MAX_SEED", "MAX_TEXT_CHARS", "check_number", "integer_in", "number_in",
     # errors

@@ -17,6 +17,7 @@ import torch
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, Rendered, check_finite
@@ -111,7 +112,7 @@ class _ChunkRun:
     seed: int
 
 
-class VoxCPMEngine(Engine):
+class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
     name = "voxcpm"
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
@@ -253,6 +254,24 @@ class VoxCPMEngine(Engine):
     def batcher(self) -> PatchBatcher | None:
         """The continuous batcher of streams (``engines.voxcpm.max_batch`` > 1), else None."""
         return self._batcher
+
+    # -- batching (SupportsBatching: what mizuoto serve --max-batch asks) -------------------
+
+    @classmethod
+    def batch_options(cls, section, max_batch: int) -> dict:
+        section = dict(section)
+        section.setdefault("max_batch", max_batch)
+        # each batched stream holds a cache slot: at least as many slots as rows
+        section.setdefault("cache_slots", max(DEFAULT_CACHE_SLOTS, int(section["max_batch"])))
+        return section
+
+    @property
+    def max_batch(self) -> int:
+        return self._batcher.max_batch if self._batcher is not None else 1
+
+    @property
+    def batch_stats(self):
+        return self._batcher.stats if self._batcher is not None else None
 
     def _applied(self, call, rendered: Rendered) -> Applied:
         # compute["batched"]: whether this result's patches were sampled in batched steps

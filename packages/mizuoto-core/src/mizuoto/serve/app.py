@@ -24,7 +24,7 @@ import attrs
 
 from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest, MizuotoError
-from mizuoto.serve.batching import MAX_BATCH, options_with_max_batch
+from mizuoto.serve.batching import MAX_BATCH, batch_stats, options_with_max_batch
 from mizuoto.serve.browser import BrowserPolicy
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
 from mizuoto.serve.gate import (
@@ -35,8 +35,9 @@ from mizuoto.serve.gate import (
     check_api_key,
 )
 from mizuoto.serve.metrics import Metrics
+from mizuoto.serve.pool import ModelPool
 from mizuoto.serve.voices import DEFAULT_MAX_VOICES, DEFAULT_MAX_VOICES_BYTES, VoiceStore
-from mizuoto.serve.worker import ModelPool, ModelWorker
+from mizuoto.serve.worker import ModelWorker
 
 log = logging.getLogger("mizuoto.serve")
 
@@ -66,7 +67,8 @@ class ServeConfig:
     model's waiting requests (more: 429). ``voices_dir`` defaults to ``$MIZUOTO_HOME/voices``.
     ``max_loaded`` (models) and ``memory_budget`` (bytes of weights) bound what stays loaded:
     the first ``max_loaded`` models load at start, the others on their first request, and
-    the least recently used idle models are unloaded to make room (:class:`ModelPool`).
+    the least recently used idle models are unloaded to make room
+    (:class:`~mizuoto.serve.pool.ModelPool`).
     ``shared_lock`` runs every model's requests under one lock: the single-global-lock
     baseline of the load test, not a setting to serve with. ``max_batch`` (1 to
     :data:`~mizuoto.serve.batching.MAX_BATCH`) runs up to that many requests of one model at
@@ -188,7 +190,7 @@ class _State:
                                  shared_lock=shared, pool=pool, preload=preload,
                                  max_batch=config.max_batch)
             self.metrics.watch_queue(name, worker.depth)
-            self.metrics.watch_batches(name, lambda worker=worker: _batch_stats(worker))
+            self.metrics.watch_batches(name, lambda worker=worker: batch_stats(worker.engine))
             self.workers[name] = worker
 
 
@@ -201,19 +203,11 @@ def _loader(model: str, config: ServeConfig):
 
         # one load at a time: plugin discovery and the registry are not built for concurrent
         # first use, and two loads at once would only compete for memory and cores
-        options = config.options
-        if config.max_batch > 1:
-            options = options_with_max_batch(options, config.max_batch)
+        options = options_with_max_batch(config.options, config.max_batch)
         with _LOADING:
             return mizuoto.load(model, engine=config.engine, options=options)
 
     return load
-
-
-def _batch_stats(worker: ModelWorker):
-    """The loaded engine's batching statistics (``engine.batcher.stats``), if it batches."""
-    batcher = getattr(worker.engine, "batcher", None)
-    return getattr(batcher, "stats", None)
 
 
 def create_app(config: ServeConfig, *, loader=None):

@@ -8,9 +8,10 @@ without batching). The engine does the rest: an engine with per-request state ho
 only per chunk, and its batcher advances every open stream in one step. An engine without a
 batcher simply serializes the lanes' calls, as it serialized the worker's.
 
-Engines opt in through their options: every installed engine whose ``options_class`` has a
-``max_batch`` field gets ``engines.<name>.max_batch = N`` (and ``cache_slots`` at least N, when
-it has that field), unless the options already set it.
+Engines opt in by declaring :class:`~mizuoto.contracts.features.SupportsBatching`: every
+installed engine that does gets the options its ``batch_options(section, N)`` returns (VoxCPM:
+``engines.voxcpm.max_batch = N`` and at least N cache slots), unless the options already set
+them; ``/metrics`` shows the loaded engine's ``batch_stats``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Callable
 
 import attrs
 
+from mizuoto.contracts.features import batching_engine
+
 log = logging.getLogger("mizuoto.serve")
 
 #: the most requests one model may run at once
@@ -28,24 +31,26 @@ MAX_BATCH = 256
 
 
 def options_with_max_batch(options, max_batch: int):
-    """``options`` (a :class:`mizuoto.Options` or None) with ``engines.<name>.max_batch`` set
-    for each installed engine that batches."""
+    """``options`` (a :class:`mizuoto.Options` or None) with the options each installed engine
+    that batches asks for to batch up to ``max_batch`` requests (what ``options`` sets wins);
+    ``options`` itself for ``max_batch`` 1."""
     from mizuoto.options import Options
     from mizuoto.registry import engines
 
+    if max_batch <= 1:
+        return options
     options = options or Options()
     sections = {name: dict(section) for name, section in options.engines.items()}
     for name, engine in engines().items():
-        fields = attrs.fields_dict(engine.options_class) \
-            if attrs.has(engine.options_class or object) else {}
-        if "max_batch" not in fields:
-            continue
-        section = sections.setdefault(name, {})
-        section.setdefault("max_batch", max_batch)
-        if "cache_slots" in fields:
-            default = fields["cache_slots"].default
-            section.setdefault("cache_slots", max(int(default), section["max_batch"]))
+        if batching_engine(engine) is not None:
+            sections[name] = engine.batch_options(sections.get(name, {}), max_batch)
     return attrs.evolve(options, engines=sections)
+
+
+def batch_stats(engine):
+    """The loaded ``engine``'s batching statistics, if it batches (None for no engine)."""
+    batching = batching_engine(engine) if engine is not None else None
+    return batching.batch_stats if batching is not None else None
 
 
 class Lanes:

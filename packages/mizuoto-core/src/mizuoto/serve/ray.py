@@ -44,7 +44,8 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.serve.app import ServeConfig, _loader, create_app
 from mizuoto.serve.batching import MAX_BATCH
 from mizuoto.serve.errors import unavailable
-from mizuoto.serve.worker import DONE, Job, ModelWorker
+from mizuoto.serve.jobs import DONE, Job
+from mizuoto.serve.worker import ModelWorker
 
 log = logging.getLogger("mizuoto.serve")
 

@@ -1,7 +1,8 @@
 """The HTTP API: OpenAI's ``/v1/audio/speech`` and ``/v1/models``, voices, health, metrics.
 
-Handlers validate, build the engine request, hand it to the model's worker and encode what
-comes back; no model code runs here. Encoding and file work run on worker threads
+Handlers validate, build the engine request (once, before the model is queued for: the
+engine's own call parses its params), hand it to the model's worker and encode what comes
+back; no model code runs here. Encoding and file work run on worker threads
 (``asyncio.to_thread``), never on the event loop.
 """
 
@@ -11,12 +12,14 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic_core import PydanticCustomError
 
 from mizuoto.audio_encoding import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.audio_formats import FORMATS
@@ -32,10 +35,11 @@ from mizuoto.serve.errors import (
     not_found,
     unavailable,
 )
+from mizuoto.serve.jobs import DONE, Job
 from mizuoto.serve.json_body import parse_json
+from mizuoto.serve.pool import pin_for_request
 from mizuoto.serve.uploads import ClipLimits, read_clip
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
-from mizuoto.serve.worker import DONE, Job, Pin
 
 #: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
 MAX_INPUT_CHARS = 4096
@@ -82,10 +86,20 @@ class SpeechBody(BaseModel):
     input: str = Field(max_length=MAX_INPUT_CHARS)
     voice: str | VoiceId
     instructions: str | None = Field(default=None, max_length=MAX_INPUT_CHARS)
-    response_format: Literal[tuple(FORMATS)] = "mp3"  # every format Mizuoto writes
+    response_format: str = "mp3"  # every format Mizuoto writes (checked below)
     speed: Any = 1.0  # checked by check_number, as every other number (see MizuotoExtension)
     stream_format: Literal["sse", "audio"] = "audio"
     mizuoto: MizuotoExtension | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _a_format_of_the_table(cls, value: str) -> str:
+        # read from the table at each request, not frozen into a Literal at import
+        if value not in FORMATS:
+            names = [repr(name) for name in FORMATS]
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": f"{', '.join(names[:-1])} or {names[-1]}"})
+        return value
 
 
 def _state(request: Request):
@@ -106,53 +120,56 @@ def _has_speed(engine) -> bool:
     return params_class is not None and any(a.name == "speed" for a in attrs.fields(params_class))
 
 
-def _checked_request(body: SpeechBody):
-    """The engine request's fields that need no engine, checked by the validators every front
-    end shares (before any model is loaded or queued for)."""
+def _speech_request(body: SpeechBody, voice):
+    """The engine request for ``body``, built once, before any model is loaded or queued for:
+    checked by the validators every front end shares. ``speed`` travels in ``params`` (see
+    :func:`_fit_to_engine`); ``voice`` is the saved voice named, read from the store."""
     from mizuoto.contracts.requests import SynthesisRequest
     from mizuoto.runtime.seeds import resolve_seed
 
     extension = body.mizuoto or MizuotoExtension()
+    params = extension.params
     try:
         check_number("speed", body.speed, *SPEED_RANGE)
+        given = {} if params is None else params
+        if body.speed != 1.0 and isinstance(given, Mapping):  # else refused as params below
+            if "speed" in given:
+                raise bad_request("speed is given twice: send either speed or "
+                                  "mizuoto.params.speed", param="speed")
+            params = {**given, "speed": float(body.speed)}
+        instruction = body.instructions if body.instructions is not None \
+            and body.instructions.strip() else None
         # a seed drawn here, not by the engine, is known before the first byte (and sent back)
         seed = extension.seed if extension.seed is not None else resolve_seed(None)[0]
-        return SynthesisRequest(body.input, seed=seed, steps=extension.steps,
-                                guidance=extension.guidance, params=extension.params)
+        return SynthesisRequest(body.input, voice=voice, instruction=instruction, seed=seed,
+                                steps=extension.steps, guidance=extension.guidance,
+                                params=params)
+    except APIError:
+        raise
     except Exception as exc:
         raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
 
 
-def _build_request(body: SpeechBody, checked, engine, voice):
-    """The engine request for ``body`` (``checked``: :func:`_checked_request`), and the
-    warnings for what was ignored."""
-    extension = body.mizuoto or MizuotoExtension()
-    params = dict(checked.params)
+def _fit_to_engine(request, body: SpeechBody, engine):
+    """``request`` as ``engine`` can run it, and the warnings for what was ignored: OpenAI's
+    ``instructions`` are dropped for a model that cannot design voices (clients send them
+    routinely); a ``speed`` the engine has no setting for is refused. Its params are parsed
+    once, by the engine's own call (a bad one is a 400 before the first byte)."""
     warnings = []
-    instruction = None
-    if body.instructions is not None and body.instructions.strip():
-        if engine.supports(Capability.DESIGN):
-            instruction = body.instructions
-        else:
-            warnings.append(f"instructions ignored: the {engine.name} model cannot design "
-                            "voices")
-    if body.speed != 1.0:
-        if not _has_speed(engine):
-            raise bad_request(f"the {engine.name} engine has no speed setting, and this server "
-                              "does not time-stretch (it would change the engine's audio): "
-                              "send speed 1.0", param="speed", code="unsupported_value")
-        if "speed" in params:
-            raise bad_request("speed is given twice: send either speed or "
-                              "mizuoto.params.speed", param="speed")
-        params["speed"] = float(body.speed)
-    try:
+    if body.speed != 1.0 and not _has_speed(engine):
+        raise bad_request(f"the {engine.name} engine has no speed setting, and this server "
+                          "does not time-stretch (it would change the engine's audio): "
+                          "send speed 1.0", param="speed", code="unsupported_value")
+    if request.voice is not None:
+        try:
+            request.voice.check(engine.name, engine.info.fingerprint)
+        except Exception as exc:
+            raise from_mizuoto(exc) from exc
+    if request.instruction is not None and not engine.supports(Capability.DESIGN):
+        warnings.append(f"instructions ignored: the {engine.name} model cannot design voices")
         # from the text as sent: evolving re-cleans it, and the notices must say what changed
-        request = attrs.evolve(checked, text=body.input, voice=voice, instruction=instruction,
-                               params=params)
-        engine.parse_params(request.params)  # a bad setting is named before queueing
-    except Exception as exc:
-        raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
-    return request, warnings, extension.stream
+        request = attrs.evolve(request, text=body.input, instruction=None)
+    return request, warnings
 
 
 def _speech_job(request, stream: bool):
@@ -193,28 +210,6 @@ async def _next(job: Job, request: Request | None):
     return item
 
 
-async def _pin(worker, request: Request) -> Pin:
-    """A pin holding ``worker``'s model loaded for this request, taken when its turn comes
-    (see :class:`~mizuoto.serve.worker.ModelPool`); a 429 when too many wait already."""
-    worker.submit_check()
-    pool = worker.pool
-    pin = Pin(worker) if pool is None else pool.turn(worker)
-    if pin is not None:
-        return pin
-    if worker.depth() + worker.waiting >= worker.queue_size:
-        raise worker.queue_full()
-    worker.waiting += 1  # only the event loop's thread changes it
-    try:
-        while (pin := pool.turn(worker)) is None:
-            worker.submit_check()
-            if await request.is_disconnected():
-                raise ClientGone
-            await asyncio.sleep(0.05)
-    finally:
-        worker.waiting -= 1
-    return pin
-
-
 async def _loaded_engine(worker, request: Request):
     """The worker's engine, loaded first (by a job in its queue) if the pool unloaded it. The
     caller holds a pin: once loaded, it stays so until the pin is released."""
@@ -238,20 +233,22 @@ async def speech(request: Request):
         raise bad_request(f"response_format {body.response_format!r} is not supported: "
                           f"{UNSUPPORTED_FORMATS[body.response_format]}; use one of "
                           f"{supported}", param="response_format", code="unsupported_value")
-    checked = _checked_request(body)
     worker = _worker(state, body.model)
     request.scope["mizuoto.model"] = worker.name  # served names only: bounded label values
     voice_name = body.voice if isinstance(body.voice, str) else body.voice.id
+    voice = None
     if voice_name != DEFAULT_VOICE:
         check_name(voice_name, "voice")
-    pin = await _pin(worker, request)
+        voice = await asyncio.to_thread(state.voices.load, voice_name)
+    engine_request = _speech_request(body, voice)
+    pin = await pin_for_request(worker, request.is_disconnected)
     try:
         engine = await _loaded_engine(worker, request)
-        voice = await state.voices.for_engine(voice_name, engine)
-        engine_request, warnings, stream = _build_request(body, checked, engine, voice)
+        engine_request, warnings = _fit_to_engine(engine_request, body, engine)
         # an engine that cannot stream has the whole audio before the first byte: a whole
         # file (with its length in the header) then comes as early as a stream would
-        stream = stream and engine.supports(Capability.STREAM)
+        stream = (body.mizuoto or MizuotoExtension()).stream \
+            and engine.supports(Capability.STREAM)
         job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop(), pin=pin)
         worker.submit(job)
         request.scope["mizuoto.cancel"] = job.cancel  # the gate's write timeout ends it
@@ -376,7 +373,7 @@ async def list_voices(request: Request, model: str | None = None):
     fingerprint = None
     if model is not None:
         worker = _worker(state, model)
-        pin = await _pin(worker, request)
+        pin = await pin_for_request(worker, request.is_disconnected)
         try:
             fingerprint = (await _loaded_engine(worker, request)).info.fingerprint
         finally:
@@ -416,7 +413,8 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
     def build(engine, job: Job) -> None:
         job.emit(engine.build_voice(reference))
 
-    job = Job(build, asyncio.get_running_loop(), pin=await _pin(worker, request))
+    pin = await pin_for_request(worker, request.is_disconnected)
+    job = Job(build, asyncio.get_running_loop(), pin=pin)
     worker.submit(job)
     voice = await _next(job, request)
     await asyncio.to_thread(state.voices.save, name, voice)

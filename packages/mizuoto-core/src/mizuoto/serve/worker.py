@@ -1,18 +1,18 @@
 """One worker thread per loaded model, fed by a bounded queue: the only place model code runs.
 
-The event loop submits a :class:`Job` and reads what it emits (audio chunks, a voice, an
-error, then :data:`DONE`) from an ``asyncio.Queue``. Requests for different models run in
-parallel on their workers; requests for one model run one after the other, in arrival order
-(the engine contract serializes an engine's calls anyway, a stream holding the engine from its
-first chunk to its last). A job whose client went away is skipped if still queued, and stopped
-at the engine's next progress report or chunk if running.
+The event loop submits a :class:`~mizuoto.serve.jobs.Job` and reads what it emits (audio
+chunks, a voice, an error, then :data:`~mizuoto.serve.jobs.DONE`) from an ``asyncio.Queue``.
+Requests for different models run in parallel on their workers; requests for one model run
+one after the other, in arrival order (the engine contract serializes an engine's calls
+anyway, a stream holding the engine from its first chunk to its last). A job whose client went
+away is skipped if still queued, and stopped at the engine's next progress report or chunk if
+running. Which models stay loaded, and when a request may pin one, is the
+:class:`~mizuoto.serve.pool.ModelPool`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gc
 import logging
 import queue
 import threading
@@ -22,93 +22,12 @@ from collections.abc import Callable
 from mizuoto.runtime.busy_wait import waiting_at_most
 from mizuoto.serve.batching import Lanes
 from mizuoto.serve.errors import APIError, from_mizuoto, unavailable, without_paths
+from mizuoto.serve.jobs import DONE, MAX_BUFFERED, Cancelled, Job, Pin
+from mizuoto.serve.pool import ModelPool
+
+__all__ = ["DONE", "MAX_BUFFERED", "Cancelled", "Job", "ModelPool", "ModelWorker", "Pin"]
 
 log = logging.getLogger("mizuoto.serve")
-
-#: Emitted last by every job.
-DONE = object()
-#: Items (audio chunks) a job may have waiting for its client: a client that reads slowly
-#: slows its own generation instead of piling its audio up in the server's memory.
-MAX_BUFFERED = 8
-
-
-class Cancelled(Exception):
-    """The client went away: the job stops where it is."""
-
-
-class Pin:
-    """A request's hold on its model: while any pin is held the pool does not unload the model.
-    Taken when the request arrives, so that the model it waits for stays loaded until its job
-    has run; handed to that job (``Job(pin=...)``), which releases it when it ends."""
-
-    def __init__(self, worker: ModelWorker) -> None:
-        self._worker = worker
-        self._held = True
-        worker._pinned(+1)
-
-    def release(self) -> None:
-        """Let go (once; later calls do nothing)."""
-        if self._held:
-            self._held = False
-            self._worker._pinned(-1)
-
-
-class Job:
-    """Work for a model's worker: ``run(engine, job)`` executes on the worker thread and calls
-    :meth:`emit` for each result; the event loop awaits :attr:`items`. ``pin`` (a request's
-    :class:`Pin`) is released when the job ends, run or skipped."""
-
-    def __init__(self, run: Callable, loop: asyncio.AbstractEventLoop, *,
-                 pin: Pin | None = None) -> None:
-        self._run = run
-        self._loop = loop
-        self._pin = pin
-        self._items: asyncio.Queue = asyncio.Queue()  # private: read with :meth:`get`, which makes room
-        self._room = threading.Semaphore(MAX_BUFFERED)
-        self._cancelled = threading.Event()
-        self.submitted = time.monotonic()
-        self.audio_seconds = 0.0
-
-    def emit(self, item) -> None:
-        """Send ``item`` to the event loop; waits (on the worker's thread) while
-        :data:`MAX_BUFFERED` items wait for the client, unless the job is cancelled."""
-        while not self._room.acquire(timeout=0.1):
-            if self._cancelled.is_set():
-                break
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
-            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
-
-    async def get(self):
-        """The next item emitted (on the event loop), which makes room for another."""
-        item = await self._items.get()
-        self._room.release()
-        return item
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def check(self, _progress=None) -> None:
-        """Raise :class:`Cancelled` once the job is cancelled; also the engine's progress
-        callback, so that a generation stops within one sampling step or patch."""
-        if self._cancelled.is_set():
-            raise Cancelled
-
-    def run(self, engine) -> None:
-        self._run(engine, self)
-
-    def finish(self) -> None:
-        """The job has ended: :data:`DONE` is sent and the model's pin released."""
-        self.emit(DONE)
-        self.release()
-
-    def release(self) -> None:
-        """Release the model's pin (the job has ended, or will never run)."""
-        if self._pin is not None:
-            self._pin.release()
 
 
 class ModelWorker:
@@ -138,7 +57,6 @@ class ModelWorker:
         self._preload = preload
         self._running: Job | None = None
         self.pins = 0  # requests holding the model loaded (:class:`Pin`)
-        self.waiting = 0  # requests waiting for their turn to pin it (:meth:`ModelPool.turn`)
         # held by the worker while it loads or runs a job: the pool evicts only an idle model
         self._engine_lock = threading.Lock()
         self.engine = None
@@ -358,131 +276,3 @@ def _engine_bytes(engine) -> int:
                     seen.add(id(tensor))
                     total += tensor.numel() * tensor.element_size()
     return total
-
-
-class ModelPool:
-    """Which models stay loaded: at most ``max_loaded`` of them, and at most ``memory_budget``
-    bytes of weights (parameters and buffers).
-
-    - A model is unloaded only when idle: nothing running or queued, and no request pinned to
-      it (:class:`Pin`: a request holds its model from arrival to the end of its job, so a
-      model loaded for waiting requests stays until they have run).
-    - An unloaded model that has requests loads once there is room (:meth:`admit`, on its
-      worker thread): idle models are unloaded, least recently used first; while every loaded
-      model is busy it waits, and loads waiting for room are served in arrival order.
-    - While a load waits for room, new requests for the loaded models wait their turn
-      (:meth:`turn`) instead of pinning them: the busy models drain, the waiting one loads and
-      serves its requests, then the others come back. Each switch serves every request queued
-      for the model, so models alternate in batches instead of thrashing, and none starves.
-    - After a load, idle models are unloaded until the limits hold; a busy model is never
-      unloaded, so a memory budget can be exceeded while a model larger than the room left is
-      the only one that fits the count.
-    """
-
-    def __init__(self, max_loaded: int | None = None, memory_budget: int | None = None) -> None:
-        self.max_loaded = max_loaded
-        self.memory_budget = memory_budget
-        self.workers: list[ModelWorker] = []
-        self._lock = threading.Condition()
-        self._waiting: list[ModelWorker] = []  # loads waiting for room, in arrival order
-        self._admitted: set[ModelWorker] = set()  # loads under way
-
-    def add(self, worker: ModelWorker, *, loading: bool = False) -> None:
-        """Manage ``worker``; ``loading``: it loads at start, and counts as loaded from now."""
-        self.workers.append(worker)
-        if loading:
-            self._admitted.add(worker)
-
-    def wake(self) -> None:
-        with self._lock:
-            self._lock.notify_all()
-
-    def pinned(self, worker: ModelWorker, change: int) -> None:
-        with self._lock:
-            worker.pins += change
-            self._lock.notify_all()
-
-    def turn(self, worker: ModelWorker) -> Pin | None:
-        """A pin on ``worker`` if a request may take one now; None while it must wait (the
-        model is loaded, and another model waits for its room)."""
-        with self._lock:
-            if worker.engine is not None and any(w is not worker for w in self._waiting):
-                return None
-            return Pin(worker)
-
-    def _resident(self, worker: ModelWorker) -> bool:
-        return worker.engine is not None or worker in self._admitted
-
-    def _room_for(self, incoming: ModelWorker) -> bool:
-        others = [w for w in self.workers if w is not incoming and self._resident(w)]
-        if self.max_loaded is not None and len(others) >= self.max_loaded:
-            return False
-        # a model never loaded has no known size: it gets the room, and the limits are
-        # applied once it has loaded (:meth:`loaded`)
-        return self.memory_budget is None or not others or \
-            sum(w.engine_bytes for w in others) + incoming.engine_bytes <= self.memory_budget
-
-    def admit(self, worker: ModelWorker, job: Job) -> bool:
-        """Return once ``worker`` may load its model for ``job`` (on its thread, before
-        loading): idle models are unloaded to make room, else it waits its turn. False if
-        ``job`` is cancelled meanwhile; an :class:`APIError` (503) if the worker stops."""
-        evicted: list[ModelWorker] = []
-        try:
-            with self._lock:
-                self._waiting.append(worker)
-                try:
-                    while True:
-                        if worker.state == "stopped":
-                            raise unavailable("the server is shutting down", "shutting_down")
-                        if job.cancelled:
-                            return False
-                        if self._waiting[0] is worker and self._make_room(worker, evicted):
-                            self._admitted.add(worker)
-                            return True
-                        self._lock.wait(0.25)  # woken by a release; the timeout covers the rest
-                finally:
-                    self._waiting.remove(worker)
-                    self._lock.notify_all()
-        finally:
-            if evicted:
-                gc.collect()
-
-    def admitted_done(self, worker: ModelWorker) -> None:
-        """``worker``'s load has ended (loaded or failed)."""
-        with self._lock:
-            self._admitted.discard(worker)
-            self._lock.notify_all()
-
-    def _make_room(self, incoming: ModelWorker, evicted: list[ModelWorker]) -> bool:
-        for other in sorted((w for w in self.workers if w is not incoming
-                             and w.engine is not None), key=lambda w: w.last_used):
-            if self._room_for(incoming):
-                break
-            if other.evict():
-                evicted.append(other)
-        return self._room_for(incoming)
-
-    def _over(self) -> bool:
-        loaded = [w for w in self.workers if w.engine is not None]
-        if self.max_loaded is not None and len(loaded) > self.max_loaded:
-            return True
-        return self.memory_budget is not None and \
-            sum(w.engine_bytes for w in loaded) > self.memory_budget
-
-    def loaded(self, worker: ModelWorker) -> None:
-        """``worker`` has loaded its model: unload others, least recently used first."""
-        self.rebalance(keep=worker)
-
-    def rebalance(self, keep: ModelWorker | None = None) -> None:
-        """Unload idle models, least recently used first, until the limits hold."""
-        evicted = False
-        with self._lock:
-            others = sorted((w for w in self.workers if w is not keep and w.engine is not None),
-                            key=lambda w: w.last_used)
-            for other in others:
-                if not self._over():
-                    break
-                evicted = other.evict() or evicted
-            self._lock.notify_all()
-        if evicted:
-            gc.collect()

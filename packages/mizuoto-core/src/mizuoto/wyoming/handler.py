@@ -31,8 +31,8 @@ from wyoming.tts import (
 from mizuoto.audio_encoding import to_int16
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.serve.errors import APIError, bad_request, from_mizuoto
+from mizuoto.serve.jobs import DONE, Job, Pin
 from mizuoto.serve.routes import _speech_job
-from mizuoto.serve.worker import DONE, Job, Pin
 from mizuoto.wyoming.sentences import SentenceSplitter
 
 log = logging.getLogger("mizuoto.wyoming")

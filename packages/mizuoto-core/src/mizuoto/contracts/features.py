@@ -1,0 +1,78 @@
+"""Optional features an engine declares by subclassing, beside its capabilities.
+
+A capability (:class:`~mizuoto.contracts.capabilities.Capability`) is what a loaded model can
+do with a request; a feature is a way the engine itself can be driven, with methods of its
+own. An engine declares one by naming it among its bases, and the front ends ask the contract
+(:func:`lora_engine`, :func:`batching_engine`), never the engine's attributes::
+
+    class MyEngine(Engine, SupportsLoRA, SupportsBatching): ...
+
+- :class:`SupportsLoRA`: ``set_lora(path)`` applies a LoRA directory over the loaded weights,
+  ``lora`` says which is applied (the CLI's ``say --lora``).
+- :class:`SupportsBatching`: concurrent requests of one loaded model step together. The
+  server's ``--max-batch N`` asks the engine class for the options that make a model batch up
+  to N (:meth:`~SupportsBatching.batch_options`, before it loads), runs as many requests of the
+  model at once as the loaded engine batches (:attr:`~SupportsBatching.max_batch`), and shows
+  its :attr:`~SupportsBatching.batch_stats` on ``/metrics``.
+
+An engine that declares neither is served and spoken with as before: one request at a time,
+and ``--lora`` refused naming the flag.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mizuoto.errors import InvalidRequest
+
+
+class SupportsLoRA(abc.ABC):
+    """An engine that applies LoRA adapters to its loaded weights, without reloading them."""
+
+    @property
+    @abc.abstractmethod
+    def lora(self) -> object | None:
+        """The LoRA applied now (the engine's own description of it), or None."""
+
+    @abc.abstractmethod
+    def set_lora(self, path: str | Path | None) -> None:
+        """Apply the LoRA directory ``path``, replacing the current one; ``None`` removes it."""
+
+
+class SupportsBatching(abc.ABC):
+    """An engine that steps concurrent requests of one loaded model together."""
+
+    @classmethod
+    @abc.abstractmethod
+    def batch_options(cls, section: Mapping[str, Any], max_batch: int) -> dict[str, Any]:
+        """The engine's options section (``engines.<name>.*``, as given) with what makes a
+        loaded model batch up to ``max_batch`` requests; what ``section`` sets already wins."""
+
+    @property
+    @abc.abstractmethod
+    def max_batch(self) -> int:
+        """The most requests the loaded model steps together (1: it does not batch)."""
+
+    @property
+    @abc.abstractmethod
+    def batch_stats(self) -> object | None:
+        """What batching has done so far (``steps``, ``rows``, ``seconds``, ``last_size``), or
+        None while the model does not batch."""
+
+
+def lora_engine(engine, field: str = "lora") -> SupportsLoRA:
+    """``engine``, if it declares :class:`SupportsLoRA`; else an :class:`InvalidRequest` for
+    ``field`` (the CLI passes ``--lora``)."""
+    if not isinstance(engine, SupportsLoRA):
+        raise InvalidRequest(field, f"engine {engine.name!r} does not apply LoRAs",
+                             "use an engine that does (VoxCPM), or leave it out")
+    return engine
+
+
+def batching_engine(engine) -> SupportsBatching | None:
+    """``engine`` (an engine or its class), if it declares :class:`SupportsBatching`."""
+    kind = engine if isinstance(engine, type) else type(engine)
+    return engine if issubclass(kind, SupportsBatching) else None
