@@ -15,10 +15,10 @@ from typing import Any
 
 import attrs
 
-from mizuoto.contracts.ranges import integer_in, shown
 from mizuoto.errors import InvalidOption, InvalidRequest
 from mizuoto.settings_files import name_some
 from mizuoto.validation import parse_attrs
+from mizuoto.validation.ranges import integer_in, shown
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "float16", "bfloat16")

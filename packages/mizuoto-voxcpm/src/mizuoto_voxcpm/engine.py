@@ -17,6 +17,7 @@ import torch
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.placement import Placement, place
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, Rendered, check_finite
@@ -30,7 +31,6 @@ from mizuoto.errors import (
 )
 from mizuoto.options import Options
 from mizuoto.runtime.device import dtype_name, preferred_device
-from mizuoto.runtime.placement import Placement, place
 from mizuoto.runtime.prepack import prepack_linears, prepack_report
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from

@@ -12,11 +12,11 @@ from typing import Any
 import attrs
 
 from mizuoto.contracts.audio import Audio
-from mizuoto.contracts.ranges import check_number, number_in, plain_number, shown
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.seeds import MAX_SEED
+from mizuoto.validation.ranges import check_number, number_in, plain_number, shown
 
-MAX_SEED = 2**32 - 1
 #: Largest sampler step count a request may ask for (engines' defaults are 10 to 32).
 MAX_STEPS = 1000
 #: Largest guidance (classifier-free guidance strength) a request may ask for.

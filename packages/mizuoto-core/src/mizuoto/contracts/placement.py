@@ -5,7 +5,8 @@ warn when the dtype is emulated on this CPU, compile a module when asked, and re
 in ``ModelInfo`` and in every result's ``applied.compute``. :func:`place` does the first four;
 the :class:`Placement` it returns compiles (:meth:`Placement.compile`), builds the
 ``ModelInfo`` (:meth:`Placement.model_info`), and tells the base class what to report
-(``Engine.placement``).
+(``Engine.placement``). It sits beside the engine base class, below it: ``Engine`` holds a
+placement, so this module names the engine class only by what it reads (:class:`PlacedEngine`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 import attrs
 import torch
 
-from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.model_info import ModelInfo
+from mizuoto.options import ComputeOptions
 from mizuoto.runtime.compile import Compilation, compile_module
 from mizuoto.runtime.device import (
     AutoDtype,
@@ -30,11 +33,15 @@ from mizuoto.runtime.device import (
 )
 from mizuoto.runtime.threads import apply_cpu_threads
 
-if TYPE_CHECKING:
-    from mizuoto.contracts.capabilities import Capability
-    from mizuoto.options import ComputeOptions
-
 log = logging.getLogger(__name__)
+
+
+class PlacedEngine(Protocol):
+    """What a placement reads of the :class:`~mizuoto.contracts.engine.Engine` subclass it
+    places."""
+
+    name: ClassVar[str]
+    compute_options: ClassVar[frozenset[str]]
 
 
 def _frozen(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -46,7 +53,7 @@ class Placement:
     """What load applied: device, dtype, warnings to repeat in every result, the modules it
     compiled, and the engine's own compute settings in effect (``settings``)."""
 
-    engine: type[Engine]
+    engine: type[PlacedEngine]
     device: torch.device
     dtype: torch.dtype
     oom_fallback: bool = True
@@ -96,7 +103,7 @@ class Placement:
                          fingerprint=fingerprint, languages=languages)
 
 
-def place(engine: type[Engine], compute: ComputeOptions, *,
+def place(engine: type[PlacedEngine], compute: ComputeOptions, *,
           device: Callable[[], torch.device] = default_device,
           dtype: str | None = None, auto_dtype: AutoDtype = torch.float32,
           supported: tuple[torch.dtype, ...] | None = None,
