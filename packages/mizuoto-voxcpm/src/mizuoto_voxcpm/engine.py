@@ -1,3 +1,6 @@
+# Long on purpose: one class whose request paths (plan, chunks, stream, batched stream, LoRA,
+# voices) share one plan and one compute lock; what stands alone is in generation, batching,
+# decoding, prompt, voice and lora.
 """The VoxCPM engine: VoxCPM-0.5B and VoxCPM1.5 (``architecture: voxcpm``) and VoxCPM2.
 
 Reproduces voxcpm 2.0.3's ``VoxCPM.generate`` / ``generate_streaming`` bit for bit on the same
