@@ -19,8 +19,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("mizuoto.settings_files",),
     ("mizuoto.options",),
     ("mizuoto.runtime",),
-    ("mizuoto.text", "mizuoto.audio_formats", "mizuoto.audio_encoding", "mizuoto.nn"),
+    ("mizuoto.text", "mizuoto.audio_formats", "mizuoto.audio_encoding"),
     ("mizuoto.contracts",),
+    ("mizuoto.nn",),
     ("mizuoto.catalog",),
     ("mizuoto.hookspecs", "mizuoto.plugins"),
     ("mizuoto.registry",),
@@ -31,13 +32,10 @@ FRONT_ENDS = len(LAYERS)
 ENGINES = FRONT_ENDS + 1
 
 #: Imports from contracts into a lower layer made inside a function, each on purpose: the
-#: module imported loads numpy or torch, which ``import mizuoto`` does not (test_startup.py).
-#: Any other belongs at the top of the module, where a reader sees it.
+#: module imported loads numpy, which ``import mizuoto`` does not (test_startup.py). Any other
+#: belongs at the top of the module, where a reader sees it.
 LAZY_ON_PURPOSE = {
     ("mizuoto.contracts.audio", "mizuoto.audio_encoding"),  # Audio.save
-    ("mizuoto.contracts.requests", "mizuoto.nn.dsp.audio_io"),  # an Audio reference checked
-    ("mizuoto.contracts.engine_support", "mizuoto.nn.dsp.audio_io"),  # read_reference
-    ("mizuoto.contracts.engine_support", "mizuoto.nn.dsp.resample"),
 }
 
 
@@ -88,6 +86,8 @@ def test_the_stated_order_is_the_tested_one():
      ["mizuoto.runtime.seeds -> mizuoto.contracts.requests"]),
     ({"mizuoto.contracts.engine": {"mizuoto.runtime.seeds", "mizuoto.options"}}, []),
     ({"mizuoto.nn.dsp": {"mizuoto.cli"}}, ["mizuoto.nn.dsp -> mizuoto.cli"]),
+    ({"mizuoto.contracts.requests": {"mizuoto.nn.dsp.audio_io"}},
+     ["mizuoto.contracts.requests -> mizuoto.nn.dsp.audio_io"]),
     ({"mizuoto.cli": {"mizuoto_f5tts.engine"}}, ["mizuoto.cli -> mizuoto_f5tts.engine"]),
     ({"mizuoto_f5tts.engine": {"mizuoto.cli", "mizuoto"}}, []),
     ({"mizuoto.loading": {"mizuoto"}}, ["mizuoto.loading -> mizuoto"]),

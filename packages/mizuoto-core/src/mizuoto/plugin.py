@@ -18,7 +18,7 @@ import importlib
 import mizuoto as _mizuoto
 from mizuoto import *  # noqa: F403  (mizuoto.__all__, listed once, there)
 from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
-from mizuoto.contracts.engine_support import check_output_length, read_reference
+from mizuoto.contracts.engine_support import check_output_length
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.request_lock import Stream
 from mizuoto.contracts.requests import MAX_TEXT_CHARS
@@ -53,6 +53,7 @@ _ON_FIRST_USE = {
     "mizuoto.runtime.checkpoint": ("check_state_dict", "load_state_dict_file",
                                    "weights_fingerprint"),
     "mizuoto.nn.dsp.audio_io": ("check_not_silent", "read_audio", "to_mono", "write_audio"),
+    "mizuoto.nn.dsp.reference": ("read_reference",),
     # the training toolkit (mizuoto.training): the parts a trainer builds on
     "mizuoto.training": (
         "Cadence", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld",
@@ -70,7 +71,7 @@ __all__ = [
     # the plugin API's version and its deprecation warning
     "API_VERSION", "PluginAPIDeprecation",
     # engine helpers
-    "ProgressCallback", "Stream", "busy_wait", "check_finite", "check_output_length", "read_reference",
+    "ProgressCallback", "Stream", "busy_wait", "check_finite", "check_output_length",
     "report", "waiting_at_most",
     # request limits and range validators for params and options classes
     "MAX_SEED", "MAX_TEXT_CHARS", "check_number", "integer_in", "number_in",
