@@ -83,10 +83,10 @@ def test_an_engine_that_ignores_an_instruction_fails(run_suite, monkeypatch):
 
 
 def test_an_engine_that_accepts_a_silent_reference_fails(run_suite, monkeypatch):
-    from mizuoto.nn.dsp import audio_io
+    from mizuoto.nn.dsp import reference
 
     # the toy reads references with mizuoto.plugin.read_reference, which calls this check
-    monkeypatch.setattr(audio_io, "check_not_silent", lambda samples, field: None)
+    monkeypatch.setattr(reference, "check_not_silent", lambda samples, field: None)
     result = run_suite()
     result.stdout.fnmatch_lines(["FAILED *test_silent_reference_is_invalid_audio*toy/tiny*"])
     assert result.ret != 0

@@ -1,3 +1,5 @@
+# Long on purpose: the API contract every engine meets, in sections (every model, references,
+# other capabilities, hostile input); behaviour, plugin and trainer contracts are modules apart.
 """The contract every engine meets, run against each installed contract fixture.
 
     pytest --pyargs mizuoto_contract [--mizuoto-engine NAME ...]

@@ -18,7 +18,7 @@ from mizuoto.batch.items import count_lines
 from mizuoto.batch.run import LOCK
 from mizuoto.cli import cli
 from mizuoto.errors import InvalidRequest
-from mizuoto.runtime.identity import file_digest
+from mizuoto.identity import file_digest
 
 
 class ToneEngine(Engine):

@@ -1,11 +1,12 @@
-"""No import cycle in core or an engine, imports inside functions included.
+"""No import cycle in core or an engine, imports inside functions and type-only ones included.
 
 A cycle closed by an import inside a function works until someone moves that import to the top
 (or imports the modules in another order); it also hides that two modules are one concept, or
-that a shared piece belongs in a module of its own. Edges are every first-party ``import`` /
-``from ... import`` in a module (at the top or in a function; ``if TYPE_CHECKING:`` blocks
-excepted), resolved to the module imported (``from pkg import name`` is an edge to
-``pkg.name`` when that is a module, else to ``pkg``).
+that a shared piece belongs in a module of its own. A type-only cycle (``if TYPE_CHECKING:``)
+says the same of the two modules, and breaks the day an annotation is needed at run time.
+Edges are every first-party ``import`` / ``from ... import`` in a module (at the top, in a
+function, or under ``if TYPE_CHECKING:``), resolved to the module imported (``from pkg import
+name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``).
 """
 
 from __future__ import annotations
@@ -44,20 +45,33 @@ def _owner(name: str, modules) -> str | None:
 
 
 class _Imports(ast.NodeVisitor):
-    """The first-party modules one module's body imports (``TYPE_CHECKING`` blocks aside)."""
+    """The first-party modules one module's body imports, anywhere in it (``targets``), and
+    those it imports inside a function (``local``)."""
 
     def __init__(self, package: str, modules: dict[str, Path]) -> None:
         self.package, self.modules, self.targets = package, modules, set()
+        self._outside_functions: set[str] = set()
+        self._in_functions: set[str] = set()
+        self._current = self._outside_functions  # where the import being visited goes
 
-    def visit_If(self, node: ast.If) -> None:
-        if "TYPE_CHECKING" in ast.unparse(node.test):  # never runs
-            for child in node.orelse:
-                self.visit(child)
-            return
+    @property
+    def local(self) -> set[str]:
+        return self._in_functions - self._outside_functions
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        current, self._current = self._current, self._in_functions
         self.generic_visit(node)
+        self._current = current
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _add(self, target: str) -> None:
+        self.targets.add(target)
+        self._current.add(target)
 
     def visit_Import(self, node: ast.Import) -> None:
-        self.targets.update(filter(None, (_owner(a.name, self.modules) for a in node.names)))
+        for target in filter(None, (_owner(a.name, self.modules) for a in node.names)):
+            self._add(target)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         base = node.module or ""
@@ -70,18 +84,28 @@ class _Imports(ast.NodeVisitor):
             full = f"{base}.{alias.name}"
             owner = full if full in self.modules else _owner(base, self.modules)
             if owner:
-                self.targets.add(owner)
+                self._add(owner)
 
 
-def import_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Each first-party module -> the first-party modules it imports anywhere in its body."""
-    edges: dict[str, set[str]] = {}
+def _imports(modules: dict[str, Path]) -> dict[str, _Imports]:
+    found = {}
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         imports = _Imports(package, modules)
         imports.visit(ast.parse(path.read_text(encoding="utf-8")))
-        edges[module] = imports.targets - {module}
-    return edges
+        found[module] = imports
+    return found
+
+
+def import_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each first-party module -> the first-party modules it imports anywhere in its body."""
+    return {module: imports.targets - {module} for module, imports in _imports(modules).items()}
+
+
+def local_import_edges(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each first-party module -> the first-party modules it imports inside a function only
+    (not also at the top or under ``TYPE_CHECKING``)."""
+    return {module: imports.local - {module} for module, imports in _imports(modules).items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -148,14 +172,20 @@ def test_cycles_are_found(edges, expected):
     assert sorted(map(set, cycles(edges)), key=sorted) == expected
 
 
-def test_function_local_imports_are_edges(tmp_path):
+def test_function_local_and_type_only_imports_are_edges(tmp_path):
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("def f():\n    from pkg import b\n")
     (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                  "    from pkg import a\nfrom . import a\n")
+                                  "    from pkg import c\nfrom . import a\n")
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from pkg.b import x\n")
     modules = {"pkg": package / "__init__.py", "pkg.a": package / "a.py",
-               "pkg.b": package / "b.py"}
+               "pkg.b": package / "b.py", "pkg.c": package / "c.py"}
     edges = import_edges(modules)
-    assert edges["pkg.a"] == {"pkg.b"} and edges["pkg.b"] == {"pkg.a"}
+    assert edges == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a", "pkg.c"},
+                     "pkg.c": {"pkg.b"}}
+    assert cycles(edges) == [frozenset({"pkg.a", "pkg.b", "pkg.c"})]
+    assert local_import_edges(modules)["pkg.a"] == {"pkg.b"}
+    assert local_import_edges(modules)["pkg.b"] == set()

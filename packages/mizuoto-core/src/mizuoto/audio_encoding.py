@@ -1,3 +1,5 @@
+# Long on purpose: every encoder the format table names and the one writer that drives them,
+# read together when a format is added (split the encoders out at the next one).
 """Encoding audio into the formats of :mod:`mizuoto.audio_formats`, through one writer.
 
 :func:`open_writer` opens an :class:`AudioWriter` on a path (written atomically) or a binary

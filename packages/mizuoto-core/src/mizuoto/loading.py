@@ -1,8 +1,11 @@
 """The top of the layering: resolve a model against the installed plugins' catalog, and load it
 with the engine that owns it.
 
-Modules import downwards only: errors -> validation -> contracts -> options -> catalog ->
-plugins -> registry -> loading (simonw/llm's layering); nothing below imports this module.
+Modules import downwards only (simonw/llm's layering; tests/test_import_layers.py checks it):
+errors / key_values -> validation -> settings_files -> options -> runtime -> text / audio_formats /
+audio_encoding -> contracts -> nn -> catalog -> hookspecs / plugins -> registry -> loading ->
+mizuoto / plugin -> the front ends (cli, serve, batch, longform, training, ...) -> the engines.
+Nothing below imports this module.
 """
 
 from __future__ import annotations

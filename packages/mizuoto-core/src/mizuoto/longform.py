@@ -46,7 +46,7 @@ from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS, SynthesisRequest
 from mizuoto.contracts.results import Applied, file_metadata
 from mizuoto.errors import InvalidRequest
-from mizuoto.runtime.identity import model_identity, request_identity
+from mizuoto.identity import model_identity, request_identity
 
 if TYPE_CHECKING:
     from mizuoto.contracts.engine import Engine

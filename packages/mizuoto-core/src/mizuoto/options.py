@@ -14,11 +14,11 @@ from typing import Any
 
 import attrs
 
-from mizuoto.contracts.ranges import integer_in, shown
 from mizuoto.errors import InvalidOption, InvalidRequest
 from mizuoto.key_values import parse_pairs
 from mizuoto.settings_files import name_some
 from mizuoto.validation import parse_attrs
+from mizuoto.validation.ranges import integer_in, shown
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "float16", "bfloat16")

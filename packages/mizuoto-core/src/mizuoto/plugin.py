@@ -18,12 +18,11 @@ import importlib
 import mizuoto as _mizuoto
 from mizuoto import *  # noqa: F403  (mizuoto.__all__, listed once, there)
 from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
-from mizuoto.contracts.engine_support import check_output_length, read_reference
+from mizuoto.contracts.engine_support import check_output_length
 from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.ranges import check_number, integer_in, number_in
 from mizuoto.contracts.request_lock import Stream
-from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS
+from mizuoto.contracts.requests import MAX_TEXT_CHARS
 from mizuoto.contracts.results import check_finite
 from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import (
@@ -45,15 +44,17 @@ from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_directory, atomic_path, save_safetensors
 from mizuoto.runtime.busy_wait import busy_wait, waiting_at_most
 from mizuoto.runtime.interruption import catch_interruption
-from mizuoto.runtime.seeds import keyed_generator
+from mizuoto.runtime.seeds import MAX_SEED, keyed_generator
 from mizuoto.text.files import read_utf8
+from mizuoto.validation.ranges import check_number, integer_in, number_in
 
 # Names from modules that import torch, imported on first use (module -> names).
 _ON_FIRST_USE = {
-    "mizuoto.runtime.placement": ("Placement", "place"),
+    "mizuoto.contracts.placement": ("Placement", "place"),
     "mizuoto.runtime.checkpoint": ("check_state_dict", "load_state_dict_file",
                                    "weights_fingerprint"),
     "mizuoto.nn.dsp.audio_io": ("check_not_silent", "read_audio", "to_mono", "write_audio"),
+    "mizuoto.nn.dsp.reference": ("read_reference",),
     # the training toolkit (mizuoto.training): the parts a trainer builds on
     "mizuoto.training": (
         "Cadence", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld",
@@ -75,7 +76,7 @@ __all__ = [
     # the plugin API's version and its deprecation warning
     "API_VERSION", "PluginAPIDeprecation",
     # engine helpers
-    "ProgressCallback", "Stream", "busy_wait", "check_finite", "check_output_length", "read_reference",
+    "ProgressCallback", "Stream", "busy_wait", "check_finite", "check_output_length",
     "report", "waiting_at_most",
     # optional features an engine declares (mizuoto.contracts.features)
     "SupportsBatching", "SupportsLoRA",

@@ -21,6 +21,7 @@ import torch
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
+from mizuoto.contracts.placement import Placement, place
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import (
     EditRequest,
@@ -32,7 +33,6 @@ from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.licenses import is_non_commercial, model_card_license
 from mizuoto.options import Options
-from mizuoto.runtime.placement import Placement, place
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes, split_to_fit
 from mizuoto_f5tts.compute_lock import ComputeLock

@@ -29,7 +29,7 @@ import torch
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.requests import Reference
 from mizuoto.errors import InvalidAudio, InvalidRequest
-from mizuoto.nn.dsp.audio_io import check_input_audio, check_sample_rate
+from mizuoto.validation.audio import check_input_audio, check_sample_rate
 from mizuoto_f5tts.pcm import PcmSegment, leading_silence_ms, split_on_silence
 from mizuoto_f5tts.variants import SAMPLE_RATE
 

@@ -7,9 +7,9 @@ from typing import Literal
 
 import attrs
 
-from mizuoto.contracts.ranges import check_number, number_in
 from mizuoto.contracts.requests import MAX_SEGMENT_SECONDS
 from mizuoto.errors import InvalidRequest
+from mizuoto.validation.ranges import check_number, number_in
 
 # Ranges of the params (docs/engines/f5tts.md, Settings); durations are in seconds.
 SPEED_RANGE = (0.1, 10.0)

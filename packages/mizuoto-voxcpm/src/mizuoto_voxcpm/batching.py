@@ -1,3 +1,5 @@
+# Long on purpose: PatchBatcher is one scheduler (admission, prefill, stepping, decoding) over
+# one set of rows under one condition variable; split, that state would pass between modules.
 """Continuous batching: the open streams of one model advance together, patch by patch.
 
 On a CPU one VoxCPM patch is thousands of small matrix products whose cost is reading the

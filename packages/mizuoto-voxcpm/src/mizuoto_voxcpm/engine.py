@@ -1,3 +1,6 @@
+# Long on purpose: one class whose request paths (plan, chunks, stream, batched stream, LoRA,
+# voices) share one plan and one compute lock; what stands alone is in generation, batching,
+# decoding, prompt, voice and lora.
 """The VoxCPM engine: VoxCPM-0.5B and VoxCPM1.5 (``architecture: voxcpm``) and VoxCPM2.
 
 Reproduces voxcpm 2.0.3's ``VoxCPM.generate`` / ``generate_streaming`` bit for bit on the same
@@ -18,6 +21,7 @@ from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
+from mizuoto.contracts.placement import Placement, place
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, Rendered, check_finite
@@ -31,7 +35,6 @@ from mizuoto.errors import (
 )
 from mizuoto.options import Options
 from mizuoto.runtime.device import dtype_name, preferred_device
-from mizuoto.runtime.placement import Placement, place
 from mizuoto.runtime.prepack import prepack_linears, prepack_report
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from

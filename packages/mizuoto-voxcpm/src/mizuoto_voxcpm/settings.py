@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import attrs
 
-from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.contracts.requests import MAX_GUIDANCE, MAX_STEPS
 from mizuoto.errors import InvalidOption, InvalidRequest
+from mizuoto.validation.ranges import integer_in, number_in
 
 # Ranges of the params (docs/engines/voxcpm.md, Settings): patches, retries, the length ratio.
 MAX_PATCHES = 65536

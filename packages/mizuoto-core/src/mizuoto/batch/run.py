@@ -20,7 +20,7 @@ from mizuoto.audio_formats import FORMATS, format_named
 from mizuoto.batch.items import BatchLine, build_request, count_lines, read_lines
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.errors import InvalidRequest, MizuotoError
-from mizuoto.runtime.identity import digest, file_digest, model_identity, request_identity
+from mizuoto.identity import digest, file_digest, model_identity, request_identity
 from mizuoto.runtime.run_lock import RunLock
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ log = logging.getLogger("mizuoto")
 @click.option("--stream", is_flag=True, help="Stream: write audio to the file as it is generated.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted --text-file run (OUTPUT.part/).")
 @click.option("--section-chars", type=click.IntRange(1), default=None, help="Long-form section size in characters (default 1000).")
-@click.option("--lora", type=click.Path(exists=True), help="A LoRA directory to apply (engines with set_lora, e.g. VoxCPM).")
+@click.option("--lora", type=click.Path(exists=True), help="A LoRA directory to apply (engines that support LoRA, e.g. VoxCPM).")
 @click.pass_context
 def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, params, option_pairs,
         options_file, ref_audio, ref_text, voice_file, save_voice, instruction, stream, resume,
@@ -127,9 +127,9 @@ def _first_section(text_file):
 
 
 def _apply_lora(tts, lora) -> None:
-    if not hasattr(tts, "set_lora"):
-        raise InvalidRequest("--lora", f"engine {tts.name!r} does not apply LoRAs")
-    tts.set_lora(lora)
+    from mizuoto.contracts.features import lora_engine
+
+    lora_engine(tts, "--lora").set_lora(lora)
 
 
 def _save_voice(tts, request, path):
@@ -152,10 +152,13 @@ def _speak(tts, request, output, progress):
 
 def _speak_streamed(tts, request, output, progress):
     """``--stream``: the engine's chunks, written to the file as they come."""
+    from mizuoto.audio_encoding import write_stream  # numpy: not at the top (mizuoto --help)
     from mizuoto.contracts import Capability
 
     tts.require(Capability.STREAM)
-    return _stream_to_file(tts, request, output, progress)
+    return write_stream(tts.stream(request, progress=progress), output, tts.info.sample_rate,
+                        field="--output",
+                        on_chunk=lambda n, s: _streamed(progress, n, s, "written"))
 
 
 def _speak_long_text(tts, request, output, text_file, *, resume, section_chars, progress,
@@ -174,43 +177,6 @@ def _speak_long_text(tts, request, output, text_file, *, resume, section_chars, 
         click.echo(f"{done.sections} sections ({done.resumed_at} resumed), "
                    f"{done.seconds:.1f} s of audio", err=True)
     return done.applied
-
-
-def _stream_to_file(tts, request, output, progress):
-    """Write a stream as it comes: WAV and FLAC chunk by chunk (libsndfile); the other formats
-    once the stream has ended, as ``result.save`` writes them."""
-    import soundfile as sf
-
-    from mizuoto.audio_formats import format_for_path
-    from mizuoto.runtime.atomic import atomic_path
-
-    fmt = format_for_path(output, "--output")
-    if not fmt.metadata:
-        import torch
-
-        from mizuoto.contracts import Audio
-        from mizuoto.contracts.results import file_metadata
-
-        chunks = []
-        for chunk in tts.stream(request, progress=progress):
-            chunks.append(chunk)
-            _streamed(progress, len(chunks), sum(c.audio.duration for c in chunks), "so far")
-        audio = Audio(torch.cat([c.audio.samples for c in chunks]), tts.info.sample_rate)
-        audio.save(output, metadata=file_metadata(chunks[-1].applied))
-        return chunks[-1].applied
-    applied = None
-    with atomic_path(output) as tmp:
-        with sf.SoundFile(tmp, "w", samplerate=tts.info.sample_rate, channels=1,
-                          format=fmt.soundfile[0], subtype=fmt.soundfile[1]) as f:
-            written = 0.0
-            for index, chunk in enumerate(tts.stream(request, progress=progress)):
-                f.write(chunk.audio.numpy())
-                f.flush()
-                written += chunk.audio.duration
-                _streamed(progress, index + 1, written, "written")
-                if chunk.is_last:
-                    applied = chunk.applied
-    return applied
 
 
 def _streamed(progress, chunks: int, seconds: float, state: str) -> None:

@@ -28,37 +28,21 @@ from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine_support import join_stream, one_chunk
 from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
+from mizuoto.contracts.model_info import ModelInfo
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.request_lock import NoLock, RequestLock, Stream
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, Rendered, SynthesisResult
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidOption, InvalidRequest, UnsupportedCapability
+from mizuoto.options import Options
 from mizuoto.runtime.in_effect import compute_in_effect
 from mizuoto.runtime.seeds import resolve_seed
+from mizuoto.runtime.startup import check_startup_options
 from mizuoto.validation import parse_attrs
 
-if TYPE_CHECKING:
-    from mizuoto.options import Options
-    from mizuoto.runtime.placement import Placement
-
-
-@attrs.frozen
-class ModelInfo:
-    """What a loaded model is, and how it runs."""
-
-    engine: str
-    model: str  # catalog id or directory
-    variant: str  # e.g. "v1_base", "voxcpm2"
-    sample_rate: int
-    dtype: str
-    device: str
-    capabilities: frozenset[Capability]
-    license: str | None = None
-    non_commercial: bool = False
-    fingerprint: str = ""  # identity of the weights, for voice files
-    # what the model card says the model speaks (BCP 47); empty: not declared
-    languages: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+if TYPE_CHECKING:  # it imports torch, which ``import mizuoto`` does not
+    from mizuoto.contracts.placement import Placement
 
 
 @attrs.frozen
@@ -80,7 +64,7 @@ class Engine(abc.ABC):
     public methods of the same names (without the underscore) are the base class's.
     ``params_class`` (an attrs class) validates ``request.params``; ``options_class`` validates
     the ``engines.<name>.*`` options. ``load`` sets :attr:`placement` (what
-    :func:`mizuoto.runtime.placement.place` applied: device, dtype, warnings, compilation).
+    :func:`mizuoto.contracts.placement.place` applied: device, dtype, warnings, compilation).
     """
 
     name: ClassVar[str]
@@ -120,7 +104,7 @@ class Engine(abc.ABC):
     #: The plugin API the class is written against: ``"1.0"`` for one that overrides the
     #: public calls itself (see :mod:`mizuoto.contracts.api`), else the current version.
     plugin_api: ClassVar[str] = API_VERSION
-    #: What ``load`` applied (:func:`mizuoto.runtime.placement.place`); ``None`` for an engine
+    #: What ``load`` applied (:func:`mizuoto.contracts.placement.place`); ``None`` for an engine
     #: that does not use it (then ``applied.compute`` holds the process-wide settings only).
     placement: Placement | None = None
 
@@ -412,8 +396,6 @@ def _checking_compute(load):
     def checked(cls, model_dir, *args, options=None, **kwargs):
         cls.check_compute(options)
         if options is not None:
-            from mizuoto.runtime.startup import check_startup_options
-
             check_startup_options(options.compute)
         defaults = read_model_defaults(model_dir, cls.params_class)  # a bad file fails first
         engine = load(cls, model_dir, *args, options=options, **kwargs)

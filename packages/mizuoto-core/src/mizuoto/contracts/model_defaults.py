@@ -19,6 +19,8 @@ from types import MappingProxyType
 from typing import Any
 
 from mizuoto.errors import CheckpointMismatch, InvalidRequest
+from mizuoto.runtime.atomic import atomic_path
+from mizuoto.settings_files import parse_settings
 from mizuoto.validation import parse_attrs
 
 DEFAULTS_FILE = "mizuoto-defaults.json"
@@ -32,8 +34,6 @@ def read_model_defaults(model_dir: str | Path, params_class: type | None = None
     path = Path(model_dir) / DEFAULTS_FILE
     if not path.is_file():
         return _NONE
-    from mizuoto.settings_files import parse_settings
-
     try:
         data = parse_settings(path.read_text(encoding="utf-8"), "json", DEFAULTS_FILE)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -53,8 +53,6 @@ def read_model_defaults(model_dir: str | Path, params_class: type | None = None
 
 def write_model_defaults(model_dir: str | Path, params: Mapping[str, Any], why: str) -> Path:
     """Write ``model_dir``'s defaults file (atomically): ``params`` and the reason for them."""
-    from mizuoto.runtime.atomic import atomic_path
-
     path = Path(model_dir) / DEFAULTS_FILE
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps({"params": dict(params), "why": why}, indent=2) + "\n",

@@ -12,11 +12,12 @@ from typing import Any
 import attrs
 
 from mizuoto.contracts.audio import Audio
-from mizuoto.contracts.ranges import check_number, number_in, plain_number, shown
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.seeds import MAX_SEED
+from mizuoto.validation.audio import check_input_audio
+from mizuoto.validation.ranges import check_number, number_in, plain_number, shown
 
-MAX_SEED = 2**32 - 1
 #: Largest sampler step count a request may ask for (engines' defaults are 10 to 32).
 MAX_STEPS = 1000
 #: Largest guidance (classifier-free guidance strength) a request may ask for.
@@ -120,8 +121,6 @@ def _number_field(validator):
 
 def _audio_source(value):
     if isinstance(value, Audio):
-        from mizuoto.nn.dsp.audio_io import check_input_audio
-
         check_input_audio(value.samples, value.sample_rate, "reference.audio")
         return value
     if isinstance(value, Path):

@@ -6,17 +6,15 @@ import abc
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.ranges import integer_in, number_in
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import InvalidOption, InvalidRequest
-
-if TYPE_CHECKING:
-    from mizuoto.options import ComputeOptions
+from mizuoto.options import ComputeOptions, Options
+from mizuoto.validation.ranges import integer_in, number_in
 
 MEMORY_LEVELS = ("default", "low", "lowest")
 #: ``auto``: the trainer's upstream default (`mizuoto.runtime.precision`)
@@ -107,8 +105,6 @@ def training_settings() -> tuple[Setting, ...]:
 
 
 def _compute(value) -> ComputeOptions:
-    from mizuoto.options import ComputeOptions, Options
-
     if isinstance(value, ComputeOptions):
         return value
     if not isinstance(value, Mapping):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mizuoto.errors import InvalidRequest, VoiceMismatch
+from mizuoto.runtime.atomic import save_safetensors
 
 if TYPE_CHECKING:
     import torch
@@ -43,8 +44,6 @@ class Voice:
 
     def save(self, path: str | Path) -> Path:
         """Write the voice as a safetensors file (atomically)."""
-        from mizuoto.runtime.atomic import save_safetensors
-
         header = {
             "format": _FORMAT,
             "engine": self.engine,

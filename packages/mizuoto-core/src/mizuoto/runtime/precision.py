@@ -1,6 +1,7 @@
 """Mixed-precision training: ``training.mixed_precision``, as accelerate applies it.
 
-- `MIXED_PRECISION`: ``auto`` (the trainer's upstream default), ``no``, ``fp16``, ``bf16``.
+- the modes, ``auto`` (the trainer's upstream default), ``no``, ``fp16``, ``bf16``: declared once,
+  as ``mizuoto.contracts.trainer.MIXED_PRECISION`` (the setting's choices).
 - `autocast(device, mode)`: the forward's context, accelerate's
   ``get_mixed_precision_context_manager``: ``torch.autocast(device.type, float16|bfloat16)``,
   or a null context for ``no``.
@@ -18,8 +19,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-
-from mizuoto.contracts.trainer import MIXED_PRECISION  # noqa: F401 - declared once there
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

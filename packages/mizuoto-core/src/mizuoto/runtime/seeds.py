@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import secrets
 
-from mizuoto.contracts.requests import MAX_SEED
+#: Largest seed a request may give (seeds are 32-bit).
+MAX_SEED = 2**32 - 1
 
 
 def resolve_seed(seed: int | None) -> tuple[int, bool]:

@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 import attrs
 
-from mizuoto.contracts.ranges import integer_in, number_in
+from mizuoto.validation.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.serve.batching import MAX_BATCH, batch_stats, options_with_max_batch
 from mizuoto.serve.browser import BrowserPolicy

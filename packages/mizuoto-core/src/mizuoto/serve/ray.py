@@ -39,7 +39,7 @@ from types import MappingProxyType
 
 import attrs
 
-from mizuoto.contracts.ranges import integer_in, number_in
+from mizuoto.validation.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.app import ServeConfig, _loader, create_app
 from mizuoto.serve.batching import MAX_BATCH

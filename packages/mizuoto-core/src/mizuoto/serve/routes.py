@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 from mizuoto.audio_encoding import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.audio_formats import FORMATS
 from mizuoto.contracts.capabilities import Capability
-from mizuoto.contracts.ranges import check_number
+from mizuoto.validation.ranges import check_number
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.contracts.results import AudioChunk
 from mizuoto.serve.errors import (

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import attrs
 
-from mizuoto.contracts.ranges import integer_in
 from mizuoto.serve.app import ServeConfig, _loopback, _State, bind
 from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
 from mizuoto.serve.routes import MAX_INPUT_CHARS
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
+from mizuoto.validation.ranges import integer_in
 from mizuoto.wyoming.info import describe, split_voice, voice_name
 
 log = logging.getLogger("mizuoto.wyoming")

@@ -13,15 +13,10 @@ prompt's trailing patches are not replayed through the streaming decoder.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from mizuoto_voxcpm.audiovae.base import AudioVAEBase
 from mizuoto_voxcpm.audiovae.causal import CausalStreamState
-
-if TYPE_CHECKING:
-    from mizuoto_voxcpm.audiovae.v1 import AudioVAE
-    from mizuoto_voxcpm.audiovae.v2 import AudioVAEV2
 
 __all__ = ["StreamingDecoder"]
 
@@ -33,7 +28,9 @@ class StreamingDecoder:
     the state on entry and exit as upstream does.
     """
 
-    def __init__(self, vae: AudioVAE | AudioVAEV2) -> None:
+    def __init__(self, vae: AudioVAEBase) -> None:
+        # an AudioVAE or AudioVAEV2 (whose ``decode`` takes ``stream``); named by their base, as
+        # AudioVAEV2 imports this module
         self.vae = vae
         self.state = CausalStreamState()
 

@@ -19,38 +19,20 @@ from torch import Tensor
 from mizuoto.audio_encoding import METADATA_KEYS, write_audio  # noqa: F401
 from mizuoto.errors import InvalidAudio
 
+# The checks of input audio live with validation (requests check an Audio reference with them,
+# without importing torch); their names stay importable here.
+from mizuoto.validation.audio import (  # noqa: F401
+    MAX_SAMPLE_RATE,
+    MIN_SAMPLE_RATE,
+    check_input_audio,
+    check_sample_rate,
+)
+
 #: Peak below which :func:`check_not_silent` calls audio silent: about -80 dBFS, i.e. at most
 #: three steps of 16-bit PCM.
 SILENCE_PEAK = 1e-4
 
-#: Sample rates accepted for input audio (a reference, a recording to edit), in Hz.
-MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 768000
-
 _READ_FIX = "pass a WAV, FLAC, OGG or MP3 file"
-
-
-def check_sample_rate(sample_rate: int, field: str, name: str = "the audio") -> None:
-    """Raise :class:`InvalidAudio` for ``field`` unless ``sample_rate`` is within
-    [:data:`MIN_SAMPLE_RATE`, :data:`MAX_SAMPLE_RATE`] Hz."""
-    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
-        raise InvalidAudio(field, f"{name} has a sample rate of {sample_rate} Hz",
-                           f"use a rate in [{MIN_SAMPLE_RATE}, {MAX_SAMPLE_RATE}] Hz")
-
-
-def check_input_audio(samples: Tensor | np.ndarray, sample_rate: int, field: str,
-                      name: str = "the audio") -> None:
-    """Raise :class:`InvalidAudio` for ``field`` unless the rate is within
-    [:data:`MIN_SAMPLE_RATE`, :data:`MAX_SAMPLE_RATE`], there are samples and every one is
-    finite."""
-    check_sample_rate(sample_rate, field, name)
-    count = samples.numel() if isinstance(samples, Tensor) else np.asarray(samples).size
-    if count == 0:
-        raise InvalidAudio(field, f"{name} has no samples", "pass audio with speech in it")
-    finite = torch.isfinite(samples).all() if isinstance(samples, Tensor) \
-        else np.isfinite(samples).all()
-    if not finite:
-        raise InvalidAudio(field, f"{name} holds NaN or infinite samples",
-                           "pass a recording with finite samples")
 
 
 def read_audio(path: str | Path, *, field: str = "audio") -> tuple[Tensor, int]:

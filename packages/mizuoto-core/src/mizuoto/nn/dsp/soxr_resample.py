@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from mizuoto.errors import InvalidAudio
-from mizuoto.nn.dsp.audio_io import check_input_audio
+from mizuoto.validation.audio import check_input_audio
 
 
 def resample_soxr(

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from mizuoto.contracts.engine import Engine
-    from mizuoto.contracts.requests import SynthesisRequest
+from mizuoto.contracts.audio import Audio
+from mizuoto.contracts.engine import Engine
+from mizuoto.contracts.requests import SynthesisRequest
 
 _BLOCK = 1 << 20
 
@@ -29,8 +29,6 @@ def file_digest(path: str | Path) -> str:
 
 
 def _audio_digest(audio) -> str:
-    from mizuoto.contracts.audio import Audio
-
     if isinstance(audio, Audio):
         digest = hashlib.sha256(f"{audio.sample_rate}:".encode())
         digest.update(audio.numpy().tobytes())

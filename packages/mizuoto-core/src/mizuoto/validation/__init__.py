@@ -1,7 +1,8 @@
 """Parsing attrs settings classes from user mappings, with errors that name the field.
 
-A leaf module (it imports only :mod:`mizuoto.errors`): request params, engine options and
-trainer settings are all parsed here, so that contracts, options and plugins can use it without
+The layer above :mod:`mizuoto.errors` (it imports nothing else of Mizuoto): request params,
+engine options and trainer settings are all parsed here, and every number is checked by
+:mod:`mizuoto.validation.ranges`, so that contracts, options and plugins can use them without
 importing one another.
 """
 

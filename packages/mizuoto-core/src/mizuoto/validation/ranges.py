@@ -1,0 +1,89 @@
+"""Validators for every number a caller can pass: an integer or a finite number in a range.
+
+Requests, engine params, options and training configs use these as attrs validators, so a
+value out of range (or NaN, infinite, a bool, a string) raises the given error naming the field
+and the allowed range before any model runs. ``None`` is accepted only with ``optional=True``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+from mizuoto.errors import InvalidRequest
+
+
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (a huge int has no
+    decimal repr past 4300 digits, a 1 MB string should not fill the terminal)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def plain_number(value):
+    """An attrs converter: a NumPy (or other registered) integer as ``int`` and real number as
+    ``float``, so ``seed=np.int64(3)`` from ``np.arange`` means 3; anything else, bools (NumPy's
+    too) and strings included, is left for the validator to refuse."""
+    if value is None or type(value) in (bool, int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def _interval(low: float, high: float, *, low_open: bool = False) -> str:
+    return f"{'(' if low_open else '['}{low:g}, {high:g}]"
+
+
+def integer_in(field: str | None, low: int, high: int, *, optional: bool = False,
+               error: type[Exception] = InvalidRequest) -> Callable:
+    """An attrs validator: an ``int`` (not a bool) in ``[low, high]``.
+
+    ``field`` names the value in the error; ``None`` uses the attribute's name."""
+
+    def check(instance, attribute, value):
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            name = field or attribute.name
+            raise error(name, f"must be an integer in [{low}, {high}], got {shown(value)}")
+
+    return check
+
+
+def number_in(field: str | None, low: float, high: float, *, low_open: bool = False,
+              optional: bool = False, error: type[Exception] = InvalidRequest) -> Callable:
+    """An attrs validator: a finite ``int`` or ``float`` (not a bool) in ``[low, high]``, or
+    ``(low, high]`` with ``low_open``. ``field`` names the value; ``None`` uses the attribute's
+    name."""
+
+    def check(instance, attribute, value):
+        if value is None and optional:
+            return
+        name = field or attribute.name
+        check_number(name, value, low, high, low_open=low_open, error=error)
+
+    return check
+
+
+def check_number(field: str, value, low: float, high: float, *, low_open: bool = False,
+                 error: type[Exception] = InvalidRequest) -> None:
+    """Raise ``error(field, ...)`` unless ``value`` is a finite number in the range."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            ok = False
+        else:
+            ok = math.isfinite(number) and (low < number if low_open else low <= number) \
+                and number <= high
+    if not ok:
+        raise error(field, f"must be a finite number in {_interval(low, high, low_open=low_open)}"
+                    f", got {shown(value)}")
