@@ -29,6 +29,7 @@ from mizuoto import (
     Voice,
 )
 from mizuoto.contracts.api import deprecated
+from mizuoto.contracts.engine import NO_OP_COMPUTE
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import (
     InvalidAudio,
@@ -259,13 +260,20 @@ _NON_DEFAULT_COMPUTE = {"compile": True, "oom_fallback": False, "cpu_threads": 1
 
 def test_unimplemented_compute_options_are_refused(contract_model: ContractModel) -> None:
     """An option the engine does not implement is never silently ignored: set to a non-default
-    value it is refused at load, naming the option and the engine."""
+    value it is refused at load, naming the option and the engine; a value that means doing
+    nothing (``compute.prepack=off``) is accepted and reported."""
     engine_cls = type(contract_model.engine)
     assert set(_NON_DEFAULT_COMPUTE) == {f.name for f in attrs.fields(ComputeOptions)}
     for name, value in _NON_DEFAULT_COMPUTE.items():
         if name in engine_cls.compute_options:
             continue
         options = Options.from_mapping({"compute": {"device": "cpu", name: value}})
+        if NO_OP_COMPUTE.get(name) == value:  # accepted by every engine, and reported
+            engine_cls.check_compute(options)
+            assert name in contract_model.engine.compute_in_effect(), (
+                f"applied.compute must report compute.{name}: build it with the base "
+                "class's Engine.compute_in_effect()")
+            continue
         with pytest.raises(InvalidOption) as caught:
             mizuoto.load(contract_model.directory, engine=engine_cls.name, options=options)
         assert caught.value.key == f"compute.{name}" and engine_cls.name in str(caught.value)

@@ -4,6 +4,7 @@ run each: no timing is asserted), its schedule and summary, and its argument err
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,13 @@ def test_bench_measures_each_configuration_in_its_own_process(toy):
     assert entries["breathy"]["identical_to_base"] is False
     assert entries["base"]["ratio_to_base"]["request_s"] == 1.0
     assert entries["base"]["identical_to_upstream"] is None
+    # side by side with the base, from the audio each child saved (no timing asserted)
+    assert entries["base"]["against_base"] is None
+    assert entries["same"]["against_base"]["identical"] is True
+    breathy = entries["breathy"]["against_base"]
+    assert breathy["identical"] is False and breathy["speedup"] > 0
+    assert math.isfinite(breathy["waveform_snr_db"]) and math.isfinite(breathy["mel_snr_db"])
+    assert breathy["stop"]["unit"] == "samples" and breathy["stop"]["moved"] is False
 
 
 def test_an_option_the_engine_refuses_fails_naming_the_configuration(toy):

@@ -24,6 +24,14 @@ def test_unimplemented_compute_option_is_refused_naming_option_and_engine():
     assert "compute.cpu_threads" in str(caught.value)  # what it does implement
 
 
+def test_prepack_off_is_a_no_op_every_engine_accepts():
+    """One settings file for all engines: compute.prepack=off is what an engine that packs no
+    weights already runs, so it is accepted (auto, the default, too) and reported."""
+    assert "prepack" not in FakeEngine.compute_options
+    FakeEngine.check_compute(Options.from_mapping({"compute.prepack": "off"}))
+    assert FakeEngine("m", None).compute_in_effect()["prepack"] == {"mode": "off"}
+
+
 class _Racy(FakeEngine):
     """Per-request state on the instance: without the lock, a second thread overwrites it."""
 
@@ -214,7 +222,7 @@ def test_the_base_class_builds_applied_and_refuses_what_the_engine_lacks():
     result = engine.synthesize(SynthesisRequest("hi\x07", steps=4))
     applied = result.applied
     assert (applied.engine, applied.model, applied.seed_drawn) == ("humming", "m", True)
-    assert applied.compute == compute_in_effect()
+    assert applied.compute == compute_in_effect(prepack={"mode": "off"})  # packs nothing
     assert any("control" in w for w in applied.warnings)  # the request's notice
     with pytest.raises(InvalidRequest) as caught:
         engine.synthesize(SynthesisRequest("hi", guidance=2.0))
@@ -230,7 +238,7 @@ def test_an_api_1_0_result_gets_compute_filled_in():
     from mizuoto.runtime.in_effect import compute_in_effect
 
     result = FakeEngine("m", None).synthesize(SynthesisRequest("hi"))
-    assert result.applied.compute == compute_in_effect()
+    assert result.applied.compute == compute_in_effect(prepack={"mode": "off"})
 
 
 @pytest.mark.parametrize(("value", "error"), [(float("inf"), "OverflowError"),

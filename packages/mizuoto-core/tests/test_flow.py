@@ -64,6 +64,18 @@ class TestOdeintFixed:
         assert torch.equal(full[0], y0)
         assert torch.equal(last, full[-1])
 
+    @pytest.mark.parametrize("method", ["euler", "midpoint"])
+    def test_the_start_is_never_written_and_steps_reuse_their_buffers(self, method):
+        y0 = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+        start = y0.clone()
+        t = torch.linspace(0, 1, 6)
+        states = []
+        last = odeint_fixed(_linear_field, y0, t, method, keep_trajectory=False,
+                            on_step=lambda j, t1, y1: states.append(y1.data_ptr()))
+        assert torch.equal(y0, start)
+        assert len(set(states)) == 1 and states[0] == last.data_ptr() != y0.data_ptr()
+        assert torch.equal(last, odeint_fixed(_linear_field, y0, t, method)[-1])
+
     def test_on_step_reports_each_step(self):
         seen = []
         t = torch.linspace(0, 1, 4)

@@ -55,3 +55,13 @@ def test_unknown_profile_is_named(model_dir):
     options = mizuoto.Options.from_mapping({**CPU, "engines.f5tts.fast": "turbo"})
     with pytest.raises(InvalidOption, match="engines.f5tts.fast"):
         F5Engine.load(model_dir, options=options)
+
+
+def test_prepack_off_from_a_shared_settings_file_is_accepted(model_dir, engine):
+    """A settings file written for VoxCPM (compute.prepack=off) loads F5, which packs no
+    weights: the same audio, and applied.compute says nothing was packed."""
+    options = mizuoto.Options.from_mapping({**CPU, "compute.prepack": "off"})
+    result = _say(F5Engine.load(model_dir, options=options))
+    assert result.applied.compute["prepack"] == {"mode": "off"}
+    assert _say(engine).applied.compute["prepack"] == {"mode": "off"}  # auto packs nothing
+    assert torch.equal(result.audio.samples, _say(engine).audio.samples)

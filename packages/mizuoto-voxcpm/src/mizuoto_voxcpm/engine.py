@@ -35,7 +35,7 @@ from mizuoto.errors import (
 )
 from mizuoto.options import Options
 from mizuoto.runtime.device import dtype_name, preferred_device
-from mizuoto.runtime.prepack import prepack_linears, prepack_report
+from mizuoto.runtime.prepack import has_packable_layers, prepack_linears, prepack_report
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
@@ -58,6 +58,7 @@ from mizuoto_voxcpm.long_text import pack_chunks
 from mizuoto_voxcpm.lora import WEIGHTS_FILE as LORA_WEIGHTS
 from mizuoto_voxcpm.lora import AttachedLoRA, attach_lora, remove_lora
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
+from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
 from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
 from mizuoto_voxcpm.settings import DEFAULT_CACHE_SLOTS, VoxCPMOptions, VoxCPMParams
@@ -206,6 +207,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
         compiled = [model.feat_decoder.estimator] if options.compute.compile else []
         prepack_linears(model.component_groups(), options.compute.prepack, skip=compiled)
+        if has_packable_layers(model.component_groups()):
+            rehearse_patch(model)  # the decode's proofs now, not in the first request
         placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(

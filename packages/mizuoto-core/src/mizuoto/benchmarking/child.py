@@ -24,7 +24,7 @@ from mizuoto.benchmarking.spec import RunSpec
 FIELDS = ("side", "import_s", "load_s", "load_cpu_s", "request_s", "request_cpu_s",
           "warm_request_s", "first_audio_s", "audio_s", "rtf", "sample_rate", "samples",
           "chunks", "audio_sha256", "same_audio_every_request", "peak_rss_mb", "peak_gpu_mb",
-          "threads", "device", "dtype", "compute", "upstream_version", "profile")
+          "threads", "device", "dtype", "compute", "upstream_version", "profile", "patches")
 
 
 class _Side:
@@ -62,9 +62,11 @@ def _load_mizuoto(spec: RunSpec, options, imported: Callable[[], None]) -> _Side
 
     def describe() -> dict[str, Any]:
         applied = last.get("applied")
+        # patches: where the engine reports how many it generated (VoxCPM), where speech ended
         return {"device": tts.info.device, "dtype": tts.info.dtype,
                 "compute": dict(applied.compute) if applied is not None else {},
-                "upstream_version": None}
+                "upstream_version": None,
+                "patches": applied.extra.get("patches") if applied is not None else None}
 
     return _Side(tts.info.sample_rate, synthesize, stream, describe,
                  getattr(tts, "profile_components", None))
@@ -85,7 +87,8 @@ def _load_upstream(spec: RunSpec, options, imported: Callable[[], None]) -> _Sid
     version = importlib.metadata.version(baseline.distribution)
 
     def describe() -> dict[str, Any]:
-        return {"device": device, "dtype": None, "compute": {}, "upstream_version": version}
+        return {"device": device, "dtype": None, "compute": {}, "upstream_version": version,
+                "patches": None}
 
     return _Side(driver.sample_rate, driver.synthesize, driver.stream, describe)
 
@@ -106,7 +109,7 @@ def _request(side: _Side, request, stream: bool) -> dict[str, Any]:
             "first_audio_s": first if stream else None, "samples": int(audio.size),
             "chunks": [int(p.size) for p in pieces] if stream else None,
             "audio_sha256": hashlib.sha256(np.ascontiguousarray(audio, "<f4").tobytes())
-            .hexdigest()}
+            .hexdigest(), "audio": audio}
 
 
 def _peak_rss_mb() -> float:
@@ -144,6 +147,8 @@ def measure(spec: RunSpec, options) -> dict[str, Any]:
     request = spec.request()
     requests = [_request(side, request, spec.stream) for _ in range(spec.requests)]
     first = requests[0]
+    if spec.audio_path is not None:  # for the side-by-side SNR columns (quality.py)
+        _save_audio(first["audio"], Path(spec.audio_path))
     torch = sys.modules["torch"]
     audio_s = first["samples"] / side.sample_rate
     return {
@@ -162,6 +167,15 @@ def measure(spec: RunSpec, options) -> dict[str, Any]:
         # after the peak memory is read: the bandwidth probe's buffers are not the model's
         "profile": _profile(side, request, spec) if spec.profile else None,
     }
+
+
+def _save_audio(audio, path: Path) -> None:
+    import numpy as np
+
+    from mizuoto.runtime.atomic import atomic_path
+
+    with atomic_path(path) as partial, open(partial, "wb") as handle:
+        np.save(handle, np.ascontiguousarray(audio, np.float32))
 
 
 def _profile(side: _Side, request, spec: RunSpec) -> dict[str, Any] | None:

@@ -1,5 +1,6 @@
 """The ``mizuoto bench`` command, and ``mizuoto bench-run`` (hidden): one measurement, run by
-``mizuoto bench`` in a child process. Imports no torch: the children do."""
+``mizuoto bench`` in a child process. Imports no torch while measuring (the children do; the
+mel SNR of the side-by-side columns imports it after the last child)."""
 
 from __future__ import annotations
 
@@ -92,11 +93,16 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
         _write_random(fixture, model_dir)
         request_params = {**fixture.request_params, **request_params}
         steps = steps if steps is not None else fixture.steps
+    import tempfile
+
+    scratch = tempfile.TemporaryDirectory(prefix="mizuoto-bench-")  # each side's audio
+    audio = {c.name: Path(scratch.name) / f"{c.name}.npy" for c in configurations}
     plan = [(c, RunSpec(side=c.side, model=model_arg, model_dir=str(model_dir), engine=engine,
                         text=text, seed=seed, option_pairs=(*c.option_pairs, *threads_pair),
                         options_file=options_file, ref_audio=ref_audio, ref_text=ref_text,
                         steps=steps, guidance=guidance, params=request_params, stream=stream,
-                        requests=requests, threads=threads, profile=profile))
+                        requests=requests, threads=threads, profile=profile,
+                        audio_path=str(audio[c.name])))
             for c in configurations]
     before = os.getloadavg()
 
@@ -106,7 +112,10 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
                        f"{measurement['request_s']:.2f} s, load {measurement['load_s']:.2f} s, "
                        f"peak RSS {measurement['peak_rss_mb']:.0f} MB", err=True)
 
-    measured = run_all(plan, runs, child_environment(threads), on_measured=progress)
+    with scratch:
+        measured = run_all(plan, runs, child_environment(threads), on_measured=progress)
+        entries = summarize(configurations, measured, audio if len(configurations) > 1
+                            else None)
     header = {"model": model, "model_dir": str(model_dir), "engine": engine, "text": text,
               "seed": seed, "steps": steps, "guidance": guidance, "params": request_params,
               "reference": ref_audio, "stream": stream, "runs": runs, "requests": requests,
@@ -114,7 +123,6 @@ def bench(ctx, model, engine, text, ref_audio, ref_text, seed, steps, guidance, 
               "load_average": {"before": list(before), "after": list(os.getloadavg())},
               "cpus": os.cpu_count(), "python": platform.python_version(),
               "platform": platform.platform()}
-    entries = summarize(configurations, measured)
     if as_json:
         click.echo(json.dumps({**header, "configurations": entries}, indent=2))
     else:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from mizuoto.benchmarking.quality import against_base, format_db, format_stop
 from mizuoto.benchmarking.runner import BASE, UPSTREAM, Configuration
 
 #: Summarized per configuration (min, median, max over the runs).
@@ -40,8 +42,12 @@ def _ratios(summary: Mapping[str, Any], against: Mapping[str, Any]) -> dict[str,
 
 
 def summarize(configurations: Sequence[Configuration],
-              measured: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """One entry per configuration: its options, runs, summary, ratios and audio identity."""
+              measured: Mapping[str, Sequence[Mapping[str, Any]]],
+              audio: Mapping[str, Path] | None = None) -> list[dict[str, Any]]:
+    """One entry per configuration: its options, runs, summary, ratios and audio identity;
+    with ``audio`` (each configuration's saved samples, from its last run) every other
+    configuration's ``against_base`` too (:func:`~mizuoto.benchmarking.quality.against_base`:
+    speed-up, waveform and mel SNR, whether the stop moved)."""
     summaries = {c.name: {m: spread([r.get(m) for r in measured[c.name]]) for m in METRICS}
                  for c in configurations}
     outputs = {c.name: _audio(measured[c.name]) for c in configurations}
@@ -65,8 +71,20 @@ def summarize(configurations: Sequence[Configuration],
             "ratio_to_upstream": _ratios(summaries[name], summaries[UPSTREAM])
             if UPSTREAM in summaries else None,
             "identical_to_upstream": same(name, UPSTREAM),
+            "against_base": _against_base(name, measured, audio, summaries),
         })
     return entries
+
+
+def _against_base(name: str, measured: Mapping[str, Sequence[Mapping[str, Any]]],
+                  audio: Mapping[str, Path] | None, summaries: Mapping[str, Any]
+                  ) -> dict[str, Any] | None:
+    if name == BASE or not audio or name not in audio or BASE not in audio:
+        return None
+    base, this = summaries[BASE]["request_s"], summaries[name]["request_s"]
+    speedup = base["median"] / this["median"] if base and this and this["median"] else None
+    return against_base(measured[BASE][-1], measured[name][-1], audio[BASE], audio[name],
+                        speedup)
 
 
 def _cell(summary: Mapping[str, Any], metric: str, digits: int = 2) -> str:
@@ -94,6 +112,8 @@ def table(header: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> st
     notes = [_audio_note(entry) for entry in entries]
     columns += ["x base"] + (["x upstream"] if upstream else [])
     columns += ["audio"] if any(notes) else []  # a column of dashes says nothing
+    sides = any(e.get("against_base") for e in entries)
+    columns += ["speed-up", "wave SNR dB", "mel SNR dB", "stop"] if sides else []
     rows = []
     for entry in entries:
         summary = entry["summary"]
@@ -105,6 +125,7 @@ def table(header: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> st
         row += [_ratio(entry["ratio_to_base"]["request_s"])]
         row += [_ratio(entry["ratio_to_upstream"]["request_s"])] if upstream else []
         row += [notes[len(rows)] or "-"] if any(notes) else []
+        row += _side_by_side(entry.get("against_base")) if sides else []
         rows.append(row)
     widths = [max(len(str(r[i])) for r in [columns, *rows]) for i in range(len(columns))]
     lines = [_title(header), ""]
@@ -113,7 +134,21 @@ def table(header: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> st
         lines.append("  ".join(cells).rstrip())
     lines += ["", "medians over the runs (min-max); x base / x upstream: ratio of the median "
               "request times; RTF: request seconds per second of audio"]
+    if sides:
+        lines += ["speed-up: the base's median request time over this one's; SNRs of the "
+                  "waveform and the magnitude mel against the base's audio (last runs), "
+                  "over their common length; stop: where speech ended against the base"]
     return "\n".join(lines)
+
+
+def _side_by_side(compared: Mapping[str, Any] | None) -> list[str]:
+    if not compared:
+        return ["-"] * 4
+    speedup = compared["speedup"]
+    return ["-" if speedup is None else f"{speedup:.2f}x",
+            format_db(compared["waveform_snr_db"], compared["identical"]),
+            format_db(compared["mel_snr_db"], compared["identical"]),
+            format_stop(compared["stop"])]
 
 
 def _audio_note(entry: Mapping[str, Any]) -> str:

@@ -44,6 +44,9 @@ class RunSpec:
     threads: int | None = None
     #: one more request, timed component by component (``mizuoto bench --profile``)
     profile: bool = False
+    #: where the child saves its first request's samples (``.npy``, float32), for the SNR
+    #: columns of ``mizuoto bench`` (:mod:`mizuoto.benchmarking.quality`)
+    audio_path: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(attrs.asdict(self, value_serializer=_serialize))

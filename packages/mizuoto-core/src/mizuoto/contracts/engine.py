@@ -44,6 +44,13 @@ from mizuoto.validation import parse_attrs
 if TYPE_CHECKING:  # it imports torch, which ``import mizuoto`` does not
     from mizuoto.contracts.placement import Placement
 
+#: ``compute.*`` values every engine honours by doing nothing, so that one settings file can
+#: serve all engines: ``prepack=off`` is what an engine that packs no weights already runs. An
+#: engine that does not implement the option accepts them and reports them in
+#: ``applied.compute`` (``prepack: {"mode": "off"}``, as an engine that packs reports off).
+NO_OP_COMPUTE: Mapping[str, Any] = {"prepack": "off"}
+_NO_OP_REPORTED: Mapping[str, Any] = {"prepack": {"mode": "off"}}
+
 
 @attrs.frozen
 class Call:
@@ -130,7 +137,8 @@ class Engine(abc.ABC):
     @classmethod
     def check_compute(cls, options: Options | None) -> None:
         """Raise :class:`InvalidOption` naming the option and the engine for a ``compute.*``
-        option this engine does not implement, set to a non-default value, and for a
+        option this engine does not implement, set to a non-default value (other than the
+        no-op values of :data:`NO_OP_COMPUTE`), and for a
         ``compute.device`` / ``compute.dtype`` outside :attr:`devices` / :attr:`dtypes`.
 
         Every subclass's ``load`` runs it first (the base class wraps ``load``), so neither
@@ -152,8 +160,8 @@ class Engine(abc.ABC):
         for field in attrs.fields(compute_class):
             if field.name in cls.compute_options:
                 continue
-            default = getattr(defaults, field.name)
-            if getattr(options.compute, field.name) != default:
+            value, default = getattr(options.compute, field.name), getattr(defaults, field.name)
+            if value != default and (field.name, value) not in NO_OP_COMPUTE.items():
                 implemented = ", ".join(f"compute.{n}" for n in sorted(cls.compute_options))
                 raise InvalidOption(
                     f"compute.{field.name}",
@@ -293,6 +301,9 @@ class Engine(abc.ABC):
         """``applied.compute``: the process-wide CPU settings now, and what ``placement``
         applied (``compile``, ``oom_fallback``, an engine's own ``attention``...)."""
         settings = dict(self.placement.in_effect) if self.placement is not None else {}
+        for name, report in _NO_OP_REPORTED.items():
+            if name not in type(self).compute_options:
+                settings.setdefault(name, report)
         return compute_in_effect(**settings)
 
     def sampler_defaults(self) -> dict[str, int | float]:

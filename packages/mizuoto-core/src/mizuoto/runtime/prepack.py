@@ -22,6 +22,7 @@ yet proven) runs ``F.linear``. :func:`prepack_report` says, per module group, wh
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -196,6 +197,27 @@ def prepack_linears(modules: Groups, mode: str = "auto",
             if type(module) is nn.Linear and id(module) not in skipped:
                 module.__class__ = PrepackedLinear
                 module._init_prepack()
+
+
+def has_packable_layers(modules: Groups) -> bool:
+    """Whether any layer under ``modules`` is a :class:`PrepackedLinear` on the CPU in a dtype
+    that some packed kernel runs on this CPU at all (one tiny trial per dtype and process):
+    where none is, a run made only to prove the layers (an engine's load) would be wasted."""
+    roots = [root for group in modules.values() for root in group]
+    return any(isinstance(module, PrepackedLinear) and module.weight.device.type == "cpu"
+               and _kernel_runs(module.weight.dtype) for module in _linears(roots))
+
+
+@functools.cache
+def _kernel_runs(dtype: torch.dtype) -> bool:
+    weight, x = torch.ones(8, 8, dtype=dtype), torch.ones(4, 8, dtype=dtype)
+    for kernel, (pack, run, _) in KERNELS.items():
+        try:
+            run(x, pack(weight, 4), weight, None, 4)
+            return True
+        except (RuntimeError, NotImplementedError) as exc:
+            log.debug("prepack %s does not run in %s here: %s", kernel, dtype, exc)
+    return False
 
 
 def prepack_report(modules: Groups, mode: str = "auto") -> dict[str, Any]:

@@ -22,7 +22,6 @@ from types import MappingProxyType
 
 import attrs
 
-from mizuoto.validation.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.serve.batching import MAX_BATCH, batch_stats, options_with_max_batch
 from mizuoto.serve.browser import BrowserPolicy
@@ -38,6 +37,7 @@ from mizuoto.serve.metrics import Metrics
 from mizuoto.serve.pool import ModelPool
 from mizuoto.serve.voices import DEFAULT_MAX_VOICES, DEFAULT_MAX_VOICES_BYTES, VoiceStore
 from mizuoto.serve.worker import ModelWorker
+from mizuoto.validation.ranges import integer_in, number_in
 
 log = logging.getLogger("mizuoto.serve")
 

@@ -39,13 +39,13 @@ from types import MappingProxyType
 
 import attrs
 
-from mizuoto.validation.ranges import integer_in, number_in
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.app import ServeConfig, _loader, create_app
 from mizuoto.serve.batching import MAX_BATCH
 from mizuoto.serve.errors import unavailable
 from mizuoto.serve.jobs import DONE, Job
 from mizuoto.serve.worker import ModelWorker
+from mizuoto.validation.ranges import integer_in, number_in
 
 log = logging.getLogger("mizuoto.serve")
 

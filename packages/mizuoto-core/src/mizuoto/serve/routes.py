@@ -24,7 +24,6 @@ from pydantic_core import PydanticCustomError
 from mizuoto.audio_encoding import MEDIA_TYPES, PCM_RATE, StreamEncoder
 from mizuoto.audio_formats import FORMATS
 from mizuoto.contracts.capabilities import Capability
-from mizuoto.validation.ranges import check_number
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.contracts.results import AudioChunk
 from mizuoto.serve.errors import (
@@ -40,6 +39,7 @@ from mizuoto.serve.json_body import parse_json
 from mizuoto.serve.pool import pin_for_request
 from mizuoto.serve.uploads import ClipLimits, read_clip
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
+from mizuoto.validation.ranges import check_number
 
 #: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
 MAX_INPUT_CHARS = 4096

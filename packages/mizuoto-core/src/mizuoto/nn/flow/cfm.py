@@ -174,7 +174,11 @@ class ConditionalFlowMatching(nn.Module):
                 x=x, cond=step_cond, text=text, time=t, mask=mask, cfg_infer=True, cache=True
             )
             pred, null_pred = torch.chunk(both, 2, dim=0)
-            return pred + (pred - null_pred) * cfg_strength
+            # pred + (pred - null_pred) * cfg_strength, written into null_pred's half of the
+            # backbone's output (nothing else reads it): one tensor fewer per step, no new
+            # one; the same operations on the same values (x + y == y + x in IEEE arithmetic)
+            guided = torch.sub(pred, null_pred, out=null_pred)
+            return guided.mul_(cfg_strength).add_(pred)
 
         y0 = self._noise(duration, step_cond.dtype, seed, generator)
         t = time_grid(steps, use_epss=use_epss, sway_sampling_coef=sway_sampling_coef,

@@ -1,0 +1,59 @@
+"""compute.prepack proves its packed kernels while the model loads (one rehearsed patch), not
+in the first request: a request of one stream at the load's thread count proves nothing, gives
+the bits of compute.prepack=off, and finds the model's cache slot as the load left it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mizuoto
+from mizuoto.runtime.prepack import PrepackedLinear, has_packable_layers
+from mizuoto_voxcpm.engine import VoxCPMEngine
+from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
+
+# longer than prepack.MAX_ROWS tokens: the prefill runs plain layers and proves nothing
+TEXT = "Hello world, this is a slightly longer test sentence."
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("voxcpm-prepack-load")
+    return with_dtype(write_random_model(root / "v05", "voxcpm-0.5b", seed=3), root / "fp32",
+                      "float32")
+
+
+def _load(model_dir, mode):
+    return VoxCPMEngine.load(model_dir, options=mizuoto.Options.from_mapping(
+        {"compute.device": "cpu", "compute.prepack": mode}))
+
+
+def _say(engine):
+    return engine.synthesize(mizuoto.SynthesisRequest(text=TEXT, seed=1, params={"max_len": 4}))
+
+
+def test_the_decode_is_proven_at_load(model_dir, monkeypatch):
+    engine = _load(model_dir, "auto")
+    groups = engine.model.component_groups()
+    assert has_packable_layers(groups), "float32 MKL packing runs on every x86 CPU torch has"
+    tried = [m for g in groups.values() for root in g for m in root.modules()
+             if isinstance(m, PrepackedLinear) and (m._rows_ok or m._rows_tried)]
+    assert len(tried) > 20  # the LMs', encoder's, DiT's and stop head's layers
+    slot = engine.model.caches
+    assert (slot.lm.length, int(slot.lm.position), slot.residual.length) == (0, 0, 0)
+    proofs = []
+    original = PrepackedLinear._try
+    monkeypatch.setattr(PrepackedLinear, "_try",
+                        lambda self, key, x: proofs.append(key) or original(self, key, x))
+    packed = _say(engine)
+    assert proofs == [], "a request proved kernels the load should have"
+    assert torch.equal(packed.audio.samples, _say(_load(model_dir, "off")).audio.samples)
+
+
+def test_nothing_is_rehearsed_without_packable_layers(model_dir, monkeypatch):
+    calls = []
+    monkeypatch.setattr("mizuoto_voxcpm.engine.rehearse_patch", calls.append)
+    _load(model_dir, "off")
+    assert calls == []
+    _load(model_dir, "auto")
+    assert len(calls) == 1
