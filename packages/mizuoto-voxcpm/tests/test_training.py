@@ -88,7 +88,8 @@ def test_a_warmup_longer_than_the_run_is_warned_of_in_core_s_words(workspace, ca
     with caplog.at_level("WARNING", logger="mizuoto.training.steps"):
         VoxCPMTrainer().prepare(_config(root, model, "warm", steps=4,
                                         params={"warmup_steps": 100}))
-    assert any("warmup_steps 100 exceeds the 4 updates this run makes (--steps 4)" in m
+    # upstream's warmup_steps is the shared warmup_updates: F5's words
+    assert any("warmup_updates 100 exceeds the 4 updates this run makes (--steps 4)" in m
                for m in caplog.messages)
 
 
@@ -143,7 +144,8 @@ def test_chosen_lora_targets_reach_the_export_and_inference(workspace):
     schedule's length travels in the checkpoint."""
     from mizuoto_voxcpm.lora import LoRALinear
     from mizuoto_voxcpm.training import loop
-    from mizuoto_voxcpm.training.session import CHECKPOINTS, Session
+    from mizuoto_voxcpm.training.loop import CHECKPOINTS
+    from mizuoto_voxcpm.training.session import Session
 
     root, model = workspace
     params = {"warmup_steps": 1, "max_steps": 9, "lora_enable_proj": True,
@@ -158,7 +160,7 @@ def test_chosen_lora_targets_reach_the_export_and_inference(workspace):
     def wrapped(module):
         return sorted(n for n, m in module.named_modules() if isinstance(m, LoRALinear))
 
-    trained = wrapped(Session.open(run).model)
+    trained = wrapped(Session(run).model)
     assert trained and all(n.endswith(("up_proj", "estimator.in_proj", "stop_proj"))
                            for n in trained)
     assert wrapped(VoxCPMEngine.load(exported).model) == trained
@@ -335,19 +337,21 @@ import hashlib, json, os, sys, torch
 torch.set_num_threads(1)
 from mizuoto.contracts import TrainingConfig
 from mizuoto_voxcpm.training import VoxCPMTrainer
-from mizuoto_voxcpm.training.session import Session
+class Keeping(VoxCPMTrainer):
+    def start(self, run, world):
+        self.session = super().start(run, world)
+        return self.session
 config = TrainingConfig(**json.loads(sys.argv[1]))
-trainer = VoxCPMTrainer()
+trainer = Keeping()
 run = trainer.prepare(config)
-session = Session.open(run)
-session.run_loop()
+trainer.train(run)
 digest = hashlib.sha256()
-for name, p in session.model.named_parameters():
+for name, p in trainer.session.model.named_parameters():
     if p.requires_grad:
         digest.update(p.detach().numpy().tobytes())
 rank = os.environ["RANK"]
 (config.output_dir / f"rank{rank}.sha256").write_text(digest.hexdigest())
-session.export(config.output_dir / "export")
+trainer.export(run, config.output_dir / "export")
 """
 
 
@@ -360,7 +364,7 @@ def test_torchrun_two_processes_on_gloo(workspace):
     hashes = {(out / f"rank{r}.sha256").read_text() for r in (0, 1)}
     assert len(hashes) == 1
     rows = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
+    assert [json.loads(r)["step"] for r in rows] == [1, 2, 3]  # updates made, as F5
     assert json.loads(rows[1])["epoch"] == 1 * 2 * 1 * 2 / 4
     assert (out / "export" / "lora_weights.safetensors").is_file()
 
@@ -480,7 +484,7 @@ def test_validation_is_logged_and_a_resumed_run_replays_it(workspace):
     trainer = VoxCPMTrainer()
     result = trainer.train(trainer.prepare(whole))
     rows = [json.loads(x) for x in (whole.output_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "val/loss/total" in r] == [0, 2, 4]
+    assert [r["step"] for r in rows if "val/loss/total" in r] == [1, 3, 5]  # after updates
     assert result.metrics["val/loss/total"] == rows[-1]["val/loss/total"]
 
     stopped = _config(root, model, "validated-stopped", **fields)
@@ -507,7 +511,7 @@ def _numbered(folder: Path) -> list[str]:
 
 
 def test_numbered_checkpoints_rotate_across_a_resume(workspace):
-    """keep 2 of one every step; stopped after step 4 (latest at 3) and resumed with one every
+    """keep 2 of one every step; stopped after step 4 (latest at 4) and resumed with one every
     5 steps: the rotation counts the first run's folders (by step number)."""
     root, model = workspace
     params = {"warmup_steps": 1, "preview": False, "keep_last_n_checkpoints": 2,
@@ -526,7 +530,8 @@ def test_numbered_checkpoints_rotate_across_a_resume(workspace):
     resumed = _config(root, model, "numbered", save_every=3,
                       params={**params, "checkpoint_every": 5})
     run = trainer.prepare(resumed)
-    assert trainer.train(run).resumed_from == 3
+    # a numbered checkpoint is the resumable one's state: latest was saved with step_4
+    assert trainer.train(run).resumed_from == 4
     assert _numbered(folder) == ["step_0000004", "step_0000005"]
     five = folder / "step_0000005"
     base = [p.name for p in model.iterdir() if p.name in
@@ -565,17 +570,18 @@ def test_numbered_lora_checkpoints_default_to_save_every_and_keep_all(workspace)
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"keep_last_n_checkpoints": -2}, "must be an integer >= -1, got -2"),
-    ({"keep_last_n_checkpoints": True}, "must be an integer >= -1, got True"),
-    ({"keep_last_n_checkpoints": "3"}, "must be an integer >= -1, got '3'"),
-    ({"checkpoint_every": 0}, "must be an integer >= 1, got 0"),
-    ({"checkpoint_every": 1.5}, "must be an integer >= 1, got 1.5"),
+    ({"keep_last_n_checkpoints": -2}, "must be an integer in [-1, 10000000], got -2"),
+    ({"keep_last_n_checkpoints": True}, "must be an integer in [-1, 10000000], got True"),
+    ({"keep_last_n_checkpoints": "3"}, "must be an integer in [-1, 10000000], got '3'"),
+    ({"checkpoint_every": 0}, "must be an integer in [1, 10000000], got 0"),
+    ({"checkpoint_every": 1.5}, "must be an integer in [1, 10000000], got 1.5"),
+    ({"grad_accum_steps": 0}, "must be an integer in [1, 65536], got 0"),
 ])
 def test_bad_numbered_checkpoint_settings_are_named(workspace, params, message):
     root, model = workspace
     with pytest.raises(InvalidRequest) as caught:
         VoxCPMTrainer().prepare(_config(root, model, "x", params={"warmup_steps": 1, **params}))
-    assert caught.value.field == f"params.{next(iter(params))}"
+    assert caught.value.field == f"params.{next(iter(params))}"  # as given (upstream's name)
     assert message in str(caught.value)
 
 

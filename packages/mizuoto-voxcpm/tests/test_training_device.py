@@ -31,11 +31,11 @@ def test_auto_is_upstreams_choice():
 
 
 def test_device_choice():
-    assert pick_device(0, ComputeOptions(device="cpu")) == torch.device("cpu")
+    assert pick_device(ComputeOptions(device="cpu")) == torch.device("cpu")
     if not torch.cuda.is_available():
-        assert pick_device(0, ComputeOptions()) == torch.device("cpu")
+        assert pick_device(ComputeOptions()) == torch.device("cpu")
         with pytest.raises(InvalidOption, match="compute.device"):
-            pick_device(0, ComputeOptions(device="cuda"))
+            pick_device(ComputeOptions(device="cuda"))
 
 
 @pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")

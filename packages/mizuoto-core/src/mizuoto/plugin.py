@@ -24,7 +24,7 @@ from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.request_lock import Stream
 from mizuoto.contracts.requests import MAX_TEXT_CHARS
 from mizuoto.contracts.results import check_finite
-from mizuoto.contracts.trainer import checkpoint_retention
+from mizuoto.contracts.trainer import TrainerParams, checkpoint_retention
 from mizuoto.errors import (
     CheckpointMismatch,
     DiskFull,
@@ -91,7 +91,7 @@ __all__ = [
     # contract fixtures: random-init weights per state-dict key
     "keyed_generator",
     # training
-    "catch_interruption", "checkpoint_retention",
+    "catch_interruption", "checkpoint_retention", "TrainerParams",
     *_MODULE_OF,
 ]
 

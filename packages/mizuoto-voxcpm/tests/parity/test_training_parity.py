@@ -264,7 +264,8 @@ def _compare(data, name, generation, method, batch_size, overrides, steps=STEPS)
         for key in ("loss/diff", "loss/stop", "lr", "epoch", "grad_norm"):
             assert mine[key] == theirs[key], (name, theirs["step"], key, mine[key], theirs[key])
     validated = {r["step"]: r for r in upstream["steps"] if r["split"] == "val"}
-    assert [r["step"] for r in ours if "val/loss/total" in r] == sorted(validated)
+    # ours count updates made (1 after the first, as F5's), upstream the step's 0-based index
+    assert [r["step"] - 1 for r in ours if "val/loss/total" in r] == sorted(validated)
     for step, theirs in validated.items():
         for key in ("loss/total", "loss/diff", "loss/stop"):
             assert ours[step][f"val/{key}"] == theirs[key], (name, step, key)

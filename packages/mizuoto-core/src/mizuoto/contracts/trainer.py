@@ -26,13 +26,15 @@ MAX_BATCH_SIZE = 4096
 
 @attrs.frozen
 class Setting:
-    """A `TrainingConfig` field the ``train`` command sets: ``--config`` key ``name``, option
-    ``flag`` (``kind``: its type, or the tuple of its choices), the resume command, the help."""
+    """A setting the ``train`` command sets: ``--config`` key ``name``, option ``flag``
+    (``kind``: its type, or the tuple of its choices), the resume command, the help.
+    ``param``: a `TrainerParams` field (a ``params`` key), else a `TrainingConfig` field."""
 
     name: str
     flag: str
     kind: Any
     help: str
+    param: bool = False
 
 
 def _flag(flag: str, kind: Any, what: str, note: str = "", *,
@@ -97,11 +99,122 @@ class TrainingConfig:
             raise InvalidRequest("training.memory", f"must be one of {MEMORY_LEVELS}, got {value!r}")
 
 
+LOGGERS = ("tensorboard", "none")
+
+
+def _shared(flag: str, kind: Any, what: str, *, upstream: tuple[str, ...] = (),
+            default: str = "upstream's for the engine and method") -> dict[str, Any]:
+    return {"setting": (flag, kind, f"{what} (default: {default}).", True), "upstream": upstream}
+
+
+def _optional(check):
+    def validate(instance, attribute, value):
+        if value is not None:
+            check(instance, attribute, value)
+    return validate
+
+
+@attrs.frozen
+class TrainerParams:
+    """The settings every trainer shares, each declared once here under one name: its check,
+    its ``train`` option, its ``--config`` / ``--param`` key and the upstream names it is also
+    read under (``upstream``: a recipe file's or script's key, e.g. VoxCPM's
+    ``grad_accum_steps``, f5-tts's ``num_warmup_updates``). None: the trainer's upstream
+    value (its `Trainer.defaults`). Read from a run's ``params`` with `TrainerParams.of`.
+    """
+
+    warmup_updates: int | None = attrs.field(
+        default=None, validator=_optional(integer_in("params.warmup_updates", 0, MAX_STEPS)),
+        metadata=_shared("--warmup-updates", int, "Learning-rate warm-up, in updates",
+                         upstream=("warmup_steps", "num_warmup_updates")))
+    grad_accumulation: int | None = attrs.field(
+        default=None, validator=_optional(integer_in("params.grad_accumulation", 1, 65536)),
+        metadata=_shared("--grad-accumulation", int, "Micro-batches per update",
+                         upstream=("grad_accum_steps", "grad_accumulation_steps")))
+    max_grad_norm: float | None = attrs.field(
+        default=None, validator=_optional(number_in("params.max_grad_norm", 0.0, 1e12)),
+        metadata=_shared("--max-grad-norm", float, "Gradient-norm clipping; 0: none"))
+    checkpoint_every: int | None = attrs.field(
+        default=None, validator=_optional(integer_in("params.checkpoint_every", 1, MAX_STEPS)),
+        metadata=_shared("--checkpoint-every", int, "Updates between numbered checkpoints",
+                         upstream=("save_per_updates",), default="--save-every"))
+    keep_last_n_checkpoints: int = attrs.field(
+        default=0, validator=integer_in("params.keep_last_n_checkpoints", -1, MAX_STEPS),
+        metadata=_shared("--keep-last-n-checkpoints", int, "Numbered checkpoints kept; -1: all",
+                         default="upstream's for the engine; 0, none, in the Python API"))
+    logger: str | None = attrs.field(
+        default=None, metadata=_shared("--logger", LOGGERS, "Metrics logger besides "
+                                       "metrics.jsonl", default="tensorboard when installed"))
+    samples: bool | None = attrs.field(
+        default=None, metadata=_shared("--samples", bool, "Audio samples during training "
+                                       "(F5: every --checkpoint-every; VoxCPM: at validation)",
+                                       upstream=("log_samples",)))
+
+    @logger.validator
+    def _logger(self, attribute, value):
+        if value is not None and value not in LOGGERS:
+            raise InvalidRequest("params.logger", f"must be one of {', '.join(LOGGERS)}, got "
+                                 f"{value!r}", "metrics.jsonl is always written")
+
+    @samples.validator
+    def _samples(self, attribute, value):
+        if value is not None and not isinstance(value, bool):
+            raise InvalidRequest("params.samples", f"must be true or false, got {value!r}")
+
+    @property
+    def tensorboard(self) -> bool | None:
+        """`mizuoto.training.MetricsLog`'s ``tensorboard`` for ``logger``."""
+        return None if self.logger is None else self.logger == "tensorboard"
+
+    @classmethod
+    def names(cls) -> dict[str, str]:
+        """Every key the shared settings are read under (their names and upstream's) to its
+        name."""
+        names = {}
+        for field in attrs.fields(cls):
+            names[field.name] = field.name
+            names.update(dict.fromkeys(field.metadata["upstream"], field.name))
+        return names
+
+    @classmethod
+    def canonical(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with upstream's names of shared settings under the shared names (one
+        setting named twice is refused)."""
+        names, out, given = cls.names(), {}, {}
+        for key, value in params.items():
+            name = names.get(key, key)
+            if name in given:
+                raise InvalidRequest(f"params.{key}", f"sets {name} again (given as "
+                                     f"{given[name]} too)", "give it once")
+            given[name] = key
+            out[name] = value
+        return out
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> tuple[TrainerParams, dict[str, Any]]:
+        """``(the shared settings, the trainer's own params)`` of a run's ``params``."""
+        names = cls.names()
+        given = {names[key]: key for key in params if key in names}
+        params = cls.canonical(params)
+        shared = {f.name for f in attrs.fields(cls)}
+        try:
+            settings = cls(**{k: v for k, v in params.items() if k in shared})
+        except InvalidRequest as exc:  # named as the user gave it (upstream's name, maybe)
+            name = exc.field.removeprefix("params.")
+            if given.get(name, name) == name:
+                raise
+            raise InvalidRequest(f"params.{given[name]}", f"{exc.problem} (the shared "
+                                 f"{name})", exc.fix) from None
+        return settings, {k: v for k, v in params.items() if k not in shared}
+
+
 def training_settings() -> tuple[Setting, ...]:
-    """The fields a command-line run sets by name, declared once on `TrainingConfig` (its
-    default and check there): the ``train`` options, ``--config`` keys and resume command."""
+    """The settings a command-line run sets by name, each declared once with its default and
+    check: `TrainingConfig` fields, then the `TrainerParams` every trainer shares (params):
+    the ``train`` options, ``--config`` keys and resume command."""
     return tuple(Setting(field.name, *field.metadata["setting"])
-                 for field in attrs.fields(TrainingConfig) if "setting" in field.metadata)
+                 for cls in (TrainingConfig, TrainerParams)
+                 for field in attrs.fields(cls) if "setting" in field.metadata)
 
 
 def _compute(value) -> ComputeOptions:
@@ -113,17 +226,12 @@ def _compute(value) -> ComputeOptions:
 
 
 def checkpoint_retention(config: TrainingConfig) -> tuple[int, int]:
-    """The numbered-checkpoint params every trainer shares, checked: ``(keep, every)`` from
-    ``params.keep_last_n_checkpoints`` (default 0: none; -1: all; N: the newest N, rotated by
-    number) and ``params.checkpoint_every`` (default ``save_every``; at least 1)."""
-    values = []
-    for key, default, low in (("keep_last_n_checkpoints", 0, -1),
-                              ("checkpoint_every", config.save_every, 1)):
-        value = config.params.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InvalidRequest(f"params.{key}", f"must be an integer >= {low}, got {value!r}")
-        values.append(value)
-    return values[0], values[1]
+    """The numbered-checkpoint params every trainer shares (`TrainerParams`), checked:
+    ``(keep, every)`` from ``params.keep_last_n_checkpoints`` (default 0: none; -1: all; N: the
+    newest N, rotated by number) and ``params.checkpoint_every`` (default ``save_every``)."""
+    shared, _ = TrainerParams.of(config.params)
+    every = config.save_every if shared.checkpoint_every is None else shared.checkpoint_every
+    return shared.keep_last_n_checkpoints, every
 
 
 @attrs.frozen
@@ -154,6 +262,10 @@ class Trainer(abc.ABC):
     methods: ClassVar[frozenset[str]]
     memory_levels: ClassVar[tuple[str, ...]] = ("default",)
     graceful_stop: ClassVar[bool] = False
+    #: the shared settings this trainer reads from ``params`` (`TrainerParams`): a command
+    #: line's upstream names for them reach it under the shared names. None (trainers written
+    #: before it): ``params`` reach it as given.
+    params_class: ClassVar[type[TrainerParams] | None] = None
 
     def check(self, config: TrainingConfig) -> None:
         if config.method not in self.methods:

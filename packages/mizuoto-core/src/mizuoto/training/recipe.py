@@ -6,7 +6,10 @@ Precedence, lowest first: the trainer's `Trainer.defaults` for the engine, metho
 upstream's names), ``--param`` pairs, then the explicit options (``--steps`` ...). Keys that are
 `TrainingConfig` fields (``steps``, ``learning_rate``, ``batch_size``, ``seed``, ``memory``,
 ``save_every``, ``mixed_precision``, ``compute``) set those; every other key is a trainer param, which the trainer validates
-(unknown keys named). ``model`` and ``dataset`` in a file stand for ``-m`` and ``--data``.
+(unknown keys named). The params every trainer shares (`TrainerParams`: ``warmup_updates``,
+``grad_accumulation``, ...) are read under upstream's names too (``warmup_steps``,
+``grad_accum_steps``, ...) and kept under theirs; the command sets them by option as well.
+``model`` and ``dataset`` in a file stand for ``-m`` and ``--data``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.key_values import parse_pairs
 
 #: the `TrainingConfig` fields a file sets: the command's settings, and ``compute``
-CONFIG_FIELDS = (*(setting.name for setting in training_settings()), "compute")
+CONFIG_FIELDS = (*(setting.name for setting in training_settings() if not setting.param),
+                 "compute")
+#: the shared trainer params the command sets by option (`TrainerParams`)
+PARAM_SETTINGS = tuple(setting.name for setting in training_settings() if setting.param)
 #: keys a file may set besides the fields and params: what ``-m``, ``--data``, ``--method`` set
 RUN_KEYS = ("model", "dataset", "method")
 
@@ -105,13 +111,17 @@ def training_config(trainer, *, method: str | None, model: str | None, dataset: 
                              f"not {method!r}")
     defaults = dict(trainer.defaults(method, str(model)))
     default_params = dict(defaults.pop("params", {}))
-    fields = {**defaults, **file_fields, **pair_fields,
-              **{k: v for k, v in (explicit or {}).items() if v is not None}}
+    given = {k: v for k, v in (explicit or {}).items() if v is not None}
+    option_params = {k: given.pop(k) for k in PARAM_SETTINGS if k in given}
+    fields = {**defaults, **file_fields, **pair_fields, **given}
     unknown = sorted(set(fields) - set(CONFIG_FIELDS))
     if unknown:
         from mizuoto.settings_files import name_some
 
         raise InvalidRequest("--config", f"unknown settings: {name_some(unknown)}")
-    params = {**default_params, **file_params, **pair_params}
+    shared = getattr(trainer, "params_class", None)
+    canonical = shared.canonical if shared is not None else dict  # (older trainers: as given)
+    params = {**canonical(default_params), **canonical(file_params), **canonical(pair_params),
+              **option_params}
     return TrainingConfig(method=method, model=str(model), dataset=Path(dataset),
                           output_dir=Path(output_dir), params=params, **fields)

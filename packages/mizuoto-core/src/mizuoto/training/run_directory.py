@@ -132,13 +132,15 @@ class RunDirectory:
         with atomic_path(self.path / IDENTITY_FILE) as tmp:
             tmp.write_text(json.dumps(attrs.asdict(identity), indent=2), encoding="utf-8")
 
-    def write_recipe(self, recipe: Mapping[str, Any]) -> Path:
-        """``recipe.json``, with the ``logger`` the run writes (``tensorboard`` when the extra
-        is installed, else ``none``; ``metrics.jsonl`` always)."""
+    def write_recipe(self, recipe: Mapping[str, Any], *, logger: str | None = None) -> Path:
+        """``recipe.json``, with the ``logger`` the run writes (``params.logger``; None:
+        ``tensorboard`` when the extra is installed, else ``none``; ``metrics.jsonl`` always)."""
         from mizuoto.training.metrics import tensorboard_available
 
         path = self.path / RECIPE_FILE
-        recipe = {**recipe, "logger": "tensorboard" if tensorboard_available() else "none"}
+        if logger is None:
+            logger = "tensorboard" if tensorboard_available() else "none"
+        recipe = {**recipe, "logger": logger}
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(recipe, indent=2, default=str) + "\n",
                            encoding="utf-8")

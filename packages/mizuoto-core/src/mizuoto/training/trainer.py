@@ -18,6 +18,13 @@ and stopping with one line saying how to resume), numbered checkpoints
 ``params.checkpoint_every``), audio samples and the result. `StepTrainer.export` writes the
 model directory through core's one atomic directory writer, on process 0.
 
+Checkpoints may be folders (upstream VoxCPM's ``latest/`` and ``step_<N>/``): a trainer sets
+``checkpoint`` to the folder, ``numbered_checkpoint`` to the numbered name (``{}``: the update)
+and ``checkpoint_folders``; its session's `TrainingSession.save` writes the folder (through
+`mizuoto.runtime.atomic.atomic_directory`) and `TrainingSession.write_numbered` fills a numbered
+one; `StepTrainer.find_checkpoint` may look further (e.g. a folder left aside by a killed
+swap).
+
 The contract's `Trainer` stays as it was: a trainer that implements ``prepare``/``train``/
 ``export`` itself keeps working.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import logging
 import shutil
 from collections.abc import Iterable, Mapping
@@ -33,7 +41,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.trainer import Trainer, TrainingConfig, TrainingResult, checkpoint_retention
+from mizuoto.contracts.trainer import (
+    Trainer,
+    TrainerParams,
+    TrainingConfig,
+    TrainingResult,
+    checkpoint_retention,
+)
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_directory, atomic_path
 from mizuoto.training.checkpoints import rotate
@@ -51,7 +65,7 @@ from mizuoto.training.world import ProcessWorld, barrier, join, process_world
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
-NUMBERED_PREFIX, NUMBERED_SUFFIX = "model_", ".pt"  # checkpoints/model_<N>.pt, as f5-tts's
+NUMBERED = "model_{}.pt"  # checkpoints/model_<N>.pt, as f5-tts's
 
 
 def training_device(compute, *, auto=None):
@@ -97,6 +111,8 @@ class TrainingSession(abc.ABC):
     progress_losses: tuple[str, ...] = ("loss",)
     #: where the interruption's all-reduce runs (None: the CPU)
     device: Any = None
+    #: process 0's metrics log (None elsewhere), set by `StepTrainer.train` before the loop
+    metrics: MetricsLog | None = None
 
     @abc.abstractmethod
     def update(self) -> Mapping[str, float]:
@@ -113,6 +129,12 @@ class TrainingSession(abc.ABC):
     def finished(self, done: int) -> bool:
         return done >= self.total
 
+    def write_numbered(self, target: Path, checkpoint: Path, done: int) -> None:
+        """Fill numbered checkpoint ``target`` (process 0; a temporary path, or an empty folder
+        with ``checkpoint_folders``, swapped in whole) after update ``done``; ``checkpoint``
+        (the resumable one) was just saved. Default: a copy of it."""
+        shutil.copyfile(checkpoint, target)
+
     def samples(self, done: int, metrics: MetricsLog | None) -> None:
         """Audio samples after update ``done`` (process 0; called when ``samples_every`` is
         set), also into ``metrics``' TensorBoard; they must draw no number of the run's own
@@ -125,9 +147,14 @@ class TrainingSession(abc.ABC):
 
 
 class StepTrainer(Trainer):
-    """See the module doc. ``checkpoint``: the resumable checkpoint, in the run directory."""
+    """See the module doc. ``checkpoint``: the resumable checkpoint, in the run directory;
+    ``numbered_checkpoint``: a numbered one's name beside it (``{}``: the update, formatted);
+    ``checkpoint_folders``: numbered checkpoints are folders."""
 
+    params_class = TrainerParams
     checkpoint: ClassVar[Path] = CHECKPOINT
+    numbered_checkpoint: ClassVar[str] = NUMBERED
+    checkpoint_folders: ClassVar[bool] = False
     graceful_stop = True
 
     @abc.abstractmethod
@@ -136,9 +163,15 @@ class StepTrainer(Trainer):
 
     @abc.abstractmethod
     def write_export(self, run: Any, folder: Path) -> None:
-        """Write the model directory's files into ``folder`` (empty; swapped in whole)."""
+        """Write the model directory's files into ``folder`` (empty; swapped in whole;
+        process 0 only)."""
 
     # -- what every trainer shares ------------------------------------------------------------
+
+    def find_checkpoint(self, output_dir: Path) -> Path | None:
+        """The resumable checkpoint run directory ``output_dir`` holds (None: none yet)."""
+        path = Path(output_dir) / self.checkpoint
+        return path if path.exists() else None
 
     def world(self, run: Any) -> ProcessWorld:
         """This process's place; under torchrun the group is joined (gloo: it carries CUDA
@@ -162,9 +195,9 @@ class StepTrainer(Trainer):
             engine=self.engine, method=config.method, base_model=str(config.model),
             base_fingerprint=base_fingerprint(weights), dataset=str(config.dataset),
             data_fingerprint=data_fingerprint(rows)),
-            resumable=(run_dir.path / self.checkpoint).is_file())
+            resumable=self.find_checkpoint(run_dir.path) is not None)
         if recipe is not None:
-            run_dir.write_recipe(recipe)
+            run_dir.write_recipe(recipe, logger=self.params_class.of(config.params)[0].logger)
         return run_dir
 
     def train(self, run: Any, *, progress: ProgressCallback | None = None) -> TrainingResult:
@@ -173,21 +206,29 @@ class StepTrainer(Trainer):
         state_path = output / self.checkpoint
         keep, every = checkpoint_retention(config)
         world = self.world(run)
+        prefix, _, suffix = self.numbered_checkpoint.partition("{")
+        suffix = suffix.partition("}")[2]
+        atomic = (functools.partial(atomic_directory, durable=True) if self.checkpoint_folders
+                  else atomic_path)
         with self.random_scope(run):
             session = self.start(run, world)
-            start = session.load(state_path) if state_path.is_file() else 0
+            found = self.find_checkpoint(output)
+            start = session.load(found) if found is not None else 0
             if start and world.main:
                 logger.info("resuming %s at update %d", output, start)
 
             def numbered(done: int) -> None:
-                loop.save_now()  # the numbered copy is the run checkpoint's
+                loop.save_now()  # a numbered checkpoint is the run checkpoint's state
                 if world.main:
                     folder = state_path.parent
-                    with atomic_path(folder / f"{NUMBERED_PREFIX}{done}{NUMBERED_SUFFIX}") as tmp:
-                        shutil.copyfile(state_path, tmp)
-                    rotate(folder, NUMBERED_PREFIX, NUMBERED_SUFFIX, keep=keep)
+                    with atomic(folder / self.numbered_checkpoint.format(done)) as target:
+                        session.write_numbered(target, state_path, done)
+                    rotate(folder, prefix, suffix, keep=keep)
 
-            metrics = MetricsLog(output, resume_from=start + 1) if world.main else None
+            shared, _ = self.params_class.of(config.params)
+            metrics = (MetricsLog(output, resume_from=start + 1, tensorboard=shared.tensorboard)
+                       if world.main else None)
+            session.metrics = metrics
             loop = StepLoop(
                 start=start, total=session.total, world=world,
                 save=lambda done: session.save(state_path, done), numbered=numbered,
@@ -213,8 +254,7 @@ class StepTrainer(Trainer):
 
     def export(self, run: Any, destination: Path) -> Path:
         """The trained model directory, replacing ``destination`` whole (process 0 writes)."""
-        state_path = Path(run.config.output_dir) / self.checkpoint
-        if not state_path.is_file():
+        if self.find_checkpoint(run.config.output_dir) is None:
             raise InvalidRequest("output_dir", f"{run.config.output_dir} holds no checkpoint "
                                  "to export", "train first")
         if self.world(run).main:

@@ -15,10 +15,8 @@ CLI_DEFAULTS = {"epochs": 100, "warmup_updates": 20000, "batch_size_type": "fram
                 "batch_frames": 3200, "max_samples": 64, "grad_accumulation": 1,
                 "max_grad_norm": 1.0, "keep_last_n_checkpoints": -1, "checkpoint_every": 50000}
 #: finetune_cli flags whose value carries over under another name
-RENAMED = {"grad_accumulation_steps": "grad_accumulation",
-           "num_warmup_updates": "warmup_updates", "save_per_updates": "checkpoint_every",
-           "last_per_updates": "save_every", "tokenizer_path": "vocab_file",
-           "log_samples": "log_samples"}
+#: (the shared settings' upstream names, ``num_warmup_updates`` ..., are `TrainerParams`')
+RENAMED = {"last_per_updates": "save_every", "tokenizer_path": "vocab_file"}
 EXPERIMENTS = {"F5TTS_v1_Base": "v1_base", "F5TTS_Base": "base", "E2TTS_Base": "e2_base"}
 #: flags that name what -m / --data name
 RUN_FLAGS = {"pretrain": "model", "dataset_name": "dataset"}
@@ -49,6 +47,8 @@ def translate_finetune_cli(settings: Mapping[str, Any]) -> dict[str, Any]:
                 raise InvalidRequest("--config logger", f"{value!r} is not supported",
                                      "tensorboard (written when the tensorboard extra is "
                                      "installed) or none; metrics.jsonl is always written")
+            if value is not None:
+                out["logger"] = value
         elif key == "bnb_optimizer":
             if value:
                 raise InvalidRequest("--config bnb_optimizer", "8-bit Adam is not supported")

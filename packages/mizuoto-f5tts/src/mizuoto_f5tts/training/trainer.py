@@ -52,7 +52,12 @@ import attrs
 import torch
 
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.trainer import MAX_STEPS, TrainingConfig, checkpoint_retention
+from mizuoto.contracts.trainer import (
+    MAX_STEPS,
+    TrainerParams,
+    TrainingConfig,
+    checkpoint_retention,
+)
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
@@ -84,10 +89,10 @@ from mizuoto_f5tts.variants import VARIANT_NAMES, F5Variant
 
 logger = logging.getLogger(__name__)
 
-PARAMS = ("epochs", "warmup_updates", "batch_size_type", "batch_frames", "max_samples",
-          "grad_accumulation", "max_grad_norm", "shuffle_seed", "variant", "shard_batches",
-          "extend_vocab", "vocab_file", "finetune", "keep_last_n_checkpoints",
-          "checkpoint_every", "log_samples")
+#: F5's own params (besides the shared `TrainerParams`)
+OWN_PARAMS = ("epochs", "batch_size_type", "batch_frames", "max_samples", "shuffle_seed",
+              "variant", "shard_batches", "extend_vocab", "vocab_file", "finetune")
+PARAMS = (*OWN_PARAMS, *(f.name for f in attrs.fields(TrainerParams)))
 LOG_FILE = "training_log.jsonl"
 
 
@@ -157,8 +162,8 @@ def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
 
 def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str = "no"
               ) -> LoopSettings:
-    params = config.params
-    unknown = sorted(set(params) - set(PARAMS))
+    shared, params = TrainerParams.of(config.params)
+    unknown = sorted(set(params) - set(OWN_PARAMS))
     if unknown:
         raise InvalidRequest("params", f"unknown F5-TTS training settings: {', '.join(unknown)}",
                              f"known: {', '.join(PARAMS)}")
@@ -181,10 +186,9 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
                                      "batch) instead")
     frames = _int_param(params, "batch_frames", 3200, 1)
     max_samples = _int_param(params, "max_samples", 64)
-    accumulation = _int_param(params, "grad_accumulation", 1, 1)
-    norm = params.get("max_grad_norm", 1.0)
-    if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not 0 <= norm < math.inf:
-        raise InvalidRequest("params.max_grad_norm", f"must be a number >= 0, got {norm!r}")
+    # upstream's finetune_cli: no accumulation, clipping at 1.0
+    accumulation = 1 if shared.grad_accumulation is None else shared.grad_accumulation
+    norm = 1.0 if shared.max_grad_norm is None else shared.max_grad_norm
     if kind == "frame":
         per_epoch = len(frame_batches(data.durations, frames, max_samples))
         if per_epoch == 0:
@@ -195,7 +199,7 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
     updates_per_epoch = math.ceil(per_epoch / accumulation)
     epochs = _int_param(params, "epochs", math.ceil(config.steps / updates_per_epoch), 1)
     total = updates_per_epoch * epochs
-    warmup = _int_param(params, "warmup_updates", min(20000, total // 10))
+    warmup = min(20000, total // 10) if shared.warmup_updates is None else shared.warmup_updates
     if warmup == total:
         # upstream's decay LinearLR then has no iterations: it divides by zero at the last update
         raise InvalidRequest("params.warmup_updates", f"must not equal the run's {total} "
@@ -302,7 +306,8 @@ class F5Trainer(StepTrainer):
             "engine": self.engine, "method": config.method, "variant": variant.name,
             "seed": config.seed, "memory": config.memory, **applied,
             "params": {k: v for k, v in config.params.items() if k not in applied
-                       and k not in ("batch_frames", "max_samples")}, "device": str(device)})
+                       and k not in ("batch_frames", "max_samples", "logger")},
+            "device": str(device)}, logger=TrainerParams.of(config.params)[0].logger)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
                      config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
                      every, str(device))
@@ -370,7 +375,7 @@ class F5Session(TrainingSession):
     def __init__(self, run: F5Run, loop: FineTuning, world: ProcessWorld) -> None:
         self.run, self.loop, self.world = run, loop, world
         self.total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
-        log_samples = _bool_param(run.config.params, "log_samples", False)
+        log_samples = TrainerParams.of(run.config.params)[0].samples  # upstream: off
         self.samples_every = run.checkpoint_every if log_samples else 0
         self._writer = None
 

@@ -96,7 +96,8 @@ def train_step(model, optimizer, scheduler, scaling: Precision, next_batch, loss
 
 # -- checkpoints -----------------------------------------------------------------------------
 
-LATEST = "latest"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"  # checkpoints/latest/: the resumable checkpoint
 TRAINABLE = "trainable.safetensors"
 
 
@@ -105,27 +106,26 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.requires_grad}
 
 
-def save_checkpoint(directory: Path, *, model, optimizer, scheduler, scaling: Precision,
+def save_checkpoint(latest: Path, *, model, optimizer, scheduler, scaling: Precision,
                     generator: torch.Generator, sampler: EpochSampler, step: int,
                     rank: int = 0) -> None:
-    """Write ``directory/latest`` whole or not at all (a new folder renamed over the old).
+    """Write folder ``latest`` whole or not at all (a new folder renamed over the old).
     Under torchrun every process adds its generator and data position; process 0 the rest."""
-
-    latest = directory / LATEST
+    staging = f".{latest.name}.staging"
     if rank == 0:
-        with atomic_directory(latest, staging=f".{LATEST}.staging", durable=True) as staging:
+        with atomic_directory(latest, staging=staging, durable=True) as folder:
             barrier()  # the folder exists: every process writes its own file into it
-            _save_own(staging, rank, generator, sampler)
+            _save_own(folder, rank, generator, sampler)
             barrier()
-            save_safetensors(trainable_state(model), staging / TRAINABLE)
+            save_safetensors(trainable_state(model), folder / TRAINABLE)
             torch.save({"optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "scaler": scaling.state_dict()},
-                       staging / "state.pt")
-            (staging / "training_state.json").write_text(json.dumps({"step": step}),
-                                                         encoding="utf-8")
+                       folder / "state.pt")
+            (folder / "training_state.json").write_text(json.dumps({"step": step}),
+                                                        encoding="utf-8")
     else:
         barrier()
-        _save_own(directory / f".{LATEST}.staging", rank, generator, sampler)
+        _save_own(latest.parent / staging, rank, generator, sampler)
         barrier()
     barrier()
 
@@ -139,18 +139,14 @@ def _save_own(folder: Path, rank: int, generator: torch.Generator, sampler: Epoc
 NUMBERED = "step_{:07d}"  # checkpoints/step_<N>/, named as upstream's save_checkpoint names them
 
 
-def write_numbered(directory: Path, step: int, write_weights, *, optimizer, scheduler) -> Path:
-    """``directory/step_<step>`` with upstream's files (the weights ``write_weights(folder)``
-    writes, ``optimizer.pth``, ``scheduler.pth``, ``training_state.json``), built beside it and
-    swapped into place (an older one of that step is replaced)."""
-    folder = directory / NUMBERED.format(step)
-    with atomic_directory(folder, durable=True) as staging:
-        write_weights(staging)
-        torch.save(optimizer.state_dict(), staging / "optimizer.pth")
-        torch.save(scheduler.state_dict(), staging / "scheduler.pth")
-        with open(staging / "training_state.json", "w", encoding="utf-8") as f:
-            json.dump({"step": int(step)}, f)
-    return folder
+def fill_numbered(folder: Path, step: int, write_weights, *, optimizer, scheduler) -> None:
+    """Upstream's files of ``step_<step>/`` into ``folder``: the weights ``write_weights(folder)``
+    writes, ``optimizer.pth``, ``scheduler.pth``, ``training_state.json``."""
+    write_weights(folder)
+    torch.save(optimizer.state_dict(), folder / "optimizer.pth")
+    torch.save(scheduler.state_dict(), folder / "scheduler.pth")
+    with open(folder / "training_state.json", "w", encoding="utf-8") as f:
+        json.dump({"step": int(step)}, f)
 
 
 def find_checkpoint(directory: Path) -> Path | None:

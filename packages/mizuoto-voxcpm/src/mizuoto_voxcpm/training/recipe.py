@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from mizuoto.contracts import TrainingConfig
+from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
 from mizuoto.training import warn_long_warmup
 from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for, target_names
@@ -41,15 +42,12 @@ RECIPES: dict[str, dict[str, Any]] = {
                 "num_iters": 1000, "lora_r": 32, "lora_alpha": 32,
                 "save_interval": 500, "valid_interval": 500},
 }
-#: ``params`` a run accepts (besides ``lora_*``).
-TUNABLE = ("weight_decay", "warmup_steps", "max_steps", "max_batch_tokens",
-           "grad_accum_steps", "max_grad_norm", "lambda_diff", "lambda_stop",
+#: VoxCPM's own ``params`` (besides ``lora_*`` and the shared `TrainerParams`: warm-up as
+#: upstream's ``warmup_steps``, accumulation as its ``grad_accum_steps``, ``max_grad_norm``...)
+TUNABLE = ("weight_decay", "max_steps", "max_batch_tokens", "lambda_diff", "lambda_stop",
            "val_manifest", "valid_interval")
 #: upstream's script default: validate every this many steps (and after the last)
 VALID_INTERVAL = 1000
-#: numbered checkpoints (``step_<N>/``): how many kept and how often; not the recipe's (not in
-#: ``run.json``: a resumed run may change them), read by the trainer
-CHECKPOINT_PARAMS = ("keep_last_n_checkpoints", "checkpoint_every")
 #: checked, not tuned: upstream's yaml ``sample_rate`` must be the model's VAE rate
 CHECKED = ("sample_rate",)
 LORA_TARGETS = ("lora_target_modules_lm", "lora_target_modules_dit", "lora_target_proj_modules")
@@ -98,15 +96,15 @@ class Recipe:
 
 def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     base = RECIPES[generation]
-    params = dict(config.params)
-    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - set(CHECKPOINT_PARAMS)
-                     - set(CHECKED) - {"preview", "samples"})
-    for flag in ("preview", "samples"):
-        if not isinstance(params.get(flag, True), bool):
-            raise InvalidRequest(f"params.{flag}", "must be true or false")
+    shared, params = TrainerParams.of(config.params)
+    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - set(CHECKED)
+                     - {"preview"})
+    if not isinstance(params.get("preview", True), bool):
+        raise InvalidRequest("params.preview", "must be true or false")
     if unknown:
+        shared_names = tuple(f.name for f in attrs.fields(TrainerParams))
         raise InvalidRequest("params", f"unknown training settings {unknown}; known: "
-                             f"{', '.join(TUNABLE + CHECKPOINT_PARAMS + LORA_PARAMS)}")
+                             f"{', '.join(TUNABLE + shared_names + LORA_PARAMS)}")
     if config.method == "full":
         extra = sorted(set(params) & set(LORA_PARAMS))
         if extra:
@@ -141,7 +139,9 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
                                **targets)
         if lora.r < 1:
             raise InvalidRequest("params.lora_r", "must be at least 1")
-    accum = pick("grad_accum_steps", int)
+    # the shared settings (None: the generation's recipe), under upstream's names here
+    accum = base["grad_accum_steps"] if shared.grad_accumulation is None \
+        else shared.grad_accumulation
     val_manifest = params.get("val_manifest")
     if val_manifest is not None and not isinstance(val_manifest, str | Path):
         raise InvalidRequest("params.val_manifest", f"must be a path, got {val_manifest!r}")
@@ -150,15 +150,17 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
     if interval < 1:
         raise InvalidRequest("params.valid_interval", "must be at least 1")
     max_steps = config.steps if params.get("max_steps") is None else pick("max_steps", int)
-    warmup = pick("warmup_steps", int)
-    warn_long_warmup("warmup_steps", warmup, steps=config.steps, schedule=max_steps,
+    warmup = base["warmup_steps"] if shared.warmup_updates is None else shared.warmup_updates
+    warn_long_warmup("warmup_updates", warmup, steps=config.steps, schedule=max_steps,
                      learning_rate=float(config.learning_rate))
     return Recipe(
         method=config.method, num_iters=config.steps, max_steps=max_steps,
         learning_rate=float(config.learning_rate), batch_size=config.batch_size,
         seed=config.seed, weight_decay=pick("weight_decay", float),
         warmup_steps=warmup, max_batch_tokens=pick("max_batch_tokens", int),
-        grad_accum_steps=max(accum, 1), max_grad_norm=pick("max_grad_norm", float),
+        grad_accum_steps=accum, max_grad_norm=float(base["max_grad_norm"]
+                                                    if shared.max_grad_norm is None
+                                                    else shared.max_grad_norm),
         lambdas={"loss/diff": pick("lambda_diff", float), "loss/stop": pick("lambda_stop", float)},
         lora=lora, val_manifest=str(val_manifest) if val_manifest else None,
         valid_interval=interval)

@@ -1,35 +1,26 @@
 """One training session: the model, VAE, data order and optimiser of a prepared run, built in
-upstream's order so that every random draw lands where upstream's does; then the loop (with
-upstream's validation when the run has validation rows) and the export."""
+upstream's order so that every random draw lands where upstream's does; its update (with
+upstream's validation when the run has validation rows), checkpoints and export files. The run
+around it (resume, metrics, the step loop, numbered checkpoints, the export's atomic swap) is
+core's `mizuoto.training.StepTrainer`'s."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from mizuoto.contracts import TrainingResult
-from mizuoto.contracts.progress import ProgressCallback
+from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
 from mizuoto.options import ComputeOptions
 from mizuoto.runtime import precision
-from mizuoto.runtime.atomic import atomic_directory, file_mode, save_safetensors
-from mizuoto.runtime.device import select_device
-from mizuoto.training import (
-    Cadence,
-    MetricsLog,
-    Precision,
-    StepLoop,
-    StepProgress,
-    barrier,
-    join,
-    process_world,
-    rotate,
-)
-from mizuoto.training.trainer import training_precision
+from mizuoto.runtime.atomic import file_mode, save_safetensors
+from mizuoto.training import Precision, ProcessWorld, TrainingSession
+from mizuoto.training.trainer import training_device, training_precision
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
@@ -51,20 +42,15 @@ from mizuoto_voxcpm.training.run import BASE_FILES, Run, link_or_copy
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
+
+def _upstream_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def pick_device(local_rank: int = 0, compute: ComputeOptions | None = None) -> torch.device:
+def pick_device(compute: ComputeOptions | None = None) -> torch.device:
     """``compute.device``; ``auto``: upstream's accelerator, CUDA when present (the process's
     local rank under torchrun), else the CPU."""
-    name = "auto" if compute is None else compute.device
-    if name == "auto":
-        return torch.device("cuda", local_rank) if torch.cuda.is_available() \
-            else torch.device("cpu")
-    device = select_device(compute)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)
-    return device
+    return training_device(compute or ComputeOptions(), auto=_upstream_device)
 
 
 def pick_mixed_precision(device: torch.device, requested: str) -> str:
@@ -74,25 +60,27 @@ def pick_mixed_precision(device: torch.device, requested: str) -> str:
                               cuda_only=("bf16", "fp16"), why="upstream autocasts on CUDA only")
 
 
-class Session:
-    def __init__(self, run: Run) -> None:
+class Session(TrainingSession):
+    """``world``: the run's processes (joined by the trainer); an export builds one in
+    process 0 alone (``ProcessWorld()``)."""
+
+    progress_losses = ("loss/diff", "loss/stop")
+
+    def __init__(self, run: Run, world: ProcessWorld | None = None) -> None:
         self.run = run
         self.recipe = recipe = run.recipe
+        self.total = recipe.num_iters
         model_dir = run.model_dir
         self.raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         self.config = config = VoxCPMConfig.from_model_dir(model_dir)
-        self.world = world = process_world()
+        self.world = world = world or ProcessWorld()
         self.world_size, self.rank = world.size, world.rank
         self.validating = bool(run.val_samples)
         if self.validating and self.world_size > 1:
             raise InvalidRequest("params.val_manifest", "validation runs in a single process "
                                  "only (not under torchrun)")
-        self.device = device = pick_device(world.local_rank, run.config.compute)
+        self.device = device = pick_device(run.config.compute)
         self.mixed_precision = pick_mixed_precision(device, run.config.mixed_precision)
-        if self.rank == 0:
-            log.info("training on %s, mixed precision %s, memory %s", device,
-                     self.mixed_precision, run.config.memory)
-        join(world, device.type)
         # the CPU has no bf16 training recipe upstream (its forward casts inputs to the config
         # dtype while the weights stay fp32): float32 there and without autocast; with bf16
         # autocast the config dtype, as upstream; with fp16 autocast float16
@@ -141,7 +129,9 @@ class Session:
         # training only encodes: the VAE decoder never reaches the device (unless validation's
         # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")
-        self.samples = self.validating and run.config.params.get("samples", True)
+        # upstream speaks its validation texts: samples on unless turned off
+        self.samples = self.validating and TrainerParams.of(run.config.params)[0].samples \
+            is not False
         self.out_rate = vae_config.out_sample_rate
         if not (self.validating and (vae_config.use_noise_block or self.samples)):
             vae.decoder = None
@@ -156,10 +146,10 @@ class Session:
             distributed.TrainingForward(self.model, self._training_losses), device,
             self.world_size)
         self._latents: dict[tuple[bool, int, bool], torch.Tensor | None] = {}
-
-    @classmethod
-    def open(cls, run: Run) -> Session:
-        return cls(run)
+        self.optimizer, self.scheduler = loop.build_optimizer(self.model, recipe)
+        self.scaling = loop.precision_for(device, self.mixed_precision)
+        self.done = 0  # steps made (a resumed run's included)
+        self._validated: dict[str, float] | None = None  # the last validation's losses
 
     # -- data ----------------------------------------------------------------------------
 
@@ -188,8 +178,7 @@ class Session:
     def losses(self, batch, *, progress: float):
         return self.forward(batch, progress)
 
-    def validate(self, scaling: Precision, step: int = 0, metrics: MetricsLog | None = None
-                 ) -> dict[str, float]:
+    def validate(self, scaling: Precision, step: int = 0) -> dict[str, float]:
         """Upstream's validation (see :mod:`~mizuoto_voxcpm.training.validation`): the mean
         losses, keyed as :data:`~mizuoto_voxcpm.training.validation.KEYS`."""
         rows = self.run.val_samples
@@ -208,91 +197,64 @@ class Session:
                                       self.forward_generator)
             if self.samples and self.world.main:
                 validation.write_samples(spoken, self.run.output_dir / "samples", step,
-                                         self.out_rate, metrics)
+                                         self.out_rate, self.metrics)
         finally:
             self.model.train()
         return means
 
     # -- training ------------------------------------------------------------------------
 
-    def run_loop(self, progress: ProgressCallback | None = None) -> TrainingResult:
-        run, recipe = self.run, self.recipe
-        optimizer, scheduler = loop.build_optimizer(self.model, recipe)
-        scaling = loop.precision_for(self.device, self.mixed_precision)
-        checkpoints = run.output_dir / CHECKPOINTS
-        start, resumed = 0, None
-        found = loop.find_checkpoint(checkpoints)
-        if found is not None:
-            start = loop.load_checkpoint(found, model=self.model, optimizer=optimizer,
-                                         scheduler=scheduler, scaling=scaling,
+    def update(self) -> dict[str, float]:
+        run, recipe, step = self.run, self.recipe, self.done
+        values = loop.train_step(self.model, self.optimizer, self.scheduler, self.scaling,
+                                 self.next_batch, self.losses, recipe, step,
+                                 no_sync=self.no_sync)
+        values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
+                                 * self.world_size) / max(1, run.counted_samples))
+        self.done += 1
+        if self.validating and validation.is_due(step, recipe.valid_interval, recipe.num_iters):
+            self._validated = self.validate(self.scaling, step)
+            values.update(self._validated)
+        return values
+
+    def save(self, path: Path, done: int) -> None:
+        loop.save_checkpoint(path, model=self.model, optimizer=self.optimizer,
+                             scheduler=self.scheduler, scaling=self.scaling,
+                             generator=self.generator, sampler=self.sampler, step=done,
+                             rank=self.rank)
+
+    def load(self, path: Path) -> int:
+        self.done = loop.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
+                                         scheduler=self.scheduler, scaling=self.scaling,
                                          generator=self.generator, sampler=self.sampler,
                                          rank=self.rank)
-            if self.forward_generator is not self.generator:
-                self.forward_generator.manual_seed(recipe.seed + start)
-            resumed = start
-        metrics = MetricsLog(run.output_dir, resume_from=start) if self.world.main else None
-        barrier()
-        rows = metrics.rows if metrics is not None else []
-        validated = next(({key: row[key] for key in validation.KEYS if key in row}
-                          for row in reversed(rows) if validation.KEYS[0] in row), {})
+        if self.forward_generator is not self.generator:
+            self.forward_generator.manual_seed(self.recipe.seed + self.done)
+        return self.done
 
-        def save(done: int) -> None:
-            loop.save_checkpoint(checkpoints, model=self.model, optimizer=optimizer,
-                                 scheduler=scheduler, scaling=scaling,
-                                 generator=self.generator, sampler=self.sampler, step=done,
-                                 rank=self.rank)
+    def write_numbered(self, target: Path, checkpoint: Path, done: int) -> None:
+        """``step_<done>/`` in upstream's layout (`loop.fill_numbered`)."""
+        loop.fill_numbered(target, done, self._write_weights, optimizer=self.optimizer,
+                           scheduler=self.scheduler)
 
-        def numbered(done: int) -> None:
-            """``step_<done>/`` in upstream's layout, then the rotation (process 0)."""
-            if self.world.main:
-                loop.write_numbered(checkpoints, done, self._write_weights,
-                                    optimizer=optimizer, scheduler=scheduler)
-                rotate(checkpoints, "step_", keep=run.keep_checkpoints)
-
-        def update() -> dict[str, float]:
-            step = steps.done
-            values = loop.train_step(self.model, optimizer, scheduler, scaling,
-                                     self.next_batch, self.losses, recipe, step,
-                                     no_sync=self.no_sync)
-            values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
-                                     * self.world_size) / max(1, run.counted_samples))
-            if self.validating and validation.is_due(step, recipe.valid_interval,
-                                                     recipe.num_iters):
-                validated.clear()
-                validated.update(self.validate(scaling, step, metrics))
-                values.update(validated)
-            return values
-
-        steps = StepLoop(
-            start=start, total=recipe.num_iters, world=self.world, save=save,
-            numbered=numbered, metrics=metrics,
-            cadence=Cadence(run.config.save_every, run.checkpoint_every, run.keep_checkpoints),
-            progress=StepProgress(progress, recipe.num_iters, start,
-                                  losses=("loss/diff", "loss/stop")),
-            stop_device=self.device)
-        try:
-            outcome = steps.run(update)
-        finally:
-            if metrics is not None:
-                metrics.close()
-        if outcome.interrupted is not None and self.world.main:
-            log.info("%s: stopped at step %d, checkpoint saved in %s; train again on it to "
-                     "resume", outcome.interrupted, outcome.done, checkpoints)
-        # the last step's values, and the last validation's
-        last = steps.values or (rows[-1] if rows else {})
-        metrics_out = {k: float(v) for k, v in {**validated, **last}.items() if k != "step"}
-        return TrainingResult(run.output_dir, outcome.done, resumed, metrics=metrics_out,
-                              interrupted=outcome.interrupted)
+    def result_metrics(self, values: Mapping[str, float]) -> dict[str, float]:
+        """The last step's values and the last validation's (a resumed run with nothing
+        left to do: the metrics log's)."""
+        rows = self.metrics.rows if self.metrics is not None else []
+        validated = self._validated
+        if validated is None:
+            validated = next(({key: row[key] for key in validation.KEYS if key in row}
+                              for row in reversed(rows) if validation.KEYS[0] in row), {})
+        last = values or (rows[-1] if rows else {})
+        return {k: float(v) for k, v in {**validated, **last}.items() if k != "step"}
 
     # -- export --------------------------------------------------------------------------
 
     def load_trained(self) -> None:
-        """The weights of the last checkpoint (the base weights when there is none)."""
+        """The weights of the run's last checkpoint."""
         from safetensors.torch import load_file
 
-        found = loop.find_checkpoint(self.run.output_dir / CHECKPOINTS)
-        if found is None:
-            return
+        found = loop.find_checkpoint(self.run.output_dir / loop.CHECKPOINTS)
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, value in load_file(str(found / loop.TRAINABLE)).items():
@@ -312,23 +274,17 @@ class Session:
             if (self.run.model_dir / name).is_file():
                 shutil.copy2(self.run.model_dir / name, folder / name)
 
-    def export(self, destination: Path) -> Path:
-        """A model directory: full weights as ``model.safetensors``, or the base files plus
-        ``lora_weights.safetensors`` and ``lora_config.json``; replaced whole."""
+    def write_export(self, folder: Path) -> None:
+        """A model directory in ``folder``: full weights as ``model.safetensors``, or the base
+        files plus ``lora_weights.safetensors`` and ``lora_config.json``."""
         self.load_trained()
-        if self.rank != 0:  # process 0 writes it
-            barrier()
-            return destination
-        base = self.run.model_dir
-        with atomic_directory(destination) as staging:
-            if self.recipe.lora is not None:
-                for name in BASE_FILES + WEIGHT_FILES:
-                    if (base / name).is_file():
-                        link_or_copy((base / name).resolve(), staging / name)
-                self.model.to("cpu")
-            self._write_weights(staging)
-            for path in staging.iterdir():
-                if not path.is_symlink() and path.stat().st_nlink == 1:
-                    path.chmod(file_mode())
-        barrier()
-        return destination
+        if self.recipe.lora is not None:
+            base = self.run.model_dir
+            for name in BASE_FILES + WEIGHT_FILES:
+                if (base / name).is_file():
+                    link_or_copy((base / name).resolve(), folder / name)
+            self.model.to("cpu")
+        self._write_weights(folder)
+        for path in folder.iterdir():
+            if not path.is_symlink() and path.stat().st_nlink == 1:
+                path.chmod(file_mode())

@@ -26,28 +26,26 @@ from pathlib import Path
 
 import attrs
 
-from mizuoto.contracts import Trainer, TrainingConfig, TrainingResult
+from mizuoto.contracts import TrainingConfig
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_path
-from mizuoto.training import (
-    RunDirectory,
-    RunIdentity,
-    base_fingerprint,
-    data_fingerprint,
-    process_world,
-)
+from mizuoto.training import ProcessWorld, StepTrainer, join, process_world
+from mizuoto_voxcpm.training.loop import CHECKPOINTS, LATEST, NUMBERED, find_checkpoint
 from mizuoto_voxcpm.training.run import BASE_FILES, Run
 
 log = logging.getLogger(__name__)
 
-class VoxCPMTrainer(Trainer):
+class VoxCPMTrainer(StepTrainer):
     engine = "voxcpm"
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
-    graceful_stop = True  # SIGINT / SIGTERM: checkpoint saved after the current step
+    # upstream's layout: checkpoints/latest/ (resumable) and checkpoints/step_<N>/ folders
+    checkpoint = Path(CHECKPOINTS) / LATEST
+    numbered_checkpoint = NUMBERED
+    checkpoint_folders = True
 
     def defaults(self, method: str, model: str) -> dict:
         from mizuoto_voxcpm.training.recipe import cli_defaults, generation_of
@@ -67,7 +65,6 @@ class VoxCPMTrainer(Trainer):
         from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
         from mizuoto_voxcpm.config import VoxCPMConfig
         from mizuoto_voxcpm.model import WEIGHT_FILES
-        from mizuoto_voxcpm.training.loop import find_checkpoint
         from mizuoto_voxcpm.training.recipe import build_recipe, generation_of
         from mizuoto_voxcpm.training.session import pick_device, pick_mixed_precision
 
@@ -76,7 +73,7 @@ class VoxCPMTrainer(Trainer):
             raise InvalidRequest("training.memory", "lowest streams LoRA's frozen weights from "
                                  "host memory; full fine-tuning trains them all", "use low")
         # the device and precision are checked here (process 0's device), used by the session
-        pick_mixed_precision(pick_device(0, config.compute), config.mixed_precision)
+        pick_mixed_precision(pick_device(config.compute), config.mixed_precision)
         model_dir = resolve_for_engine(config.model, self.engine).path
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         VoxCPMConfig.from_model_dir(model_dir)  # validates
@@ -115,21 +112,14 @@ class VoxCPMTrainer(Trainer):
                                  f"pass --batch-size {max(len(samples), 1)} or less, or add "
                                  "rows")
         output = Path(config.output_dir)
-        run_dir = RunDirectory(output)
-        run_dir.check_writable()
-        run_dir.claim(RunIdentity(
-            engine=self.engine, method=config.method, base_model=str(config.model),
-            base_fingerprint=base_fingerprint(
-                model_dir / name for name in BASE_FILES + WEIGHT_FILES
-                if (model_dir / name).is_file()),
-            dataset=str(config.dataset),
-            data_fingerprint=data_fingerprint((s.text, s.audio_path)
-                                              for s in samples + list(val_samples))),
-            resumable=find_checkpoint(run_dir.checkpoints) is not None)
-        run_dir.write_recipe({"engine": self.engine, "method": config.method,
-                              "generation": generation, **recipe.to_dict(),
-                              "memory": config.memory, "save_every": config.save_every,
-                              "keep_last_n_checkpoints": keep, "checkpoint_every": every})
+        self.claim_run(
+            config, weights=(model_dir / name for name in BASE_FILES + WEIGHT_FILES
+                             if (model_dir / name).is_file()),
+            rows=((s.text, s.audio_path) for s in samples + list(val_samples)),
+            recipe={"engine": self.engine, "method": config.method, "generation": generation,
+                    **recipe.to_dict(), "memory": config.memory,
+                    "save_every": config.save_every, "keep_last_n_checkpoints": keep,
+                    "checkpoint_every": every})
         run_info = {"method": config.method, "model": str(model_dir), "model_id": config.model,
                     "manifest": str(manifest), "recipe": recipe.to_dict(),
                     "memory": config.memory, "save_every": config.save_every}
@@ -153,22 +143,35 @@ class VoxCPMTrainer(Trainer):
                    tuple((r.line, r.reason) for r in rejected),
                    tuple(s.text for s in samples), tuple(val_samples), keep, every)
 
-    # -- train ---------------------------------------------------------------------------
+    # -- the run (core's StepTrainer around it) -------------------------------------------
 
-    def train(self, run: Run, *, progress: ProgressCallback | None = None) -> TrainingResult:
+    def find_checkpoint(self, output_dir: Path) -> Path | None:
+        return find_checkpoint(Path(output_dir) / CHECKPOINTS)
+
+    def world(self, run: Run) -> ProcessWorld:
+        """torchrun's group on the training device's backend (NCCL on CUDA, as upstream)."""
+        from mizuoto_voxcpm.training.session import pick_device
+
+        return join(process_world(), pick_device(run.config.compute).type)
+
+    def start(self, run: Run, world: ProcessWorld):
         from mizuoto_voxcpm.training.session import Session
 
-        session = Session.open(run)
-        return session.run_loop(progress)
+        session = Session(run, world)
+        if world.main:
+            log.info("training on %s, mixed precision %s, memory %s", session.device,
+                     session.mixed_precision, run.config.memory)
+        return session
 
-    # -- export --------------------------------------------------------------------------
+    def write_export(self, run: Run, folder: Path) -> None:
+        from mizuoto_voxcpm.training.session import Session
+
+        Session(run).write_export(folder)
 
     def export(self, run: Run, destination: Path) -> Path:
         """Write the model directory; then (process 0, unless ``params.preview`` is false)
         speak a preview with it into ``<output_dir>/preview.wav``."""
-        from mizuoto_voxcpm.training.session import Session
-
-        exported = Session.open(run).export(Path(destination))
+        exported = super().export(run, Path(destination))
         if run.config.params.get("preview", True) and process_world().main:
             write_preview(run, exported, run.output_dir / PREVIEW)
         return exported

@@ -98,8 +98,9 @@ def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator
 
 def write_samples(spoken: Sequence[np.ndarray], directory: Path, step: int, rate: int,
                   metrics=None) -> list[Path]:
-    """``samples/step_<step>_<i>.wav`` (upstream's TensorBoard ``val/sample_<i>``), and the
-    same as TensorBoard audio when ``metrics`` writes events."""
+    """``samples/step_<step>_<i>.wav`` (``step``: the 0-based index, as upstream names them;
+    upstream's TensorBoard ``val/sample_<i>``), and the same as TensorBoard audio when
+    ``metrics`` writes events, at the step's metrics row (``step + 1``: updates made)."""
     import soundfile as sf
 
     from mizuoto.runtime.atomic import atomic_path
@@ -110,6 +111,6 @@ def write_samples(spoken: Sequence[np.ndarray], directory: Path, step: int, rate
         with atomic_path(path) as tmp:
             sf.write(tmp, audio, rate, format="WAV", subtype="FLOAT")
         if metrics is not None:
-            metrics.audio(f"val/sample_{index}/generated_audio", audio, step, rate)
+            metrics.audio(f"val/sample_{index}/generated_audio", audio, step + 1, rate)
         paths.append(path)
     return paths
