@@ -107,3 +107,16 @@ def test_the_server_sends_it_whole_and_streamed(u8, tmp_path):
             assert response.status_code == 200, response.text
             assert response.headers["content-type"] == "audio/x-u8"
             assert response.content == _u8(samples)
+
+
+def test_the_command_line_offers_it(u8):
+    # the choices are read from the table when the command runs, not when it was defined
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    result = CliRunner().invoke(cli, ["batch", "--help"])
+    assert result.exit_code == 0 and "u8" in result.output
+    from mizuoto.commands.toolkit import FormatChoice
+
+    assert FormatChoice().convert("U8", None, None) == "u8"

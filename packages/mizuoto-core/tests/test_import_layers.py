@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("mizuoto.settings_files",),
     ("mizuoto.options",),
     ("mizuoto.runtime",),
-    ("mizuoto.text", "mizuoto.audio_formats", "mizuoto.audio_encoding"),
+    ("mizuoto.text", "mizuoto.audio_formats", "mizuoto.audio_encoders", "mizuoto.audio_encoding"),
     ("mizuoto.contracts",),
     ("mizuoto.nn",),
     ("mizuoto.catalog",),

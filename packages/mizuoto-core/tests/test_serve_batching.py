@@ -22,7 +22,9 @@ from mizuoto import Options, SynthesisRequest  # noqa: E402
 from mizuoto.audio_encoding import to_int16  # noqa: E402
 from mizuoto.errors import InvalidRequest  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
+from mizuoto.contracts.features import SupportsBatching  # noqa: E402
 from mizuoto.serve.batching import Lanes, options_with_max_batch  # noqa: E402
+from mizuoto.serve.worker import ModelWorker  # noqa: E402
 
 TEXT = "Hello from the server."
 # twelve patches each: long enough that four concurrent streams overlap
@@ -119,3 +121,22 @@ def test_lanes_bound_the_jobs_running_at_once():
     started.join(10)
     assert lanes.wait_idle(10) and lanes.active == 0
     assert max(peak) <= 2
+
+
+class _Batches(SupportsBatching):
+    name, max_batch, batch_stats = "batches", 3, None
+    batch_options = classmethod(lambda cls, section, max_batch: dict(section))
+
+
+class _Serial:
+    name = "serial"
+
+
+@pytest.mark.parametrize(("engine", "lanes"), [(_Batches(), 3), (_Serial(), None)])
+def test_a_worker_runs_as_many_at_once_as_the_loaded_engine_batches(engine, lanes):
+    # --max-batch takes one road, the engine's options: the worker reads the loaded engine
+    worker = ModelWorker("m", "m", load=lambda: engine, queue_size=4)
+    worker.start()
+    assert worker.loaded.wait(10) and worker.state == "ready"
+    assert (worker._lanes.size if worker._lanes is not None else None) == lanes
+    worker.stop(5)

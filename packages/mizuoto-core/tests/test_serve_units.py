@@ -15,13 +15,8 @@ pytest.importorskip("fastapi")
 import soundfile as sf
 
 from mizuoto import errors
-from mizuoto.audio_encoding import (
-    StreamEncoder,
-    _mp3_frame_length,
-    encode,
-    output_rate,
-    to_int16,
-)
+from mizuoto.audio_encoders import _mp3_frame_length
+from mizuoto.audio_encoding import StreamEncoder, encode, output_rate, to_int16
 from mizuoto.serve.app import model_names
 from mizuoto.serve.errors import APIError, from_mizuoto
 from mizuoto.serve.metrics import Metrics

@@ -3,7 +3,7 @@
 ``Audio.save``, ``mizuoto say`` (``-o``, ``--stream``), long-form, ``mizuoto batch --format``
 and the server's ``response_format`` (whole and streamed) all read :data:`FORMATS` and write
 through one writer, :func:`mizuoto.audio_encoding.open_writer`; a new format is added here,
-once: its row names its encoder (a :class:`mizuoto.audio_encoding.Encoder`, by import path)
+once: its row names its encoder (a :class:`mizuoto.audio_encoders.Encoder`, by import path)
 and says what every writer must know of it (how libsndfile writes it, the rates it can hold,
 whether it keeps metadata, whether it can be handed out before the end).
 
@@ -38,7 +38,7 @@ class AudioFormat:
     keeps Mizuoto's seed/license tags (WAV INFO, FLAC Vorbis comments). ``container``: it has a
     header (raw PCM has none). ``streamable``: its bytes can be handed out before the audio
     ends. ``needs``: the module its encoder imports, when it is an optional extra.
-    ``encoder``: its :class:`~mizuoto.audio_encoding.Encoder`, as ``"module:Class"`` (imported
+    ``encoder``: its :class:`~mizuoto.audio_encoders.Encoder`, as ``"module:Class"`` (imported
     when the first file of the format is written, so this table stays light).
     """
 
@@ -54,7 +54,7 @@ class AudioFormat:
     container: bool = True
     streamable: bool = True
     needs: str | None = None
-    encoder: str = "mizuoto.audio_encoding:SoundfileEncoder"
+    encoder: str = "mizuoto.audio_encoders:SoundfileEncoder"
 
     @property
     def extension(self) -> str:
@@ -76,7 +76,7 @@ OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 #: The raw ``pcm`` format's rate: 16-bit little-endian mono at 24 kHz, as OpenAI clients assume.
 PCM_RATE = 24000
 
-_ENCODERS = "mizuoto.audio_encoding"
+_ENCODERS = "mizuoto.audio_encoders"
 
 # Every format, by name, in the order error messages list them (a test adds a row of its own).
 _TABLE: dict[str, AudioFormat] = {fmt.name: fmt for fmt in (
@@ -106,10 +106,20 @@ FORMATS: Mapping[str, AudioFormat] = MappingProxyType(_TABLE)
 
 
 class _ByExtension(Mapping):
-    """The formats by file extension, read from the table at each look-up."""
+    """The formats by file extension, indexed again only when the table's rows change (a test
+    adds one)."""
+
+    def __init__(self) -> None:
+        self._rows: tuple[AudioFormat, ...] = ()
+        self._by_extension: dict[str, AudioFormat] = {}
 
     def _index(self) -> dict[str, AudioFormat]:
-        return {extension: fmt for fmt in _TABLE.values() for extension in fmt.extensions}
+        rows = tuple(_TABLE.values())
+        if len(rows) != len(self._rows) or any(a is not b for a, b in zip(rows, self._rows)):
+            self._by_extension = {extension: fmt for fmt in rows
+                                  for extension in fmt.extensions}
+            self._rows = rows
+        return self._by_extension
 
     def __getitem__(self, extension: str) -> AudioFormat:
         return self._index()[extension]

@@ -65,9 +65,10 @@ _ON_FIRST_USE = {
         "tensorboard_available"),
     "mizuoto.training.trainer": ("training_device", "training_precision"),
     # the command toolkit: what mizuoto's commands share, for a plugin's register_commands
-    "mizuoto.commands.toolkit": ("check_audio_output", "check_written", "cli_names",
-                                 "command_params", "command_progress", "model_options",
-                                 "options_to_load", "report_written"),
+    "mizuoto.commands.toolkit": ("FormatChoice", "check_audio_output", "check_written",
+                                 "cli_names", "command_params", "command_progress",
+                                 "model_options", "options_to_load", "report_written",
+                                 "server_options"),
 }
 _MODULE_OF = {name: module for module, names in _ON_FIRST_USE.items() for name in names}
 

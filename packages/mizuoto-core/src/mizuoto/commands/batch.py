@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import click
 
-from mizuoto.audio_formats import FORMATS
 from mizuoto.batch.run import MAX_WORKERS
-from mizuoto.commands.toolkit import command_params, command_progress, options_to_load
+from mizuoto.commands.toolkit import (
+    FormatChoice,
+    command_params,
+    command_progress,
+    options_to_load,
+)
 
 
 @click.command()
@@ -15,7 +19,7 @@ from mizuoto.commands.toolkit import command_params, command_progress, options_t
 @click.option("-m", "--model", required=True, help="Catalog id or model directory (loaded once).")
 @click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for <id>.<format> files and manifest.jsonl.")
-@click.option("--format", "file_format", type=click.Choice(list(FORMATS)), default="wav", show_default=True, help="Audio format of the files written.")
+@click.option("--format", "file_format", type=FormatChoice(), default="wav", show_default=True, help="Audio format of the files written.")
 @click.option("--steps", type=int, help="Sampler steps for lines that do not set them.")
 @click.option("--guidance", type=float, help="Guidance for lines that do not set it.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Engine setting for every line (a line's params win).")

@@ -6,18 +6,13 @@ import os
 
 import click
 
-from mizuoto.commands.toolkit import options_to_load
+from mizuoto.commands.toolkit import options_to_load, server_options
 from mizuoto.errors import InvalidRequest
 
 
 @click.command()
-@click.option("-m", "--model", "models", multiple=True, help="Catalog id or model directory (repeatable); a directory is named by its directory name.")
-@click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable), e.g. tts-1=/path/to/model.")
-@click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2).")
+@server_options(port=8000)
 @click.option("--api-key", envvar="MIZUOTO_API_KEY", help="Require Authorization: Bearer KEY on every path but /health (env MIZUOTO_API_KEY; an empty key is refused).")
-@click.option("--queue-size", default=16, show_default=True, type=int, help="Requests waiting per model before 429.")
 @click.option("--grace", default=30.0, show_default=True, type=float, help="Seconds in-flight requests get to finish on shutdown (0 to 3600).")
 @click.option("--max-loaded", type=int, help="Models kept loaded at once (least recently used unloaded; default: all).")
 @click.option("--memory-budget", metavar="SIZE", help="Weights kept loaded at most, e.g. 8G or 500M (least recently used unloaded).")
@@ -26,8 +21,6 @@ from mizuoto.errors import InvalidRequest
 @click.option("--allowed-origin", "allowed_origins", multiple=True, metavar="ORIGIN", help="Also take state-changing requests from web pages at ORIGIN, e.g. https://app.example.com (repeatable; the server's own page always may).")
 @click.option("--max-voices", default=100, show_default=True, type=int, help="Voices stored at most (more: 409).")
 @click.option("--max-voices-size", default="512M", show_default=True, metavar="SIZE", help="Bytes of stored voices at most, e.g. 512M or 2G (more: 409).")
-@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
-@click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Serve on Ray Serve (mizuoto-core[ray]): a local instance, or the cluster at ADDRESS (docs/serve.md, Scaling out).")
 @click.option("--replicas", type=int, default=1, show_default=True, help="With --ray: replicas per model.")
 @click.option("--min-replicas", type=int, help="With --ray: autoscale each model from this many replicas (with --max-replicas).")

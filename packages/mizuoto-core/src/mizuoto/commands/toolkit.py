@@ -24,8 +24,9 @@ from mizuoto.audio_formats import extensions_text
 from mizuoto.command_options import command_params, options_to_load
 from mizuoto.errors import InvalidRequest, MizuotoError
 
-__all__ = ["check_audio_output", "check_written", "cli_names", "command_params",
-           "command_progress", "model_options", "options_to_load", "report_written"]
+__all__ = ["FormatChoice", "check_audio_output", "check_written", "cli_names",
+           "command_params", "command_progress", "model_options", "options_to_load",
+           "report_written", "server_options"]
 
 log = logging.getLogger("mizuoto")
 
@@ -53,6 +54,52 @@ def model_options(function):
     for option in reversed(_MODEL_OPTIONS):
         function = option(function)
     return function
+
+
+def server_options(*, port: int, unauthenticated: bool = False, queue_full: str = "429"):
+    """Add the options every server command takes, as ``serve`` and ``wyoming`` take them:
+    ``-m/--model`` (``models``, repeatable), ``--alias`` (``aliases``), ``-e/--engine``,
+    ``--host`` (loopback by default), ``--port`` (default ``port``), ``--queue-size``,
+    ``--option`` (``option_pairs``) and ``--options-file``. ``unauthenticated`` says in
+    ``--host``'s help that the protocol has no authentication; ``queue_full`` is what a
+    request past the queue gets."""
+    host_help = "Address to bind (loopback by default" + (
+        "; the protocol has no authentication)." if unauthenticated else ").")
+    options = [
+        click.option("-m", "--model", "models", multiple=True, help="Catalog id or model directory (repeatable); a directory is named by its directory name."),
+        click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable), e.g. tts-1=/path/to/model."),
+        click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory)."),
+        click.option("--host", default="127.0.0.1", show_default=True, help=host_help),
+        click.option("--port", default=port, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2)."),
+        click.option("--queue-size", default=16, show_default=True, type=int, help=f"Requests waiting per model before {queue_full}."),
+        click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable)."),
+        click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options."),
+    ]
+
+    def decorate(function):
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
+class FormatChoice(click.Choice):
+    """``--format``'s choices: the audio format table's names when they are read, not when
+    the command was defined (a format added later is offered and taken)."""
+
+    def __init__(self) -> None:
+        super().__init__((), case_sensitive=False)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from mizuoto.audio_formats import FORMATS
+
+        return tuple(FORMATS)
+
+    @choices.setter
+    def choices(self, value) -> None:  # click.Choice.__init__ sets it: the table wins
+        pass
 
 
 # -- progress --------------------------------------------------------------------------------

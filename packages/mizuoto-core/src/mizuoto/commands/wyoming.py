@@ -6,25 +6,18 @@ from pathlib import Path
 
 import click
 
-from mizuoto.commands.toolkit import options_to_load
+from mizuoto.commands.toolkit import options_to_load, server_options
 from mizuoto.errors import InvalidRequest
 
 
 @click.command()
-@click.option("-m", "--model", "models", multiple=True, help="Catalog id or model directory (repeatable); a directory is named by its directory name.")
-@click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL", help="Serve MODEL under NAME (repeatable).")
-@click.option("-e", "--engine", help="Engine name (default: from the catalog or the directory).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default; Wyoming has no authentication).")
-@click.option("--port", default=10200, show_default=True, type=int, help="Port to listen on, 1 to 65535 (in use: exit 2).")
-@click.option("--queue-size", default=16, show_default=True, type=int, help="Syntheses waiting per model before an error.")
+@server_options(port=10200, unauthenticated=True, queue_full="an error")
 @click.option("--max-connections", default=32, show_default=True, type=int, help="Clients connected at once.")
 @click.option("--seed", type=int, help="Seed of every synthesis (same text and voice: same audio); default: each draws one.")
 @click.option("--steps", type=int, help="Sampling steps of every synthesis (default: the engine's).")
 @click.option("--language", "languages", multiple=True, help="Language to announce (repeatable; default: the engine's).")
 @click.option("--voices-dir", type=click.Path(file_okay=False), help="Saved voices (default: $MIZUOTO_HOME/voices, as mizuoto serve).")
 @click.option("--zeroconf", is_flag=True, help="Announce the server to Home Assistant on the network (needs zeroconf).")
-@click.option("--option", "option_pairs", multiple=True, metavar="KEY=VALUE", help="Option such as compute.device=cpu (repeatable).")
-@click.option("--options-file", type=click.Path(exists=True, dir_okay=False), help="TOML file of options.")
 def wyoming(models, aliases, engine, host, port, queue_size, max_connections, seed, steps,
             languages, voices_dir, zeroconf, option_pairs, options_file):
     """Serve models to Home Assistant over the Wyoming protocol (docs/home-assistant.md)."""

@@ -71,9 +71,10 @@ class ServeConfig:
     (:class:`~mizuoto.serve.pool.ModelPool`).
     ``shared_lock`` runs every model's requests under one lock: the single-global-lock
     baseline of the load test, not a setting to serve with. ``max_batch`` (1 to
-    :data:`~mizuoto.serve.batching.MAX_BATCH`) runs up to that many requests of one model at
-    once, batched by engines that batch (:mod:`mizuoto.serve.batching`); 1 runs them one
-    after the other.
+    :data:`~mizuoto.serve.batching.MAX_BATCH`) takes one road: into the options of the
+    engines that batch (:mod:`mizuoto.serve.batching`); a model's worker then runs as many of
+    its requests at once as the loaded engine says it batches. 1, or an engine that does not
+    batch: one after the other.
 
     ``allowed_hosts`` and ``allowed_origins`` add to what a browser may reach
     (:mod:`mizuoto.serve.browser`); ``max_voices`` and ``max_voices_bytes`` cap the stored
@@ -187,8 +188,7 @@ class _State:
                 load, preload = loader(name, model)
             worker = ModelWorker(name, model, load=load,
                                  queue_size=config.queue_size, metrics=self.metrics,
-                                 shared_lock=shared, pool=pool, preload=preload,
-                                 max_batch=config.max_batch)
+                                 shared_lock=shared, pool=pool, preload=preload)
             self.metrics.watch_queue(name, worker.depth)
             self.metrics.watch_batches(name, lambda worker=worker: batch_stats(worker.engine))
             self.workers[name] = worker

@@ -39,6 +39,7 @@ from types import MappingProxyType
 
 import attrs
 
+from mizuoto.contracts.features import SupportsBatching
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.app import ServeConfig, _loader, create_app
 from mizuoto.serve.batching import MAX_BATCH
@@ -127,8 +128,7 @@ def _config_fields(config: ServeConfig) -> dict:
 def _start_worker(name: str, model: str, config: ServeConfig) -> ModelWorker:
     """A started worker with ``model`` loaded (or failed to load: logged, and said by
     :func:`_describe` to whoever asks)."""
-    worker = ModelWorker(name, model, load=_loader(model, config), queue_size=config.queue_size,
-                         max_batch=config.max_batch)
+    worker = ModelWorker(name, model, load=_loader(model, config), queue_size=config.queue_size)
     worker.start()
     worker.loaded.wait()
     if worker.state == "failed":
@@ -265,15 +265,18 @@ def _unwrapped(exc: BaseException, model: str) -> BaseException:
     return exc
 
 
-class RemoteEngine:
+class RemoteEngine(SupportsBatching):
     """An engine whose calls run on a model deployment's replicas: what the routes read of an
-    engine (name, info, settings, ``parse_params``) is the replica's, fetched once."""
+    engine (name, info, settings, ``parse_params``) is the replica's, fetched once. It
+    "batches" ``lanes`` requests: that many are passed on at once, for the replicas to run
+    (each batches by its own engine's options)."""
 
     params_class = None
 
-    def __init__(self, model: str, handle, description: dict) -> None:
+    def __init__(self, model: str, handle, description: dict, lanes: int = 1) -> None:
         self._model = model
         self._handle = handle
+        self._lanes = lanes
         self._engine_class = description["cls"]
         self.name = description["name"]
         self.info = description["info"]
@@ -281,7 +284,19 @@ class RemoteEngine:
         self._sampler_defaults = description["sampler_defaults"]
 
     @classmethod
-    def connect(cls, model: str, handle) -> RemoteEngine:
+    def batch_options(cls, section, max_batch: int) -> dict:
+        return dict(section)  # the replicas' engines take --max-batch, not this proxy
+
+    @property
+    def max_batch(self) -> int:
+        return self._lanes
+
+    @property
+    def batch_stats(self):
+        return None  # counted on the replicas
+
+    @classmethod
+    def connect(cls, model: str, handle, lanes: int = 1) -> RemoteEngine:
         """The remote engine of ``handle``'s deployment (waits until a replica answers)."""
         try:
             description = handle.describe.remote().result()
@@ -290,7 +305,7 @@ class RemoteEngine:
         # the routes read params_class from the engine's type, as of a local engine
         kind = type(f"Remote{description['cls'].__name__}", (cls,),
                     {"params_class": description["cls"].params_class})
-        return kind(model, handle, description)
+        return kind(model, handle, description, lanes)
 
     @property
     def capabilities(self):
@@ -347,8 +362,9 @@ class Ingress:
     id; ``lanes`` is how many requests of one model it passes on at once (every replica's)."""
 
     def __init__(self, config: dict, handles: dict, lanes: int) -> None:
-        self._config = attrs.evolve(ServeConfig(**config), max_batch=lanes)
+        self._config = ServeConfig(**config)
         self._handles = handles
+        self._lanes = lanes
 
     def _loader(self, name: str, model: str):
         handle, adapter = self._handles[name]
@@ -356,7 +372,7 @@ class Ingress:
             handle = handle.options(multiplexed_model_id=adapter)
 
         def load():
-            return RemoteEngine.connect(name, handle)
+            return RemoteEngine.connect(name, handle, self._lanes)
 
         # an adapter loads on its first request (in a replica's LRU), a model at start
         return load, adapter is None

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mizuoto.contracts.features import batching_engine
 from mizuoto.runtime.busy_wait import waiting_at_most
 from mizuoto.serve.batching import Lanes
 from mizuoto.serve.errors import APIError, from_mizuoto, unavailable, without_paths
@@ -42,11 +43,11 @@ class ModelWorker:
 
     def __init__(self, name: str, model: str, *, load: Callable[[], object], queue_size: int,
                  metrics=None, shared_lock: threading.Lock | None = None,
-                 pool: ModelPool | None = None, preload: bool = True,
-                 max_batch: int = 1) -> None:
+                 pool: ModelPool | None = None, preload: bool = True) -> None:
         self.name = name
-        # --max-batch: jobs run on lanes, several at once (mizuoto.serve.batching)
-        self._lanes = Lanes(name, max_batch) if max_batch > 1 else None
+        # jobs run on lanes, several at once, when the loaded engine batches (its max_batch,
+        # which --max-batch asked for through its options: mizuoto.serve.batching)
+        self._lanes: Lanes | None = None
         self.model = model
         self._load = load
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -167,6 +168,7 @@ class ModelWorker:
             engine = self._load()
             self.engine, self.engine_bytes = engine, _engine_bytes(engine)
             self.engine_name = getattr(engine, "name", None)
+            self._fit_lanes(engine)
         except BaseException as exc:  # reported to every request for this model
             self.engine, self.error, self.state = None, exc, "failed"
             log.error("model %s failed to load: %s", self.name, exc)
@@ -176,6 +178,14 @@ class ModelWorker:
         if self.state == "loading":
             self.state = "ready"
         log.info("model %s ready (%s)", self.name, self.model)
+
+    def _fit_lanes(self, engine) -> None:
+        """Lanes for as many jobs at once as ``engine`` batches (none for 1). Kept over an
+        unload and reload: the same model batches the same."""
+        batching = batching_engine(engine)
+        size = batching.max_batch if batching is not None else 1
+        if size > 1 and self._lanes is None:
+            self._lanes = Lanes(self.name, size)
 
     def _main(self) -> None:
         if self._preload:
