@@ -373,7 +373,8 @@ def test_one_section_in_the_encoders_formats_is_what_say_writes(engine, tmp_path
 def test_a_wav_past_the_32_bit_limit_becomes_rf64_at_the_boundary(tmp_path):
     import soundfile as sf
 
-    from mizuoto.audio_encoding import WAV_MAX_DATA_BYTES, WriteSettings, open_writer, wav_container
+    from mizuoto.audio_encoders import WAV_MAX_DATA_BYTES, wav_container
+    from mizuoto.audio_encoding import WriteSettings, open_writer
 
     for size, container in ((WAV_MAX_DATA_BYTES, "WAV"), (WAV_MAX_DATA_BYTES + 2, "RF64"),
                             (0xFFFFFFFF + 2, "RF64"), (6 << 30, "RF64")):
@@ -393,11 +394,11 @@ def test_a_wav_past_the_32_bit_limit_becomes_rf64_at_the_boundary(tmp_path):
 def test_rf64_output_reads_back_as_the_wav_would(engine, tmp_path, monkeypatch):
     import soundfile as sf
 
-    from mizuoto import audio_encoding
+    from mizuoto import audio_encoders
 
     request = SynthesisRequest(TEXT, seed=3)
     synthesize_to(engine, tmp_path / "plain.wav", request, max_chars=150)
-    monkeypatch.setattr(audio_encoding, "WAV_MAX_DATA_BYTES", 1000)  # a long run, in miniature
+    monkeypatch.setattr(audio_encoders, "WAV_MAX_DATA_BYTES", 1000)  # a long run, in miniature
     synthesize_to(engine, tmp_path / "long.wav", request, max_chars=150)
     with sf.SoundFile(tmp_path / "long.wav") as long, sf.SoundFile(tmp_path / "plain.wav") as plain:
         assert (long.format, plain.format) == ("RF64", "WAV")
