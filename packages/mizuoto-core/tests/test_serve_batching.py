@@ -20,9 +20,9 @@ import soundfile as sf  # noqa: E402
 import mizuoto  # noqa: E402
 from mizuoto import Options, SynthesisRequest  # noqa: E402
 from mizuoto.audio_encoding import to_int16  # noqa: E402
+from mizuoto.contracts.features import SupportsBatching  # noqa: E402
 from mizuoto.errors import InvalidRequest  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
-from mizuoto.contracts.features import SupportsBatching  # noqa: E402
 from mizuoto.serve.batching import Lanes, options_with_max_batch  # noqa: E402
 from mizuoto.serve.worker import ModelWorker  # noqa: E402
 

@@ -115,7 +115,7 @@ class _ByExtension(Mapping):
 
     def _index(self) -> dict[str, AudioFormat]:
         rows = tuple(_TABLE.values())
-        if len(rows) != len(self._rows) or any(a is not b for a, b in zip(rows, self._rows)):
+        if len(rows) != len(self._rows) or any(a is not b for a, b in zip(rows, self._rows, strict=True)):
             self._by_extension = {extension: fmt for fmt in rows
                                   for extension in fmt.extensions}
             self._rows = rows

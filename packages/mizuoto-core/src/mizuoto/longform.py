@@ -47,6 +47,7 @@ from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS, SynthesisReques
 from mizuoto.contracts.results import Applied, file_metadata
 from mizuoto.errors import InvalidRequest
 from mizuoto.identity import model_identity, request_identity
+from mizuoto.output_paths import check_output_file
 
 if TYPE_CHECKING:
     from mizuoto.contracts.engine import Engine
@@ -163,6 +164,9 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
     """
     path = Path(path)
     fmt, raw_subtype = _output_format(path)
+    # before any section is spoken (the CLI checks as much; the Python API did not: a folder
+    # named like the output was found only after the last section)
+    check_output_file(path, "path")
     if not 1 <= max_chars <= MAX_TEXT_CHARS:
         raise InvalidRequest("max_chars", f"must be in [1, {MAX_TEXT_CHARS}], got {max_chars}")
     if stop_after is not None and stop_after < 0:
