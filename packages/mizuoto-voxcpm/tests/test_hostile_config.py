@@ -125,3 +125,18 @@ def test_a_config_its_weights_do_not_fit_is_named_before_the_model_is_allocated(
     with pytest.raises(CheckpointMismatch, match="model.safetensors does not match") as info:
         model_module.load_model(directory, config, dtype=config.torch_dtype)
     assert info.value.missing or info.value.shapes
+
+
+def test_a_release_that_does_not_fit_blames_the_memory_not_the_config(tmp_path, monkeypatch):
+    # VoxCPM2 in float32 (about 8.4 GiB) on a machine with less free: the config is a release
+    raw = realsize_config("voxcpm2", dtype="float32")
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    monkeypatch.setattr(config_module, "_available_memory", lambda: 4 << 30)
+    with pytest.raises(ConfigError, match="free memory is short.*compute.dtype=bfloat16") as info:
+        VoxCPMConfig.from_model_dir(tmp_path)
+    assert "not a VoxCPM release" not in str(info.value)
+    # a config larger than any release is still called what it is
+    raw["lm_config"]["num_hidden_layers"] = 200
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="not a VoxCPM release"):
+        VoxCPMConfig.from_model_dir(tmp_path)

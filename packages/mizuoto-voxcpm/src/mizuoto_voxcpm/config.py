@@ -374,13 +374,27 @@ def _available_memory() -> int | None:
     return available_memory()  # a name of its own: the tests make a machine of any size
 
 
+#: Parameters of the largest release, VoxCPM2, by `parameter_bytes`' estimate (2.26 billion),
+#: with room: a config above it is not a release
+LARGEST_RELEASE_PARAMETERS = 2_500_000_000
+
+
 def _check_memory(config: VoxCPMConfig) -> None:
-    """Refuse, by name, a config whose weights alone would not fit in the free memory."""
+    """Refuse, by name, a config whose weights alone would not fit in the free memory; the
+    message says whether the machine's free memory is the cause (a release's size) or the
+    config (larger than any release)."""
     needed, available = parameter_bytes(config), _available_memory()
-    if available is not None and needed > available:
-        raise ConfigError(config.path, "lm_config", (
-            f"its weights need about {needed / 2**30:.1f} GiB but {available / 2**30:.1f} GiB "
-            "of memory is available; a config.json this large is not a VoxCPM release"))
+    if available is None or needed <= available:
+        return
+    sizes = f"its weights need about {needed / 2**30:.1f} GiB but {available / 2**30:.1f} GiB " \
+        "of memory is available"
+    parameters = needed // torch.empty((), dtype=config.torch_dtype).element_size()
+    if parameters > LARGEST_RELEASE_PARAMETERS:
+        raise ConfigError(config.path, "lm_config",
+                          f"{sizes}; a config.json this large is not a VoxCPM release")
+    raise ConfigError(config.path, "lm_config", f"{sizes}: a release's size, so the machine's "
+                      "free memory is short, not the config; close other programs, or load it "
+                      "in bfloat16 (--option compute.dtype=bfloat16)")
 
 
 def _validate(config: VoxCPMConfig) -> None:
