@@ -24,7 +24,7 @@ The loop runs where the model is (``compute.device``). ``mixed_precision`` is ac
 ``bf16``/``fp16`` run the loss (upstream's whole ``CFM.forward``) under ``torch.autocast``;
 ``fp16`` adds its ``GradScaler``: the scaled loss is backpropagated, gradients are unscaled
 before clipping, and an update the scaler skips does not advance the schedule (the EMA and the
-update count advance anyway, as upstream's loop does) (`mizuoto.runtime.precision`).
+update count advance anyway, as upstream's loop does) (core's `mizuoto.training.Precision`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LinearLR, SequentialLR
 
-from mizuoto.runtime import precision
+from mizuoto.training import Precision
 from mizuoto_f5tts.training.batching import (
     MelDataset,
     SampleBatches,
@@ -271,8 +271,8 @@ class FineTuning:
                                                     find_unused_parameters=True)
         self.optimizer = AdamW(model.parameters(), lr=settings.learning_rate, fused=True)
         self.device = next(model.parameters()).device
-        self.precision = settings.mixed_precision
-        self.scaler = precision.grad_scaler(self.device, self.precision)
+        # core's Precision: accelerate's autocast and (fp16) gradient scaler, as one object
+        self.precision = Precision(settings.mixed_precision, str(self.device))
         self.offload = OptimizerStateOffload(self.optimizer, self.device) \
             if memory == "lowest" else None
         if settings.batch_size_type == "frame":
@@ -345,15 +345,13 @@ class FineTuning:
         if self.world_size > 1 and not sync:
             skip_sync = self.backbone.no_sync()  # gradients all-reduced at the update only
         with skip_sync:
-            with precision.autocast(device, self.precision):
+            with self.precision.autocast():
                 # accelerate converts a prepared model's outputs to float32
                 loss = flow_matching_loss(self.backbone, mel, text, lens, self.draws).float()
-            share = loss / self.settings.grad_accumulation
-            (share if self.scaler is None else self.scaler.scale(share)).backward()
+            self.precision.backward(loss / self.settings.grad_accumulation)
         if sync:
             if self.settings.max_grad_norm > 0:
-                if self.scaler is not None:
-                    self.scaler.unscale_(self.optimizer)
+                self.precision.unscale(self.optimizer)
                 self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
                     self.model.parameters(), self.settings.max_grad_norm))
             else:  # upstream does not clip then (nor unscale): the norm is still logged
@@ -361,7 +359,7 @@ class FineTuning:
                     [p.grad for p in self.model.parameters() if p.grad is not None]))
             if self.offload is not None:
                 self.offload.to_device()
-            if precision.scaled_step(self.optimizer, self.scaler):
+            if self.precision.step(self.optimizer):
                 self.scheduler.step()
             if self.offload is not None:
                 self.offload.to_host()
@@ -409,7 +407,7 @@ class FineTuning:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             **self.rng_state(),
-            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "scaler": self.precision.state_dict(),
             "sampler_rng": None if self.sampler is None else self.sampler.generator.get_state(),
             "position": {"epoch": self.epoch, "index": self.index, "update": self.update,
                          "accumulated": self.accumulated},
@@ -434,8 +432,7 @@ class FineTuning:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.offload is not None:
             self.offload.to_host()
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        self.precision.load_state_dict(state.get("scaler"))
         self.scheduler.load_state_dict(state["scheduler"])
         self.set_rng_state(state)
         if self.sampler is not None:
