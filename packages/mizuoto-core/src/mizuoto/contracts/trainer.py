@@ -173,7 +173,7 @@ class TrainerParams:
         names = {}
         for field in attrs.fields(cls):
             names[field.name] = field.name
-            names.update(dict.fromkeys(field.metadata["upstream"], field.name))
+            names.update(dict.fromkeys(field.metadata.get("upstream", ()), field.name))
         return names
 
     @classmethod
@@ -206,6 +206,17 @@ class TrainerParams:
             raise InvalidRequest(f"params.{given[name]}", f"{exc.problem} (the shared "
                                  f"{name})", exc.fix) from None
         return settings, {k: v for k, v in params.items() if k not in shared}
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any], *, trainer: str) -> TrainerParams:
+        """All of a run's ``params`` read into this class (a trainer's subclass adds its own
+        fields); a key no field declares is refused, naming the ones that exist."""
+        settings, unknown = cls.of(params)
+        if unknown:
+            raise InvalidRequest("params", f"unknown {trainer} training settings: "
+                                 f"{', '.join(sorted(unknown))}",
+                                 f"known: {', '.join(cls.names())}")
+        return settings
 
 
 def training_settings() -> tuple[Setting, ...]:

@@ -13,25 +13,9 @@ Stages (the `mizuoto.Trainer` contract):
   it stops after the current update, writes it and returns (``TrainingResult.interrupted``).
 - `export`: the EMA weights as a model directory (`export_model`).
 
-``config.params`` (all optional): ``epochs`` (default: enough for ``steps`` updates; the
-learning-rate schedule spans all of them, as upstream's), ``warmup_updates`` (default a tenth
-of the run, at most upstream's 20000; fewer than the run's updates), ``batch_size_type`` (``frame``, upstream's default, or
-``sample``: then ``config.batch_size`` clips per batch), ``batch_frames`` (3200),
-``max_samples`` (64), ``grad_accumulation`` (1), ``max_grad_norm`` (1.0), ``shuffle_seed``
-(666, upstream's ``resumable_with_seed``), ``variant`` (``v1_base``, ``base`` or ``e2_base``;
-default: the model directory's record, the weights or upstream's release file name, never the
-folders' names: `mizuoto_f5tts.identification`; an unnamed DiT is refused), ``extend_vocab`` (``true``: add the data's tokens the
-vocabulary lacks; or a list of tokens; the text embedding grows as upstream's
-``expand_model_embeddings`` grows it), ``shard_batches`` (under torchrun; default true),
-``vocab_file`` (upstream's ``--tokenizer custom --tokenizer_path``: this vocabulary instead of
-the model directory's), ``finetune`` (default true; false: upstream without ``--finetune``, the
-model starts from its random initialisation), ``keep_last_n_checkpoints`` (default 0; -1: all;
-N: the newest N) copies of the run checkpoint as ``checkpoints/model_<update>.pt`` every
-``checkpoint_every`` updates (default ``save_every``; upstream's ``save_per_updates``, while
-``save_every`` is its ``last_per_updates``), ``log_samples`` (default false; upstream's
-``--log_samples``: audio samples every ``checkpoint_every`` updates in ``samples/``, see
-`mizuoto_f5tts.training.samples`; they do not change the training). Training stops after
-``config.steps`` updates or at the end of the last epoch.
+``config.params``: `F5TrainingParams` (the shared trainer settings and F5's own, all
+optional, each documented there). Training stops after ``config.steps`` updates or at the end
+of the last epoch.
 
 ``config.compute.device`` (``auto``: CUDA, else MPS, else the CPU, as accelerate picks) is
 where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
@@ -54,7 +38,6 @@ import torch
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.trainer import (
     MAX_STEPS,
-    TrainerParams,
     TrainingConfig,
     checkpoint_retention,
 )
@@ -82,17 +65,14 @@ from mizuoto_f5tts.training.data import (
 )
 from mizuoto_f5tts.training.export import write_model
 from mizuoto_f5tts.training.loop import FineTuning, LoopSettings, Record
+from mizuoto_f5tts.training.params import F5TrainingParams
 from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
 from mizuoto_f5tts.training.samples import TrainingSamples
 from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state, save_run_state
-from mizuoto_f5tts.variants import VARIANT_NAMES, F5Variant
+from mizuoto_f5tts.variants import F5Variant
 
 logger = logging.getLogger(__name__)
 
-#: F5's own params (besides the shared `TrainerParams`)
-OWN_PARAMS = ("epochs", "batch_size_type", "batch_frames", "max_samples", "shuffle_seed",
-              "variant", "shard_batches", "extend_vocab", "vocab_file", "finetune")
-PARAMS = (*OWN_PARAMS, *(f.name for f in attrs.fields(TrainerParams)))
 LOG_FILE = "training_log.jsonl"
 
 
@@ -116,21 +96,14 @@ class F5Run:
     device: str = "cpu"
 
 
-def _bool_param(params, key: str, default: bool) -> bool:
-    value = params.get(key, default)
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"params.{key}", f"must be true or false, got {value!r}")
-    return value
-
-
-def _vocab_file(params, model_dir: Path) -> Path:
+def _vocab_file(params: F5TrainingParams, model_dir: Path) -> Path:
     from mizuoto_f5tts.checkpoint import VOCAB_FILE, default_vocab_path
 
-    custom = params.get("vocab_file")
+    custom = params.vocab_file
     if custom is None:
         own = model_dir / VOCAB_FILE
         return own if own.is_file() else default_vocab_path()
-    if not isinstance(custom, (str, Path)) or not Path(custom).is_file():
+    if not Path(custom).is_file():
         raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {custom!r}",
                              "one token per line, as upstream's --tokenizer_path")
     return Path(custom)
@@ -147,29 +120,20 @@ def _check_vocab_size(base: dict, vocab: dict, field: str, vocab_file: Path) -> 
                              "tokens), or set finetune: false to train from scratch")
 
 
-def _int_param(params, key: str, default: int, low: int = 0) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidRequest(f"params.{key}", f"must be an integer >= {low}, got {value!r}")
-    return value
-
-
 def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
     device = training_device(config.compute)
     return device, training_precision(config.mixed_precision, device, auto="no", why=(
         "accelerate's loss scaling refuses it there too"))
 
 
+def _params(config: TrainingConfig) -> F5TrainingParams:
+    return F5TrainingParams.parse(config.params, trainer="F5-TTS")
+
+
 def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str = "no"
               ) -> LoopSettings:
-    shared, params = TrainerParams.of(config.params)
-    unknown = sorted(set(params) - set(OWN_PARAMS))
-    if unknown:
-        raise InvalidRequest("params", f"unknown F5-TTS training settings: {', '.join(unknown)}",
-                             f"known: {', '.join(PARAMS)}")
-    kind = params.get("batch_size_type", "frame")
-    if kind not in ("frame", "sample"):
-        raise InvalidRequest("params.batch_size_type", f"must be 'frame' or 'sample', got {kind!r}")
+    params = _params(config)
+    kind = params.batch_size_type
     # a setting of the other batching mode would be ignored: refused instead
     if kind == "frame" and config.batch_size != 1:
         raise InvalidRequest("batch_size", f"{config.batch_size} does not apply under frame "
@@ -179,16 +143,16 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
     if kind == "sample":
         # (at upstream's default they change nothing: finetune_cli passes them whatever the
         # batching, and so may a recipe)
-        for key, default in (("batch_frames", 3200), ("max_samples", 64)):
-            if params.get(key, default) != default:
-                raise InvalidRequest(f"params.{key}", "applies to frame batching only, not "
+        defaults = F5TrainingParams()
+        for name in ("batch_frames", "max_samples"):
+            if getattr(params, name) != getattr(defaults, name):
+                raise InvalidRequest(f"params.{name}", "applies to frame batching only, not "
                                      "batch_size_type sample", "set batch_size (clips per "
                                      "batch) instead")
-    frames = _int_param(params, "batch_frames", 3200, 1)
-    max_samples = _int_param(params, "max_samples", 64)
+    frames, max_samples = params.batch_frames, params.max_samples
     # upstream's finetune_cli: no accumulation, clipping at 1.0
-    accumulation = 1 if shared.grad_accumulation is None else shared.grad_accumulation
-    norm = 1.0 if shared.max_grad_norm is None else shared.max_grad_norm
+    accumulation = 1 if params.grad_accumulation is None else params.grad_accumulation
+    norm = 1.0 if params.max_grad_norm is None else params.max_grad_norm
     if kind == "frame":
         per_epoch = len(frame_batches(data.durations, frames, max_samples))
         if per_epoch == 0:
@@ -197,9 +161,11 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
     else:
         per_epoch = -(-len(data.clips) // config.batch_size)
     updates_per_epoch = math.ceil(per_epoch / accumulation)
-    epochs = _int_param(params, "epochs", math.ceil(config.steps / updates_per_epoch), 1)
+    epochs = params.epochs
+    if epochs is None:  # enough for the run's steps
+        epochs = math.ceil(config.steps / updates_per_epoch)
     total = updates_per_epoch * epochs
-    warmup = min(20000, total // 10) if shared.warmup_updates is None else shared.warmup_updates
+    warmup = min(20000, total // 10) if params.warmup_updates is None else params.warmup_updates
     if warmup == total:
         # upstream's decay LinearLR then has no iterations: it divides by zero at the last update
         raise InvalidRequest("params.warmup_updates", f"must not equal the run's {total} "
@@ -211,12 +177,13 @@ def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str =
         epochs=epochs, learning_rate=config.learning_rate, warmup_updates=warmup,
         batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
         max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
-        shuffle_seed=_int_param(params, "shuffle_seed", 666), save_every=config.save_every,
+        shuffle_seed=params.shuffle_seed, save_every=config.save_every,
         max_updates=config.steps, mixed_precision=mixed_precision)
 
 
 class F5Trainer(StepTrainer):
     engine = "f5tts"
+    params_class = F5TrainingParams
     methods = frozenset({"full"})
     memory_levels = ("default", "low", "lowest")
 
@@ -243,21 +210,18 @@ class F5Trainer(StepTrainer):
         from mizuoto_f5tts.text import read_vocab
 
         self.check(config)
+        params = _params(config)  # every param checked before the model is read
         device, mixed_precision = _device_and_precision(config)
-        family = config.params.get("variant")
-        if family is not None and family not in VARIANT_NAMES:
-            raise InvalidRequest("params.variant", f"must be one of {VARIANT_NAMES}, "
-                                 f"got {family!r}")
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
-        finetune = _bool_param(config.params, "finetune", True)
+        finetune = params.finetune
         keep, every = checkpoint_retention(config)
-        vocab_file = _vocab_file(config.params, model_dir)
+        vocab_file = _vocab_file(params, model_dir)
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)
-        variant = checkpoint_variant(checkpoint, base, family, field="params.variant")
+        variant = checkpoint_variant(checkpoint, base, params.variant, field="params.variant")
         if finetune:
-            _check_vocab_size(base, vocab, "params.vocab_file" if "vocab_file" in config.params
+            _check_vocab_size(base, vocab, "params.vocab_file" if params.vocab_file is not None
                               else "model", vocab_file)
         del base
         # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced),
@@ -266,17 +230,13 @@ class F5Trainer(StepTrainer):
         run_dir = RunDirectory(config.output_dir)
         run_dir.check_writable(needed_bytes=4 * weights * (2 + max(keep, 0)))
         prepared_dir = run_dir.path / "prepared"
-        extend = config.params.get("extend_vocab", False)
+        extend = params.extend_vocab
         new_tokens = 0
         if extend is False:
             data = prepare_dataset(config.dataset, vocab, progress=progress)
             self._claim(run_dir, config, [checkpoint, vocab_file], data)
             write_prepared(data, prepared_dir)
         else:
-            if extend is not True and not (isinstance(extend, (list, tuple))
-                                           and all(isinstance(t, str) for t in extend)):
-                raise InvalidRequest("params.extend_vocab", "must be true (the data's new "
-                                     "tokens) or a list of tokens", f"got {extend!r}")
             with open(vocab_file, encoding="utf-8") as handle:
                 tokens = [line[:-1] for line in handle]  # every line, repeats too (upstream)
             added = extended_vocab(vocab, [], extend) if extend is not True else []
@@ -307,7 +267,7 @@ class F5Trainer(StepTrainer):
             "seed": config.seed, "memory": config.memory, **applied,
             "params": {k: v for k, v in config.params.items() if k not in applied
                        and k not in ("batch_frames", "max_samples", "logger")},
-            "device": str(device)}, logger=TrainerParams.of(config.params)[0].logger)
+            "device": str(device)}, logger=params.logger)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
                      config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
                      every, str(device))
@@ -326,11 +286,11 @@ class F5Trainer(StepTrainer):
             load_into(model, base, run.checkpoint)
             del base
         model.to(run.device).train()
-        shard = _bool_param(run.config.params, "shard_batches", True)
         world = self.world(run)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           run.settings, py_random=py_random, memory=run.memory,
-                          world=(world.rank, world.size), shard_batches=shard)
+                          world=(world.rank, world.size),
+                          shard_batches=_params(run.config).shard_batches)
         if not run.finetune:  # upstream without a pretrained_ file: a fresh EMA
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
@@ -375,7 +335,7 @@ class F5Session(TrainingSession):
     def __init__(self, run: F5Run, loop: FineTuning, world: ProcessWorld) -> None:
         self.run, self.loop, self.world = run, loop, world
         self.total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
-        log_samples = TrainerParams.of(run.config.params)[0].samples  # upstream: off
+        log_samples = _params(run.config).samples  # upstream: off
         self.samples_every = run.checkpoint_every if log_samples else 0
         self._writer = None
 
