@@ -13,16 +13,15 @@ or empty: no validation) and ``valid_interval`` turn on upstream's validation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
 
 from mizuoto.contracts import TrainingConfig
-from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
 from mizuoto.training import warn_long_warmup
 from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for, target_names
+from mizuoto_voxcpm.training.params import VoxCPMTrainingParams
 
 UPSTREAM_SEED = 42  # upstream's Accelerator(seed=42), whatever the yaml says
 _COMMON = {"weight_decay": 0.01, "warmup_steps": 100, "max_batch_tokens": 8192,
@@ -42,17 +41,8 @@ RECIPES: dict[str, dict[str, Any]] = {
                 "num_iters": 1000, "lora_r": 32, "lora_alpha": 32,
                 "save_interval": 500, "valid_interval": 500},
 }
-#: VoxCPM's own ``params`` (besides ``lora_*`` and the shared `TrainerParams`: warm-up as
-#: upstream's ``warmup_steps``, accumulation as its ``grad_accum_steps``, ``max_grad_norm``...)
-TUNABLE = ("weight_decay", "max_steps", "max_batch_tokens", "lambda_diff", "lambda_stop",
-           "val_manifest", "valid_interval")
 #: upstream's script default: validate every this many steps (and after the last)
 VALID_INTERVAL = 1000
-#: checked, not tuned: upstream's yaml ``sample_rate`` must be the model's VAE rate
-CHECKED = ("sample_rate",)
-LORA_TARGETS = ("lora_target_modules_lm", "lora_target_modules_dit", "lora_target_proj_modules")
-LORA_PARAMS = ("lora_r", "lora_alpha", "lora_dropout", "lora_enable_lm", "lora_enable_dit",
-               "lora_enable_proj", *LORA_TARGETS)
 # which enable flag each target list belongs to
 _TARGET_FLAG = {"target_modules_lm": "enable_lm", "target_modules_dit": "enable_dit",
                 "target_proj_modules": "enable_proj"}
@@ -95,62 +85,36 @@ class Recipe:
 
 
 def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
+    """The run's recipe: ``config.params`` (`VoxCPMTrainingParams`, every key checked) over
+    the generation's."""
     base = RECIPES[generation]
-    shared, params = TrainerParams.of(config.params)
-    unknown = sorted(set(params) - set(TUNABLE) - set(LORA_PARAMS) - set(CHECKED)
-                     - {"preview"})
-    if not isinstance(params.get("preview", True), bool):
-        raise InvalidRequest("params.preview", "must be true or false")
-    if unknown:
-        shared_names = tuple(f.name for f in attrs.fields(TrainerParams))
-        raise InvalidRequest("params", f"unknown training settings {unknown}; known: "
-                             f"{', '.join(TUNABLE + shared_names + LORA_PARAMS)}")
-    if config.method == "full":
-        extra = sorted(set(params) & set(LORA_PARAMS))
-        if extra:
-            raise InvalidRequest("params", f"{extra} apply to method 'lora' only")
+    params = VoxCPMTrainingParams.parse(config.params, trainer="VoxCPM")
+    if config.method == "full" and params.lora_given():
+        raise InvalidRequest("params", f"{params.lora_given()} apply to method 'lora' only")
 
     def pick(name: str, kind: type):
-        value = params.get(name)
-        if value is None:
-            value = base.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise InvalidRequest(f"params.{name}", f"must be a number >= 0, got {value!r}")
-        if kind is int and value != int(value):
-            raise InvalidRequest(f"params.{name}", f"must be a whole number, got {value!r}")
-        return kind(value)
+        value = getattr(params, name)
+        return kind(base.get(name, 0) if value is None else value)
 
     lora = None
     if config.method == "lora":
-        dropout = params.get("lora_dropout", 0.0)
-        if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise InvalidRequest("params.lora_dropout", f"must be in [0, 1), got {dropout!r}")
-        flags = {k: params.get(f"lora_{k}", default) for k, default in
-                 (("enable_lm", True), ("enable_dit", True), ("enable_proj", False))}
-        for key, value in flags.items():
-            if not isinstance(value, bool):
-                raise InvalidRequest(f"params.lora_{key}", f"must be true or false, got {value!r}")
+        flags = {k: default if getattr(params, f"lora_{k}") is None
+                 else getattr(params, f"lora_{k}")
+                 for k, default in (("enable_lm", True), ("enable_dit", True),
+                                    ("enable_proj", False))}
         if not any(flags.values()):
             raise InvalidRequest("params", "LoRA needs at least one of lora_enable_lm, "
                                  "lora_enable_dit, lora_enable_proj")
         targets = _lora_targets(params, flags, generation == "voxcpm2")
         lora = lora_config_for(generation == "voxcpm2", r=pick("lora_r", int),
-                               alpha=pick("lora_alpha", int), dropout=float(dropout), **flags,
-                               **targets)
-        if lora.r < 1:
-            raise InvalidRequest("params.lora_r", "must be at least 1")
+                               alpha=pick("lora_alpha", int),
+                               dropout=float(params.lora_dropout or 0.0), **flags, **targets)
     # the shared settings (None: the generation's recipe), under upstream's names here
-    accum = base["grad_accum_steps"] if shared.grad_accumulation is None \
-        else shared.grad_accumulation
-    val_manifest = params.get("val_manifest")
-    if val_manifest is not None and not isinstance(val_manifest, str | Path):
-        raise InvalidRequest("params.val_manifest", f"must be a path, got {val_manifest!r}")
-    interval = params.get("valid_interval")
-    interval = VALID_INTERVAL if interval is None else pick("valid_interval", int)
-    if interval < 1:
-        raise InvalidRequest("params.valid_interval", "must be at least 1")
-    max_steps = config.steps if params.get("max_steps") is None else pick("max_steps", int)
-    warmup = base["warmup_steps"] if shared.warmup_updates is None else shared.warmup_updates
+    accum = base["grad_accum_steps"] if params.grad_accumulation is None \
+        else params.grad_accumulation
+    interval = VALID_INTERVAL if params.valid_interval is None else int(params.valid_interval)
+    max_steps = config.steps if params.max_steps is None else int(params.max_steps)
+    warmup = base["warmup_steps"] if params.warmup_updates is None else params.warmup_updates
     warn_long_warmup("warmup_updates", warmup, steps=config.steps, schedule=max_steps,
                      learning_rate=float(config.learning_rate))
     return Recipe(
@@ -159,20 +123,20 @@ def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
         seed=config.seed, weight_decay=pick("weight_decay", float),
         warmup_steps=warmup, max_batch_tokens=pick("max_batch_tokens", int),
         grad_accum_steps=accum, max_grad_norm=float(base["max_grad_norm"]
-                                                    if shared.max_grad_norm is None
-                                                    else shared.max_grad_norm),
+                                                    if params.max_grad_norm is None
+                                                    else params.max_grad_norm),
         lambdas={"loss/diff": pick("lambda_diff", float), "loss/stop": pick("lambda_stop", float)},
-        lora=lora, val_manifest=str(val_manifest) if val_manifest else None,
+        lora=lora, val_manifest=str(params.val_manifest) if params.val_manifest else None,
         valid_interval=interval)
 
 
-def _lora_targets(params: dict[str, Any], flags: dict[str, bool], is_v2: bool
+def _lora_targets(params: VoxCPMTrainingParams, flags: dict[str, bool], is_v2: bool
                   ) -> dict[str, tuple[str, ...]]:
     """The target lists ``params`` sets (the others keep upstream's defaults), each a
     non-empty list of distinct layer names of its part of the model, for an enabled part."""
     targets = {}
     for field, allowed in target_names(is_v2).items():
-        value = params.get(f"lora_{field}")
+        value = getattr(params, f"lora_{field}")
         if value is None:
             continue
         where = f"params.lora_{field}"

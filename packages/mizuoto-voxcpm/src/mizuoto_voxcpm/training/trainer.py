@@ -34,12 +34,14 @@ from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.training import ProcessWorld, StepTrainer, join, process_world
 from mizuoto_voxcpm.training.loop import CHECKPOINTS, LATEST, NUMBERED, find_checkpoint
+from mizuoto_voxcpm.training.params import VoxCPMTrainingParams
 from mizuoto_voxcpm.training.run import BASE_FILES, Run
 
 log = logging.getLogger(__name__)
 
 class VoxCPMTrainer(StepTrainer):
     engine = "voxcpm"
+    params_class = VoxCPMTrainingParams
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
     # upstream's layout: checkpoints/latest/ (resumable) and checkpoints/step_<N>/ folders
@@ -69,6 +71,7 @@ class VoxCPMTrainer(StepTrainer):
         from mizuoto_voxcpm.training.session import pick_device, pick_mixed_precision
 
         self.check(config)
+        params = VoxCPMTrainingParams.parse(config.params, trainer="VoxCPM")  # before any read
         if config.memory == "lowest" and config.method != "lora":
             raise InvalidRequest("training.memory", "lowest streams LoRA's frozen weights from "
                                  "host memory; full fine-tuning trains them all", "use low")
@@ -81,8 +84,8 @@ class VoxCPMTrainer(StepTrainer):
         recipe = build_recipe(config, generation)
         keep, every = checkpoint_retention(config)
         vae_rate = audio_vae_config_from_model_config(raw).sample_rate
-        rate = config.params.get("sample_rate", vae_rate)
-        if rate != vae_rate:
+        rate = params.sample_rate
+        if rate is not None and rate != vae_rate:
             raise InvalidRequest("params.sample_rate", f"{rate} is not the model's AudioVAE "
                                  f"rate, {vae_rate}", "drop it or set the model's rate")
         manifest, found_val = _manifests(config.dataset)
@@ -172,7 +175,8 @@ class VoxCPMTrainer(StepTrainer):
         """Write the model directory; then (process 0, unless ``params.preview`` is false)
         speak a preview with it into ``<output_dir>/preview.wav``."""
         exported = super().export(run, Path(destination))
-        if run.config.params.get("preview", True) and process_world().main:
+        preview = VoxCPMTrainingParams.parse(run.config.params, trainer="VoxCPM").preview
+        if preview and process_world().main:
             write_preview(run, exported, run.output_dir / PREVIEW)
         return exported
 
