@@ -25,6 +25,7 @@ from mizuoto.plugin import (
     InvalidRequest,
     Precision,
     StepTrainer,
+    TrainerParams,
     TrainingConfig,
     TrainingSession,
     atomic_path,
@@ -40,7 +41,9 @@ from mizuoto_example import CONFIG_FILE, WEIGHTS_FILE
 
 logger = logging.getLogger(__name__)
 
-PARAMS = ("grad_accumulation", "keep_last_n_checkpoints", "checkpoint_every")
+#: shared settings (`TrainerParams`) this trainer has nothing to apply to: refused, not ignored
+NOT_APPLICABLE = {"warmup_updates": "a constant learning rate", "max_grad_norm": "no clipping",
+                  "samples": "no audio samples"}
 
 
 @attrs.frozen
@@ -61,14 +64,13 @@ class ToyTrainer(StepTrainer):
 
     def prepare(self, config: TrainingConfig, *, progress=None) -> ToyRun:
         self.check(config)
-        unknown = sorted(set(config.params) - set(PARAMS))
-        if unknown:
-            raise InvalidRequest("params", f"unknown toy training settings: {unknown}",
-                                 f"known: {', '.join(PARAMS)}")
-        accumulation = config.params.get("grad_accumulation", 1)
-        if isinstance(accumulation, bool) or not isinstance(accumulation, int) \
-                or accumulation < 1:
-            raise InvalidRequest("params.grad_accumulation", "must be an integer >= 1")
+        # the shared settings, each checked once; any other key is refused, naming the known
+        params = TrainerParams.parse(config.params, trainer="toy")
+        for name, why in NOT_APPLICABLE.items():
+            if getattr(params, name) is not None:
+                raise InvalidRequest(f"params.{name}", f"does not apply to the toy trainer "
+                                     f"({why})", "leave it out")
+        accumulation = params.grad_accumulation or 1
         keep, every = checkpoint_retention(config)
         model_dir = resolve_for_engine(config.model, self.engine).path
         vocab = json.loads((model_dir / CONFIG_FILE).read_text())["toy_vocab_size"]
