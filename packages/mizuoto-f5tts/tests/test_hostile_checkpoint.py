@@ -90,7 +90,7 @@ def test_a_hostile_checkpoint_is_refused_by_name_before_the_model_is_built(
 
 
 def test_a_model_larger_than_memory_is_refused_by_name(model_dir, monkeypatch, never_built):
-    monkeypatch.setattr(checkpoint_module, "available_memory", lambda: 10_000)
+    monkeypatch.setattr(checkpoint_module, "available_memory", lambda *_: 10_000)
     with pytest.raises(CheckpointMismatch, match=r"needs about .* GiB but .* is available"):
         load_f5_model(model_dir, "v1_base")
 

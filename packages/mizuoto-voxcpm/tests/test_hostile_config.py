@@ -60,10 +60,10 @@ def test_hidden_size_not_divisible_by_heads_is_named():
 def test_weights_larger_than_memory_are_refused_by_name(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps(_config()))
     needed = parameter_bytes(VoxCPMConfig.from_dict(_config()))
-    monkeypatch.setattr(config_module, "_available_memory", lambda: needed - 1)
+    monkeypatch.setattr(config_module, "_available_memory", lambda *_: needed - 1)
     with pytest.raises(ConfigError, match="GiB of memory is available"):
         VoxCPMConfig.from_model_dir(tmp_path)
-    monkeypatch.setattr(config_module, "_available_memory", lambda: needed)
+    monkeypatch.setattr(config_module, "_available_memory", lambda *_: needed)
     assert VoxCPMConfig.from_model_dir(tmp_path).lm.vocab_size == 500
 
 
@@ -131,7 +131,7 @@ def test_a_release_that_does_not_fit_blames_the_memory_not_the_config(tmp_path, 
     # VoxCPM2 in float32 (about 8.4 GiB) on a machine with less free: the config is a release
     raw = realsize_config("voxcpm2", dtype="float32")
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    monkeypatch.setattr(config_module, "_available_memory", lambda: 4 << 30)
+    monkeypatch.setattr(config_module, "_available_memory", lambda *_: 4 << 30)
     with pytest.raises(ConfigError, match="free memory is short.*compute.dtype=bfloat16") as info:
         VoxCPMConfig.from_model_dir(tmp_path)
     assert "not a VoxCPM release" not in str(info.value)

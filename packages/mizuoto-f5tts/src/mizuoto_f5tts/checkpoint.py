@@ -53,13 +53,13 @@ from mizuoto.nn.flow import ConditionalFlowMatching
 from mizuoto.nn.vocoders import Vocos
 from mizuoto.nn.vocoders import load_vocos as _load_vocos
 from mizuoto.runtime.checkpoint import (
-    available_memory,
     check_state_dict,
     load_into,
     load_state_dict_file,
     module_bytes,
 )
 from mizuoto.runtime.checkpoint import weights_fingerprint as core_fingerprint
+from mizuoto.runtime.memory import available_memory
 from mizuoto_f5tts.text import read_vocab
 from mizuoto_f5tts.variants import (
     HOP_LENGTH,
@@ -247,7 +247,8 @@ def _check_before_building(variant: F5Variant, vocab: dict[str, int],
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         skeleton = ConditionalFlowMatching(variant.build_backbone(text_num_embeds=len(vocab)),
                                            num_channels=variant.mel_dim, mel_spec=_f5_mel)
-    needed, available = module_bytes(skeleton, dtype), available_memory()
+    needed = module_bytes(skeleton, dtype)
+    available = available_memory(needed)  # what this process freed counts as available
     if available is not None and needed > available:
         raise CheckpointMismatch(str(path), detail=(
             f"its model needs about {needed / 2**30:.1f} GiB but {available / 2**30:.1f} GiB "

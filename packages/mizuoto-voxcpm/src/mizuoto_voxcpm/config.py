@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
-from mizuoto.runtime.checkpoint import available_memory
+from mizuoto.runtime.memory import available_memory
 
 GENERATIONS = ("voxcpm", "voxcpm2")
 
@@ -370,8 +370,10 @@ def parameter_bytes(config: VoxCPMConfig) -> int:
     return total * torch.empty((), dtype=config.torch_dtype).element_size()
 
 
-def _available_memory() -> int | None:
-    return available_memory()  # a name of its own: the tests make a machine of any size
+def _available_memory(needed: int) -> int | None:
+    # a name of its own: the tests make a machine of any size; what this process has freed
+    # counts as available (`mizuoto.runtime.memory`)
+    return available_memory(needed)
 
 
 #: Parameters of the largest release, VoxCPM2, by `parameter_bytes`' estimate (2.26 billion),
@@ -383,7 +385,8 @@ def _check_memory(config: VoxCPMConfig) -> None:
     """Refuse, by name, a config whose weights alone would not fit in the free memory; the
     message says whether the machine's free memory is the cause (a release's size) or the
     config (larger than any release)."""
-    needed, available = parameter_bytes(config), _available_memory()
+    needed = parameter_bytes(config)
+    available = _available_memory(needed)
     if available is None or needed <= available:
         return
     sizes = f"its weights need about {needed / 2**30:.1f} GiB but {available / 2**30:.1f} GiB " \

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from mizuoto.errors import CheckpointMismatch, ModelFilesMissing, UnsafeCheckpoint
+from mizuoto.runtime.memory import available_memory  # noqa: F401  (its home before memory.py)
 
 logger = logging.getLogger(__name__)
 
@@ -194,18 +195,6 @@ def check_weights_file(module: nn.Module, path: str | Path, *,
     layout = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     check_state_dict(layout, found, path, tolerate_unexpected=tolerate_unexpected,
                      detail=detail)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory the system can still give (``MemAvailable``), or None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def module_bytes(module: nn.Module, dtype: torch.dtype) -> int:

@@ -50,6 +50,7 @@ from mizuoto.contracts.trainer import (
 )
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_directory, atomic_path
+from mizuoto.runtime.memory import release_freed_memory
 from mizuoto.training.checkpoints import rotate
 from mizuoto.training.metrics import MetricsLog
 from mizuoto.training.progress import StepProgress
@@ -201,6 +202,15 @@ class StepTrainer(Trainer):
         return run_dir
 
     def train(self, run: Any, *, progress: ProgressCallback | None = None) -> TrainingResult:
+        try:
+            return self._run_steps(run, progress)
+        finally:
+            # the run's model, data and optimiser state (freed with _run_steps' frame) back to
+            # the system, not kept in the heap: an export's preview or the next load would
+            # find that memory taken
+            release_freed_memory()
+
+    def _run_steps(self, run: Any, progress: ProgressCallback | None) -> TrainingResult:
         config: TrainingConfig = run.config
         output = Path(config.output_dir)
         state_path = output / self.checkpoint
