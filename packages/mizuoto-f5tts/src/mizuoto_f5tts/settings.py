@@ -9,16 +9,14 @@ import attrs
 
 from mizuoto.contracts.requests import MAX_SEGMENT_SECONDS
 from mizuoto.errors import InvalidRequest
-from mizuoto.validation.ranges import check_number, number_in
+from mizuoto.validation.ranges import boolean, check_number, number_in
 
 # Ranges of the params (docs/engines/f5tts.md, Settings); durations are in seconds.
 SPEED_RANGE = (0.1, 10.0)
 MAX_CROSS_FADE = 10.0
 
 
-def _boolean(instance, attribute, value):
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"params.{attribute.name}", f"must be true or false, got {value!r}")
+_boolean = boolean(prefix="params.")
 
 
 def _durations(value):

@@ -14,7 +14,7 @@ from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import InvalidOption, InvalidRequest
 from mizuoto.options import ComputeOptions, Options
-from mizuoto.validation.ranges import integer_in, number_in
+from mizuoto.validation.ranges import boolean, integer_in, number_in
 
 MEMORY_LEVELS = ("default", "low", "lowest")
 #: ``auto``: the trainer's upstream default (`mizuoto.runtime.precision`)
@@ -146,7 +146,7 @@ class TrainerParams:
         default=None, metadata=_shared("--logger", LOGGERS, "Metrics logger besides "
                                        "metrics.jsonl", default="tensorboard when installed"))
     samples: bool | None = attrs.field(
-        default=None, metadata=_shared("--samples", bool, "Audio samples during training "
+        default=None, validator=boolean("params.samples", optional=True), metadata=_shared("--samples", bool, "Audio samples during training "
                                        "(F5: every --checkpoint-every; VoxCPM: at validation)",
                                        upstream=("log_samples",)))
 
@@ -155,11 +155,6 @@ class TrainerParams:
         if value is not None and value not in LOGGERS:
             raise InvalidRequest("params.logger", f"must be one of {', '.join(LOGGERS)}, got "
                                  f"{value!r}", "metrics.jsonl is always written")
-
-    @samples.validator
-    def _samples(self, attribute, value):
-        if value is not None and not isinstance(value, bool):
-            raise InvalidRequest("params.samples", f"must be true or false, got {value!r}")
 
     @property
     def tensorboard(self) -> bool | None:

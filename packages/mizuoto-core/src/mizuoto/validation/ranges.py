@@ -57,6 +57,36 @@ def integer_in(field: str | None, low: int, high: int, *, optional: bool = False
     return check
 
 
+def boolean(field: str | None = None, *, prefix: str = "", optional: bool = False,
+            error: type[Exception] = InvalidRequest) -> Callable:
+    """An attrs validator: ``True`` or ``False`` (not 1, not "yes"). ``field`` names the value
+    in the error; ``None`` uses ``prefix`` + the attribute's name (e.g. ``params.``)."""
+
+    def check(instance, attribute, value):
+        if value is None and optional:
+            return
+        if not isinstance(value, bool):
+            name = field or prefix + attribute.name
+            raise error(name, f"must be true or false, got {value!r}")
+
+    return check
+
+
+def one_of(choices: tuple, field: str | None = None, *, prefix: str = "",
+           optional: bool = False, error: type[Exception] = InvalidRequest) -> Callable:
+    """An attrs validator: one of ``choices``, named as `boolean` names it."""
+
+    def check(instance, attribute, value):
+        if value is None and optional:
+            return
+        if value not in choices:
+            shown_choices = ", ".join(repr(c) for c in choices)
+            raise error(field or prefix + attribute.name,
+                        f"must be one of {shown_choices}, got {value!r}")
+
+    return check
+
+
 def number_in(field: str | None, low: float, high: float, *, low_open: bool = False,
               optional: bool = False, error: type[Exception] = InvalidRequest) -> Callable:
     """An attrs validator: a finite ``int`` or ``float`` (not a bool) in ``[low, high]``, or

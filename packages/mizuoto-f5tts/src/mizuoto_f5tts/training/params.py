@@ -14,7 +14,7 @@ import attrs
 
 from mizuoto.contracts.trainer import MAX_STEPS, TrainerParams
 from mizuoto.errors import InvalidRequest
-from mizuoto.validation.ranges import integer_in
+from mizuoto.validation.ranges import boolean, integer_in, one_of
 from mizuoto_f5tts.variants import VARIANT_NAMES
 
 BATCH_SIZE_TYPES = ("frame", "sample")
@@ -22,22 +22,6 @@ BATCH_SIZE_TYPES = ("frame", "sample")
 MAX_SHUFFLE_SEED = 2**64 - 1
 #: frames per batch / clips per frame batch: generous bounds, a typo refused before any work
 MAX_FRAMES = 10**9
-
-
-def _boolean(instance, attribute, value):
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"params.{attribute.name}", f"must be true or false, got {value!r}")
-
-
-def _choice(choices, *, optional: bool = False):
-    def validate(instance, attribute, value):
-        if value is None and optional:
-            return
-        if value not in choices:
-            shown = ", ".join(repr(c) for c in choices)
-            raise InvalidRequest(f"params.{attribute.name}", f"must be one of {shown}, "
-                                 f"got {value!r}")
-    return validate
 
 
 def _extend_vocab(instance, attribute, value):
@@ -84,19 +68,21 @@ class F5TrainingParams(TrainerParams):
 
     epochs: int | None = attrs.field(
         default=None, validator=integer_in("params.epochs", 1, MAX_STEPS, optional=True))
-    batch_size_type: str = attrs.field(default="frame", validator=_choice(BATCH_SIZE_TYPES))
+    batch_size_type: str = attrs.field(default="frame",
+                                       validator=one_of(BATCH_SIZE_TYPES, prefix="params."))
     batch_frames: int = attrs.field(
         default=3200, validator=integer_in("params.batch_frames", 1, MAX_FRAMES))
     max_samples: int = attrs.field(
         default=64, validator=integer_in("params.max_samples", 0, MAX_FRAMES))
     shuffle_seed: int = attrs.field(
         default=666, validator=integer_in("params.shuffle_seed", 0, MAX_SHUFFLE_SEED))
-    variant: str | None = attrs.field(default=None, validator=_choice(VARIANT_NAMES, optional=True))
-    shard_batches: bool = attrs.field(default=True, validator=_boolean)
+    variant: str | None = attrs.field(
+        default=None, validator=one_of(VARIANT_NAMES, prefix="params.", optional=True))
+    shard_batches: bool = attrs.field(default=True, validator=boolean(prefix="params."))
     extend_vocab: bool | list[str] | tuple[str, ...] = attrs.field(
         default=False, validator=_extend_vocab)
     vocab_file: str | Path | None = attrs.field(default=None, validator=_vocab_file)
-    finetune: bool = attrs.field(default=True, validator=_boolean)
+    finetune: bool = attrs.field(default=True, validator=boolean(prefix="params."))
 
     @property
     def frame_batching(self) -> bool:

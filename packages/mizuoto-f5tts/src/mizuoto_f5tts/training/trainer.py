@@ -94,6 +94,7 @@ class F5Run:
     keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
     checkpoint_every: int = 0  # updates between numbered copies
     device: str = "cpu"
+    params: F5TrainingParams = attrs.field(factory=F5TrainingParams)  # config.params, checked
 
 
 def _vocab_file(params: F5TrainingParams, model_dir: Path) -> Path:
@@ -126,13 +127,8 @@ def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
         "accelerate's loss scaling refuses it there too"))
 
 
-def _params(config: TrainingConfig) -> F5TrainingParams:
-    return F5TrainingParams.parse(config.params, trainer="F5-TTS")
-
-
-def _settings(config: TrainingConfig, data: PreparedData, mixed_precision: str = "no"
-              ) -> LoopSettings:
-    params = _params(config)
+def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedData,
+              mixed_precision: str = "no") -> LoopSettings:
     kind = params.batch_size_type
     # a setting of the other batching mode would be ignored: refused instead
     if kind == "frame" and config.batch_size != 1:
@@ -210,7 +206,8 @@ class F5Trainer(StepTrainer):
         from mizuoto_f5tts.text import read_vocab
 
         self.check(config)
-        params = _params(config)  # every param checked before the model is read
+        # every param checked before the model is read
+        params = F5TrainingParams.parse(config.params, trainer="F5-TTS")
         device, mixed_precision = _device_and_precision(config)
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
@@ -256,7 +253,7 @@ class F5Trainer(StepTrainer):
             logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
-        settings = _settings(config, data, mixed_precision)
+        settings = _settings(config, params, data, mixed_precision)
         # each setting once, under the name it is given by (frames under frame batching)
         applied = attrs.asdict(settings)
         applied["steps"] = applied.pop("max_updates")
@@ -270,7 +267,7 @@ class F5Trainer(StepTrainer):
             "device": str(device)}, logger=params.logger)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
                      config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
-                     every, str(device))
+                     every, str(device), params)
 
     def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -290,7 +287,7 @@ class F5Trainer(StepTrainer):
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           run.settings, py_random=py_random, memory=run.memory,
                           world=(world.rank, world.size),
-                          shard_batches=_params(run.config).shard_batches)
+                          shard_batches=run.params.shard_batches)
         if not run.finetune:  # upstream without a pretrained_ file: a fresh EMA
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
@@ -335,7 +332,7 @@ class F5Session(TrainingSession):
     def __init__(self, run: F5Run, loop: FineTuning, world: ProcessWorld) -> None:
         self.run, self.loop, self.world = run, loop, world
         self.total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
-        log_samples = _params(run.config).samples  # upstream: off
+        log_samples = run.params.samples  # upstream: off
         self.samples_every = run.checkpoint_every if log_samples else 0
         self._writer = None
 

@@ -15,6 +15,7 @@ import attrs
 
 from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
+from mizuoto.validation.ranges import boolean
 
 
 def _number(*, whole: bool = False, low: float = 0):
@@ -32,9 +33,7 @@ def _number(*, whole: bool = False, low: float = 0):
     return validate
 
 
-def _flag(instance, attribute, value):
-    if value is not None and not isinstance(value, bool):
-        raise InvalidRequest(f"params.{attribute.name}", f"must be true or false, got {value!r}")
+_flag = boolean(prefix="params.", optional=True)
 
 
 def _dropout(instance, attribute, value):
@@ -76,7 +75,7 @@ class VoxCPMTrainingParams(TrainerParams):
     valid_interval: int | None = attrs.field(default=None,
                                              validator=_number(whole=True, low=1))
     sample_rate: int | None = attrs.field(default=None, validator=_number(whole=True, low=1))
-    preview: bool = attrs.field(default=True, validator=_flag)
+    preview: bool = attrs.field(default=True, validator=boolean(prefix="params."))
     lora_r: int | None = attrs.field(default=None, validator=_number(whole=True, low=1))
     lora_alpha: int | None = attrs.field(default=None, validator=_number(whole=True))
     lora_dropout: float | None = attrs.field(default=None, validator=_dropout)

@@ -84,11 +84,13 @@ class Recipe:
         return data
 
 
-def build_recipe(config: TrainingConfig, generation: str) -> Recipe:
-    """The run's recipe: ``config.params`` (`VoxCPMTrainingParams`, every key checked) over
-    the generation's."""
+def build_recipe(config: TrainingConfig, generation: str,
+                 params: VoxCPMTrainingParams | None = None) -> Recipe:
+    """The run's recipe: ``config.params`` (`VoxCPMTrainingParams`, every key checked; or
+    ``params``, already checked) over the generation's."""
     base = RECIPES[generation]
-    params = VoxCPMTrainingParams.parse(config.params, trainer="VoxCPM")
+    if params is None:
+        params = VoxCPMTrainingParams.parse(config.params, trainer="VoxCPM")
     if config.method == "full" and params.lora_given():
         raise InvalidRequest("params", f"{params.lora_given()} apply to method 'lora' only")
 

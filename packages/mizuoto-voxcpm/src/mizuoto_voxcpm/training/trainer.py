@@ -81,7 +81,7 @@ class VoxCPMTrainer(StepTrainer):
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         VoxCPMConfig.from_model_dir(model_dir)  # validates
         generation = generation_of(raw)
-        recipe = build_recipe(config, generation)
+        recipe = build_recipe(config, generation, params)
         keep, every = checkpoint_retention(config)
         vae_rate = audio_vae_config_from_model_config(raw).sample_rate
         rate = params.sample_rate
