@@ -1,11 +1,13 @@
 """OpenMP's wait policy on a busy machine: a decode-like torch loop (many short parallel
 regions, as an LM's per-token steps), or a real request with ``--model``, timed alone and
 beside CPU-bound processes, with libgomp's default policy, with ``OMP_WAIT_POLICY=PASSIVE``
-(what ``mizuoto`` sets) and with the ``GOMP_SPINCOUNT`` values of ``--spincounts``.
+(what ``mizuoto`` sets on a busy machine), with ``ACTIVE`` (``--active``: what it sets on a
+quiet one) and with the ``GOMP_SPINCOUNT`` values of ``--spincounts``.
 
     python benchmarks/cpu/wait_policy.py --busy 2 --repeats 3
     python benchmarks/cpu/wait_policy.py --model /tmp/vox-random --busy 2   # a real request
     python benchmarks/cpu/wait_policy.py --model /tmp/vox-rs --params '{"max_len": 16}'
+    python benchmarks/cpu/wait_policy.py --model /tmp/vox-rs --busy 1,2 --active
 
 With ``--model`` each run loads that model directory (untimed), speaks one warm-up request and
 times a second one (``mizuoto.load`` + ``synthesize``, seed 0, ``--params``; a random model
@@ -70,7 +72,8 @@ def _time(policy: str | None, steps: int, model: str | None = None,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--busy", type=int, default=2, help="CPU-bound processes beside it")
+    parser.add_argument("--busy", default="2",
+                        help="CPU-bound processes beside it (comma-separated: one case each)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100, help="decode-like steps a run")
     parser.add_argument("--model", help="a model directory: time a request to it instead")
@@ -79,12 +82,15 @@ def main() -> None:
                         help="the request's params, as JSON (e.g. a random model's length cap)")
     parser.add_argument("--spincounts", default="",
                         help="also these GOMP_SPINCOUNT values (comma-separated), policy unset")
+    parser.add_argument("--active", action="store_true", help="also OMP_WAIT_POLICY=ACTIVE")
     args = parser.parse_args()
-    policies = [None, "PASSIVE"] + [f"spin={n}" for n in args.spincounts.split(",") if n]
+    busy_counts = [int(n) for n in args.busy.split(",") if n]
+    policies = ([None, "PASSIVE"] + (["ACTIVE"] if args.active else [])
+                + [f"spin={n}" for n in args.spincounts.split(",") if n])
     print(f"load average before: {os.getloadavg()[0]:.2f}; torch threads: default "
           f"({os.cpu_count()} CPUs)", flush=True)
     rows = {}
-    for busy in (0, args.busy):
+    for busy in (0, *busy_counts):
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(busy)]
         try:
@@ -100,12 +106,12 @@ def main() -> None:
                 hog.kill()
                 hog.wait()
     for policy in policies:
-        quiet, loaded = rows[0, policy], rows[args.busy, policy]
+        quiet = rows[0, policy]
         name = policy if policy and policy.startswith("spin=") else \
             f"OMP_WAIT_POLICY={policy or 'unset (libgomp default)'}"
-        print(f"{name:<44} alone {quiet:7.2f} s"
-              f"   beside {args.busy} busy {loaded:7.2f} s   x{loaded / quiet:5.2f}",
-              flush=True)
+        beside = "".join(f"   beside {busy} busy {rows[busy, policy]:7.2f} s "
+                         f"x{rows[busy, policy] / quiet:5.2f}" for busy in busy_counts)
+        print(f"{name:<44} alone {quiet:7.2f} s{beside}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}", flush=True)
 
 

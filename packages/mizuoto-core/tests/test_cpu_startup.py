@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +268,105 @@ def test_wait_policy_environment_keeps_the_users_choice():
     assert wait_policy_environment(active, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
 
 
+@pytest.mark.parametrize(("threads", "cpus", "busy", "policy"), [
+    (2, 2, 0.0, "ACTIVE"), (2, 2, 0.25, "ACTIVE"), (2, 2, 0.5, "PASSIVE"), (2, 2, 1.0, "PASSIVE"),
+    (1, 2, 0.9, "ACTIVE"), (1, 2, 1.5, "PASSIVE"), (4, 2, 0.1, "ACTIVE"), (8, 16, 7.0, "ACTIVE"),
+    (8, 16, 9.0, "PASSIVE"), (2, 2, None, "PASSIVE")])
+def test_auto_spins_only_where_the_threads_cores_are_idle(threads, cpus, busy, policy):
+    """One CPU-bound neighbour on two cores made a spinning request 4x slower: any steady
+    neighbour on the threads' cores means passive; unknown (no /proc/stat) means passive."""
+    from mizuoto.runtime.threads import auto_wait_policy
+
+    assert auto_wait_policy(threads, cpus, busy, serving=False) == policy
+    assert auto_wait_policy(threads, cpus, busy, serving=True) == "PASSIVE"
+
+
+def test_auto_asks_about_the_machine_only_for_a_one_shot_command():
+    from mizuoto.runtime.threads import wait_policy_environment
+
+    asked = []
+
+    def idle():
+        asked.append(True)
+        return 0.0
+
+    def busy():
+        return 2.0
+
+    assert wait_policy_environment(ComputeOptions(), {}, serving=True, busy=idle) == {
+        "OMP_WAIT_POLICY": "PASSIVE"}
+    assert not asked  # a server does not look: the load changes while it lives
+    assert wait_policy_environment(ComputeOptions(), {}, serving=False, busy=idle) == {
+        "OMP_WAIT_POLICY": "ACTIVE"}
+    assert wait_policy_environment(ComputeOptions(), {}, serving=False, busy=busy) == {
+        "OMP_WAIT_POLICY": "PASSIVE"}
+    # the user's own setting is kept and the machine not probed
+    asked.clear()
+    assert wait_policy_environment(ComputeOptions(), {"OMP_WAIT_POLICY": "PASSIVE"},
+                                   serving=False, busy=idle) == {}
+    assert not asked
+    # an explicit policy is the policy, idle or not
+    assert wait_policy_environment(ComputeOptions(cpu_wait_policy="passive"), {},
+                                   serving=False, busy=idle) == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_busy_cores_reads_the_cpus_this_process_may_use(monkeypatch, tmp_path):
+    """The non-idle share of this process's CPUs between two readings of /proc/stat (iowait
+    counts as idle, a hypervisor's steal as busy), times their count."""
+    from mizuoto.runtime import threads
+
+    readings = iter([
+        "cpu  1 1 1 1 1 1 1 1\ncpu0 100 0 0 900 0 0 0 0 0 0\ncpu1 0 0 0 1000 0 0 0 0 0 0\n"
+        "cpu2 0 0 0 0 0 0 0 0 0 0\nintr 5\n",
+        "cpu  1 1 1 1 1 1 1 1\ncpu0 150 0 10 930 10 0 0 0 0 0\ncpu1 0 0 0 1080 0 0 0 20 0 0\n"
+        "cpu2 500 0 0 0 0 0 0 0 0 0\nintr 9\n"])
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(threads, "PROC_STAT", stat)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("time.sleep", lambda s: stat.write_text(next(readings)))
+    stat.write_text(next(readings))
+    # cpu0: 60 busy of 100; cpu1: 20 (steal) of 100; cpu2 is not ours
+    assert threads.busy_cores(0.1) == pytest.approx(2 * 80 / 200)
+    monkeypatch.setattr(threads, "PROC_STAT", tmp_path / "absent")
+    assert threads.busy_cores(0.1) is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="reads Linux's /proc/stat")
+def test_busy_cores_on_this_machine_is_within_its_cpus():
+    import os
+
+    from mizuoto.runtime.threads import busy_cores
+
+    busy = busy_cores(0.05)
+    assert busy is not None and 0.0 <= busy <= len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("command", ["serve", "wyoming", "batch"])
+def test_long_lived_commands_ask_for_a_servers_wait_policy(monkeypatch, tmp_path, command):
+    """serve, wyoming and batch live while the machine's load changes: auto is passive
+    there however idle the machine looks at start."""
+    import importlib
+
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    module = importlib.import_module(f"mizuoto.commands.{command}")
+    seen = {}
+
+    def record(options_file, option_pairs, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(3)
+
+    monkeypatch.setattr(module, "options_to_load", record)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("hello\n")
+    arguments = {"serve": ["serve", "-m", "x"], "wyoming": ["wyoming", "-m", "x"],
+                 "batch": ["batch", "-m", "x", "in.txt", "-o", "out"]}[command]
+    result = CliRunner().invoke(cli, arguments, obj={})
+    assert seen == {"serving": True}, result.output
+
+
 def test_a_wait_policy_asked_for_after_torch_started_is_refused(monkeypatch):
     import torch  # noqa: F401  (OpenMP has read its policy)
 
@@ -282,10 +382,11 @@ def test_a_wait_policy_asked_for_after_torch_started_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize(("user", "option", "reported"), [
-    (None, "auto", "passive"), ("active", "auto", "active"), ("active", "passive", "passive")])
+    (None, "auto", None), ("active", "auto", "active"), ("active", "passive", "passive")])
 def test_the_command_sets_the_wait_policy_before_torch_starts(tmp_path, user, option, reported):
     """The policy is set in the command's own environment (no restart) and the result reports
-    the one torch's threads run with; a policy of the user's own is kept under ``auto``."""
+    the one torch's threads run with; a policy of the user's own is kept under ``auto``; with
+    none, auto's choice from the idle cores is the one reported (``--debug`` logs it)."""
     from mizuoto_example.engine import write_tiny_model
 
     model = tmp_path / "toy"
@@ -295,10 +396,15 @@ def test_the_command_sets_the_wait_policy_before_torch_starts(tmp_path, user, op
     if user:
         environment["OMP_WAIT_POLICY"] = user
     done = subprocess.run(
-        [sys.executable, "-m", "mizuoto", "say", "-m", str(model), "-o",
+        [sys.executable, "-m", "mizuoto", "--debug", "say", "-m", str(model), "-o",
          str(tmp_path / "out.wav"), "--seed", "1", "--option",
          f"compute.cpu_wait_policy={option}", "hello"],
         env=environment, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "restarting with" not in done.stderr
+    if reported is None:
+        chosen = re.search(r"compute.cpu_wait_policy=auto: (active|passive) \(([\d.]+) cores busy",
+                           done.stderr)
+        assert chosen, done.stderr
+        reported = chosen.group(1)
     assert f"cpu_wait_policy={reported}" in done.stdout + done.stderr

@@ -26,6 +26,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("mizuoto_f5tts")
 pytest.importorskip("mizuoto_voxcpm")
 
+from mizuoto.options import Options  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -82,8 +83,12 @@ def voices(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def config(model_dirs, voices):
+    # one thread in both servers: Ray gives a replica of under one CPU one OpenMP thread, and
+    # CPU results depend on the thread count (oneDNN's bfloat16 kernels on a CPU with native
+    # bfloat16 split their sums by thread: VoxCPM's stream differed at 1 against 2 threads)
     return ServeConfig(models={"f5": str(model_dirs / "f5"), "vox": str(model_dirs / "vox")},
-                       voices_dir=voices, queue_size=8, grace=5.0)
+                       voices_dir=voices, queue_size=8, grace=5.0,
+                       options=Options.from_mapping({"compute.cpu_threads": 1}))
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +110,7 @@ def ray_url(config, model_dirs):
         ray.get(ray.remote(lambda: None).remote(), timeout=120)
         broken = ServeConfig(models={**config.models, "broken": str(model_dirs / "broken")},
                              voices_dir=config.voices_dir, queue_size=8, grace=5.0,
-                             port=port)
+                             port=port, options=config.options)
         start(broken, RaySettings(replicas=2, num_cpus=0.2, ingress_cpus=0.1,
                                   lora_dirs=[str(model_dirs / "loras")], max_adapters=1))
         yield f"http://127.0.0.1:{port}"

@@ -56,7 +56,7 @@ def batch(ctx, input_file, model, engine, output_dir, file_format, steps, guidan
 
         settings = RaySettings(None if ray_address == "local" else ray_address, ray_actors,
                                ray_cpus, ray_gpus)
-    options = options_to_load(options_file, option_pairs)
+    options = options_to_load(options_file, option_pairs, serving=True)
     actors = ray_actors if ray_address else workers
     if options.compute.cpu_pinning and (actors > 1 or ray_address):
         from mizuoto.errors import InvalidOption

@@ -50,7 +50,7 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
         api_key, from_env = os.environ["MIZUOTO_API_KEY"], True
     names, budget = model_names(models, aliases), _size(memory_budget)
     voices_bytes = _size(max_voices_size, "--max-voices-size")
-    options = options_to_load(options_file, option_pairs)
+    options = options_to_load(options_file, option_pairs, serving=True)
     try:
         config = ServeConfig(models=names, engine=engine, host=host, port=port,
                              api_key=api_key, queue_size=queue_size, grace=grace,

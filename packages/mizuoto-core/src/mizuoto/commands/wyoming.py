@@ -40,7 +40,7 @@ def wyoming(models, aliases, engine, host, port, queue_size, max_connections, se
                 "\"mizuoto-core[wyoming]\" (or pip install zeroconf), or leave --zeroconf off "
                 "and add the server in Home Assistant by host and port") from None
     names = model_names(models, aliases)
-    options = options_to_load(options_file, option_pairs)
+    options = options_to_load(options_file, option_pairs, serving=True)
     try:
         config = WyomingConfig(ServeConfig(
             models=names, engine=engine, host=host, port=port, queue_size=queue_size,

@@ -75,18 +75,20 @@ def startup_environment(compute: ComputeOptions, environ: Mapping[str, str] | No
     return {**environ, **changes, RESTARTED_ENV: "1"}
 
 
-def set_wait_policy(compute: ComputeOptions) -> None:
+def set_wait_policy(compute: ComputeOptions, *, serving: bool = True) -> None:
     """Set ``OMP_WAIT_POLICY`` in this process's environment for ``compute.cpu_wait_policy``
-    (``auto``: passive unless the user set one) while torch is not imported yet: OpenMP reads
+    (``auto``: the user's if set, else passive for a server (``serving``) or a busy machine and
+    active on an idle one: :func:`~mizuoto.runtime.threads.auto_wait_policy`) while torch is
+    not imported yet: OpenMP reads
     it then, and the processes this one starts (a restart, server workers) inherit it. No
     restart is needed for it. Once torch is imported it is too late: nothing is set (the load
     refuses an explicit policy not in effect)."""
-    changes = wait_policy_environment(compute, os.environ)
-    if not changes:
-        return
     if "torch" in sys.modules:
         logger.debug("torch is imported: %s stays %s", WAIT_POLICY_ENV,
                      os.environ.get(WAIT_POLICY_ENV, "unset"))
+        return
+    changes = wait_policy_environment(compute, os.environ, serving=serving)
+    if not changes:
         return
     logger.debug("setting %s", " ".join(f"{k}={v}" for k, v in changes.items()))
     os.environ.update(changes)

@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -142,20 +142,89 @@ def check_cpu_pinning(compute: ComputeOptions) -> None:
 #: ``ACTIVE`` threads spin between parallel regions; ``PASSIVE`` ones sleep at once. libgomp's
 #: default spins about 300,000 times first: on a busy machine each spinning thread takes a core
 #: from the process it waits on, and a request slows down far more than the load (a 6-second
-#: request took 37-89 s at load 3 on 2 cores, passive degrades in proportion to the load). The
-#: policy changes when threads sleep, never the arithmetic.
+#: request took 37-89 s at load 3 on 2 cores, passive degrades in proportion to the load). On
+#: an idle machine the other way round: passive wakes a sleeping thread for each of a decode
+#: step's hundreds of short regions, 1.5x slower than spinning. The policy changes when
+#: threads sleep, never the arithmetic.
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
+#: ``auto`` spins only where other work leaves the threads' cores idle: it may keep at most
+#: this much of one core busy (measured: one CPU-bound process beside a spinning request on 2
+#: cores made it 4x slower, so any steady neighbour means passive).
+IDLE_MARGIN_CORES = 0.3
+#: How long the start-up looks at the CPUs (``/proc/stat``) to see what else runs.
+IDLE_WINDOW_S = 0.1
 
-def wait_policy_environment(compute: ComputeOptions, environ: Mapping[str, str]
-                            ) -> dict[str, str]:
+
+PROC_STAT = Path("/proc/stat")
+
+
+def _cpu_ticks(cpus: set[int]) -> tuple[int, int] | None:
+    """(busy, total) jiffies of ``cpus`` from ``/proc/stat``; None where it cannot be read."""
+    try:
+        lines = PROC_STAT.read_text().splitlines()
+    except OSError:
+        return None
+    busy = total = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
+        total += sum(ticks)
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return (busy, total) if total else None
+
+
+def busy_cores(window: float = IDLE_WINDOW_S) -> float | None:
+    """How many of this process's CPUs other work keeps busy: the non-idle share of their
+    time over ``window`` seconds (this process sleeps meanwhile; a hypervisor's steal counts
+    as busy), times their count. None where ``/proc/stat`` is not there (not Linux)."""
+    import time
+
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    before = _cpu_ticks(cpus)
+    if before is None:
+        return None
+    time.sleep(window)
+    after = _cpu_ticks(cpus)
+    if after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * len(cpus)
+
+
+def auto_wait_policy(threads: int, cpus: int, busy: float | None, *, serving: bool) -> str:
+    """What ``compute.cpu_wait_policy=auto`` sets: ``PASSIVE`` for a server (it lives while
+    the machine's load changes under it) and wherever the idle cores cannot be seen or other
+    work keeps more than :data:`IDLE_MARGIN_CORES` of the cores the threads need busy;
+    ``ACTIVE`` (spin) on an idle machine, where it is 1.5x faster."""
+    if serving or busy is None:
+        return "PASSIVE"
+    return "ACTIVE" if busy + min(threads, cpus) <= cpus + IDLE_MARGIN_CORES else "PASSIVE"
+
+
+def wait_policy_environment(compute: ComputeOptions, environ: Mapping[str, str], *,
+                            serving: bool = True,
+                            busy: Callable[[], float | None] = busy_cores) -> dict[str, str]:
     """The variables to set before torch is imported for ``compute.cpu_wait_policy``: ``auto``
-    is passive unless ``OMP_WAIT_POLICY`` is already set (the user's choice is kept);
+    keeps an ``OMP_WAIT_POLICY`` already set (the user's choice), else takes
+    :func:`auto_wait_policy` (``serving``: a server's process; ``busy`` is asked only then);
     ``passive``/``active`` set it. Empty when nothing is to change."""
     wanted = compute.cpu_wait_policy
     current = environ.get(WAIT_POLICY_ENV)
     if wanted == "auto":
-        return {} if current is not None else {WAIT_POLICY_ENV: "PASSIVE"}
+        if current is not None:
+            return {}
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        asked = re.match(r"\s*(\d+)", environ.get("OMP_NUM_THREADS", ""))
+        threads = compute.cpu_threads or (int(asked.group(1)) if asked else 0) or cpus
+        seen = None if serving else busy()
+        policy = auto_wait_policy(threads, cpus, seen, serving=serving)
+        logger.debug("compute.cpu_wait_policy=auto: %s (%s, %d threads on %d cores)",
+                     policy.lower(), "a server" if serving else "busy cores unknown"
+                     if seen is None else f"{seen:.2f} cores busy", threads, cpus)
+        return {WAIT_POLICY_ENV: policy}
     return {} if (current or "").lower() == wanted else {WAIT_POLICY_ENV: wanted.upper()}
 
 
