@@ -27,6 +27,14 @@ server; with ``--repeat N``, the medians of N runs of each level, each on a fres
     python packages/mizuoto-core/benchmarks/bench_serve.py --batching DIR --dtype bfloat16 \
         --streams 1,4,8,16 --max-batch 8 --vox-patches 24
 
+``--busy N`` runs N CPU-bound processes (pure-Python loops, one core each) beside every
+measured level of ``--batching``, from after the server is up to the end of its requests; the
+server process runs with ``OMP_WAIT_POLICY`` of ``--wait-policy`` (default ``PASSIVE``, what
+``mizuoto serve`` sets; ``default`` leaves libgomp's):
+
+    python packages/mizuoto-core/benchmarks/bench_serve.py --batching DIR --streams 1,8 \
+        --max-batch 8 --batched-only --busy 2
+
 Bounded: every request has a timeout, the servers stop at the end. Never run in CI.
 """
 
@@ -136,7 +144,13 @@ def _server(root: Path, args, shared_lock: bool):
     if args.batching:
         command += ["--batching", str(args.batching), "--dtype", args.dtype,
                     "--max-batch", str(args.max_batch)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    environment = dict(os.environ)
+    policy = getattr(args, "wait_policy", "PASSIVE")
+    environment.pop("OMP_WAIT_POLICY", None)
+    if policy != "default":
+        environment["OMP_WAIT_POLICY"] = policy
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=environment)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, process, TIMEOUT)
@@ -198,6 +212,19 @@ SENTENCES = (
 WARMUP_TEXT = "Warming up the server before the measured requests."
 
 
+@contextlib.contextmanager
+def _busy(count: int):
+    """``count`` CPU-bound processes for the duration of the block (stopped however it ends)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5 if count else 0)
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def _batching_level(root: Path, args, max_batch: int, streams: int, sentences: str) -> dict:
     """``streams`` concurrent streams on a fresh server at ``max_batch``: all of one sentence
     (``same``) or each its own (``distinct``)."""
@@ -210,7 +237,7 @@ def _batching_level(root: Path, args, max_batch: int, streams: int, sentences: s
              for i in range(streams)]
     bodies = [body(text, i) for i, text in enumerate(texts)]
     level = argparse.Namespace(**{**vars(args), "max_batch": max_batch, "requests": streams})
-    with _server(root, level, False) as (url, pid):
+    with _server(root, level, False) as (url, pid), _busy(args.busy):
         asyncio.run(_run(url, [body(WARMUP_TEXT, 999)], concurrent=False))  # first-call costs
         results, wall = asyncio.run(_run(url, bodies, concurrent=True))
         rss = _peak_rss(pid)
@@ -247,7 +274,8 @@ def _batching_main(args) -> None:
     (root / "voices").mkdir(parents=True, exist_ok=True)
     levels = [int(n) for n in args.streams.split(",")]
     print(f"VoxCPM {args.batching} ({args.dtype}), {args.vox_patches} patches per stream, "
-          f"--max-batch {args.max_batch} vs 1, {os.cpu_count()} CPUs, one thread",
+          f"--max-batch {args.max_batch} vs 1, {os.cpu_count()} CPUs, one thread, "
+          f"OMP_WAIT_POLICY={args.wait_policy}, {args.busy} busy processes beside",
           file=sys.stderr)
     print("| sentences | --max-batch | streams | errors | audio s / s | x unbatched "
           "| TTFA p50 (s) | TTFA p95 (s) | p95 / single | peak RSS (GB) | / single | wall (s) "
@@ -299,6 +327,12 @@ def main() -> None:
     parser.add_argument("--batched-only", action="store_true",
                         help="--batching: of the unbatched server, only one stream (the "
                              "reference); the unbatched levels take most of the run")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="--batching: CPU-bound processes beside every measured level")
+    parser.add_argument("--wait-policy", default="PASSIVE",
+                        choices=("PASSIVE", "ACTIVE", "default"),
+                        help="--batching: the server's OMP_WAIT_POLICY (default: mizuoto "
+                             "serve's)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="--batching: runs of each level, each on a fresh server; the "
                              "table gives their medians")
