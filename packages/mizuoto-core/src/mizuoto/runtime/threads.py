@@ -11,6 +11,7 @@ only by the functions that need it, so the command can decide before loading it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -193,23 +194,57 @@ def busy_cores(window: float = IDLE_WINDOW_S) -> float | None:
     return (after[0] - before[0]) / (after[1] - before[1]) * len(cpus)
 
 
-def auto_wait_policy(threads: int, cpus: int, busy: float | None, *, serving: bool) -> str:
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+
+
+def cpu_quota_cores() -> float | None:
+    """This process's CPU quota in cores (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``: a container's ``--cpus``); None where there is none or it cannot be
+    read."""
+    folders = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in PROC_SELF_CGROUP.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                folders.append(("v2", CGROUP_ROOT / path.lstrip("/")))
+            elif "cpu" in controllers.split(","):
+                folders.append(("v1", CGROUP_ROOT / "cpu" / path.lstrip("/")))
+    folders += [("v2", CGROUP_ROOT), ("v1", CGROUP_ROOT / "cpu")]  # a container's own view
+    for kind, folder in folders:
+        try:
+            if kind == "v2":
+                quota, period = (folder / "cpu.max").read_text().split()[:2]
+                return None if quota == "max" else int(quota) / int(period)
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            return quota / int((folder / "cpu.cfs_period_us").read_text()) if quota > 0 else None
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+    return None
+
+
+def auto_wait_policy(threads: int, cpus: int, busy: float | None, *, serving: bool,
+                     quota: float | None = None) -> str:
     """What ``compute.cpu_wait_policy=auto`` sets: ``PASSIVE`` for a server (it lives while
-    the machine's load changes under it) and wherever the idle cores cannot be seen or other
-    work keeps more than :data:`IDLE_MARGIN_CORES` of the cores the threads need busy;
-    ``ACTIVE`` (spin) on an idle machine, where it is 1.5x faster."""
-    if serving or busy is None:
+    the machine's load changes under it), under a CPU ``quota`` (spinning threads spend it:
+    the process is throttled), wherever the idle cores cannot be seen, and where other work
+    keeps more than :data:`IDLE_MARGIN_CORES` of the cores the threads need busy; ``ACTIVE``
+    (spin) on an idle machine, where it is 1.5x faster."""
+    if serving or busy is None or quota is not None:
         return "PASSIVE"
     return "ACTIVE" if busy + min(threads, cpus) <= cpus + IDLE_MARGIN_CORES else "PASSIVE"
 
 
 def wait_policy_environment(compute: ComputeOptions, environ: Mapping[str, str], *,
                             serving: bool = True,
-                            busy: Callable[[], float | None] = busy_cores) -> dict[str, str]:
+                            busy: Callable[[], float | None] = busy_cores,
+                            quota: Callable[[], float | None] = cpu_quota_cores
+                            ) -> dict[str, str]:
     """The variables to set before torch is imported for ``compute.cpu_wait_policy``: ``auto``
     keeps an ``OMP_WAIT_POLICY`` already set (the user's choice), else takes
-    :func:`auto_wait_policy` (``serving``: a server's process; ``busy`` is asked only then);
-    ``passive``/``active`` set it. Empty when nothing is to change."""
+    :func:`auto_wait_policy` (``serving``: a server's process; ``quota`` and ``busy`` are
+    asked only for one that is not, ``busy`` only without a quota); ``passive``/``active``
+    set it. Empty when nothing is to change."""
     wanted = compute.cpu_wait_policy
     current = environ.get(WAIT_POLICY_ENV)
     if wanted == "auto":
@@ -219,11 +254,17 @@ def wait_policy_environment(compute: ComputeOptions, environ: Mapping[str, str],
             (os.cpu_count() or 1)
         asked = re.match(r"\s*(\d+)", environ.get("OMP_NUM_THREADS", ""))
         threads = compute.cpu_threads or (int(asked.group(1)) if asked else 0) or cpus
-        seen = None if serving else busy()
-        policy = auto_wait_policy(threads, cpus, seen, serving=serving)
+        limit = None if serving else quota()
+        seen = None if serving or limit is not None else busy()
+        policy = auto_wait_policy(threads, cpus, seen, serving=serving, quota=limit)
+        if serving:
+            why = "a server"
+        elif limit is not None:
+            why = f"a CPU quota of {limit:.2f} cores"
+        else:
+            why = "busy cores unknown" if seen is None else f"{seen:.2f} cores busy"
         logger.debug("compute.cpu_wait_policy=auto: %s (%s, %d threads on %d cores)",
-                     policy.lower(), "a server" if serving else "busy cores unknown"
-                     if seen is None else f"{seen:.2f} cores busy", threads, cpus)
+                     policy.lower(), why, threads, cpus)
         return {WAIT_POLICY_ENV: policy}
     return {} if (current or "").lower() == wanted else {WAIT_POLICY_ENV: wanted.upper()}
 
