@@ -48,9 +48,21 @@ def test_profiles_quantize_what_they_say(dirs):
     assert not torch.equal(results["int8-lm"].audio.samples, results["off"].audio.samples)
 
 
+def test_a_bfloat16_model_loads_in_float32_for_int8_with_the_dtype_on_auto(dirs):
+    """The profile's kernels quantize float32 layers: with engines.voxcpm.dtype=auto asking
+    for it is asking for float32, said in applied; the same audio as a float32 load."""
+    engine = _load(dirs["bfloat16"], "int8-lm")
+    result = _say(engine)
+    assert result.applied.dtype == "float32"
+    assert result.applied.compute["fast"] == "int8-lm"
+    assert torch.equal(result.audio.samples, _say(_load(dirs["float32"], "int8-lm")).audio.samples)
+
+
 def test_int8_needs_float32_and_refuses_a_lora(dirs, tmp_path):
-    with pytest.raises(InvalidOption, match="engines.voxcpm.dtype=float32"):
-        _load(dirs["bfloat16"], "int8-lm")
+    for setting in ("engines.voxcpm.dtype", "compute.dtype"):
+        with pytest.raises(InvalidOption, match="engines.voxcpm.dtype=float32"):
+            VoxCPMEngine.load(dirs["bfloat16"], options=mizuoto.Options.from_mapping(
+                {"engines.voxcpm.fast": "int8-lm", setting: "bfloat16"}))
     with pytest.raises(InvalidOption, match="engines.voxcpm.fast"):
         _load(dirs["float32"], "fp4")
     engine = _load(dirs["float32"], "int8-lm")

@@ -187,7 +187,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         # auto follows upstream: the config's device where it is available
         placement = place(cls, options.compute, device=lambda: preferred_device(config.device),
                           dtype=_dtype_setting(engine_options.dtype, options.compute.dtype),
-                          auto_dtype=lambda device: _auto_dtype(config, device),
+                          auto_dtype=lambda device: _auto_dtype(config, device,
+                                                                engine_options.fast),
                           dtype_setting="engines.voxcpm.dtype", speedup=FLOAT32_SPEEDUP)
         device = placement.device
         report(progress, "load", 0, 3, "language model")
@@ -617,10 +618,12 @@ def _dtype_setting(engine_dtype: str, compute_dtype: str) -> str:
     return requested if requested == "auto" else dtype_name(torch_dtype(requested))
 
 
-def _auto_dtype(config: VoxCPMConfig, device: torch.device) -> torch.dtype:
+def _auto_dtype(config: VoxCPMConfig, device: torch.device, fast: str = "off") -> torch.dtype:
     """The config's dtype, as upstream; float32 on MPS, where upstream's autoregressive loop
-    glitches in low precision."""
-    if device.type == "mps":
+    glitches in low precision, and for an int8 fast profile on the CPU (its kernels quantize
+    float32 layers: asking for the profile is asking for that dtype; an explicit other dtype
+    is still refused by :func:`~mizuoto_voxcpm.fast.check_fast`)."""
+    if device.type == "mps" or (fast != "off" and device.type == "cpu"):
         return torch.float32
     return config.torch_dtype
 

@@ -3,7 +3,9 @@
 ``int8-lm`` replaces the linear layers of both language models by int8 dynamically quantized
 ones (weights int8 per tensor, activations quantized per call: torch's
 ``quantize_dynamic``); ``int8`` does the same inside every component (the local encoder and
-DiT too); the single projections between components and the stop head stay float32. CPU and float32 only: that is where torch has the kernels. Each result's
+DiT too); the single projections between components and the stop head stay float32. CPU and
+float32 only: that is where torch has the kernels (``engines.voxcpm.dtype=auto`` loads float32
+for a profile; an explicit other dtype is refused here). Each result's
 ``applied.compute["fast"]`` names the profile that ran; the exact default is untouched.
 """
 
