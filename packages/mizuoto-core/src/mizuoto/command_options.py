@@ -30,9 +30,9 @@ def command_options(option_file, option_pairs):
 def options_to_load(option_file, option_pairs, *, serving=False):
     """:func:`command_options` for a command that loads the model in this process: first
     set OpenMP's wait policy (unless the user chose one: passive for a long-lived process,
-    ``serving`` (a server, a batch), or on a busy machine; active on an idle one) and restart it with the
-    allocator preloaded and the threads bound when the options ask for them, before torch is
-    imported. Only the command itself restarts (``main``): a program
+    ``serving`` (a server, a batch), or on a busy machine; active on an idle one) and
+    restart it with the allocator preloaded and the threads bound when the options ask for
+    them, before torch is imported. Only the command itself restarts (``main``): a program
     invoking ``cli`` in its own process gets the load's error saying how to start with
     them."""
     from mizuoto.runtime.startup import (
@@ -43,7 +43,8 @@ def options_to_load(option_file, option_pairs, *, serving=False):
     )
 
     options = command_options(option_file, option_pairs)
-    set_wait_policy(options.compute, serving=serving)  # before torch is imported; a restart inherits it
+    # before torch is imported; a restart inherits it
+    set_wait_policy(options.compute, serving=serving)
     environment = startup_environment(options.compute)
     # the guard against a second restart is for this process: its own children start afresh
     os.environ.pop(RESTARTED_ENV, None)

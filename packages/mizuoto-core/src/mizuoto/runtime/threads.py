@@ -169,7 +169,7 @@ def _cpu_ticks(cpus: set[int]) -> tuple[int, int] | None:
     busy = total = 0
     for line in lines:
         name, *fields = line.split()
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+        if not name.startswith("cpu") or not name[3:].isdigit() or int(name[3:]) not in cpus:
             continue
         ticks = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
         total += sum(ticks)
