@@ -44,8 +44,14 @@ def test_clocks_count_calls_and_weight_traffic_and_unhook():
     traffic = (4 * 72 + 3 * 16) * 4
     assert profile["bandwidth_bound_s"] == pytest.approx(traffic / 10e9)
     assert "step" not in vars(lm) and not lm._forward_hooks and not head._forward_pre_hooks
+    # the first call of each component, and when the first unit (head call) was done
+    assert 0 < rows["lm"]["first_call_ms"] <= rows["lm"]["ms"]
+    assert 0 < rows["head"]["first_call_ms"] <= rows["head"]["ms"]
+    assert rows["other"]["first_call_ms"] is None
+    assert 0 < profile["first_unit_s"] * 1e3 <= rows["lm"]["ms"] + rows["head"]["ms"] + 1e3
     text = profile_table(profile)
     assert text.splitlines()[1].split()[:2] == ["component", "ms"] and "other" in text
+    assert "1st call ms" in text and "first head done after" in text
 
 
 def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
@@ -61,6 +67,9 @@ def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
                                            "stop_head", "projections", "vae", "other"]
     assert profile["unit"] == "stop_head" and profile["units"] > 0
     assert profile["components"]["base_lm"]["calls"] > 0  # the prefill and the steps
+    # the base LM's first call is its prefill; the first patch is done within the request
+    assert 0 < profile["components"]["base_lm"]["first_call_ms"] < profile["request_s"] * 1e3
+    assert 0 < profile["first_unit_s"] < profile["request_s"]
     assert profile["bandwidth_gb_s"] > 0 and 0 < profile["roofline"] < 1
     covered = sum(row["ms"] for row in profile["components"].values())
     assert covered == pytest.approx(profile["request_s"] * 1e3)

@@ -61,6 +61,9 @@ class _Clock:
         self.weight_bytes = 0
         self._depth = 0  # a timed method calling forward (or another) counts once
         self._started = 0.0
+        self.opened = time.perf_counter()  # when the clocks were set (the request's start)
+        self.first_seconds: float | None = None  # the first call (an LM's: the prefill)
+        self.first_end: float | None = None  # when the first call ended, from ``opened``
 
     def start(self, *_) -> None:
         self._depth += 1
@@ -72,7 +75,10 @@ class _Clock:
         self._depth -= 1
         if self._depth == 0:
             self.synchronize()
-            self.seconds += time.perf_counter() - self._started
+            ended = time.perf_counter()
+            self.seconds += ended - self._started
+            if self.first_seconds is None:
+                self.first_seconds, self.first_end = ended - self._started, ended - self.opened
             self.calls += 1
             self.bytes += self.weight_bytes
 
@@ -122,7 +128,10 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
     """The profile of one request: per component its milliseconds, calls, weight traffic
     (GB/s) and fraction of ``bandwidth_gb_s``; ``other`` the rest of ``total_s``. ``per``: the
     component whose call count is the unit (VoxCPM's ``stop_head``: one call per patch), to
-    also give milliseconds per unit."""
+    also give milliseconds per unit, and when the first unit was done: for VoxCPM the first
+    patch sampled, the prefill and one patch, what the first audio waits for besides its
+    decode). Each component's ``first_call_ms`` is its first module's first call (an LM's
+    prefill)."""
     # a component's calls are its first module's (the LM itself, not its projections)
     units = clocks[per][0].calls if clocks.get(per) else 1
     components: dict[str, Any] = {}
@@ -137,15 +146,20 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
             "ms_per_unit": seconds * 1e3 / units if units else None,
             "weights_mb_per_unit": traffic / units / 1e6 if units else None,
             "weights_gb_s": rate,
-            "roofline": rate / bandwidth_gb_s if rate and bandwidth_gb_s else None}
+            "roofline": rate / bandwidth_gb_s if rate and bandwidth_gb_s else None,
+            "first_call_ms": (group[0].first_seconds * 1e3
+                              if group and group[0].first_seconds is not None else None)}
     rest = max(total_s - covered, 0.0)
     components["other"] = {"ms": rest * 1e3, "calls": None,
                            "ms_per_unit": rest * 1e3 / units if units else None,
-                           "weights_mb_per_unit": None, "weights_gb_s": None, "roofline": None}
+                           "weights_mb_per_unit": None, "weights_gb_s": None, "roofline": None,
+                           "first_call_ms": None}
+    first = clocks[per][0] if clocks.get(per) else None
     traffic = sum(c.bytes for group in clocks.values() for c in group)
     bound_s = traffic / (bandwidth_gb_s * 1e9) if bandwidth_gb_s else None
     return {"bandwidth_gb_s": bandwidth_gb_s, "request_s": total_s, "unit": per or "request",
             "units": units, "components": components,
+            "first_unit_s": first.first_end if first is not None else None,
             # the request could not take less than reading its weights once per call
             "bandwidth_bound_s": bound_s,
             "roofline": bound_s / total_s if bound_s and total_s else None}
@@ -156,13 +170,16 @@ def profile_table(profile: Mapping[str, Any]) -> str:
     unit = profile["unit"]
     lines = [f"profile: {profile['request_s']:.2f} s, {profile['units'] or '-'} {unit} calls; "
              f"measured bandwidth {profile['bandwidth_gb_s']:.1f} GB/s; bandwidth bound "
-             f"{_num(profile['bandwidth_bound_s'], 2)} s ({_pct(profile['roofline'])} of it)",
+             f"{_num(profile['bandwidth_bound_s'], 2)} s ({_pct(profile['roofline'])} of it)"
+             + (f"; first {unit} done after {profile['first_unit_s']:.2f} s"
+                if profile.get("first_unit_s") is not None else ""),
              f"{'component':<12} {'ms':>9} {'calls':>6} {'ms/' + unit:>12} "
-             f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8}"]
+             f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8} {'1st call ms':>11}"]
     for name, row in profile["components"].items():
         lines.append(f"{name:<12} {row['ms']:>9.1f} {row['calls'] or '-':>6} "
                      f"{_num(row['ms_per_unit'], 1):>12} {_num(row['weights_mb_per_unit'], 1):>12} "
-                     f"{_num(row['weights_gb_s'], 1):>6} {_pct(row['roofline']):>8}")
+                     f"{_num(row['weights_gb_s'], 1):>6} {_pct(row['roofline']):>8} "
+                     f"{_num(row.get('first_call_ms'), 1):>11}")
     return "\n".join(lines)
 
 
