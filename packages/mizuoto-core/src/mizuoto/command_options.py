@@ -27,12 +27,12 @@ def command_options(option_file, option_pairs):
     return options
 
 
-def options_to_load(option_file, option_pairs, *, serving=False):
+def options_to_load(option_file, option_pairs, *, serving=True):
     """:func:`command_options` for a command that loads the model in this process: first
     set OpenMP's wait policy (unless the user chose one: passive for a long-lived process,
-    ``serving`` (a server, a batch), or on a busy machine; active on an idle one) and
-    restart it with the allocator preloaded and the threads bound when the options ask for
-    them, before torch is imported. Only the command itself restarts (``main``): a program
+    ``serving``, the default as before, or on a busy machine; a one-shot command passes
+    ``serving=False`` to spin on an idle one) and restart it with the allocator preloaded
+    and the threads bound when the options ask for them, before torch is imported. Only the command itself restarts (``main``): a program
     invoking ``cli`` in its own process gets the load's error saying how to start with
     them."""
     from mizuoto.runtime.startup import (

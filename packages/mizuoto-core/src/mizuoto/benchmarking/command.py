@@ -248,6 +248,6 @@ def bench_run(spec_json):
     spec = RunSpec.from_json(spec_json)
     # Mizuoto's side goes through the same option path as `mizuoto say` (restarting with the
     # allocator and thread binding its configuration asks for)
-    options = _options_to_load(spec.options_file, spec.option_pairs)
+    options = _options_to_load(spec.options_file, spec.option_pairs, serving=False)
     result = measure(spec, options)
     sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")

@@ -42,7 +42,7 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         except ValueError:
             raise InvalidRequest("--segment", f"{segment!r} must be START:END in seconds") from None
         spans.append((start, end))
-    options = options_to_load(options_file, option_pairs)
+    options = options_to_load(options_file, option_pairs, serving=False)
     with command_progress(ctx.obj["quiet"]) as progress, cli_names():
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
         tts.require(Capability.EDIT)

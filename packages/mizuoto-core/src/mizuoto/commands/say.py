@@ -64,7 +64,7 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             instruction=instruction, seed=seed, steps=steps, guidance=guidance,
             params=command_params(params),
         )
-    options = options_to_load(options_file, option_pairs)
+    options = options_to_load(options_file, option_pairs, serving=False)
     with command_progress(quiet) as progress, cli_names(**text_flag):
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress,
                            request=request)
