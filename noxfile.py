@@ -120,8 +120,9 @@ def _apt_install(session, packages: list[str]) -> bool:
     otherwise."""
     if not _may_apt_install():
         return False
-    session.run("apt-get", "update", "-qq", external=True)
-    session.run("apt-get", "install", "-y", "-qq", *packages, external=True,
+    # run_install: system packages are part of setting up, so --install-only installs them too
+    session.run_install("apt-get", "update", "-qq", external=True)
+    session.run_install("apt-get", "install", "-y", "-qq", *packages, external=True,
                 env={"DEBIAN_FRONTEND": "noninteractive"})
     return True
 
