@@ -128,3 +128,23 @@ def test_option_values():
     assert Options.from_mapping({"compute.prepack": "off"}).compute.prepack == "off"
     with pytest.raises(Exception, match="compute.prepack"):
         Options.from_mapping({"compute.prepack": "on"})
+
+
+def test_a_group_packs_up_to_its_own_row_limit(monkeypatch):
+    """max_rows raises one group's limit (a decode step's fixed shape with more rows than
+    MAX_ROWS); the other groups, and row counts past the limit, stay plain."""
+    proofs = []
+    original = PrepackedLinear._try
+    monkeypatch.setattr(PrepackedLinear, "_try",
+                        lambda self, key, x: proofs.append((self, key[0])) or original(self, key, x))
+    dit, lm = nn.Linear(8, 8), nn.Linear(8, 8)
+    prepack_linears({"dit": [dit], "lm": [lm]}, max_rows={"dit": prepack.MAX_ROWS + 6})
+    rows = prepack.MAX_ROWS + 6
+    with torch.inference_mode():
+        for layer in (dit, lm):
+            for n in (rows, rows + 1):
+                x = torch.randn(n, 8)
+                assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert proofs == [(dit, rows)]
+    with pytest.raises(ValueError, match="encoder"):
+        prepack_linears({"dit": [nn.Linear(8, 8)]}, max_rows={"encoder": 32})

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mizuoto
-from mizuoto.runtime.prepack import PrepackedLinear, has_packable_layers
+from mizuoto.runtime.prepack import MAX_ROWS, PrepackedLinear, has_packable_layers
 from mizuoto_voxcpm.engine import VoxCPMEngine
 from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
 
@@ -16,11 +16,11 @@ from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
 TEXT = "Hello world, this is a slightly longer test sentence."
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["voxcpm-0.5b", "voxcpm-1.5", "voxcpm2"])
+def model_dir(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("voxcpm-prepack-load")
-    return with_dtype(write_random_model(root / "v05", "voxcpm-0.5b", seed=3), root / "fp32",
-                      "float32")
+    return with_dtype(write_random_model(root / "model", request.param, seed=3),
+                      root / "fp32", "float32")
 
 
 def _load(model_dir, mode):
@@ -57,3 +57,18 @@ def test_nothing_is_rehearsed_without_packable_layers(model_dir, monkeypatch):
     assert calls == []
     _load(model_dir, "auto")
     assert len(calls) == 1
+
+
+def test_the_dits_guided_rows_are_proven_at_load(model_dir):
+    """The DiT's evaluation of one stream has more rows than MAX_ROWS once a patch is long
+    (VoxCPM1.5, VoxCPM2): its layers prove that row count at load too."""
+    model = _load(model_dir, "auto").model
+    assert model.dit_rows == {2: 10, 4: 22 if model.config.is_v2 else 18}[model.patch_size]
+    layers = [m for m in model.feat_decoder.estimator.decoder.modules()
+              if isinstance(m, PrepackedLinear)]
+    assert layers
+    for layer in layers:
+        rows = {key[0] for key in layer._rows_ok | layer._rows_tried}
+        assert rows == {model.dit_rows}, rows
+    others = [m for m in model.base_lm.modules() if isinstance(m, PrepackedLinear)]
+    assert {m._max_rows for m in others} == {MAX_ROWS}

@@ -117,6 +117,14 @@ class VoxCPMModel(nn.Module):
     def device(self) -> torch.device:
         return self.stop_head.weight.device
 
+    @property
+    def dit_rows(self) -> int:
+        """The rows the local DiT's layers see in one stream's guided evaluation: the
+        conditional and unconditional sequences of the condition token(s) (VoxCPM2: the LM's
+        and the residual LM's, then the time), the previous patch and the patch."""
+        condition = 3 if self.config.is_v2 else 1
+        return 2 * (condition + 2 * self.patch_size)
+
     def allocate_caches(self, attention: str = "exact") -> None:
         """The model's own slot of static caches (``max_length`` positions).
 

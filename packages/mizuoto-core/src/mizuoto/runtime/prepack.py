@@ -12,8 +12,8 @@ MKL's at every row count and its bfloat16 reorder is refused, while MKL's packed
 ``F.linear`` from 3-4 rows up but not at 1 (``F.linear`` takes MKL's GEMV there).
 
 So nothing is assumed: a layer packs lazily, the first time it sees a small row count
-(``MAX_ROWS`` at most: decode steps; a prefill keeps the plain kernel), and only after the
-packed kernel gave ``torch.equal`` results against ``F.linear`` on that layer's own weight for
+(``MAX_ROWS`` at most, or its group's own limit: decode steps; a prefill keeps the plain
+kernel), and only after the packed kernel gave ``torch.equal`` results against ``F.linear`` on that layer's own weight for
 random inputs at that row count and thread count (a kernel that sums in another order differs
 on random inputs at once). A combination that differs is remembered and never packed again.
 Anything else (gradients, another dtype, a weight changed in place, another thread count not
@@ -77,8 +77,10 @@ class PrepackedLinear(nn.Linear):
     _pack: tuple[str, torch.Tensor, tuple, int] | None  # kernel, packed, weight stamp, rows
     _rows_ok: set[tuple]  # (rows, threads, input dims, contiguous) proven for the pack
     _rows_tried: set[tuple]
+    _max_rows: int  # the largest row count this layer packs for
 
-    def _init_prepack(self) -> None:
+    def _init_prepack(self, max_rows: int = MAX_ROWS) -> None:
+        self._max_rows = max_rows
         self._pack = None
         self._rows_ok = set()
         self._rows_tried = set()
@@ -95,7 +97,7 @@ class PrepackedLinear(nn.Linear):
                 or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))):
             return F.linear(x, weight, self.bias)
         rows = x.numel() // self.in_features
-        if rows > MAX_ROWS or rows == 0:
+        if rows > self._max_rows or rows == 0:
             return F.linear(x, weight, self.bias)
         # F.linear's own path depends on the input's layout (a strided 3-d view is copied
         # differently from contiguous rows): proofs are per layout too
@@ -184,19 +186,26 @@ def _linears(roots: Iterable[nn.Module]) -> Iterable[nn.Module]:
         yield from (m for m in root.modules() if isinstance(m, nn.Linear))
 
 
-def prepack_linears(modules: Groups, mode: str = "auto",
-                    *, skip: Iterable[nn.Module] = ()) -> None:
+def prepack_linears(modules: Groups, mode: str = "auto", *, skip: Iterable[nn.Module] = (),
+                    max_rows: Mapping[str, int] | None = None) -> None:
     """Turn every ``nn.Linear`` under each of ``modules`` (a group name -> its modules) into a
     :class:`PrepackedLinear` in place (``mode="auto"``); ``"off"`` changes nothing. Modules in
-    ``skip`` (and everything under them) keep the plain layer, e.g. a module being compiled."""
+    ``skip`` (and everything under them) keep the plain layer, e.g. a module being compiled.
+    ``max_rows``: per group, the largest row count its layers pack for, where a decode step's
+    fixed shape has more rows than ``MAX_ROWS`` (a guided DiT evaluation over a long patch);
+    other groups keep ``MAX_ROWS``, so a short prefill does not pay for proofs."""
     if mode == "off":
         return
+    limits = dict(max_rows or {})
+    unknown = set(limits) - set(modules)
+    if unknown:
+        raise ValueError(f"max_rows names groups that are not there: {sorted(unknown)}")
     skipped = {id(m) for s in skip for m in s.modules()}
-    for roots in modules.values():
+    for name, roots in modules.items():
         for module in _linears(roots):
             if type(module) is nn.Linear and id(module) not in skipped:
                 module.__class__ = PrepackedLinear
-                module._init_prepack()
+                module._init_prepack(max(MAX_ROWS, limits.get(name, MAX_ROWS)))
 
 
 def has_packable_layers(modules: Groups) -> bool:
