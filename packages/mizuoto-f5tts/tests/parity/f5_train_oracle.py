@@ -28,6 +28,7 @@ CONFIG.json may hold a list of configurations: they run one after the other in t
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import sys
@@ -38,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).parent / "oracle_stubs"))
 
 import torch
 
-torch.set_num_threads(1)
+# the test process's thread count (MIZUOTO_TEST_THREADS, one by default): the same kernels
+torch.set_num_threads(int(os.environ.get("MIZUOTO_TEST_THREADS", "1")))
 
 
 def main(config_path: str) -> None:

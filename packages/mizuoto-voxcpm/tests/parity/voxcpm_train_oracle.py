@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-torch.set_num_threads(1)
+# the test process's thread count (MIZUOTO_TEST_THREADS, one by default): the same kernels
+torch.set_num_threads(int(os.environ.get("MIZUOTO_TEST_THREADS", "1")))
 
 
 def main(config_path: str) -> None:
