@@ -13,9 +13,9 @@ MKL's at every row count and its bfloat16 reorder is refused, while MKL's packed
 
 So nothing is assumed: a layer packs lazily, the first time it sees a small row count
 (``MAX_ROWS`` at most, or its group's own limit: decode steps; a prefill keeps the plain
-kernel), and only after the packed kernel gave ``torch.equal`` results against ``F.linear`` on that layer's own weight for
-random inputs at that row count and thread count (a kernel that sums in another order differs
-on random inputs at once). A combination that differs is remembered and never packed again.
+kernel), and only after the packed kernel gave ``torch.equal`` results against ``F.linear`` on
+that layer's own weight for random inputs at that row count and thread count (a kernel that
+sums in another order differs on random inputs at once). A combination that differs is remembered and never packed again.
 Anything else (gradients, another dtype, a weight changed in place, another thread count not
 yet proven) runs ``F.linear``. :func:`prepack_report` says, per module group, which kernel ran.
 """
