@@ -145,3 +145,14 @@ def fake_plugin(no_plugins):
     no_plugins.register(make_plugin(), name="fake_plugin")
     registry.clear_cache()
     return no_plugins
+
+
+@pytest.fixture
+def threads(request):
+    """torch's thread count for one test (``indirect`` parametrization), restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

@@ -13,14 +13,6 @@ from mizuoto.runtime import prepack
 from mizuoto.runtime.prepack import PrepackedLinear, prepack_linears, prepack_report
 
 
-@pytest.fixture
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def _pair(out_features: int, in_features: int, bias: bool, dtype=torch.float32):
     torch.manual_seed(0)
     plain = nn.Linear(in_features, out_features, bias=bias).to(dtype)

@@ -1,0 +1,154 @@
+"""compute.prepack for transposed convolutions: a layer packs only the input shapes it proved
+bit-identical to F.conv_transpose1d inside proving_conv_transposes(), and runs plain for
+everything else (other shapes, gradients, a changed weight, mode off)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto.runtime import prepack_conv_transpose as pct
+from mizuoto.runtime.prepack_conv_transpose import (
+    PrepackedConvTranspose1d,
+    conv_transpose_report,
+    has_packable_conv_transposes,
+    prepack_conv_transposes,
+    proving_conv_transposes,
+)
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                reason="torch built without oneDNN: nothing can pack")
+
+
+def _pair(cin: int, cout: int, kernel: int, stride: int, seed: int = 0):
+    torch.manual_seed(seed)
+    plain = nn.ConvTranspose1d(cin, cout, kernel, stride=stride, padding=(kernel - stride) // 2)
+    packed = nn.ConvTranspose1d(cin, cout, kernel, stride=stride,
+                                padding=(kernel - stride) // 2)
+    packed.load_state_dict(plain.state_dict())
+    prepack_conv_transposes({"vae": [packed]})
+    return plain, packed
+
+
+# an audio decoder's upsampling layers at a stream chunk's frames: oneDNN's deconvolution
+# where torch's plain call takes it (input numel past its native-kernel limit)
+@pytest.mark.parametrize("threads", [1, 2, 4], indirect=True)
+@pytest.mark.parametrize("shape", [(512, 256, 16, 8, 48), (256, 128, 10, 5, 200),
+                                   (128, 64, 4, 2, 400)])
+def test_a_proven_shape_gives_conv_transpose1d_bits(threads, shape):
+    cin, cout, kernel, stride, frames = shape
+    plain, packed = _pair(cin, cout, kernel, stride)
+    x = torch.randn(1, cin, frames)
+    with torch.inference_mode():
+        with proving_conv_transposes():
+            assert torch.equal(packed(x), plain(x))
+        for _ in range(3):  # new inputs of the proven shape run the pack
+            y = torch.randn(1, cin, frames)
+            assert torch.equal(packed(y), plain(y))
+        other = torch.randn(1, cin, frames + 1)  # never proven: plain
+        assert torch.equal(packed(other), plain(other))
+    # torch's plain call runs oneDNN's deconvolution at these sizes: the pack is that primitive
+    assert packed.prepacked and len(packed._packs) == 1
+    assert conv_transpose_report({"vae": [packed]}) == {"vae": {"onednn": 1}}
+
+
+def test_a_kernel_that_differs_is_never_used(monkeypatch):
+    plain, packed = _pair(256, 128, 8, 4)
+    real_run = PrepackedConvTranspose1d._run
+
+    def off_by_one_ulp(self, weight, x):
+        out = real_run(self, weight, x)
+        return torch.nextafter(out, torch.full_like(out, torch.inf))
+
+    monkeypatch.setattr(PrepackedConvTranspose1d, "_run", off_by_one_ulp)
+    x = torch.randn(1, 256, 200)
+    with torch.inference_mode():
+        with proving_conv_transposes():
+            assert torch.equal(packed(x), plain(x))
+        assert torch.equal(packed(x), plain(x))
+    assert not packed.prepacked
+    assert conv_transpose_report({"vae": [packed]}) == {"vae": {"plain": 1}}
+
+
+def test_outside_the_proving_block_nothing_packs():
+    plain, packed = _pair(256, 128, 8, 4)
+    x = torch.randn(1, 256, 200)
+    with torch.inference_mode():
+        assert torch.equal(packed(x), plain(x))
+    assert not packed.prepacked
+
+
+def test_gradients_run_the_plain_kernel():
+    plain, packed = _pair(256, 128, 8, 4)
+    x = torch.randn(1, 256, 200)
+    with torch.inference_mode(), proving_conv_transposes():
+        packed(x)
+    x = x.requires_grad_()
+    out = packed(x)
+    out.sum().backward()
+    assert packed.weight.grad is not None and torch.equal(out, plain(x))
+
+
+def test_a_changed_weight_drops_its_packs():
+    plain, packed = _pair(256, 128, 8, 4)
+    x = torch.randn(1, 256, 200)
+    with torch.inference_mode(), proving_conv_transposes():
+        packed(x)
+    if not packed.prepacked:
+        pytest.skip("oneDNN's packed deconvolution differs on this CPU: nothing to drop")
+    with torch.no_grad():
+        packed.weight.mul_(0.5)
+        plain.weight.mul_(0.5)
+    with torch.inference_mode():
+        assert torch.equal(packed(x), plain(x))
+    assert not packed.prepacked
+
+
+def test_mode_off_changes_nothing_and_the_report_counts_kernels():
+    layer = nn.ConvTranspose1d(8, 4, 4, stride=2)
+    prepack_conv_transposes({"vae": [layer]}, "off")
+    assert type(layer) is nn.ConvTranspose1d
+    assert not has_packable_conv_transposes({"vae": [layer]})
+    assert conv_transpose_report({"vae": [layer]}) == {"vae": {"plain": 1}}
+    assert conv_transpose_report({"none": [nn.Linear(2, 2)]}) == {}
+    prepack_conv_transposes({"vae": [layer]})
+    assert isinstance(layer, PrepackedConvTranspose1d)
+    assert has_packable_conv_transposes({"vae": [layer]})
+    assert not has_packable_conv_transposes({"vae": [layer.to(torch.float64)]})
+
+
+class _Scaled(nn.ConvTranspose1d):
+    """A subclass with its own forward, as a model file may have (a causal crop)."""
+
+    def forward(self, x, output_size=None):
+        return super().forward(x, output_size)[..., 1:]
+
+
+def test_a_subclass_keeps_its_own_forward_and_state_dict():
+    torch.manual_seed(0)
+    layer = _Scaled(256, 128, 8, stride=4)
+    expected_keys = set(layer.state_dict())
+    x = torch.randn(1, 256, 200)
+    with torch.inference_mode():
+        before = layer(x)
+        prepack_conv_transposes({"vae": [nn.Sequential(layer)]})
+        assert isinstance(layer, _Scaled) and isinstance(layer, PrepackedConvTranspose1d)
+        with proving_conv_transposes():
+            assert torch.equal(layer(x), before)
+        assert torch.equal(layer(x), before)
+    assert set(layer.state_dict()) == expected_keys
+    assert pct._prepacked_class(_Scaled) is type(layer)  # one generated class per subclass
+
+
+def test_a_small_input_on_torchs_native_path_is_proven_or_left_plain():
+    # torch runs small inputs on its own kernel, which sums in another order than oneDNN:
+    # the proof must catch that, whichever way this CPU and build go
+    plain, packed = _pair(16, 8, 4, 2)
+    x = torch.randn(1, 16, 12)
+    with torch.inference_mode():
+        with proving_conv_transposes():
+            first = packed(x)
+        assert torch.equal(first, plain(x))
+        assert torch.equal(packed(x), F.conv_transpose1d(x, plain.weight, plain.bias, 2, 1))
