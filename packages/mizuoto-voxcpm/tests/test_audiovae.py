@@ -113,6 +113,21 @@ def test_snake_formula():
     assert snake(x[..., None], alpha).shape == (2, 3, 4, 1)
 
 
+@pytest.mark.parametrize("shape", [(1, 7, 1), (2, 37, 1000), (1, 64, 4097)])
+def test_snake_in_place_without_autograd_equals_the_autograd_expression(shape):
+    generator = torch.Generator().manual_seed(0)
+    x = 3 * torch.randn(*shape, generator=generator)
+    alpha = (torch.rand(1, shape[1], 1, generator=generator) + 0.05).requires_grad_()
+    tracked = snake(x, alpha)  # autograd records: the out-of-place expression
+    assert tracked.requires_grad
+    tracked.sum().backward()
+    assert alpha.grad is not None and torch.isfinite(alpha.grad).all()
+    before = x.clone()
+    with torch.inference_mode():
+        in_place = snake(x, alpha.detach())
+    assert torch.equal(in_place, tracked.detach()) and torch.equal(x, before)  # x untouched
+
+
 # --- loading ---------------------------------------------------------------------------------
 
 

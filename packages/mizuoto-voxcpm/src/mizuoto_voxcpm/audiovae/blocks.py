@@ -56,7 +56,10 @@ class CausalResidualUnit(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, stream: CausalStreamState | None = None) -> torch.Tensor:
-        return x + run_layers(self.block, x, stream)
+        out = run_layers(self.block, x, stream)
+        if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+            return x + out
+        return out.add_(x)  # upstream's x + y, in place (the sum commutes exactly)
 
 
 class CausalEncoderBlock(nn.Module):
