@@ -72,3 +72,21 @@ def test_the_dits_guided_rows_are_proven_at_load(model_dir):
         assert rows == {model.dit_rows}, rows
     others = [m for m in model.base_lm.modules() if isinstance(m, PrepackedLinear)]
     assert {m._max_rows for m in others} == {MAX_ROWS}
+
+
+def test_the_vaes_stream_shapes_are_rehearsed_only_when_something_can_pack(model_dir,
+                                                                           monkeypatch):
+    calls = []
+    monkeypatch.setattr("mizuoto_voxcpm.engine.rehearse_stream_decode",
+                        lambda vae, **kw: calls.append(kw))
+    off = _load(model_dir, "off")
+    assert calls == []
+    assert off.synthesize(mizuoto.SynthesisRequest(text="Hi.", seed=1, params={"max_len": 2})
+                          ).applied.compute["prepack"] == {"mode": "off"}
+    engine = _load(model_dir, "auto")
+    assert len(calls) == (1 if torch.backends.mkldnn.is_available() else 0)
+    result = engine.synthesize(mizuoto.SynthesisRequest(text="Hi.", seed=1,
+                                                        params={"max_len": 2}))
+    vae = result.applied.compute["prepack"]["modules"]["vae"]
+    assert sum(vae.values()) == sum(1 for m in engine.vae.modules()
+                                    if isinstance(m, torch.nn.ConvTranspose1d)) > 0

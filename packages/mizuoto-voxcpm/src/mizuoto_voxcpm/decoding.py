@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from mizuoto.nn.dsp.tiles import decode_or_tile
+from mizuoto.runtime.prepack_conv_transpose import proving_conv_transposes
 
 # The first generation decodes the last three patches for each streamed segment and, without
 # streaming, drops two patches of prompt context whenever there is prompt audio.
@@ -155,6 +156,25 @@ def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool,
         yield decoder.decode
     finally:
         decoder.close()
+
+
+@torch.inference_mode()
+def rehearse_stream_decode(vae, *, v2: bool, patch_size: int, feat_dim: int) -> None:
+    """Decode one random patch as a stream's steady state does (the first generation's full
+    window of three patches; VoxCPM2's stateful chunk), inside
+    :func:`~mizuoto.runtime.prepack_conv_transpose.proving_conv_transposes`, so that the VAE's
+    transposed convolutions prove their packed weight for exactly those shapes while the model
+    loads. A whole utterance's decode (any length) and a batch of streams stay plain."""
+    generator = torch.Generator().manual_seed(0)
+    device = _device(vae)
+
+    def patch() -> torch.Tensor:
+        return torch.randn(1, patch_size, feat_dim, generator=generator).to(device)
+
+    context = [] if v2 else [patch().unsqueeze(0) for _ in range(V1_STREAM_WINDOW - 1)]
+    with proving_conv_transposes(), segment_decoder(vae, context=context, v2=v2,
+                                                    patch_size=patch_size) as decode:
+        decode(patch())
 
 
 def _device(vae) -> torch.device:

@@ -219,3 +219,56 @@ def test_snake_equals_upstreams_torchscript_function():
         x = 3 * torch.randn(2, 37, frames, generator=generator)
         alpha = torch.rand(1, 37, 1, generator=generator) + 0.05
         assert torch.equal(snake(x, alpha), upstream_snake(x, alpha))
+
+
+@pytest.mark.realsize
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize(
+    "config, patch_size", [(VOXCPM_0_5B, 2), (VOXCPM1_5, 4), (VOXCPM2, 4)],
+    ids=["voxcpm-0.5b", "voxcpm1.5", "voxcpm2"],
+)
+def test_real_size_stream_with_prepacked_upsampling_is_bit_exact(config, patch_size, threads,
+                                                                 tmp_path):
+    """compute.prepack's transposed convolutions, proven at load for a stream's shapes
+    (``rehearse_stream_decode``), decode each streamed patch as upstream's VAE does, at each
+    thread count (the proof is per thread count); the whole-utterance decode stays plain."""
+    from mizuoto.runtime.prepack_conv_transpose import (
+        conv_transpose_report,
+        prepack_conv_transposes,
+    )
+    from mizuoto_voxcpm.decoding import rehearse_stream_decode, segment_decoder
+
+    directory = _write_model_dir(tmp_path, config, "safetensors", seed=5)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ours = load_audio_vae(directory, config)
+        prepack_conv_transposes({"vae": [ours]})
+        v2 = config.generation == 2
+        rehearse_stream_decode(ours, v2=v2, patch_size=patch_size, feat_dim=config.latent_dim)
+        report = conv_transpose_report({"vae": [ours]})["vae"]
+        upstream = _upstream_vae(directory)
+        generator = torch.Generator().manual_seed(threads)
+        patches = [torch.randn(1, patch_size, config.latent_dim, generator=generator)
+                   for _ in range(5)]
+        keep = patch_size * config.hop_length if not v2 else None
+        with torch.inference_mode():
+            context = [] if v2 else [p.unsqueeze(0) for p in patches[:2]]
+            with segment_decoder(ours, context=context, v2=v2,
+                                 patch_size=patch_size) as decode:
+                mine = [decode(p) for p in (patches if v2 else patches[2:])]
+            theirs = []
+            if v2:
+                with upstream.streaming_decode() as decoder:
+                    theirs = [decoder.decode_chunk(p.transpose(1, 2)).reshape(-1)
+                              for p in patches]
+            else:
+                for newest in range(2, len(patches)):
+                    window = torch.cat(patches[newest - 2:newest + 1], dim=1).transpose(1, 2)
+                    theirs.append(upstream.decode(window)[..., -keep:].reshape(-1))
+            for index, (got, expected) in enumerate(zip(mine, theirs, strict=True)):
+                assert torch.equal(got, expected), (index, report)
+            whole = torch.cat(patches, dim=1).transpose(1, 2)
+            assert torch.equal(ours.decode(whole), upstream.decode(whole))
+    finally:
+        torch.set_num_threads(before)
