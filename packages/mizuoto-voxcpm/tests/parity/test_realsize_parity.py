@@ -53,3 +53,26 @@ def test_request(realsize_root, generation, dtype, seed):
     got = result.audio.samples.numpy()
     assert expected.shape == got.shape
     assert np.array_equal(expected, got), f"max diff {np.abs(expected - got).max()}"
+
+
+@pytest.mark.parametrize("generation", ["voxcpm-0.5b", "voxcpm-1.5", "voxcpm2"])
+def test_stream(realsize_root, generation):
+    """A stream at real size: each chunk as upstream's ``generate_streaming`` yields it. The
+    VAE's transposed convolutions run packed at a stream's shapes (proven at load), so this is
+    where ``compute.prepack`` reaches the VAE."""
+    base = realsize_root / generation
+    if not (base / "config.json").is_file():
+        write_random_model(base, generation, seed=8, size="realsize")
+    with contextlib.redirect_stderr(io.StringIO()):
+        upstream = voxcpm_core.VoxCPM(voxcpm_model_path=str(base), enable_denoiser=False,
+                                      optimize=False)
+    torch.manual_seed(5)
+    expected = list(upstream.generate_streaming(text=TEXT, **PARAMS))
+    del upstream
+    gc.collect()
+    engine = VoxCPMEngine.load(base)
+    chunks = list(engine.stream(mizuoto.SynthesisRequest(text=TEXT, seed=5, params=PARAMS)))
+    assert [c.audio.num_samples for c in chunks] == [len(e) for e in expected]
+    for want, got in zip(expected, chunks, strict=True):
+        assert np.array_equal(want, got.audio.samples.numpy())
+    assert "vae" in chunks[-1].applied.compute["prepack"]["modules"]
