@@ -142,13 +142,41 @@ def test_a_subclass_keeps_its_own_forward_and_state_dict():
     assert pct._prepacked_class(_Scaled) is type(layer)  # one generated class per subclass
 
 
-def test_a_small_input_on_torchs_native_path_is_proven_or_left_plain():
-    # torch runs small inputs on its own kernel, which sums in another order than oneDNN:
-    # the proof must catch that, whichever way this CPU and build go
-    plain, packed = _pair(16, 8, 4, 2)
-    x = torch.randn(1, 16, 12)
+# torch runs small inputs on its own slow_conv_transpose2d (VoxCPM-0.5B's first upsampling
+# at a stream's 6 frames), with padding, output padding, dilation, no bias and a batch of two
+@pytest.mark.parametrize("threads", [1, 2, 4], indirect=True)
+@pytest.mark.parametrize("shape", [(1536, 768, 16, 8, 6, 0, 0, 1, True, 1),
+                                   (512, 256, 16, 8, 6, 4, 0, 1, True, 1),
+                                   (256, 128, 7, 3, 10, 1, 2, 1, False, 2),
+                                   (64, 32, 5, 2, 9, 0, 0, 2, True, 1)])
+def test_small_inputs_are_proven_or_left_plain(threads, shape):
+    cin, cout, kernel, stride, frames, padding, output_padding, dilation, bias, batch = shape
+    torch.manual_seed(0)
+    layer = nn.ConvTranspose1d(cin, cout, kernel, stride=stride, padding=padding,
+                               output_padding=output_padding, dilation=dilation, bias=bias)
+    x = torch.randn(batch, cin, frames)
+
+    def plain(inputs):
+        return F.conv_transpose1d(inputs, layer.weight, layer.bias, stride, padding,
+                                  output_padding, 1, dilation)
+
     with torch.inference_mode():
+        expected = plain(x)
+        prepack_conv_transposes({"vae": [layer]})
         with proving_conv_transposes():
-            first = packed(x)
-        assert torch.equal(first, plain(x))
-        assert torch.equal(packed(x), F.conv_transpose1d(x, plain.weight, plain.bias, 2, 1))
+            assert torch.equal(layer(x), expected)
+        y = torch.randn(batch, cin, frames)
+        assert torch.equal(layer(y), plain(y))
+    assert layer.prepacked_kernels <= {"onednn", "gemm"}
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_the_gemm_kernel_is_slow_conv_transpose2ds_arithmetic(threads):
+    """Handed the weight as torch's native kernel hands it to the BLAS (transposed, not a
+    copy), the gemm kernel's steps give its very bits; the stored copy is then a proof away."""
+    plain, packed = _pair(1536, 768, 16, 8)
+    x = torch.randn(1, 1536, 6)
+    with torch.inference_mode():
+        weight_view = packed.weight.reshape(1536, -1).t()
+        assert not weight_view.is_contiguous()
+        assert torch.equal(packed._run_gemm(weight_view, x), plain(x))

@@ -1,23 +1,30 @@
 """Prepacked transposed convolutions (``compute.prepack``): a ``ConvTranspose1d``'s weight
-reordered once into oneDNN's blocked layout, used only for input shapes where that gives the
-very bits ``F.conv_transpose1d`` gives.
+laid out once for the kernel that computes it fastest, used only for input shapes where that
+gives the very bits ``F.conv_transpose1d`` gives.
 
-``F.conv_transpose1d`` on the CPU in float32 runs oneDNN's deconvolution for all but small
-inputs and reorders the weight on every call: for an upsampling layer of an audio decoder at a
-streaming chunk's few frames the reorder is most of the call (VoxCPM1.5's first layer, 117 MB
-of weight at 12 frames: 60 ms plain, 6.4 ms packed, two threads). The packed call
-(``torch.ops.mkldnn._convolution_transpose_pointwise`` on a
-``_reorder_convolution_transpose_weight``) is the same primitive without that reorder where
-torch's plain call runs oneDNN at all; for small inputs torch takes its own native kernel, which
-sums in another order. Which one torch takes depends on the shape and the thread count.
+``F.conv_transpose1d`` on the CPU in float32 takes one of two paths, by the input's size (and
+the thread count):
+
+- oneDNN's deconvolution (all but small inputs), which reorders the weight into oneDNN's
+  blocked layout on every call: for an upsampling layer of an audio decoder at a streaming
+  chunk's few frames the reorder is most of the call (VoxCPM1.5's first layer, 117 MB of
+  weight at 12 frames: 60 ms plain, 6.4 ms packed, two threads). Kernel ``"onednn"``: the same
+  primitive (``torch.ops.mkldnn._convolution_transpose_pointwise``) on a weight reordered once
+  (``_reorder_convolution_transpose_weight``).
+- torch's own ``slow_conv_transpose2d`` (small inputs): one matrix product of the transposed
+  weight with the input, then ``col2im`` sums the overlapping columns, then the bias. It hands
+  the weight to the BLAS transposed, which at a stream's 6 frames is 5x slower than the same
+  product on a weight stored transposed (VoxCPM-0.5B's first layer: 42 ms, 8.6 ms). Kernel
+  ``"gemm"``: ``torch.mm`` on that stored copy, ``F.fold`` (the same ``col2im``), the bias.
 
 So nothing is assumed, as for the linear layers (:mod:`mizuoto.runtime.prepack`): a layer packs
 only inside :func:`proving_conv_transposes` (an engine's load rehearses the fixed shapes of its
-streaming decode there), for one input shape and thread count at a time, and only after the
-packed call gave ``torch.equal`` results against ``F.conv_transpose1d`` on that layer's weight,
-on the input itself and on a random one. Every other shape, thread count, dtype, device, a
-changed weight or a call that records gradients runs ``F.conv_transpose1d``; so does every call
-outside a proven shape: a whole utterance's varying length never pays a proof.
+streaming decode there), for one input shape and thread count at a time, and only after a
+kernel gave ``torch.equal`` results against ``F.conv_transpose1d`` on that layer's weight, on
+the input itself and on a random one (``"onednn"`` tried first, then ``"gemm"``). Every other
+shape, thread count, dtype, device, a changed weight or a call that records gradients runs
+``F.conv_transpose1d``; so does every call outside a proven shape: a whole utterance's varying
+length never pays a proof.
 """
 
 from __future__ import annotations
@@ -66,17 +73,23 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
     ``nn.ConvTranspose1d``.
     """
 
-    _packs: dict[tuple, torch.Tensor]  # (shape, threads) -> packed weight, proven
+    _packs: dict[tuple, tuple[str, torch.Tensor]]  # (shape, threads) -> kernel, packed, proven
     _tried: set[tuple]
     _stamp: tuple | None
+    _gemm_weight: torch.Tensor | None  # the weight stored transposed, shared by "gemm" shapes
 
     def _init_prepack(self) -> None:
-        self._packs, self._tried, self._stamp = {}, set(), None
+        self._packs, self._tried, self._stamp, self._gemm_weight = {}, set(), None, None
 
     @property
     def prepacked(self) -> bool:
         """Whether this layer holds a packed weight proven for some input shape."""
         return bool(self._packs)
+
+    @property
+    def prepacked_kernels(self) -> set[str]:
+        """The kernels proven for some input shape (``"onednn"``, ``"gemm"``)."""
+        return {kernel for kernel, _ in self._packs.values()}
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         weight = self.weight
@@ -87,52 +100,89 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
         if self._stamp is not None and self._stamp != _stamp(weight):  # changed or moved
             self._init_prepack()
         key = (tuple(input.shape), input.is_contiguous(), torch.get_num_threads())
-        packed = self._packs.get(key)
-        if packed is None:
+        pack = self._packs.get(key)
+        if pack is None:
             if not _proving.get() or key in self._tried:
                 return super().forward(input, output_size)
-            packed = self._prove(key, input)
-            if packed is None:
+            pack = self._prove(key, input)
+            if pack is None:
                 return super().forward(input, output_size)
-        return self._run(packed, input)
+        return self._run(pack, input)
 
     def _arguments(self) -> tuple:
         # the 2-d form torch itself runs a 1-d convolution in (a unit height in front)
         return ([0, self.padding[0]], [0, self.output_padding[0]], [1, self.stride[0]],
                 [1, self.dilation[0]], self.groups)
 
-    def _run(self, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, pack: tuple[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        kernel, packed = pack
+        if kernel == "gemm":
+            return self._run_gemm(packed, x)
         padding, output_padding, stride, dilation, groups = self._arguments()
         out = torch.ops.mkldnn._convolution_transpose_pointwise(
             x.unsqueeze(2), packed, self.bias, padding, output_padding, stride, dilation,
             groups, "none", [], None)
         return out.squeeze(2)
 
+    def _run_gemm(self, weight_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # slow_conv_transpose2d's steps: columns = W^T x per batch element, col2im, + bias
+        x = x.contiguous()
+        (kernel,), (stride,), (padding,) = self.kernel_size, self.stride, self.padding
+        (dilation,), (output_padding,) = self.dilation, self.output_padding
+        length = ((x.shape[-1] - 1) * stride - 2 * padding + dilation * (kernel - 1)
+                  + output_padding + 1)
+        columns = torch.stack([torch.mm(weight_t, row) for row in x.unbind(0)])
+        out = F.fold(columns, output_size=(1, length), kernel_size=(1, kernel),
+                     dilation=(1, dilation), padding=(0, padding), stride=(1, stride))
+        out = out.squeeze(2)
+        if self.bias is not None:
+            out.add_(self.bias.reshape(-1, 1))
+        return out
+
     def _plain(self, x: torch.Tensor) -> torch.Tensor:
         return F.conv_transpose1d(x, self.weight, self.bias, self.stride, self.padding,
                                   self.output_padding, self.groups, self.dilation)
 
-    def _prove(self, key: tuple, x: torch.Tensor) -> torch.Tensor | None:
-        self._tried.add(key)
+    def _pack(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.detach()
+        if kernel == "gemm":
+            if self.groups != 1:
+                raise NotImplementedError("the gemm kernel takes one group")
+            if self._gemm_weight is None:
+                self._gemm_weight = weight.reshape(weight.shape[0], -1).t().contiguous()
+            return self._gemm_weight
         padding, output_padding, stride, dilation, groups = self._arguments()
-        try:
-            packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(
-                self.weight.detach().unsqueeze(2), padding, output_padding, stride, dilation,
-                groups, [x.shape[0], x.shape[1], 1, x.shape[2]])
-            generator = torch.Generator().manual_seed(x.shape[-1])
-            probe = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
-            probe.copy_(torch.randn(x.size(), generator=generator))
-            same = all(torch.equal(self._run(packed, trial), self._plain(trial))
-                       for trial in (x, probe))
-        except (RuntimeError, NotImplementedError) as exc:
-            log.debug("prepacked conv-transpose refused for %s: %s", key, exc)
-            return None
-        if not same:
-            log.debug("prepacked conv-transpose differs from F.conv_transpose1d for %s", key)
-            return None
-        self._packs[key] = packed
-        self._stamp = _stamp(self.weight)
-        return packed
+        return torch.ops.mkldnn._reorder_convolution_transpose_weight(
+            weight.unsqueeze(2), padding, output_padding, stride, dilation, groups,
+            [x.shape[0], x.shape[1], 1, x.shape[2]])
+
+    def _prove(self, key: tuple, x: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        self._tried.add(key)
+        generator = torch.Generator().manual_seed(x.shape[-1])
+        probe = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+        probe.copy_(torch.randn(x.size(), generator=generator))
+        expected = [self._plain(trial) for trial in (x, probe)]
+        for kernel in KERNELS:
+            try:
+                pack = (kernel, self._pack(kernel, x))
+                same = all(torch.equal(self._run(pack, trial), want)
+                           for trial, want in zip((x, probe), expected, strict=True))
+            except (RuntimeError, NotImplementedError) as exc:
+                log.debug("prepacked conv-transpose %s refused for %s: %s", kernel, key, exc)
+                continue
+            if same:
+                self._packs[key] = pack
+                self._stamp = _stamp(self.weight)
+                break
+            log.debug("prepacked conv-transpose %s differs from F.conv_transpose1d for %s",
+                      kernel, key)
+        if not any(kernel == "gemm" for kernel, _ in self._packs.values()):
+            self._gemm_weight = None  # not kept for nothing
+        return self._packs.get(key)
+
+
+#: the kernels a shape's proof tries, in this order
+KERNELS = ("onednn", "gemm")
 
 
 def _stamp(weight: torch.Tensor) -> tuple:
@@ -184,13 +234,15 @@ def has_packable_conv_transposes(modules: Groups) -> bool:
 
 
 def conv_transpose_report(modules: Groups) -> dict[str, Any]:
-    """Per group, how many transposed convolutions hold a proven packed weight
-    (``"onednn"``) and how many run ``F.conv_transpose1d`` only (``"plain"``)."""
+    """Per group, how many transposed convolutions hold a proven packed weight, by kernel
+    (``"onednn"``, ``"gemm"``; both where shapes differ: ``"onednn+gemm"``), and how many run
+    ``F.conv_transpose1d`` only (``"plain"``)."""
     groups: dict[str, Any] = {}
     for name, roots in modules.items():
         kernels: dict[str, int] = {}
         for module in _conv_transposes(roots):
-            kernel = "onednn" if getattr(module, "prepacked", False) else "plain"
+            proven = sorted(getattr(module, "prepacked_kernels", ()), reverse=True)
+            kernel = "+".join(proven) if proven else "plain"
             kernels[kernel] = kernels.get(kernel, 0) + 1
         if kernels:
             groups[name] = dict(sorted(kernels.items()))
