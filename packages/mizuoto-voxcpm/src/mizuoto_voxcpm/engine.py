@@ -232,8 +232,9 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
             raise CheckpointMismatch(str(model_dir / "config.json"),
                                      detail=f"feat_dim {config.feat_dim} differs from the audio "
                                      f"VAE's latent_dim {vae.latent_dim}")
-        # its transposed convolutions skip oneDNN's per-call weight reorder at a stream's fixed
-        # shapes (VoxCPM1.5's first upsampling: 60 -> 9 ms a patch), proven at load
+        # its transposed convolutions keep their weight laid out for their kernel at a stream's
+        # fixed shapes (oneDNN's per-call reorder or the BLAS's transposed read skipped:
+        # VoxCPM1.5's first upsampling 60 -> 9 ms a patch, VoxCPM-0.5B's 42 -> 9), proven at load
         prepack_conv_transposes({"vae": [vae]}, options.compute.prepack)
         if has_packable_conv_transposes({"vae": [vae]}):
             rehearse_stream_decode(vae, v2=config.is_v2, patch_size=config.patch_size,
