@@ -160,21 +160,20 @@ def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool,
 
 @torch.inference_mode()
 def rehearse_stream_decode(vae, *, v2: bool, patch_size: int, feat_dim: int) -> None:
-    """Decode one random patch as a stream's steady state does (the first generation's full
-    window of three patches; VoxCPM2's stateful chunk), inside
+    """Decode random patches as a stream does, inside
     :func:`~mizuoto.runtime.prepack_conv_transpose.proving_conv_transposes`, so that the VAE's
-    transposed convolutions prove their packed weight for exactly those shapes while the model
-    loads. A whole utterance's decode (any length) and a batch of streams stay plain."""
+    transposed convolutions prove their packed weight for exactly a stream's shapes while the
+    model loads: the first generation's windows of one, two and three patches (a zero-shot
+    stream's first two patches have less context; each later one, and every patch of a cloned
+    voice's stream, the full window), VoxCPM2's chunk (the causal state pads its first chunk
+    to the shape of the later ones). A whole utterance's decode (any other length) and a batch
+    of streams stay plain."""
     generator = torch.Generator().manual_seed(0)
     device = _device(vae)
-
-    def patch() -> torch.Tensor:
-        return torch.randn(1, patch_size, feat_dim, generator=generator).to(device)
-
-    context = [] if v2 else [patch().unsqueeze(0) for _ in range(V1_STREAM_WINDOW - 1)]
-    with proving_conv_transposes(), segment_decoder(vae, context=context, v2=v2,
+    with proving_conv_transposes(), segment_decoder(vae, context=[], v2=v2,
                                                     patch_size=patch_size) as decode:
-        decode(patch())
+        for _ in range(1 if v2 else V1_STREAM_WINDOW):
+            decode(torch.randn(1, patch_size, feat_dim, generator=generator).to(device))
 
 
 def _device(vae) -> torch.device:

@@ -253,19 +253,24 @@ def test_real_size_stream_with_prepacked_upsampling_is_bit_exact(config, patch_s
                    for _ in range(5)]
         keep = patch_size * config.hop_length if not v2 else None
         with torch.inference_mode():
-            context = [] if v2 else [p.unsqueeze(0) for p in patches[:2]]
-            with segment_decoder(ours, context=context, v2=v2,
+            # a zero-shot stream: the first generation's windows grow from one patch to three
+            with segment_decoder(ours, context=[], v2=v2, patch_size=patch_size) as decode:
+                mine = [decode(p) for p in patches]
+            # and a cloned voice's: two patches of context from the start
+            with segment_decoder(ours, context=[p.unsqueeze(0) for p in patches[:2]], v2=v2,
                                  patch_size=patch_size) as decode:
-                mine = [decode(p) for p in (patches if v2 else patches[2:])]
+                mine += [decode(p) for p in patches[2:]]
             theirs = []
             if v2:
-                with upstream.streaming_decode() as decoder:
-                    theirs = [decoder.decode_chunk(p.transpose(1, 2)).reshape(-1)
-                              for p in patches]
+                for _ in range(2):
+                    with upstream.streaming_decode() as decoder:
+                        theirs += [decoder.decode_chunk(p.transpose(1, 2)).reshape(-1)
+                                   for p in (patches if not theirs else patches[2:])]
             else:
-                for newest in range(2, len(patches)):
-                    window = torch.cat(patches[newest - 2:newest + 1], dim=1).transpose(1, 2)
-                    theirs.append(upstream.decode(window)[..., -keep:].reshape(-1))
+                for newest in [*range(len(patches)), *range(2, len(patches))]:
+                    window = torch.cat(patches[max(0, newest - 2):newest + 1], dim=1)
+                    theirs.append(upstream.decode(window.transpose(1, 2))[..., -keep:]
+                                  .reshape(-1))
             for index, (got, expected) in enumerate(zip(mine, theirs, strict=True)):
                 assert torch.equal(got, expected), (index, report)
             whole = torch.cat(patches, dim=1).transpose(1, 2)
