@@ -373,3 +373,46 @@ def test_a_speech_request_is_built_and_its_params_parsed_once(tmp_path, monkeypa
         bad = client.post("/v1/audio/speech", json={
             "model": "s", "input": "Twice?", "voice": "default", "mizuoto": {"params": {"x": 1}}})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "mizuoto.params.x"
+
+
+@pytest.mark.parametrize("start_loaded", [True, False])
+def test_start_loaded_holds_the_start_until_every_model_has_loaded(tmp_path, start_loaded):
+    """Ray's ingress starts with start_loaded=True: a request right after the start never meets
+    a model still loading (it was answered 503 now and then); the single-process server starts
+    at once and says so in /health."""
+    import torch
+    from starlette.testclient import TestClient
+
+    from mizuoto import Audio
+    from mizuoto.contracts.capabilities import Capability
+    from mizuoto.contracts.engine import Engine, ModelInfo
+    from mizuoto.contracts.results import Rendered
+    from mizuoto.serve import ServeConfig, create_app
+
+    class Silence(Engine):
+        name = "silence"
+        request_settings = frozenset()
+        info = ModelInfo("silence", "s", "v0", 8000, "float32", "cpu",
+                         frozenset({Capability.ZERO_SHOT}))
+        load = classmethod(lambda cls, model_dir, **kwargs: cls())
+
+        def _synthesize(self, request, params, generator, progress):
+            return Rendered(Audio(torch.zeros(80), 8000))
+
+    release = threading.Event()
+
+    def slow_load():
+        release.wait(0.6 if start_loaded else 30)
+        return Silence()
+
+    app = create_app(ServeConfig(models={"s": "s", "t": "t"}, voices_dir=tmp_path),
+                     loader=lambda name, model: (slow_load, True), start_loaded=start_loaded)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        health = client.get("/health")
+        if start_loaded:
+            assert health.status_code == 200, health.json()
+            assert health.json()["models"] == {"s": "ready", "t": "ready"}
+        else:
+            assert health.status_code == 503
+            assert health.json()["models"] == {"s": "loading", "t": "loading"}
+        release.set()

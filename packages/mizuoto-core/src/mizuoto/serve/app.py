@@ -210,10 +210,13 @@ def _loader(model: str, config: ServeConfig):
     return load
 
 
-def create_app(config: ServeConfig, *, loader=None):
+def create_app(config: ServeConfig, *, loader=None, start_loaded: bool = False):
     """The FastAPI application serving ``config``. ``loader(name, model)``, if given, returns
     what loads each model and whether to load it at start, instead of loading it in this
-    process (:mod:`mizuoto.serve.ray`: an engine whose calls run on Ray Serve replicas)."""
+    process (:mod:`mizuoto.serve.ray`: an engine whose calls run on Ray Serve replicas).
+    ``start_loaded``: the application's start-up ends only once every model loaded at start
+    has loaded or failed (Ray Serve counts a replica as started after it, so no request meets
+    a model still loading); otherwise it serves at once and ``/health`` says 503 meanwhile."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import Response
@@ -230,6 +233,9 @@ def create_app(config: ServeConfig, *, loader=None):
     async def lifespan(app):
         for worker in state.workers.values():
             worker.start()
+        if start_loaded:
+            await asyncio.gather(*(asyncio.to_thread(w.loaded.wait)
+                                   for w in state.workers.values()))
         yield
         state.closing = True
         await asyncio.gather(*(asyncio.to_thread(w.stop, config.grace)

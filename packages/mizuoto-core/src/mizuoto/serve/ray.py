@@ -378,7 +378,10 @@ class Ingress:
         return load, adapter is None
 
     def __serve_build_asgi_app__(self):
-        return create_app(self._config, loader=self._loader)
+        # the ingress starts once every model's remote engine is connected: serve.run (and
+        # start()) then return with no model of the ingress still "loading" (a request right
+        # after start() was answered 503 "still loading" now and then)
+        return create_app(self._config, loader=self._loader, start_loaded=True)
 
 
 def _deployment_name(name: str) -> str:
