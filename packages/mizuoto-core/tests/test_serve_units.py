@@ -333,21 +333,14 @@ def test_admission_waits_its_turn_and_refuses_past_the_queue():
     asyncio.run(main())
 
 
-def test_a_speech_request_is_built_and_its_params_parsed_once(tmp_path, monkeypatch):
+def _silence_engine():
+    """An engine class that says 10 ms of silence at 8 kHz, for the server's unit tests."""
     import torch
-    from starlette.testclient import TestClient
 
     from mizuoto import Audio
-    from mizuoto.contracts import requests
     from mizuoto.contracts.capabilities import Capability
     from mizuoto.contracts.engine import Engine, ModelInfo
     from mizuoto.contracts.results import Rendered
-    from mizuoto.serve import ServeConfig, create_app
-
-    built, parsed = [], []
-    post_init = requests.SynthesisRequest.__attrs_post_init__
-    monkeypatch.setattr(requests.SynthesisRequest, "__attrs_post_init__",
-                        lambda self: (built.append(self.text), post_init(self)))
 
     class Silence(Engine):
         name = "silence"
@@ -356,12 +349,27 @@ def test_a_speech_request_is_built_and_its_params_parsed_once(tmp_path, monkeypa
                          frozenset({Capability.ZERO_SHOT}))
         load = classmethod(lambda cls, model_dir, **kwargs: cls())
 
+        def _synthesize(self, request, params, generator, progress):
+            return Rendered(Audio(torch.zeros(80), 8000))
+
+    return Silence
+
+
+def test_a_speech_request_is_built_and_its_params_parsed_once(tmp_path, monkeypatch):
+    from starlette.testclient import TestClient
+
+    from mizuoto.contracts import requests
+    from mizuoto.serve import ServeConfig, create_app
+
+    built, parsed = [], []
+    post_init = requests.SynthesisRequest.__attrs_post_init__
+    monkeypatch.setattr(requests.SynthesisRequest, "__attrs_post_init__",
+                        lambda self: (built.append(self.text), post_init(self)))
+
+    class Silence(_silence_engine()):
         def parse_params(self, params):
             parsed.append(dict(params))
             return super().parse_params(params)
-
-        def _synthesize(self, request, params, generator, progress):
-            return Rendered(Audio(torch.zeros(80), 8000))
 
     app = create_app(ServeConfig(models={"s": "s"}, voices_dir=tmp_path),
                      loader=lambda name, model: (Silence, True))
@@ -380,25 +388,11 @@ def test_start_loaded_holds_the_start_until_every_model_has_loaded(tmp_path, sta
     """Ray's ingress starts with start_loaded=True: a request right after the start never meets
     a model still loading (it was answered 503 now and then); the single-process server starts
     at once and says so in /health."""
-    import torch
     from starlette.testclient import TestClient
 
-    from mizuoto import Audio
-    from mizuoto.contracts.capabilities import Capability
-    from mizuoto.contracts.engine import Engine, ModelInfo
-    from mizuoto.contracts.results import Rendered
     from mizuoto.serve import ServeConfig, create_app
 
-    class Silence(Engine):
-        name = "silence"
-        request_settings = frozenset()
-        info = ModelInfo("silence", "s", "v0", 8000, "float32", "cpu",
-                         frozenset({Capability.ZERO_SHOT}))
-        load = classmethod(lambda cls, model_dir, **kwargs: cls())
-
-        def _synthesize(self, request, params, generator, progress):
-            return Rendered(Audio(torch.zeros(80), 8000))
-
+    Silence = _silence_engine()
     release = threading.Event()
 
     def slow_load():
