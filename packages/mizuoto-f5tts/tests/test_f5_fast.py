@@ -65,3 +65,57 @@ def test_prepack_off_from_a_shared_settings_file_is_accepted(model_dir, engine):
     assert result.applied.compute["prepack"] == {"mode": "off"}
     assert _say(engine).applied.compute["prepack"] == {"mode": "off"}  # auto packs nothing
     assert torch.equal(result.audio.samples, _say(engine).audio.samples)
+
+
+def _snr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
+    noise = (reference - other).pow(2).sum().clamp_min(1e-30)
+    return float(10 * torch.log10(reference.pow(2).sum() / noise))
+
+
+def test_int8_quantizes_the_attention_and_feed_forward_layers(model_dir, engine):
+    options = mizuoto.Options.from_mapping({**CPU, "engines.f5tts.fast": "int8"})
+    fast_engine = F5Engine.load(model_dir, options=options)
+    transformer = fast_engine.model.transformer
+    quantized = [m for m in transformer.modules()
+                 if type(m).__module__.startswith("torch.ao.nn.quantized.dynamic")]
+    # every block's q, k, v, out and two feed-forward layers; the embeddings, adaLN
+    # modulation and output projection stay float32
+    blocks = len(transformer.transformer_blocks)
+    assert len(quantized) == 6 * blocks
+    assert isinstance(transformer.proj_out, nn.Linear)
+    assert all(isinstance(block.attn_norm.linear, nn.Linear)
+               for block in transformer.transformer_blocks)
+    result = _say(fast_engine)
+    exact = _say(engine)
+    assert result.applied.compute["fast"] == "int8"
+    assert result.applied.compute["fast_int8_linears"] == 6 * blocks
+    assert result.audio.samples.dtype == torch.float32
+    assert result.audio.samples.shape == exact.audio.samples.shape
+    assert torch.isfinite(result.audio.samples).all()
+    assert not torch.equal(result.audio.samples, exact.audio.samples)
+    # close to the exact path, not noise: int8 weights move a random tiny model by little
+    assert _snr_db(exact.audio.samples, result.audio.samples) > 15
+
+
+@pytest.mark.parametrize(("native", "expected"), [(True, "autocast"), (False, "int8")])
+def test_auto_picks_autocast_where_bfloat16_is_native_else_int8(model_dir, monkeypatch,
+                                                               native, expected):
+    monkeypatch.setattr(fast, "cpu_native_dtype", lambda dtype: native)
+    options = mizuoto.Options.from_mapping({**CPU, "engines.f5tts.fast": "auto"})
+    result = _say(F5Engine.load(model_dir, options=options))
+    assert result.applied.compute["fast"] == expected
+
+
+def test_int8_outside_float32_is_refused_before_the_checkpoint_is_read(model_dir,
+                                                                       monkeypatch):
+    from mizuoto_f5tts import checkpoint
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the option was checked")
+
+    monkeypatch.setattr(checkpoint, "load_f5_model", never)
+    options = mizuoto.Options.from_mapping({**CPU, "compute.dtype": "bfloat16",
+                                            "engines.f5tts.fast": "int8"})
+    with pytest.raises(InvalidOption, match="engines.f5tts.fast") as error:
+        F5Engine.load(model_dir, options=options)
+    assert "compute.dtype=float32" in str(error.value)

@@ -37,7 +37,7 @@ from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes, split_to_fit
 from mizuoto_f5tts.compute_lock import ComputeLock
 from mizuoto_f5tts.duration import check_positions, chunk_durations
-from mizuoto_f5tts.fast import autocast_transformer
+from mizuoto_f5tts.fast import autocast_transformer, quantize_transformer, resolve_profile
 from mizuoto_f5tts.joining import CrossFade, join_chunks
 from mizuoto_f5tts.settings import F5Options, F5Params
 from mizuoto_f5tts.text import to_tokens, token_ids
@@ -126,17 +126,23 @@ class F5Engine(Engine):
         variant = None if engine_options.variant == "auto" else engine_options.variant
         if variant is None and model_id is not None:
             variant = catalog_variant(model_id)
+        # a refused fast profile is named before the checkpoint is read
+        fast = resolve_profile(engine_options.fast, placement.device, placement.dtype)
         report(progress, "load", 0, 2, "flow-matching model")
         checkpoint = find_checkpoint(model_dir)
         model, vocab = load_f5_model(model_dir, variant, device=placement.device,
                                      dtype=placement.dtype, variant_field="engines.f5tts.variant")
+        if fast == "int8":  # before compiling: a compiled transformer holds its layers
+            int8_linears = quantize_transformer(model.transformer)
         # the backbone only (the ODE loop and guidance stay eager); dynamic: every request has
         # its own number of frames and tokens
         placement = placement.compile(model.transformer, dynamic=True)
-        if engine_options.fast == "autocast":
+        if fast == "autocast":
             placement = placement.with_settings(
                 fast="autocast", fast_dtype=autocast_transformer(model.transformer,
                                                                  placement.device))
+        elif fast == "int8":
+            placement = placement.with_settings(fast="int8", fast_int8_linears=int8_linears)
         else:
             placement = placement.with_settings(fast="off")
         report(progress, "load", 1, 2, "vocoder")

@@ -1,18 +1,32 @@
-"""``engines.f5tts.fast=autocast``: the opt-in fast profile, never exact.
+"""``engines.f5tts.fast``: the opt-in fast profiles, never exact.
 
-The transformer (98 % of a request) runs under ``torch.autocast``: bfloat16 on a CPU with
-native bfloat16 kernels, float16 on CUDA as upstream's own CUDA inference does; the ODE loop,
-guidance and vocoder stay float32 (the transformer's output is cast back). Refused where it
-would only be slower (a CPU that emulates bfloat16). Results say
-``applied.compute["fast"] == "autocast"`` and the autocast dtype in ``fast_dtype``.
+- ``autocast``: the transformer (98 % of a request) runs under ``torch.autocast``: bfloat16 on
+  a CPU with native bfloat16 kernels, float16 on CUDA as upstream's own CUDA inference does;
+  the ODE loop, guidance and vocoder stay float32 (the transformer's output is cast back).
+  Refused where it would only be slower (a CPU that emulates bfloat16: AVX2).
+- ``int8``: the linear layers of the transformer's attention and feed-forward blocks become
+  torch's dynamic int8 ones (``quantize_dynamic``: int8 weights, activations quantized per
+  call; fbgemm's kernels run on AVX2). The profile for a CPU without native bfloat16, where
+  ``autocast`` is refused. The input and time embeddings, the adaLN modulation and the output
+  projection stay float32: one row per utterance or a thin product, nothing to gain, and
+  they set every block's scale. CPU and a float32 model only.
+- ``auto``: ``autocast`` where the device has its dtype natively (CUDA, a CPU with native
+  bfloat16), else ``int8``.
+
+Results say which ran: ``applied.compute["fast"]`` (``auto`` resolved) and, for autocast, the
+dtype in ``fast_dtype``.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
 
 from mizuoto.errors import InvalidOption
+from mizuoto.nn.transformer.attention import Attention
+from mizuoto.nn.transformer.feedforward import FeedForward
 from mizuoto.runtime.device import cpu_native_dtype, dtype_name
 
 
@@ -24,7 +38,25 @@ def autocast_dtype(device: torch.device) -> torch.dtype:
         return torch.bfloat16
     raise InvalidOption("engines.f5tts.fast", f"autocast needs native bfloat16 kernels on "
                         f"the CPU or a CUDA device (the model is on {device}, which would "
-                        "emulate it, slower than float32): use engines.f5tts.fast=off")
+                        "emulate it, slower than float32): use engines.f5tts.fast=int8 on "
+                        "such a CPU, or engines.f5tts.fast=off")
+
+
+def resolve_profile(profile: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The profile that will run for ``profile`` (``auto`` picked for ``device``), checked
+    before the model is read: a refused combination names the option and the fix."""
+    if profile == "auto":
+        native = device.type == "cuda" or (device.type == "cpu"
+                                           and cpu_native_dtype(torch.bfloat16))
+        profile = "autocast" if native else "int8"
+    if profile == "autocast":
+        autocast_dtype(device)
+    elif profile == "int8" and (device.type != "cpu" or dtype != torch.float32):
+        raise InvalidOption("engines.f5tts.fast", f"int8 quantizes float32 linear layers on "
+                            f"the CPU (the model is {dtype_name(dtype)} on {device}): set "
+                            "compute.device=cpu and compute.dtype=float32 (or auto), use "
+                            "engines.f5tts.fast=autocast on CUDA, or engines.f5tts.fast=off")
+    return profile
 
 
 def autocast_transformer(transformer: nn.Module, device: torch.device) -> str:
@@ -39,3 +71,19 @@ def autocast_transformer(transformer: nn.Module, device: torch.device) -> str:
 
     transformer.forward = autocast_forward
     return dtype_name(dtype)
+
+
+def quantize_transformer(transformer: nn.Module) -> int:
+    """Make the linear layers of ``transformer``'s attention and feed-forward modules dynamic
+    int8 in place; how many were quantized."""
+    from torch.ao.quantization import quantize_dynamic
+
+    blocks = [m for m in transformer.modules() if isinstance(m, Attention | FeedForward)]
+    before = sum(isinstance(m, nn.Linear) for block in blocks for m in block.modules())
+    with warnings.catch_warnings():
+        # torch.ao's eager quantization warns that it moves to torchao; it still runs here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        for block in blocks:
+            quantize_dynamic(block, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return before

@@ -76,19 +76,25 @@ class F5Params:
             raise InvalidRequest("params.method", f"must be euler or midpoint, got {value!r}")
 
 
+#: the values of ``engines.f5tts.fast`` (mizuoto_f5tts.fast)
+FAST_PROFILES = ("off", "autocast", "int8", "auto")
+
+
 @attrs.frozen
 class F5Options:
     """``engines.f5tts.*`` options: ``variant`` (``auto`` detects it from the checkpoint),
-    ``fast`` (``off``, the exact default, or ``autocast``: docs/performance.md)."""
+    ``fast`` (``off``, the exact default, ``autocast``, ``int8`` or ``auto``:
+    docs/performance.md)."""
 
     variant: str = attrs.field(default="auto")
-    #: the opt-in fast profile, never exact (mizuoto_f5tts.fast): off or autocast
+    #: the opt-in fast profile, never exact (mizuoto_f5tts.fast): off, autocast, int8, auto
     fast: str = attrs.field(default="off")
 
     @fast.validator
     def _fast(self, attribute, value):
-        if value not in ("off", "autocast"):
-            raise InvalidRequest("engines.f5tts.fast", f"must be off or autocast, got {value!r}")
+        if value not in FAST_PROFILES:
+            raise InvalidRequest("engines.f5tts.fast",
+                                 f"must be one of {', '.join(FAST_PROFILES)}, got {value!r}")
 
     @variant.validator
     def _variant(self, attribute, value):
