@@ -39,8 +39,8 @@ CASES = [
       "plain:compute.prepack=off"], True, 2),
     ("voxcpm tiny-2", "random:voxcpm/tiny-2",
      ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
-    ("f5tts tiny-v1-base", "random:f5tts/tiny-v1-base", ["autocast:engines.f5tts.fast=autocast"],
-     True, 1),
+    ("f5tts tiny-v1-base", "random:f5tts/tiny-v1-base",
+     ["autocast:engines.f5tts.fast=autocast", "fastauto:engines.f5tts.fast=auto"], True, 1),
     ("voxcpm realsize-0.5b", "random:voxcpm/realsize-0.5b",
      ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
     ("voxcpm realsize-2", "random:voxcpm/realsize-2",
@@ -180,6 +180,12 @@ def checks(name: str, report: dict) -> list[tuple[str, bool, str]]:
                         str(ran)))
         results.append((f"{name}: autocast is not called identical",
                         entries["autocast"].get("identical_to_base") is not True, ""))
+    if "fastauto" in entries:  # fast=auto picks float16 autocast on CUDA (int8 is CPU-only)
+        ran = entries["fastauto"]["runs"][0].get("compute", {}) \
+            if entries["fastauto"].get("runs") else {}
+        results.append((f"{name}: fast=auto chose autocast (float16)",
+                        ran.get("fast") == "autocast" and ran.get("fast_dtype") == "float16",
+                        str(ran)))
     return results
 
 
