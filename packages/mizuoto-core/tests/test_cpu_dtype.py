@@ -35,6 +35,9 @@ def test_warning_names_the_faster_setting(monkeypatch):
     line = emulated_dtype_warning(torch.bfloat16, "cpu", setting="engines.x.dtype",
                                   speedup="about 1.6x")
     assert "bfloat16 is emulated" in line and "engines.x.dtype=float32 is about 1.6x" in line
+    hinted = emulated_dtype_warning(torch.bfloat16, "cpu", setting="engines.x.dtype",
+                                    speedup="about 1.6x", fast_hint="engines.x.fast=int8 is 4x")
+    assert hinted == f"{line}; engines.x.fast=int8 is 4x"
     assert emulated_dtype_warning(torch.float32, "cpu", setting="s", speedup="2x") is None
     assert emulated_dtype_warning(torch.bfloat16, "cuda", setting="s", speedup="2x") is None
     monkeypatch.setattr(device, "cpu_native_dtype", lambda dtype: True)

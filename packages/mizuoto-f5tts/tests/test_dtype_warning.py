@@ -29,3 +29,4 @@ def test_emulated_reduced_precision_is_reported(monkeypatch, model_dir, dtype):
     else:
         assert engine.info.dtype == "bfloat16" and len(hints) == 1
         assert "bfloat16 is emulated" in hints[0]
+        assert "engines.f5tts.fast=int8 (not exact" in hints[0]

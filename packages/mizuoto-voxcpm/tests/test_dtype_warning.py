@@ -34,6 +34,8 @@ def test_emulated_bfloat16_is_reported(monkeypatch, model_dir, native):
     assert [w for w in streamed.warnings if "engines.voxcpm.dtype=float32" in w] == hint
     if hint:
         assert "bfloat16 is emulated" in hint[0] and "1.6x to 2.7x" in hint[0]
+        # and the inexact profile that is fastest on such a CPU, named as not exact
+        assert "engines.voxcpm.fast=int8 (not exact" in hint[0]
 
 
 def test_float32_is_not_reported(monkeypatch, model_dir):

@@ -108,13 +108,14 @@ def place(engine: type[PlacedEngine], compute: ComputeOptions, *,
           dtype: str | None = None, auto_dtype: AutoDtype = torch.float32,
           supported: tuple[torch.dtype, ...] | None = None,
           dtype_setting: str = "compute.dtype",
-          speedup: str | Mapping[torch.dtype, str] = "several times") -> Placement:
+          speedup: str | Mapping[torch.dtype, str] = "several times",
+          fast_hint: str = "") -> Placement:
     """Apply ``compute`` for a model of ``engine`` about to be loaded: torch's CPU threads,
     the device (``device``: the engine's ``auto`` rule), the dtype (``dtype`` overrides
     ``compute.dtype``, e.g. an engine option; ``auto_dtype``: the engine's ``auto`` rule), and
     the warning when that dtype is emulated on this CPU (logged, and repeated in every result;
     ``dtype_setting`` names the setting to change, ``speedup`` what float32 gains, per dtype
-    when a mapping)."""
+    when a mapping; ``fast_hint`` an inexact, faster profile for such a CPU, if any)."""
     apply_cpu_threads(compute)
     selected_device = select_device(compute, auto=device)
     kwargs = {} if supported is None else {"supported": supported}
@@ -123,7 +124,7 @@ def place(engine: type[PlacedEngine], compute: ComputeOptions, *,
     if isinstance(speedup, Mapping):
         speedup = speedup.get(selected_dtype, "")
     slow = emulated_dtype_warning(selected_dtype, selected_device, setting=dtype_setting,
-                                  speedup=speedup)
+                                  speedup=speedup, fast_hint=fast_hint)
     if slow:
         log.warning("%s", slow)
     return Placement(engine, selected_device, selected_dtype, oom_fallback=compute.oom_fallback,

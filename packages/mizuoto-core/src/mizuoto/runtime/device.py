@@ -167,16 +167,19 @@ def _cpu_flags() -> frozenset[str]:
 
 
 def emulated_dtype_warning(dtype: torch.dtype, device: torch.device | str, *, setting: str,
-                           speedup: str) -> str | None:
+                           speedup: str, fast_hint: str = "") -> str | None:
     """A line for ``Applied.warnings`` when ``dtype`` runs on a CPU without native kernels for it,
     naming the faster setting (``setting=float32``) and ``speedup`` (what was measured, e.g.
-    ``"about 1.6x"``); ``None`` when there is nothing to say."""
+    ``"about 1.6x"``), then ``fast_hint`` where the engine has a faster, inexact profile for
+    such a CPU (e.g. ``"engines.x.fast=int8 (not exact) is about 4x faster than float32"``);
+    ``None`` when there is nothing to say."""
     if torch.device(device).type != "cpu" or cpu_native_dtype(dtype):
         return None
     name = dtype_name(dtype)
-    return (f"{name} is emulated on this CPU ({torch.backends.cpu.get_cpu_capability()}, no "
+    line = (f"{name} is emulated on this CPU ({torch.backends.cpu.get_cpu_capability()}, no "
             f"native {name} kernels): {setting}=float32 is {speedup} faster on such a CPU (its "
             f"samples differ from {name}'s)")
+    return f"{line}; {fast_hint}" if fast_hint else line
 
 
 def dtype_name(dtype: torch.dtype) -> str:
