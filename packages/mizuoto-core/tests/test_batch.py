@@ -151,6 +151,30 @@ def test_a_rerun_skips_written_lines_and_redoes_changed_ones(tmp_path):
     assert records["a"]["resumed"] and records["b"]["applied"]["seed"] == 22
 
 
+class _FastProfile:
+    """A placement's report with an inexact fast profile on (``engines.x.fast=int8``)."""
+
+    in_effect = {"fast": "int8", "fast_int8_linears": 12}
+
+
+def test_a_fast_profile_does_not_resume_the_exact_paths_lines(tmp_path):
+    """int8 samples are not the exact path's: lines written without the profile are made
+    again with it; the exact path's identity has no fast key (older manifests still resume)."""
+    from mizuoto.identity import model_identity
+
+    engine = ToneEngine()
+    job, rows, first = _first_run(tmp_path, engine)
+    assert "fast" not in model_identity(engine)
+    fast_engine = ToneEngine()
+    fast_engine.placement = _FastProfile()
+    assert model_identity(fast_engine)["fast"] == "int8"
+    summary = run_batch(job, engine=fast_engine)
+    assert (summary.ok, summary.skipped) == (len(rows), 0)
+    assert fast_engine.calls == len(rows)
+    again = run_batch(job, engine=fast_engine)  # the same profile resumes
+    assert again.skipped == len(rows) and fast_engine.calls == len(rows)
+
+
 def test_a_repeated_id_is_an_error_on_its_later_line_only(tmp_path):
     job = BatchJob(_write_jsonl(tmp_path / "in.jsonl", [*GOOD, {"id": "a", "text": "Again."}]),
                    tmp_path / "out")

@@ -52,12 +52,24 @@ def _voice_digest(voice) -> str | None:
     return digest.hexdigest()
 
 
+#: ``applied.compute`` keys of an inexact fast profile (an engine option such as
+#: ``engines.voxcpm.fast``): other samples than the exact path's
+FAST_PROFILE_KEYS = ("fast", "fast_dtype")
+
+
 def model_identity(engine: Engine) -> dict[str, Any]:
-    """The loaded model as it affects the samples: engine, weights, dtype and device."""
+    """The loaded model as it affects the samples: engine, weights, dtype and device, and the
+    fast profile where one is on (int8 or autocast samples must not be taken for the exact
+    path's in a resumed run; the exact path's record is unchanged)."""
     info = engine.info
-    return {"engine": info.engine, "model": info.model, "variant": info.variant,
-            "fingerprint": info.fingerprint, "dtype": info.dtype, "device": info.device,
-            "sample_rate": info.sample_rate}
+    record = {"engine": info.engine, "model": info.model, "variant": info.variant,
+              "fingerprint": info.fingerprint, "dtype": info.dtype, "device": info.device,
+              "sample_rate": info.sample_rate}
+    placement = getattr(engine, "placement", None)
+    settings = dict(placement.in_effect) if placement is not None else {}
+    if settings.get("fast", "off") != "off":
+        record.update({key: settings[key] for key in FAST_PROFILE_KEYS if key in settings})
+    return record
 
 
 def request_identity(request: SynthesisRequest, *, text: bool = True) -> dict[str, Any]:
