@@ -55,6 +55,10 @@ FAST_HINT = ("engines.f5tts.fast=int8 (not exact: int8 attention and feed-forwar
              "about 1.3x faster than float32 on such a CPU")
 
 DEFAULT_STEPS = 32
+#: the fast profiles' step count where a request sets none: upstream's EPSS grid for 16 steps
+#: (F5-TTS v1's own fast setting), half the transformer's calls; measured against the exact
+#: 32 steps in docs/performance.md
+FAST_PROFILE_STEPS = 16
 DEFAULT_GUIDANCE = 2.0
 LICENSE = "CC-BY-NC-4.0"
 #: What every F5-TTS and E2-TTS release was trained on (Emilia): English and Chinese.
@@ -83,6 +87,9 @@ class F5Engine(Engine):
         self.vocoder = vocoder
         self._info = info
         self.placement = placement
+        # a fast profile's documented step count where a request leaves steps unset
+        self._default_steps = DEFAULT_STEPS if placement.settings.get("fast", "off") == "off" \
+            else FAST_PROFILE_STEPS
         # Held per text chunk (one sampler run and its vocoding), so that two long requests
         # take turns chunk by chunk. Not per request: a short request would wait for a whole
         # long text. Not lock-free either: on a CPU a chunk's matrix products (~1,000 rows)
@@ -167,7 +174,7 @@ class F5Engine(Engine):
         return cls(model=model, vocab=vocab, vocoder=vocoder, info=info, placement=placement)
 
     def sampler_defaults(self) -> dict[str, int | float]:
-        return {"steps": DEFAULT_STEPS, "guidance": DEFAULT_GUIDANCE}
+        return {"steps": self._default_steps, "guidance": DEFAULT_GUIDANCE}
 
     def profile_components(self) -> dict[str, list]:
         """For ``mizuoto bench --profile``: the modules of each part of a request."""
@@ -250,7 +257,7 @@ class F5Engine(Engine):
         """Check the request and cut its text into chunks, before any sampling."""
         if params.edit_durations is not None:
             raise InvalidRequest("params.edit_durations", "applies to editing only")
-        steps = request.steps or DEFAULT_STEPS
+        steps = request.steps or self._default_steps
         self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
         warnings: list[str] = []
@@ -368,7 +375,7 @@ class F5Engine(Engine):
         """Regenerate ``request.segments`` of the recording so it says ``request.text``."""
         from mizuoto.nn.dsp.audio_io import read_audio
 
-        steps = request.steps or DEFAULT_STEPS
+        steps = request.steps or self._default_steps
         self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
         fallbacks: list[str] = []

@@ -13,8 +13,13 @@
 - ``auto``: ``autocast`` where the device has its dtype natively (CUDA, a CPU with native
   bfloat16), else ``int8``.
 
+Every profile also samples 16 steps where a request leaves ``steps`` unset (upstream's EPSS
+grid for 16 steps, F5-TTS v1's own fast setting; the exact path keeps upstream's 32): the
+kernels alone cannot give 3x on a CPU without AMX, the step count halves the transformer's
+calls (``mizuoto_f5tts.engine.FAST_PROFILE_STEPS``; a request's own ``steps`` wins).
+
 Results say which ran: ``applied.compute["fast"]`` (``auto`` resolved) and, for autocast, the
-dtype in ``fast_dtype``.
+dtype in ``fast_dtype``; ``applied.sampler["steps"]`` the steps.
 """
 
 from __future__ import annotations
