@@ -54,6 +54,24 @@ def test_clocks_count_calls_and_weight_traffic_and_unhook():
     assert "1st call ms" in text and "first head done after" in text
 
 
+def test_int8_layers_count_their_packed_weights():
+    """A dynamic int8 linear (a fast profile's) holds its weight outside ``parameters()``:
+    the clocks count its int8 weight and float32 bias, one byte a weight."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lm = quantize_dynamic(_Stepper(), {nn.Linear}, dtype=torch.qint8)
+    assert not list(lm.proj.parameters())
+    with component_clocks({"lm": [lm]}) as clocks:
+        lm.step(torch.randn(1, 8))
+    profile = split(clocks, total_s=1.0, bandwidth_gb_s=10.0, per="lm")
+    assert profile["components"]["lm"]["weights_mb_per_unit"] == pytest.approx(
+        (8 * 8 * 1 + 8 * 4) / 1e6)
+
+
 def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
     pytest.importorskip("mizuoto_voxcpm")
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))

@@ -44,12 +44,24 @@ TIMED_METHODS = ("step", "step_rows", "decode", "decode_tail")
 
 def _weight_bytes(module) -> int:
     """The weights one call reads: all parameters but embedding tables (a call gathers a few
-    rows of those)."""
+    rows of those), and the packed weights of quantized layers (an int8 fast profile's
+    dynamic linears hold theirs outside ``parameters()``)."""
     from torch import nn
 
     tables = {id(p) for m in module.modules() if isinstance(m, nn.Embedding)
               for p in m.parameters()}
-    return sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in tables)
+    plain = sum(p.numel() * p.element_size() for p in module.parameters()
+                if id(p) not in tables)
+    return plain + sum(_packed_bytes(m) for m in module.modules())
+
+
+def _packed_bytes(module) -> int:
+    packed = getattr(module, "_packed_params", None)
+    unpack = getattr(packed, "_weight_bias", None)
+    if unpack is None:
+        return 0
+    weight, bias = unpack()
+    return sum(t.numel() * t.element_size() for t in (weight, bias) if t is not None)
 
 
 class _Clock:
