@@ -49,10 +49,11 @@ from mizuoto_f5tts.variants import (
 )
 from mizuoto_f5tts.vocoding import vocode
 
-# the fast profile on a CPU that emulates bfloat16: F5 v1 Base, real size, 4 steps, 2 threads,
-# AMD EPYC Zen 2 (AVX2), 62.3 s float32 -> 49.0 s (docs/performance.md)
-FAST_HINT = ("engines.f5tts.fast=int8 (not exact: int8 attention and feed-forward layers) is "
-             "about 1.3x faster than float32 on such a CPU")
+# the fast profile on a CPU that emulates bfloat16: F5 v1 Base, real size, 2 threads, AMD EPYC
+# Zen 2 (AVX2), exact float32 at 32 steps 206.4 s -> int8 at 16 steps 84.9 s
+# (docs/performance.md)
+FAST_HINT = ("engines.f5tts.fast=int8 (not exact: int8 attention and feed-forward layers, 16 "
+             "steps instead of 32) is about 2.4x faster than float32 on such a CPU")
 
 DEFAULT_STEPS = 32
 #: the fast profiles' step count where a request sets none: upstream's EPSS grid for 16 steps
