@@ -134,3 +134,22 @@ def test_a_fast_profile_samples_its_documented_step_count_unless_asked(model_dir
     unset = fast_engine.synthesize(mizuoto.SynthesisRequest("Hi.", seed=3))
     assert unset.applied.sampler["steps"] == 16
     assert _say(fast_engine).applied.sampler["steps"] == 2  # _say asks for 2
+
+
+@pytest.mark.parametrize("profile", ["int8", "auto"])
+def test_int8_where_torch_has_no_int8_kernels_is_refused_before_the_checkpoint_is_read(
+        model_dir, monkeypatch, profile):
+    from mizuoto.runtime import dynamic_int8
+    from mizuoto_f5tts import checkpoint
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the option was checked")
+
+    monkeypatch.setattr(checkpoint, "load_f5_model", never)
+    monkeypatch.setattr(fast, "cpu_native_dtype", lambda dtype: False)  # auto picks int8
+    monkeypatch.setattr(dynamic_int8, "dynamic_int8_unavailable",
+                        lambda: "this torch has no int8 kernel for this CPU")
+    options = mizuoto.Options.from_mapping({**CPU, "engines.f5tts.fast": profile})
+    with pytest.raises(InvalidOption, match="engines.f5tts.fast") as error:
+        F5Engine.load(model_dir, options=options)
+    assert "no int8 kernel" in str(error.value) and "engines.f5tts.fast=off" in str(error.value)

@@ -68,3 +68,20 @@ def test_int8_needs_float32_and_refuses_a_lora(dirs, tmp_path):
     engine = _load(dirs["float32"], "int8-lm")
     with pytest.raises(InvalidOption, match="engines.voxcpm.fast=off"):
         engine.set_lora(tmp_path)
+
+
+@pytest.mark.parametrize("profile", ["int8", "int8-lm"])
+def test_int8_where_torch_has_no_int8_kernels_is_refused_before_the_model_is_read(
+        dirs, monkeypatch, profile):
+    from mizuoto.runtime import dynamic_int8
+    from mizuoto_voxcpm import engine as engine_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was read before the option was checked")
+
+    monkeypatch.setattr(engine_module, "load_model", never)
+    monkeypatch.setattr(dynamic_int8, "dynamic_int8_unavailable",
+                        lambda: "this torch has no int8 kernel for this CPU")
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast") as error:
+        _load(dirs["float32"], profile)
+    assert "no int8 kernel" in str(error.value) and "engines.voxcpm.fast=off" in str(error.value)

@@ -24,8 +24,6 @@ dtype in ``fast_dtype``; ``applied.sampler["steps"]`` the steps.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 
@@ -33,6 +31,7 @@ from mizuoto.errors import InvalidOption
 from mizuoto.nn.transformer.attention import Attention
 from mizuoto.nn.transformer.feedforward import FeedForward
 from mizuoto.runtime.device import cpu_native_dtype, dtype_name
+from mizuoto.runtime.dynamic_int8 import quantize_linears, require_dynamic_int8
 
 
 def autocast_dtype(device: torch.device) -> torch.dtype:
@@ -61,6 +60,8 @@ def resolve_profile(profile: str, device: torch.device, dtype: torch.dtype) -> s
                             f"the CPU (the model is {dtype_name(dtype)} on {device}): set "
                             "compute.device=cpu and compute.dtype=float32 (or auto), use "
                             "engines.f5tts.fast=autocast on CUDA, or engines.f5tts.fast=off")
+    if profile == "int8":
+        require_dynamic_int8("engines.f5tts.fast")
     return profile
 
 
@@ -81,14 +82,5 @@ def autocast_transformer(transformer: nn.Module, device: torch.device) -> str:
 def quantize_transformer(transformer: nn.Module) -> int:
     """Make the linear layers of ``transformer``'s attention and feed-forward modules dynamic
     int8 in place; how many were quantized."""
-    from torch.ao.quantization import quantize_dynamic
-
-    blocks = [m for m in transformer.modules() if isinstance(m, Attention | FeedForward)]
-    before = sum(isinstance(m, nn.Linear) for block in blocks for m in block.modules())
-    with warnings.catch_warnings():
-        # torch.ao's eager quantization warns that it moves to torchao; it still runs here
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        for block in blocks:
-            quantize_dynamic(block, {nn.Linear}, dtype=torch.qint8, inplace=True)
-    return before
+    return quantize_linears(m for m in transformer.modules()
+                            if isinstance(m, Attention | FeedForward))

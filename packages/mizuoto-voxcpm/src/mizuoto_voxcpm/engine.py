@@ -206,6 +206,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
                           dtype_setting="engines.voxcpm.dtype", speedup=FLOAT32_SPEEDUP,
                           fast_hint=FAST_HINT)
         device = placement.device
+        # a refused fast profile is named before the checkpoint is read
+        check_fast(engine_options.fast, device, placement.dtype)
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
         model = load_model(model_dir, config, dtype=placement.dtype, device=device,
@@ -217,7 +219,6 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         # replaces layers inside it: dynamo's guards see that and recompile
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
             attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
-        check_fast(engine_options.fast, device, placement.dtype)
         apply_fast(model.component_groups(), engine_options.fast)
         placement = placement.with_settings(fast=engine_options.fast)
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself

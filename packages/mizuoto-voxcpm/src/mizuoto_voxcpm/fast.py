@@ -11,12 +11,11 @@ for a profile; an explicit other dtype is refused here). Each result's
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 
 from mizuoto.errors import InvalidOption
+from mizuoto.runtime.dynamic_int8 import quantize_linears, require_dynamic_int8
 
 _LM_GROUPS = ("base_lm", "residual_lm")
 
@@ -29,22 +28,14 @@ def check_fast(profile: str, device: torch.device, dtype: torch.dtype) -> None:
                             f"layers on the CPU (the model is {dtype} on {device}): set "
                             "engines.voxcpm.dtype=float32 and compute.device=cpu, or "
                             "engines.voxcpm.fast=off")
+    require_dynamic_int8("engines.voxcpm.fast")
 
 
 def apply_fast(groups: dict[str, list[nn.Module]], profile: str) -> tuple[str, ...]:
     """Quantize the groups ``profile`` covers in place; the names of those quantized."""
     if profile == "off":
         return ()
-    from torch.ao.quantization import quantize_dynamic
-
     names = _LM_GROUPS if profile == "int8-lm" else tuple(groups)
-    with warnings.catch_warnings():
-        # torch.ao's eager quantization warns that it moves to torchao; it still runs here
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        for name in names:
-            for module in groups[name]:
-                if type(module) is nn.Linear:  # a bare projection: kept (it swaps children)
-                    continue
-                quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    # a bare projection between components is kept (quantize_linears skips a root Linear)
+    quantize_linears(module for name in names for module in groups[name])
     return names
