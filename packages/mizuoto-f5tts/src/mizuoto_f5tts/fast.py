@@ -82,5 +82,6 @@ def autocast_transformer(transformer: nn.Module, device: torch.device) -> str:
 def quantize_transformer(transformer: nn.Module) -> int:
     """Make the linear layers of ``transformer``'s attention and feed-forward modules dynamic
     int8 in place; how many were quantized."""
-    return quantize_linears(m for m in transformer.modules()
-                            if isinstance(m, Attention | FeedForward))
+    # listed first: quantizing swaps children of the modules being walked
+    return quantize_linears([m for m in transformer.modules()
+                             if isinstance(m, Attention | FeedForward)])
