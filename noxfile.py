@@ -316,8 +316,18 @@ def ci(session):
     _install_base(session)
     _install_oracles(session)
     _check_plugin_discovery(session)
+    _build_kernels(session)
     _run_suites(session, "not realsize and not fuzz_only",
                 env={**THREADS, **_allocator_env(session), **_browser_env(session)})
+
+
+def _build_kernels(session):
+    """Core's bf16dot kernel is compiled once per machine and Python on first use: here, not
+    inside a test with a time limit (it says why where it cannot run: another CPU kind, no
+    compiler, and the tests then run without it)."""
+    session.run("python", "-c", "from mizuoto.runtime import bf16_dot; "
+                "print('bf16dot kernel:', 'runs' if bf16_dot.runs() else "
+                "bf16_dot.unavailable_reason())")
 
 
 @nox.session(python=COMPAT_PYTHONS)
@@ -340,6 +350,7 @@ def compat(session):
                     f"importlib.util.find_spec({undeclared!r}) and "
                     f"sys.exit('{undeclared} is installed: this session proves we run without it')")
     _check_plugin_listing(session)
+    _build_kernels(session)  # from the installed wheel's source
     tmp = session.create_tmp()
     for fixture in COMPAT_FIXTURES:
         model = os.path.join(tmp, fixture.replace("/", "-"))

@@ -34,6 +34,7 @@ from mizuoto.errors import (
     ModelFilesMissing,
 )
 from mizuoto.options import Options
+from mizuoto.runtime import bf16_dot
 from mizuoto.runtime.device import dtype_name, preferred_device
 from mizuoto.runtime.prepack import has_packable_layers, prepack_linears, prepack_report
 from mizuoto.runtime.prepack_conv_transpose import (
@@ -108,6 +109,20 @@ FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times
 # 8 patches, 9.59 s float32 -> 2.15 s (docs/performance.md, "The fast profiles side by side")
 FAST_HINT = ("engines.voxcpm.fast=int8 (not exact: int8 linear layers) is about 4.5x faster "
              "than float32 on such a CPU")
+
+
+def _float32_speedup(prepack: str) -> dict:
+    """FLOAT32_SPEEDUP, but nothing to say of bfloat16 where its linear layers will run core's
+    bf16dot kernel (an AVX2 CPU with a compiler): torch's bits, and a VoxCPM-0.5B stream 1.3x
+    faster than in float32 there (docs/performance.md)."""
+    def bfloat16() -> str | None:
+        if prepack != "off" and bf16_dot.runs():
+            return None
+        return FLOAT32_SPEEDUP[torch.bfloat16]
+
+    return {**FLOAT32_SPEEDUP, torch.bfloat16: bfloat16}
+
+
 @attrs.frozen
 class _Plan:
     """One request resolved: what to tokenize, the prompt, the sampler settings."""
@@ -203,7 +218,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
                           dtype=_dtype_setting(engine_options.dtype, options.compute.dtype),
                           auto_dtype=lambda device: _auto_dtype(config, device,
                                                                 engine_options.fast),
-                          dtype_setting="engines.voxcpm.dtype", speedup=FLOAT32_SPEEDUP,
+                          dtype_setting="engines.voxcpm.dtype",
+                          speedup=_float32_speedup(options.compute.prepack),
                           fast_hint=FAST_HINT)
         device = placement.device
         # a refused fast profile is named before the checkpoint is read

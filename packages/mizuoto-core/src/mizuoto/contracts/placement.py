@@ -103,19 +103,26 @@ class Placement:
                          fingerprint=fingerprint, languages=languages)
 
 
+#: what float32 gains over an emulated dtype: a measured phrase, or a function giving one (or
+#: ``None``: nothing to warn of), called only when the dtype is emulated
+Speedup = str | Callable[[], str | None]
+
+
 def place(engine: type[PlacedEngine], compute: ComputeOptions, *,
           device: Callable[[], torch.device] = default_device,
           dtype: str | None = None, auto_dtype: AutoDtype = torch.float32,
           supported: tuple[torch.dtype, ...] | None = None,
           dtype_setting: str = "compute.dtype",
-          speedup: str | Mapping[torch.dtype, str] = "several times",
+          speedup: Speedup | Mapping[torch.dtype, Speedup] = "several times",
           fast_hint: str = "") -> Placement:
     """Apply ``compute`` for a model of ``engine`` about to be loaded: torch's CPU threads,
     the device (``device``: the engine's ``auto`` rule), the dtype (``dtype`` overrides
     ``compute.dtype``, e.g. an engine option; ``auto_dtype``: the engine's ``auto`` rule), and
     the warning when that dtype is emulated on this CPU (logged, and repeated in every result;
     ``dtype_setting`` names the setting to change, ``speedup`` what float32 gains, per dtype
-    when a mapping; ``fast_hint`` an inexact, faster profile for such a CPU, if any)."""
+    when a mapping, or a function asked only then, whose ``None`` means the engine runs that
+    dtype faster than float32 anyway, so there is nothing to say; ``fast_hint`` an inexact,
+    faster profile for such a CPU, if any)."""
     apply_cpu_threads(compute)
     selected_device = select_device(compute, auto=device)
     kwargs = {} if supported is None else {"supported": supported}

@@ -167,14 +167,20 @@ def _cpu_flags() -> frozenset[str]:
 
 
 def emulated_dtype_warning(dtype: torch.dtype, device: torch.device | str, *, setting: str,
-                           speedup: str, fast_hint: str = "") -> str | None:
+                           speedup: str | Callable[[], str | None],
+                           fast_hint: str = "") -> str | None:
     """A line for ``Applied.warnings`` when ``dtype`` runs on a CPU without native kernels for it,
     naming the faster setting (``setting=float32``) and ``speedup`` (what was measured, e.g.
     ``"about 1.6x"``), then ``fast_hint`` where the engine has a faster, inexact profile for
     such a CPU (e.g. ``"engines.x.fast=int8 (not exact) is about 4x faster than float32"``);
-    ``None`` when there is nothing to say."""
+    ``None`` when there is nothing to say (also when ``speedup`` is a function returning
+    ``None``: the caller runs the dtype faster than float32 anyway)."""
     if torch.device(device).type != "cpu" or cpu_native_dtype(dtype):
         return None
+    if callable(speedup):  # asked only now: it may look for a kernel (e.g. build one)
+        speedup = speedup()
+        if speedup is None:
+            return None
     name = dtype_name(dtype)
     line = (f"{name} is emulated on this CPU ({torch.backends.cpu.get_cpu_capability()}, no "
             f"native {name} kernels): {setting}=float32 is {speedup} faster on such a CPU (its "

@@ -9,7 +9,9 @@ MKL's packed GEMM (``torch.ops.mkl._mkl_linear``; float32, one row count fixed w
 Whether either sums in the same order as ``F.linear`` depends on the CPU, the dtype, the shape,
 the row count and the thread count: on an AMD EPYC (AVX2) oneDNN's float32 kernel differs from
 MKL's at every row count and its bfloat16 reorder is refused, while MKL's packed GEMM matches
-``F.linear`` from 3-4 rows up but not at 1 (``F.linear`` takes MKL's GEMV there).
+``F.linear`` from 3-4 rows up but not at 1 (``F.linear`` takes MKL's GEMV there). A third,
+``bf16dot`` (:mod:`mizuoto.runtime.bf16_dot`), sums bfloat16 products in the order of torch's
+own kernel for a CPU without native bfloat16 (AVX2), where neither of the others runs.
 
 So nothing is assumed: a layer packs lazily, the first time it sees a small row count
 (``MAX_ROWS`` at most, or its group's own limit: decode steps; a prefill keeps the plain
@@ -63,10 +65,31 @@ def _mkl_run(x, packed, weight, bias, rows):
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
+def _bf16dot_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    from mizuoto.runtime import bf16_dot  # compiled on first use, where it can run
+
+    return bf16_dot.pack(weight, rows)
+
+
+def _bf16dot_run(x, packed, weight, bias, rows):
+    from mizuoto.runtime import bf16_dot
+
+    return bf16_dot.run(x, packed, weight, bias, rows)
+
+
+#: Kernels that compute each output row on its own, as torch's kernel they match does: proven
+#: once for inputs longer than a layer's ``max_rows`` (the key ``MANY_ROWS``), they run every
+#: such input (a prefill's row count changes with each text)
+ROW_INVARIANT = frozenset({"bf16dot"})
+MANY_ROWS = "many"
+
 #: name -> (pack(weight, rows), run(x, packed, weight, bias, rows), covers every row count)
 KERNELS: dict[str, tuple[Callable, Callable, bool]] = {
     "onednn": (_onednn_pack, _onednn_run, True),
     "mkl": (_mkl_pack, _mkl_run, False),
+    # torch's own bfloat16 sums on an AVX2 CPU, 16 outputs and 4 rows at a time
+    # (mizuoto.runtime.bf16_dot)
+    "bf16dot": (_bf16dot_pack, _bf16dot_run, True),
 }
 
 
@@ -97,15 +120,23 @@ class PrepackedLinear(nn.Linear):
                 or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))):
             return F.linear(x, weight, self.bias)
         rows = x.numel() // self.in_features
-        if rows > self._max_rows or rows == 0:
+        if rows == 0:
             return F.linear(x, weight, self.bias)
-        # F.linear's own path depends on the input's layout (a strided 3-d view is copied
-        # differently from contiguous rows): proofs are per layout too
-        key = (rows, torch.get_num_threads(), x.dim(), x.is_contiguous())
         pack = self._pack
         if pack is not None and pack[2] != _stamp(weight):  # weight changed or moved
             self._drop()
             pack = None
+        # F.linear's own path depends on the input's layout (a strided 3-d view is copied
+        # differently from contiguous rows): proofs are per layout too
+        layout = (torch.get_num_threads(), x.dim(), x.is_contiguous())
+        if rows <= self._max_rows:
+            key = (rows, *layout)
+        elif pack is not None and pack[0] in ROW_INVARIANT:
+            # a prefill: one proof for every longer input of this layout (contiguous rows
+            # of any dimension are one: F.linear flattens them to the same product)
+            key = (MANY_ROWS, layout[0], 2 if layout[2] else layout[1], layout[2])
+        else:
+            return F.linear(x, weight, self.bias)
         if key not in self._rows_ok:
             if key in self._rows_tried:
                 return F.linear(x, weight, self.bias)
@@ -134,8 +165,10 @@ class PrepackedLinear(nn.Linear):
         if key in self._rows_ok or key in self._rows_tried:
             return
         self._rows_tried.add(key)
-        rows = key[0]
+        rows = x.numel() // self.in_features
         candidates = [self._pack[0]] if self._pack is not None else list(KERNELS)
+        if key[0] == MANY_ROWS:
+            candidates = [k for k in candidates if k in ROW_INVARIANT]
         for kernel in candidates:
             pack_fn, run, any_rows = KERNELS[kernel]
             if self._pack is not None and not any_rows and self._pack[3] != rows:
@@ -144,12 +177,17 @@ class PrepackedLinear(nn.Linear):
                      self.weight.dtype, *key)
             if _proven.get(proof) is False:
                 continue
+            if key[0] == MANY_ROWS and x.is_contiguous():
+                # the kernel's rows do not depend on their count: longer random rows than
+                # max_rows prove it for every longer input, at a fraction of a prefill's cost
+                inputs = _long_probes(self.in_features, self._max_rows + 1, x.dtype)
+            else:
+                inputs = (x, *_probes(x, rows, many=key[0] == MANY_ROWS))
             try:
                 packed = self._pack[1] if self._pack is not None else pack_fn(self.weight, rows)
-                trial = (kernel, packed, None, rows)
-                same = all(torch.equal(self._run(trial, probe, rows),
-                                       F.linear(probe, self.weight, self.bias))
-                           for probe in (x, *_probes(x, rows)))
+                same = all(torch.equal(
+                    self._run((kernel, packed, None, 0), probe, probe.numel() // self.in_features),
+                    F.linear(probe, self.weight, self.bias)) for probe in inputs)
             except (RuntimeError, NotImplementedError) as exc:
                 log.debug("prepack %s refused for %s: %s", kernel, proof, exc)
                 same = False
@@ -159,19 +197,29 @@ class PrepackedLinear(nn.Linear):
                 if self._pack is None:
                     self._pack = (kernel, packed, _stamp(self.weight), rows)
                 self._rows_ok.add(key)
+                if kernel in ROW_INVARIANT and key[0] != MANY_ROWS and key[3]:
+                    self._try((MANY_ROWS, key[1], 2, True), x)  # a prefill's, now
                 return
+
+
+def _long_probes(features: int, rows: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """One random input of ``rows`` contiguous rows: a proof for every longer input (one: it is
+    made at load, for every layer)."""
+    generator = torch.Generator().manual_seed(rows)
+    return [torch.randn(rows, features, generator=generator).to(dtype)]
 
 
 def _stamp(weight: torch.Tensor) -> tuple:
     return weight._version, weight.data_ptr(), weight.dtype
 
 
-def _probes(x: torch.Tensor, rows: int) -> list[torch.Tensor]:
+def _probes(x: torch.Tensor, rows: int, many: bool = False) -> list[torch.Tensor]:
     """Random inputs with ``x``'s shape and strides (a generator of its own: probing never
-    moves the request's random streams)."""
+    moves the request's random streams); one for a long input (a prefill's proof costs its
+    products)."""
     generator = torch.Generator().manual_seed(rows)
     probes = []
-    for _ in range(_PROBES):
+    for _ in range(1 if many else _PROBES):
         probe = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
         probe.copy_(torch.randn(x.size(), generator=generator))
         probes.append(probe)
@@ -219,7 +267,8 @@ def has_packable_layers(modules: Groups) -> bool:
 
 @functools.cache
 def _kernel_runs(dtype: torch.dtype) -> bool:
-    weight, x = torch.ones(8, 8, dtype=dtype), torch.ones(4, 8, dtype=dtype)
+    # 64 wide: bf16dot packs whole groups of its 64 accumulators only
+    weight, x = torch.ones(8, 64, dtype=dtype), torch.ones(4, 64, dtype=dtype)
     for kernel, (pack, run, _) in KERNELS.items():
         try:
             run(x, pack(weight, 4), weight, None, 4)
