@@ -69,13 +69,34 @@ def extension() -> ModuleType:
 
 
 def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load
-
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:12]
-    log.info("building the bfloat16 dot-product kernel (once per machine and torch)")
-    return load(name=f"mizuoto_bf16_dot_{digest}", sources=[str(SOURCE)],
-                extra_cflags=CFLAGS, verbose=False)
+    # cpp_extension warns on import that no CUDA runtime is found: nothing to do with a CPU
+    # kernel, and not a line for the user's terminal
+    cpp_log = logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_log.level
+    cpp_log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+
+        name = f"mizuoto_bf16_dot_{digest}"
+        if not _is_built(cpp_extension, name):
+            log.info("building the bfloat16 dot-product kernel (once per machine and torch, "
+                     "about 30 s)")
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS,
+                                  verbose=False)
+    finally:
+        cpp_log.setLevel(level)
+
+
+def _is_built(cpp_extension: ModuleType, name: str) -> bool:
+    """Whether torch's extension cache holds ``name`` (its private helper: False without it,
+    which only says "building" once too often)."""
+    try:
+        directory = cpp_extension._get_build_directory(name, verbose=False)
+    except Exception:
+        return False
+    return (Path(directory) / f"{name}.so").exists()
 
 
 def pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
