@@ -81,8 +81,9 @@ def _build() -> ModuleType:
 
         name = f"mizuoto_bf16_dot_{digest}"
         if not _is_built(cpp_extension, name):
-            log.info("building the bfloat16 dot-product kernel (once per machine and torch, "
-                     "about 30 s)")
+            # a pause of half a minute the user should be told of (once per machine)
+            log.warning("compiling the bf16dot kernel for this machine's bfloat16 layers "
+                        "(once per machine and torch, about 30 s)")
         return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS,
                                   verbose=False)
     finally:
