@@ -54,6 +54,35 @@ def test_clocks_count_calls_and_weight_traffic_and_unhook():
     assert "1st call ms" in text and "first head done after" in text
 
 
+def test_each_calls_floor_is_its_traffic_or_its_multiply_adds_whichever_is_slower():
+    """A call's floor is its weight traffic at the bandwidth or its multiply-adds (linear
+    layers, 1-d convolutions) at the compute rate, whichever takes longer: one row is
+    bandwidth-bound, many rows compute-bound."""
+    lm = _Stepper()
+    vae = nn.Sequential(nn.Conv1d(4, 6, 3, padding=1), nn.ConvTranspose1d(6, 2, 4, stride=2))
+    with component_clocks({"lm": [lm], "vae": [vae]}) as clocks:
+        lm.step(torch.randn(1, 8))  # 64 multiply-adds, 72 weights
+        lm.step(torch.randn(3, 50, 8))  # 150 rows: 9,600
+        vae(torch.randn(1, 4, 10))
+    lm_bytes, vae_bytes = 72 * 4, (6 * 4 * 3 + 6 + 6 * 2 * 4 + 2) * 4
+    vae_macs = 6 * 10 * 4 * 3 + 6 * 10 * 2 * 4  # output positions x taps; input x taps
+    assert [c.per_call for c in clocks["lm"]] == [[(lm_bytes, 64), (lm_bytes, 9600)]]
+    assert clocks["vae"][0].per_call == [(vae_bytes, vae_macs)]
+    bandwidth, compute = 1e-6, 1e-6  # GB/s and GMAC/s: a byte or a multiply-add a millisecond
+    profile = split(clocks, total_s=100.0, bandwidth_gb_s=bandwidth, compute_gmac_s=compute)
+    rows = profile["components"]
+    assert rows["lm"]["floor_ms"] == pytest.approx(lm_bytes + 9600)
+    assert rows["vae"]["floor_ms"] == pytest.approx(max(vae_bytes, vae_macs))
+    assert rows["lm"]["gmacs_per_unit"] == pytest.approx(9664 / 1e9)
+    assert profile["floor_s"] == pytest.approx((lm_bytes + 9600 + max(vae_bytes, vae_macs)) / 1e3)
+    assert profile["of_floor"] == pytest.approx(profile["floor_s"] / 100.0)
+    assert "measured compute" in profile_table(profile)
+    # without a compute rate: the bandwidth bound only, as before
+    plain = split(clocks, total_s=100.0, bandwidth_gb_s=bandwidth)
+    assert plain["floor_s"] is None and plain["components"]["lm"]["floor_ms"] is None
+    assert "measured compute" not in profile_table(plain)
+
+
 def test_int8_layers_count_their_packed_weights():
     """A dynamic int8 linear (a fast profile's) holds its weight outside ``parameters()``:
     the clocks count its int8 weight and float32 bias, one byte a weight."""
@@ -70,6 +99,7 @@ def test_int8_layers_count_their_packed_weights():
     profile = split(clocks, total_s=1.0, bandwidth_gb_s=10.0, per="lm")
     assert profile["components"]["lm"]["weights_mb_per_unit"] == pytest.approx(
         (8 * 8 * 1 + 8 * 4) / 1e6)
+    assert clocks["lm"][0].per_call[0][1] == 64  # its multiply-adds, counted once
 
 
 def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
@@ -89,5 +119,9 @@ def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
     assert 0 < profile["components"]["base_lm"]["first_call_ms"] < profile["request_s"] * 1e3
     assert 0 < profile["first_unit_s"] < profile["request_s"]
     assert profile["bandwidth_gb_s"] > 0 and 0 < profile["roofline"] < 1
+    # the compute rate measured too: each call's floor at least its bandwidth bound
+    assert profile["compute_gmac_s"] > 0
+    assert profile["bandwidth_bound_s"] <= profile["floor_s"] < profile["request_s"]
+    assert profile["components"]["dit"]["gmacs_per_unit"] > 0
     covered = sum(row["ms"] for row in profile["components"].values())
     assert covered == pytest.approx(profile["request_s"] * 1e3)

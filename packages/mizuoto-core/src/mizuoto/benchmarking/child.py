@@ -181,13 +181,21 @@ def _save_audio(audio, path: Path) -> None:
 def _profile(side: _Side, request, spec: RunSpec) -> dict[str, Any] | None:
     """One more request under :mod:`mizuoto.benchmarking.profile`'s clocks (``None`` for a
     side whose engine names no components)."""
-    from mizuoto.benchmarking.profile import component_clocks, measure_bandwidth, split
+    from mizuoto.benchmarking.profile import (
+        component_clocks,
+        measure_bandwidth,
+        measure_compute,
+        split,
+    )
 
     if side.components is None:
         return None
     bandwidth = measure_bandwidth()
     components = side.components()
+    dtypes = {p.dtype for modules in components.values() for module in modules
+              for p in module.parameters() if p.is_floating_point()}
+    compute = measure_compute(dtypes)
     with component_clocks(components) as clocks:
         total = _request(side, request, spec.stream)["request_s"]
     return split(clocks, total, bandwidth, per="stop_head" if "stop_head" in components
-                 else None)
+                 else None, compute_gmac_s=compute)

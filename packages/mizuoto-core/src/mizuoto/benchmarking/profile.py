@@ -8,6 +8,13 @@ synchronised at each hook, which slows the run: the split is what it is for, not
 and every call is counted as reading all of the module's weights once: ``weights_gb_s`` is
 that traffic over the component's time, ``roofline`` its fraction of the measured bandwidth.
 What no component covers (Python, sampling glue, the text path) is ``other``.
+
+Reading the weights is not the only floor: a call whose linear layers and convolutions take
+many rows at once (a guided DiT evaluation's ten) can need more multiply-adds than the CPU does
+in that time. So the multiply-adds of every call are counted too, and each call's floor is the
+larger of its weight traffic at the measured bandwidth and its multiply-adds at the measured
+compute rate (the fastest large matrix product torch runs here): ``floor_ms`` per component and
+``floor_s`` for the request, the roofline of both.
 """
 
 from __future__ import annotations
@@ -35,6 +42,33 @@ def measure_bandwidth(repeats: int = 5) -> float:
         target.copy_(source)
         best = min(best, time.perf_counter() - start)
     return 2 * BANDWIDTH_BYTES / best / 1e9
+
+
+#: Matrix side of a compute-rate probe in float32 (about 12 ms at 90 GMAC/s) and in another
+#: dtype (one without a fast kernel here runs at a few GMAC/s)
+COMPUTE_SIDE = {"float32": 1024, "other": 256}
+
+
+def measure_compute(dtypes=()) -> float:
+    """Multiply-adds per second (in G) this machine's torch threads reach: the fastest of three
+    square matrix products, in float32 and in each of ``dtypes``, the best of all (a CPU with
+    native bfloat16 multiplies faster in it; one without it cannot beat its float32 rate with
+    any exact emulation)."""
+    import torch
+
+    best = 0.0
+    for dtype in {torch.float32, *dtypes}:
+        side = COMPUTE_SIDE["float32" if dtype == torch.float32 else "other"]
+        a = torch.randn(side, side).to(dtype)
+        b = torch.randn(side, side).to(dtype)
+        a @ b
+        fastest = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            a @ b
+            fastest = min(fastest, time.perf_counter() - start)
+        best = max(best, side ** 3 / fastest / 1e9)
+    return best
 
 
 #: Methods timed besides ``forward`` where a module has them (a decode step is often a method
@@ -76,11 +110,19 @@ class _Clock:
         self.opened = time.perf_counter()  # when the clocks were set (the request's start)
         self.first_seconds: float | None = None  # the first call (an LM's: the prefill)
         self.first_end: float | None = None  # when the first call ended, from ``opened``
+        self.macs = 0  # multiply-adds of the call under way
+        self.per_call: list[tuple[int, int]] = []  # (weight bytes, multiply-adds) per call
+
+    def count(self, module, inputs, output) -> None:
+        """A linear layer's or convolution's forward hook: its multiply-adds, within a call."""
+        if self._depth > 0:
+            self.macs += _multiply_adds(module, inputs, output)
 
     def start(self, *_) -> None:
         self._depth += 1
         if self._depth == 1:
             self.synchronize()
+            self.macs = 0
             self._started = time.perf_counter()
 
     def stop(self, *_) -> None:
@@ -93,6 +135,7 @@ class _Clock:
                 self.first_seconds, self.first_end = ended - self._started, ended - self.opened
             self.calls += 1
             self.bytes += self.weight_bytes
+            self.per_call.append((self.weight_bytes, self.macs))
 
     def wrap(self, method):
         def timed(*args, **kwargs):
@@ -102,6 +145,43 @@ class _Clock:
             finally:
                 self.stop()
         return timed
+
+
+def _multiply_adds(module, inputs, output) -> int:
+    """One call's multiply-adds of a linear layer (rows × in × out) or a 1-d convolution
+    (output positions × the inputs each one sums), 0 for anything else."""
+    from torch import nn
+
+    if not inputs or not hasattr(output, "shape"):
+        return 0
+    x = inputs[0]
+    if isinstance(module, nn.Conv1d):
+        kernel = module.kernel_size[0] * module.in_channels // module.groups
+        return output.numel() * kernel
+    if isinstance(module, nn.ConvTranspose1d):
+        return x.numel() * module.kernel_size[0] * module.out_channels // module.groups
+    features = getattr(module, "in_features", None)
+    if isinstance(features, int) and isinstance(getattr(module, "out_features", None), int):
+        return x.numel() // features * features * module.out_features
+    return 0
+
+
+def _counted_layers(module):
+    """The layers under ``module`` whose multiply-adds are counted: linear layers (plain,
+    prepacked or int8: anything with integer ``in_features`` and ``out_features`` holding no
+    such layer itself) and 1-d convolutions."""
+    from torch import nn
+
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv1d, nn.ConvTranspose1d)) or (
+                _is_linear(layer) and not any(_is_linear(sub) for sub in layer.modules()
+                                              if sub is not layer)):
+            yield layer
+
+
+def _is_linear(layer) -> bool:
+    return (isinstance(getattr(layer, "in_features", None), int)
+            and isinstance(getattr(layer, "out_features", None), int))
 
 
 @contextmanager
@@ -121,6 +201,8 @@ def component_clocks(components: Mapping[str, Sequence[Any]]) -> Iterator[dict[s
             clock.weight_bytes = _weight_bytes(module)
             handles.append(module.register_forward_pre_hook(clock.start))
             handles.append(module.register_forward_hook(clock.stop))
+            for layer in _counted_layers(module):
+                handles.append(layer.register_forward_hook(clock.count))
             for method in TIMED_METHODS:
                 if callable(getattr(module, method, None)) and method not in vars(module):
                     setattr(module, method, clock.wrap(getattr(module, method)))
@@ -136,7 +218,7 @@ def component_clocks(components: Mapping[str, Sequence[Any]]) -> Iterator[dict[s
 
 
 def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
-          per: str | None = None) -> dict[str, Any]:
+          per: str | None = None, compute_gmac_s: float | None = None) -> dict[str, Any]:
     """The profile of one request: per component its milliseconds, calls, weight traffic
     (GB/s) and fraction of ``bandwidth_gb_s``; ``other`` the rest of ``total_s``. ``per``: the
     component whose call count is the unit (VoxCPM's ``stop_head``: one call per patch), to
@@ -153,28 +235,48 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
         traffic = sum(c.bytes for c in group)
         covered += seconds
         rate = traffic / seconds / 1e9 if seconds else None
+        floor = _floor_s(group, bandwidth_gb_s, compute_gmac_s)
         components[name] = {
             "ms": seconds * 1e3, "calls": group[0].calls if group else 0,
             "ms_per_unit": seconds * 1e3 / units if units else None,
             "weights_mb_per_unit": traffic / units / 1e6 if units else None,
             "weights_gb_s": rate,
             "roofline": rate / bandwidth_gb_s if rate and bandwidth_gb_s else None,
+            "gmacs_per_unit": (sum(m for c in group for _, m in c.per_call) / units / 1e9
+                               if units else None),
+            "floor_ms": floor * 1e3 if floor is not None else None,
+            "of_floor": floor / seconds if floor is not None and seconds else None,
             "first_call_ms": (group[0].first_seconds * 1e3
                               if group and group[0].first_seconds is not None else None)}
     rest = max(total_s - covered, 0.0)
     components["other"] = {"ms": rest * 1e3, "calls": None,
                            "ms_per_unit": rest * 1e3 / units if units else None,
                            "weights_mb_per_unit": None, "weights_gb_s": None, "roofline": None,
+                           "gmacs_per_unit": None, "floor_ms": None, "of_floor": None,
                            "first_call_ms": None}
     first = clocks[per][0] if clocks.get(per) else None
     traffic = sum(c.bytes for group in clocks.values() for c in group)
     bound_s = traffic / (bandwidth_gb_s * 1e9) if bandwidth_gb_s else None
-    return {"bandwidth_gb_s": bandwidth_gb_s, "request_s": total_s, "unit": per or "request",
+    floors = [components[name]["floor_ms"] for name in clocks]
+    floor_s = (sum(floors) / 1e3 if compute_gmac_s and floors and None not in floors
+               else None)
+    return {"bandwidth_gb_s": bandwidth_gb_s, "compute_gmac_s": compute_gmac_s,
+            "request_s": total_s, "unit": per or "request",
             "units": units, "components": components,
             "first_unit_s": first.first_end if first is not None else None,
             # the request could not take less than reading its weights once per call
             "bandwidth_bound_s": bound_s,
-            "roofline": bound_s / total_s if bound_s and total_s else None}
+            "roofline": bound_s / total_s if bound_s and total_s else None,
+            # ... nor less than each call's larger floor, traffic or multiply-adds
+            "floor_s": floor_s,
+            "of_floor": floor_s / total_s if floor_s and total_s else None}
+
+
+def _floor_s(group, bandwidth_gb_s: float, compute_gmac_s: float | None) -> float | None:
+    if not compute_gmac_s or not bandwidth_gb_s:
+        return None
+    return sum(max(traffic / (bandwidth_gb_s * 1e9), macs / (compute_gmac_s * 1e9))
+               for clock in group for traffic, macs in clock.per_call)
 
 
 def profile_table(profile: Mapping[str, Any]) -> str:
@@ -184,13 +286,20 @@ def profile_table(profile: Mapping[str, Any]) -> str:
              f"measured bandwidth {profile['bandwidth_gb_s']:.1f} GB/s; bandwidth bound "
              f"{_num(profile['bandwidth_bound_s'], 2)} s ({_pct(profile['roofline'])} of it)"
              + (f"; first {unit} done after {profile['first_unit_s']:.2f} s"
-                if profile.get("first_unit_s") is not None else ""),
-             f"{'component':<12} {'ms':>9} {'calls':>6} {'ms/' + unit:>12} "
-             f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8} {'1st call ms':>11}"]
+                if profile.get("first_unit_s") is not None else "")]
+    if profile.get("floor_s") is not None:
+        lines.append(f"measured compute {profile['compute_gmac_s']:.1f} GMAC/s; each call's "
+                     f"floor, weights at the bandwidth or multiply-adds at that rate: "
+                     f"{profile['floor_s']:.2f} s ({_pct(profile['of_floor'])} of it)")
+    lines.append(f"{'component':<12} {'ms':>9} {'calls':>6} {'ms/' + unit:>12} "
+                 f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8} {'GMAC/' + unit:>11} "
+                 f"{'floor ms':>9} {'of floor':>8} {'1st call ms':>11}")
     for name, row in profile["components"].items():
         lines.append(f"{name:<12} {row['ms']:>9.1f} {row['calls'] or '-':>6} "
                      f"{_num(row['ms_per_unit'], 1):>12} {_num(row['weights_mb_per_unit'], 1):>12} "
                      f"{_num(row['weights_gb_s'], 1):>6} {_pct(row['roofline']):>8} "
+                     f"{_num(row.get('gmacs_per_unit'), 2):>11} "
+                     f"{_num(row.get('floor_ms'), 1):>9} {_pct(row.get('of_floor')):>8} "
                      f"{_num(row.get('first_call_ms'), 1):>11}")
     return "\n".join(lines)
 
