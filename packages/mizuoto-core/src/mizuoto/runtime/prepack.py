@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mizuoto.runtime import bf16_dot  # compiled on first use only, where it can run
+
 log = logging.getLogger(__name__)
 
 #: The largest row count (tokens × batch flattened) a layer packs for: decode steps and the
@@ -65,18 +67,6 @@ def _mkl_run(x, packed, weight, bias, rows):
     return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
 
 
-def _bf16dot_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    from mizuoto.runtime import bf16_dot  # compiled on first use, where it can run
-
-    return bf16_dot.pack(weight, rows)
-
-
-def _bf16dot_run(x, packed, weight, bias, rows):
-    from mizuoto.runtime import bf16_dot
-
-    return bf16_dot.run(x, packed, weight, bias, rows)
-
-
 #: Kernels that compute each output row on its own, as torch's kernel they match does: proven
 #: once for inputs longer than a layer's ``max_rows`` (the key ``MANY_ROWS``), they run every
 #: such input (a prefill's row count changes with each text)
@@ -87,9 +77,8 @@ MANY_ROWS = "many"
 KERNELS: dict[str, tuple[Callable, Callable, bool]] = {
     "onednn": (_onednn_pack, _onednn_run, True),
     "mkl": (_mkl_pack, _mkl_run, False),
-    # torch's own bfloat16 sums on an AVX2 CPU, 16 outputs and 4 rows at a time
-    # (mizuoto.runtime.bf16_dot)
-    "bf16dot": (_bf16dot_pack, _bf16dot_run, True),
+    # torch's own bfloat16 sums on an AVX2 CPU, 32 outputs and 3 rows at a time
+    "bf16dot": (bf16_dot.pack, bf16_dot.run, True),
 }
 
 
@@ -180,9 +169,10 @@ class PrepackedLinear(nn.Linear):
             if key[0] == MANY_ROWS and x.is_contiguous():
                 # the kernel's rows do not depend on their count: longer random rows than
                 # max_rows prove it for every longer input, at a fraction of a prefill's cost
-                inputs = _long_probes(self.in_features, self._max_rows + 1, x.dtype)
+                inputs = _probes(torch.empty(self._max_rows + 1, self.in_features,
+                                             dtype=x.dtype), count=1)
             else:
-                inputs = (x, *_probes(x, rows, many=key[0] == MANY_ROWS))
+                inputs = (x, *_probes(x, count=1 if key[0] == MANY_ROWS else _PROBES))
             try:
                 packed = self._pack[1] if self._pack is not None else pack_fn(self.weight, rows)
                 same = all(torch.equal(
@@ -202,24 +192,18 @@ class PrepackedLinear(nn.Linear):
                 return
 
 
-def _long_probes(features: int, rows: int, dtype: torch.dtype) -> list[torch.Tensor]:
-    """One random input of ``rows`` contiguous rows: a proof for every longer input (one: it is
-    made at load, for every layer)."""
-    generator = torch.Generator().manual_seed(rows)
-    return [torch.randn(rows, features, generator=generator).to(dtype)]
-
-
 def _stamp(weight: torch.Tensor) -> tuple:
     return weight._version, weight.data_ptr(), weight.dtype
 
 
-def _probes(x: torch.Tensor, rows: int, many: bool = False) -> list[torch.Tensor]:
-    """Random inputs with ``x``'s shape and strides (a generator of its own: probing never
-    moves the request's random streams); one for a long input (a prefill's proof costs its
-    products)."""
+def _probes(x: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """``count`` random inputs with ``x``'s shape, strides and dtype (a generator of its own:
+    probing never moves the request's random streams); one for a long input (a prefill's
+    proof costs its products)."""
+    rows = x.numel() // x.shape[-1]
     generator = torch.Generator().manual_seed(rows)
     probes = []
-    for _ in range(1 if many else _PROBES):
+    for _ in range(count):
         probe = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
         probe.copy_(torch.randn(x.size(), generator=generator))
         probes.append(probe)
