@@ -90,16 +90,22 @@ void rows_block(const float* xs, const uint16_t* w, int64_t steps, const float* 
   for (int r = 0; r < R; ++r) {
     for (int v = 0; v < kVectors; ++v) {
       if (8 * v >= columns) break;
-      __m256 a[kLanes];
-      for (int64_t p = 0; p < kLanes; ++p) a[p] = _mm256_load_ps(sums[r][p] + 8 * v);
-      // torch's register i holds accumulators 8 i .. 8 i + 7
-      for (int offset = 4; offset >= 1; offset /= 2)
-        for (int i = 0; i < offset; ++i)
-          for (int lane = 0; lane < 8; ++lane)
-            a[8 * i + lane] = _mm256_add_ps(a[8 * i + lane], a[8 * (i + offset) + lane]);
+      // torch's register i holds accumulators 8 i .. 8 i + 7: halved pairwise (i += i + 4,
+      // then + 2, then + 1), so lane l ends as the sum below, written out so that the
+      // compiler loads each value when it is needed instead of spilling 64 registers
+      const float* base = &sums[r][0][8 * v];
+      auto s = [&](int p) { return _mm256_load_ps(base + p * kBlock); };
+      __m256 lane[8];
+      for (int l = 0; l < 8; ++l) {
+        const __m256 even = _mm256_add_ps(_mm256_add_ps(s(l), s(l + 32)),
+                                          _mm256_add_ps(s(l + 16), s(l + 48)));
+        const __m256 odd = _mm256_add_ps(_mm256_add_ps(s(l + 8), s(l + 40)),
+                                         _mm256_add_ps(s(l + 24), s(l + 56)));
+        lane[l] = _mm256_add_ps(even, odd);
+      }
       __m256 dot = _mm256_add_ps(
-          _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-          _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+          _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
+          _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
       if (bias != nullptr) dot = _mm256_add_ps(_mm256_loadu_ps(bias + 8 * v), dot);
       const __m128i out = to_bf16(dot);
       uint16_t* yr = y + r * ldy + 8 * v;
