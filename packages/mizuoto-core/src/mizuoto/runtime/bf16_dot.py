@@ -4,11 +4,10 @@
 On such a CPU torch runs a bfloat16 ``F.linear`` as one float32 dot product per output, in a
 fixed order (the C++ file says which), one output and one input row at a time: 5.5 ms for a
 1024 → 4096 layer at ten rows on two Zen 2 cores. The kernel sums in the same order for 32
-outputs and 3 rows at once, on torch's threads (0.7 ms there; 0.13 ms against 0.60 at one
-row). Nothing is assumed
-from this: :mod:`mizuoto.runtime.prepack` uses it for a layer only after it gave
-``torch.equal`` results against ``F.linear`` on that layer at that row and thread count, as
-every packed kernel.
+outputs and 3 rows at once, on torch's threads (0.7 ms there; 0.13 ms against 0.57 at one
+row). Nothing is assumed from this: :mod:`mizuoto.runtime.prepack` uses it for a layer only
+after it gave ``torch.equal`` results against ``F.linear`` on that layer at that row and
+thread count, as every packed kernel.
 
 It needs a C++ compiler and ninja (``pip install ninja``) the first time; it is built with
 torch's ``cpp_extension`` into ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``),
@@ -37,6 +36,7 @@ def _openmp_flags() -> list[str]:
     """``-fopenmp`` where torch's CPU threads are OpenMP's: ``at::parallel_for`` is inline code
     that runs on one thread without it (the extension then uses the libgomp torch loaded)."""
     return ["-fopenmp"] if torch.backends.openmp.is_available() else []
+
 
 _lock = threading.Lock()
 _built: ModuleType | None = None
