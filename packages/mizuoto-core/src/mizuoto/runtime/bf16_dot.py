@@ -77,7 +77,8 @@ def extension() -> ModuleType:
 
 def _build() -> ModuleType:
     source = SOURCE.read_bytes()
-    cflags = CFLAGS + _openmp_flags()
+    openmp = _openmp_flags()
+    cflags = CFLAGS + openmp
     digest = hashlib.sha256(source + " ".join(cflags).encode()).hexdigest()[:12]
     # cpp_extension warns on import that no CUDA runtime is found: nothing to do with a CPU
     # kernel, and not a line for the user's terminal
@@ -93,7 +94,7 @@ def _build() -> ModuleType:
             log.warning("compiling the bf16dot kernel for this machine's bfloat16 layers "
                         "(once per machine and torch, about 30 s)")
         return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=cflags,
-                                  extra_ldflags=_openmp_flags(), verbose=False)
+                                  extra_ldflags=openmp, verbose=False)
     finally:
         cpp_log.setLevel(level)
 
