@@ -122,17 +122,17 @@ def test_int8_outside_float32_is_refused_before_the_checkpoint_is_read(model_dir
 
 
 def test_a_fast_profile_samples_its_documented_step_count_unless_asked(model_dir, engine):
-    """A fast profile's requests that leave ``steps`` unset take 16 (upstream's EPSS grid for
-    16), said in ``applied.sampler`` and ``sampler_defaults``; set steps are kept; the exact
+    """A fast profile's requests that leave ``steps`` unset take 12 (upstream's EPSS grid for
+    12), said in ``applied.sampler`` and ``sampler_defaults``; set steps are kept; the exact
     path keeps upstream's 32."""
     from mizuoto_f5tts.engine import DEFAULT_STEPS, FAST_PROFILE_STEPS
 
     options = mizuoto.Options.from_mapping({**CPU, "engines.f5tts.fast": "int8"})
     fast_engine = F5Engine.load(model_dir, options=options)
-    assert fast_engine.sampler_defaults()["steps"] == FAST_PROFILE_STEPS == 16
+    assert fast_engine.sampler_defaults()["steps"] == FAST_PROFILE_STEPS == 12
     assert engine.sampler_defaults()["steps"] == DEFAULT_STEPS == 32
     unset = fast_engine.synthesize(mizuoto.SynthesisRequest("Hi.", seed=3))
-    assert unset.applied.sampler["steps"] == 16
+    assert unset.applied.sampler["steps"] == 12
     assert _say(fast_engine).applied.sampler["steps"] == 2  # _say asks for 2
 
 

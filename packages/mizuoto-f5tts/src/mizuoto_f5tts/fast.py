@@ -13,10 +13,12 @@
 - ``auto``: ``autocast`` where the device has its dtype natively (CUDA, a CPU with native
   bfloat16), else ``int8``.
 
-Every profile also samples 16 steps where a request leaves ``steps`` unset (upstream's EPSS
-grid for 16 steps, F5-TTS v1's own fast setting; the exact path keeps upstream's 32): the
-kernels alone cannot give 3x on a CPU without AMX, the step count halves the transformer's
-calls (``mizuoto_f5tts.engine.FAST_PROFILE_STEPS``; a request's own ``steps`` wins).
+Every profile also samples 12 steps where a request leaves ``steps`` unset (upstream's EPSS
+grid for 12 steps; the exact path keeps upstream's 32): the kernels alone cannot give 3x on a
+CPU without AMX, the step count cuts the transformer's calls to 3/8. EPSS 12 and 16 share
+their coarse steps after t = 8/32, where the error against 32 steps comes from, and measured
+as close to the exact path as each other (``mizuoto_f5tts.engine.FAST_PROFILE_STEPS``; a
+request's own ``steps`` wins).
 
 Results say which ran: ``applied.compute["fast"]`` (``auto`` resolved) and, for autocast, the
 dtype in ``fast_dtype``; ``applied.sampler["steps"]`` the steps.

@@ -182,6 +182,7 @@ CASES = [
     ("v1-long", "v1_base", "en", LONG_GEN, 4, {}, True),
     ("e2-long-fixed", "e2_base", "en", LONG_GEN, 4, {"fix_duration": 30.0}, True),
     ("v1-epss7", "v1_base", "en", EN_GEN, 7, {}, False),
+    ("v1-epss12", "v1_base", "en", EN_GEN, 12, {}, False),  # the fast profiles' grid
     ("v1-epss16-zh", "v1_base", "zh", ZH_GEN, 16, {}, False),
     ("v1-uniform8-sway", "v1_base", "en", EN_GEN, 8, {"sway_sampling_coef": 0.5}, False),
     ("base-no-sway", "base", "en", EN_GEN, 5, {"sway_sampling_coef": None}, False),
