@@ -49,6 +49,22 @@ def test_widths_that_are_not_whole_accumulator_groups_are_refused():
         bf16_dot.pack(torch.zeros(8, 64), 0)
 
 
+def test_each_installation_builds_under_its_own_name(monkeypatch, tmp_path):
+    """cpp_extension rebuilds a name whenever its ninja file changes (the source's path,
+    torch's include directories): two environments sharing a name would rebuild in turn."""
+    name = bf16_dot.build_name(bf16_dot.CFLAGS)
+    assert name == bf16_dot.build_name(bf16_dot.CFLAGS)
+    assert name.startswith("mizuoto_bf16_dot_")
+    assert bf16_dot.build_name([*bf16_dot.CFLAGS, "-fopenmp"]) != name
+    copy = tmp_path / "bf16_dot.cpp"
+    copy.write_bytes(bf16_dot.SOURCE.read_bytes())
+    monkeypatch.setattr(bf16_dot, "SOURCE", copy)  # the same source in another checkout
+    assert bf16_dot.build_name(bf16_dot.CFLAGS) != name
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "torch" / "__init__.py"))
+    assert bf16_dot.build_name(bf16_dot.CFLAGS) != name  # another venv's torch
+
+
 def test_a_failed_build_is_refused_once_and_layers_run_f_linear(monkeypatch):
     builds = []
 

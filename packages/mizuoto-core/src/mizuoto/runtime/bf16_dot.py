@@ -1,5 +1,5 @@
 """The ``bf16dot`` prepack kernel: bfloat16 linear layers with torch's own bits on an AVX2 CPU
-(no native bfloat16), compiled once per machine from ``kernels/bf16_dot.cpp``.
+(no native bfloat16), compiled once per installation from ``kernels/bf16_dot.cpp``.
 
 On such a CPU torch runs a bfloat16 ``F.linear`` as one float32 dot product per output, in a
 fixed order (the C++ file says which), one output and one input row at a time: 5.5 ms for a
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sysconfig
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -75,11 +76,25 @@ def extension() -> ModuleType:
         raise RuntimeError(reason)
 
 
+def build_name(cflags: list[str]) -> str:
+    """The extension's name in torch's cache, one per source, flags and installation.
+
+    ``cpp_extension`` keeps one build directory per name (shared by every virtualenv of a
+    Python version) and rebuilds whenever the ninja file it writes there changes: that file
+    names the source's path and torch's and Python's include directories. Two environments
+    sharing one name (a checkout's nox venv and an installed copy) would rebuild in turn,
+    half a minute on every switch; so those paths are part of the name too.
+    """
+    identity = [SOURCE.read_bytes(), " ".join(cflags).encode(), str(SOURCE).encode(),
+                str(Path(torch.__file__).parent).encode(), torch.__version__.encode(),
+                sysconfig.get_paths()["include"].encode()]
+    digest = hashlib.sha256(b"\0".join(identity)).hexdigest()[:12]
+    return f"mizuoto_bf16_dot_{digest}"
+
+
 def _build() -> ModuleType:
-    source = SOURCE.read_bytes()
     openmp = _openmp_flags()
     cflags = CFLAGS + openmp
-    digest = hashlib.sha256(source + " ".join(cflags).encode()).hexdigest()[:12]
     # cpp_extension warns on import that no CUDA runtime is found: nothing to do with a CPU
     # kernel, and not a line for the user's terminal
     cpp_log = logging.getLogger("torch.utils.cpp_extension")
@@ -88,11 +103,11 @@ def _build() -> ModuleType:
     try:
         from torch.utils import cpp_extension
 
-        name = f"mizuoto_bf16_dot_{digest}"
+        name = build_name(cflags)
         if not _is_built(cpp_extension, name):
             # a pause of half a minute the user should be told of (once per machine)
             log.warning("compiling the bf16dot kernel for this machine's bfloat16 layers "
-                        "(once per machine and torch, about 30 s)")
+                        "(once per installation, about 30 s)")
         return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=cflags,
                                   extra_ldflags=openmp, verbose=False)
     finally:
