@@ -3,6 +3,8 @@ default reports itself off and keeps float layers; refused where torch has no in
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from torch import nn
@@ -46,6 +48,35 @@ def test_profiles_quantize_what_they_say(dirs):
         assert result.applied.compute["fast"] == name
         assert torch.isfinite(result.audio.samples).all()
     assert not torch.equal(results["int8-lm"].audio.samples, results["off"].audio.samples)
+
+
+@pytest.mark.parametrize("profile", ["int8", "int8-lm"])
+def test_a_fast_profile_samples_its_documented_steps_unless_something_sets_them(
+        dirs, tmp_path, profile):
+    """A fast profile's request that sets no steps takes FAST_PROFILE_STEPS (6, not upstream's
+    10), said in applied.sampler and sampler_defaults; a request's steps, its
+    inference_timesteps and the model directory's defaults still win; the exact path keeps
+    upstream's 10."""
+    from mizuoto.contracts.model_defaults import write_model_defaults
+    from mizuoto_voxcpm.engine import FAST_PROFILE_STEPS
+
+    fast, exact = _load(dirs["float32"], profile), _load(dirs["float32"], "off")
+    assert FAST_PROFILE_STEPS == 6
+    assert fast.sampler_defaults()["steps"] == 6 and exact.sampler_defaults()["steps"] == 10
+
+    def steps(engine, **request):
+        params = {"max_len": 2, **request.pop("params", {})}
+        result = engine.synthesize(mizuoto.SynthesisRequest(text="Hi.", seed=1, params=params,
+                                                            **request))
+        return result.applied.sampler["steps"]
+
+    assert steps(fast) == 6 and steps(exact) == 10
+    assert steps(fast, steps=3) == 3
+    assert steps(fast, params={"inference_timesteps": 10}) == 10
+    with_defaults = tmp_path / "with-defaults"
+    shutil.copytree(dirs["float32"], with_defaults)
+    write_model_defaults(with_defaults, {"inference_timesteps": 8}, "test")
+    assert steps(_load(with_defaults, profile)) == 8
 
 
 def test_a_bfloat16_model_loads_in_float32_for_int8_with_the_dtype_on_auto(dirs):
