@@ -251,7 +251,10 @@ def _run_suites(session, marker: str, names=SUITES, suites=SUITES, env=THREADS,
         reports.append(report)
         try:
             session.run("pytest", *suites[name], "-m", marker, "-p", "no:cacheprovider",
-                        *(["-n", str(workers)] if workers > 1 else []),
+                        # loadfile: a module's tests on one worker, so its module-scoped
+                        # fixtures (models, a Ray instance) are built once and tests that
+                        # rely on the module's order hold (test_serve_ray's Ctrl-C test)
+                        *(["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []),
                         f"--junitxml={report}", *session.posargs, env=env)
         except nox.command.CommandFailed:
             failed.append(name)

@@ -29,6 +29,9 @@ pytest.importorskip("mizuoto_voxcpm")
 from mizuoto.options import Options  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
 
+# the module runs on one pytest-xdist worker (nox's suites: --dist loadfile): the Ctrl-C
+# test's "no other Ray instance meanwhile" and the module's one instance hold only if its
+# tests are not split between workers, each starting a Ray of its own on two cores
 pytestmark = pytest.mark.ray
 
 F5 = {"model": "f5", "voice": "default", "response_format": "wav",
