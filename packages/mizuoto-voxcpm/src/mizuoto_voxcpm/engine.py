@@ -111,9 +111,9 @@ FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times
 FAST_HINT = ("engines.voxcpm.fast=int8 (not exact: int8 linear layers, 6 sampler steps instead "
              "of 10) is about 4.8x faster than float32 on such a CPU")
 #: the fast profiles' sampler steps where neither the request (``steps``,
-#: ``inference_timesteps``) nor the model directory's defaults set them: upstream's 10 halve
-#: the DiT's share of a patch, the largest one; 6 is above the knee where the quality measured
-#: against the exact path falls off (4), docs/performance.md
+#: ``inference_timesteps``) nor the model directory's defaults set them: 6 of upstream's 10
+#: DiT evaluations a patch (the DiT is the largest part of one); one step above the knee (4)
+#: where the quality measured against the exact path falls off, docs/performance.md
 FAST_PROFILE_STEPS = 6
 
 

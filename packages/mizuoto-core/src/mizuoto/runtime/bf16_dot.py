@@ -105,7 +105,7 @@ def _build() -> ModuleType:
 
         name = build_name(cflags)
         if not _is_built(cpp_extension, name):
-            # a pause of half a minute the user should be told of (once per machine)
+            # a pause of half a minute the user should be told of (once per installation)
             log.warning("compiling the bf16dot kernel for this machine's bfloat16 layers "
                         "(once per installation, about 30 s)")
         return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=cflags,
