@@ -169,7 +169,11 @@ def test_ctrl_c_while_serve_ray_starts_stops_it_and_its_ray_instance(model_dirs,
         assert ray_started.wait(180), "".join(seen)
         assert process.poll() is None, "".join(seen)  # still starting: the replica loads
         process.send_signal(signal.SIGINT)
-        process.wait(60)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:  # say where it stood, not only that it hung
+            pytest.fail("no exit within 60 s of SIGINT; its log:\n" + "".join(seen)
+                        + "\nits session:\n" + "\n".join(_session_processes(process.pid)))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

@@ -503,6 +503,8 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
     from mizuoto.serve.app import auth_line
 
     stop = threading.Event()
+    serving = False
+    local = settings.address is None
     try:
         # Ctrl-C while Ray starts or the replicas load is Python's KeyboardInterrupt (Ray's
         # handler is for SIGTERM): it ends the wait at once, and the finally takes down what
@@ -510,6 +512,7 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
         start(config, settings)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(sig, lambda *_: stop.set())
+        serving = True
         log.info("listening on http://%s:%d through Ray Serve; %s", config.host, config.port,
                  auth_line(config))
         stop.wait()
@@ -518,10 +521,20 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one Ctrl-C is enough: no half teardown
         if ray.is_initialized():
-            with contextlib.suppress(Exception):  # not deployed yet: nothing to delete
-                serve.delete("mizuoto")
-            if settings.address is None:
-                serve.shutdown()
+            if serving:  # graceful: requests in flight finish (the replicas' grace)
+                with contextlib.suppress(Exception):
+                    serve.delete("mizuoto")
+                if local:
+                    serve.shutdown()
+            elif not local:
+                # interrupted while deploying on a cluster that stays up: take the half-made
+                # application off it without waiting for replicas still being built
+                with contextlib.suppress(Exception):  # not deployed yet: nothing to delete
+                    serve.delete("mizuoto", _blocking=False)
+            # A local instance ends with every process it started. Interrupted while starting,
+            # nothing is in flight: a graceful delete would wait for replicas still loading
+            # (in CI, on a busy machine, it did not end within a minute), so it goes straight down.
+            if local:
                 ray.shutdown()
 
 
