@@ -505,13 +505,23 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
     stop = threading.Event()
     serving = False
     local = settings.address is None
+
+    def interrupt_start(signum, frame):
+        stop.set()
+        raise KeyboardInterrupt
+
     try:
-        # Ctrl-C while Ray starts or the replicas load is Python's KeyboardInterrupt (Ray's
-        # handler is for SIGTERM): it ends the wait at once, and the finally takes down what
-        # was started
+        # Ctrl-C while Ray starts or the replicas load raises KeyboardInterrupt (Ray's handler
+        # is for SIGTERM): it ends the wait at once, and the finally takes down what was
+        # started. Ray can lose the exception (its compiled task submission defers SIGINT
+        # and raises it from there), so the handler also sets `stop`, read once the start
+        # returns: a CI run saw the whole application start after a Ctrl-C that raised nothing.
+        signal.signal(signal.SIGINT, interrupt_start)
         start(config, settings)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(sig, lambda *_: stop.set())
+        if stop.is_set():
+            raise KeyboardInterrupt
         serving = True
         log.info("listening on http://%s:%d through Ray Serve; %s", config.host, config.port,
                  auth_line(config))
@@ -532,8 +542,8 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
                 with contextlib.suppress(Exception):  # not deployed yet: nothing to delete
                     serve.delete("mizuoto", _blocking=False)
             # A local instance ends with every process it started. Interrupted while starting,
-            # nothing is in flight: a graceful delete would wait for replicas still loading
-            # (in CI, on a busy machine, it did not end within a minute), so it goes straight down.
+            # nothing is in flight: a graceful delete would wait for replicas still loading,
+            # so it goes straight down.
             if local:
                 ray.shutdown()
 
