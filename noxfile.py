@@ -10,6 +10,7 @@ tests), compat (Python 3.12 and 3.13), and ci (what CI runs, with lint and compa
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -106,6 +107,22 @@ APT_OPT_IN = "MIZUOTO_APT_INSTALL"
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+@contextlib.contextmanager
+def _environment_discarded_in_ci(session):
+    """Log the free disk; in CI, remove the session's environment when the session ends.
+
+    Each environment holds PyPI's torch, a CUDA build (6-9 GB with its NVIDIA libraries), and a
+    CI machine's disk can be short (one CI run died of a full disk within its first minute): so
+    CI needs the space of its largest session, not of all three. CI's machine is never reused,
+    so nothing is lost; locally (CI unset) environments are kept for the next run."""
+    session.log(f"free disk: {shutil.disk_usage(os.getcwd()).free / 1e9:.1f} GB")
+    try:
+        yield
+    finally:
+        if _in_ci():
+            shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 def _may_apt_install() -> bool:
@@ -316,12 +333,13 @@ def _check_plugin_discovery(session) -> None:
 def ci(session):
     """What CI runs: unit tests (the page's in headless Chromium too), the contract suite and
     the tiny-model parity tests."""
-    _install_base(session)
-    _install_oracles(session)
-    _check_plugin_discovery(session)
-    _build_kernels(session)
-    _run_suites(session, "not realsize and not fuzz_only",
-                env={**THREADS, **_allocator_env(session), **_browser_env(session)})
+    with _environment_discarded_in_ci(session):
+        _install_base(session)
+        _install_oracles(session)
+        _check_plugin_discovery(session)
+        _build_kernels(session)
+        _run_suites(session, "not realsize and not fuzz_only",
+                    env={**THREADS, **_allocator_env(session), **_browser_env(session)})
 
 
 def _build_kernels(session):
@@ -342,27 +360,29 @@ def compat(session):
     Installed as a user adds to an environment: core first, then the engines together with
     another extra of core (an engine's requirement on core must not conflict with the core
     already installed: ResolutionImpossible before), then the test tools."""
-    session.install(*PIP)
-    session.install(TORCH[0])
-    session.install("./packages/mizuoto-core")
-    session.install("./packages/mizuoto-voxcpm", "./packages/mizuoto-f5tts",
-                    "./packages/mizuoto-core[serve]")
-    session.install("./packages/mizuoto-core[text,serve]", "./contract-tests", *TEST_TOOLS)
-    for undeclared in ("librosa", "torchaudio", "f5_tts", "voxcpm"):
-        session.run("python", "-c", f"import importlib.util, sys; "
-                    f"importlib.util.find_spec({undeclared!r}) and "
-                    f"sys.exit('{undeclared} is installed: this session proves we run without it')")
-    _check_plugin_listing(session)
-    _build_kernels(session)  # from the installed wheel's source
-    tmp = session.create_tmp()
-    for fixture in COMPAT_FIXTURES:
-        model = os.path.join(tmp, fixture.replace("/", "-"))
-        if not os.path.isdir(model):
-            session.run("mizuoto", "-q", "random-model", fixture, model)
-        session.run("mizuoto", "-q", "say", "-m", model, "Hello from Mizuoto.",
-                    "-o", os.path.join(tmp, "hello.wav"), env=THREADS)
-    _run_suites(session, "not realsize and not fuzz_only", ["contract"], suites=COMPAT_SUITES,
-                env=THREADS)
+    with _environment_discarded_in_ci(session):
+        session.install(*PIP)
+        session.install(TORCH[0])
+        session.install("./packages/mizuoto-core")
+        session.install("./packages/mizuoto-voxcpm", "./packages/mizuoto-f5tts",
+                        "./packages/mizuoto-core[serve]")
+        session.install("./packages/mizuoto-core[text,serve]", "./contract-tests", *TEST_TOOLS)
+        for undeclared in ("librosa", "torchaudio", "f5_tts", "voxcpm"):
+            session.run("python", "-c", f"import importlib.util, sys; "
+                        f"importlib.util.find_spec({undeclared!r}) and "
+                        f"sys.exit('{undeclared} is installed: "
+                        "this session proves we run without it')")
+        _check_plugin_listing(session)
+        _build_kernels(session)  # from the installed wheel's source
+        tmp = session.create_tmp()
+        for fixture in COMPAT_FIXTURES:
+            model = os.path.join(tmp, fixture.replace("/", "-"))
+            if not os.path.isdir(model):
+                session.run("mizuoto", "-q", "random-model", fixture, model)
+            session.run("mizuoto", "-q", "say", "-m", model, "Hello from Mizuoto.",
+                        "-o", os.path.join(tmp, "hello.wav"), env=THREADS)
+        _run_suites(session, "not realsize and not fuzz_only", ["contract"], suites=COMPAT_SUITES,
+                    env=THREADS)
 
 
 # On the newer Pythons the contract suite runs against one model of each engine (3.11 runs it
