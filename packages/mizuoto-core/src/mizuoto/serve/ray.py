@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import signal
 import threading
@@ -494,6 +495,57 @@ def start(config: ServeConfig, settings: RaySettings, *, name: str = "mizuoto") 
     serve.run(app, name=name, route_prefix="/")
 
 
+#: Seconds the command may take to stop after a Ctrl-C (or SIGTERM) while Ray starts or the
+#: replicas load, before it exits on its own (status 130): Ray can hang there, an interrupted
+#: ``ray.init`` once never returned in CI. A local instance's processes end with the command
+#: (Ray's fate sharing).
+STOP_LIMIT = 30.0
+
+
+class _InterruptWatch:
+    """Notices SIGINT and SIGTERM from a thread, through :func:`signal.set_wakeup_fd`: the
+    interpreter writes each signal's number there as it arrives, even while the main thread is
+    held inside Ray and cannot run its Python handler, or Ray swallowed what the handler raised.
+    On one it sets ``stop`` and gives the command :data:`STOP_LIMIT` seconds to :meth:`close`
+    the watch, then exits the process."""
+
+    def __init__(self, stop: threading.Event, limit: float) -> None:
+        self._stop = stop
+        self._limit = limit
+        self._closed = threading.Event()
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # set_wakeup_fd's requirement
+        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="mizuoto-interrupt-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            while True:
+                data = os.read(self._read, 64)
+                if not data or self._closed.is_set():  # closed: the write end is gone
+                    return
+                if {signal.SIGINT, signal.SIGTERM} & set(data):
+                    self._stop.set()
+                    if not self._closed.wait(self._limit):
+                        log.error("Ray did not stop within %.0f s of the interrupt: exiting "
+                                  "now", self._limit)
+                        os._exit(130)
+                    return
+        finally:
+            os.close(self._read)
+
+    def close(self) -> None:
+        """Stop watching (idempotent); the wakeup fd goes back to what it was, unless someone
+        replaced ours meanwhile (theirs stays)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        current = signal.set_wakeup_fd(self._previous, warn_on_full_buffer=False)
+        if current != self._write:
+            signal.set_wakeup_fd(current, warn_on_full_buffer=False)
+        os.close(self._write)  # the watching thread reads the end of the pipe, and closes it
+
+
 def run(config: ServeConfig, settings: RaySettings) -> None:
     """``mizuoto serve --ray``: deploy, serve until SIGINT or SIGTERM, then take the
     application down (a local Ray instance stops with it)."""
@@ -510,42 +562,53 @@ def run(config: ServeConfig, settings: RaySettings) -> None:
         stop.set()
         raise KeyboardInterrupt
 
+    # Ctrl-C while Ray starts or the replicas load raises KeyboardInterrupt (Ray's handler is
+    # for SIGTERM): it ends the wait at once, and the finally takes down what was started. Ray
+    # can lose the exception (its compiled task submission defers SIGINT and raises it from
+    # there), so the handler also sets `stop`, read once the start returns: a CI run saw the
+    # whole application start after a Ctrl-C that raised nothing. And where Ray never returns,
+    # the watch ends the command after STOP_LIMIT.
+    watch = _InterruptWatch(stop, STOP_LIMIT)
     try:
-        # Ctrl-C while Ray starts or the replicas load raises KeyboardInterrupt (Ray's handler
-        # is for SIGTERM): it ends the wait at once, and the finally takes down what was
-        # started. Ray can lose the exception (its compiled task submission defers SIGINT
-        # and raises it from there), so the handler also sets `stop`, read once the start
-        # returns: a CI run saw the whole application start after a Ctrl-C that raised nothing.
         signal.signal(signal.SIGINT, interrupt_start)
         start(config, settings)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(sig, lambda *_: stop.set())
-        if stop.is_set():
-            raise KeyboardInterrupt
-        serving = True
-        log.info("listening on http://%s:%d through Ray Serve; %s", config.host, config.port,
-                 auth_line(config))
-        stop.wait()
+        serving = not stop.is_set()
+        if serving:
+            watch.close()  # a graceful stop takes as long as the requests in flight need
+            log.info("listening on http://%s:%d through Ray Serve; %s", config.host,
+                     config.port, auth_line(config))
+            stop.wait()
+        else:
+            log.info("interrupted while starting: stopping")
     except KeyboardInterrupt:
         log.info("interrupted while starting: stopping")
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # one Ctrl-C is enough: no half teardown
-        if ray.is_initialized():
-            if serving:  # graceful: requests in flight finish (the replicas' grace)
-                with contextlib.suppress(Exception):
-                    serve.delete("mizuoto")
-                if local:
-                    serve.shutdown()
-            elif not local:
-                # interrupted while deploying on a cluster that stays up: take the half-made
-                # application off it without waiting for replicas still being built
-                with contextlib.suppress(Exception):  # not deployed yet: nothing to delete
-                    serve.delete("mizuoto", _blocking=False)
-            # A local instance ends with every process it started. Interrupted while starting,
-            # nothing is in flight: a graceful delete would wait for replicas still loading,
-            # so it goes straight down.
-            if local:
-                ray.shutdown()
+        try:
+            if ray.is_initialized():
+                _take_down(serve, ray, serving=serving, local=local)
+        finally:
+            watch.close()
+
+
+def _take_down(serve, ray, *, serving: bool, local: bool) -> None:
+    if serving:  # graceful: requests in flight finish (the replicas' grace)
+        with contextlib.suppress(Exception):
+            serve.delete("mizuoto")
+        if local:
+            serve.shutdown()
+    elif not local:
+        # interrupted while deploying on a cluster that stays up: take the half-made
+        # application off it without waiting for replicas still being built
+        with contextlib.suppress(Exception):  # not deployed yet: nothing to delete
+            serve.delete("mizuoto", _blocking=False)
+    # A local instance ends with every process it started. Interrupted while starting, nothing
+    # is in flight: a graceful delete would wait for replicas still loading, so it goes
+    # straight down.
+    if local:
+        ray.shutdown()
 
 
 __all__ = ["AdapterReplica", "Ingress", "ModelLoadFailed", "ModelReplica",
