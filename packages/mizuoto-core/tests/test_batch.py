@@ -17,6 +17,7 @@ from mizuoto.batch import BatchJob, build_request, read_lines, run_batch
 from mizuoto.batch.items import count_lines
 from mizuoto.batch.run import LOCK
 from mizuoto.cli import cli
+from mizuoto.contracts.placement import Placement
 from mizuoto.errors import InvalidRequest
 from mizuoto.identity import file_digest
 
@@ -151,11 +152,6 @@ def test_a_rerun_skips_written_lines_and_redoes_changed_ones(tmp_path):
     assert records["a"]["resumed"] and records["b"]["applied"]["seed"] == 22
 
 
-class _FastProfile:
-    """A placement's report with an inexact fast profile on (``engines.x.fast=int8``)."""
-
-    in_effect = {"fast": "int8", "fast_int8_linears": 12}
-
 
 def test_a_fast_profile_does_not_resume_the_exact_paths_lines(tmp_path):
     """int8 samples are not the exact path's: lines written without the profile are made
@@ -166,7 +162,10 @@ def test_a_fast_profile_does_not_resume_the_exact_paths_lines(tmp_path):
     job, rows, first = _first_run(tmp_path, engine)
     assert "fast" not in model_identity(engine)
     fast_engine = ToneEngine()
-    fast_engine.placement = _FastProfile()
+    # what an engine's load places with an inexact fast profile on (``engines.x.fast=int8``)
+    fast_engine.placement = Placement(ToneEngine, torch.device("cpu"), torch.float32,
+                                      settings={"fast": "int8", "fast_int8_linears": 12})
+    assert fast_engine.placement.fast_profile
     assert model_identity(fast_engine)["fast"] == "int8"
     summary = run_batch(job, engine=fast_engine)
     assert (summary.ok, summary.skipped) == (len(rows), 0)

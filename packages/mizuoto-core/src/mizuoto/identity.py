@@ -66,8 +66,8 @@ def model_identity(engine: Engine) -> dict[str, Any]:
               "fingerprint": info.fingerprint, "dtype": info.dtype, "device": info.device,
               "sample_rate": info.sample_rate}
     placement = getattr(engine, "placement", None)
-    settings = dict(placement.in_effect) if placement is not None else {}
-    if settings.get("fast", "off") != "off":
+    if placement is not None and placement.fast_profile:
+        settings = placement.in_effect
         record.update({key: settings[key] for key in FAST_PROFILE_KEYS if key in settings})
     return record
 

@@ -88,8 +88,7 @@ class F5Engine(Engine):
         self._info = info
         self.placement = placement
         # a fast profile's documented step count where a request leaves steps unset
-        self._default_steps = DEFAULT_STEPS if placement.settings.get("fast", "off") == "off" \
-            else FAST_PROFILE_STEPS
+        self._default_steps = FAST_PROFILE_STEPS if placement.fast_profile else DEFAULT_STEPS
         # Held per text chunk (one sampler run and its vocoding), so that two long requests
         # take turns chunk by chunk. Not per request: a short request would wait for a whole
         # long text. Not lock-free either: on a CPU a chunk's matrix products (~1,000 rows)

@@ -299,7 +299,7 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
     def _unset_steps(self, given: Mapping[str, Any], params: VoxCPMParams) -> int:
         """The steps of a request that sets no ``steps``: its params' ``inference_timesteps``,
         or a fast profile's own count where nothing set that either."""
-        if (self.placement.settings.get("fast", "off") != "off"
+        if (self.placement.fast_profile
                 and "inference_timesteps" not in {**self.model_defaults, **given}):
             return FAST_PROFILE_STEPS
         return params.inference_timesteps

@@ -73,6 +73,13 @@ class Placement:
         return attrs.evolve(self, settings={**self.settings, **settings})
 
     @property
+    def fast_profile(self) -> bool:
+        """Whether an inexact fast profile is on (the engine setting ``fast``, e.g.
+        ``engines.voxcpm.fast``, other than ``off``): its samples are not the exact path's, and
+        its documented step count replaces the exact default where nothing sets the steps."""
+        return self.settings.get("fast", "off") != "off"
+
+    @property
     def fallbacks(self) -> tuple[str, ...]:
         """For ``applied.fallbacks``: compiling given up (read per result: it can happen on a
         later call)."""
