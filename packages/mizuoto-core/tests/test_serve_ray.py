@@ -161,7 +161,8 @@ def test_ctrl_c_while_serve_ray_starts_stops_it_and_its_ray_instance(model_dirs,
             seen.append(line)
             # once Serve's controller is up, while the replicas load: a SIGINT within
             # ray.init's last steps once left the command hung inside Ray (seen in CI), a
-            # window this test does not aim at
+            # window this test does not aim at (the command's STOP_LIMIT bounds it there:
+            # test_serve_ray_signals.py)
             if "Started Serve" in line:
                 ray_started.set()
         ray_started.set()  # the command ended: the assertion below says how
