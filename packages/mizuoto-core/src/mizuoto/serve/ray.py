@@ -515,7 +515,14 @@ class _InterruptWatch:
         self._closed = threading.Event()
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)  # set_wakeup_fd's requirement
-        self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        try:
+            self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        except (ValueError, OSError) as exc:  # Windows takes a socket only: no watch there
+            log.debug("no interrupt watch: %s", exc)
+            os.close(self._read)
+            os.close(self._write)
+            self._closed.set()
+            return
         threading.Thread(target=self._watch, name="mizuoto-interrupt-watch", daemon=True).start()
 
     def _watch(self) -> None:
