@@ -1,6 +1,11 @@
 """``mizuoto serve --ray``'s Ctrl-C handling while it starts, without starting Ray: a Ctrl-C
 whose KeyboardInterrupt Ray loses inside its start (it defers SIGINT in its task submission)
-still stops the command once the start returns, instead of serving until a second signal."""
+still stops the command once the start returns, instead of serving until a second signal; a
+start that never returns after one ends the command ``STOP_LIMIT`` seconds later; once
+serving, the interrupt watch is gone (a graceful stop is not cut short).
+
+Ray is core's ``ray`` extra, installed in CI's ``ci`` session, where these tests run; the
+importorskip lets core's suite run where that extra is not installed (``run`` imports ray)."""
 
 from __future__ import annotations
 

@@ -514,8 +514,8 @@ class _InterruptWatch:
         self._limit = limit
         self._closed = threading.Event()
         self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)  # set_wakeup_fd's requirement
         try:
+            os.set_blocking(self._write, False)  # set_wakeup_fd's requirement
             self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         except (ValueError, OSError) as exc:  # Windows takes a socket only: no watch there
             log.debug("no interrupt watch: %s", exc)
