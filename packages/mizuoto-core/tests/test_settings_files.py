@@ -91,3 +91,69 @@ def test_options_file_and_model_defaults_are_named(tmp_path):
     assert info.value.exit_code == 3
     (tmp_path / "mizuoto-defaults.json").write_text(json.dumps({"params": {"speed": 1.0}}))
     assert read_model_defaults(tmp_path) == {"speed": 1.0}
+
+
+# --- one JSON reader for every file from outside (mizuoto.json_files) ----------------------
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[" * 12_345 + "]" * 12_345, "nests deeper than"),
+    ('{"a": ' + "{\"b\": " * 33 + "0" + "}" * 34, "nests deeper than"),
+    ('{"n": -' + "7" * 2_345 + "}", "digits"),
+    ('{"n": 1' + "0" * 40 + "}", "41 digits"),
+    ('{"model": 1, "model": 2}', "given twice"),
+    ("[[1, 2]]", "holds an array where an object belongs"),
+    ("3.5", "holds a number where an object belongs"),
+    ("null", "holds null where an object belongs"),
+    ("plain words", "is not valid JSON"),
+])
+def test_json_from_outside_is_refused_by_name(text, problem):
+    from mizuoto.json_files import JSONFileError, parse_json
+
+    with pytest.raises(JSONFileError, match=problem) as raised:
+        parse_json(text, "weights.json")
+    assert str(raised.value).startswith("weights.json")
+
+
+def test_json_from_outside_skips_a_bom_and_may_keep_the_last_duplicate():
+    from mizuoto.json_files import parse_json
+
+    assert parse_json(b"\xef\xbb\xbf{\"k\": [1]}", "f") == {"k": [1]}
+    assert parse_json("\ufeff{\"k\": 2}", "f") == {"k": 2}
+    assert parse_json('{"k": 1, "k": 3}', "f", allow_duplicate_keys=True) == {"k": 3}
+    assert parse_json('["any"]', "f", expect=None) == ["any"]
+
+
+@pytest.mark.parametrize("path", ["/dev/urandom", "/proc/self/environ", "/sys/kernel",
+                                  "/dev/full"])
+def test_json_files_that_are_no_regular_file_are_refused_before_reading(path):
+    from mizuoto.json_files import JSONFileError, read_json
+
+    with pytest.raises((JSONFileError, PermissionError), match="not a regular file|denied"):
+        read_json(path)
+
+
+def test_a_json_file_over_the_size_limit_is_refused(tmp_path):
+    from mizuoto.json_files import JSONFileError, read_json
+
+    big = tmp_path / "big.json"
+    big.write_text('{"pad": "' + "x" * 5000 + '"}')
+    with pytest.raises(JSONFileError, match="larger than 4,096 bytes"):
+        read_json(big, max_bytes=4096)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    import os
+
+    from mizuoto.json_files import JSONFileError, read_json
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)  # no writer: opening it to read would wait for one
+    with pytest.raises(JSONFileError, match="not a regular file"):
+        read_json(fifo)
+
+
+def test_json_settings_files_refuse_duplicate_keys_and_skip_a_bom():
+    with pytest.raises(SettingsFileError, match="'steps' is given twice"):
+        parse_settings('{"steps": 8, "steps": 80}', "json", "recipe.json")
+    assert parse_settings('\ufeff{"steps": 8}', "json", "recipe.json") == {"steps": 8}

@@ -78,3 +78,22 @@ def test_load_errors_name_the_voice(tmp_path):
     with pytest.raises(InvalidRequest, match="is not a Mizuoto voice file"):
         Voice.load(plain)
 
+
+
+@pytest.mark.parametrize("field, header, problem", [
+    ("texts", '{"reference": ' + "[" * 4_321 + "]" * 4_321 + "}", "nests deeper than"),
+    ("meta", '{"frames": ' + "1" * 777 + "}", "digits"),
+    ("meta", '{"frames": 1, "frames": 2}', "given twice"),
+    ("texts", '["reference"]', "holds an array where an object belongs"),
+    ("meta", '"frames"', "holds a string where an object belongs"),
+])
+def test_a_voice_header_from_outside_is_a_named_error(tmp_path, field, header, problem):
+    from safetensors.torch import save_file
+
+    voice = _voice()
+    path = tmp_path / "hostile.safetensors"
+    metadata = {"format": "mizuoto-voice/1", "engine": "fake", "model_fingerprint": "ab" * 32,
+                "sample_rate": "24000", "texts": "{}", "meta": "{}", field: header}
+    save_file(dict(voice.tensors), str(path), metadata=metadata)
+    with pytest.raises(InvalidRequest, match=f"damaged header .*its {field} header.*{problem}"):
+        Voice.load(path)

@@ -140,3 +140,73 @@ def test_a_release_that_does_not_fit_blames_the_memory_not_the_config(tmp_path, 
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match="not a VoxCPM release"):
         VoxCPMConfig.from_model_dir(tmp_path)
+
+
+# --- config.json and tokenizer.json read as files from the internet -----------------------
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"lm_config": ' + "[" * 2_718 + "]" * 2_718 + "}", "nests deeper than"),
+    ('{"lm_config": {}, "patch_size": ' + "3" * 1_234 + "}", "digits"),
+    ('{"architecture": "voxcpm", "lm_config": {}, "architecture": "voxcpm2"}',
+     "'architecture' is given twice"),
+    ("[]", "holds an array where an object belongs"),
+    ('"voxcpm2"', "holds a string where an object belongs"),
+])
+def test_hostile_config_json_is_named_by_its_file(tmp_path, text, problem):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match=problem) as raised:
+        VoxCPMConfig.from_model_dir(tmp_path)
+    assert "config.json" in str(raised.value)
+
+
+def test_a_config_json_with_a_bom_is_read(tmp_path):
+    raw = tiny_config("voxcpm2", vocab_size=500)
+    (tmp_path / "config.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(raw).encode())
+    assert VoxCPMConfig.from_model_dir(tmp_path).architecture == "voxcpm2"
+
+
+def test_a_damaged_config_json_is_this_engines_to_name_not_a_missing_package(tmp_path):
+    from mizuoto_voxcpm.engine import VoxCPMEngine
+
+    (tmp_path / "config.json").write_text("[]")
+    (tmp_path / "audiovae.safetensors").write_bytes(b"")
+    assert VoxCPMEngine.recognizes(tmp_path)  # the load names the config, not pip install
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda t: t["model"].__setitem__("vocab", {f"t{i}": i for i in range(2_500)}),
+     "2,500 entries, more than the model's vocab_size 2,000"),
+    (lambda t: t["model"]["vocab"].__setitem__("<far>", 99_999), "the id 99999"),
+    (lambda t: t["model"]["vocab"].__setitem__("<neg>", -4), "the id -4"),
+    (lambda t: t["model"].__setitem__("vocab", "words"), "must be an object or a list"),
+])
+def test_a_tokenizer_the_model_cannot_hold_is_refused_before_it_is_built(tmp_path, change,
+                                                                          problem):
+    from mizuoto.errors import CheckpointMismatch
+    from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
+    from mizuoto_voxcpm.tokenizer_fixture import write_test_tokenizer
+
+    write_test_tokenizer(tmp_path)
+    path = tmp_path / "tokenizer.json"
+    tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    change(tokenizer)
+    path.write_text(json.dumps(tokenizer), encoding="utf-8")
+    with pytest.raises(CheckpointMismatch, match=problem):
+        VoxCPMTokenizer.from_model_dir(tmp_path, vocab_size=2_000)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"model": ' + "{\"m\": " * 5_000 + "1" + "}" * 5_001, "nests deeper than"),
+    ('{"model": {"vocab": {"a": ' + "8" * 3_000 + "}}}", "digits"),
+    ("[]", "holds an array where an object belongs"),
+    ("not json at all", "is not valid JSON"),
+    ('{"model": {"type": "BPE", "vocab": [], "merges": 7}}', "is not a tokenizer VoxCPM reads"),
+])
+def test_hostile_tokenizer_json_is_a_named_error(tmp_path, text, problem):
+    from mizuoto.errors import CheckpointMismatch
+    from mizuoto_voxcpm.tokenizer import VoxCPMTokenizer
+
+    (tmp_path / "tokenizer.json").write_text(text, encoding="utf-8")
+    with pytest.raises(CheckpointMismatch, match=problem):
+        VoxCPMTokenizer.from_model_dir(tmp_path, vocab_size=1_000)

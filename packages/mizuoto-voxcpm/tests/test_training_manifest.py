@@ -145,3 +145,16 @@ def test_a_prompt_row_is_framed_by_103_104_without_loss(clips):
     ref = pack(samples[2:], feats[2:], 512, [torch.ones(2, 2, 4)])
     assert ref.text_tokens[0].tolist() == [103, 0, 0, 104, 5, 5, 101, 0, 0, 0, 102]
     assert ref.loss_mask[0].tolist() == [0] * 7 + [1, 1, 1, 0]
+
+
+def test_hostile_json_lines_are_rejected_by_name_and_the_rest_kept(clips):
+    samples, rejected = _read(clips, [
+        {"audio": "a.wav", "text": "kept"},
+        '{"audio": "a.wav", "text": ' + "[" * 6_543 + "]" * 6_543 + "}",
+        '{"audio": "a.wav", "text": "x", "duration": ' + "9" * 2_222 + "}",
+        '{"audio": "a.wav", "text": "one", "audio": "b.wav"}',
+    ])
+    assert [s.text for s in samples] == ["kept"]
+    assert "nests deeper than" in rejected[2]
+    assert "2,222 digits" in rejected[3]
+    assert "'audio' is given twice" in rejected[4]

@@ -2,7 +2,8 @@
 with the engine that owns it.
 
 Modules import downwards only (simonw/llm's layering; tests/test_import_layers.py checks it):
-errors / key_values -> validation -> settings_files -> options -> runtime -> text / audio_formats /
+errors / key_values -> validation -> settings_files / json_files / regular_files ->
+options -> runtime -> text / audio_formats /
 audio_encoders / audio_encoding -> contracts -> nn -> catalog -> hookspecs / plugins -> registry -> loading ->
 mizuoto / plugin -> the front ends (cli, serve, batch, longform, training, ...) -> the engines.
 Nothing below imports this module.

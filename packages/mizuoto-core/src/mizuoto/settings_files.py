@@ -10,10 +10,11 @@ folder's file). `name_some` lists unknown keys without printing 300,000 of them.
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from mizuoto.json_files import JSONFileError, parse_json
 
 #: containers nested deeper than this are refused (real recipes nest 3 or 4 levels)
 MAX_DEPTH = 32
@@ -35,8 +36,8 @@ def parse_settings(text: str, kind: str, source: str) -> Any:
     try:
         if kind == "toml":
             data = tomllib.loads(text)
-        elif kind == "json":
-            data = json.loads(text)
+        elif kind == "json":  # a key given twice refused, a BOM skipped
+            data = parse_json(text, source, expect=None)
         elif kind == "yaml":
             data = _load_yaml(text, source)
         else:
@@ -45,6 +46,8 @@ def parse_settings(text: str, kind: str, source: str) -> Any:
         raise SettingsFileError(f"{source} nests deeper than {MAX_DEPTH} levels") from None
     except SettingsFileError:
         raise
+    except JSONFileError as exc:
+        raise SettingsFileError(str(exc)) from None
     except ValueError as exc:  # TOMLDecodeError, JSONDecodeError, int digit limit
         raise SettingsFileError(f"{source} is not valid {kind.upper()}: {exc}") from None
     check_settings(data, source)

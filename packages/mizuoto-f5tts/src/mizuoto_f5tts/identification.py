@@ -32,6 +32,7 @@ from pathlib import Path
 import attrs
 
 from mizuoto.errors import CheckpointMismatch, InvalidRequest
+from mizuoto.json_files import read_json
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto_f5tts.variants import VARIANT_NAMES
 
@@ -63,8 +64,8 @@ def read_record(model_dir: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        record = read_json(path, RECORD)  # a model folder from the internet: bounded
+    except (OSError, ValueError) as exc:  # JSONFileError is a ValueError
         raise CheckpointMismatch(str(path), detail=f"unreadable variant record: {exc}") from exc
     if not isinstance(record, dict) or record.get("variant") not in VARIANT_NAMES \
             or not isinstance(record.get("checkpoint"), str):

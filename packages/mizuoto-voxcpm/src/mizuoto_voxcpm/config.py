@@ -8,7 +8,6 @@ shape error in the first prompt) are checked at load and named.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -152,17 +151,27 @@ class VoxCPMConfig:
             raise ModelFilesMissing(str(model_dir), ["config.json"],
                                     "a VoxCPM model directory holds config.json, model.safetensors"
                                     " (or pytorch_model.bin), audiovae.* and tokenizer files")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(str(path), "config.json", f"cannot be read: {exc}") from exc
-        config = cls.from_dict(raw, str(path))
+        config = cls.from_dict(read_config_json(model_dir), str(path))
         _check_memory(config)
         return config
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], path: str = "config.json") -> VoxCPMConfig:
         return _parse(raw, path)
+
+
+def read_config_json(model_dir: str | Path) -> dict[str, Any]:
+    """``model_dir``'s ``config.json`` as a dict, read as a file from the internet
+    (:func:`mizuoto.json_files.read_json`: bounded nesting and integers, a BOM skipped, a key
+    given twice refused: a second ``architecture`` must not pick the other generation); a
+    :class:`ConfigError` naming the file and the problem otherwise."""
+    from mizuoto.json_files import JSONFileError, read_json
+
+    path = Path(model_dir) / "config.json"
+    try:
+        return read_json(path, "config.json")
+    except (OSError, JSONFileError) as exc:
+        raise ConfigError(str(path), "config.json", f"cannot be read: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_aud
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
 from mizuoto_voxcpm.cache_pool import CachePool
-from mizuoto_voxcpm.config import VoxCPMConfig, torch_dtype
+from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, read_config_json, torch_dtype
 from mizuoto_voxcpm.decoding import (
     StreamDecoder,
     decode_utterance,
@@ -189,21 +189,18 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         config = Path(model_dir) / "config.json"
         if not config.is_file() or not any((Path(model_dir) / f).is_file() for f in VAE_FILES):
             return False
-        try:
-            return '"lm_config"' in config.read_text(encoding="utf-8")
-        except OSError:
-            return False
+        # the files are VoxCPM's layout (its audio VAE is no other engine's): a config.json
+        # that is damaged is this engine's to name at load, not "install mizuoto-voxcpm"
+        return True
 
     @classmethod
     def check_request(cls, request: SynthesisRequest, model_dir: Path) -> None:
         ref = request.reference
         if request.voice is not None or ref is None or (ref.text and ref.text.strip()):
             return
-        import json
-
         try:
-            raw = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            raw = read_config_json(model_dir)
+        except ConfigError:
             return  # the load names what is wrong with the file
         if str(raw.get("architecture", "voxcpm")).lower() != "voxcpm2":
             raise _needs_transcript()
@@ -268,7 +265,7 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
             rehearse_stream_decode(vae, v2=config.is_v2, patch_size=config.patch_size,
                                    feat_dim=config.feat_dim)
         report(progress, "load", 2, 3, "tokenizer")
-        tokenizer = VoxCPMTokenizer.from_model_dir(model_dir)
+        tokenizer = VoxCPMTokenizer.from_model_dir(model_dir, config.lm.vocab_size)
         report(progress, "load", 3, 3)
         weights = [find_weights(model_dir).name,
                    next(f for f in VAE_FILES if (model_dir / f).is_file())]

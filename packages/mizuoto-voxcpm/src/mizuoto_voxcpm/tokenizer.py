@@ -23,6 +23,9 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
+from mizuoto.errors import CheckpointMismatch
+from mizuoto.json_files import JSONFileError, read_json
+
 __all__ = [
     "AUDIO_END_TOKEN_ID",
     "AUDIO_START_TOKEN_ID",
@@ -67,8 +70,36 @@ def _added_token(value: Any, *, special: bool | None = None) -> AddedToken | str
 
 
 def _read_json(path: Path) -> dict:
-    with path.open(encoding="utf-8") as handle:
-        return json.load(handle)
+    """A tokenizer file, read as a file from the internet (bounded nesting and integers);
+    a :class:`~mizuoto.errors.CheckpointMismatch` naming it otherwise. Duplicate keys keep
+    the last, as the tokenizers library reads them."""
+    try:
+        return read_json(path, path.name, allow_duplicate_keys=True)
+    except (OSError, JSONFileError) as exc:
+        raise CheckpointMismatch(str(path), detail=f"cannot be read: {exc}") from None
+
+
+def _check_vocab(tokenizer_json: dict, vocab_size: int, path: Path) -> None:
+    """Refuse a vocabulary the model's embedding cannot hold (more entries than its
+    ``vocab_size``, or an id past it) before the slow part: building the tokenizer of a
+    2,000,000-entry file takes a minute and a gigabyte."""
+    model = tokenizer_json.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if vocab is None:
+        return  # _vocab_and_merges names it
+    if not isinstance(vocab, (dict, list)):
+        raise CheckpointMismatch(str(path), detail="model.vocab must be an object or a list")
+    if len(vocab) > vocab_size:
+        raise CheckpointMismatch(str(path), detail=f"its vocabulary has {len(vocab):,} "
+                                 f"entries, more than the model's vocab_size {vocab_size:,}: "
+                                 "not this model's tokenizer")
+    if isinstance(vocab, dict):
+        bad = next((v for v in vocab.values()
+                    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab_size),
+                   None)
+        if bad is not None:
+            raise CheckpointMismatch(str(path), detail=f"model.vocab holds the id {bad!r}, "
+                                     f"outside the model's 0..{vocab_size - 1}")
 
 
 def _vocab_and_merges(tokenizer_json: dict) -> tuple[dict[str, int], list[tuple[str, ...]]]:
@@ -114,8 +145,9 @@ class VoxCPMTokenizer:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def from_model_dir(cls, path: str | Path) -> VoxCPMTokenizer:
-        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``special_tokens_map.json``)."""
+    def from_model_dir(cls, path: str | Path, vocab_size: int | None = None) -> VoxCPMTokenizer:
+        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``special_tokens_map.json``);
+        with ``vocab_size`` (the model's), a vocabulary it cannot hold is refused first."""
         path = Path(path)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
@@ -127,7 +159,15 @@ class VoxCPMTokenizer:
         config = _read_json(config_file) if config_file.is_file() else {}
         special_map_file = path / "special_tokens_map.json"
         special_map = _read_json(special_map_file) if special_map_file.is_file() else None
-        return cls.from_configs(_read_json(tokenizer_file), config, special_map)
+        tokenizer_json = _read_json(tokenizer_file)
+        if vocab_size is not None:
+            _check_vocab(tokenizer_json, vocab_size, tokenizer_file)
+        try:
+            return cls.from_configs(tokenizer_json, config, special_map)
+        except Exception as exc:
+            # a hand-made file the tokenizers library refuses: named, not a traceback
+            raise CheckpointMismatch(str(tokenizer_file),
+                                     detail=f"is not a tokenizer VoxCPM reads: {exc}") from None
 
     @classmethod
     def from_configs(cls, tokenizer_json: dict, config: dict,

@@ -8,12 +8,12 @@ right-padded) so the request can still choose ``reference_prefix``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.checkpoint import weights_fingerprint
+from mizuoto_voxcpm.config import read_config_json
 from mizuoto_voxcpm.generation import PromptCache
 
 ENGINE = "voxcpm"
@@ -29,7 +29,7 @@ def model_fingerprint(model_dir: str | Path, files: list[str]) -> str:
     config's ``dtype`` and ``device`` keys are left out.
     """
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    config = read_config_json(model_dir)
     for key in ("dtype", "device"):
         config.pop(key, None)
     return weights_fingerprint([model_dir / name for name in files], context=config)

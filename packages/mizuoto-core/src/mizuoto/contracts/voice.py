@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mizuoto.errors import InvalidRequest, VoiceMismatch
+from mizuoto.json_files import parse_json
 from mizuoto.runtime.atomic import save_safetensors
 
 if TYPE_CHECKING:
@@ -77,10 +78,12 @@ class Voice:
         try:
             engine, fingerprint = header["engine"], header["model_fingerprint"]
             sample_rate = int(header["sample_rate"])
-            texts = json.loads(header.get("texts", "{}"))
-            meta = json.loads(header.get("meta", "{}"))
-        except (KeyError, ValueError) as exc:  # json's errors are ValueErrors
-            raise InvalidRequest("voice", f"{path} has a damaged header ({exc!r})") from None
+            # a voice file may come from anyone: its header is read as such (bounded nesting
+            # and integers), so a damaged one is a named error, not a RecursionError
+            texts = parse_json(header.get("texts", "{}"), "its texts header")
+            meta = parse_json(header.get("meta", "{}"), "its meta header")
+        except (KeyError, ValueError) as exc:  # JSONFileError is a ValueError
+            raise InvalidRequest("voice", f"{path} has a damaged header ({exc})") from None
         if not 0 < sample_rate <= MAX_VOICE_RATE or not isinstance(texts, dict) \
                 or not all(isinstance(v, str) for v in texts.values()) \
                 or not isinstance(meta, dict):

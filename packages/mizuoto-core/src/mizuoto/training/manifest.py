@@ -9,7 +9,6 @@ as the contract suite expects; a data set with no usable row is refused.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import attrs
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.json_files import JSONFileError, parse_json
 from mizuoto.text.files import read_utf8
 
 logger = logging.getLogger(__name__)
@@ -90,9 +90,12 @@ def _csv_row(path: Path, cells: tuple[str, ...], number: int
 
 def _json_row(path: Path, line: str, number: int) -> tuple[ManifestRow | None, str]:
     try:
-        item = json.loads(line)
+        item = parse_json(line, "the line")
+    except JSONFileError as exc:  # nesting, a huge integer, a key given twice, not an object
+        return None, str(exc)
+    try:
         audio, text = item["audio"], item["text"]
-    except (ValueError, KeyError, TypeError):
+    except KeyError:
         return None, 'not a JSON object with "audio" and "text"'
     if not isinstance(audio, str):
         return None, '"audio" is not a path'

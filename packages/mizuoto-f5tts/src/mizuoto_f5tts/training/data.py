@@ -38,6 +38,7 @@ import numpy as np
 
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.errors import InvalidRequest
+from mizuoto.json_files import JSONFileError, parse_json
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.text.files import check_utf8
 
@@ -118,13 +119,10 @@ def _jsonl_rows(path: Path) -> list[tuple[int, str, str | None]]:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                rows.append((number, f"!not JSON: {exc.msg}", None))
-                continue
-            if not isinstance(item, Mapping):
-                rows.append((number, "!not a JSON object", None))
+            try:  # bounded nesting and integers; a key given twice (two "audio"s) refused
+                item = parse_json(line, "the line")
+            except JSONFileError as exc:
+                rows.append((number, f"!{exc}", None))
                 continue
             audio = item.get("audio", item.get("audio_file", ""))
             text = item.get("text")

@@ -30,6 +30,7 @@ import attrs
 import numpy as np
 import torch
 
+from mizuoto.json_files import JSONFileError, parse_json
 from mizuoto.nn.dsp.audio_io import SILENCE_PEAK
 from mizuoto.nn.dsp.soxr_resample import mono_like_librosa, resample_soxr
 from mizuoto.text.files import read_utf8
@@ -99,10 +100,10 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
             else:
                 rejected.append(Rejected(number, "not audio_file|text"))
             continue
-        try:
-            rows.append((number, json.loads(raw)))
-        except ValueError as exc:
-            rejected.append(Rejected(number, f"not JSON: {exc}"))
+        try:  # bounded nesting and integers; a key given twice (two "audio"s) refused
+            rows.append((number, parse_json(raw, "the line", expect=None)))
+        except JSONFileError as exc:
+            rejected.append(Rejected(number, str(exc)))
     # upstream's ``datasets`` table has a column for every key any row holds (None elsewhere)
     columns = {key for _, row in rows if isinstance(row, dict) for key in row}
     for number, row in rows:

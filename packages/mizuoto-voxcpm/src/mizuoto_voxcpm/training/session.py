@@ -6,7 +6,6 @@ core's `mizuoto.training.StepTrainer`'s."""
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from mizuoto.runtime.atomic import file_mode, save_safetensors
 from mizuoto.training import Precision, ProcessWorld, TrainingSession
 from mizuoto.training.trainer import training_device, training_precision
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
-from mizuoto_voxcpm.config import VoxCPMConfig
+from mizuoto_voxcpm.config import VoxCPMConfig, read_config_json
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
 from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
 from mizuoto_voxcpm.training import construction, distributed, loop, validation
@@ -71,7 +70,7 @@ class Session(TrainingSession):
         self.recipe = recipe = run.recipe
         self.total = recipe.num_iters
         model_dir = run.model_dir
-        self.raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        self.raw = read_config_json(model_dir)
         self.config = config = VoxCPMConfig.from_model_dir(model_dir)
         self.world = world = world or ProcessWorld()
         self.world_size, self.rank = world.size, world.rank

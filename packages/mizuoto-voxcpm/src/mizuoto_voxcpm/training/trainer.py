@@ -33,6 +33,7 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.training import ProcessWorld, StepTrainer, join, process_world
+from mizuoto_voxcpm.config import read_config_json
 from mizuoto_voxcpm.training.loop import CHECKPOINTS, LATEST, NUMBERED, find_checkpoint
 from mizuoto_voxcpm.training.params import VoxCPMTrainingParams
 from mizuoto_voxcpm.training.run import BASE_FILES, Run
@@ -53,7 +54,7 @@ class VoxCPMTrainer(StepTrainer):
         from mizuoto_voxcpm.training.recipe import cli_defaults, generation_of
 
         model_dir = resolve_for_engine(model, self.engine).path
-        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        raw = read_config_json(model_dir)
         return cli_defaults(method if method in self.methods else "full", generation_of(raw))
 
     def upstream_recipe(self, settings) -> dict:
@@ -78,7 +79,7 @@ class VoxCPMTrainer(StepTrainer):
         # the device and precision are checked here (process 0's device), used by the session
         pick_mixed_precision(pick_device(config.compute), config.mixed_precision)
         model_dir = resolve_for_engine(config.model, self.engine).path
-        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        raw = read_config_json(model_dir)
         VoxCPMConfig.from_model_dir(model_dir)  # validates
         generation = generation_of(raw)
         recipe = build_recipe(config, generation, params)
@@ -198,7 +199,7 @@ def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
     from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
     from mizuoto_voxcpm.engine import VoxCPMEngine
 
-    raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    raw = read_config_json(model_dir)
     rate = audio_vae_config_from_model_config(raw).sample_rate
     engine = VoxCPMEngine.load(model_dir)
     text = run.texts[0]

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from mizuoto.errors import CheckpointMismatch, ModelFilesMissing
@@ -31,6 +30,7 @@ from mizuoto.nn.dsp.mel import melscale_fbanks, spectrogram
 from mizuoto.nn.vocoders.istft import ISTFTHead
 from mizuoto.nn.vocoders.vocos_backbone import VocosBackbone
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
+from mizuoto.settings_files import SettingsFileError, parse_settings
 
 CONFIG_FILE = "config.yaml"
 WEIGHTS_FILE = "pytorch_model.bin"
@@ -139,8 +139,11 @@ def load_vocos(directory: str | Path, device: str | torch.device = "cpu") -> Voc
         raise ModelFilesMissing(
             str(directory), missing, "a Vocos directory holds config.yaml and pytorch_model.bin"
         )
-    with open(config_path, encoding="utf-8") as f:
-        config = yaml.safe_load(f)
+    try:  # a model folder from the internet: no alias bomb, nesting or huge integer
+        config = parse_settings(config_path.read_text(encoding="utf-8"), "yaml",
+                                str(config_path))
+    except (SettingsFileError, UnicodeDecodeError) as exc:
+        raise CheckpointMismatch(str(config_path), detail=f"cannot be read: {exc}") from None
     model = Vocos.from_config(config, source=str(config_path))
     load_into(model, load_state_dict_file(weights_path), weights_path)
     return model.eval().to(device)
