@@ -321,3 +321,206 @@ def test_zeroconf_without_its_package_is_a_named_error(monkeypatch, tmp_path):
     assert result.exit_code != 0
     assert "--zeroconf needs the zeroconf package" in result.output
     assert "pip install" in result.output
+
+
+# --- hostile clients: frames, lengths, idle and slow connections, streamed text -------------
+
+
+@pytest.fixture(scope="module")
+def strict(serve_config):
+    """A server with short timeouts and small limits, so that they are reached quickly."""
+    from mizuoto.wyoming.frames import FrameLimits
+
+    config = WyomingConfig(serve_config, seed=SEED, steps=STEPS, max_connections=2,
+                           frames=FrameLimits(idle=1.5, read=1.5), write_timeout=1.5,
+                           max_pending_chars=300)
+    with serve_in_thread(config) as address:
+        yield address
+
+
+async def _raw(address, sent: bytes, *, shut: bool = False, until_eof: bool = False) -> list:
+    """Send ``sent`` as it is; the events answered until an error (or until the server
+    closes the connection, with ``until_eof``)."""
+    from wyoming.event import async_read_event
+
+    reader, writer = await asyncio.open_connection(*address)
+    try:
+        writer.write(sent)
+        await writer.drain()
+        if shut:
+            writer.write_eof()
+        events = []
+        while True:
+            event = await async_read_event(reader)
+            if event is None:
+                return events
+            events.append(event)
+            if not until_eof and event.type in ("error", "audio-stop", "info"):
+                return events
+    finally:
+        writer.close()
+
+
+def _line(value) -> bytes:
+    return (value if isinstance(value, str) else json.dumps(value)).encode() + b"\n"
+
+
+DESCRIBE = _line({"type": "describe"})
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("[2, 3]", "holds an array"),
+    ('"synthesize"', "holds a string"),
+    ("-4.5", "holds a number"),
+    ("{not json", "is not valid JSON"),
+    ("[" * 25_000 + "]" * 25_000, "nests deeper than"),
+    ({"data": {"text": "hi"}}, 'needs a "type"'),
+    ({"type": 12, "data": {}}, 'needs a "type"'),
+    ({"type": "describe", "data": "words"}, '"data" must be an object, not a string'),
+    ({"type": "describe", "data": [1, 2]}, '"data" must be an object, not an array'),
+    ({"type": "synthesize", "data": {"voice": {"name": "f5"}}}, "data.text is missing"),
+    ({"type": "synthesize", "data": {"text": "Hi.", "voice": "f5/default"}},
+     "data.voice must be an object or null, not a string"),
+    ({"type": "synthesize", "data": {"text": "Hi.", "voice": 3}}, "data.voice must be"),
+    ({"type": "synthesize", "data": {"text": "Hi.", "voice": [{"name": "f5"}]}},
+     "data.voice must be"),
+    ({"type": "synthesize", "data": {"text": "Hi.", "voice": {"name": ["f5"]}}},
+     "data.voice.name must be a string, not an array"),
+    ({"type": "synthesize", "data": {"text": None}}, "data.text must be a string, not null"),
+    ({"type": "synthesize-start", "data": {"voice": "vox"}}, "data.voice must be"),
+    ({"type": "synthesize-chunk", "data": {"text": 67890}},
+     "data.text must be a string, not a number"),
+    ('{"type": "synthesize", "data": {"text": "a", "text": "b"}}', "given twice"),
+])
+def test_events_not_shaped_as_the_protocol_says_get_an_error_and_the_connection_lives(
+        address, line, problem, caplog):
+    events = run(_raw(address, _line(line) + DESCRIBE, until_eof=False))
+    assert [e.type for e in events] == ["error"]
+    error = Error.from_event(events[0])
+    assert error.code == "invalid_event" and problem in error.text, error.text
+
+    async def then_describe():  # the same connection answers the next event
+        reader, writer = await asyncio.open_connection(*address)
+        from wyoming.event import async_read_event
+        writer.write(_line(line) + DESCRIBE)
+        await writer.drain()
+        kinds = [(await async_read_event(reader)).type, (await async_read_event(reader)).type]
+        writer.close()
+        return kinds
+
+    assert run(then_describe()) == ["error", "info"]
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("header, problem, code", [
+    ({"type": "describe", "data_length": "16"}, "data_length must be a non-negative integer",
+     "invalid_event"),
+    ({"type": "describe", "data_length": 2.5}, "data_length must be", "invalid_event"),
+    ({"type": "describe", "payload_length": -9}, "payload_length must be", "invalid_event"),
+    ({"type": "describe", "payload_length": True}, "payload_length must be", "invalid_event"),
+    ({"type": "describe", "data_length": 3 * 2**30}, "more than this server reads",
+     "frame_too_large"),
+    ({"type": "synthesize", "payload_length": 2**40}, "more than this server reads",
+     "frame_too_large"),
+])
+def test_declared_lengths_are_checked_before_a_byte_of_them_is_read(address, header, problem,
+                                                                    code):
+    # nothing follows the header: a server that waited for the declared bytes would hang here
+    events = run(_raw(address, _line(header), until_eof=True))
+    assert [e.type for e in events] == ["error"]  # then the server closed the connection
+    error = Error.from_event(events[0])
+    assert error.code == code and problem in error.text, error.text
+
+
+def test_a_data_block_and_payload_within_bounds_are_read_and_the_event_answered(address):
+    data = json.dumps({"text": TEXT, "voice": {"name": "vox"}}).encode()
+    frame = _line({"type": "synthesize", "data_length": len(data), "payload_length": 5})
+    events = run(_raw(address, frame + data + b"\x00" * 5))
+    assert events[0].type == "audio-start" and events[-1].type == "audio-stop"
+
+
+def test_an_overlong_header_line_is_refused_without_buffering_it(address):
+    events = run(_raw(address, b'{"type": "describe", "pad": "' + b"y" * (300 << 10),
+                      until_eof=True))
+    assert [Error.from_event(e).code for e in events] == ["frame_too_large"]
+
+
+def test_a_half_closed_client_still_gets_its_audio(strict):
+    synthesize = Synthesize("Half closed.", voice=SynthesizeVoice("vox")).event()
+    frame = _line({"type": "synthesize", "data": synthesize.data})
+    events = run(_raw(strict, frame, shut=True, until_eof=True))
+    assert events[0].type == "audio-start" and events[-1].type == "audio-stop"
+    assert len(_samples(events)) > 0
+
+
+def test_idle_connections_are_closed_and_free_their_slots(strict):
+    async def idle_then_served():
+        from wyoming.event import async_read_event
+
+        idle = [await asyncio.open_connection(*strict) for _ in range(2)]  # the limit
+        refused = await _raw(strict, b"")  # over the limit: answered before it sends a byte
+        closed = [await async_read_event(reader) for reader, _ in idle]  # after 1.5 s
+        gone = [await async_read_event(reader) for reader, _ in idle]
+        for _, writer in idle:
+            writer.close()
+        return refused, closed, gone, await _raw(strict, DESCRIBE)
+
+    refused, closed, gone, served = run(idle_then_served())
+    assert Error.from_event(refused[0]).code == "too_many_connections"
+    assert [Error.from_event(e).code for e in closed] == ["idle_timeout"] * 2
+    assert gone == [None, None]
+    assert served[0].type == "info"
+
+
+def test_streamed_text_without_a_sentence_end_is_bounded(strict):
+    async def stream():
+        async with AsyncTcpClient(*strict) as client:
+            await client.write_event(SynthesizeStart(voice=SynthesizeVoice("vox")).event())
+            for _ in range(4):  # 4 x 100 characters, no stop: past the server's 300
+                await client.write_event(SynthesizeChunk("word " * 20).event())
+            [error] = await _events(client, "error")
+            # the connection lives: a new stream is spoken
+            await client.write_event(SynthesizeStart(voice=SynthesizeVoice("vox")).event())
+            await client.write_event(SynthesizeChunk("Short. ").event())
+            await client.write_event(SynthesizeStop().event())
+            return Error.from_event(error), await _events(client, "synthesize-stopped")
+
+    error, events = run(stream())
+    assert error.code == "string_above_max_length" and "synthesize-chunk" in error.text
+    assert events[-1].type == "synthesize-stopped" and len(_samples(events)) > 0
+
+
+def test_a_long_run_of_stops_is_scanned_in_one_pass():
+    from mizuoto.wyoming.sentences import SentenceSplitter
+
+    splitter = SentenceSplitter()
+    for _ in range(40):  # 40 chunks of 5,000 dots: re-scanning or backtracking would not end
+        assert splitter.add("." * 5_000) == []
+    assert splitter.add(" next") == ["." * 200_000]
+    assert splitter.finish() == "next"
+
+
+def test_a_client_that_takes_no_audio_is_disconnected_after_the_write_timeout():
+    """Unit: the write that does not drain in time aborts the connection."""
+    from types import SimpleNamespace
+
+    from wyoming.event import Event
+
+    from mizuoto.wyoming.handler import WyomingHandler
+
+    aborted = []
+
+    class StalledWriter:
+        transport = SimpleNamespace(abort=lambda: aborted.append(True))
+
+        def write(self, data):
+            pass
+
+        async def drain(self):
+            await asyncio.sleep(3600)
+
+    service = SimpleNamespace(config=SimpleNamespace(write_timeout=0.05))
+    handler = WyomingHandler(None, StalledWriter(), service)
+    with pytest.raises(TimeoutError, match="took no audio"):
+        run(handler.write_event(Event("audio-chunk", {}, b"\x00" * 10)))
+    assert aborted == [True]

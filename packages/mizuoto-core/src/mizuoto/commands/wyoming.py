@@ -18,8 +18,11 @@ from mizuoto.errors import InvalidRequest
 @click.option("--language", "languages", multiple=True, help="Language to announce (repeatable; default: the engine's).")
 @click.option("--voices-dir", type=click.Path(file_okay=False), help="Saved voices (default: $MIZUOTO_HOME/voices, as mizuoto serve).")
 @click.option("--zeroconf", is_flag=True, help="Announce the server to Home Assistant on the network (needs zeroconf).")
+@click.option("--idle-timeout", default=60.0, show_default=True, type=float, help="Seconds a connection may send no event before it is closed.")
+@click.option("--write-timeout", default=10.0, show_default=True, type=float, help="Seconds a client may take none of its audio before it is disconnected (its synthesis stops).")
 def wyoming(models, aliases, engine, host, port, queue_size, max_connections, seed, steps,
-            languages, voices_dir, zeroconf, option_pairs, options_file):
+            languages, voices_dir, zeroconf, idle_timeout, write_timeout, option_pairs,
+            options_file):
     """Serve models to Home Assistant over the Wyoming protocol (docs/home-assistant.md)."""
     import importlib
 
@@ -41,12 +44,15 @@ def wyoming(models, aliases, engine, host, port, queue_size, max_connections, se
                 "and add the server in Home Assistant by host and port") from None
     names = model_names(models, aliases)
     options = options_to_load(options_file, option_pairs, serving=True)
+    from mizuoto.wyoming.frames import FrameLimits
+
     try:
+        frames = FrameLimits(idle=idle_timeout)
         config = WyomingConfig(ServeConfig(
             models=names, engine=engine, host=host, port=port, queue_size=queue_size,
             options=options, voices_dir=Path(voices_dir) if voices_dir else None),
             max_connections=max_connections, seed=seed, steps=steps, languages=languages,
-            zeroconf=zeroconf)
+            zeroconf=zeroconf, frames=frames, write_timeout=write_timeout)
     except InvalidRequest as exc:  # named as the user wrote it
         raise InvalidRequest("--" + exc.field.replace("_", "-"), exc.problem, exc.fix) \
             from None

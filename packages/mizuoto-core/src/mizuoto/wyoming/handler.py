@@ -13,13 +13,14 @@ generation cancelled at the engine's next chunk or progress report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Describe
-from wyoming.server import AsyncEventHandler
 from wyoming.tts import (
     Synthesize,
     SynthesizeChunk,
@@ -27,12 +28,14 @@ from wyoming.tts import (
     SynthesizeStop,
     SynthesizeStopped,
 )
+from wyoming.version import __version__ as WYOMING_VERSION
 
 from mizuoto.audio_encoding import to_int16
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.serve.errors import APIError, bad_request, from_mizuoto
 from mizuoto.serve.jobs import DONE, Job, Pin
 from mizuoto.serve.routes import _speech_job
+from mizuoto.wyoming.frames import BrokenStream, read_event
 from mizuoto.wyoming.sentences import SentenceSplitter
 
 log = logging.getLogger("mizuoto.wyoming")
@@ -51,33 +54,48 @@ class _Stream:
         self.rate: int | None = None
 
 
-class WyomingHandler(AsyncEventHandler):
-    """Events of one connection; ``service`` is the :class:`~mizuoto.wyoming.server.Service`
-    shared by all."""
+class WyomingHandler:
+    """Events of one admitted connection; ``service`` is the
+    :class:`~mizuoto.wyoming.server.Service` shared by all. Events are read by
+    :func:`~mizuoto.wyoming.frames.read_event` (shapes and lengths checked first) and answered
+    in turn; every write must be taken by the client within the write timeout, else the
+    connection closes and its generation stops, so that a client that stops reading cannot
+    hold the model."""
 
     def __init__(self, reader, writer, service) -> None:
-        super().__init__(reader, writer)
+        self.reader = reader
+        self.writer = writer
         self.service = service
-        self.admitted = service.connections.admit()
         self._stream: _Stream | None = None
 
-    async def disconnect(self) -> None:
-        if self.admitted:
-            self.service.connections.release()
-            self.admitted = False
+    async def run(self) -> None:
+        """Answer events until the client leaves or the stream breaks (answered first)."""
+        limits = self.service.config.frames
+        while True:
+            try:
+                event = await read_event(self.reader, limits)
+                if event is None:
+                    return
+                await self._handle(event)
+            except BrokenStream as exc:
+                log.info("closing a connection: %s", exc.message)
+                with contextlib.suppress(ConnectionError, TimeoutError):
+                    await self._error(exc)
+                return
+            except APIError as exc:
+                self._stream = None  # a streamed text that failed starts again from its start
+                await self._error(exc)
 
-    async def handle_event(self, event: Event) -> bool:
-        if not self.admitted:
-            await self._error(APIError(429, f"{self.service.config.max_connections} clients "
-                                       "are connected: try again shortly",
-                                       code="too_many_connections"))
-            return False
+    async def write_event(self, event: Event) -> None:
+        """Send ``event``; a :class:`TimeoutError` once the client has taken none of it for
+        the write timeout."""
+        self.writer.write(_frame(event))
         try:
-            await self._handle(event)
-        except APIError as exc:
-            self._stream = None  # a streamed text that failed starts again from the next start
-            await self._error(exc)
-        return True
+            await asyncio.wait_for(self.writer.drain(), self.service.config.write_timeout)
+        except TimeoutError:
+            self.writer.transport.abort()  # what it did not take is dropped, not buffered
+            raise TimeoutError(f"the client took no audio for "
+                               f"{self.service.config.write_timeout:g} s") from None
 
     async def _handle(self, event: Event) -> None:
         if Describe.is_type(event.type):
@@ -93,7 +111,8 @@ class WyomingHandler(AsyncEventHandler):
             self._stream = _Stream(SynthesizeStart.from_event(event).voice)
         elif SynthesizeChunk.is_type(event.type):
             stream = self._streaming("synthesize-chunk")
-            for sentence in stream.splitter.add(SynthesizeChunk.from_event(event).text):
+            text = SynthesizeChunk.from_event(event).text
+            for sentence in stream.splitter.add(text, self.service.config.max_pending_chars):
                 stream.rate = await self._speak(sentence, stream.voice, stream.rate)
         elif SynthesizeStop.is_type(event.type):
             stream = self._streaming("synthesize-stop")
@@ -130,13 +149,15 @@ class WyomingHandler(AsyncEventHandler):
             pin.release()
             raise
         try:
+            if rate is None:
+                # at once, while the job waits its turn: a client that closed its socket with
+                # this unread answers with a reset, which cancels the job before it runs
+                rate = engine.info.sample_rate
+                await self.write_event(AudioStart(rate, WIDTH, 1).event())
             item = await self._next(job)
             while item is not DONE:
                 if isinstance(item, BaseException):
                     raise from_mizuoto(item)
-                if rate is None:
-                    rate = engine.info.sample_rate
-                    await self.write_event(AudioStart(rate, WIDTH, 1).event())
                 samples = to_int16(item.audio.numpy())
                 await self.write_event(AudioChunk(rate, WIDTH, 1, samples.tobytes()).event())
                 item = await self._next(job)
@@ -145,14 +166,25 @@ class WyomingHandler(AsyncEventHandler):
         return rate
 
     async def _next(self, job: Job):
-        """The job's next item; a :class:`ConnectionResetError` once the client has closed
-        the connection meanwhile (seen at once, not at the next write, so that a queued job
-        is skipped and a running one stops at its next chunk or progress report)."""
+        """The job's next item; a :class:`ConnectionResetError` once the connection is gone
+        meanwhile (seen at once, not at the next write, so that a queued job is skipped and a
+        running one stops at its next chunk or progress report). A client that only closed
+        its sending side (``shutdown(SHUT_WR)`` after ``synthesize``) still gets its audio."""
         getter = asyncio.ensure_future(job.get())
         while not (await asyncio.wait({getter}, timeout=0.05))[0]:
-            # at_eof: the client's end is closed and all it sent is read (a client may only
-            # send its next events once this one's answer has come)
-            if self.reader.at_eof() or self.writer.is_closing():
+            if self.writer.is_closing() or self.reader.exception() is not None:
                 getter.cancel()
                 raise ConnectionResetError("the client closed the connection")
         return getter.result()
+
+
+def _frame(event: Event) -> bytes:
+    """``event`` as the wyoming package writes it: header line, data block, payload."""
+    header: dict = {"type": event.type, "version": WYOMING_VERSION}
+    data = json.dumps(event.data, ensure_ascii=False).encode() if event.data else b""
+    if data:
+        header["data_length"] = len(data)
+    if event.payload:
+        header["payload_length"] = len(event.payload)
+    return b"".join((json.dumps(header, ensure_ascii=False).encode(), b"\n", data,
+                     event.payload or b""))

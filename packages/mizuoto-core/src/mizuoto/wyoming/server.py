@@ -14,12 +14,14 @@ import threading
 from collections.abc import Iterator
 
 import attrs
+from wyoming.error import Error
 
 from mizuoto.serve.app import ServeConfig, _loopback, _State, bind
 from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
 from mizuoto.serve.routes import MAX_INPUT_CHARS
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
-from mizuoto.validation.ranges import integer_in
+from mizuoto.validation.ranges import integer_in, number_in
+from mizuoto.wyoming.frames import FrameLimits
 from mizuoto.wyoming.info import describe, split_voice, voice_name
 
 log = logging.getLogger("mizuoto.wyoming")
@@ -37,7 +39,8 @@ MDNS_GROUP = "224.0.0.251"
 class WyomingConfig:
     """What ``mizuoto wyoming`` serves: ``serve`` (its models, options, queue size, voice
     directory and grace; its host and port are this server's), ``max_connections`` clients
-    at once, ``seed`` and ``steps`` (sampling steps) for every synthesis (None: each draws a
+    at once (more are answered ``too_many_connections`` and closed before anything they
+    send is read), ``seed`` and ``steps`` (sampling steps) for every synthesis (None: each draws a
     seed; the engine's steps), ``languages`` to announce
     instead of the engine's, ``zeroconf`` to announce the server on the network."""
 
@@ -50,6 +53,15 @@ class WyomingConfig:
         "steps", 1, 10_000, optional=True))
     languages: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     zeroconf: bool = False
+    #: what one event may hold and how long a client may take to send it (idle, read)
+    frames: FrameLimits = attrs.field(factory=FrameLimits)
+    #: seconds a client may take none of an answer before it is disconnected (its generation
+    #: stops: a client that stops reading cannot hold the model)
+    write_timeout: float = attrs.field(default=10.0, validator=number_in(
+        "write_timeout", 0.0, 3600.0, low_open=True))
+    #: characters of streamed text (synthesize-chunk) waiting for a sentence end
+    max_pending_chars: int = attrs.field(default=MAX_TEXT_CHARS, validator=integer_in(
+        "max_pending_chars", 1, MAX_TEXT_CHARS))
 
 
 class Connections:
@@ -143,20 +155,40 @@ async def _serve(service: Service, sock, stop: asyncio.Event) -> None:
     async def connected(reader, writer) -> None:
         task = asyncio.current_task()
         handlers.add(task)
+        admitted = service.connections.admit()
         try:
+            if not admitted:  # refused before a byte is read: it buffers nothing
+                writer.write(_too_many(service.config.max_connections))
+                with contextlib.suppress(ConnectionError, TimeoutError):
+                    await asyncio.wait_for(writer.drain(), 1.0)
+                return
             await WyomingHandler(reader, writer, service).run()
-        except (ConnectionError, APIError) as exc:  # the client left mid-answer
-            log.info("client disconnected: %s", exc.__class__.__name__)
+        except (ConnectionError, TimeoutError, APIError) as exc:  # the client left or stalled
+            log.info("client disconnected: %s", exc)
+        except Exception:  # the server's fault: logged, and the others are served on
+            log.exception("unexpected error on a Wyoming connection")
         finally:
+            if admitted:
+                service.connections.release()
+            writer.close()
             handlers.discard(task)
 
-    server = await asyncio.start_server(connected, sock=sock)
+    server = await asyncio.start_server(connected, sock=sock,
+                                        limit=service.config.frames.line_bytes)
     async with server:
         await stop.wait()
         server.close()
         for task in list(handlers):
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
+
+
+def _too_many(limit: int) -> bytes:
+    from mizuoto.wyoming.handler import _frame
+
+    error = Error(text=f"{limit} clients are connected: try again shortly",
+                  code="too_many_connections")
+    return _frame(error.event())
 
 
 def zeroconf_service(port: int, host: str, name: str | None = None):
