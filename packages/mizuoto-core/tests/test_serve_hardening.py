@@ -632,3 +632,142 @@ def test_duplicate_keys_and_lone_surrogates_are_400(server, body, said):
     response = httpx.post(f"{server}/v1/audio/speech", content=body,
                           headers={"Content-Type": "application/json"})
     assert said in _error(response, 400, "invalid_json")["message"]
+
+
+# ------------------------------------------------ round 3: slow, idle and malformed connections
+
+
+@pytest.fixture(scope="module")
+def quick(model_dirs, tmp_path_factory):
+    """A server whose header deadline and keep-alive are short, so that they are reached."""
+    config = ServeConfig(models={"f5": str(model_dirs / "f5")},
+                         voices_dir=tmp_path_factory.mktemp("quick-voices"), header_timeout=1.0,
+                         keep_alive=1.0)
+    errors = _Errors()
+    loggers = [logging.getLogger(name) for name in ("mizuoto", "uvicorn", "uvicorn.error")]
+    with serve_in_thread(config) as url:
+        for logger in loggers:
+            logger.addHandler(errors)
+        try:
+            yield url
+        finally:
+            for logger in loggers:
+                logger.removeHandler(errors)
+    assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (30 s at most)."""
+    sock.settimeout(30)
+    answer = b""
+    try:
+        while data := sock.recv(65536):
+            answer += data
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return answer
+
+
+def test_a_connection_that_sends_nothing_is_closed(quick):
+    with socket.create_connection(_address(quick)) as sock:
+        assert _answer(sock) == b""  # closed by the server, no answer: nothing was asked
+
+
+def test_headers_trickled_a_line_at_a_time_get_408(quick):
+    import time
+
+    with socket.create_connection(_address(quick)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        for n in range(30):  # 30 x 0.3 s: far past the 1 s deadline unless it is kept
+            if select.select([sock], [], [], 0.3)[0]:
+                break
+            try:
+                sock.sendall(f"X-Slow-{n}: {'q' * n}\r\n".encode())
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0)
+        answer = _answer(sock)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+    assert b'"request_timeout"' in answer
+
+
+def test_an_endless_header_stream_gets_431(quick):
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    line = b"X-Filler: " + b"w" * 2000 + b"\r\n"
+    status, _, answer = _raw(quick, head, iter(lambda: line, None), limit_bytes=4 << 20)
+    assert status == 431, answer[:120]
+    assert b"request_header_fields_too_large" in answer
+
+
+def test_a_keep_alive_connection_serves_its_requests_then_closes_when_idle(quick):
+    request = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    with socket.create_connection(_address(quick)) as sock:
+        sock.sendall(request + request)  # pipelined
+        answer = _answer(sock)  # then idle: closed after the keep-alive
+    assert answer.count(b"HTTP/1.1 200") == 2
+
+
+def _status(url: str, raw_request: bytes) -> tuple[int, bytes]:
+    with socket.create_connection(_address(url)) as sock:
+        sock.sendall(raw_request)
+        answer = _answer(sock)
+    return int(answer.split(b" ", 2)[1]), answer
+
+
+@pytest.mark.parametrize("headers, code", [
+    (b"Host: 127.0.0.1\r\nHost: evil.example\r\n", b"multiple Host"),  # h11 refuses it
+    (b"Host: localhost\r\nOrigin: http://localhost\r\norigin: https://evil.example\r\n",
+     b"duplicate_header"),
+    (b"Host: localhost\r\nContent-Type: application/json\r\nContent-type: text/plain\r\n",
+     b"duplicate_header"),
+    (b"Host: 127.0.0.1:8000@attacker.test\r\n", b"host_not_allowed"),
+    (b"Host: localhost:1@x\r\n", b"host_not_allowed"),
+    (b"Host: user@localhost\r\n", b"host_not_allowed"),
+    (b"Host: localhost/evil\r\n", b"host_not_allowed"),
+])
+def test_a_repeated_or_disguised_header_is_refused(quick, headers, code):
+    body = b'{"model": "f5", "input": "Hi.", "voice": "default"}'
+    status, answer = _status(quick, b"POST /v1/audio/speech HTTP/1.1\r\n" + headers
+                             + b"Connection: close\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert status in (400, 403) and code in answer, answer[:300]
+
+
+def test_a_404_does_not_echo_a_huge_name(quick):
+    name = "m" * 200_000
+    response = httpx.post(f"{quick}/v1/audio/speech", json={"model": name, "input": "Hi.",
+                                                            "voice": "default"})
+    error = _error(response, 404, "model_not_found")
+    assert len(error["message"]) < 400 and "200,000 characters" in error["message"]
+
+
+def test_a_client_closing_mid_pipeline_leaves_no_error_in_the_log(quick):
+    request = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    speech = json.dumps(_speech(quick)).encode()
+    post = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+            b"application/json\r\nContent-Length: " + str(len(speech)).encode() + b"\r\n\r\n")
+    for _ in range(3):
+        with socket.create_connection(_address(quick)) as sock:
+            sock.sendall(post + speech + request * 3 + post[:30])
+            sock.recv(10)  # the answer has begun; the client leaves in the middle
+    assert httpx.get(f"{quick}/health").status_code == 200
+
+
+def test_the_descriptor_limit_is_raised_to_the_hard_limit(monkeypatch, caplog):
+    import resource
+
+    from mizuoto.serve.app import raise_descriptor_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (256, hard))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: calls.append(limits))
+    with caplog.at_level(logging.INFO, logger="mizuoto.serve"):
+        raise_descriptor_limit()
+    assert calls == [(hard, hard)]
+    assert "open files: at most" in caplog.text and "LimitNOFILE" in caplog.text

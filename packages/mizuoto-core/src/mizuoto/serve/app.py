@@ -48,6 +48,10 @@ MAX_QUEUE_SIZE = 4096
 #: Largest voice upload the server can be told to accept (bytes), and longest clip (seconds).
 MAX_UPLOAD_BYTES = 1 << 30
 MAX_UPLOAD_SECONDS = 3600.0
+#: Seconds a request's headers may take from its first byte (slow headers: 408, closed), and
+#: an idle keep-alive connection stays open between requests (uvicorn's 5)
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_KEEP_ALIVE = 5.0
 
 
 def _optional_positive(field: str):
@@ -114,6 +118,12 @@ class ServeConfig:
         "max_voices", 1, 1 << 20))
     max_voices_bytes: int = attrs.field(default=DEFAULT_MAX_VOICES_BYTES, validator=integer_in(
         "max_voices_bytes", 1, 1 << 50))
+    # slow and idle connections (mizuoto.serve.connections): seconds a request's headers may
+    # take, and an idle keep-alive connection may stay open between requests
+    header_timeout: float = attrs.field(default=DEFAULT_HEADER_TIMEOUT, validator=number_in(
+        "header_timeout", 0.0, MAX_GRACE, low_open=True))
+    keep_alive: float = attrs.field(default=DEFAULT_KEEP_ALIVE, validator=number_in(
+        "keep_alive", 0.0, MAX_GRACE, low_open=True))
 
     @allowed_hosts.validator
     def _allowed_hosts(self, attribute, value) -> None:
@@ -319,9 +329,29 @@ def _validation_error(errors) -> APIError:
 def _uvicorn_config(config: ServeConfig, app, **overrides):
     import uvicorn
 
+    from mizuoto.serve.connections import guarded_protocol
+
     settings = {"host": config.host, "port": config.port, "lifespan": "on",
-                "timeout_graceful_shutdown": config.grace, "log_level": "info", **overrides}
+                "timeout_graceful_shutdown": config.grace, "log_level": "info",
+                "http": guarded_protocol(config.header_timeout),
+                "timeout_keep_alive": config.keep_alive, **overrides}
     return uvicorn.Config(app, **settings)
+
+
+def raise_descriptor_limit() -> None:
+    """Raise the soft limit on open files to the hard one (systemd's soft default is 1,024:
+    a thousand idle sockets would refuse every other client), and say what it is."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    log.info("open files: at most %s (raise LimitNOFILE in the service unit for more)",
+             "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -377,6 +407,7 @@ def run(config: ServeConfig) -> None:
     import uvicorn
 
     sock = bind(config.host, config.port)
+    raise_descriptor_limit()
     try:
         app = create_app(config)
         server = uvicorn.Server(_uvicorn_config(config, app))

@@ -13,11 +13,16 @@ server's own page (the class of Ollama's and Jupyter's DNS-rebinding advisories)
 - **Content type**: a route reading JSON refuses anything but ``application/json`` (415,
   ``unsupported_media_type``), a missing type included: ``text/plain`` is what a cross-site
   form sends without a CORS preflight. The voice upload requires ``multipart/form-data``.
+- **One of each**: a ``Host``, ``Origin`` or ``Content-Type`` given twice is refused (400,
+  ``duplicate_header``): a proxy that checked the first must not let the server act on
+  another. A ``Host`` that is not a name or address with an optional port
+  (``localhost:8000@evil.example``) is refused as a foreign one.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from mizuoto.serve.errors import APIError
 
@@ -27,6 +32,10 @@ CONTENT_TYPES = {("POST", "/v1/audio/speech"): "application/json",
 #: Methods a browser may send cross-site that change nothing here.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+#: Headers a request may hold once: each decides whether it is refused.
+SINGLE_HEADERS = (b"host", b"origin", b"content-type")
+# RFC 9110's Host: a registered name or an IP literal, then an optional port; no user info
+_HOST_SYNTAX = re.compile(r"(?:\[[0-9a-f:.]+\]|[a-z0-9._~-]+)(?::[0-9]{1,5})?", re.I)
 
 
 def _split_host(value: str) -> str:
@@ -63,8 +72,8 @@ class BrowserPolicy:
     def host_allowed(self, host: str | None) -> bool:
         if self._any_host:
             return True
-        if not host:
-            return False  # every browser sends Host; HTTP/1.1 requires it
+        if not host or not _HOST_SYNTAX.fullmatch(host.strip()):
+            return False  # every browser sends Host (HTTP/1.1 requires it), as a name
         name = _split_host(host)
         if name in self._hosts:
             return True
@@ -91,6 +100,11 @@ class BrowserPolicy:
     def refusal(self, method: str, path: str, headers: list[tuple[bytes, bytes]]
                 ) -> APIError | None:
         """Why this request is refused, or None."""
+        for name in SINGLE_HEADERS:
+            if sum(key.lower() == name for key, _ in headers) > 1:
+                header = name.decode().title()
+                return APIError(400, f"the {header} header is given more than once: send "
+                                "it once", param=header, code="duplicate_header")
         host = _header(headers, b"host")
         if not self.host_allowed(host):
             name = host or "(none)"

@@ -44,6 +44,15 @@ class ClientGone(Exception):
     """The client disconnected before its response: nothing is sent."""
 
 
+def quoted(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters: a 900 KB model name
+    sent by a client is not echoed back whole (nor written whole to the log)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(str(value)):,} characters)"
+
+
 def bad_request(message: str, param: str | None = None,
                 code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)

@@ -14,7 +14,7 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from mizuoto.serve.errors import not_found
+from mizuoto.serve.errors import not_found, quoted
 
 #: The media type of each kind of file the page is made of.
 MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
@@ -73,5 +73,5 @@ async def index():
 @router.get(PREFIX + "{name}", include_in_schema=False)
 async def page_file(name: str):
     if name not in FILES or name == "index.html":
-        raise not_found(f"the page has no file {name!r}", None, "not_found")
+        raise not_found(f"the page has no file {quoted(name)}", None, "not_found")
     return _file(name)

@@ -32,6 +32,7 @@ from mizuoto.serve.errors import (
     bad_request,
     from_mizuoto,
     not_found,
+    quoted,
     unavailable,
 )
 from mizuoto.serve.jobs import DONE, Job
@@ -110,7 +111,7 @@ def _worker(state, model: str):
     worker = state.workers.get(model)
     if worker is None:
         known = ", ".join(sorted(state.workers))
-        raise not_found(f"model {model!r} is not served here (served: {known})", "model",
+        raise not_found(f"model {quoted(model)} is not served here (served: {known})", "model",
                         "model_not_found")
     return worker
 

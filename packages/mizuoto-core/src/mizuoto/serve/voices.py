@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from mizuoto.errors import InvalidRequest
-from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
+from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found, quoted
 
 DEFAULT_VOICE = "default"
 #: Most voices stored, and their bytes together, unless the server is told otherwise: an
@@ -85,7 +85,7 @@ class VoiceStore:
 
         path = self.path(name)
         if not path.is_file():
-            raise not_found(f"no voice named {name!r}: every model has {DEFAULT_VOICE!r}, "
+            raise not_found(f"no voice named {quoted(name)}: every model has {DEFAULT_VOICE!r}, "
                             "and GET /v1/audio/voices lists the saved ones", "voice",
                             "voice_not_found")
         try:
@@ -124,7 +124,7 @@ class VoiceStore:
         if name == DEFAULT_VOICE:
             raise bad_request("the default voice cannot be deleted", param="name")
         if not path.is_file():
-            raise not_found(f"no voice named {name!r}", "name", "voice_not_found")
+            raise not_found(f"no voice named {quoted(name)}", "name", "voice_not_found")
         path.unlink()
 
     def list(self) -> list[dict[str, str]]:

@@ -17,7 +17,7 @@ import attrs
 from wyoming.error import Error
 
 from mizuoto.serve.app import ServeConfig, _loopback, _State, bind
-from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found
+from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found, quoted
 from mizuoto.serve.routes import MAX_INPUT_CHARS
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
 from mizuoto.validation.ranges import integer_in, number_in
@@ -109,13 +109,13 @@ class Service:
                 (next(iter(self.workers)), name)
         worker = self.workers.get(model)
         if worker is None:
-            raise not_found(f"no model named {model!r} (voice {name!r}): served are "
+            raise not_found(f"no model named {quoted(model)} (voice {quoted(name)}): served are "
                             f"{', '.join(self.workers)}; describe lists the voices",
                             "voice", "voice_not_found")
         if voice != DEFAULT_VOICE:
             check_name(voice, "voice")
             if not self.voices.path(voice).is_file():
-                raise not_found(f"no voice named {voice_name(model, voice)!r}: describe "
+                raise not_found(f"no voice named {quoted(voice_name(model, voice))}: describe "
                                 "lists the voices", "voice", "voice_not_found")
         return worker, voice
 
