@@ -5,6 +5,7 @@ servers on 127.0.0.1 (threads; one subprocess), tiny random-init F5-TTS models, 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -62,21 +63,28 @@ class _Errors(logging.Handler):
         self.records.append(record)
 
 
-@pytest.fixture(scope="module")
-def served(model_dirs, tmp_path_factory):
-    voices = tmp_path_factory.mktemp("voices")
-    config = ServeConfig(models={"f5": str(model_dirs / "f5")}, voices_dir=voices,
-                         queue_size=4)
+@contextlib.contextmanager
+def _serving_watched(config: ServeConfig):
+    """The server's URL and the ERROR records its loggers emit meanwhile."""
     errors = _Errors()
     loggers = [logging.getLogger(name) for name in ("mizuoto", "uvicorn", "uvicorn.error")]
     with serve_in_thread(config) as url:
         for logger in loggers:
             logger.addHandler(errors)
         try:
-            yield url, voices, errors
+            yield url, errors
         finally:
             for logger in loggers:
                 logger.removeHandler(errors)
+
+
+@pytest.fixture(scope="module")
+def served(model_dirs, tmp_path_factory):
+    voices = tmp_path_factory.mktemp("voices")
+    config = ServeConfig(models={"f5": str(model_dirs / "f5")}, voices_dir=voices,
+                         queue_size=4)
+    with _serving_watched(config) as (url, errors):
+        yield url, voices, errors
 
 
 @pytest.fixture
@@ -643,16 +651,8 @@ def quick(model_dirs, tmp_path_factory):
     config = ServeConfig(models={"f5": str(model_dirs / "f5")},
                          voices_dir=tmp_path_factory.mktemp("quick-voices"), header_timeout=1.0,
                          keep_alive=1.0)
-    errors = _Errors()
-    loggers = [logging.getLogger(name) for name in ("mizuoto", "uvicorn", "uvicorn.error")]
-    with serve_in_thread(config) as url:
-        for logger in loggers:
-            logger.addHandler(errors)
-        try:
-            yield url
-        finally:
-            for logger in loggers:
-                logger.removeHandler(errors)
+    with _serving_watched(config) as (url, errors):
+        yield url
     assert not errors.records, [r.getMessage() for r in errors.records]
 
 
