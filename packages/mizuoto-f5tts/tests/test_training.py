@@ -660,3 +660,27 @@ def test_settings_of_the_other_batching_mode_are_refused(tmp_path, model_dir, me
     trainer.prepare(_config(model_dir, metadata, tmp_path / "ok", batch_size=2,
                             params={"batch_size_type": "sample", "batch_frames": 3200,
                                     "max_samples": 64, "epochs": 1}))
+
+
+def test_training_audio_is_refused_by_its_header_before_it_is_decoded(tmp_path, monkeypatch):
+    import numpy as np
+    import soundfile
+
+    from mizuoto_f5tts.training.data import _check_audio
+
+    long_clip = tmp_path / "long.flac"  # 9 minutes at 16 kHz stereo
+    soundfile.write(long_clip, np.full((16_000 * 540, 2), 0.2, np.float32), 16_000)
+    decoded = []
+
+    def read(file, *args, **kwargs):  # a decode here is what the test refuses
+        decoded.append(file)
+        raise OSError("decoded")
+
+    monkeypatch.setattr(soundfile, "read", read)
+    assert _check_audio(str(long_clip)) == (None, "duration 540.00 s outside [0.3, 30.0] s")
+    kept, reason = _check_audio(str(long_clip), duration=4.0)  # a declared length it belies
+    assert kept is None and "540 s of audio by its header" in reason
+    for device in ("/dev/zero", "/proc/self/status", str(tmp_path)):
+        kept, reason = _check_audio(device)
+        assert kept is None and "not a regular file" in reason, reason
+    assert decoded == []

@@ -158,3 +158,30 @@ def test_hostile_json_lines_are_rejected_by_name_and_the_rest_kept(clips):
     assert "nests deeper than" in rejected[2]
     assert "2,222 digits" in rejected[3]
     assert "'audio' is given twice" in rejected[4]
+
+
+def test_audio_too_long_for_the_context_is_refused_by_its_header_without_decoding(
+        clips, monkeypatch):
+    import soundfile
+
+    long_clip = clips / "long.wav"  # 7 minutes at 11,025 Hz stereo: far past 512 positions
+    sf.write(long_clip, np.full((11_025 * 420, 2), 0.25, np.float32), 11_025)
+    decoded, read = [], soundfile.read
+
+    def counted_read(file, *args, **kwargs):
+        decoded.append(Path(file).name)
+        return read(file, *args, **kwargs)
+
+    monkeypatch.setattr(soundfile, "read", counted_read)
+    samples, rejected = _read(clips, [
+        {"audio": "long.wav", "text": "too long"},
+        {"audio": "a.wav", "text": "kept", "ref_audio": "long.wav"},
+        {"audio": "/dev/zero", "text": "a device"},
+        {"audio": "/proc/self/status", "text": "a kernel file"},
+        {"audio": ".", "text": "a folder"},
+        {"audio": "b.wav", "text": "kept too"},
+    ])
+    assert [s.text for s in samples] == ["kept too"]
+    assert "by the audio's header" in rejected[1] and "by the audio's header" in rejected[2]
+    assert all("not a regular file" in rejected[line] for line in (3, 4, 5))
+    assert "long.wav" not in decoded and decoded == ["b.wav"]

@@ -41,6 +41,7 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.json_files import JSONFileError, parse_json
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.text.files import check_utf8
+from mizuoto.training.audio_header import read_header
 
 logger = logging.getLogger(__name__)
 
@@ -183,22 +184,28 @@ def _check_audio(path: str, duration: float | None = None) -> tuple[float | None
     import soundfile as sf
 
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         return None, "audio file not found"
+    # refused by its header first: a clip that is not kept is never decoded
+    header = read_header(file)
+    if isinstance(header, str):
+        return None, header
+    duration = header.seconds if duration is None else duration
+    if not MIN_SECONDS <= duration <= MAX_SECONDS:
+        return None, f"duration {duration:.2f} s outside [{MIN_SECONDS}, {MAX_SECONDS}] s"
+    if header.seconds > 2 * MAX_SECONDS:  # a declared duration that the file belies
+        return None, (f"the file holds {header.seconds:.0f} s of audio by its header, more "
+                      f"than any clip kept ({MAX_SECONDS:g} s)")
     try:
-        info = sf.info(str(file))
         data, _ = sf.read(str(file), dtype="float32", always_2d=True)
     except Exception as exc:  # soundfile raises several unrelated types
         return None, f"unreadable audio: {exc}"
-    if data.size == 0 or info.samplerate <= 0:
+    if data.size == 0:
         return None, "no samples"
     if not np.isfinite(data).all():
         return None, "NaN or infinite samples"
     if not float(np.abs(data).max()) > _SILENCE_PEAK:
         return None, "silent"
-    duration = info.duration if duration is None else duration
-    if not MIN_SECONDS <= duration <= MAX_SECONDS:
-        return None, f"duration {duration:.2f} s outside [{MIN_SECONDS}, {MAX_SECONDS}] s"
     return duration, ""
 
 

@@ -34,6 +34,7 @@ from mizuoto.json_files import JSONFileError, parse_json
 from mizuoto.nn.dsp.audio_io import SILENCE_PEAK
 from mizuoto.nn.dsp.soxr_resample import mono_like_librosa, resample_soxr
 from mizuoto.text.files import read_utf8
+from mizuoto.training.audio_header import read_header
 
 AUDIO_START, AUDIO_END, PROMPT_START, PROMPT_END = 101, 102, 103, 104
 
@@ -123,20 +124,26 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
             rejected.append(Rejected(number, bad[0]))
             continue
         path = _resolve(manifest, row["audio"])
+        reference = row.get("ref_audio")
+        if reference is not None and not isinstance(reference, str):
+            rejected.append(Rejected(number, '"ref_audio" must be a path'))
+            continue
+        ids = tuple(tokenize(text))
+        # by the headers first: a clip too long to keep is never decoded
+        too_long = _longer_than_context(path, reference and _resolve(manifest, reference),
+                                        sample_rate, len(ids), patch_len, max_length)
+        if too_long:
+            rejected.append(Rejected(number, too_long))
+            continue
         audio = _load(path, sample_rate)
         if isinstance(audio, str):
             rejected.append(Rejected(number, audio))
             continue
-        reference = row.get("ref_audio")
         if reference is not None:
-            if not isinstance(reference, str):
-                rejected.append(Rejected(number, '"ref_audio" must be a path'))
-                continue
             reference = _load(_resolve(manifest, reference), sample_rate)
             if isinstance(reference, str):
                 rejected.append(Rejected(number, f"ref_audio: {reference}"))
                 continue
-        ids = tuple(tokenize(text))
         length = len(ids) + -(-audio.size // patch_len) + 2
         if reference is not None:
             length += -(-reference.size // patch_len) + 2
@@ -194,6 +201,25 @@ def _prompt_flag(row: dict) -> bool | str:
 def _resolve(manifest: Path, value: str) -> Path:
     path = Path(value)
     return path if path.is_absolute() else manifest.parent / path
+
+
+def _longer_than_context(path: Path, reference: Path | None, sample_rate: int, text: int,
+                         patch_len: int, max_length: int) -> str:
+    """Why the row cannot fit the model's context by its audio files' headers alone (their
+    fewest frames at ``sample_rate``), or ``""``: the file, its reference, or a header that
+    refuses it (not a regular file, unreadable). The exact count follows decoding."""
+    length = text + 2
+    for which, file in (("", path), ("ref_audio: ", reference)):
+        if file is None:
+            continue
+        header = read_header(file)
+        if isinstance(header, str):
+            return f"{which}{header} ({file})"
+        length += -(-header.frames_at(sample_rate) // patch_len) + 2 * bool(which)
+    if length > max_length:
+        return (f"at least {length} positions (text + audio patches, by the audio's header) "
+                f"exceed the model's context of {max_length}")
+    return ""
 
 
 def _load(path: Path, sample_rate: int) -> np.ndarray | str:
