@@ -74,7 +74,8 @@ def test_bad_params_are_named(engine, ref):
 def test_text_beyond_the_position_table_is_refused(engine, ref):
     with pytest.raises(InvalidRequest) as raised:
         engine.synthesize(_request(ref, params={"fix_duration": 100.0}))
-    assert raised.value.field == "text" and "8192" in str(raised.value)
+    # the fixed duration asked for the frames, not the text (issue 54): it is what is named
+    assert raised.value.field == "params.fix_duration" and "8192" in str(raised.value)
 
 
 def test_dit_without_text_conv_layers_has_no_position_table():

@@ -36,7 +36,12 @@ from mizuoto.options import Options
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes, split_to_fit
 from mizuoto_f5tts.compute_lock import ComputeLock
-from mizuoto_f5tts.duration import check_positions, chunk_durations
+from mizuoto_f5tts.duration import (
+    check_positions,
+    check_requested_seconds,
+    chunk_durations,
+    positions_field,
+)
 from mizuoto_f5tts.fast import autocast_transformer, quantize_transformer, resolve_profile
 from mizuoto_f5tts.joining import CrossFade, join_chunks
 from mizuoto_f5tts.settings import F5Options, F5Params
@@ -273,9 +278,14 @@ class F5Engine(Engine):
         token_batches = [token_ids(to_tokens(prepared.prompt_text + chunk), self.vocab)[None]
                          for chunk in chunks]
         cond_frames = prepared.audio.shape[-1] // HOP_LENGTH + 1
+        prompt_len = token_ids(to_tokens(prepared.prompt_text), self.vocab).shape[-1]
+        reference_field = "voice" if request.voice is not None else "reference.text"
         for index, (tokens, frames) in enumerate(zip(token_batches, durations, strict=True)):
             check_positions(self.model.transformer, tokens.shape[-1], cond_frames, frames,
-                            f"chunk {index + 1} of {len(chunks)}")
+                            f"chunk {index + 1} of {len(chunks)}", **positions_field(
+                                params, tokens.shape[-1], prompt_len, cond_frames, frames,
+                                reference_field))
+        check_requested_seconds(durations, cond_frames - 1, params, request.text)
         return _Plan(prepared, chunks, token_batches, durations, steps, guidance, warnings)
 
     def _chunk_waves(self, plan: _Plan, params: F5Params, generator: torch.Generator,

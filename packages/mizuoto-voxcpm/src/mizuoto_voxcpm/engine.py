@@ -469,11 +469,29 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
             # (the LM's position table may be shorter than the text, not only its cache)
             positions = self._sequence(chunk, prompt).tokens.size(1)
             if positions > self.config.max_length:
-                raise InvalidRequest(
-                    "text", f"a sentence needs {positions} positions (prompt included), more "
-                    f"than the model's context of {self.config.max_length}",
-                    "split it with sentence punctuation or shorten it")
+                raise self._too_long(request, chunk, prompt, positions)
         return chunks
+
+    def _too_long(self, request: SynthesisRequest, chunk: str, prompt: PromptCache | None,
+                  positions: int) -> InvalidRequest:
+        """The error for a chunk past the context, blaming the largest of its parts: the
+        instruction, the prompt's transcript (the reference's or the voice's), or the text."""
+        encode = self.tokenizer.encode
+        instruction = len(encode(request.instruction or ""))
+        parts = {"text": len(encode(chunk)) - instruction,  # the chunk holds the instruction
+                 "instruction": instruction,
+                 "voice" if request.voice is not None else "reference.text":
+                     len(encode(prompt.prompt_text or "")) if prompt is not None else 0}
+        field = max(parts, key=parts.get)
+        context = self.config.max_length
+        if field == "text":
+            return InvalidRequest(
+                "text", f"a sentence needs {positions} positions (prompt included), more "
+                f"than the model's context of {context}",
+                "split it with sentence punctuation or shorten it")
+        return InvalidRequest(
+            field, f"takes {parts[field]} of the {positions} positions a sentence needs, more "
+            f"than the model's context of {context}", f"shorten the {field.replace('.', ' ')}")
 
     def _fits(self, target: str, prompt: PromptCache | None, params: VoxCPMParams) -> bool:
         sequence = self._sequence(target, prompt)
