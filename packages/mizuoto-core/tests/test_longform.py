@@ -504,3 +504,56 @@ def test_a_text_file_with_a_byte_order_mark_is_spoken_without_it(engine, tmp_pat
     from mizuoto.text.files import read_utf8
 
     assert read_utf8(marked, "--text-file") == TEXT
+
+
+@pytest.mark.parametrize("piped", ["-", "a pipe's /dev/fd path"])
+def test_say_reads_piped_text_once(noise_cli, tmp_path, piped):
+    """``-f -`` reads standard input; ``-f /dev/stdin`` (here a pipe's /dev/fd path, as the
+    shell gives one) is read once, though a long text is checked, spoken and resumable."""
+    import os
+
+    out = tmp_path / "piped.wav"
+    args = ["-q", "say", "-e", "noise", "-m", str(noise_cli), "-o", str(out), "--seed", "4",
+            "--section-chars", "150", "-f"]
+    if piped == "-":
+        result = CliRunner().invoke(cli, [*args, "-"], input=TEXT, obj={})
+    else:
+        read_end, write_end = os.pipe()
+        os.write(write_end, TEXT.encode())  # a pipe holds 64 KiB: the text fits
+        os.close(write_end)
+        try:
+            result = CliRunner().invoke(cli, [*args, f"/dev/fd/{read_end}"], obj={})
+        finally:
+            os.close(read_end)
+    assert result.exit_code == 0, result.output
+    expected = tmp_path / "expected.wav"
+    synthesize_to(NoiseEngine(), expected, SynthesisRequest(TEXT, seed=4), max_chars=150)
+    assert out.read_bytes() == expected.read_bytes()
+
+
+@pytest.mark.parametrize("fail_at, kept", [(1, False), (3, True)])
+def test_a_full_disk_is_named_by_path_and_leaves_a_part_only_to_resume(
+        tmp_path, monkeypatch, fail_at, kept):
+    import errno
+    import os
+
+    import mizuoto.longform as longform
+    from mizuoto.errors import DiskFull
+
+    syncs, fsync = [], os.fsync
+
+    def filling_fsync(fd):
+        syncs.append(fd)
+        # the first state, then each section's audio and state: 1 fails before any section
+        # is done, 5 at the second section's audio (one done: resumable)
+        if len(syncs) >= fail_at * 2 - 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    out = tmp_path / "full.wav"
+    monkeypatch.setattr(longform.os, "fsync", filling_fsync)
+    with pytest.raises(DiskFull) as raised:
+        synthesize_to(NoiseEngine(), out, SynthesisRequest(TEXT, seed=2), max_chars=150)
+    assert "full.wav.part" in str(raised.value)
+    assert out.with_name("full.wav.part").exists() is kept
+    assert not out.exists()

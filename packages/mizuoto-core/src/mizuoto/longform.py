@@ -45,9 +45,10 @@ from mizuoto.audio_formats import AudioFormat, format_for_path
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS, SynthesisRequest
 from mizuoto.contracts.results import Applied, file_metadata
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import DiskFull, InvalidRequest
 from mizuoto.identity import model_identity, request_identity
 from mizuoto.output_paths import check_output_file
+from mizuoto.runtime.atomic import storage_errors_named
 
 if TYPE_CHECKING:
     from mizuoto.contracts.engine import Engine
@@ -180,12 +181,21 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
                "format": list(fmt.soundfile or (fmt.name,)), **model_identity(engine),
                **request_identity(request, text=False)}
     part = _PartialRun(path, resume_hint)
+    nothing_to_resume = False
     try:
-        state = part.open(depends, request.seed, resume)
-        return _run(engine, path, request, part, state, source, total, total_chars,
-                    max_chars, stop_after, (fmt, raw_subtype), progress)
+        # a full disk is named by the path being written (the .part directory's file, or the
+        # output), not by the system's bare "No space left on device"
+        with storage_errors_named(part.directory):
+            state = part.open(depends, request.seed, resume)
+            return _run(engine, path, request, part, state, source, total, total_chars,
+                        max_chars, stop_after, (fmt, raw_subtype), progress)
+    except DiskFull:
+        nothing_to_resume = part.sections_done() == 0
+        raise
     finally:
         part.unlock()
+        if nothing_to_resume:  # no finished section to resume: the disk gets its space back
+            part.remove()
 
 
 def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRun, state: dict,
@@ -364,6 +374,13 @@ class _PartialRun:
                  "sections_done": 0, "bytes": 0, "chars": 0, "applied": None}
         self.save(state)
         return state
+
+    def sections_done(self) -> int:
+        """Sections the saved state names as finished (0 without a readable state)."""
+        try:
+            return int(json.loads(self.state.read_text(encoding="utf-8"))["sections_done"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
 
     def lock(self) -> None:
         """Hold ``lock`` in the directory (released by :meth:`unlock` or when the process

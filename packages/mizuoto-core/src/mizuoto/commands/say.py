@@ -27,7 +27,7 @@ log = logging.getLogger("mizuoto")
 
 @click.command(name="say")
 @click.argument("text", required=False)
-@click.option("-f", "--text-file", type=click.Path(exists=True, dir_okay=False), help="Read the text from a file.")
+@click.option("-f", "--text-file", type=click.Path(exists=True, dir_okay=False, allow_dash=True), help="Read the text from a file ('-': standard input).")
 @model_options
 @click.option("--ref-audio", type=click.Path(dir_okay=False), help="Reference recording of the voice to clone.")
 @click.option("--ref-text", help="Transcript of the reference recording.")
@@ -51,6 +51,8 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     from mizuoto.contracts import Reference, SynthesisRequest, Voice
 
     quiet = ctx.obj["quiet"]
+    if text_file is not None:
+        text_file = _readable_again(ctx, text_file)
     long_form = (text_file is not None or resume or section_chars is not None) and not stream
     _check_files(output, text_file, ref_audio, ref_text, voice_file, save_voice, resume,
                  long_form)
@@ -101,6 +103,38 @@ def _check_files(output, text_file, ref_audio, ref_text, voice_file, save_voice,
     inputs = (("--ref-audio", ref_audio), ("--voice", voice_file), ("--text-file", text_file))
     check_distinct(("--output", output), ("--save-voice", save_voice), *inputs)
     check_distinct(("--save-voice", save_voice), *inputs)
+
+
+def _readable_again(ctx, text_file: str) -> str:
+    """``text_file`` as a path that can be read more than once: a long text is checked, then
+    spoken, then read again to resume. Standard input (``-``), a pipe or ``/dev/stdin`` is
+    copied once to a temporary file (on disk: any length), removed when the command ends."""
+    import os
+    import shutil
+    import stat
+    import sys
+    import tempfile
+
+    if text_file != "-":
+        try:
+            if stat.S_ISREG(os.stat(text_file).st_mode):
+                return text_file
+        except OSError as exc:
+            raise InvalidRequest("--text-file", f"cannot read {text_file}: "
+                                 f"{exc.strerror or exc}") from None
+    with tempfile.NamedTemporaryFile("wb", prefix="mizuoto-text-", suffix=".txt",
+                                     delete=False) as copy:
+        ctx.call_on_close(lambda: os.unlink(copy.name))
+        try:
+            if text_file == "-":
+                shutil.copyfileobj(sys.stdin.buffer, copy)
+            else:
+                with open(text_file, "rb") as source:
+                    shutil.copyfileobj(source, copy)
+        except OSError as exc:
+            raise InvalidRequest("--text-file", f"cannot read {text_file}: "
+                                 f"{exc.strerror or exc}") from None
+    return copy.name
 
 
 def _read_text(text, text_file):
