@@ -771,3 +771,31 @@ def test_the_descriptor_limit_is_raised_to_the_hard_limit(monkeypatch, caplog):
         raise_descriptor_limit()
     assert calls == [(hard, hard)]
     assert "open files: at most" in caplog.text and "LimitNOFILE" in caplog.text
+
+
+def test_dropped_control_characters_are_said_in_a_warning_header(quick):
+    body = {**_speech(quick), "input": "Hello\x07 there\x1b[0m.\x00"}
+    response = httpx.post(f"{quick}/v1/audio/speech", json=body, timeout=60)
+    assert response.status_code == 200, response.text[:300]
+    warning = response.headers["X-Mizuoto-Warning"]
+    assert "input: dropped 3 control character(s)" in warning and "U+0007" in warning
+
+
+@pytest.mark.parametrize("name", ["nul", "Com3", "LPT9", "aux"])
+def test_a_voice_named_as_a_windows_device_is_refused(quick, name):
+    error = _error(_upload(quick, _clip(24000, 1, 2), name=name), 400, "invalid_value", "name")
+    assert "device name" in error["message"]
+
+
+def test_voice_names_that_differ_only_in_case_are_one_voice(quick):
+    from mizuoto_contract.reference import REFERENCE_TEXT, voiced_signal
+
+    clip = io.BytesIO()
+    sf.write(clip, voiced_signal(24000), 24000, format="FLAC")
+    made = httpx.post(f"{quick}/v1/audio/voices",
+                      data={"name": "Narrator", "model": "f5", "text": REFERENCE_TEXT},
+                      files={"audio": ("n.flac", clip.getvalue(), "audio/flac")}, timeout=120)
+    assert made.status_code == 201, made.text
+    for other in ("narrator", "NARRATOR", "Default"):
+        error = _error(_upload(quick, clip.getvalue(), name=other), 409, "voice_exists", "name")
+        assert "case" in error["message"]

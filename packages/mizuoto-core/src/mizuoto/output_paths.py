@@ -16,6 +16,15 @@ from pathlib import Path
 from mizuoto.errors import OutputNotWritable
 from mizuoto.runtime.atomic import is_special
 
+#: Names Windows keeps for devices, whatever the extension: "nul.wav" cannot be a file there.
+WINDOWS_DEVICE_NAMES = frozenset({"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
+                                  *(f"LPT{i}" for i in range(1, 10))})
+
+
+def is_device_name(name: str) -> bool:
+    """Whether a file named ``name`` (any extension, any case) is a device on Windows."""
+    return name.split(".")[0].upper() in WINDOWS_DEVICE_NAMES
+
 
 def check_output_file(path: str | Path, field: str, *, special_ok: bool = True) -> Path:
     """Raise :class:`OutputNotWritable` for ``field`` unless a file can be written at

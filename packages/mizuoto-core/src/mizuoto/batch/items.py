@@ -17,6 +17,7 @@ import attrs
 
 from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.errors import InvalidRequest
+from mizuoto.output_paths import is_device_name
 from mizuoto.text.files import check_utf8
 
 #: The fields a line may have. ``voice`` is a saved voice file; ``reference`` a recording
@@ -24,9 +25,6 @@ from mizuoto.text.files import check_utf8
 FIELDS = ("id", "text", "voice", "reference", "reference_text", "instruction", "seed", "steps",
           "guidance", "params")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-# names Windows keeps for devices, whatever the extension: "nul.wav" cannot be a file there
-_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
-             *(f"LPT{i}" for i in range(1, 10))}
 _NUMBERS = {"seed": int, "steps": int, "guidance": float}
 
 
@@ -81,7 +79,7 @@ def _check_id(line_id: str, earlier: int | None) -> InvalidRequest | None:
         return InvalidRequest("id", f"{line_id!r} cannot name a file",
                               "use letters, digits, '.', '_' and '-' (at most 128), starting "
                               "with a letter or digit and not ending with '.'")
-    if line_id.split(".")[0].upper() in _RESERVED:
+    if is_device_name(line_id):
         return InvalidRequest("id", f"{line_id!r} is a device name on Windows",
                               "choose another id")
     if earlier is not None:

@@ -263,6 +263,9 @@ async def speech(request: Request):
         raise
     state.metrics.first_audio(worker.name, time.monotonic() - started)
     headers = {SEED_HEADER: str(engine_request.seed)}
+    # what validation changed (control characters dropped), named as the client sent it
+    warnings = [*warnings, *(notice.replace("text:", "input:", 1)
+                             for notice in getattr(engine_request, "notices", ()))]
     if warnings:
         headers[WARNING_HEADER] = "; ".join(warnings)
     encoder = StreamEncoder(body.response_format, engine.info.sample_rate,

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.output_paths import is_device_name
 from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found, quoted
 
 DEFAULT_VOICE = "default"
@@ -29,8 +30,11 @@ _SUFFIX = ".safetensors"
 def check_name(name: str, param: str = "name") -> str:
     """``name`` if it is a valid voice name, else a 400 naming ``param``."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise bad_request(f"voice name {name!r} is not valid: use 1 to 64 letters, digits, "
-                          "'_' or '-', starting with a letter or digit", param=param)
+        raise bad_request(f"voice name {quoted(name)} is not valid: use 1 to 64 letters, "
+                          "digits, '_' or '-', starting with a letter or digit", param=param)
+    if is_device_name(name):
+        raise bad_request(f"voice name {name!r} is a device name on Windows: pick another",
+                          param=param)
     return name
 
 
@@ -112,12 +116,21 @@ class VoiceStore:
     def save(self, name: str, voice) -> None:
         path = self.path(name, "name")
         with self._saving:
-            if name == DEFAULT_VOICE or path.exists():
-                raise APIError(409, f"a voice named {name!r} exists: delete it first or pick "
-                               "another name", param="name", code="voice_exists")
+            # names that differ only in case are one file on macOS and Windows
+            taken = next((other for other in (DEFAULT_VOICE, *self._names())
+                          if other.casefold() == name.casefold()), None)
+            if taken is not None:
+                same = "" if taken == name else f" ({taken!r}: names differ in case only)"
+                raise APIError(409, f"a voice named {name!r} exists{same}: delete it first or "
+                               "pick another name", param="name", code="voice_exists")
             self.check_room(_voice_bytes(voice))
             self.directory.mkdir(parents=True, exist_ok=True)
             voice.save(path)
+
+    def _names(self) -> list[str]:
+        if not self.directory.is_dir():
+            return []
+        return [path.name[:-len(_SUFFIX)] for path in self.directory.glob(f"*{_SUFFIX}")]
 
     def delete(self, name: str) -> None:
         path = self.path(name, "name")
