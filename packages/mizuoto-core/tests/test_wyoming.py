@@ -524,3 +524,28 @@ def test_a_client_that_takes_no_audio_is_disconnected_after_the_write_timeout():
     with pytest.raises(TimeoutError, match="took no audio"):
         run(handler.write_event(Event("audio-chunk", {}, b"\x00" * 10)))
     assert aborted == [True]
+
+
+def test_a_damaged_saved_voice_is_a_named_error_and_the_connection_lives(address,
+                                                                         serve_config):
+    import torch
+    from safetensors.torch import save_file
+
+    path = serve_config.voices_dir / "tangled.safetensors"
+    save_file({"x": torch.zeros(2)}, str(path), metadata={
+        "format": "mizuoto-voice/1", "engine": "f5tts", "model_fingerprint": "00",
+        "sample_rate": "24000", "texts": "{\"t\": " + "[" * 9_000 + "]" * 9_000 + "}"})
+    async def exchange():
+        async with AsyncTcpClient(*address) as client:
+            await client.write_event(
+                Synthesize(TEXT, voice=SynthesizeVoice("f5/tangled")).event())
+            await client.write_event(Describe().event())
+            return await client.read_event(), await client.read_event()
+
+    try:
+        refused, answered = run(exchange())
+    finally:
+        path.unlink()
+    error = Error.from_event(refused)
+    assert error.code == "voice_damaged" and "nests deeper than" in error.text, error.text
+    assert answered.type == "info"
