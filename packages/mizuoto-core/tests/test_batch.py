@@ -522,3 +522,18 @@ def test_a_worker_count_past_any_machine_is_refused_at_once(tmp_path, workers):
             run_batch(BatchJob(tmp_path / "in.txt", tmp_path / "o"), engine=ToneEngine(),
                       workers=bad)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("line, said", [
+    ('{"text": ' + "[" * 7_000 + "]" * 7_000 + "}", "nests deeper than"),
+    ('{"text": "a", "seed": ' + "4" * 5_000 + "}", "5,000 digits"),
+    ('{"id": "one", "text": "a", "text": "b"}', "'text' is given twice"),
+])
+def test_a_hostile_jsonl_line_is_a_named_error_of_its_line(tmp_path, line, said):
+    from mizuoto.batch.items import read_lines
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "fine"}\n' + line + "\n", encoding="utf-8")
+    good, bad = list(read_lines(path))
+    assert good.error is None and bad.error is not None
+    assert bad.error.field == "line" and said in str(bad.error)

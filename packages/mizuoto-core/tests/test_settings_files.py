@@ -157,3 +157,11 @@ def test_json_settings_files_refuse_duplicate_keys_and_skip_a_bom():
     with pytest.raises(SettingsFileError, match="'steps' is given twice"):
         parse_settings('{"steps": 8, "steps": 80}', "json", "recipe.json")
     assert parse_settings('\ufeff{"steps": 8}', "json", "recipe.json") == {"steps": 8}
+
+
+def test_a_yaml_key_given_twice_is_refused_but_a_merge_may_override():
+    with pytest.raises(SettingsFileError, match="'learning_rate' is given twice"):
+        parse_settings("learning_rate: 1e-4\nsteps: 3\nlearning_rate: 1e-2\n", "yaml", "r.yaml")
+    merged = parse_settings("base: &b {steps: 3, lr: 1}\nrun:\n  <<: *b\n  steps: 9\n",
+                            "yaml", "r.yaml")
+    assert merged["run"] == {"steps": 9, "lr": 1}

@@ -13,6 +13,7 @@ error (the voice, the model folder's file, the manifest's line).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -47,11 +48,13 @@ def type_name(value: Any) -> str:
 
 
 def parse_json(text: str | bytes, source: str, *, expect: type | None = dict,
-               allow_duplicate_keys: bool = False) -> Any:
+               allow_duplicate_keys: bool = False, max_int_digits: int = MAX_INT_DIGITS
+               ) -> Any:
     """``text`` parsed, bounded in nesting (:data:`MAX_DEPTH`) and integer size
     (:data:`MAX_INT_DIGITS`), a leading UTF-8 BOM skipped, a key given twice in one object refused unless ``allow_duplicate_keys`` (then the last
     wins, as ``json``'s). ``expect`` (default ``dict``; None: any) is the top-level type.
-    ``source`` names the text in errors (``"voice.safetensors: texts"``)."""
+    ``source`` names the text in errors (``"voice.safetensors: texts"``); ``max_int_digits``
+    may be raised where a longer integer is the reader's to name (at most Python's 4300)."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8-sig")
@@ -60,7 +63,8 @@ def parse_json(text: str | bytes, source: str, *, expect: type | None = dict,
     text = text.removeprefix("\ufeff")
     pairs = _keep_last if allow_duplicate_keys else _refuse_duplicates
     try:
-        value = json.loads(text, object_pairs_hook=pairs, parse_int=_integer)
+        value = json.loads(text, object_pairs_hook=pairs,
+                           parse_int=functools.partial(_integer, limit=max_int_digits))
     except RecursionError:
         raise JSONFileError(f"{source} nests deeper than {MAX_DEPTH} levels") from None
     except _Refused as exc:
@@ -105,10 +109,10 @@ def _keep_last(pairs: list[tuple[str, Any]]) -> dict:
     return dict(pairs)
 
 
-def _integer(literal: str) -> int:
-    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
+def _integer(literal: str, limit: int) -> int:
+    if len(literal.lstrip("-")) > limit:
         raise _Refused(f"an integer of {len(literal):,} digits ({literal[:12]}...): more "
-                       f"than {MAX_INT_DIGITS} digits")
+                       f"than {limit} digits")
     return int(literal)
 
 

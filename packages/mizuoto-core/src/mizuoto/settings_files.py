@@ -95,6 +95,18 @@ def _load_yaml(text: str, source: str) -> Any:
     class _BoundedLoader(yaml.SafeLoader):
         aliases = 0
 
+        def construct_mapping(self, node, deep=False):
+            # a key given twice: YAML keeps the last silently; which one did the author mean?
+            keys = [self.construct_object(key, deep=True) for key, _ in node.value
+                    if key.tag != "tag:yaml.org,2002:merge"]  # "<<: *base" may override
+            seen: set = set()
+            twice = next((k for k in keys if isinstance(k, str | int)
+                          and (k in seen or seen.add(k))), None)
+            if twice is not None:
+                raise SettingsFileError(f"{source}: the key {str(twice)[:80]!r} is given twice "
+                                        "in one mapping")
+            return super().construct_mapping(node, deep=deep)
+
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 self.aliases += 1

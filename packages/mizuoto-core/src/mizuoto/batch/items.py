@@ -17,6 +17,7 @@ import attrs
 
 from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.errors import InvalidRequest
+from mizuoto.json_files import JSONFileError, parse_json
 from mizuoto.output_paths import is_device_name
 from mizuoto.text.files import check_utf8
 
@@ -96,11 +97,12 @@ def _jsonl(path: Path) -> Iterator[BatchLine]:
             if not raw.strip():
                 continue
             number += 1
-            try:
-                fields = json.loads(raw)
-            except ValueError as exc:
+            try:  # nesting, huge integers and a key given twice refused, by name
+                # Python's own integer limit: a long integer id is the id check's to name
+                fields = parse_json(raw, "the line", expect=None, max_int_digits=4300)
+            except JSONFileError as exc:
                 yield BatchLine(number, str(number), error=InvalidRequest(
-                    "line", f"is not JSON ({exc})"))
+                    "line", f"is not usable JSON ({exc})"))
                 continue
             if not isinstance(fields, dict):
                 yield BatchLine(number, str(number), error=InvalidRequest(
