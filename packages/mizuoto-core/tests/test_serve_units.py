@@ -410,3 +410,27 @@ def test_start_loaded_holds_the_start_until_every_model_has_loaded(tmp_path, sta
             assert health.status_code == 503
             assert health.json()["models"] == {"s": "loading", "t": "loading"}
         release.set()
+
+
+def test_a_clients_budget_counts_characters_in_flight_and_gives_them_back():
+    from mizuoto.serve.budget import ClientBudget, client_of
+    from mizuoto.serve.errors import APIError
+
+    budget = ClientBudget(limit=10_000)
+    first = budget.take("address:a", 9_000)
+    with pytest.raises(APIError) as refused:
+        budget.take("address:a", 1_500)
+    assert refused.value.status == 429 and refused.value.code == "client_busy"
+    assert refused.value.headers["Retry-After"] == "1"
+    other = budget.take("address:b", 9_999)  # another client has its own budget
+    first()
+    first()  # given back once only
+    assert budget.in_flight("address:a") == 0 and budget.in_flight("address:b") == 9_999
+    alone = budget.take("address:a", 50_000)  # one request alone always fits
+    alone()
+    other()
+    assert budget.in_flight("address:b") == 0
+    key = [(b"Authorization", b"Bearer s3cret")]
+    assert client_of(key, "10.0.0.1") == client_of(key, "10.0.0.2") != "address:10.0.0.1"
+    assert "s3cret" not in client_of(key, None)
+    assert client_of([], "10.0.0.1") == "address:10.0.0.1"

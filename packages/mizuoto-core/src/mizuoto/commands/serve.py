@@ -23,6 +23,7 @@ from mizuoto.errors import InvalidRequest
 @click.option("--max-voices-size", default="512M", show_default=True, metavar="SIZE", help="Bytes of stored voices at most, e.g. 512M or 2G (more: 409).")
 @click.option("--header-timeout", default=10.0, show_default=True, type=float, help="Seconds a request's headers may take (slower: 408 and closed; a connection that sends nothing is closed).")
 @click.option("--keep-alive", default=5.0, show_default=True, type=float, help="Seconds an idle connection stays open between requests.")
+@click.option("--max-client-chars", default=16384, show_default=True, type=int, help="Characters of text one client (its API key, else its address) may have being spoken at once (more: 429).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]", help="Serve on Ray Serve (mizuoto-core[ray]): a local instance, or the cluster at ADDRESS (docs/serve.md, Scaling out).")
 @click.option("--replicas", type=int, default=1, show_default=True, help="With --ray: replicas per model.")
 @click.option("--min-replicas", type=int, help="With --ray: autoscale each model from this many replicas (with --max-replicas).")
@@ -39,7 +40,7 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
           option_pairs, options_file, ray_address=None, replicas=1, min_replicas=None,
           max_replicas=None, target_ongoing=1.0, num_cpus=1.0, num_gpus=0.0,
           ingress_replicas=1, lora_dirs=(), max_adapters=4, header_timeout=10.0,
-          keep_alive=5.0):
+          keep_alive=5.0, max_client_chars=16384):
     """Serve models over an OpenAI-compatible speech API (docs/serve.md)."""
     try:
         from mizuoto.serve.app import ServeConfig, model_names, run
@@ -61,7 +62,7 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
                              max_batch=max_batch, allowed_hosts=allowed_hosts,
                              allowed_origins=allowed_origins, max_voices=max_voices,
                              max_voices_bytes=voices_bytes, header_timeout=header_timeout,
-                             keep_alive=keep_alive)
+                             keep_alive=keep_alive, max_client_chars=max_client_chars)
     except InvalidRequest as exc:  # named as the user wrote it
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
             "--" + {"max_voices_bytes": "max_voices_size"}.get(exc.field, exc.field).replace(

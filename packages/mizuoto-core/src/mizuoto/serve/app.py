@@ -25,6 +25,7 @@ import attrs
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.serve.batching import MAX_BATCH, batch_stats, options_with_max_batch
 from mizuoto.serve.browser import BrowserPolicy
+from mizuoto.serve.budget import ClientBudget
 from mizuoto.serve.errors import APIError, ClientGone, from_mizuoto
 from mizuoto.serve.gate import (
     FORM_OVERHEAD,
@@ -52,6 +53,8 @@ MAX_UPLOAD_SECONDS = 3600.0
 #: an idle keep-alive connection stays open between requests (uvicorn's 5)
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_KEEP_ALIVE = 5.0
+#: Characters of text one client may have being spoken at once: four of the longest requests.
+DEFAULT_CLIENT_CHARS = 4 * 4096
 
 
 def _optional_positive(field: str):
@@ -118,6 +121,9 @@ class ServeConfig:
         "max_voices", 1, 1 << 20))
     max_voices_bytes: int = attrs.field(default=DEFAULT_MAX_VOICES_BYTES, validator=integer_in(
         "max_voices_bytes", 1, 1 << 50))
+    # characters of text one client may have in flight (mizuoto.serve.budget): 429 past it
+    max_client_chars: int = attrs.field(default=DEFAULT_CLIENT_CHARS, validator=integer_in(
+        "max_client_chars", 1, 1 << 30))
     # slow and idle connections (mizuoto.serve.connections): seconds a request's headers may
     # take, and an idle keep-alive connection may stay open between requests
     header_timeout: float = attrs.field(default=DEFAULT_HEADER_TIMEOUT, validator=number_in(
@@ -184,6 +190,7 @@ class _State:
         self.voices = VoiceStore(config.voices_dir or mizuoto_home() / "voices",
                                  max_count=config.max_voices,
                                  max_bytes=config.max_voices_bytes)
+        self.budget = ClientBudget(config.max_client_chars)
         self.closing = False
         self.cards: dict[str, dict] = {}  # GET /v1/models' card of each model, once loaded
         shared = threading.Lock() if config.shared_lock else None

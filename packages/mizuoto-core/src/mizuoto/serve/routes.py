@@ -26,6 +26,7 @@ from mizuoto.audio_formats import FORMATS
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.contracts.results import AudioChunk
+from mizuoto.serve.budget import client_of
 from mizuoto.serve.errors import (
     APIError,
     ClientGone,
@@ -224,6 +225,19 @@ async def _loaded_engine(worker, request: Request):
     return worker.engine
 
 
+class _Hold:
+    """A request's pin on its model and its share of its client's budget, released together
+    when its job ends (or is never run)."""
+
+    def __init__(self, pin, give_back) -> None:
+        self._pin = pin
+        self._give_back = give_back
+
+    def release(self) -> None:
+        self._pin.release()
+        self._give_back()
+
+
 @router.post("/v1/audio/speech")
 async def speech(request: Request):
     state = _state(request)
@@ -242,7 +256,15 @@ async def speech(request: Request):
         check_name(voice_name, "voice")
         voice = await asyncio.to_thread(state.voices.load, voice_name)
     engine_request = _speech_request(body, voice)
-    pin = await pin_for_request(worker, request.is_disconnected)
+    # the cost in characters, held for the client until its job ends (a 429 past its budget)
+    client = client_of(request.scope["headers"],
+                       request.client.host if request.client else None)
+    give_back = state.budget.take(client, len(body.input) + len(body.instructions or ""))
+    try:
+        pin = _Hold(await pin_for_request(worker, request.is_disconnected), give_back)
+    except BaseException:
+        give_back()
+        raise
     try:
         engine = await _loaded_engine(worker, request)
         engine_request, warnings = _fit_to_engine(engine_request, body, engine)
