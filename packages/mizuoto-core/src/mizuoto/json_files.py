@@ -51,8 +51,8 @@ def parse_json(text: str | bytes, source: str, *, expect: type | None = dict,
                allow_duplicate_keys: bool = False, max_int_digits: int = MAX_INT_DIGITS
                ) -> Any:
     """``text`` parsed, bounded in nesting (:data:`MAX_DEPTH`) and integer size
-    (:data:`MAX_INT_DIGITS`), a leading UTF-8 BOM skipped, a key given twice in one object refused unless ``allow_duplicate_keys`` (then the last
-    wins, as ``json``'s). ``expect`` (default ``dict``; None: any) is the top-level type.
+    (:data:`MAX_INT_DIGITS`), a leading UTF-8 BOM skipped, a key given twice in one object
+    refused unless ``allow_duplicate_keys`` (then the last wins, as ``json``'s). ``expect`` (default ``dict``; None: any) is the top-level type.
     ``source`` names the text in errors (``"voice.safetensors: texts"``); ``max_int_digits``
     may be raised where a longer integer is the reader's to name (at most Python's 4300)."""
     if isinstance(text, (bytes, bytearray)):
