@@ -67,3 +67,12 @@ def test_a_unicode_file_with_a_byte_order_mark_is_named_with_its_encoding(tmp_pa
         files.check_utf8(path, "input")
     assert f"is not UTF-8 text: it is {encoding}" in str(caught.value)
     assert f"iconv -f {encoding} -t utf-8" in str(caught.value)
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/proc/self/maps", "/dev/urandom"])
+def test_a_text_file_that_is_no_regular_file_is_refused_before_reading(path):
+    from mizuoto.text.files import read_utf8
+
+    with pytest.raises(InvalidRequest, match="not a regular file") as raised:
+        read_utf8(path, "dataset")
+    assert raised.value.field == "dataset"

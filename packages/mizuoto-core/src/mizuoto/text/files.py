@@ -11,16 +11,18 @@ import codecs
 from pathlib import Path
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.regular_files import NotARegularFile, open_regular
 
 _BLOCK = 1 << 20
 
 
 def check_utf8(path: str | Path, field: str) -> None:
-    """Raise :class:`InvalidRequest` for ``field`` unless the file is valid UTF-8."""
+    """Raise :class:`InvalidRequest` for ``field`` unless the file is valid UTF-8 (and a
+    regular file: ``/dev/zero`` or a ``/proc`` file would be read without end)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             while block := handle.read(_BLOCK):
                 try:
                     decoder.decode(block)
@@ -31,6 +33,8 @@ def check_utf8(path: str | Path, field: str) -> None:
             decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:  # the file ends inside a multi-byte character
         raise _not_utf8(path, field, offset - len(exc.object) + exc.start, exc) from None
+    except NotARegularFile as exc:
+        raise InvalidRequest(field, str(exc)) from None
     except OSError as exc:
         raise InvalidRequest(field, f"cannot read {path}: {exc.strerror or exc}") from None
 
