@@ -60,6 +60,13 @@ from mizuoto.training.run_directory import (
     base_fingerprint,
     data_fingerprint,
 )
+from mizuoto.training.runner import (
+    RecipeQuirks,
+    TrainingRunner,
+    training_device,
+    training_precision,
+)
+from mizuoto.training.schedules import check_schedule
 from mizuoto.training.steps import Cadence, StepLoop
 from mizuoto.training.world import ProcessWorld, barrier, join, process_world
 
@@ -67,33 +74,6 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
 NUMBERED = "model_{}.pt"  # checkpoints/model_<N>.pt, as f5-tts's
-
-
-def training_device(compute, *, auto=None):
-    """``compute.device`` (`mizuoto.runtime.device.select_device`; ``auto``: the trainer's
-    rule, default CUDA, else MPS, else the CPU); under torchrun each process takes its own GPU
-    (``LOCAL_RANK``), as accelerate does."""
-    import torch
-
-    from mizuoto.runtime.device import select_device
-
-    device = select_device(compute) if auto is None else select_device(compute, auto=auto)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", process_world().local_rank)
-    return device
-
-
-def training_precision(requested: str, device, *, auto: str = "no",
-                       cuda_only: tuple[str, ...] = ("fp16",), why: str = "") -> str:
-    """The mixed-precision mode a run applies: ``requested`` (``TrainingConfig.
-    mixed_precision``), ``auto`` the trainer's upstream default on ``device``; a mode in
-    ``cuda_only`` off CUDA is refused (``why``: upstream's reason, in words)."""
-    mode = auto if requested == "auto" else requested
-    if mode in cuda_only and device.type != "cuda":
-        raise InvalidRequest("training.mixed_precision", f"{mode} needs a CUDA device, not "
-                             f"{device.type}{f' ({why})' if why else ''}",
-                             f"use {' or '.join(m for m in ('bf16', 'no') if m not in cuda_only)}")
-    return mode
 
 
 class TrainingSession(abc.ABC):
@@ -110,8 +90,10 @@ class TrainingSession(abc.ABC):
     samples_every: int = 0
     #: the loss keys the progress line shows
     progress_losses: tuple[str, ...] = ("loss",)
-    #: where the interruption's all-reduce runs (None: the CPU)
+    #: where the interruption's all-reduce runs (None: the CPU; the runner's device when set)
     device: Any = None
+    #: the run's `TrainingRunner` (optimiser, schedule, precision), when the session has one
+    runner: TrainingRunner | None = None
     #: process 0's metrics log (None elsewhere), set by `StepTrainer.train` before the loop
     metrics: MetricsLog | None = None
 
@@ -168,6 +150,33 @@ class StepTrainer(Trainer):
         process 0 only)."""
 
     # -- what every trainer shares ------------------------------------------------------------
+
+    def check(self, config: TrainingConfig) -> None:
+        """The contract's checks, and ``params.lr_schedule`` a known schedule's name."""
+        super().check(config)
+        schedule = self.params_class.of(config.params)[0].lr_schedule
+        if schedule is not None:
+            check_schedule(schedule)
+
+    def runner(self, run: Any, world: ProcessWorld, *, device=None, mixed_precision: str = "no",
+               grad_accumulation: int = 1, max_grad_norm: float = 1.0,
+               scaler: bool | None = None, quirks: RecipeQuirks = RecipeQuirks()
+               ) -> TrainingRunner:
+        """The run's `TrainingRunner`: on ``device`` (default `training_device` of
+        ``config.compute``) with ``mixed_precision`` (``config.mixed_precision``, ``auto``
+        being this one), ``params.grad_accumulation``/``max_grad_norm`` (default the given,
+        the trainer's upstream values), ``config.memory`` and the recipe's ``quirks``."""
+        config: TrainingConfig = run.config
+        shared = self.params_class.of(config.params)[0]
+        device = training_device(config.compute) if device is None else device
+        return TrainingRunner(
+            device=device, world=world,
+            mixed_precision=training_precision(config.mixed_precision, device,
+                                               auto=mixed_precision),
+            scaler=scaler, memory=config.memory, quirks=quirks,
+            grad_accumulation=shared.grad_accumulation or grad_accumulation,
+            max_grad_norm=max_grad_norm if shared.max_grad_norm is None
+            else shared.max_grad_norm)
 
     def find_checkpoint(self, output_dir: Path) -> Path | None:
         """The resumable checkpoint run directory ``output_dir`` holds (None: none yet)."""
@@ -249,7 +258,8 @@ class StepTrainer(Trainer):
                 metrics=metrics, finished=session.finished, count_from=1,
                 progress=StepProgress(progress, session.total, start,
                                       losses=session.progress_losses),
-                stop_device=session.device)
+                stop_device=session.device if session.device is not None or
+                session.runner is None else session.runner.device)
             try:
                 outcome = loop.run(session.update)
             finally:
