@@ -90,7 +90,7 @@ class TrainingSession(abc.ABC):
     samples_every: int = 0
     #: the loss keys the progress line shows
     progress_losses: tuple[str, ...] = ("loss",)
-    #: where the interruption's all-reduce runs (None: the CPU; the runner's device when set)
+    #: where the interruption's all-reduce runs (None: the CPU)
     device: Any = None
     #: the run's `TrainingRunner` (optimiser, schedule, precision), when the session has one
     runner: TrainingRunner | None = None
@@ -258,8 +258,7 @@ class StepTrainer(Trainer):
                 metrics=metrics, finished=session.finished, count_from=1,
                 progress=StepProgress(progress, session.total, start,
                                       losses=session.progress_losses),
-                stop_device=session.device if session.device is not None or
-                session.runner is None else session.runner.device)
+                stop_device=session.device)
             try:
                 outcome = loop.run(session.update)
             finally:
