@@ -48,11 +48,12 @@ from mizuoto.training.steps import (
     micro_batches,
     warn_long_warmup,
 )
-from mizuoto.training.trainer import StepTrainer, TrainingSession
+from mizuoto.training.trainer import RunnerSession, StepTrainer, TrainingSession
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
-    "Cadence", "LoopOutcome", "RecipeQuirks", "SCHEDULES", "TrainingRunner", "build_schedule",
+    "Cadence", "LoopOutcome", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
+    "build_schedule",
     "training_device", "training_precision", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
     "RunIdentity", "StepLoop", "StepProgress", "barrier", "base_fingerprint",
     "data_fingerprint", "find_manifest", "gather", "join", "load_training_state",

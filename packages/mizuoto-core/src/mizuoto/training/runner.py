@@ -113,6 +113,8 @@ class TrainingRunner:
         self._offload: OptimizerStateOffload | None = None
         self._parameters: list[nn.Parameter] = []
         self.grad_norm = 0.0  # the last update's, before clipping
+        #: `optimize`'s settings when not given (learning_rate, schedule, warmup, total)
+        self.schedule_defaults: dict[str, Any] = {}
 
     @property
     def mixed_precision(self) -> str:
@@ -145,11 +147,22 @@ class TrainingRunner:
         self.ema = EMA(model, device="cpu" if self.memory != "default" else None)
         return self.ema
 
-    def optimize(self, model: nn.Module, *, learning_rate: float, schedule: str, warmup: int,
-                 total: int, weight_decay: float = 0.01, fused: bool | None = None,
-                 parameters: Iterable[nn.Parameter] | None = None) -> torch.optim.Optimizer:
+    def optimize(self, model: nn.Module, *, learning_rate: float | None = None,
+                 schedule: str | None = None, warmup: int | None = None,
+                 total: int | None = None, weight_decay: float = 0.01,
+                 fused: bool | None = None, parameters: Iterable[nn.Parameter] | None = None
+                 ) -> torch.optim.Optimizer:
         """AdamW over ``parameters`` (default: those of ``model`` that train) and the named
-        ``schedule`` (``warmup`` updates of ``total``). ``model``: what the EMA follows."""
+        ``schedule`` (``warmup`` updates of ``total``). ``model``: what the EMA follows. A
+        setting not given is the run's (``schedule_defaults``, from `StepTrainer.runner`)."""
+        given = {"learning_rate": learning_rate, "schedule": schedule, "warmup": warmup,
+                 "total": total}
+        settings = {**self.schedule_defaults, **{k: v for k, v in given.items() if v is not None}}
+        missing = sorted(set(given) - set(settings))
+        if missing:
+            raise TypeError(f"TrainingRunner.optimize: give {', '.join(missing)}")
+        learning_rate, schedule = settings["learning_rate"], settings["schedule"]
+        warmup, total = settings["warmup"], settings["total"]
         self.model = model
         self._parameters = list(parameters if parameters is not None else
                                 (p for p in model.parameters() if p.requires_grad))
