@@ -243,3 +243,26 @@ def test_the_old_precision_path_still_imports_with_a_deprecation():
         import mizuoto.runtime.precision as old
         with pytest.raises(AttributeError):
             old.nothing_here  # noqa: B018
+
+
+def test_step_trainer_runner_takes_the_runs_settings_over_the_trainers_defaults():
+    from mizuoto.contracts.trainer import TrainingConfig
+    from mizuoto.training import ProcessWorld, StepTrainer
+
+    class Toy(StepTrainer):
+        engine, methods = "toy", frozenset({"full"})
+        prepare = start = write_export = None
+
+    class Run:
+        config = TrainingConfig("full", "m", "d", "o", steps=7, learning_rate=0.5,
+                                memory="low", params={"grad_accum_steps": 3,
+                                                      "lr_schedule": "cosine"})
+
+    runner = Toy().runner(Run(), ProcessWorld(), max_grad_norm=2.0, schedule="linear",
+                          warmup_updates=4)
+    assert (runner.grad_accumulation, runner.max_grad_norm, runner.memory) == (3, 2.0, "low")
+    assert runner.schedule_defaults == {"learning_rate": 0.5, "total": 7, "schedule": "cosine",
+                                        "warmup": 4}
+    runner.optimize(_model())
+    assert runner.scheduler.lr_lambdas[0].total == 7
+    assert runner.optimizer.param_groups[0]["initial_lr"] == 0.5
