@@ -6,12 +6,18 @@ neither. In a process that finds this folder on PYTHONPATH (benchmarks/gpu/check
 there), ``torchaudio.load`` reads with soundfile instead, once torchaudio is imported: for PCM
 and float WAV the same float32 tensor, ``(channels, frames)``, bit for bit (proved where both
 run: packages/mizuoto-f5tts/tests/parity/test_wav_fallback_parity.py). Nothing else changes.
+
+With ``MIZUOTO_GPU_CHECK_DETERMINISTIC=1`` (the check's training steps, both sides), torch is
+put in its deterministic modes once imported: ``use_deterministic_algorithms`` (warn only:
+an operation without a deterministic kernel still runs, on both sides alike) and cuDNN's
+deterministic, non-benchmarking choice; ``CUBLAS_WORKSPACE_CONFIG`` is set by the check.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 
 
@@ -31,13 +37,28 @@ def soundfile_load(uri, frame_offset: int = 0, num_frames: int = -1, normalize: 
     return samples, int(sample_rate)
 
 
-class _PatchTorchaudio(importlib.abc.MetaPathFinder):
-    """Replaces ``torchaudio.load`` right after torchaudio's own import."""
+def _patch_torchaudio(module) -> None:
+    module.load = soundfile_load
+
+
+def _deterministic_torch(module) -> None:
+    module.use_deterministic_algorithms(True, warn_only=True)
+    module.backends.cudnn.deterministic = True
+    module.backends.cudnn.benchmark = False
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``patches[name](module)`` right after the top-level module ``name`` is imported."""
+
+    def __init__(self, patches) -> None:
+        self.patches = dict(patches)
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torchaudio":
+        patch = self.patches.pop(name, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.patches:
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
@@ -45,13 +66,16 @@ class _PatchTorchaudio(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run_module(module)
-            module.load = soundfile_load
+            patch(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-if "torchaudio" in sys.modules:  # imported before site ran (never, in practice)
-    sys.modules["torchaudio"].load = soundfile_load
-else:
-    sys.meta_path.insert(0, _PatchTorchaudio())
+_PATCHES = {"torchaudio": _patch_torchaudio}
+if os.environ.get("MIZUOTO_GPU_CHECK_DETERMINISTIC") == "1":
+    _PATCHES["torch"] = _deterministic_torch
+for _name in [n for n in _PATCHES if n in sys.modules]:  # imported before site ran
+    _PATCHES.pop(_name)(sys.modules[_name])
+if _PATCHES:
+    sys.meta_path.insert(0, _AfterImport(_PATCHES))
