@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -62,12 +61,12 @@ def _versions_pinned(names) -> list[str]:
 
 def preflight(rehearse: bool, python: str) -> tuple[list[Check], dict]:
     """The machine as found: GPU, driver, torch and torchaudio, free memory."""
-    probe = ("import json, torch, torchaudio; c = torch.cuda.is_available(); "
+    probe = ("import json, platform, torch, torchaudio; c = torch.cuda.is_available(); "
              "free, total = torch.cuda.mem_get_info() if c else (0, 0); "
              "print(json.dumps({'torch': torch.__version__, 'torchaudio': "
              "torchaudio.__version__, 'cuda': c, 'gpu': torch.cuda.get_device_name() if c "
              "else None, 'cuda_runtime': torch.version.cuda, 'free_gb': free / 1e9, "
-             "'total_gb': total / 1e9}))")
+             "'total_gb': total / 1e9, 'python': platform.python_version()}))")
     done = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return [Check("preflight: torch imports", False, done.stderr.strip()[-300:])], {}
@@ -79,7 +78,6 @@ def preflight(rehearse: bool, python: str) -> tuple[list[Check], dict]:
                                check=False)
         found["nvidia_smi"] = query.stdout.strip()
     device = read_pins(DEVICE)
-    found["python"] = platform.python_version()
     checks = [Check(f"preflight: torch {device['torch']} (the device's)",
                     found["torch"].split("+")[0] == device["torch"], found["torch"]),
               Check(f"preflight: torchaudio {device['torchaudio']}",

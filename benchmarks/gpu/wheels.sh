@@ -25,15 +25,13 @@ rm -rf "$out" && mkdir -p "$out"
 platforms=(--python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64
            --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
-grep -v '^\s*#' benchmarks/gpu/carried-wheels.txt | sed 's/#.*//; s/\s*$//' | grep . |
-while read -r pin; do
-    if ! "$PYTHON" -m pip download -q --no-deps --only-binary=:all: "${platforms[@]}" \
-            -d "$out" "$pin" 2>/dev/null; then
-        # no wheel on PyPI (a pure-Python sdist): build one; --no-deps keeps it to this one
-        echo "building a wheel of $pin (no wheel on PyPI)"
-        "$PYTHON" -m pip wheel -q --no-deps --no-binary=:all: -w "$out" "$pin"
-    fi
-done
+# pins marked "source only" have no wheel on PyPI (pure-Python sdists): built into one here
+pins() { grep -v '^\s*#' benchmarks/gpu/carried-wheels.txt | grep "$@" | sed 's/#.*//; s/\s*$//' | grep .; }
+mapfile -t binary < <(pins -v 'source only')
+mapfile -t source < <(pins 'source only')
+"$PYTHON" -m pip download -q --no-deps --only-binary=:all: "${platforms[@]}" -d "$out" \
+    "${binary[@]}"
+"$PYTHON" -m pip wheel -q --no-deps --no-binary=:all: -w "$out" "${source[@]}"
 bytes=$(du -sb "$out" | cut -f1)
 echo "$(ls "$out" | wc -l) wheels, $((bytes / 1000000)) MB in $out"
 if [ "$bytes" -gt 40000000 ]; then
