@@ -135,6 +135,11 @@ def import_step(ctx: Context, wheels: Path, limit: float) -> list[Check]:
                   done.returncode == 0, " | ".join(lines[-4:]) or done.stderr[-300:])]
 
 
+def fits(left: float, limit: float) -> bool:
+    """Whether a step of ``limit`` seconds may start with ``left`` seconds of the budget."""
+    return left >= limit * MIN_SHARE
+
+
 def run_checks(args, python: str) -> int:
     started = time.monotonic()
     deadline = started + args.budget
@@ -167,7 +172,7 @@ def run_checks(args, python: str) -> int:
             continue
         limit = step.rehearse_limit_s if rehearse else step.limit_s
         left = deadline - time.monotonic()
-        if left < limit * MIN_SHARE:
+        if not fits(left, limit):
             report([Check(f"{step.name}: skipped", False, f"{left:.0f} s left of the "
                           f"budget, the step needs up to {limit} s")])
             record["steps"][step.name] = {"skipped": True, "left_s": left}
@@ -267,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print the detail of passing checks too")
     args = parser.parse_args(argv)
+    args.wheels, args.out, args.venv = (p.resolve() for p in (args.wheels, args.out, args.venv))
     if args.budget is None:
         args.budget = 600 if args.rehearse else BUDGET_S
     python = args.python or (rehearsal_python(args.venv) if args.rehearse else sys.executable)
