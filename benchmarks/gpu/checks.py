@@ -202,6 +202,8 @@ def run_checks(args, python: str) -> int:
         json.dumps(record, indent=1, default=str))
     print(f"step times: {', '.join(f'{n} {s:.0f} s' for n, s, _ in timings)}; "
           f"total {time.monotonic() - started:.0f} s", flush=True)
+    if not args.work:  # its own temporary folder: the random models, the installed wheels
+        shutil.rmtree(work, ignore_errors=True)
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
     return 1 if failed else 0
 
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help=f"seconds for the whole run (default {BUDGET_S} on the GPU, 600 "
                              "rehearsing)")
-    parser.add_argument("--work", help="scratch folder (default a new temporary one)")
+    parser.add_argument("--work", help="scratch folder, kept (default a temporary one, removed "
+                        "at the end)")
     parser.add_argument("--only", action="append", default=[],
                         help="run only the steps whose name contains this (repeatable)")
     parser.add_argument("--rehearse", action="store_true",

@@ -172,9 +172,11 @@ def bench_checks(name: str, case: BenchCase, report: dict, ctx: Context) -> list
         compute = _first_run(fast).get("compute", {})
         checks.append(Check(f"{name}: fast attention marked in applied.compute",
                             compute.get("attention") == "fast", str(compute)))
-        ratio = (fast.get("ratio_to_base") or {}).get("request_s")
+        # the warm request: the first one carries the warm-up (and the graphs' capture)
+        ratios = fast.get("ratio_to_base") or {}
+        ratio = ratios.get("warm_request_s") or ratios.get("request_s")
         checks.append(Check(f"{name}: fast attention not slower than the base", ratio is not None
-                            and ratio <= 1.1, f"request time {ratio} x the base's"))
+                            and ratio <= 1.1, f"warm request time {ratio} x the base's"))
     if "autocast" in entries:  # F5's fast profile: float16 autocast on CUDA, as upstream
         compute = _first_run(entries["autocast"]).get("compute", {})
         want = "bfloat16" if ctx.rehearse else "float16"
