@@ -156,6 +156,7 @@ def check_imports(stubs: Path | None = None) -> list[str]:
             importlib.import_module(module)
         except Exception as exc:
             problems.append(f"import {module}: {type(exc).__name__}: {exc}")
+    problems += _check_wav_stand_ins()
     for name, version in read_pins(CARRIED).items():
         try:
             found = importlib.metadata.version(name)
@@ -164,6 +165,22 @@ def check_imports(stubs: Path | None = None) -> list[str]:
         if found != version:
             problems.append(f"{name}: Python finds {found}, the folder carries {version} "
                             "(is the install directory first on PYTHONPATH?)")
+    return problems
+
+
+def _check_wav_stand_ins() -> list[str]:
+    """Upstream's WAV reads go through the check's stand-ins (wav_shim): no FFmpeg there."""
+    import shutil
+
+    import torchaudio
+
+    problems = []
+    if getattr(torchaudio.load, "__name__", "") != "soundfile_load":
+        problems.append("torchaudio.load is torchaudio's own: benchmarks/gpu/wav_shim is not "
+                        "on PYTHONPATH")
+    ffprobe = shutil.which("ffprobe") or ""
+    if Path(ffprobe).parent != HERE / "wav_shim" / "bin":
+        problems.append(f"ffprobe is {ffprobe or 'missing'}, not benchmarks/gpu/wav_shim/bin's")
     return problems
 
 

@@ -103,6 +103,7 @@ def run(device: str, root: Path) -> dict:
                 else None
             tensors = _tensors(output)
             row = {"steps_done": result.steps_done, "metrics": dict(result.metrics),
+                   "deterministic": torch.are_deterministic_algorithms_enabled(),
                    "peak_memory_mb": peak, "tensors": len(tensors),
                    **_placement(prepared, output)}
             if baseline is None:

@@ -303,6 +303,8 @@ def memory_levels(ctx: Context, limit: float) -> tuple[list[Check], dict]:
                       f"{row['device']}, {row['mixed_precision']}")
             checks.append(Check(f"{engine} training memory={level}: same losses and weights "
                                 "as default", row["identical_to_default"] is True, detail))
+            checks.append(Check(f"{engine} training memory={level}: deterministic modes on",
+                                row.get("deterministic") is True, detail))
             on_device = row["device"].startswith(ctx.device) and (
                 ctx.device != "cuda" or (row["peak_memory_mb"] or 0) > 0)
             checks.append(Check(f"{engine} training memory={level}: ran on {ctx.device}",
