@@ -13,6 +13,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -261,28 +262,33 @@ def training_passed(counts: dict | None, chosen: int, returncode: int) -> bool:
 
 def training_parity(ctx: Context, limit: float) -> tuple[list[Check], dict]:
     nodes = TRAINING_CPU if ctx.rehearse else TRAINING_CUDA
-    checks, report = [], {}
-    deadline = time.monotonic() + limit
-    # each distribution's tests in their own pytest process (their test modules share names)
-    for package in ("mizuoto-f5tts", "mizuoto-voxcpm"):
-        chosen = [n for n in nodes if n.startswith(f"packages/{package}/")]
-        junit = ctx.work / f"training-{package}.xml"
-        name = f"{package} training identical to upstream per step ({len(chosen)} cases)"
-        command = [ctx.python, "-m", "pytest", *chosen, "-q", "-p", "no:cacheprovider",
-                   "-m", "parity", f"--junitxml={junit}",
-                   "--basetemp", str(ctx.work / f"training-{package}")]
-        try:
-            done = run_child(command, ctx, deadline - time.monotonic(), DETERMINISTIC)
-        except TimedOut as exc:
-            checks.append(Check(name, False, str(exc)))
-            continue
-        counts = junit_counts(junit) if junit.is_file() else None
-        report[package] = {"returncode": done.returncode, "counts": counts,
-                           "output": done.stdout[-3000:] + done.stderr[-1500:]}
-        passed = training_passed(counts, len(chosen), done.returncode)
-        checks.append(Check(name, passed, f"{counts}" if counts else "no junit report: "
-                            + (done.stderr.strip().splitlines() or ["no output"])[-1]))
-    return checks, report
+    # each distribution's tests in their own pytest process (their test modules share
+    # names), the two at once: each trains on one thread (or its own CUDA stream of work)
+    packages = ("mizuoto-f5tts", "mizuoto-voxcpm")
+    with ThreadPoolExecutor(len(packages)) as pool:
+        results = list(pool.map(lambda p: _training_case(ctx, p, nodes, limit), packages))
+    return [check for check, _ in results], {p: r for p, (_, r) in zip(packages, results,
+                                                                      strict=True)}
+
+
+def _training_case(ctx: Context, package: str, nodes: tuple[str, ...], limit: float
+                   ) -> tuple[Check, dict]:
+    chosen = [n for n in nodes if n.startswith(f"packages/{package}/")]
+    junit = ctx.work / f"training-{package}.xml"
+    name = f"{package} training identical to upstream per step ({len(chosen)} cases)"
+    command = [ctx.python, "-m", "pytest", *chosen, "-q", "-p", "no:cacheprovider",
+               "-m", "parity", f"--junitxml={junit}",
+               "--basetemp", str(ctx.work / f"training-{package}")]
+    try:
+        done = run_child(command, ctx, limit, DETERMINISTIC)
+    except TimedOut as exc:
+        return Check(name, False, str(exc)), {}
+    counts = junit_counts(junit) if junit.is_file() else None
+    passed = training_passed(counts, len(chosen), done.returncode)
+    return Check(name, passed, f"{counts}" if counts else "no junit report: "
+                 + (done.stderr.strip().splitlines() or ["no output"])[-1]), \
+        {"returncode": done.returncode, "counts": counts,
+         "output": done.stdout[-3000:] + done.stderr[-1500:]}
 
 
 def memory_levels(ctx: Context, limit: float) -> tuple[list[Check], dict]:
