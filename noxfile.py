@@ -6,6 +6,8 @@ tests), compat (Python 3.12 and 3.13), and ci (what CI runs, with lint and compa
     nox -s parity -- --realsize   # also the real-size parity tests (slow; not in CI)
     nox -s bench       # benchmarks against upstream (slow; never in CI)
     nox -s fuzz        # the Hypothesis property tests, long profile (not in CI)
+    nox -s gpu         # the GPU check (docs/gpu-check.md; on a lent GPU machine)
+    nox -s gpu_rehearsal  # the GPU check's steps on the CPU, from the same wheels (in CI)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import nox
@@ -435,13 +438,32 @@ def bench(session):
                     "--stream", "--patches", "4")
 
 
-@nox.session(python="3.11")
+@nox.session(python=False)
 def gpu(session):
-    """The GPU checks (needs CUDA; never part of CI): VoxCPM bf16 and F5-TTS fp16 on CUDA
-    against upstream, CUDA graphs identical to eager, fast attention flagged, compute.prepack
-    inert on CUDA, F5 fast profile (float16 autocast) reported, timings.
-    Under 8 minutes on one H200. On a machine without PyPI see docs/performance.md, "GPU
-    checks" (benchmarks/gpu/wheels.sh, then benchmarks/gpu/checks.py)."""
-    _install_base(session)
-    _install_oracles(session)
-    session.run("python", "benchmarks/gpu/checks.py", *session.posargs)
+    """The GPU check (benchmarks/gpu/checks.py; needs CUDA, never part of CI): one command of
+    at most 9 minutes, installing only from the wheel folder .whl/ (built here first by
+    benchmarks/gpu/wheels.sh when missing). See docs/gpu-check.md; on a machine without nox,
+    run the script itself."""
+    if not glob.glob(".whl/*.whl"):
+        session.run("bash", "benchmarks/gpu/wheels.sh", external=True)
+    session.run("python3", "benchmarks/gpu/checks.py", *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def gpu_rehearsal(session):
+    """The GPU check rehearsed on this CPU (in CI): the wheel folder built as for the GPU, a
+    fresh Python 3.12 environment with the device's torch, every step on tiny models
+    (benchmarks/gpu/checks.py --rehearse). In CI its environment (PyPI's torch build, about
+    6 GB with its NVIDIA libraries) is removed at the end."""
+    tmp = session.create_tmp()
+    wheels = os.path.join(tmp, "wheels")
+    venv = os.path.join(tmp, "venv")
+    session.log(f"free disk: {shutil.disk_usage(os.getcwd()).free / 1e9:.1f} GB")
+    try:
+        session.run("bash", "benchmarks/gpu/wheels.sh", wheels, external=True,
+                    env={"PYTHON": sys.executable})
+        session.run(sys.executable, "benchmarks/gpu/checks.py", "--rehearse", "--wheels",
+                    wheels, "--venv", venv, "--out", tmp, *session.posargs, external=True)
+    finally:
+        if _in_ci():
+            shutil.rmtree(venv, ignore_errors=True)
