@@ -137,7 +137,9 @@ def check_world_of_one(device) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run)")
+    # checks.py names the device through the environment (cpu when it rehearses)
+    parser.add_argument("--device", default=os.environ.get("MIZUOTO_GPU_CHECK_DEVICE", "cuda"),
+                        help="cuda (default) or cpu (a dry run)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("runner checks: no CUDA device here (--device cpu for a dry run)")
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # every check reports; the run goes on
             failed += 1
             print(f"FAIL runner {name}: {type(exc).__name__}: {exc}", flush=True)
-    print(f"runner checks on {device}: {len(checks) - failed} of {len(checks)} passed")
+    # the closing line checks.py reads: "N passed, N failed"
+    print(f"runner checks on {device}: {len(checks) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
