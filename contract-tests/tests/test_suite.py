@@ -365,17 +365,28 @@ def test_memory_kept_per_request_is_caught(run_suite, monkeypatch):
                    "grew the resident memory by", "FAILED *test_memory_stays_flat*toy/tiny*")
 
 
-def test_a_fixture_without_a_license_is_named(run_suite, monkeypatch):
+@pytest.mark.parametrize("plugin_api", ["1.0", "1.1"])
+def test_a_fixture_without_a_license_is_named(run_suite, monkeypatch, plugin_api):
+    """The license check runs without the declaration (assuming what the engine reports) and
+    then names the missing declaration: a failure for a plugin written for API 1.1, a
+    deprecation and the closing line for one written for 1.0."""
     from mizuoto import registry
 
     listed = registry.contract_fixtures
     monkeypatch.setattr(registry, "contract_fixtures", functools.cache(lambda: {  # cache_clear
         key: attrs.evolve(fixture, license=None) for key, fixture in listed().items()}))
+    monkeypatch.setattr(ToyEngine, "plugin_api", plugin_api)
     result = run_suite("--mizuoto-engine", "toy", "-k", "license")
-    # a deprecation (and the closing line) while the bundled fixtures adopt the field
-    result.stdout.fnmatch_lines(["*declares no license*", "plugin mizuoto_example (engine toy) "
-                                 "*misses 1 requirements*test_the_license_is_declared*"],
+    result.stdout.fnmatch_lines(["*declares no license (checked assuming the engine's report, "
+                                 "'Apache-2.0'*Fix: set ContractFixture(license=*"],
                                 consecutive=False)
+    if plugin_api == "1.1":
+        assert result.ret != 0
+        return
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["plugin mizuoto_example (engine toy) is written for API 1.0; "
+                                 "it misses 1 requirements of 1.1: "
+                                 "test_the_license_is_declared*"], consecutive=False)
 
 
 def test_a_generator_never_drawn_from_is_caught(run_suite, monkeypatch):

@@ -10,7 +10,6 @@ Each test takes ``contract_model`` (see :mod:`mizuoto_contract.plugin`); tests m
 
 from __future__ import annotations
 
-import os
 import threading
 
 import attrs
@@ -28,7 +27,6 @@ from mizuoto import (
     SynthesisResult,
     Voice,
 )
-from mizuoto.contracts.api import deprecated
 from mizuoto.contracts.engine import NO_OP_COMPUTE
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import (
@@ -46,8 +44,8 @@ from mizuoto.registry import get_engine
 from mizuoto.runtime.allocator import loaded_allocator
 from mizuoto_contract.compare import assert_same, first_differing_tensor
 from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
-from mizuoto_contract.plugin import note_missed
 from mizuoto_contract.reference import REFERENCE_TEXT, other_reference, write_silence
+from mizuoto_contract.versions import require as _require
 
 TEXT = "Hello there, this is a contract test."
 EDITED_TEXT = "A steady voice reads that line."
@@ -145,19 +143,6 @@ def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | 
     _check_applied(model, result.applied, seed=seed)
 
 
-def _require(model: ContractModel, holds: bool, message: str) -> None:
-    """A requirement new in plugin API 1.1: it fails a plugin written for 1.1; a plugin
-    written for 1.0 gets a PluginAPIDeprecation warning instead (enforced from API 2.0)."""
-    if holds:
-        return
-    if type(model.engine).plugin_api == "1.0":
-        deprecated(f"{message} (a plugin written for API 1.0 passes until API 2.0)")
-        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[-1].split(" ")[0]
-        note_missed(model.engine, test.split("[")[0])
-        return
-    pytest.fail(message, pytrace=False)
-
-
 # Speech, music and noise swing around zero: a mean this far from it, and larger than the
 # signal's own swing, is a constant added to every sample (a bias, an offset, unsigned PCM).
 DC_LIMIT = 0.05
@@ -166,7 +151,7 @@ DC_LIMIT = 0.05
 def _check_no_dc_offset(model: ContractModel, samples: torch.Tensor, what: str) -> None:
     values = samples.double()
     mean, swing = float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0
-    _require(model, abs(mean) <= DC_LIMIT or abs(mean) <= swing, (
+    _require(abs(mean) <= DC_LIMIT or abs(mean) <= swing, (
         f"{what} has a DC offset: its mean is {mean:.3g} (limit {DC_LIMIT}) against a swing "
         f"(standard deviation) of {swing:.3g}. Likely cause: a constant added to every sample "
         f"(a bias, unsigned PCM read as signed, an offset left in a vocoder); remove it so "
@@ -390,7 +375,7 @@ def test_longer_text_gives_longer_audio_or_is_refused_by_name(contract_model: Co
         assert exc.field == "text", f"a refused long text must name the field text: {exc}"
         return
     ratio = _duration(longer) / max(_duration(short), 1e-9)
-    _require(contract_model, ratio >= GROWTH, (
+    _require(ratio >= GROWTH, (
         f"a text {times} times longer gave {ratio:.2f} times the audio ({_duration(short):.2f} "
         f"s -> {_duration(longer):.2f} s). Likely cause: the text is cut (e.g. text[:n]) or a "
         f"length cap ends the audio; speak it whole (split it into chunks) or refuse it with "
@@ -413,7 +398,7 @@ def test_sampler_settings_change_the_audio_or_are_refused(contract_model: Contra
         except InvalidRequest as exc:
             assert exc.field == setting, f"refusing {setting} must name it: {exc}"
             return
-    _require(contract_model, not torch.equal(results[0].audio.samples,
+    _require(not torch.equal(results[0].audio.samples,
                                              results[1].audio.samples), (
         f"request.{setting}={values[0]} and {values[1]} gave the same audio: the engine "
         f"ignores {setting}. Use it, or refuse it: declare request_settings without "
@@ -432,7 +417,7 @@ def test_sample_rate_is_plausible(contract_model: ContractModel) -> None:
     declared rate is in range, which catches samples made at one rate and labelled another.
     A relabelled model without a known duration rule cannot be caught from its samples."""
     rate = contract_model.engine.info.sample_rate
-    _require(contract_model, rate in COMMON_RATES, (
+    _require(rate in COMMON_RATES, (
         f"ModelInfo.sample_rate is {rate} Hz, not a common audio rate "
         f"({', '.join(map(str, COMMON_RATES))}): check that it is the rate the samples are "
         f"made at"))
