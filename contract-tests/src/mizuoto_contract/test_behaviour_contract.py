@@ -112,51 +112,100 @@ def test_the_reference_changes_the_audio(contract_model: ContractModel) -> None:
         f"from it); condition the audio on the reference's features"))
 
 
-def _values_across(field: attrs.Attribute, base) -> list:
-    """Two values of a param other than ``base``, below and above it, for a number; the
-    other value for a switch; none for anything else."""
-    if isinstance(base, bool):
-        return [not base]
-    if isinstance(base, int) and "int" in str(field.type):
-        return [max(base - 1, 0), base + 1] if base else [1, 2]
-    if isinstance(base, (int, float)):
-        return [base * 0.5, base * 1.5] if base else [0.5, 1.0]
-    return []
-
-
 def test_every_declared_param_changes_the_audio(contract_model: ContractModel) -> None:
-    """Each request param the engine declares (``params_class``) changes the audio somewhere
-    in its range, or is refused there by name, unless the fixture declares it inert
+    """Each request param the engine declares (``params_class``) changes the audio at one of
+    the values :mod:`mizuoto_contract.param_probes` tries for its type and declared range or
+    choices, or is refused there by name, unless the fixture declares it inert
     (``ContractFixture.inert_params``): a declared setting is never silently ignored."""
+    from mizuoto_contract.param_probes import probe_values
+
     engine, fixture = contract_model.engine, contract_model.fixture
     if engine.params_class is None:
         pytest.skip("the engine declares no request params")
     unknown = fixture.inert_params - {f.name for f in attrs.fields(engine.params_class)}
-    assert not unknown, f"ContractFixture.inert_params names params the engine lacks: {unknown}"
+    assert not unknown, (
+        f"ContractFixture.inert_params names params the engine lacks: {sorted(unknown)}. "
+        f"Likely cause: a param renamed or removed; update the fixture's inert_params")
     plain = engine.synthesize(_plain_request(contract_model, seed=SEED)).audio.samples
     ignored = []
     for field in attrs.fields(engine.params_class):
-        base = fixture.request_params.get(field.name, field.default)
-        if field.name in fixture.inert_params or isinstance(base, attrs.Factory):
+        if field.name in fixture.inert_params:
             continue
-        changed, tried = False, 0
-        for value in _values_across(field, base):
+        base = fixture.request_params.get(field.name, field.default)
+        changed, tried = False, []
+        for value in probe_values(engine, field, dict(fixture.request_params)):
             params = {**fixture.request_params, field.name: value}
             try:
                 audio = engine.synthesize(_plain_request(contract_model, seed=SEED,
                                                          params=params)).audio.samples
             except InvalidRequest as exc:
-                assert field.name in exc.field, f"refusing params.{field.name} named {exc.field}"
+                assert field.name in exc.field, (
+                    f"params.{field.name}={value!r} was refused naming {exc.field!r}. Likely "
+                    f"cause: the refusal names another field; name params.{field.name}")
                 continue
-            tried += 1
+            tried.append(value)
             changed = changed or not torch.equal(audio, plain)
         if tried and not changed:
-            ignored.append(field.name)
+            ignored.append(f"{field.name} (tried {', '.join(map(repr, tried))}; "
+                           f"the fixture's {base!r})")
     _require(not ignored, (
-        f"params {', '.join(ignored)} changed nothing across their range (seed {SEED}). Likely "
-        f"cause: the engine declares them but never reads them; use them, remove them from "
-        f"the params class, or, where the fixture's model cannot show them (a limit it does "
-        f"not reach), list them in ContractFixture(inert_params=...)"))
+        f"params changed nothing (seed {SEED}): {'; '.join(ignored)}. Likely cause: the "
+        f"engine declares them but never reads them (or reads another name); use them, "
+        f"remove them from the params class, or, where the fixture's model cannot show them "
+        f"(a limit it does not reach), list them in ContractFixture(inert_params=...)"))
+
+
+# A word per script (the model's declared languages pick theirs; these three are tried on
+# every model): said in a sentence, then with its characters rotated. A model that speaks them
+# gives other audio; one that drops them (an unknown-token filler, a filter) gives the same.
+SCRIPT_WORDS = {"Latin": "Grüße, garçon", "Cyrillic": "привет", "Greek": "καλημέρα",
+                "Arabic": "مرحبا", "Hebrew": "שלום", "Devanagari": "नमस्ते", "Han": "你好世界",
+                "Kana": "こんにちは", "Hangul": "안녕하세요", "Thai": "สวัสดี"}
+LANGUAGE_SCRIPTS = {"ru": "Cyrillic", "uk": "Cyrillic", "bg": "Cyrillic", "el": "Greek",
+                    "ar": "Arabic", "fa": "Arabic", "ur": "Arabic", "he": "Hebrew",
+                    "hi": "Devanagari", "mr": "Devanagari", "ne": "Devanagari", "zh": "Han",
+                    "yue": "Han", "ja": "Kana", "ko": "Hangul", "th": "Thai"}
+ALWAYS_TRIED = ("Cyrillic", "Han", "Arabic")
+
+
+def _scripts(languages) -> list[str]:
+    """The scripts of the declared languages (BCP 47 tags; Latin for any other), then
+    :data:`ALWAYS_TRIED`."""
+    declared = [LANGUAGE_SCRIPTS.get(tag.lower().split("-")[0], "Latin") for tag in languages]
+    return list(dict.fromkeys([*declared, *ALWAYS_TRIED]))
+
+
+def test_characters_the_model_drops_are_reported(contract_model: ContractModel) -> None:
+    """For the scripts of the model's declared languages (``ModelInfo.languages``) and three
+    others, a sentence with a word of that script is spoken (its audio changes when the word's
+    characters are rotated), refused naming ``text``, or what was dropped is reported in
+    ``applied.warnings``: text is never silently shortened."""
+    engine = contract_model.engine
+    plain = engine.synthesize(_plain_request(contract_model, seed=SEED)).applied.warnings
+    silent = []
+    for script in _scripts(engine.info.languages):
+        word = SCRIPT_WORDS[script]
+        said = []
+        for text in (f"Say {word} now.", f"Say {word[1:] + word[0]} now."):
+            try:
+                said.append(engine.synthesize(_plain_request(contract_model, text=text,
+                                                             seed=SEED)))
+            except InvalidRequest as exc:
+                assert exc.field == "text", (
+                    f"refusing {text!r} named {exc.field!r}. Likely cause: the refusal names "
+                    f"another field; name text")
+                break
+        if len(said) < 2 or not torch.equal(said[0].audio.samples, said[1].audio.samples):
+            continue
+        if not set(said[0].applied.warnings) - set(plain):
+            silent.append(f"{script} ({word!r})")
+    _require(not silent, (
+        f"characters dropped silently: {', '.join(silent)} in 'Say ... now.' gave the same "
+        f"audio with the word's characters rotated (seed {SEED}), and applied.warnings said "
+        f"nothing. Likely cause: the tokenizer maps characters it lacks to a filler (id 0, "
+        f"<unk>) or filters them; report them in Rendered(warnings=[...]) with "
+        f"mizuoto.text.coverage.dropped_characters_warning, or refuse the text with "
+        f"InvalidRequest('text', ...)"))
 
 
 # About 2000 characters: far beyond a sentence, where a hidden cut (text[:n]) shows.
