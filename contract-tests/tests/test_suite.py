@@ -33,10 +33,10 @@ pytest_plugins = ["pytester"]
 # (non-finite numbers, NaN weights, a Hypothesis property). Then 2 of test_plugin_contract: the
 # plugin loads and its hooks run, its EngineRef matches.
 TOY_TESTS = 42
-# 4 that do not apply, the 2 of features the toy does not declare (batching, LoRA), the 6
+# 4 that do not apply, the 2 of features the toy does not declare (batching, LoRA), the 9
 # trainer-contract tests run_suite leaves to the contract session and the 3 checks in fresh
 # interpreters (the listing: test_the_listing_check_runs_in_the_suite)
-TOY_DESELECTED = 15
+TOY_DESELECTED = 18
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
     # functions, one of them for three texts, one for two settings), and they error with the
     # load error; the others are deselected. Of the plugin's own tests, the EngineRef check
     # fails with the load error; its hooks pass.
-    result.assert_outcomes(passed=1, failed=1, errors=22, deselected=32)
+    result.assert_outcomes(passed=1, failed=1, errors=22, deselected=35)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
 
@@ -153,7 +153,8 @@ def test_the_stop_signal_test_is_generated_for_trainers_that_declare_it(run_suit
     result = run_suite("--mizuoto-engine", "toy", "--collect-only", "-q",
                        "-k", "trainer_contract")
     collected = result.stdout.str()
-    assert "test_resume_after_sigkill_exports_the_same_weights[toy-ToyTrainer-full]" in collected
+    assert ("test_resume_after_sigkill_exports_the_same_weights[toy-ToyTrainer-full-first-update]"
+            in collected)
     stop_test = "test_a_stop_signal_saves_the_checkpoint_and_resumes_identically"
     assert (f"{stop_test}[toy-ToyTrainer-full]" in collected) is graceful_stop
 
@@ -527,7 +528,7 @@ def test_the_toy_trainer_passes_the_in_process_trainer_tests(run_suite, monkeypa
 
     _with_toy_trainer(monkeypatch, ToyTrainer)
     result = run_suite("--mizuoto-engine", "toy", "-k", "trainer_contract and not sigkill")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=6)
 
 
 def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypatch):
@@ -541,6 +542,28 @@ def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypat
     _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "learning_rate"),
                    "exported the same weights. Likely cause: the trainer ignores "
                    "TrainingConfig.learning_rate")
+
+
+def test_a_trainer_that_ignores_the_warm_up_is_caught(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer, _Session
+
+    _with_toy_trainer(monkeypatch, ToyTrainer)
+    monkeypatch.setattr(_Session, "scheduled_rate", lambda self, update: self.learning_rate)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "warm_up"),
+                   "with params.warmup_updates=3 the logged learning rate is [[]0.001, 0.001, "
+                   "0.001, 0.001[]]*Likely cause: the trainer ignores the warm-up",
+                   "FAILED *test_the_learning_rate_follows_the_declared_warm_up*")
+
+
+def test_a_trainer_that_ignores_clipping_is_caught(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer, _Session
+
+    _with_toy_trainer(monkeypatch, ToyTrainer)
+    monkeypatch.setattr(_Session, "clipped", lambda self, gradient, norm: gradient)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "clipping"),
+                   "params.max_grad_norm 0 (no clipping) and 1e-6 exported the same weights. "
+                   "Likely cause: the trainer ignores max_grad_norm",
+                   "FAILED *test_gradient_clipping_changes_the_export_or_is_refused*")
 
 
 def test_a_trainer_that_ignores_batch_size_and_accumulation_is_caught(run_suite, monkeypatch):

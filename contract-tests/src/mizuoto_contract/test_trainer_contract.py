@@ -200,14 +200,21 @@ def _signalled_run(trainer_cls, method, model_dir, manifest, output, kill_at, si
         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
 
 
-def test_resume_after_sigkill_exports_the_same_weights(case, tmp_path):
+@pytest.mark.parametrize("kill_at", [1, 2], ids=["first-update", "second-update"])
+def test_resume_after_sigkill_exports_the_same_weights(case, tmp_path, kill_at):
+    """Killed at its first (a schedule restarted on resume shows there, before the rate saved
+    with the optimizer hides it) or second update's progress report, the run resumes from
+    its last checkpoint and exports an uninterrupted run's weights."""
     trainer_cls, _, method, model_dir, manifest = case
-    killed = _signalled_run(trainer_cls, method, model_dir, manifest, tmp_path / "killed", 2,
-                            "SIGKILL", save_every=1)
+    killed = _signalled_run(trainer_cls, method, model_dir, manifest, tmp_path / "killed",
+                            kill_at, "SIGKILL", save_every=1)
     assert killed.returncode == -9, killed.stderr.decode(errors="replace")[-3000:]
     resumed = _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path,
                                   "killed", save_every=1)
-    assert resumed.resumed_from in (1, 2)
+    assert resumed.resumed_from in (kill_at - 1 or None, kill_at), (
+        f"killed after update {kill_at} (checkpoints every update), the run resumed from "
+        f"{resumed.resumed_from}. Likely cause: the checkpoint is saved after the progress "
+        f"report, or not found on resume; save it before reporting the update")
 
 
 def test_a_stop_signal_saves_the_checkpoint_and_resumes_identically(stopping_case, tmp_path):
@@ -350,6 +357,87 @@ def test_batch_size_and_accumulation_change_the_export_or_are_refused(case, tmp_
             f"{'TrainingConfig.batch_size' if name == 'batch_size' else 'params.' + name} (a "
             f"fixed batch, one micro-batch per update); use it, or refuse a value it cannot "
             f"do with InvalidRequest naming {name}")
+
+
+# A run of WARMUP_RUN updates whose first WARMUP updates warm the learning rate up.
+WARMUP_RUN, WARMUP = 4, 3
+
+
+def _reported(output_dir: Path, name: str) -> dict[int, float]:
+    """``name`` per update, as the run logged it in ``metrics.jsonl`` (rows keyed ``step`` or
+    ``update``)."""
+    from mizuoto.training.metrics import METRICS_FILE, read_metrics
+
+    values = {}
+    for row in read_metrics(Path(output_dir) / METRICS_FILE):
+        step = row.get("step", row.get("update"))
+        if step is not None and name in row:
+            values[int(step)] = float(row[name])
+    return values
+
+
+@pytest.mark.since_api("1.1")
+def test_the_learning_rate_follows_the_declared_warm_up(case, tmp_path):
+    """With ``params.warmup_updates=3`` over 4 updates, the learning rate each update logs
+    (``lr`` in the run's ``metrics.jsonl``) starts below ``TrainingConfig.learning_rate``,
+    rises over the warm-up and never exceeds it; or the trainer refuses the param by name."""
+    from mizuoto.errors import InvalidRequest
+
+    trainer_cls, _, method, model_dir, manifest = case
+    trainer = trainer_cls()
+    rate = 1e-3
+    config = attrs.evolve(_config(method, model_dir, manifest, tmp_path / "run",
+                                  steps=WARMUP_RUN, save_every=WARMUP_RUN, learning_rate=rate),
+                          params={"warmup_updates": WARMUP})
+    try:
+        trainer.train(trainer.prepare(config))
+    except InvalidRequest as exc:
+        assert "warmup_updates" in exc.field or "warmup_updates" in str(exc), (
+            f"the trainer refused params.warmup_updates without naming it: {exc}")
+        return
+    lr = _reported(tmp_path / "run", "lr")
+    assert len(lr) >= WARMUP, (
+        f"the run's metrics.jsonl logs lr for updates {sorted(lr)} of {WARMUP_RUN}. Likely "
+        f"cause: the learning rate is not logged; return {{'lr': ...}} from each update "
+        f"(mizuoto.plugin's MetricsLog writes metrics.jsonl), so a schedule can be checked")
+    steps = sorted(lr)
+    first, warmed = lr[steps[0]], max(lr[step] for step in steps[:WARMUP])
+    assert first < rate and first < warmed, (
+        f"with params.warmup_updates={WARMUP} the logged learning rate is "
+        f"{[lr[s] for s in steps]} (learning_rate {rate:g}). Likely cause: the trainer ignores "
+        f"the warm-up (its scheduler is built without warmup_updates, or starts after it); "
+        f"raise the rate from near zero to learning_rate over the first warmup_updates")
+    assert max(lr.values()) <= rate * (1 + 1e-6), (
+        f"the logged learning rate reaches {max(lr.values()):g}, above learning_rate "
+        f"{rate:g}. Likely cause: the schedule multiplies the rate (a factor above 1, a "
+        f"warm-up that overshoots); end the warm-up at learning_rate")
+
+
+@pytest.mark.since_api("1.1")
+def test_gradient_clipping_changes_the_export_or_is_refused(case, tmp_path):
+    """A run with ``params.max_grad_norm=1e-6`` (every update clipped far down) exports other
+    weights than one with ``max_grad_norm=0`` (no clipping); or the trainer refuses the param
+    by name."""
+    from mizuoto.errors import InvalidRequest
+
+    trainer_cls, _, method, model_dir, manifest = case
+    trainer = trainer_cls()
+    exported = {}
+    for norm in (0.0, 1e-6):
+        config = attrs.evolve(_config(method, model_dir, manifest, tmp_path / f"run-{norm:g}",
+                                      learning_rate=1e-2), params={"max_grad_norm": norm})
+        try:
+            run = trainer.prepare(config)
+            trainer.train(run)
+        except InvalidRequest as exc:
+            assert "max_grad_norm" in exc.field or "max_grad_norm" in str(exc), (
+                f"the trainer refused params.max_grad_norm without naming it: {exc}")
+            return
+        exported[norm] = _weight_files(trainer.export(run, tmp_path / f"export-{norm:g}"))
+    assert exported[0.0] != exported[1e-6], (
+        "params.max_grad_norm 0 (no clipping) and 1e-6 exported the same weights. Likely "
+        "cause: the trainer ignores max_grad_norm (no clip_grad_norm_ before the optimizer "
+        "step, or it clips a copy of the gradients); clip them, or refuse the param")
 
 
 def test_bad_rows_are_skipped_and_named(case, tmp_path, caplog):
