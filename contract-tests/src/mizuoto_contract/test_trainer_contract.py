@@ -217,6 +217,78 @@ def test_resume_after_sigkill_exports_the_same_weights(case, tmp_path, kill_at):
         f"report, or not found on resume; save it before reporting the update")
 
 
+# A run that kills itself (SIGKILL) in the middle of its first checkpoint save after update 1:
+# a weight file written in place is cut to half its bytes first; one written to a temporary
+# name dies before the rename. Patched before anything imports the savers.
+_KILLED_IN_SAVE = """
+import json, os, signal, sys
+from pathlib import Path
+import torch, safetensors.torch
+SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+armed = []
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+def weights(path):
+    return Path(path).suffix in SUFFIXES or Path(path).is_dir()
+def moving(real):
+    def move(src, dst, *args, **kwargs):
+        if armed and weights(dst) and weights(src):
+            die()
+        return real(src, dst, *args, **kwargs)
+    return move
+def writing(real):
+    def write(obj, path, *args, **kwargs):
+        real(obj, path, *args, **kwargs)
+        if armed and isinstance(path, (str, os.PathLike)) and weights(path):
+            data = Path(path).read_bytes()
+            Path(path).write_bytes(data[:len(data) // 2])
+            die()
+    return write
+os.replace, os.rename = moving(os.replace), moving(os.rename)
+torch.save = writing(torch.save)
+safetensors.torch.save_file = writing(safetensors.torch.save_file)
+from mizuoto import TrainingConfig
+from mizuoto.registry import trainers
+engine, name, method, model, data, output = sys.argv[1:7]
+trainer = trainers()[(engine, name)]()
+config = TrainingConfig(method=method, model=model, dataset=data, output_dir=output,
+                        steps={steps}, learning_rate=1e-4, seed=3, save_every=1)
+def progress(p):
+    if p.stage == "train" and p.done == 1:
+        armed.append(True)
+trainer.train(trainer.prepare(config), progress=progress)
+"""
+
+
+def test_resume_after_sigkill_during_a_checkpoint_save_or_a_named_refusal(case, tmp_path):
+    """A run killed in the middle of saving its checkpoint after update 2 (a weight file half
+    written in place, or a temporary one never renamed) resumes and exports an uninterrupted
+    run's weights, or the resume is refused with a MizuotoError naming the checkpoint."""
+    from mizuoto.errors import MizuotoError
+
+    trainer_cls, _, method, model_dir, manifest = case
+    script = textwrap.dedent(_KILLED_IN_SAVE).format(steps=STEPS)
+    killed = subprocess.run(
+        [sys.executable, "-c", script, trainer_cls.engine, trainer_cls.__name__, method,
+         str(model_dir), str(manifest), str(tmp_path / "killed")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    if killed.returncode == 0:
+        pytest.skip("the run saved no weight file the suite could interrupt (not through "
+                    "os.replace, os.rename, torch.save or safetensors' save_file)")
+    assert killed.returncode == -9, killed.stderr.decode(errors="replace")[-3000:]
+    try:
+        _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path, "killed",
+                            save_every=1)
+    except MizuotoError:
+        return  # refused by name
+    except Exception as exc:
+        pytest.fail(f"resuming a run killed while saving its checkpoint raised "
+                    f"{type(exc).__name__}: {exc}. Likely cause: the checkpoint is written in "
+                    f"place, so a kill leaves it torn; write it to a temporary name and rename "
+                    f"it (mizuoto.plugin.atomic_path), or refuse a torn one with a "
+                    f"MizuotoError naming it", pytrace=False)
+
+
 def test_a_stop_signal_saves_the_checkpoint_and_resumes_identically(stopping_case, tmp_path):
     """SIGTERM at the first progress report, with no periodic save before the end: the run
     returns (no exception) with ``interrupted="SIGTERM"`` at an update before the last, its
