@@ -392,6 +392,18 @@ def test_a_fixture_without_a_license_is_named(run_suite, monkeypatch, plugin_api
                                  "test_the_license_is_declared*"], consecutive=False)
 
 
+def test_a_long_text_refused_by_name_passes_the_first_chunk_check(run_suite, monkeypatch):
+    """An engine without LONG_TEXT may refuse a long text naming ``text`` (the toy does beyond
+    ``params.max_seconds``): the incremental-stream check accepts it."""
+    from mizuoto import registry
+
+    listed = registry.contract_fixtures
+    monkeypatch.setattr(registry, "contract_fixtures", functools.cache(lambda: {  # cache_clear
+        key: attrs.evolve(fixture, request_params={**fixture.request_params, "max_seconds": 5.0})
+        for key, fixture in listed().items()}))
+    run_suite("--mizuoto-engine", "toy", "-k", "first_chunk").assert_outcomes(passed=1)
+
+
 def test_a_generator_never_drawn_from_is_caught(run_suite, monkeypatch):
     hum = ToyEngine._hum
 

@@ -218,12 +218,20 @@ def _check_applied(model: ContractModel, applied: Applied, *, seed: int | None) 
 def test_loads_with_valid_info(contract_model: ContractModel) -> None:
     fixture, engine = contract_model.fixture, contract_model.engine
     info = engine.info
-    assert type(engine) is get_engine(fixture.engine)
-    assert info.engine == engine.name == fixture.engine
+    assert type(engine) is get_engine(fixture.engine), (
+        f"the fixture's model loads as {type(engine).__name__}, not the registered "
+        f"{fixture.engine!r} engine. Likely cause: load() returns another class's instance; "
+        f"return cls(...)")
+    assert info.engine == engine.name == fixture.engine, (
+        f"ModelInfo.engine is {info.engine!r}, the engine's name {engine.name!r}, the fixture's "
+        f"{fixture.engine!r}. Likely cause: ModelInfo built by hand with another name; build "
+        f"it with placement.model_info(...)")
     assert info.model == f"contract/{fixture.id}", "ModelInfo.model must be the model_id given"
     assert isinstance(info.variant, str)
     assert isinstance(info.sample_rate, int) and info.sample_rate > 0
-    assert info.dtype in DTYPES
+    assert info.dtype in DTYPES, (
+        f"ModelInfo.dtype is {info.dtype!r}, not one of {DTYPES}. Likely cause: a torch.dtype "
+        f"or its repr stored; report its name (placement.model_info does)")
     assert info.device == "cpu", "the suite loads with compute.device=cpu"
     assert isinstance(info.capabilities, frozenset)
     assert all(isinstance(c, Capability) for c in info.capabilities)
@@ -261,7 +269,9 @@ def test_unimplemented_compute_options_are_refused(contract_model: ContractModel
             continue
         with pytest.raises(InvalidOption) as caught:
             mizuoto.load(contract_model.directory, engine=engine_cls.name, options=options)
-        assert caught.value.key == f"compute.{name}" and engine_cls.name in str(caught.value)
+        assert caught.value.key == f"compute.{name}" and engine_cls.name in str(caught.value), (
+            f"refusing compute.{name} named {caught.value.key!r}: {caught.value}. Likely cause: "
+            f"a refusal of your own; leave it to the base class (declare compute_options)")
         with pytest.raises(InvalidOption):
             engine_cls.load(contract_model.directory, options=options)
 
@@ -311,7 +321,9 @@ def test_unknown_param_is_named(contract_model: ContractModel) -> None:
     params = {**contract_model.fixture.request_params, "no_such_setting": 1}
     with pytest.raises(InvalidRequest) as raised:
         contract_model.engine.synthesize(_plain_request(contract_model, params=params))
-    assert "no_such_setting" in raised.value.field
+    assert "no_such_setting" in raised.value.field, (
+        f"an unknown param was refused naming {raised.value.field!r}. Likely cause: params "
+        f"parsed by hand; use Engine.parse_params (the base class does), which names it")
 
 
 def test_unsupported_capability_raises(contract_model: ContractModel,
@@ -475,7 +487,10 @@ def test_clone_without_reference_text_is_refused(contract_model: ContractModel) 
     request = _request(contract_model, reference=_reference(contract_model, text=None), seed=SEED)
     with pytest.raises(InvalidRequest) as raised:
         contract_model.engine.synthesize(request)
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 @requires(Capability.CLONE, when=lambda fixture: not fixture.needs_reference_text)
@@ -489,7 +504,10 @@ def test_missing_reference_file_is_invalid_audio(contract_model: ContractModel, 
     reference = Reference(tmp_path / "no-such-recording.wav", text=REFERENCE_TEXT)
     with pytest.raises(InvalidAudio) as raised:
         contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 @requires(Capability.CLONE)
@@ -499,7 +517,10 @@ def test_unreadable_reference_is_invalid_audio(contract_model: ContractModel, tm
     reference = Reference(path, text=REFERENCE_TEXT)
     with pytest.raises(InvalidAudio) as raised:
         contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 @requires(Capability.CLONE)
@@ -508,7 +529,10 @@ def test_silent_reference_is_invalid_audio(contract_model: ContractModel, tmp_pa
     reference = Reference(path, text=REFERENCE_TEXT)
     with pytest.raises(InvalidAudio) as raised:
         contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 # -- other capabilities -----------------------------------------------------------------------
@@ -558,8 +582,10 @@ def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]
     assert chunks, "a stream yields at least one chunk"
     for position, chunk in enumerate(chunks):
         assert isinstance(chunk, AudioChunk)
-        assert chunk.index == position
-        assert chunk.is_last == (position == len(chunks) - 1)
+        assert chunk.index == position and chunk.is_last == (position == len(chunks) - 1), (
+            f"stream chunk {position} of {len(chunks)} has index {chunk.index}, is_last "
+            f"{chunk.is_last}. Likely cause: a stream that numbers its own chunks; yield "
+            f"Rendered pieces from _stream (the base class numbers them), last=True on the last")
         assert (chunk.applied is not None) == chunk.is_last, "only the last chunk has applied"
         # audio is never held back to mark the last chunk: it may be empty instead
         assert chunk.is_last or chunk.audio.num_samples > 0, "only the last chunk may be empty"
@@ -639,7 +665,9 @@ def test_unseeded_stream_reports_its_seed(contract_model: ContractModel) -> None
     chunks = _stream(contract_model, _plain_request(contract_model))
     applied = chunks[-1].applied
     _check_applied(contract_model, applied, seed=None)
-    assert applied.seed_drawn is True
+    assert applied.seed_drawn is True, (
+        "an unseeded stream reports seed_drawn=False. Likely cause: the seed resolved by hand; "
+        "let the base class resolve it (mizuoto.runtime.seeds.resolve_seed)")
     replay = _stream(contract_model, _plain_request(contract_model, seed=applied.seed))
     assert_same(torch.cat([c.audio.samples for c in replay]),
                 torch.cat([c.audio.samples for c in chunks]),
@@ -658,7 +686,10 @@ def test_saved_voice_speaks_like_its_reference(contract_model: ContractModel, tm
     path = voice.save(tmp_path / "voice.safetensors")
     loaded = Voice.load(path)
     assert (loaded.engine, loaded.model_fingerprint) == (voice.engine, voice.model_fingerprint)
-    assert set(loaded.tensors) == set(voice.tensors)
+    assert set(loaded.tensors) == set(voice.tensors), (
+        f"a saved voice loads with tensors {sorted(loaded.tensors)}, built with "
+        f"{sorted(voice.tensors)}. Likely cause: non-tensor values in Voice.tensors; keep them "
+        f"plain CPU tensors (texts and metadata go in texts= and meta=)")
     differs = first_differing_tensor(dict(loaded.tensors), dict(voice.tensors))
     assert differs is None, (f"a voice saved and loaded differs from the built one: {differs}; "
                              "Voice.tensors must be plain CPU tensors that safetensors keeps")
@@ -761,7 +792,10 @@ def test_non_finite_audio_is_never_returned(contract_model: ContractModel) -> No
         pytest.skip("the engine holds no torch weights among its attributes to poison")
     with pytest.raises(NonFiniteAudio) as raised:
         engine.synthesize(_plain_request(contract_model, seed=SEED))
-    assert raised.value.stage and raised.value.nan + raised.value.inf > 0
+    assert raised.value.stage and raised.value.nan + raised.value.inf > 0, (
+        f"NonFiniteAudio names stage {raised.value.stage!r} with {raised.value.nan} NaN and "
+        f"{raised.value.inf} infinite values. Likely cause: raised by hand; call "
+        f"check_finite(values, stage) between your stages")
     if Capability.STREAM in engine.capabilities:
         with pytest.raises(NonFiniteAudio):
             list(engine.stream(_plain_request(contract_model, seed=SEED)))

@@ -154,11 +154,21 @@ def test_prepare_train_export_and_speak(case, tmp_path):
     seen = []
     result = trainer.train(run, progress=seen.append)
     assert isinstance(result, TrainingResult)
-    assert result.steps_done == STEPS and result.resumed_from is None
-    assert [p.done for p in seen if p.stage == "train"][-1] == STEPS
-    assert all(np.isfinite(v) for v in result.metrics.values())
+    assert result.steps_done == STEPS and result.resumed_from is None, (
+        f"a fresh run of {STEPS} updates reports steps_done={result.steps_done}, resumed_from="
+        f"{result.resumed_from}. Likely cause: TrainingResult built from another count, or a "
+        f"checkpoint found where none was; count the updates done in this output_dir")
+    reported = [p.done for p in seen if p.stage == "train"]
+    assert reported and reported[-1] == STEPS, (
+        f"the train progress reports reached {reported[-1:] or 'nothing'}, not {STEPS}. Likely "
+        f"cause: progress not reported per update; report(progress, 'train', done, total)")
+    assert all(np.isfinite(v) for v in result.metrics.values()), (
+        f"TrainingResult.metrics holds non-finite values: {dict(result.metrics)}. Likely "
+        f"cause: a loss that diverged or a metric divided by zero")
     exported = trainer.export(run, tmp_path / "export")
-    assert exported.is_dir() and _weight_files(exported)
+    assert exported.is_dir() and _weight_files(exported), (
+        f"export() gave {exported}, with no weight files (.safetensors, .pt, ...). Likely "
+        f"cause: the export writes elsewhere; write the model directory at the destination")
 
     engine = get_engine(fixture.engine).load(exported, options=CONTRACT_OPTIONS)
     fields = {"seed": 1, "steps": fixture.steps, "params": fixture.request_params}
@@ -169,7 +179,9 @@ def test_prepare_train_export_and_speak(case, tmp_path):
         fields["reference"] = Reference(reference, text=REFERENCE_TEXT)
     audio = engine.synthesize(SynthesisRequest("Hello.", **fields)).audio
     samples = np.asarray(audio.samples)
-    assert samples.size > 0 and np.isfinite(samples).all()
+    assert samples.size > 0 and np.isfinite(samples).all(), (
+        "the exported model speaks empty or non-finite audio. Likely cause: the export holds "
+        "untrained or broken weights (a missing tensor left at its initial value)")
 
 
 _SIGNALLED = """
@@ -317,7 +329,10 @@ def _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path, name
     run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / name,
                                   save_every=save_every))
     resumed = trainer.train(run)
-    assert resumed.steps_done == STEPS and resumed.interrupted is None
+    assert resumed.steps_done == STEPS and resumed.interrupted is None, (
+        f"the resumed run ended at {resumed.steps_done} of {STEPS} (interrupted "
+        f"{resumed.interrupted!r}). Likely cause: the resume counts the updates from 0, or "
+        f"stops at the checkpoint's count; continue to config.steps")
     resumed_weights = _weight_files(trainer.export(run, tmp_path / "resumed-export"))
 
     straight_run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / "straight",
