@@ -110,11 +110,21 @@ def load(model: str | Path, *, engine: str | None = None,
     engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
                                           progress=progress)
     if request is not None:
-        check_known_keys(engine_cls.params_class, request.params, "params")
+        if _parses_params_by_class(engine_cls):
+            check_known_keys(engine_cls.params_class, request.params, "params")
         engine_cls.check_request(request, resolved.path)
         check_audible_reference(request)
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
                            progress=progress)
+
+
+def _parses_params_by_class(engine_cls: type[Engine]) -> bool:
+    """Whether the engine's params are its ``params_class``'s fields, as the base class parses
+    them: an engine with its own ``parse_params``, or an API 1.0 plugin without a
+    ``params_class`` (it may read ``request.params`` itself), is asked at the request."""
+    if engine_cls.parse_params is not Engine.parse_params:
+        return False
+    return engine_cls.params_class is not None or engine_cls.plugin_api != "1.0"
 
 
 def check_audible_reference(request: SynthesisRequest) -> None:
