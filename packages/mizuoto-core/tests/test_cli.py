@@ -104,6 +104,10 @@ def test_a_mistyped_param_or_a_silent_reference_fails_before_the_model_loads(
     assert result.exit_code == 2 and "--ref-audio: is silent (peak 3e-05" in result.output
     # quiet is not silent: a -40 dBFS recording passes the check and reaches the load
     soundfile.write(quiet, np.full(16000, 0.01, np.float32), 16000)
+    result = _run("edit", "-m", str(tmp_path), "--ref-audio", str(quiet), "--ref-text", "Hi.",
+                  "--segment", "0:0.1", "--param", "sped=2", "-o", out, "hi")
+    assert result.exit_code == 2, result.output
+    assert "--param sped: is not a known setting (did you mean speed?" in result.output
     with pytest.raises(pytest.fail.Exception, match="the model loaded"):
         _run("say", "-m", str(tmp_path), "-o", out, "--ref-audio", str(quiet), "hi")
 

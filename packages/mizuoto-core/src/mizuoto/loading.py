@@ -118,6 +118,18 @@ def load(model: str | Path, *, engine: str | None = None,
                            progress=progress)
 
 
+def check_params_before_load(model: str | Path, params: Mapping[str, Any] | None, *,
+                             engine: str | None = None,
+                             options: Options | Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`~mizuoto.errors.InvalidRequest` for a key of ``params`` that the engine
+    loading ``model`` does not declare (naming the closest one), without loading it."""
+    if not params:
+        return
+    engine_cls, _ = resolve_engine(model, engine=engine, options=options)
+    if _parses_params_by_class(engine_cls):
+        check_known_keys(engine_cls.params_class, params, "params")
+
+
 def _parses_params_by_class(engine_cls: type[Engine]) -> bool:
     """Whether the engine's params are its ``params_class``'s fields, as the base class parses
     them: an engine with its own ``parse_params``, or an API 1.0 plugin without a
