@@ -1,8 +1,10 @@
-"""Sessions: tests (unit), contract, parity (against upstream), lint, bench, fuzz (long property
-tests), compat (Python 3.12 and 3.13), and ci (what CI runs, with lint and compat).
+"""Sessions: tests (unit), contract, parity (against upstream), lint, docs (the site, links
+checked), bench, fuzz (long property tests), compat (Python 3.12 and 3.13), and ci (what CI
+runs, with lint, docs and compat).
 
-    nox -s lint ci compat  # the README's test command: lint, unit tests + contract suite +
-                           # tiny-model parity, then the contract suite on 3.12 and 3.13
+    nox -s lint docs ci compat  # the README's test command: lint, the docs site, unit tests +
+                                # contract suite + tiny-model parity, then the contract suite
+                                # on 3.12 and 3.13
     nox -s parity -- --realsize   # also the real-size parity tests (slow; not in CI)
     nox -s bench       # benchmarks against upstream (slow; never in CI)
     nox -s fuzz        # the Hypothesis property tests, long profile (not in CI)
@@ -22,7 +24,7 @@ import tempfile
 
 import nox
 
-nox.options.sessions = ["lint", "ci", "compat"]
+nox.options.sessions = ["lint", "docs", "ci", "compat"]
 COMPAT_PYTHONS = ["3.12", "3.13"]
 
 
@@ -419,6 +421,14 @@ def fuzz(session):
 def lint(session):
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+@nox.session(python="3.11")
+def docs(session):
+    """Build the docs site (mkdocs.yml) in strict mode: a link to a missing page or anchor
+    fails it. Seconds, and no torch: mkdocs alone."""
+    session.install("mkdocs>=1.6,<2")
+    session.run("mkdocs", "build", "--strict", "--quiet")
 
 
 @nox.session(python="3.11")

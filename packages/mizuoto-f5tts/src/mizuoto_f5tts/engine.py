@@ -111,6 +111,8 @@ class F5Engine(Engine):
     def check_request(cls, request: SynthesisRequest, model_dir: Path) -> None:
         if request.voice is None and request.reference is not None:
             reference.prepare_reference_text(request.reference.text)  # the transcript is due
+            if isinstance(request.reference.audio, Path) and request.reference.audio.is_file():
+                reference.check_audible(request.reference.audio)  # a short file: read now
 
     @classmethod
     def load(cls, model_dir: Path, *, options: Options | None = None,

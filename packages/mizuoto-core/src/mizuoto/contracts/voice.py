@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mizuoto.errors import InvalidRequest, VoiceMismatch
+from mizuoto.options import ComputeOptions
 from mizuoto.runtime.atomic import save_safetensors
+from mizuoto.runtime.startup import set_wait_policy
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +61,9 @@ class Voice:
     @classmethod
     def load(cls, path: str | Path) -> Voice:
         from safetensors import safe_open
+
+        # reading the tensors imports torch: OpenMP's wait policy first, as mizuoto.load sets it
+        set_wait_policy(ComputeOptions(), serving=False)
 
         path = Path(path)
         if not path.is_file():
