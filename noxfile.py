@@ -1,11 +1,15 @@
-"""Sessions: tests (unit), contract, parity (against upstream), lint, bench, fuzz (long property
-tests), compat (Python 3.12 and 3.13), and ci (what CI runs, with lint and compat).
+"""Sessions: tests (unit), contract, parity (against upstream), lint, docs (the site, links
+checked), bench, fuzz (long property tests), compat (Python 3.12 and 3.13), and ci (what CI
+runs, with lint, docs and compat).
 
-    nox -s lint ci compat  # the README's test command: lint, unit tests + contract suite +
-                           # tiny-model parity, then the contract suite on 3.12 and 3.13
+    nox -s lint docs ci compat  # the README's test command: lint, the docs site, unit tests +
+                                # contract suite + tiny-model parity, then the contract suite
+                                # on 3.12 and 3.13
     nox -s parity -- --realsize   # also the real-size parity tests (slow; not in CI)
     nox -s bench       # benchmarks against upstream (slow; never in CI)
     nox -s fuzz        # the Hypothesis property tests, long profile (not in CI)
+    nox -s gpu         # the GPU check (docs/gpu-check.md; on a lent GPU machine)
+    nox -s gpu_rehearsal  # the GPU check's steps on the CPU, from the same wheels (in CI)
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import nox
 
-nox.options.sessions = ["lint", "ci", "compat"]
+nox.options.sessions = ["lint", "docs", "ci", "compat"]
 COMPAT_PYTHONS = ["3.12", "3.13"]
 
 
@@ -419,6 +424,14 @@ def lint(session):
 
 
 @nox.session(python="3.11")
+def docs(session):
+    """Build the docs site (mkdocs.yml) in strict mode: a link to a missing page or anchor
+    fails it. Seconds, and no torch: mkdocs alone."""
+    session.install("mkdocs>=1.6,<2")
+    session.run("mkdocs", "build", "--strict", "--quiet")
+
+
+@nox.session(python="3.11")
 def bench(session):
     """Mizuoto vs upstream on real-size random-init models (slow; never part of CI)."""
     _install_base(session)
@@ -435,13 +448,32 @@ def bench(session):
                     "--stream", "--patches", "4")
 
 
-@nox.session(python="3.11")
+@nox.session(python=False)
 def gpu(session):
-    """The GPU checks (needs CUDA; never part of CI): VoxCPM bf16 and F5-TTS fp16 on CUDA
-    against upstream, CUDA graphs identical to eager, fast attention flagged, compute.prepack
-    inert on CUDA, F5 fast profile (float16 autocast) reported, timings.
-    Under 8 minutes on one H200. On a machine without PyPI see docs/performance.md, "GPU
-    checks" (benchmarks/gpu/wheels.sh, then benchmarks/gpu/checks.py)."""
-    _install_base(session)
-    _install_oracles(session)
-    session.run("python", "benchmarks/gpu/checks.py", *session.posargs)
+    """The GPU check (benchmarks/gpu/checks.py; needs CUDA, never part of CI): one command of
+    at most 9 minutes, installing only from the wheel folder .whl/ (built here first by
+    benchmarks/gpu/wheels.sh when missing). See docs/gpu-check.md; on a machine without nox,
+    run the script itself."""
+    if not glob.glob(".whl/*.whl"):
+        session.run("bash", "benchmarks/gpu/wheels.sh", external=True)
+    session.run("python3", "benchmarks/gpu/checks.py", *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def gpu_rehearsal(session):
+    """The GPU check rehearsed on this CPU (in CI): the wheel folder built as for the GPU, a
+    fresh Python 3.12 environment with the device's torch, every step on tiny models
+    (benchmarks/gpu/checks.py --rehearse). In CI its environment (PyPI's torch build, about
+    6 GB with its NVIDIA libraries) is removed at the end."""
+    tmp = session.create_tmp()
+    wheels = os.path.join(tmp, "wheels")
+    venv = os.path.join(tmp, "venv")
+    session.log(f"free disk: {shutil.disk_usage(os.getcwd()).free / 1e9:.1f} GB")
+    try:
+        session.run("bash", "benchmarks/gpu/wheels.sh", wheels, external=True,
+                    env={"PYTHON": sys.executable})
+        session.run(sys.executable, "benchmarks/gpu/checks.py", "--rehearse", "--wheels",
+                    wheels, "--venv", venv, "--out", tmp, *session.posargs, external=True)
+    finally:
+        if _in_ci():
+            shutil.rmtree(venv, ignore_errors=True)

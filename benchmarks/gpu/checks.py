@@ -1,25 +1,23 @@
-"""The GPU checks of the speed options, as one prepared run (``nox -s gpu``, or by hand on a
-machine with CUDA; see docs/performance.md, "GPU checks").
+"""The GPU check: one prepared command for a lent GPU machine that reaches no registry
+(docs/gpu-check.md).
 
-For each case, one ``mizuoto bench --json`` on CUDA, each configuration in its own process:
+    benchmarks/gpu/wheels.sh                      # here: the wheel folder, .whl/ (32 MB)
+    python3 benchmarks/gpu/checks.py              # there, carrying .whl: at most 9 minutes
+    python3 benchmarks/gpu/checks.py --rehearse   # here: the same steps on the CPU
 
-- VoxCPM (bfloat16, the config's dtype) against upstream ``voxcpm`` with ``optimize=False``
-  (its eager path; ``optimize`` would wrap it in torch.compile): the base must equal upstream
-  bit for bit, ``compute.cuda_graphs=true`` must equal the base, ``compute.attention=fast`` must
-  say so in ``applied.compute``; request times of each.
-- F5-TTS v1 Base (float16 on CUDA, as upstream picks) against upstream ``f5-tts``: identical.
-- VoxCPM continuous batching on CUDA (``batch_exactness.py --device cuda``, bfloat16, streams
-  on threads): a stream alone in the batcher must equal the unbatched stream bit for bit;
-  8 streams stepped together are reported (SNR against alone, patches moved) with their
-  throughput against 8 times one stream.
-- Training on CUDA against upstream's trainers, per step (the parity tests' own cases, run
-  where both sides pick CUDA): F5 (tiny v1 Base under accelerate's ``mixed_precision`` fp16,
-  its GradScaler, and bf16) and VoxCPM LoRA (tiny 0.5B, upstream's bf16 autocast + GradScaler).
+It checks the machine (GPU, driver, torch and torchaudio, free memory), installs only from the
+wheel folder (``pip --no-index`` into a folder of its own, first on PYTHONPATH), proves that
+every module imports, then runs :data:`steps.STEPS` in order of value, each under its own time
+limit and all under ``--budget``: a step that no longer fits is skipped, and a skip counts as a
+failure. Each step's checks compare something (parity with upstream, graphs with eager, a
+stream in the batcher with one alone, memory levels with the default) and check that each
+configuration ran on the device and dtype it claims. Prints one line per check, a timing table
+and ``N passed, N failed``; writes all of it to ``--out``/gpu-checks.json (default ``$OUT``).
 
-Prints one line per check (PASS/FAIL) and a table of timings, writes everything as JSON to
-``--out``; exits 1 when a check fails. Sized for under 8 minutes on one H200: tiny models prove
-the bits quickly, the released sizes give the timings (the VoxCPM2 case also proves its
-real-size parity on the GPU).
+``--rehearse`` makes a fresh Python 3.12 virtual environment holding the device's torch and
+torchaudio (and the device packages the check uses, at the device's versions where known),
+installs the same wheel folder into it the same way and runs every step on tiny models on the
+CPU (``nox -s gpu_rehearsal``, in CI).
 """
 
 from __future__ import annotations
@@ -27,228 +25,261 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-#: (name, model, compares, against upstream, requests per run)
-CASES = [
-    ("voxcpm tiny-0.5b", "random:voxcpm/tiny-0.5b",
-     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast",
-      "plain:compute.prepack=off"], True, 2),
-    ("voxcpm tiny-2", "random:voxcpm/tiny-2",
-     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
-    ("f5tts tiny-v1-base", "random:f5tts/tiny-v1-base",
-     ["autocast:engines.f5tts.fast=autocast", "fastauto:engines.f5tts.fast=auto"], True, 1),
-    ("voxcpm realsize-0.5b", "random:voxcpm/realsize-0.5b",
-     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
-    ("voxcpm realsize-2", "random:voxcpm/realsize-2",
-     ["graphs:compute.cuda_graphs=true", "fast:compute.attention=fast"], True, 2),
-    ("f5tts realsize-v1-base", "random:f5tts/realsize-v1-base",
-     ["autocast:engines.f5tts.fast=autocast"], True, 2),
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import steps
+from import_check import DEVICE, read_pins
+from steps import ROOT, Check, Context
+
+HERE = Path(__file__).resolve().parent
+STUBS = ROOT / "packages" / "mizuoto-f5tts" / "tests" / "parity" / "oracle_stubs"
+#: One device command runs at most 10 minutes; the check keeps a minute for the lease.
+BUDGET_S = 540
+#: A step starts only with at least this share of its limit left (then it gets what is left).
+MIN_SHARE = 1 / 3
+#: The device packages the rehearsal installs besides torch (the device has them; the carried
+#: wheels need them): their device versions where device-packages.txt gives one.
+REHEARSAL_BASE = ("numpy", "scipy", "numba", "scikit-learn", "joblib", "lazy-loader",
+                  "msgpack", "huggingface-hub", "safetensors", "pyyaml", "regex", "tqdm",
+                  "attrs", "click", "typer", "packaging", "psutil", "requests", "pandas",
+                  "pyarrow", "xxhash", "aiohttp", "filelock", "sympy", "matplotlib", "protobuf",
+                  "hypothesis", "sortedcontainers", "torchdiffeq", "typing-extensions",
+                  "pygments", "setuptools")
 
 
-#: (name, fixture, batch sizes): continuous batching on CUDA (batch_exactness.py)
-BATCHING = [
-    ("voxcpm batching tiny-2", "voxcpm/tiny-2", "1,8"),
-    ("voxcpm batching realsize-0.5b", "voxcpm/realsize-0.5b", "1,8"),
-]
-
-#: (name, pytest node ids): training parity cases; on CUDA both sides train there
-TRAINING = [
-    ("f5tts training fp16+bf16 (tiny v1)", [
-        "packages/mizuoto-f5tts/tests/parity/test_training_parity.py::"
-        "test_training_matches_upstream[v1-frame-accum-fp16-cuda]",
-        "packages/mizuoto-f5tts/tests/parity/test_training_parity.py::"
-        "test_training_matches_upstream[v1-frame-accum-bf16]"]),
-    ("voxcpm lora training bf16 (tiny 0.5b)", [
-        "packages/mizuoto-voxcpm/tests/parity/test_training_parity.py::"
-        "test_every_step_matches_upstream[0.5b-lora]"]),
-]
+def _versions_pinned(names) -> list[str]:
+    device = read_pins(DEVICE)
+    return [f"{name}=={device[name]}" if device.get(name) else name for name in names]
 
 
-def run_training(nodes: list[str], basetemp: Path) -> dict:
-    command = [sys.executable, "-m", "pytest", *nodes, "-q", "-p", "no:cacheprovider",
-               "-m", "parity", "--basetemp", str(basetemp)]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    return {"returncode": done.returncode, "output": done.stdout[-4000:] + done.stderr[-2000:],
-            "seconds": time.perf_counter() - started}
-
-
-def run_batching(fixture: str, sizes: str, root: Path) -> dict:
-    root.mkdir(parents=True, exist_ok=True)
-    model = root / fixture.replace("/", "_")
-    if not model.is_dir():
-        subprocess.run([sys.executable, "-m", "mizuoto", "-q", "random-model", fixture,
-                        str(model)], check=True)
-    out = root / f"{fixture.replace('/', '_')}-batching.json"
-    command = [sys.executable, "packages/mizuoto-voxcpm/benchmarks/batch_exactness.py",
-               str(model), "--device", "cuda", "--dtype", "bfloat16", "--sizes", sizes,
-               "--threads", "--max-len", "16", "--json", str(out)]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+def preflight(rehearse: bool, python: str) -> tuple[list[Check], dict]:
+    """The machine as found: GPU, driver, torch and torchaudio, free memory."""
+    probe = ("import json, platform, torch, torchaudio; c = torch.cuda.is_available(); "
+             "free, total = torch.cuda.mem_get_info() if c else (0, 0); "
+             "print(json.dumps({'torch': torch.__version__, 'torchaudio': "
+             "torchaudio.__version__, 'cuda': c, 'gpu': torch.cuda.get_device_name() if c "
+             "else None, 'cuda_runtime': torch.version.cuda, 'free_gb': free / 1e9, "
+             "'total_gb': total / 1e9, 'python': platform.python_version()}))")
+    done = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        return {"error": done.stderr[-4000:] or done.stdout[-4000:],
-                "seconds": time.perf_counter() - started}
-    return {"rows": json.loads(out.read_text()), "seconds": time.perf_counter() - started}
+        return [Check("preflight: torch imports", False, done.stderr.strip()[-300:])], {}
+    found = json.loads(done.stdout)
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        query = subprocess.run([smi, "--query-gpu=name,driver_version,memory.free",
+                                "--format=csv,noheader"], capture_output=True, text=True,
+                               check=False)
+        found["nvidia_smi"] = query.stdout.strip()
+    device = read_pins(DEVICE)
+    checks = [Check(f"preflight: torch {device['torch']} (the device's)",
+                    found["torch"].split("+")[0] == device["torch"], found["torch"]),
+              Check(f"preflight: torchaudio {device['torchaudio']}",
+                    found["torchaudio"].split("+")[0] == device["torchaudio"],
+                    found["torchaudio"]),
+              Check("preflight: Python 3.12", found["python"].startswith("3.12."),
+                    found["python"])]
+    if not rehearse:
+        checks.append(Check("preflight: a CUDA GPU with 20 GB free", found["cuda"] and
+                            found["free_gb"] >= 20, f"{found['gpu']}, {found['free_gb']:.0f} "
+                            f"GB free, driver: {found.get('nvidia_smi')}"))
+    return checks, found
 
 
-def batching_checks(name: str, report: dict) -> list[tuple[str, bool, str]]:
-    """(check, passed, detail): the lone stream is exact; the batch's rows are reported."""
-    if "error" in report:
-        return [(f"{name}: ran", False, report["error"].strip().splitlines()[-1]
-                 if report["error"].strip() else "no output")]
-    rows = report["rows"]
-    lone = [r for r in rows if r["batch"] == 1]
-    batch = [r for r in rows if r["batch"] > 1]
-    results = [(f"{name}: a stream alone in the batcher equals the unbatched stream",
-                bool(lone) and all(r["identical"] for r in lone), "")]
-    if batch and lone:
-        size = batch[0]["batch"]
-        speedup = size * lone[0]["seconds"] / batch[0]["seconds"]
-        snr = sorted(r["snr_db"] for r in batch)
-        moved = sum(r["patches_alone"] != r["patches_batched"] for r in batch)
-        detail = (f"{size} streams: {speedup:.1f}x the throughput of one, SNR vs alone "
-                  f"{snr[0]:.1f}-{snr[-1]:.1f} dB, {sum(r['identical'] for r in batch)}/"
-                  f"{len(batch)} identical, {moved} stops moved")
-        results.append((f"{name}: {size} streams stepped together", True, detail))
-    return results
+def install(wheels: Path, python: str, site: Path) -> list[Check]:
+    """Only from the wheel folder: no index, no dependencies resolved, a folder of its own."""
+    found = sorted(wheels.glob("*.whl"))
+    if not found:
+        return [Check("install from the wheel folder", False, f"no wheels in {wheels}: run "
+                      "benchmarks/gpu/wheels.sh here and carry .whl")]
+    shutil.rmtree(site, ignore_errors=True)
+    done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                           "--no-compile", "--no-cache-dir", "--disable-pip-version-check",
+                           "--target", str(site), *map(str, found)],
+                          capture_output=True, text=True, check=False)
+    return [Check(f"install {len(found)} wheels from {wheels.name}/ (no index)",
+                  done.returncode == 0, done.stderr.strip()[-300:])]
 
 
-def run_case(model: str, compares: list[str], upstream: bool, requests: int,
-             random_root: Path) -> dict:
-    command = [sys.executable, "-m", "mizuoto", "bench", model, "--json", "--runs", "1",
-               "--requests", str(requests), "--option", "compute.device=cuda",
-               "--random-dir", str(random_root / model.replace("/", "_").replace(":", "_"))]
-    for compare in compares:
-        command += ["--compare", compare]
-    if upstream:
-        command.append("--against-upstream")
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"error": done.stderr[-4000:] or done.stdout[-4000:],
-                "seconds": time.perf_counter() - started}
-    report = json.loads(done.stdout)
-    report["seconds"] = time.perf_counter() - started
-    return report
+def child_env(site: Path, rehearse: bool) -> dict:
+    """The children's environment: the installed wheels first, then the WAV stand-ins
+    (wav_shim: no FFmpeg there), then the parity tests' stand-ins for wandb and cached_path;
+    deterministic cuBLAS and algorithms for the training comparisons (both sides)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(HERE / "wav_shim"), str(STUBS)])
+    env["PATH"] = os.pathsep.join([str(HERE / "wav_shim" / "bin"), str(site / "bin"),
+                                   env.get("PATH", "")])
+    env.update({"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",
+                "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+                "MIZUOTO_HOME": str(site.parent / "home"), "HF_HUB_OFFLINE": "1"})
+    if rehearse:
+        env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    return env
 
 
-def _entries(report: dict) -> dict[str, dict]:
-    return {entry["name"]: entry for entry in report.get("configurations", [])}
+def import_step(ctx: Context, wheels: Path, limit: float) -> list[Check]:
+    try:
+        done = steps.run_child([ctx.python, str(HERE / "import_check.py"), str(wheels),
+                                "--imports", "--stubs", str(STUBS)], ctx, limit)
+    except steps.TimedOut as exc:
+        return [Check("every module imports; carried pins are what Python finds", False,
+                      str(exc))]
+    lines = done.stdout.strip().splitlines()
+    return [Check("every module imports; carried pins are what Python finds",
+                  done.returncode == 0, " | ".join(lines[-4:]) or done.stderr[-300:])]
 
 
-def checks(name: str, report: dict) -> list[tuple[str, bool, str]]:
-    """(check, passed, detail) for one case's report."""
-    if "error" in report:
-        return [(f"{name}: ran", False, report["error"].strip().splitlines()[-1]
-                 if report["error"].strip() else "no output")]
-    entries = _entries(report)
-    base = entries.get("base", {})
-    results = [(f"{name}: deterministic", bool(base.get("deterministic")), "")]
-    if "upstream" in entries:
-        results.append((f"{name}: identical to upstream", base.get("identical_to_upstream")
-                        is True, ""))
-    if "graphs" in entries:
-        graphs = entries["graphs"]
-        results.append((f"{name}: cuda_graphs identical to eager",
-                        graphs.get("identical_to_base") is True, ""))
-        ran = graphs["runs"][0].get("compute", {}) if graphs.get("runs") else {}
-        results.append((f"{name}: cuda_graphs reported", ran.get("cuda_graphs") is True,
-                        str(ran)))
-    if "fast" in entries:
-        fast = entries["fast"]
-        ran = fast["runs"][0].get("compute", {}) if fast.get("runs") else {}
-        results.append((f"{name}: fast attention flagged in applied.compute",
-                        ran.get("attention") == "fast", str(ran)))
-    if "plain" in entries:  # compute.prepack: CPU kernels only; on CUDA nothing may change
-        plain = entries["plain"]
-        results.append((f"{name}: prepack=off identical to the default",
-                        plain.get("identical_to_base") is True, ""))
-        ran = base["runs"][0].get("compute", {}) if base.get("runs") else {}
-        packed = {kernel for group in ran.get("prepack", {}).get("modules", {}).values()
-                  for kernel in group if kernel != "plain"}
-        results.append((f"{name}: no layer prepacked on CUDA", not packed, str(packed)))
-    if "autocast" in entries:  # F5's fast profile: float16 autocast on CUDA, as upstream
-        ran = entries["autocast"]["runs"][0].get("compute", {}) \
-            if entries["autocast"].get("runs") else {}
-        results.append((f"{name}: autocast reported (float16)",
-                        ran.get("fast") == "autocast" and ran.get("fast_dtype") == "float16",
-                        str(ran)))
-        results.append((f"{name}: autocast is not called identical",
-                        entries["autocast"].get("identical_to_base") is not True, ""))
-    if "fastauto" in entries:  # fast=auto picks float16 autocast on CUDA (int8 is CPU-only)
-        ran = entries["fastauto"]["runs"][0].get("compute", {}) \
-            if entries["fastauto"].get("runs") else {}
-        results.append((f"{name}: fast=auto chose autocast (float16)",
-                        ran.get("fast") == "autocast" and ran.get("fast_dtype") == "float16",
-                        str(ran)))
-    return results
+def fits(left: float, limit: float) -> bool:
+    """Whether a step of ``limit`` seconds may start with ``left`` seconds of the budget."""
+    return left >= limit * MIN_SHARE
 
 
-def _median(entry: dict, metric: str) -> str:
-    value = (entry.get("summary") or {}).get(metric)
-    return "-" if not value else f"{value['median']:.3f}"
+def run_checks(args, python: str) -> int:
+    started = time.monotonic()
+    deadline = started + args.budget
+    rehearse = args.rehearse
+    work = Path(args.work or tempfile.mkdtemp(prefix="mizuoto-gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results: list[Check] = []
+    record: dict = {"rehearse": rehearse, "budget_s": args.budget, "steps": {}}
+
+    def report(new: list[Check]) -> None:
+        for check in new:
+            results.append(check)
+            detail = f" ({check.detail})" if check.detail and (not check.passed or args.verbose) \
+                else ""
+            print(f"{'PASS' if check.passed else 'FAIL'}: {check.name}{detail}", flush=True)
+
+    checks, found = preflight(rehearse, python)
+    record["machine"] = found
+    print(f"machine: {json.dumps(found)}", flush=True)
+    report(checks)
+    site = work / "site"
+    report(install(args.wheels, python, site))
+    env = child_env(site, rehearse)
+    ctx = Context(device="cpu" if rehearse else "cuda", rehearse=rehearse, python=python,
+                  env=env, work=work)
+    report(import_step(ctx, args.wheels, 120))
+    timings = []
+    for step in steps.STEPS:
+        if args.only and not any(part in step.name for part in args.only):
+            continue
+        limit = step.rehearse_limit_s if rehearse else step.limit_s
+        left = deadline - time.monotonic()
+        if not fits(left, limit):
+            report([Check(f"{step.name}: skipped", False, f"{left:.0f} s left of the "
+                          f"budget, the step needs up to {limit} s")])
+            record["steps"][step.name] = {"skipped": True, "left_s": left}
+            continue
+        print(f"-- {step.name} (limit {min(limit, left):.0f} s)", flush=True)
+        began = time.monotonic()
+        try:
+            checks, detail = step.run(ctx, min(limit, left))
+        except Exception as exc:  # a broken step fails, the others still run
+            checks, detail = [Check(f"{step.name}: ran", False,
+                                    f"{type(exc).__name__}: {exc}")], {}
+        seconds = time.monotonic() - began
+        if not checks:
+            checks = [Check(f"{step.name}: compared something", False, "no checks")]
+        report(checks)
+        record["steps"][step.name] = {"seconds": seconds, "checks": [_as_dict(c) for c in checks],
+                                        "detail": detail}
+        timings.append((step.name, seconds, detail))
+        print(f"   ({seconds:.0f} s)", flush=True)
+    _print_timings(timings)
+    failed = [c for c in results if not c.passed]
+    record.update(total_s=time.monotonic() - started,
+                  checks=[_as_dict(c) for c in results],
+                  passed=len(results) - len(failed), failed=len(failed))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / ("gpu-rehearsal.json" if rehearse else "gpu-checks.json")).write_text(
+        json.dumps(record, indent=1, default=str))
+    print(f"step times: {', '.join(f'{n} {s:.0f} s' for n, s, _ in timings)}; "
+          f"total {time.monotonic() - started:.0f} s", flush=True)
+    if not args.work:  # its own temporary folder: the random models, the installed wheels
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+def _as_dict(check: Check) -> dict:
+    return {"name": check.name, "passed": check.passed, "detail": check.detail}
+
+
+def _print_timings(timings) -> None:
+    print(f"{'configuration':44} {'request s':>9} {'warm s':>7} {'RTF':>6} {'first s':>7} "
+          f"{'peak GPU MB':>11}", flush=True)
+    for _, _, detail in timings:
+        for label, entry in detail.items():
+            for row in entry.get("timings", []) if isinstance(entry, dict) else []:
+                cells = [row[k] for k in ("request_s", "warm_request_s", "rtf",
+                                          "first_audio_s", "peak_gpu_mb")]
+                text = " ".join(f"{'-' if v is None else f'{v:.3f}':>{w}}"
+                                for v, w in zip(cells, (9, 7, 6, 7, 11), strict=True))
+                print(f"{label + ' ' + row['configuration']:44} {text}", flush=True)
+
+
+def rehearsal_python(venv: Path) -> str:
+    """A fresh Python 3.12 environment with the device's torch and torchaudio (PyPI's build
+    for Linux, which is CUDA's and runs on the CPU) and the device packages the check uses."""
+    python = venv / "bin" / "python"
+    marker = venv / ".mizuoto-gpu-rehearsal"
+    if marker.is_file():
+        return str(python)
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([_python312(), "-m", "venv", str(venv)], check=True)
+    device = read_pins(DEVICE)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    f"torch=={device['torch']}", f"torchaudio=={device['torchaudio']}",
+                    *_versions_pinned(REHEARSAL_BASE)], check=True)
+    marker.write_text("torch " + device["torch"] + "\n")
+    return str(python)
+
+
+def _python312() -> str:
+    for candidate in ("python3.12", *sorted(
+            str(p) for p in Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser().glob(
+                "versions/3.12.*/bin/python3.12"))):
+        path = shutil.which(candidate) or (candidate if Path(candidate).is_file() else None)
+        if path and subprocess.run([path, "--version"], capture_output=True).returncode == 0:
+            return path
+    sys.exit("--rehearse needs Python 3.12 (the device's): install it (pyenv install 3.12)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) /
-                        "gpu-checks.json")
-    parser.add_argument("--random-root", type=Path, default=Path("/tmp/mizuoto-gpu-models"))
+    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl",
+                        help="the wheel folder benchmarks/gpu/wheels.sh built (default .whl)")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
+                        help="where gpu-checks.json goes (default $OUT, else here)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help=f"seconds for the whole run (default {BUDGET_S} on the GPU, 600 "
+                             "rehearsing)")
+    parser.add_argument("--work", help="scratch folder, kept (default a temporary one, removed "
+                        "at the end)")
     parser.add_argument("--only", action="append", default=[],
-                        help="run only the cases whose name contains this (repeatable)")
+                        help="run only the steps whose name contains this (repeatable)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="on this CPU, in a fresh Python 3.12 environment with the device's "
+                             "torch: every step on tiny models")
+    parser.add_argument("--venv", type=Path, default=Path(tempfile.gettempdir()) /
+                        "mizuoto-gpu-rehearsal", help="the rehearsal's environment (kept)")
+    parser.add_argument("--python", help="the interpreter the steps run under (default: this "
+                        "one on the GPU, the rehearsal's environment rehearsing)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the detail of passing checks too")
     args = parser.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("FAIL: no CUDA device", flush=True)
-        return 1
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    results, reports = [], {}
-    for name, model, compares, upstream, requests in CASES:
-        if args.only and not any(part in name for part in args.only):
-            continue
-        report = run_case(model, compares, upstream, requests, args.random_root)
-        reports[name] = report
-        for check, passed, detail in checks(name, report):
-            results.append((check, passed))
-            print(f"{'PASS' if passed else 'FAIL'}: {check} {detail if not passed else ''}",
-                  flush=True)
-        for entry in _entries(report).values():
-            print(f"    {name:24} {entry['name']:9} request {_median(entry, 'request_s')} s"
-                  f"  warm {_median(entry, 'warm_request_s')} s"
-                  f"  peak GPU {_median(entry, 'peak_gpu_mb')} MB", flush=True)
-        print(f"    ({report.get('seconds', 0):.0f} s)", flush=True)
-    for name, fixture, sizes in BATCHING:
-        if args.only and not any(part in name for part in args.only):
-            continue
-        report = run_batching(fixture, sizes, args.random_root / "batching")
-        reports[name] = report
-        for check, passed, detail in batching_checks(name, report):
-            results.append((check, passed))
-            print(f"{'PASS' if passed else 'FAIL'}: {check} {detail}", flush=True)
-        print(f"    ({report.get('seconds', 0):.0f} s)", flush=True)
-    for name, nodes in TRAINING:
-        if args.only and not any(part in name for part in args.only):
-            continue
-        report = run_training(nodes, args.random_root / "training")
-        reports[name] = report
-        summary = report["output"].strip().splitlines()[-1:] or ["no output"]
-        passed = report["returncode"] == 0
-        results.append((f"{name}: identical to upstream per step", passed))
-        print(f"{'PASS' if passed else 'FAIL'}: {name}: identical to upstream per step "
-              f"({summary[0]}, {report['seconds']:.0f} s)", flush=True)
-        if not passed:
-            print(report["output"][-3000:], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"checks": results, "reports": reports}, indent=1))
-    failed = [check for check, passed in results if not passed]
-    print(f"{len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
-    return 1 if failed else 0
+    args.wheels, args.out, args.venv = (p.resolve() for p in (args.wheels, args.out, args.venv))
+    if args.budget is None:
+        args.budget = 600 if args.rehearse else BUDGET_S
+    python = args.python or (rehearsal_python(args.venv) if args.rehearse else sys.executable)
+    return run_checks(args, python)
 
 
 if __name__ == "__main__":

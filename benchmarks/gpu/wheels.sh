@@ -1,25 +1,40 @@
 #!/usr/bin/env bash
-# Wheels for the GPU checks on a machine that cannot reach PyPI (the `device` machine: Python
-# 3.12, torch with CUDA already installed). Run here, in the repository root; the wheels go to
-# .whl/ (ignored by git), which the run carries. See docs/performance.md, "GPU checks".
+# The wheel folder for the GPU check (benchmarks/gpu/checks.py), built here where PyPI is
+# reachable: the device machine reaches no registry and receives at most 64 MiB of ignored
+# files beside the work tree, so everything the check installs there travels in .whl/ (ignored
+# by git; the run names it in `carry`). See docs/gpu-check.md.
+#
+#   benchmarks/gpu/wheels.sh [DIR]     # default .whl/ in the repository root
+#
+# Mizuoto's four distributions are built from this checkout; the rest are carried-wheels.txt's
+# pins (CI's resolved versions), for Python 3.12 on x86-64 Linux (the device's). A source-only
+# release (encodec, argbind) is built into a wheel here. Fails if the folder passes 40 MB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-rm -rf .whl && mkdir -p .whl
-# Mizuoto itself (pure Python)
-python -m pip wheel -q --no-deps -w .whl ./packages/mizuoto-core ./packages/mizuoto-f5tts \
-    ./packages/mizuoto-voxcpm
-# the upstream oracles and the modules they import that the device image lacks (its image has
-# torch, torchaudio, transformers, einops, safetensors, huggingface_hub, scipy, numba, ...)
-python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform any -d .whl \
-    f5-tts==1.1.22 vocos==0.1.0 encodec==0.1.1 voxcpm==2.0.3 x-transformers==2.31.10 \
-    ema-pytorch pypinyin==0.55.0 rjieba==0.2.2 librosa soundfile soxr audioread pooch \
-    pydub wetext==0.1.2 inflect==7.5.0 typeguard more-itertools pydantic pydantic-core \
-    annotated-types typing-inspection \
-    accelerate datasets==3.6.0 pyarrow dill multiprocess xxhash fsspec argbind \
-    docstring-parser tensorboardX torchdiffeq torchcodec==0.17.0 pytest pluggy iniconfig
-# (the last line: the training checks, which run the parity tests' training cases; upstream
-# F5's loader reads audio with torchaudio.load, which needs torchcodec and FFmpeg's libraries)
-du -sh .whl
+out="${1:-.whl}"
+PYTHON="${PYTHON:-python3}"
+if [ "$out" = .whl ]; then
+    exclude="$(git rev-parse --git-path info/exclude)"
+    mkdir -p "$(dirname "$exclude")"
+    grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
+fi
+rm -rf "$out" && mkdir -p "$out"
+# Mizuoto itself (pure Python), and the contract suite: the parity tests' pytest plugin
+"$PYTHON" -m pip wheel -q --no-deps -w "$out" ./packages/mizuoto-core ./packages/mizuoto-f5tts \
+    ./packages/mizuoto-voxcpm ./contract-tests
+platforms=(--python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64
+           --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+# pins marked "source only" have no wheel on PyPI (pure-Python sdists): built into one here
+pins() { grep -v '^\s*#' benchmarks/gpu/carried-wheels.txt | grep "$@" | sed 's/#.*//; s/\s*$//' | grep .; }
+mapfile -t binary < <(pins -v 'source only')
+mapfile -t source < <(pins 'source only')
+"$PYTHON" -m pip download -q --no-deps --only-binary=:all: "${platforms[@]}" -d "$out" \
+    "${binary[@]}"
+"$PYTHON" -m pip wheel -q --no-deps --no-binary=:all: -w "$out" "${source[@]}"
+bytes=$(du -sb "$out" | cut -f1)
+echo "$(ls "$out" | wc -l) wheels, $((bytes / 1000000)) MB in $out"
+if [ "$bytes" -gt 40000000 ]; then
+    echo "the wheel folder is over 40 MB: the device carries 64 MiB with the work tree" >&2
+    exit 1
+fi

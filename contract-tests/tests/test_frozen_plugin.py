@@ -26,11 +26,13 @@ pytest_plugins = ["pytester"]
 
 # Every contract test generated for the frozen toy model passes; none is skipped (with the 2
 # of test_plugin_contract run in this process: the plugin's hooks run, its EngineRef matches).
-FROZEN_TESTS = 35
+# Round 5: the behaviour checks run on it too (no license gate) and the text-coverage check is
+# new; those it misses are deprecations (it is written for API 1.0).
+FROZEN_TESTS = 42
 # The round-3 trainer's trainer tests run in this process (of 6: SIGKILL and stop signals not).
-FROZEN_TRAINER_TESTS = 4
+FROZEN_TRAINER_TESTS = 6
 # The same for the API 1.1 plugin (no trainer: the trainer tests are deselected).
-FROZEN_1_1_TESTS = 41
+FROZEN_1_1_TESTS = 42
 
 
 def _only(monkeypatch, module, name):

@@ -28,14 +28,15 @@ from mizuoto_example.engine import ToyEngine
 
 pytest_plugins = ["pytester"]
 
-# Per toy model: 31 tests (7 of them in test_behaviour_contract), plus test_empty_text_is_refused once; edit, design, long text and
+# Per toy model: 32 tests (8 of them in test_behaviour_contract), plus test_empty_text_is_refused once; edit, design, long text and
 # the refused-reference-text test do not apply to the toy. Three of them check hostile input
 # (non-finite numbers, NaN weights, a Hypothesis property). Then 2 of test_plugin_contract: the
 # plugin loads and its hooks run, its EngineRef matches.
-TOY_TESTS = 41
-# 4 that do not apply, the 6 trainer-contract tests run_suite leaves to the contract session
-# and the 3 checks in fresh interpreters (the listing: test_the_listing_check_runs_in_the_suite)
-TOY_DESELECTED = 13
+TOY_TESTS = 42
+# 4 that do not apply, the 2 of features the toy does not declare (batching, LoRA), the 10
+# trainer-contract tests run_suite leaves to the contract session and the 3 checks in fresh
+# interpreters (the listing: test_the_listing_check_runs_in_the_suite)
+TOY_DESELECTED = 19
 
 
 @pytest.fixture
@@ -122,11 +123,11 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
 
     monkeypatch.setattr(ToyEngine, "load", classmethod(broken))
     result = run_suite()
-    # Its capabilities are unknown: only the tests every model gets are generated (17
+    # Its capabilities are unknown: only the tests every model gets are generated (18
     # functions, one of them for three texts, one for two settings), and they error with the
     # load error; the others are deselected. Of the plugin's own tests, the EngineRef check
     # fails with the load error; its hooks pass.
-    result.assert_outcomes(passed=1, failed=1, errors=21, deselected=30)
+    result.assert_outcomes(passed=1, failed=1, errors=22, deselected=36)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
 
@@ -152,7 +153,8 @@ def test_the_stop_signal_test_is_generated_for_trainers_that_declare_it(run_suit
     result = run_suite("--mizuoto-engine", "toy", "--collect-only", "-q",
                        "-k", "trainer_contract")
     collected = result.stdout.str()
-    assert "test_resume_after_sigkill_exports_the_same_weights[toy-ToyTrainer-full]" in collected
+    assert ("test_resume_after_sigkill_exports_the_same_weights[toy-ToyTrainer-full-first-update]"
+            in collected)
     stop_test = "test_a_stop_signal_saves_the_checkpoint_and_resumes_identically"
     assert (f"{stop_test}[toy-ToyTrainer-full]" in collected) is graceful_stop
 
@@ -348,7 +350,8 @@ def test_an_ignored_declared_param_is_caught(run_suite, monkeypatch):
     monkeypatch.setattr(ToyEngine, "_hum", lambda self, text, params, *args: hum(
         self, text, attrs.evolve(params, char_seconds=0.02), *args))
     _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "declared_param"),
-                   "params char_seconds changed nothing",
+                   "params changed nothing (seed 1234): char_seconds (tried 0.005, 0.08; the "
+                   "fixture's 0.02). Likely cause: the engine declares them but never reads",
                    "FAILED *test_every_declared_param_changes_the_audio*toy/tiny*")
 
 
@@ -365,17 +368,40 @@ def test_memory_kept_per_request_is_caught(run_suite, monkeypatch):
                    "grew the resident memory by", "FAILED *test_memory_stays_flat*toy/tiny*")
 
 
-def test_a_fixture_without_a_license_is_named(run_suite, monkeypatch):
+@pytest.mark.parametrize("plugin_api", ["1.0", "1.1"])
+def test_a_fixture_without_a_license_is_named(run_suite, monkeypatch, plugin_api):
+    """The license check runs without the declaration (assuming what the engine reports) and
+    then names the missing declaration: a failure for a plugin written for API 1.1, a
+    deprecation and the closing line for one written for 1.0."""
     from mizuoto import registry
 
     listed = registry.contract_fixtures
     monkeypatch.setattr(registry, "contract_fixtures", functools.cache(lambda: {  # cache_clear
         key: attrs.evolve(fixture, license=None) for key, fixture in listed().items()}))
+    monkeypatch.setattr(ToyEngine, "plugin_api", plugin_api)
     result = run_suite("--mizuoto-engine", "toy", "-k", "license")
-    # a deprecation (and the closing line) while the bundled fixtures adopt the field
-    result.stdout.fnmatch_lines(["*declares no license*", "plugin mizuoto_example (engine toy) "
-                                 "*misses 1 requirements*test_the_license_is_declared*"],
+    result.stdout.fnmatch_lines(["*declares no license (checked assuming the engine's report, "
+                                 "'Apache-2.0'*Fix: set ContractFixture(license=*"],
                                 consecutive=False)
+    if plugin_api == "1.1":
+        assert result.ret != 0
+        return
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["plugin mizuoto_example (engine toy) is written for API 1.0; "
+                                 "it misses 1 requirements of 1.1: "
+                                 "test_the_license_is_declared*"], consecutive=False)
+
+
+def test_a_long_text_refused_by_name_passes_the_first_chunk_check(run_suite, monkeypatch):
+    """An engine without LONG_TEXT may refuse a long text naming ``text`` (the toy does beyond
+    ``params.max_seconds``): the incremental-stream check accepts it."""
+    from mizuoto import registry
+
+    listed = registry.contract_fixtures
+    monkeypatch.setattr(registry, "contract_fixtures", functools.cache(lambda: {  # cache_clear
+        key: attrs.evolve(fixture, request_params={**fixture.request_params, "max_seconds": 5.0})
+        for key, fixture in listed().items()}))
+    run_suite("--mizuoto-engine", "toy", "-k", "first_chunk").assert_outcomes(passed=1)
 
 
 def test_a_generator_never_drawn_from_is_caught(run_suite, monkeypatch):
@@ -514,7 +540,7 @@ def test_the_toy_trainer_passes_the_in_process_trainer_tests(run_suite, monkeypa
 
     _with_toy_trainer(monkeypatch, ToyTrainer)
     result = run_suite("--mizuoto-engine", "toy", "-k", "trainer_contract and not sigkill")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=6)
 
 
 def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypatch):
@@ -528,6 +554,28 @@ def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypat
     _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "learning_rate"),
                    "exported the same weights. Likely cause: the trainer ignores "
                    "TrainingConfig.learning_rate")
+
+
+def test_a_trainer_that_ignores_the_warm_up_is_caught(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer, _Session
+
+    _with_toy_trainer(monkeypatch, ToyTrainer)
+    monkeypatch.setattr(_Session, "scheduled_rate", lambda self, update: self.learning_rate)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "warm_up"),
+                   "with params.warmup_updates=3 the logged learning rate is [[]0.001, 0.001, "
+                   "0.001, 0.001[]]*Likely cause: the trainer ignores the warm-up",
+                   "FAILED *test_the_learning_rate_follows_the_declared_warm_up*")
+
+
+def test_a_trainer_that_ignores_clipping_is_caught(run_suite, monkeypatch):
+    from toy_trainer import ToyTrainer, _Session
+
+    _with_toy_trainer(monkeypatch, ToyTrainer)
+    monkeypatch.setattr(_Session, "clipped", lambda self, gradient, norm: gradient)
+    _assert_caught(run_suite("--mizuoto-engine", "toy", "-k", "clipping"),
+                   "params.max_grad_norm 0 (no clipping) and 1e-6 exported the same weights. "
+                   "Likely cause: the trainer ignores max_grad_norm",
+                   "FAILED *test_gradient_clipping_changes_the_export_or_is_refused*")
 
 
 def test_a_trainer_that_ignores_batch_size_and_accumulation_is_caught(run_suite, monkeypatch):

@@ -71,9 +71,22 @@ class _Session(TrainingSession):
         # one pseudo-gradient per example, averaged over the update's micro-batches
         examples = self.config.batch_size * self.config.params.get("grad_accumulation", 1)
         gradient = torch.randn((examples, *self.state["level"].shape), generator=noise).mean(0)
-        self.state["level"] = self.state["level"] - self.learning_rate * gradient
+        norm = float(gradient.norm())
+        gradient = self.clipped(gradient, norm)
+        rate = self.scheduled_rate(self.done + 1)
+        self.state["level"] = self.state["level"] - rate * gradient
         self.done += 1
-        return {"loss": 0.0}
+        return {"loss": 0.0, "lr": rate, "grad_norm": norm}
+
+    def scheduled_rate(self, update: int) -> float:
+        """A linear warm-up over ``params.warmup_updates``, then the configured rate."""
+        warmup = self.config.params.get("warmup_updates") or 0
+        return self.learning_rate * min(1.0, update / warmup) if warmup else self.learning_rate
+
+    def clipped(self, gradient, norm: float):
+        """The gradient scaled to ``params.max_grad_norm`` where its norm is larger (0: off)."""
+        limit = self.config.params.get("max_grad_norm") or 0.0
+        return gradient * (limit / norm) if limit and norm > limit else gradient
 
     def save(self, path, done):
         with atomic_path(path) as part:

@@ -7,6 +7,10 @@ tested by ``test_unsupported_capability_raises`` instead, and a test no selected
 is deselected. Models are loaded at collection (their capabilities decide which tests exist)
 and cached for the session.
 
+Each check belongs to a plugin API version (``since_api``, see :mod:`mizuoto_contract.versions`):
+a check newer than the plugin's ``plugin_api`` that fails becomes a ``PluginAPIDeprecation``
+and passes; the run ends with one line per plugin counting what it misses.
+
 Test suites that do not use ``contract_model`` are left alone (mizuoto is not even imported).
 """
 
@@ -18,13 +22,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from mizuoto_contract.versions import Missed, later, newer, plugin_of
+
 if TYPE_CHECKING:
     from mizuoto_contract.models import ContractModel, ContractModels
 
 _MODELS = pytest.StashKey["ContractModels"]()
 _UNUSED = pytest.StashKey[set[str]]()
-# per plugin written for API 1.0: the tests whose 1.1 requirements it misses (see note_missed)
-_MISSED: dict[tuple[str, str], set[str]] = {}
+# per plugin and the API it is written for: the newer checks it fails (the closing line)
+_MISSED = Missed()
 
 # The capabilities a call can be refused for, and so can be tested when a model lacks them.
 REFUSABLE = ("zero_shot", "clone", "design", "edit", "stream", "voice_cache")
@@ -41,6 +47,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "mizuoto_requires(*capabilities, when=None): generate this contract test "
         "only for models that declare the capabilities (and whose fixture passes `when`)")
+    config.addinivalue_line(
+        "markers", "since_api(version): the plugin API version this check's requirement "
+        "belongs to; it fails a plugin written for that version or later, and warns an older "
+        "one (PluginAPIDeprecation)")
     config.stash[_UNUSED] = set()
     _MISSED.clear()
     from mizuoto_contract.profiles import load_profile
@@ -99,20 +109,60 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("contract_model", params, ids=ids, indirect=True)
 
 
-def note_missed(engine: object, test: str) -> None:
-    """Record that ``engine``'s plugin, written for API 1.0, misses the 1.1 requirement
-    ``test`` checks: the run ends with one line per such plugin."""
-    cls = type(engine)
-    plugin = f"{cls.__module__.split('.')[0]} (engine {getattr(cls, 'name', cls.__name__)})"
-    _MISSED.setdefault((plugin, getattr(cls, "plugin_api", "1.1")), set()).add(test)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A check newer than the plugin's ``plugin_api`` that fails: a deprecation, not a
+    failure (see :mod:`mizuoto_contract.versions`)."""
+    try:
+        return (yield)
+    except (Exception, pytest.fail.Exception) as exc:
+        marker = item.get_closest_marker("since_api")
+        version = later(marker.args[0] if marker else None, getattr(exc, "since_api", None))
+        cls = _plugin_class(item)
+        written = getattr(cls, "plugin_api", None)
+        if written is None or not newer(version, written):
+            raise
+        import warnings
+
+        from mizuoto.plugin import PluginAPIDeprecation
+
+        test = getattr(item, "originalname", item.name)
+        said = str(exc).strip().split("\n")[0] if isinstance(
+            exc, (AssertionError, pytest.fail.Exception)) else f"{type(exc).__name__}: {exc}"
+        warnings.warn_explicit(PluginAPIDeprecation(
+            f"{plugin_of(cls)} is written for plugin API {written}; {test} checks a "
+            f"requirement of API {version}, which it misses: {said} (a warning until API "
+            f"{int(written.split('.')[0]) + 1}.0)"), PluginAPIDeprecation,
+            str(item.path), (item.location[1] or 0) + 1)
+        _MISSED.note(plugin_of(cls), written, version, test)
+        return None
+
+
+def _plugin_class(item: pytest.Item) -> type | None:
+    """The engine (or trainer) class a test instance checks, by its parameters; None for a
+    test of no one plugin's engine."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if not {"contract_model", "engine_name", "trainer_case", "stopping_trainer_case"} & set(params):
+        return None  # not a contract check (another suite's test): mizuoto is not imported
+    from mizuoto.registry import get_engine
+
+    try:
+        if "contract_model" in params:
+            return get_engine(params["contract_model"].engine)
+        if "engine_name" in params:
+            return get_engine(params["engine_name"])
+        for name in ("trainer_case", "stopping_trainer_case"):
+            if params.get(name):
+                trainer = params[name][0]
+                return trainer if hasattr(trainer, "plugin_api") else get_engine(trainer.engine)
+    except Exception:  # an engine that does not load: its failure is reported as it is
+        return None
+    return None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    for (plugin, api), tests in sorted(_MISSED.items()):
-        terminalreporter.write_line(
-            f"plugin {plugin} is written for API {api}; it misses {len(tests)} requirements of "
-            f"1.1: {', '.join(sorted(tests))} (see the PluginAPIDeprecation warnings; enforced "
-            f"from API 2.0)", yellow=True, bold=True)
+    for line in _MISSED.closing_lines():
+        terminalreporter.write_line(line, yellow=True, bold=True)
 
 
 def deselect(metafunc: pytest.Metafunc) -> None:

@@ -37,8 +37,9 @@ def check_listing_imports_no_torch(plugin: str, engine: str | Collection[str],
     listed = json.loads(done.stdout.strip().splitlines()[-1])
     engines = [engine] if isinstance(engine, str) else sorted(engine)
     assert listed == {"engines": engines, "heavy": []}, (
-        f"listing plugin {plugin!r} gave {listed}: register an EngineRef and import the engine "
-        "(and torch) only inside it")
+        f"listing plugin {plugin!r} gave {listed}. Likely cause: the plugin module imports its "
+        f"engine (and so torch) at registration; register an EngineRef('name', "
+        f"'package.engine:Class', ...) and import torch only in the engine's module")
 
 
 def registered_by(engine: str) -> tuple[str, list[str]]:
@@ -87,8 +88,13 @@ def check_ref_against_models(ref, engine_cls: type,
     seen: set = set()
     for fixture_id, model_capabilities in capabilities.items():
         extra = sorted(c.value for c in model_capabilities - ref.capabilities)
-        assert not extra, f"{fixture_id} can do more than registered: {', '.join(extra)}"
+        assert not extra, (
+            f"{fixture_id} can do more than registered: {', '.join(extra)}. Likely cause: the "
+            f"EngineRef's capabilities= were not updated with the engine; list every "
+            f"capability a model of the engine can have")
         seen |= model_capabilities
     promised = sorted(c.value for c in ref.capabilities - seen)
     assert not promised, (f"the listing of {ref.name!r} promises what no model of the engine "
-                          f"can do: {', '.join(promised)}")
+                          f"can do: {', '.join(promised)}. Likely cause: the EngineRef's "
+                          f"capabilities= list more than the models declare; remove them, "
+                          f"or declare them in the loaded ModelInfo")

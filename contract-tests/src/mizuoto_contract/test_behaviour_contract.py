@@ -23,10 +23,8 @@ import torch._dynamo
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mizuoto import Audio, Capability
-from mizuoto.contracts.api import deprecated
 from mizuoto.errors import InvalidRequest
 from mizuoto_contract.models import ContractModel
-from mizuoto_contract.plugin import note_missed
 from mizuoto_contract.reference import other_reference
 from mizuoto_contract.test_contract import (
     LONG_TEXT,
@@ -37,19 +35,13 @@ from mizuoto_contract.test_contract import (
     _plain_request,
     _reference,
     _request,
-    _require,
 )
+from mizuoto_contract.versions import require as _require
 
 requires = pytest.mark.mizuoto_requires
-
-
-def _declares_license(fixture) -> bool:
-    # These checks are new: they run for fixtures written to them (which declare their
-    # license); the bundled engines' fixtures declare it, so these run on them too.
-    return fixture.license is not None
-
-
-adopted = requires(when=_declares_license)
+# Every check here runs on every plugin; they were added with plugin API 1.1's round-4 suite,
+# so a plugin written for 1.0 that fails one gets a PluginAPIDeprecation (versions.py).
+pytestmark = pytest.mark.since_api("1.1")
 
 
 class _OperationCount(TorchDispatchMode):
@@ -69,38 +61,45 @@ class _OperationCount(TorchDispatchMode):
 FIRST_CHUNK_SHARE = 0.5
 
 
-@requires(Capability.STREAM, when=_declares_license)
+@requires(Capability.STREAM)
 def test_the_first_chunk_arrives_before_the_rest_is_computed(contract_model: ContractModel
                                                              ) -> None:
     """For a long text, the first chunk comes after a fraction of the stream's work (torch
     operations counted, not seconds): a stream is yielded as it is made, not at the end."""
     request = _plain_request(contract_model, text=LONG_TEXT, seed=SEED)
     counter = _OperationCount()
-    with counter:  # opening the stream counts too: it may do the work before the first chunk
-        chunks = iter(contract_model.engine.stream(request))
-        next(chunks)
-        first = counter.count
-        rest = sum(1 for _ in chunks)
+    try:
+        with counter:  # opening the stream counts too: it may do the work before the first
+            chunks = iter(contract_model.engine.stream(request))
+            next(chunks)
+            first = counter.count
+            rest = sum(1 for _ in chunks)
+    except InvalidRequest as exc:
+        # an engine without LONG_TEXT may refuse a long text, naming it (never cut it)
+        assert exc.field == "text", (
+            f"streaming a {len(LONG_TEXT)}-character text was refused naming {exc.field!r}. "
+            f"Likely cause: the refusal names another field; refuse a text too long with "
+            f"InvalidRequest('text', ...) naming the limit")
+        return
     total = counter.count
     if rest < 2 or total == 0:
         # one or two chunks (or no torch work): nothing tells incremental from all-at-once
         pytest.skip(f"the stream of a {len(LONG_TEXT)}-character text has {rest + 1} chunks")
     share = first / total
-    _require_at_most(contract_model, share, FIRST_CHUNK_SHARE, (
+    _require_at_most(share, FIRST_CHUNK_SHARE, (
         f"the first of {rest + 1} stream chunks came after {share:.0%} of the stream's torch "
         f"operations ({first} of {total}; limit {FIRST_CHUNK_SHARE:.0%})"),
         "_stream computes the whole utterance and then yields it in pieces; yield each chunk "
         "as soon as it is made")
 
 
-def _require_at_most(model: ContractModel, measured: float, limit: float, said: str,
-                     cause: str) -> None:
+def _require_at_most(measured: float, limit: float, said: str, cause: str) -> None:
     """``measured`` is at most ``limit``; else fail with ``said`` (the measure and the limit)
     and the likely ``cause`` with its fix."""
-    _require(model, measured <= limit, f"{said}. Likely cause: {cause}")
+    _require(measured <= limit, f"{said}. Likely cause: {cause}")
 
 
-@requires(Capability.CLONE, when=_declares_license)
+@requires(Capability.CLONE)
 def test_the_reference_changes_the_audio(contract_model: ContractModel) -> None:
     """Two different references (and, for a zero-shot model, no reference) give different
     audio with the same seed: a cloning engine uses the recording."""
@@ -115,58 +114,106 @@ def test_the_reference_changes_the_audio(contract_model: ContractModel) -> None:
         samples["no reference"] = engine.synthesize(_request(contract_model,
                                                              seed=SEED)).audio.samples
     same = [what for what, audio in samples.items() if torch.equal(audio, cloned.audio.samples)]
-    _require(contract_model, not same, (
+    _require(not same, (
         f"cloning from the suite's reference gave the same audio as {' and '.join(same)}, "
         f"seed {SEED}. Likely cause: synthesis ignores request.reference (and the voice built "
         f"from it); condition the audio on the reference's features"))
 
 
-def _values_across(field: attrs.Attribute, base) -> list:
-    """Two values of a param other than ``base``, below and above it, for a number; the
-    other value for a switch; none for anything else."""
-    if isinstance(base, bool):
-        return [not base]
-    if isinstance(base, int) and "int" in str(field.type):
-        return [max(base - 1, 0), base + 1] if base else [1, 2]
-    if isinstance(base, (int, float)):
-        return [base * 0.5, base * 1.5] if base else [0.5, 1.0]
-    return []
-
-
-@adopted
 def test_every_declared_param_changes_the_audio(contract_model: ContractModel) -> None:
-    """Each request param the engine declares (``params_class``) changes the audio somewhere
-    in its range, or is refused there by name, unless the fixture declares it inert
+    """Each request param the engine declares (``params_class``) changes the audio at one of
+    the values :mod:`mizuoto_contract.param_probes` tries for its type and declared range or
+    choices, or is refused there by name, unless the fixture declares it inert
     (``ContractFixture.inert_params``): a declared setting is never silently ignored."""
+    from mizuoto_contract.param_probes import probe_values
+
     engine, fixture = contract_model.engine, contract_model.fixture
     if engine.params_class is None:
         pytest.skip("the engine declares no request params")
     unknown = fixture.inert_params - {f.name for f in attrs.fields(engine.params_class)}
-    assert not unknown, f"ContractFixture.inert_params names params the engine lacks: {unknown}"
+    assert not unknown, (
+        f"ContractFixture.inert_params names params the engine lacks: {sorted(unknown)}. "
+        f"Likely cause: a param renamed or removed; update the fixture's inert_params")
     plain = engine.synthesize(_plain_request(contract_model, seed=SEED)).audio.samples
     ignored = []
     for field in attrs.fields(engine.params_class):
-        base = fixture.request_params.get(field.name, field.default)
-        if field.name in fixture.inert_params or isinstance(base, attrs.Factory):
+        if field.name in fixture.inert_params:
             continue
-        changed, tried = False, 0
-        for value in _values_across(field, base):
+        base = fixture.request_params.get(field.name, field.default)
+        changed, tried = False, []
+        for value in probe_values(engine, field, dict(fixture.request_params)):
             params = {**fixture.request_params, field.name: value}
             try:
                 audio = engine.synthesize(_plain_request(contract_model, seed=SEED,
                                                          params=params)).audio.samples
             except InvalidRequest as exc:
-                assert field.name in exc.field, f"refusing params.{field.name} named {exc.field}"
+                assert field.name in exc.field, (
+                    f"params.{field.name}={value!r} was refused naming {exc.field!r}. Likely "
+                    f"cause: the refusal names another field; name params.{field.name}")
                 continue
-            tried += 1
+            tried.append(value)
             changed = changed or not torch.equal(audio, plain)
         if tried and not changed:
-            ignored.append(field.name)
-    _require(contract_model, not ignored, (
-        f"params {', '.join(ignored)} changed nothing across their range (seed {SEED}). Likely "
-        f"cause: the engine declares them but never reads them; use them, remove them from "
-        f"the params class, or, where the fixture's model cannot show them (a limit it does "
-        f"not reach), list them in ContractFixture(inert_params=...)"))
+            ignored.append(f"{field.name} (tried {', '.join(map(repr, tried))}; "
+                           f"the fixture's {base!r})")
+    _require(not ignored, (
+        f"params changed nothing (seed {SEED}): {'; '.join(ignored)}. Likely cause: the "
+        f"engine declares them but never reads them (or reads another name); use them, "
+        f"remove them from the params class, or, where the fixture's model cannot show them "
+        f"(a limit it does not reach), list them in ContractFixture(inert_params=...)"))
+
+
+# A word per script (the model's declared languages pick theirs; these three are tried on
+# every model): said in a sentence, then with its characters rotated. A model that speaks them
+# gives other audio; one that drops them (an unknown-token filler, a filter) gives the same.
+SCRIPT_WORDS = {"Latin": "Grüße, garçon", "Cyrillic": "привет", "Greek": "καλημέρα",
+                "Arabic": "مرحبا", "Hebrew": "שלום", "Devanagari": "नमस्ते", "Han": "你好世界",
+                "Kana": "こんにちは", "Hangul": "안녕하세요", "Thai": "สวัสดี"}
+LANGUAGE_SCRIPTS = {"ru": "Cyrillic", "uk": "Cyrillic", "bg": "Cyrillic", "el": "Greek",
+                    "ar": "Arabic", "fa": "Arabic", "ur": "Arabic", "he": "Hebrew",
+                    "hi": "Devanagari", "mr": "Devanagari", "ne": "Devanagari", "zh": "Han",
+                    "yue": "Han", "ja": "Kana", "ko": "Hangul", "th": "Thai"}
+ALWAYS_TRIED = ("Cyrillic", "Han", "Arabic")
+
+
+def _scripts(languages) -> list[str]:
+    """The scripts of the declared languages (BCP 47 tags; Latin for any other), then
+    :data:`ALWAYS_TRIED`."""
+    declared = [LANGUAGE_SCRIPTS.get(tag.lower().split("-")[0], "Latin") for tag in languages]
+    return list(dict.fromkeys([*declared, *ALWAYS_TRIED]))
+
+
+def test_characters_the_model_drops_are_reported(contract_model: ContractModel) -> None:
+    """For the scripts of the model's declared languages (``ModelInfo.languages``) and three
+    others, a sentence with a word of that script is spoken (its audio changes when the word's
+    characters are rotated), refused naming ``text``, or what was dropped is reported in
+    ``applied.warnings``: text is never silently shortened."""
+    engine = contract_model.engine
+    plain = engine.synthesize(_plain_request(contract_model, seed=SEED)).applied.warnings
+    silent = []
+    for script in _scripts(engine.info.languages):
+        word = SCRIPT_WORDS[script]
+        said = []
+        for text in (f"Say {word} now.", f"Say {word[1:] + word[0]} now."):
+            try:
+                said.append(engine.synthesize(_plain_request(contract_model, text=text,
+                                                             seed=SEED)))
+            except InvalidRequest as exc:
+                assert exc.field == "text", (
+                    f"refusing {text!r} named {exc.field!r}. Likely cause: the refusal names "
+                    f"another field; name text")
+                break
+        if len(said) < 2 or not torch.equal(said[0].audio.samples, said[1].audio.samples):
+            continue
+        if not set(said[0].applied.warnings) - set(plain):
+            silent.append(f"{script} ({word!r})")
+    _require(not silent, (
+        f"characters dropped silently: {', '.join(silent)} in 'Say ... now.' gave the same "
+        f"audio with the word's characters rotated (seed {SEED}), and applied.warnings said "
+        f"nothing. Likely cause: the tokenizer maps characters it lacks to a filler (id 0, "
+        f"<unk>) or filters them; report them in Rendered(warnings=[...]) with "
+        f"mizuoto.text.coverage.dropped_characters_warning, or refuse the text with "
+        f"InvalidRequest('text', ...)"))
 
 
 # About 2000 characters: far beyond a sentence, where a hidden cut (text[:n]) shows.
@@ -175,7 +222,7 @@ THOUSANDS_TEXT = " ".join([LONG_TEXT] * 2)
 WHOLE_SHARE = 0.25
 
 
-@requires(when=lambda fixture: fixture.length_follows_text and _declares_license(fixture))
+@requires(when=lambda fixture: fixture.length_follows_text)
 def test_thousands_of_characters_are_spoken_whole_or_refused_by_name(
         contract_model: ContractModel) -> None:
     """A text of about 2000 characters is spoken whole (its audio grows with the text), or
@@ -196,7 +243,7 @@ def test_thousands_of_characters_are_spoken_whole_or_refused_by_name(
             assert exc.field == "text", f"a refused long text must name the field text: {exc}"
             continue
         ratio = audio.duration / max(short, 1e-9)
-        _require(contract_model, ratio >= expected, (
+        _require(ratio >= expected, (
             f"a {len(THOUSANDS_TEXT)}-character text {way} gave {ratio:.1f} times the audio of "
             f"a {len(TEXT)}-character one (expected at least {expected:.0f}). Likely cause: the "
             f"text is cut beyond some length or a length cap ends the audio; speak it whole "
@@ -215,7 +262,6 @@ REPEATS = 12
 MEMORY_GROWTH_LIMIT = 24 * 2**20
 
 
-@adopted
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux /proc")
 def test_memory_stays_flat_over_repeated_requests(contract_model: ContractModel) -> None:
     """The same request twelve times, after two to warm up: the process's resident memory
@@ -229,7 +275,7 @@ def test_memory_stays_flat_over_repeated_requests(contract_model: ContractModel)
         contract_model.engine.synthesize(request)
     gc.collect()
     grown = _resident_bytes() - before
-    _require_at_most(contract_model, grown, MEMORY_GROWTH_LIMIT, (
+    _require_at_most(grown, MEMORY_GROWTH_LIMIT, (
         f"{REPEATS} identical requests grew the resident memory by {grown / 2**20:.1f} MiB "
         f"(limit {MEMORY_GROWTH_LIMIT / 2**20:.0f} MiB)"),
         "each request leaves something behind (a list or cache of tensors on the engine, a "
@@ -239,31 +285,35 @@ def test_memory_stays_flat_over_repeated_requests(contract_model: ContractModel)
 def test_the_license_is_declared_and_reported(contract_model: ContractModel) -> None:
     """The fixture declares its model's license; the engine reports it in ModelInfo and every
     result, and a non-commercial model's results say so (``applied.non_commercial``, written
-    into saved files)."""
+    into saved files). A fixture that declares none is checked against what the engine
+    reports (assumed to be the model's license), and then fails for the missing declaration."""
     fixture, info = contract_model.fixture, contract_model.engine.info
-    if fixture.license is None:
-        # a deprecation for every plugin while the bundled fixtures adopt the field
-        deprecated(f"contract fixture {fixture.id} declares no license: set "
-                   f"ContractFixture(license=..., non_commercial=...) to the model's license, "
-                   f"so the suite can check what the engine reports")
-        note_missed(contract_model.engine, "test_the_license_is_declared_and_reported")
-        return
-    assert (info.license, info.non_commercial) == (fixture.license, fixture.non_commercial), (
+    declared = fixture.license is not None
+    # without a declaration, what the engine reports is all that can be known: assume it
+    license, non_commercial = ((fixture.license, fixture.non_commercial) if declared
+                               else (info.license, info.non_commercial))
+    assert (info.license, info.non_commercial) == (license, non_commercial), (
         f"the model reports license {info.license!r}, non_commercial={info.non_commercial}, "
-        f"but its fixture declares {fixture.license!r}, non_commercial="
-        f"{fixture.non_commercial}: pass the model's license to placement.model_info(...)")
+        f"but its fixture declares {license!r}, non_commercial={non_commercial}. Likely "
+        f"cause: placement.model_info(...) is not given the model's license; pass "
+        f"license=... and non_commercial=... to it")
     applied = contract_model.engine.synthesize(_plain_request(contract_model,
                                                               seed=SEED)).applied
     from mizuoto.contracts.results import file_metadata
 
-    assert applied.non_commercial == fixture.non_commercial, (
-        "a non-commercial model's results must say so (applied.non_commercial=True): copy "
-        "ModelInfo.non_commercial into Applied")
-    if fixture.non_commercial:
+    assert applied.non_commercial == non_commercial, (
+        "a non-commercial model's result does not say so (applied.non_commercial is False). "
+        "Likely cause: Applied is built without ModelInfo.non_commercial; copy it into "
+        "Applied (the base class does)")
+    if non_commercial:
         assert "non-commercial" in file_metadata(applied)["comment"]
+    _require(declared, (
+        f"contract fixture {fixture.id} declares no license (checked assuming the engine's "
+        f"report, {info.license!r}, non_commercial={info.non_commercial}, is right). Fix: set "
+        f"ContractFixture(license=..., non_commercial=...) to the model's license, so the "
+        f"suite can check what the engine reports"))
 
 
-@adopted
 def test_the_generator_passed_is_the_one_drawn_from(contract_model: ContractModel) -> None:
     """Where the seed changes the audio, the engine draws from the generator the base class
     made for ``applied.seed``, or seeds one of its own with exactly that seed (an upstream's
@@ -296,7 +346,7 @@ def test_the_generator_passed_is_the_one_drawn_from(contract_model: ContractMode
     seed, generator = made[0]
     drawn = not torch.equal(generator.get_state(), make(seed).get_state())
     own = seeded[1:]  # the first is the base class's own generator
-    _require(contract_model, seed == result.applied.seed and (drawn or seed in own), (
+    _require(seed == result.applied.seed and (drawn or seed in own), (
         f"the generator the base class made for seed {seed} was never drawn from, yet the seed "
         f"changes the audio"
         + (f", and the engine seeded its own generators with {sorted(set(own))}" if own else "")

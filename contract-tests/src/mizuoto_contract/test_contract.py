@@ -10,7 +10,6 @@ Each test takes ``contract_model`` (see :mod:`mizuoto_contract.plugin`); tests m
 
 from __future__ import annotations
 
-import os
 import threading
 
 import attrs
@@ -28,7 +27,6 @@ from mizuoto import (
     SynthesisResult,
     Voice,
 )
-from mizuoto.contracts.api import deprecated
 from mizuoto.contracts.engine import NO_OP_COMPUTE
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.errors import (
@@ -46,8 +44,8 @@ from mizuoto.registry import get_engine
 from mizuoto.runtime.allocator import loaded_allocator
 from mizuoto_contract.compare import assert_same, first_differing_tensor
 from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
-from mizuoto_contract.plugin import note_missed
 from mizuoto_contract.reference import REFERENCE_TEXT, other_reference, write_silence
+from mizuoto_contract.versions import require as _require
 
 TEXT = "Hello there, this is a contract test."
 EDITED_TEXT = "A steady voice reads that line."
@@ -145,19 +143,6 @@ def _check_result(model: ContractModel, result: SynthesisResult, *, seed: int | 
     _check_applied(model, result.applied, seed=seed)
 
 
-def _require(model: ContractModel, holds: bool, message: str) -> None:
-    """A requirement new in plugin API 1.1: it fails a plugin written for 1.1; a plugin
-    written for 1.0 gets a PluginAPIDeprecation warning instead (enforced from API 2.0)."""
-    if holds:
-        return
-    if type(model.engine).plugin_api == "1.0":
-        deprecated(f"{message} (a plugin written for API 1.0 passes until API 2.0)")
-        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[-1].split(" ")[0]
-        note_missed(model.engine, test.split("[")[0])
-        return
-    pytest.fail(message, pytrace=False)
-
-
 # Speech, music and noise swing around zero: a mean this far from it, and larger than the
 # signal's own swing, is a constant added to every sample (a bias, an offset, unsigned PCM).
 DC_LIMIT = 0.05
@@ -166,7 +151,7 @@ DC_LIMIT = 0.05
 def _check_no_dc_offset(model: ContractModel, samples: torch.Tensor, what: str) -> None:
     values = samples.double()
     mean, swing = float(values.mean()), float(values.std()) if values.numel() > 1 else 0.0
-    _require(model, abs(mean) <= DC_LIMIT or abs(mean) <= swing, (
+    _require(abs(mean) <= DC_LIMIT or abs(mean) <= swing, (
         f"{what} has a DC offset: its mean is {mean:.3g} (limit {DC_LIMIT}) against a swing "
         f"(standard deviation) of {swing:.3g}. Likely cause: a constant added to every sample "
         f"(a bias, unsigned PCM read as signed, an offset left in a vocoder); remove it so "
@@ -233,12 +218,20 @@ def _check_applied(model: ContractModel, applied: Applied, *, seed: int | None) 
 def test_loads_with_valid_info(contract_model: ContractModel) -> None:
     fixture, engine = contract_model.fixture, contract_model.engine
     info = engine.info
-    assert type(engine) is get_engine(fixture.engine)
-    assert info.engine == engine.name == fixture.engine
+    assert type(engine) is get_engine(fixture.engine), (
+        f"the fixture's model loads as {type(engine).__name__}, not the registered "
+        f"{fixture.engine!r} engine. Likely cause: load() returns another class's instance; "
+        f"return cls(...)")
+    assert info.engine == engine.name == fixture.engine, (
+        f"ModelInfo.engine is {info.engine!r}, the engine's name {engine.name!r}, the fixture's "
+        f"{fixture.engine!r}. Likely cause: ModelInfo built by hand with another name; build "
+        f"it with placement.model_info(...)")
     assert info.model == f"contract/{fixture.id}", "ModelInfo.model must be the model_id given"
     assert isinstance(info.variant, str)
     assert isinstance(info.sample_rate, int) and info.sample_rate > 0
-    assert info.dtype in DTYPES
+    assert info.dtype in DTYPES, (
+        f"ModelInfo.dtype is {info.dtype!r}, not one of {DTYPES}. Likely cause: a torch.dtype "
+        f"or its repr stored; report its name (placement.model_info does)")
     assert info.device == "cpu", "the suite loads with compute.device=cpu"
     assert isinstance(info.capabilities, frozenset)
     assert all(isinstance(c, Capability) for c in info.capabilities)
@@ -276,7 +269,9 @@ def test_unimplemented_compute_options_are_refused(contract_model: ContractModel
             continue
         with pytest.raises(InvalidOption) as caught:
             mizuoto.load(contract_model.directory, engine=engine_cls.name, options=options)
-        assert caught.value.key == f"compute.{name}" and engine_cls.name in str(caught.value)
+        assert caught.value.key == f"compute.{name}" and engine_cls.name in str(caught.value), (
+            f"refusing compute.{name} named {caught.value.key!r}: {caught.value}. Likely cause: "
+            f"a refusal of your own; leave it to the base class (declare compute_options)")
         with pytest.raises(InvalidOption):
             engine_cls.load(contract_model.directory, options=options)
 
@@ -326,7 +321,9 @@ def test_unknown_param_is_named(contract_model: ContractModel) -> None:
     params = {**contract_model.fixture.request_params, "no_such_setting": 1}
     with pytest.raises(InvalidRequest) as raised:
         contract_model.engine.synthesize(_plain_request(contract_model, params=params))
-    assert "no_such_setting" in raised.value.field
+    assert "no_such_setting" in raised.value.field, (
+        f"an unknown param was refused naming {raised.value.field!r}. Likely cause: params "
+        f"parsed by hand; use Engine.parse_params (the base class does), which names it")
 
 
 def test_unsupported_capability_raises(contract_model: ContractModel,
@@ -390,7 +387,7 @@ def test_longer_text_gives_longer_audio_or_is_refused_by_name(contract_model: Co
         assert exc.field == "text", f"a refused long text must name the field text: {exc}"
         return
     ratio = _duration(longer) / max(_duration(short), 1e-9)
-    _require(contract_model, ratio >= GROWTH, (
+    _require(ratio >= GROWTH, (
         f"a text {times} times longer gave {ratio:.2f} times the audio ({_duration(short):.2f} "
         f"s -> {_duration(longer):.2f} s). Likely cause: the text is cut (e.g. text[:n]) or a "
         f"length cap ends the audio; speak it whole (split it into chunks) or refuse it with "
@@ -413,7 +410,7 @@ def test_sampler_settings_change_the_audio_or_are_refused(contract_model: Contra
         except InvalidRequest as exc:
             assert exc.field == setting, f"refusing {setting} must name it: {exc}"
             return
-    _require(contract_model, not torch.equal(results[0].audio.samples,
+    _require(not torch.equal(results[0].audio.samples,
                                              results[1].audio.samples), (
         f"request.{setting}={values[0]} and {values[1]} gave the same audio: the engine "
         f"ignores {setting}. Use it, or refuse it: declare request_settings without "
@@ -432,7 +429,7 @@ def test_sample_rate_is_plausible(contract_model: ContractModel) -> None:
     declared rate is in range, which catches samples made at one rate and labelled another.
     A relabelled model without a known duration rule cannot be caught from its samples."""
     rate = contract_model.engine.info.sample_rate
-    _require(contract_model, rate in COMMON_RATES, (
+    _require(rate in COMMON_RATES, (
         f"ModelInfo.sample_rate is {rate} Hz, not a common audio rate "
         f"({', '.join(map(str, COMMON_RATES))}): check that it is the rate the samples are "
         f"made at"))
@@ -490,7 +487,10 @@ def test_clone_without_reference_text_is_refused(contract_model: ContractModel) 
     request = _request(contract_model, reference=_reference(contract_model, text=None), seed=SEED)
     with pytest.raises(InvalidRequest) as raised:
         contract_model.engine.synthesize(request)
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 @requires(Capability.CLONE, when=lambda fixture: not fixture.needs_reference_text)
@@ -504,7 +504,10 @@ def test_missing_reference_file_is_invalid_audio(contract_model: ContractModel, 
     reference = Reference(tmp_path / "no-such-recording.wav", text=REFERENCE_TEXT)
     with pytest.raises(InvalidAudio) as raised:
         contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 @requires(Capability.CLONE)
@@ -514,7 +517,10 @@ def test_unreadable_reference_is_invalid_audio(contract_model: ContractModel, tm
     reference = Reference(path, text=REFERENCE_TEXT)
     with pytest.raises(InvalidAudio) as raised:
         contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 @requires(Capability.CLONE)
@@ -523,7 +529,10 @@ def test_silent_reference_is_invalid_audio(contract_model: ContractModel, tmp_pa
     reference = Reference(path, text=REFERENCE_TEXT)
     with pytest.raises(InvalidAudio) as raised:
         contract_model.engine.synthesize(_request(contract_model, reference=reference, seed=SEED))
-    assert raised.value.field.startswith("reference")
+    assert raised.value.field.startswith("reference"), (
+        f"a bad reference was refused naming {raised.value.field!r}. Likely cause: the "
+        f"recording read by hand; read it with mizuoto.plugin.read_reference, which names "
+        f"reference.audio")
 
 
 # -- other capabilities -----------------------------------------------------------------------
@@ -573,8 +582,10 @@ def _stream(model: ContractModel, request: SynthesisRequest) -> list[AudioChunk]
     assert chunks, "a stream yields at least one chunk"
     for position, chunk in enumerate(chunks):
         assert isinstance(chunk, AudioChunk)
-        assert chunk.index == position
-        assert chunk.is_last == (position == len(chunks) - 1)
+        assert chunk.index == position and chunk.is_last == (position == len(chunks) - 1), (
+            f"stream chunk {position} of {len(chunks)} has index {chunk.index}, is_last "
+            f"{chunk.is_last}. Likely cause: a stream that numbers its own chunks; yield "
+            f"Rendered pieces from _stream (the base class numbers them), last=True on the last")
         assert (chunk.applied is not None) == chunk.is_last, "only the last chunk has applied"
         # audio is never held back to mark the last chunk: it may be empty instead
         assert chunk.is_last or chunk.audio.num_samples > 0, "only the last chunk may be empty"
@@ -654,7 +665,9 @@ def test_unseeded_stream_reports_its_seed(contract_model: ContractModel) -> None
     chunks = _stream(contract_model, _plain_request(contract_model))
     applied = chunks[-1].applied
     _check_applied(contract_model, applied, seed=None)
-    assert applied.seed_drawn is True
+    assert applied.seed_drawn is True, (
+        "an unseeded stream reports seed_drawn=False. Likely cause: the seed resolved by hand; "
+        "let the base class resolve it (mizuoto.runtime.seeds.resolve_seed)")
     replay = _stream(contract_model, _plain_request(contract_model, seed=applied.seed))
     assert_same(torch.cat([c.audio.samples for c in replay]),
                 torch.cat([c.audio.samples for c in chunks]),
@@ -673,7 +686,10 @@ def test_saved_voice_speaks_like_its_reference(contract_model: ContractModel, tm
     path = voice.save(tmp_path / "voice.safetensors")
     loaded = Voice.load(path)
     assert (loaded.engine, loaded.model_fingerprint) == (voice.engine, voice.model_fingerprint)
-    assert set(loaded.tensors) == set(voice.tensors)
+    assert set(loaded.tensors) == set(voice.tensors), (
+        f"a saved voice loads with tensors {sorted(loaded.tensors)}, built with "
+        f"{sorted(voice.tensors)}. Likely cause: non-tensor values in Voice.tensors; keep them "
+        f"plain CPU tensors (texts and metadata go in texts= and meta=)")
     differs = first_differing_tensor(dict(loaded.tensors), dict(voice.tensors))
     assert differs is None, (f"a voice saved and loaded differs from the built one: {differs}; "
                              "Voice.tensors must be plain CPU tensors that safetensors keeps")
@@ -776,7 +792,10 @@ def test_non_finite_audio_is_never_returned(contract_model: ContractModel) -> No
         pytest.skip("the engine holds no torch weights among its attributes to poison")
     with pytest.raises(NonFiniteAudio) as raised:
         engine.synthesize(_plain_request(contract_model, seed=SEED))
-    assert raised.value.stage and raised.value.nan + raised.value.inf > 0
+    assert raised.value.stage and raised.value.nan + raised.value.inf > 0, (
+        f"NonFiniteAudio names stage {raised.value.stage!r} with {raised.value.nan} NaN and "
+        f"{raised.value.inf} infinite values. Likely cause: raised by hand; call "
+        f"check_finite(values, stage) between your stages")
     if Capability.STREAM in engine.capabilities:
         with pytest.raises(NonFiniteAudio):
             list(engine.stream(_plain_request(contract_model, seed=SEED)))

@@ -154,11 +154,21 @@ def test_prepare_train_export_and_speak(case, tmp_path):
     seen = []
     result = trainer.train(run, progress=seen.append)
     assert isinstance(result, TrainingResult)
-    assert result.steps_done == STEPS and result.resumed_from is None
-    assert [p.done for p in seen if p.stage == "train"][-1] == STEPS
-    assert all(np.isfinite(v) for v in result.metrics.values())
+    assert result.steps_done == STEPS and result.resumed_from is None, (
+        f"a fresh run of {STEPS} updates reports steps_done={result.steps_done}, resumed_from="
+        f"{result.resumed_from}. Likely cause: TrainingResult built from another count, or a "
+        f"checkpoint found where none was; count the updates done in this output_dir")
+    reported = [p.done for p in seen if p.stage == "train"]
+    assert reported and reported[-1] == STEPS, (
+        f"the train progress reports reached {reported[-1:] or 'nothing'}, not {STEPS}. Likely "
+        f"cause: progress not reported per update; report(progress, 'train', done, total)")
+    assert all(np.isfinite(v) for v in result.metrics.values()), (
+        f"TrainingResult.metrics holds non-finite values: {dict(result.metrics)}. Likely "
+        f"cause: a loss that diverged or a metric divided by zero")
     exported = trainer.export(run, tmp_path / "export")
-    assert exported.is_dir() and _weight_files(exported)
+    assert exported.is_dir() and _weight_files(exported), (
+        f"export() gave {exported}, with no weight files (.safetensors, .pt, ...). Likely "
+        f"cause: the export writes elsewhere; write the model directory at the destination")
 
     engine = get_engine(fixture.engine).load(exported, options=CONTRACT_OPTIONS)
     fields = {"seed": 1, "steps": fixture.steps, "params": fixture.request_params}
@@ -169,7 +179,9 @@ def test_prepare_train_export_and_speak(case, tmp_path):
         fields["reference"] = Reference(reference, text=REFERENCE_TEXT)
     audio = engine.synthesize(SynthesisRequest("Hello.", **fields)).audio
     samples = np.asarray(audio.samples)
-    assert samples.size > 0 and np.isfinite(samples).all()
+    assert samples.size > 0 and np.isfinite(samples).all(), (
+        "the exported model speaks empty or non-finite audio. Likely cause: the export holds "
+        "untrained or broken weights (a missing tensor left at its initial value)")
 
 
 _SIGNALLED = """
@@ -200,14 +212,93 @@ def _signalled_run(trainer_cls, method, model_dir, manifest, output, kill_at, si
         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
 
 
-def test_resume_after_sigkill_exports_the_same_weights(case, tmp_path):
+@pytest.mark.parametrize("kill_at", [1, 2], ids=["first-update", "second-update"])
+def test_resume_after_sigkill_exports_the_same_weights(case, tmp_path, kill_at):
+    """Killed at its first (a schedule restarted on resume shows there, before the rate saved
+    with the optimizer hides it) or second update's progress report, the run resumes from
+    its last checkpoint and exports an uninterrupted run's weights."""
     trainer_cls, _, method, model_dir, manifest = case
-    killed = _signalled_run(trainer_cls, method, model_dir, manifest, tmp_path / "killed", 2,
-                            "SIGKILL", save_every=1)
+    killed = _signalled_run(trainer_cls, method, model_dir, manifest, tmp_path / "killed",
+                            kill_at, "SIGKILL", save_every=1)
     assert killed.returncode == -9, killed.stderr.decode(errors="replace")[-3000:]
     resumed = _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path,
                                   "killed", save_every=1)
-    assert resumed.resumed_from in (1, 2)
+    assert resumed.resumed_from in (kill_at - 1 or None, kill_at), (
+        f"killed after update {kill_at} (checkpoints every update), the run resumed from "
+        f"{resumed.resumed_from}. Likely cause: the checkpoint is saved after the progress "
+        f"report, or not found on resume; save it before reporting the update")
+
+
+# A run that kills itself (SIGKILL) in the middle of its first checkpoint save after update 1:
+# a weight file written in place is cut to half its bytes first; one written to a temporary
+# name dies before the rename. Patched before anything imports the savers.
+_KILLED_IN_SAVE = """
+import json, os, signal, sys
+from pathlib import Path
+import torch, safetensors.torch
+SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+armed = []
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+def weights(path):
+    return Path(path).suffix in SUFFIXES or Path(path).is_dir()
+def moving(real):
+    def move(src, dst, *args, **kwargs):
+        if armed and weights(dst) and weights(src):
+            die()
+        return real(src, dst, *args, **kwargs)
+    return move
+def writing(real):
+    def write(obj, path, *args, **kwargs):
+        real(obj, path, *args, **kwargs)
+        if armed and isinstance(path, (str, os.PathLike)) and weights(path):
+            data = Path(path).read_bytes()
+            Path(path).write_bytes(data[:len(data) // 2])
+            die()
+    return write
+os.replace, os.rename = moving(os.replace), moving(os.rename)
+torch.save = writing(torch.save)
+safetensors.torch.save_file = writing(safetensors.torch.save_file)
+from mizuoto import TrainingConfig
+from mizuoto.registry import trainers
+engine, name, method, model, data, output = sys.argv[1:7]
+trainer = trainers()[(engine, name)]()
+config = TrainingConfig(method=method, model=model, dataset=data, output_dir=output,
+                        steps={steps}, learning_rate=1e-4, seed=3, save_every=1)
+def progress(p):
+    if p.stage == "train" and p.done == 1:
+        armed.append(True)
+trainer.train(trainer.prepare(config), progress=progress)
+"""
+
+
+def test_resume_after_sigkill_during_a_checkpoint_save_or_a_named_refusal(case, tmp_path):
+    """A run killed in the middle of saving its checkpoint after update 2 (a weight file half
+    written in place, or a temporary one never renamed) resumes and exports an uninterrupted
+    run's weights, or the resume is refused with a MizuotoError naming the checkpoint."""
+    from mizuoto.errors import MizuotoError
+
+    trainer_cls, _, method, model_dir, manifest = case
+    script = textwrap.dedent(_KILLED_IN_SAVE).format(steps=STEPS)
+    killed = subprocess.run(
+        [sys.executable, "-c", script, trainer_cls.engine, trainer_cls.__name__, method,
+         str(model_dir), str(manifest), str(tmp_path / "killed")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=600)
+    if killed.returncode == 0:
+        pytest.skip("the run saved no weight file the suite could interrupt (not through "
+                    "os.replace, os.rename, torch.save or safetensors' save_file)")
+    assert killed.returncode == -9, killed.stderr.decode(errors="replace")[-3000:]
+    try:
+        _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path, "killed",
+                            save_every=1)
+    except MizuotoError:
+        return  # refused by name
+    except Exception as exc:
+        pytest.fail(f"resuming a run killed while saving its checkpoint raised "
+                    f"{type(exc).__name__}: {exc}. Likely cause: the checkpoint is written in "
+                    f"place, so a kill leaves it torn; write it to a temporary name and rename "
+                    f"it (mizuoto.plugin.atomic_path), or refuse a torn one with a "
+                    f"MizuotoError naming it", pytrace=False)
 
 
 def test_a_stop_signal_saves_the_checkpoint_and_resumes_identically(stopping_case, tmp_path):
@@ -238,7 +329,10 @@ def _resume_and_compare(trainer_cls, method, model_dir, manifest, tmp_path, name
     run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / name,
                                   save_every=save_every))
     resumed = trainer.train(run)
-    assert resumed.steps_done == STEPS and resumed.interrupted is None
+    assert resumed.steps_done == STEPS and resumed.interrupted is None, (
+        f"the resumed run ended at {resumed.steps_done} of {STEPS} (interrupted "
+        f"{resumed.interrupted!r}). Likely cause: the resume counts the updates from 0, or "
+        f"stops at the checkpoint's count; continue to config.steps")
     resumed_weights = _weight_files(trainer.export(run, tmp_path / "resumed-export"))
 
     straight_run = trainer.prepare(_config(method, model_dir, manifest, tmp_path / "straight",
@@ -350,6 +444,87 @@ def test_batch_size_and_accumulation_change_the_export_or_are_refused(case, tmp_
             f"{'TrainingConfig.batch_size' if name == 'batch_size' else 'params.' + name} (a "
             f"fixed batch, one micro-batch per update); use it, or refuse a value it cannot "
             f"do with InvalidRequest naming {name}")
+
+
+# A run of WARMUP_RUN updates whose first WARMUP updates warm the learning rate up.
+WARMUP_RUN, WARMUP = 4, 3
+
+
+def _reported(output_dir: Path, name: str) -> dict[int, float]:
+    """``name`` per update, as the run logged it in ``metrics.jsonl`` (rows keyed ``step`` or
+    ``update``)."""
+    from mizuoto.training.metrics import METRICS_FILE, read_metrics
+
+    values = {}
+    for row in read_metrics(Path(output_dir) / METRICS_FILE):
+        step = row.get("step", row.get("update"))
+        if step is not None and name in row:
+            values[int(step)] = float(row[name])
+    return values
+
+
+@pytest.mark.since_api("1.1")
+def test_the_learning_rate_follows_the_declared_warm_up(case, tmp_path):
+    """With ``params.warmup_updates=3`` over 4 updates, the learning rate each update logs
+    (``lr`` in the run's ``metrics.jsonl``) starts below ``TrainingConfig.learning_rate``,
+    rises over the warm-up and never exceeds it; or the trainer refuses the param by name."""
+    from mizuoto.errors import InvalidRequest
+
+    trainer_cls, _, method, model_dir, manifest = case
+    trainer = trainer_cls()
+    rate = 1e-3
+    config = attrs.evolve(_config(method, model_dir, manifest, tmp_path / "run",
+                                  steps=WARMUP_RUN, save_every=WARMUP_RUN, learning_rate=rate),
+                          params={"warmup_updates": WARMUP})
+    try:
+        trainer.train(trainer.prepare(config))
+    except InvalidRequest as exc:
+        assert "warmup_updates" in exc.field or "warmup_updates" in str(exc), (
+            f"the trainer refused params.warmup_updates without naming it: {exc}")
+        return
+    lr = _reported(tmp_path / "run", "lr")
+    assert len(lr) >= WARMUP, (
+        f"the run's metrics.jsonl logs lr for updates {sorted(lr)} of {WARMUP_RUN}. Likely "
+        f"cause: the learning rate is not logged; return {{'lr': ...}} from each update "
+        f"(mizuoto.plugin's MetricsLog writes metrics.jsonl), so a schedule can be checked")
+    steps = sorted(lr)
+    first, warmed = lr[steps[0]], max(lr[step] for step in steps[:WARMUP])
+    assert first < rate and first < warmed, (
+        f"with params.warmup_updates={WARMUP} the logged learning rate is "
+        f"{[lr[s] for s in steps]} (learning_rate {rate:g}). Likely cause: the trainer ignores "
+        f"the warm-up (its scheduler is built without warmup_updates, or starts after it); "
+        f"raise the rate from near zero to learning_rate over the first warmup_updates")
+    assert max(lr.values()) <= rate * (1 + 1e-6), (
+        f"the logged learning rate reaches {max(lr.values()):g}, above learning_rate "
+        f"{rate:g}. Likely cause: the schedule multiplies the rate (a factor above 1, a "
+        f"warm-up that overshoots); end the warm-up at learning_rate")
+
+
+@pytest.mark.since_api("1.1")
+def test_gradient_clipping_changes_the_export_or_is_refused(case, tmp_path):
+    """A run with ``params.max_grad_norm=1e-6`` (every update clipped far down) exports other
+    weights than one with ``max_grad_norm=0`` (no clipping); or the trainer refuses the param
+    by name."""
+    from mizuoto.errors import InvalidRequest
+
+    trainer_cls, _, method, model_dir, manifest = case
+    trainer = trainer_cls()
+    exported = {}
+    for norm in (0.0, 1e-6):
+        config = attrs.evolve(_config(method, model_dir, manifest, tmp_path / f"run-{norm:g}",
+                                      learning_rate=1e-2), params={"max_grad_norm": norm})
+        try:
+            run = trainer.prepare(config)
+            trainer.train(run)
+        except InvalidRequest as exc:
+            assert "max_grad_norm" in exc.field or "max_grad_norm" in str(exc), (
+                f"the trainer refused params.max_grad_norm without naming it: {exc}")
+            return
+        exported[norm] = _weight_files(trainer.export(run, tmp_path / f"export-{norm:g}"))
+    assert exported[0.0] != exported[1e-6], (
+        "params.max_grad_norm 0 (no clipping) and 1e-6 exported the same weights. Likely "
+        "cause: the trainer ignores max_grad_norm (no clip_grad_norm_ before the optimizer "
+        "step, or it clips a copy of the gradients); clip them, or refuse the param")
 
 
 def test_bad_rows_are_skipped_and_named(case, tmp_path, caplog):

@@ -78,8 +78,10 @@ def test_offline_lists_missing_files_and_the_local_directory_hint(home):
         resolve_model("fake/base", catalog=CATALOG)
     error = raised.value
     assert error.location == "fake/base"
-    assert error.missing == ["weights.bin (from mizuoto-test/fake/weights.bin)"]
-    assert "Put the files in a directory and pass it instead of the id" in str(error)
+    # repository and file apart, so that a URL can be built from them
+    assert error.missing == ["weights.bin (repository mizuoto-test/fake, file weights.bin)"]
+    assert "put the files in a directory and pass it instead of the id" in str(error)
+    assert "`mizuoto models fake/base` names each file's URL" in str(error)
     assert "--model /path/to/fake-base" in str(error)
 
 
@@ -211,8 +213,9 @@ def _missing_hint() -> str:
 
 def test_offline_by_setting_says_so(home, monkeypatch):
     hint = _missing_hint()
-    assert "downloads are off (HF_HUB_OFFLINE or MIZUOTO_OFFLINE is set)" in hint
-    assert "no model hub is reachable" not in hint and "not installed" not in hint
+    # the hint is a sentence of its own: it starts with a capital
+    assert ". Downloads are off (HF_HUB_OFFLINE or MIZUOTO_OFFLINE is set)." in hint
+    assert "No model hub is reachable" not in hint and "not installed" not in hint
 
 
 def test_without_huggingface_hub_says_it_is_not_installed(home, monkeypatch):
@@ -221,7 +224,7 @@ def test_without_huggingface_hub_says_it_is_not_installed(home, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
     monkeypatch.setattr(catalog, "_hub_reachable", lambda: pytest.fail("hub tried"))
     hint = _missing_hint()
-    assert "huggingface_hub is not installed (pip install 'mizuoto-core[hub]')" in hint
+    assert "The huggingface_hub package is not installed (pip install 'mizuoto-core[hub]')" in hint
     assert "reachable" not in hint
 
 
@@ -229,8 +232,9 @@ def test_an_unreachable_hub_says_so_and_not_that_the_hub_is_missing(home, monkey
     _fake_hub(monkeypatch)
     monkeypatch.setattr(catalog, "_hub_reachable", lambda: False)
     hint = _missing_hint()
-    assert "no model hub is reachable from here (huggingface_hub is installed" in hint
-    assert "not installed" not in hint.replace("is installed", "")
+    assert "No model hub is reachable from here (" in hint
+    assert "HTTPS_PROXY for a proxy or HF_ENDPOINT for a mirror" in hint
+    assert "not installed" not in hint
 
 
 def test_a_failed_download_says_it_failed(home, monkeypatch):
@@ -242,4 +246,4 @@ def test_a_failed_download_says_it_failed(home, monkeypatch):
 
     huggingface_hub.hf_hub_download = refuse
     hint = _missing_hint()
-    assert "the download failed" in hint and "reachable" not in hint
+    assert "The download failed" in hint and "reachable" not in hint

@@ -85,6 +85,33 @@ def test_unknown_param_and_option_are_named(fake_plugin, tmp_path):
     assert result.exit_code == 2 and "engines.fake" in result.output
 
 
+def test_a_mistyped_param_or_a_silent_reference_fails_before_the_model_loads(
+        fake_plugin, tmp_path, monkeypatch):
+    import numpy as np
+    import soundfile
+    from conftest import FakeEngine
+
+    (tmp_path / "fake.json").write_text("{}")
+    monkeypatch.setattr(FakeEngine, "load", classmethod(lambda cls, *a, **k: pytest.fail(
+        "the model loaded")))
+    out = str(tmp_path / "x.wav")
+    result = _run("say", "-m", str(tmp_path), "-o", out, "--param", "sped=2", "hi")
+    assert result.exit_code == 2, result.output
+    assert "--param sped: is not a known setting (did you mean speed?" in result.output
+    silent, quiet = tmp_path / "silent.wav", tmp_path / "quiet.wav"
+    soundfile.write(silent, np.full(16000, 3e-5, np.float32), 16000, subtype="FLOAT")  # -90 dB
+    result = _run("say", "-m", str(tmp_path), "-o", out, "--ref-audio", str(silent), "hi")
+    assert result.exit_code == 2 and "--ref-audio: is silent (peak 3e-05" in result.output
+    # quiet is not silent: a -40 dBFS recording passes the check and reaches the load
+    soundfile.write(quiet, np.full(16000, 0.01, np.float32), 16000)
+    result = _run("edit", "-m", str(tmp_path), "--ref-audio", str(quiet), "--ref-text", "Hi.",
+                  "--segment", "0:0.1", "--param", "sped=2", "-o", out, "hi")
+    assert result.exit_code == 2, result.output
+    assert "--param sped: is not a known setting (did you mean speed?" in result.output
+    with pytest.raises(pytest.fail.Exception, match="the model loaded"):
+        _run("say", "-m", str(tmp_path), "-o", out, "--ref-audio", str(quiet), "hi")
+
+
 def test_unknown_model_and_missing_capability_exit_codes(fake_plugin, tmp_path):
     out = str(tmp_path / "x.wav")
     result = _run("say", "-m", "nope/none", "-o", out, "hi")

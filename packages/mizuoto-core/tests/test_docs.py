@@ -138,3 +138,42 @@ _FEATURE_BLOCKS = _python_blocks(_section((DOCS / "plugins.md").read_text(),
 def test_optional_feature_docs_code_blocks_run(block, tmp_path, monkeypatch):
     assert block.startswith("import"), "the example runs: it imports what it uses"
     test_trainer_docs_code_blocks_run(block, tmp_path, monkeypatch)
+
+
+# -- the docs as a site: what `nox -s docs` (mkdocs build --strict) does not see --------------
+
+_LINK = re.compile(r"\]\((?P<target>(?:docs|packages|contract-tests)/[^)#\s]*)(?:#(?P<anchor>[^)\s]+))?\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings, as GitHub and MkDocs' toc both write them for the
+    headings these docs use (lower case, punctuation dropped, spaces as hyphens)."""
+    found, fence = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and line.startswith("#"):
+            title = line.lstrip("#").strip().replace("`", "").lower()
+            found.add(re.sub(r"[\s-]+", "-", re.sub(r"[^\w\s-]", "", title)).strip("-"))
+    return found
+
+
+def test_the_readmes_links_reach_pages_and_headings():
+    """README.md is outside the site: its links into the repository are checked here."""
+    root = DOCS.parent
+    links = list(_LINK.finditer((root / "README.md").read_text(encoding="utf-8")))
+    assert len(links) >= 8
+    for link in links:
+        target = root / link["target"]
+        assert target.exists(), f"README.md links to {link['target']}, which does not exist"
+        if link["anchor"]:
+            assert link["anchor"] in _anchors(target), \
+                f"README.md links to {link['target']}#{link['anchor']}: no such heading"
+
+
+def test_long_pages_open_with_a_table_of_contents():
+    for page in sorted(DOCS.rglob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        if len(lines) > 400:
+            assert any(line.startswith("Contents: ") for line in lines[:5]), \
+                f"docs/{page.relative_to(DOCS)} has {len(lines)} lines and no contents line"

@@ -32,7 +32,7 @@ FRONT_ENDS = len(LAYERS)
 ENGINES = FRONT_ENDS + 1
 #: Old import paths kept for third-party plugins, re-exporting what moved up (on first use):
 #: they sit above every layer, as a front end does
-KEPT_FOR_OLD_PLUGINS = {"mizuoto.runtime.placement"}
+KEPT_FOR_OLD_PLUGINS = {"mizuoto.runtime.placement", "mizuoto.runtime.precision"}
 
 #: Imports from contracts into a lower layer made inside a function, each on purpose: the
 #: module imported loads numpy, which ``import mizuoto`` does not (test_startup.py). Any other

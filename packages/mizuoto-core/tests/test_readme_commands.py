@@ -1,7 +1,9 @@
-"""The README's offline commands run as written, in order, in one fresh directory.
+"""The README's and the docs' offline commands run as written, in order, in one directory.
 
 Every ```bash block of README.md preceded by ``<!-- offline-check -->`` is run line by line
-with ``bash`` in a temporary directory (``/tmp/`` in the commands becomes that directory, the
+with ``bash`` in a temporary directory, then those of the docs pages (``docs/**/*.md``, in
+name order, in the same directory: they use the README's random models; a command already run
+is not run again); a marked ```python block runs as a script there (``/tmp/`` in the commands becomes that directory, the
 model home is empty and no hub is reached), after dropping the set-up steps this environment
 has already done (``python -m venv``, activating it, ``pip install``). Each command must exit
 0 and write the files it names with ``-o``. ``mizuoto serve`` runs in the background on a
@@ -33,6 +35,11 @@ _MARKED = re.compile(r"<!-- offline-check -->\s*```bash\n(?P<body>.*?)```", re.D
 _SETUP = ("python -m venv", ". .venv/bin/activate", "pip install")
 _MAGIC = {".wav": b"RIFF", ".flac": b"fLaC"}
 HANG_GUARD_S = 900  # a stuck command fails the test instead of holding CI
+DOCS = README.parent / "docs"
+_PYTHON = re.compile(r"<!-- offline-check -->\s*```python\n(?P<body>.*?)```", re.DOTALL)
+_SAVED = re.compile(r"\.save\(\"(?P<name>[^\"]+)\"\)")
+#: The one warning a README command prints on purpose: F5-TTS says whose voice it spoke with.
+_EXPECTED_WARNINGS = ("Warning: no reference given: spoke with the default voice",)
 
 
 def readme_commands(text: str) -> list[str]:
@@ -48,9 +55,41 @@ def readme_commands(text: str) -> list[str]:
 
 
 def _outputs(command: str) -> list[str]:
-    """The files a command names with ``-o`` (directories with ``/``)."""
+    """The files a command names with ``-o`` (directories with ``/``), or a Python block
+    saves."""
+    if command.startswith("python _block"):
+        return []
     words = shlex.split(command)
     return [words[i + 1] for i, word in enumerate(words[:-1]) if word == "-o"]
+
+
+def doc_pages() -> list[Path]:
+    """README.md, then every docs page, in the order their commands run."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def all_commands(work: Path) -> list[tuple[str, list[str]]]:
+    """``(command, files it writes)`` of every page's marked blocks, each command once: bash
+    lines as :func:`readme_commands` gives them, a Python block written into ``work`` as a
+    script run with ``python``."""
+    found, seen = [], set()
+    for page in doc_pages():
+        text = page.read_text(encoding="utf-8")
+        for command in readme_commands(text):
+            if command not in seen:
+                seen.add(command)
+                found.append((command, _outputs(command)))
+        for block in _PYTHON.finditer(text):
+            script = work / f"_block{len(found)}.py"
+            script.write_text(block["body"])
+            found.append((f"python {script.name}", _SAVED.findall(block["body"])))
+    return found
+
+
+def _unexpected_warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if ("Warning" in line or "Traceback" in line)
+            and not line.startswith(_EXPECTED_WARNINGS)]
 
 
 def test_the_readme_marks_the_offline_paths():
@@ -62,6 +101,15 @@ def test_the_readme_marks_the_offline_paths():
                    "mizuoto serve ", "/v1/audio/speech"):
         assert needed in joined, f"README.md's offline commands have no {needed.strip()!r}"
     assert not any(step.startswith(_SETUP) for c in commands for step in c.split(" && "))
+    # the reference cloning takes, for F5 too; the fine-tuning runs without a warning
+    assert "--ref-audio vox-noise.wav --ref-text" in joined and "warmup_updates=" in joined
+    assert _PYTHON.search(README.read_text(encoding="utf-8")), "the Python example is run"
+
+
+def test_the_docs_task_pages_have_offline_commands():
+    for page in ("first-speech.md", "cloning.md", "training.md", "weights.md"):
+        text = (DOCS / page).read_text(encoding="utf-8")
+        assert readme_commands(text), f"docs/{page} has no <!-- offline-check --> block"
 
 
 def _children_cpu() -> float:
@@ -91,18 +139,21 @@ def _serving(server: subprocess.Popen, port: int) -> None:
 
 
 def test_readme_offline_commands_run(tmp_path):
-    commands = readme_commands(README.read_text(encoding="utf-8"))
     work = tmp_path / "work"
     work.mkdir()
+    commands = all_commands(work)
     bin_dir = str(Path(sys.executable).parent)  # this environment's mizuoto and python
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
            "MIZUOTO_HOME": str(tmp_path / "home"), "MIZUOTO_OFFLINE": "1",
            "HF_HUB_OFFLINE": "1"}
     port, server, times = _free_port(), None, []
     try:
-        for command in commands:
+        for command, outputs in commands:
             command = command.replace("/tmp/", f"{tmp_path}/").replace("127.0.0.1:8000",
                                                                        f"127.0.0.1:{port}")
+            if command.startswith("python _block"):
+                script = work / command.split()[1]
+                script.write_text(script.read_text().replace("/tmp/", f"{tmp_path}/"))
             started, cpu = time.monotonic(), _children_cpu()
             command, _, serve = command.partition(" && mizuoto serve ")
             if command.startswith("mizuoto serve "):
@@ -111,6 +162,7 @@ def test_readme_offline_commands_run(tmp_path):
                                   capture_output=True, text=True, timeout=HANG_GUARD_S)
             assert done.returncode == 0, \
                 f"{command}\nexit {done.returncode}\n{done.stderr[-3000:]}"
+            assert not _unexpected_warnings(done.stderr), f"{command}\n{done.stderr[-3000:]}"
             if serve:
                 assert server is None, "one server at a time"
                 server = subprocess.Popen(["bash", "-c", f"exec mizuoto serve {serve} --port "
@@ -119,7 +171,7 @@ def test_readme_offline_commands_run(tmp_path):
                 _serving(server, port)
                 command += f" && mizuoto serve {serve}"
             times.append((time.monotonic() - started, _children_cpu() - cpu, command))
-            for output in _outputs(command):
+            for output in outputs:
                 path = work / output
                 assert path.exists() and (path.is_dir() or path.stat().st_size > 0), \
                     f"{command} did not write {output}"

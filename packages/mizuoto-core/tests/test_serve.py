@@ -190,6 +190,16 @@ def test_instructions_design_the_voice_or_are_ignored_with_a_warning(client, eng
     assert np.array_equal(_int16(response.content), to_int16(expected.numpy()))
 
 
+def test_characters_the_model_drops_are_named_in_the_warning_header(client):
+    # the tiny F5 vocabulary lacks the Arabic alif: the engine says so in applied.warnings,
+    # and a whole (not streamed) response carries it in its header, escaped to ASCII
+    response = client.audio.speech.create(model="f5", input="Say \u0645\u0631\u062d\u0628\u0627 now.",
+                                          voice="default", response_format="wav",
+                                          extra_body={"mizuoto": {**F5, "seed": 4}})
+    header = response.response.headers["x-mizuoto-warning"]
+    assert "not in the model's vocabulary" in header and "\\u0627" in header
+
+
 @pytest.mark.parametrize("fields, error, param, code", [
     ({"model": "nope"}, openai.NotFoundError, "model", "model_not_found"),
     ({"voice": "nobody"}, openai.NotFoundError, "voice", "voice_not_found"),

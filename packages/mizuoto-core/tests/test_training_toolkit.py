@@ -190,7 +190,8 @@ def test_a_warmup_outlasting_the_updates_made_is_warned_of_with_steps_and_schedu
     assert caplog.messages == ["warmup_updates 20000 exceeds the 20 updates this run makes "
                                "(--steps 20; the schedule spans 100 updates): the learning "
                                "rate rises all run and never reaches 1e-05 (upstream's "
-                               "behaviour)"]
+                               "behaviour); to reach it, pass --param warmup_updates=N with "
+                               "N at most 20"]
 
 def test_micro_batches_skip_the_all_reduce_but_on_the_last():
     entered = []

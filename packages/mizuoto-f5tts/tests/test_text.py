@@ -28,6 +28,12 @@ def test_unknown_tokens_take_id_zero(tmp_path):
     assert torch.equal(text.token_ids(["b", "z", "a"], vocab), torch.tensor([2, 0, 1]))
 
 
+def test_unknown_tokens_are_what_takes_id_zero(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text(" \na\nb\n", encoding="utf-8")
+    assert text.unknown_tokens("ab zä", text.read_vocab(path)) == ["z", "ä"]
+
+
 def test_vocab_without_final_newline_loses_a_character(tmp_path, caplog):
     path = tmp_path / "vocab.txt"
     path.write_text(" \nab\ncd", encoding="utf-8")

@@ -256,17 +256,17 @@ from mizuoto import TrainingConfig
 from mizuoto_f5tts.training import F5Trainer, loop
 model_dir, metadata, root = sys.argv[1:4]
 checked = []
-step = loop.FineTuning._step
-def checked_step(self, indices):
-    record = step(self, indices)
-    if record is not None:  # after every update: the same parameters on every rank
-        flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
-        every = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-        dist.all_gather(every, flat)
-        assert all(torch.equal(x, every[0]) for x in every), record.update
-        checked.append(record.update)
-    return record
-loop.FineTuning._step = checked_step
+next_update = loop.FineTuning.next_update
+def checked_update(self):
+    values = next_update(self)
+    # after every update: the same parameters on every rank
+    flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
+    every = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, flat)
+    assert all(torch.equal(x, every[0]) for x in every), self.update
+    checked.append(self.update)
+    return values
+loop.FineTuning.next_update = checked_update
 report = {{}}
 for name, shard in (("sharded", True), ("replicated", False)):
     output = f"{{root}}/{{name}}"

@@ -11,11 +11,11 @@ import torch
 
 from mizuoto import TrainingConfig
 from mizuoto.errors import InvalidOption, InvalidRequest
-from mizuoto.runtime.precision import scaled_step
+from mizuoto.training.memory import OptimizerStateOffload
+from mizuoto.training.precision import scaled_step
 from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.training import F5Trainer
 from mizuoto_f5tts.training.data import write_synthetic_dataset
-from mizuoto_f5tts.training.loop import OptimizerStateOffload
 from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
 
 

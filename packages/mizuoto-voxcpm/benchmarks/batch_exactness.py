@@ -7,7 +7,10 @@ For each dtype and batch size ``b``: ``b`` streams of sentences of mixed lengths
 are consumed round-robin in one thread by an engine loaded with ``engines.voxcpm.max_batch=b``,
 so they join one by one and then step together (``--threads``: each on its own thread, started
 together, so they are admitted together and their prompts prefilled in one packed pass); each
-is compared with the same stream from an engine that generates alone (``max_batch=1``). Reports per row: bit-identical or not, max |diff|
+is compared with the same stream from an engine that generates alone (``max_batch=1``, no
+batcher). Every batched engine has a batcher, size 1 too (``max_batch`` at least 2): its row
+is a stream alone in the batcher against the unbatched path, and ``batcher_steps`` says the
+batcher stepped it. Reports per row: bit-identical or not, max |diff|
 over the common length, SNR (dB) of the batched audio against the alone audio, and the number
 of patches each produced (a moved stop patch changes the length). One CPU thread.
 """
@@ -85,7 +88,9 @@ def main(argv=None) -> int:
             alone.append([c.audio.samples for c in single.stream(request)])
         del single
         for size in sizes:
-            engine = _load(args.model_dir, dtype, size, args.device)
+            # at least 2: max_batch=1 builds no batcher, and size 1 would compare the
+            # unbatched path with itself
+            engine = _load(args.model_dir, dtype, max(size, 2), args.device)
             started = time.perf_counter()
             if args.threads:
                 opens = [lambda r=r, e=engine: e.stream(r) for r in requests[:size]]
@@ -99,7 +104,8 @@ def main(argv=None) -> int:
             for index in range(size):
                 row = compare(torch.cat(alone[index]), torch.cat(batched[index]))
                 row.update(dtype=dtype, batch=size, row=index, seconds=seconds,
-                           patches_alone=len(alone[index]), patches_batched=len(batched[index]))
+                           patches_alone=len(alone[index]), patches_batched=len(batched[index]),
+                           batcher_steps=stats.steps if stats is not None else 0)
                 report.append(row)
                 print(json.dumps(row), flush=True)
             if stats is not None:

@@ -86,6 +86,12 @@ def test_unknown_characters_of_a_split_token_become_unk(tokenizer):
     assert tokenizer.encode("龘龘") == [tokenizer.unk_id, tokenizer.unk_id]
 
 
+def test_unknown_tokens_are_the_ones_read_as_unk(tokenizer):
+    """What the engine reports in applied.warnings: only the characters read as <unk>."""
+    assert tokenizer.unknown_tokens("龘龘") == ["龘", "龘"]
+    assert tokenizer.unknown_tokens("hello") == []
+
+
 def test_byte_fallback_for_unknown_characters(tokenizer):
     ids = tokenizer.encode("😀")
     assert [tokenizer.backend.id_to_token(i) for i in ids] == [

@@ -173,14 +173,12 @@ def test_chosen_lora_targets_reach_the_export_and_inference(workspace):
 
 
 def test_a_resumed_schedule_keeps_its_length():
-    from mizuoto_voxcpm.training import loop
+    """The cosine schedule's length (max_steps; upstream's 0: num_iters) is in its state."""
+    from mizuoto.training import build_schedule
 
-    weights = torch.nn.Linear(2, 2)
-    recipe = type("R", (), dict(learning_rate=1.0, weight_decay=0.0, warmup_steps=0,
-                                max_steps=4, num_iters=2))
-    _, saved = loop.build_optimizer(weights, recipe)
-    recipe.max_steps = 0  # upstream's 0: num_iters
-    _, restored = loop.build_optimizer(weights, recipe)
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    saved = build_schedule("cosine", optimizer, warmup=0, total=4)
+    restored = build_schedule("cosine", optimizer, warmup=0, total=2)
     assert restored.lr_lambdas[0].total == 2
     restored.load_state_dict(saved.state_dict())
     assert restored.lr_lambdas[0].total == 4

@@ -14,8 +14,12 @@ from mizuoto.errors import InvalidOption, InvalidRequest
 from mizuoto.options import ComputeOptions
 from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
 from mizuoto_voxcpm.training import VoxCPMTrainer
-from mizuoto_voxcpm.training.loop import precision_for
-from mizuoto_voxcpm.training.session import Session, pick_device, pick_mixed_precision
+from mizuoto_voxcpm.training.session import (
+    Session,
+    pick_device,
+    pick_mixed_precision,
+    runner_for,
+)
 
 
 def test_auto_is_upstreams_choice():
@@ -41,11 +45,11 @@ def test_device_choice():
 @pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
 def test_grad_scaling_follows_the_mode():
     cpu = torch.device("cpu")
-    off = precision_for(cpu, "no")
+    off = runner_for(cpu, "no").precision
     assert off.scaler is None
     with off.autocast():
         assert not torch.is_autocast_enabled("cpu")
-    on = precision_for(torch.device("cuda", 0), "bf16")  # built, not run, on a CPU machine
+    on = runner_for(torch.device("cuda", 0), "bf16").precision  # built, not run, on a CPU machine
     assert on.scaler is not None and on.mode == "bf16"
 
 

@@ -104,6 +104,21 @@ def _hub_cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
+def hub_endpoint() -> str:
+    """The hub's address as huggingface_hub uses it: ``HF_ENDPOINT`` (a mirror) or
+    ``https://huggingface.co``."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:  # already imported: it read the environment once, at import
+        return str(constants.ENDPOINT).rstrip("/")
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_url(hub_file: HubFile, filename: str | None = None) -> str:
+    """The address a browser, ``curl`` or ``wget`` downloads ``hub_file`` from."""
+    return (f"{hub_endpoint()}/{hub_file.repo}/resolve/{hub_file.revision or 'main'}/"
+            f"{filename or hub_file.filename}")
+
+
 def _hub_cached(hub_file: HubFile, filename: str) -> Path | None:
     # A repository never downloaded has no folder in the hub cache: say so without importing
     # huggingface_hub (a tenth of a second, on every `mizuoto models`).
@@ -117,23 +132,22 @@ def _hub_cached(hub_file: HubFile, filename: str) -> Path | None:
     return Path(cached) if isinstance(cached, str) else None
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """One quick TCP connection to the hub, so that offline runs fail in seconds, not after
-    huggingface_hub's retries."""
-    import socket
-    from urllib.parse import urlparse
-
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    """One quick request to the hub (``HF_ENDPOINT`` where set) through huggingface_hub's own
+    HTTP session, so that offline runs fail in seconds, not after its retries. The session
+    takes the proxies the environment names (``HTTPS_PROXY``, ``NO_PROXY``) as the download
+    would: any answer, even an error status, means the hub can be tried."""
     try:
         from huggingface_hub import constants
+        from huggingface_hub.utils import get_session
     except ImportError:
         return False
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        with socket.create_connection((url.hostname, port), timeout=timeout):
-            return True
-    except OSError:
+        get_session().head(constants.ENDPOINT, timeout=timeout)  # neither follows redirects
+    except Exception as exc:  # requests' and httpx's errors: no answer
+        log.debug("the hub at %s did not answer: %s", constants.ENDPOINT, exc)
         return False
+    return True
 
 
 def _offline() -> bool:
@@ -188,10 +202,12 @@ def resolve_in(model: str | Path, catalog: Mapping[str, CatalogEntry], *,
                    if local is None and name not in entry.optional]
     if missing:
         raise ModelFilesMissing(
-            entry.id, [f"{name} (from {entry.files[name].repo}/{entry.files[name].filename})"
-                       for name in missing],
-            hint=(f"{why}. Put the files in a directory and pass it instead of the id, e.g. "
-                  f"--model /path/to/{entry.id.replace('/', '-')}"),
+            entry.id, [f"{name} (repository {entry.files[name].repo}, file "
+                       f"{entry.files[name].filename})" for name in missing],
+            hint=(f"{why[0].upper()}{why[1:]}. `mizuoto models {entry.id}` names each file's "
+                  f"URL and where it goes ({directory}); or put the files in a directory and "
+                  f"pass it instead of the id, e.g. --model /path/to/"
+                  f"{entry.id.replace('/', '-')}"),
         )
     for found in files.values():
         if found is None:
@@ -215,10 +231,10 @@ def _cannot_download() -> str | None:
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
-        return "huggingface_hub is not installed (pip install 'mizuoto-core[hub]')"
+        return "the huggingface_hub package is not installed (pip install 'mizuoto-core[hub]')"
     if not _hub_reachable():
-        return ("no model hub is reachable from here (huggingface_hub is installed; the hub "
-                "did not answer within seconds)")
+        return (f"no model hub is reachable from here ({hub_endpoint()} did not answer "
+                "within seconds; set HTTPS_PROXY for a proxy or HF_ENDPOINT for a mirror)")
     return None
 
 

@@ -23,6 +23,9 @@ from mizuoto.errors import EngineMismatch, EngineNotFound, InvalidOption
 from mizuoto.options import Options
 from mizuoto.registry import catalog as registered_catalog
 from mizuoto.registry import engines, get_engine
+from mizuoto.runtime.startup import set_wait_policy
+from mizuoto.validation import check_known_keys
+from mizuoto.validation.audio import check_audible_file
 
 
 def resolve_model(model: str | Path, *, catalog: Mapping[str, CatalogEntry] | None = None,
@@ -95,17 +98,55 @@ def load(model: str | Path, *, engine: str | None = None,
 
     ``options``: :class:`~mizuoto.options.Options`, or a plain mapping of the same sections
     (``{"compute": {"device": "cpu"}}`` or dotted keys), read by ``Options.from_mapping``.
-    ``request``: a request to check against the engine first
-    (:meth:`~mizuoto.contracts.engine.Engine.check_request`), so that one it would refuse
-    fails before the weights load.
+    ``request``: a request to check first (its ``params`` keys against the engine's settings,
+    with the closest one; :meth:`~mizuoto.contracts.engine.Engine.check_request`; a silent
+    reference recording), so that one the engine would refuse fails before the weights load.
+
+    The first load in a process that has not imported torch yet sets OpenMP's wait policy
+    (``compute.cpu_wait_policy``, as the ``mizuoto`` command does): OpenMP reads it once,
+    when torch is imported.
     """
     options = _as_options(options)
+    set_wait_policy(options.compute, serving=False)  # before the engine imports torch
     engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
                                           progress=progress)
     if request is not None:
+        if _parses_params_by_class(engine_cls):
+            check_known_keys(engine_cls.params_class, request.params, "params")
         engine_cls.check_request(request, resolved.path)
+        check_audible_reference(request)
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
                            progress=progress)
+
+
+def check_params_before_load(model: str | Path, params: Mapping[str, Any] | None, *,
+                             engine: str | None = None,
+                             options: Options | Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`~mizuoto.errors.InvalidRequest` for a key of ``params`` that the engine
+    loading ``model`` does not declare (naming the closest one), without loading it."""
+    if not params:
+        return
+    engine_cls, _ = resolve_engine(model, engine=engine, options=options)
+    if _parses_params_by_class(engine_cls):
+        check_known_keys(engine_cls.params_class, params, "params")
+
+
+def _parses_params_by_class(engine_cls: type[Engine]) -> bool:
+    """Whether the engine's params are its ``params_class``'s fields, as the base class parses
+    them: an engine with its own ``parse_params``, or an API 1.0 plugin without a
+    ``params_class`` (it may read ``request.params`` itself), is asked at the request."""
+    if engine_cls.parse_params is not Engine.parse_params:
+        return False
+    return engine_cls.params_class is not None or engine_cls.plugin_api != "1.0"
+
+
+def check_audible_reference(request: SynthesisRequest) -> None:
+    """Refuse, before the weights load, a reference recording that is silent: no sample
+    above :data:`~mizuoto.validation.audio.SILENCE_PEAK` (what every engine refuses, whatever
+    its own checks)."""
+    reference = request.reference
+    if request.voice is None and reference is not None and isinstance(reference.audio, Path):
+        check_audible_file(reference.audio, "reference.audio")
 
 
 def _as_options(options: Options | Mapping[str, Any] | None) -> Options:

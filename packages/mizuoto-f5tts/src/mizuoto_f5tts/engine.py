@@ -33,6 +33,7 @@ from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.licenses import is_non_commercial, model_card_license
 from mizuoto.options import Options
+from mizuoto.text.coverage import dropped_characters_warning
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes, split_to_fit
 from mizuoto_f5tts.compute_lock import ComputeLock
@@ -45,7 +46,7 @@ from mizuoto_f5tts.duration import (
 from mizuoto_f5tts.fast import autocast_transformer, quantize_transformer, resolve_profile
 from mizuoto_f5tts.joining import CrossFade, join_chunks
 from mizuoto_f5tts.settings import F5Options, F5Params
-from mizuoto_f5tts.text import to_tokens, token_ids
+from mizuoto_f5tts.text import to_tokens, token_ids, unknown_tokens
 from mizuoto_f5tts.variants import (
     HOP_LENGTH,
     SAMPLE_RATE,
@@ -115,6 +116,8 @@ class F5Engine(Engine):
     def check_request(cls, request: SynthesisRequest, model_dir: Path) -> None:
         if request.voice is None and request.reference is not None:
             reference.prepare_reference_text(request.reference.text)  # the transcript is due
+            if isinstance(request.reference.audio, Path) and request.reference.audio.is_file():
+                reference.check_audible(request.reference.audio)  # a short file: read now
 
     @classmethod
     def load(cls, model_dir: Path, *, options: Options | None = None,
@@ -265,6 +268,11 @@ class F5Engine(Engine):
         self._check_time_grid(steps, params)
         guidance = DEFAULT_GUIDANCE if request.guidance is None else float(request.guidance)
         warnings: list[str] = []
+        # upstream reads a token its vocabulary lacks as id 0 (a space): kept, and said
+        dropped = dropped_characters_warning(unknown_tokens(request.text, self.vocab),
+                                             request.text, "spaces (id 0, as upstream does)")
+        if dropped:
+            warnings.append(dropped)
         with self._compute:  # reference preparation (silences, resampling): one turn
             prepared = self._reference_for(request, params, warnings)
         max_bytes = max_chunk_bytes(prepared.text, prepared.source_samples,

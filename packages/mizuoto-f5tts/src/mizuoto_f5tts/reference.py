@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 from importlib.resources import files
 from pathlib import Path
 
@@ -186,13 +187,33 @@ def prompt_text(text: str) -> str:
 # The whole preparation
 
 
+def check_audible(source: Audio | Path) -> None:
+    """Refuse a reference that upstream's edge trimming would remove whole: every 10 ms of it
+    below :data:`_EDGE_THRESHOLD_DBFS`. Upstream then keeps only its 50 ms of padding, whose
+    RMS of zero turns the loudness matching into a division by zero; run before the model
+    loads (``F5Engine.check_request``) as after it (:func:`prepare_pcm`)."""
+    segment = _read_pcm(source)
+    if leading_silence_ms(segment, _EDGE_THRESHOLD_DBFS) < len(segment):
+        return
+    loudest = max((segment.dbfs_of(start, start + 10) for start in range(0, len(segment), 10)),
+                  default=-math.inf)
+    level = "digital silence" if loudest == -math.inf else f"its loudest 10 ms are at " \
+        f"{loudest:.0f} dBFS"
+    raise InvalidAudio("reference.audio", f"is silent to F5-TTS: quieter than its "
+                       f"{_EDGE_THRESHOLD_DBFS:.0f} dBFS edge trimming throughout ({level}), "
+                       "so upstream would trim all of it away", "raise its level, e.g. ffmpeg -i ref.wav -af loudnorm "
+                       "louder.wav, or record closer to the microphone")
+
+
 def prepare_pcm(source: Audio | Path) -> tuple[torch.Tensor, int]:
     """The clipped, trimmed, padded reference as float32 ``[channels, samples]`` and its rate:
     what upstream reads back from its temporary WAV."""
     pcm = clip_reference(_read_pcm(source))
     waveform = pcm.to_float()
     if not bool(waveform.abs().amax() > 0):
-        raise InvalidAudio("reference.audio", "is silent", "give a recording of the voice")
+        check_audible(source)  # names the level and the fix
+        raise InvalidAudio("reference.audio", "is silent once trimmed",
+                           "give a recording of the voice")
     return waveform, pcm.rate
 
 

@@ -90,6 +90,13 @@ def token_ids(tokens: list[str], vocab: Mapping[str, int]) -> torch.Tensor:
     return torch.tensor([vocab.get(token, 0) for token in tokens], dtype=torch.long)
 
 
+def unknown_tokens(text: str, vocab: Mapping[str, int]) -> list[str]:
+    """The tokens of ``text`` that are not in ``vocab`` (read as id 0, a space, by
+    :func:`token_ids`): what the model does not speak. A Chinese character's token is its
+    pinyin syllable."""
+    return [token for token in to_tokens(text) if token not in vocab]
+
+
 def encode(text: str, vocab: Mapping[str, int]) -> torch.Tensor:
     """``text`` as a 1-D tensor of vocabulary ids."""
     return token_ids(to_tokens(text), vocab)

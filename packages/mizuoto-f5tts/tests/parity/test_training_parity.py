@@ -326,7 +326,7 @@ def test_ema_matches_ema_pytorch():
     """Past ema_pytorch's copy phase (step 100): the decayed lerp every 10 updates."""
     from ema_pytorch import EMA as UpstreamEMA
 
-    from mizuoto_f5tts.training.loop import EMA
+    from mizuoto.training.ema import EMA
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))

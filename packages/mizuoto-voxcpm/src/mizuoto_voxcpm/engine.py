@@ -43,6 +43,7 @@ from mizuoto.runtime.prepack_conv_transpose import (
     has_packable_conv_transposes,
     prepack_conv_transposes,
 )
+from mizuoto.text.coverage import dropped_characters_warning
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
 from mizuoto_voxcpm.batching import PatchBatcher
@@ -161,6 +162,9 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
     # decoder state; what the model's modules share (the VAE's noise source, the batcher) is
     # used under the engine's own lock, held per chunk (self._compute)
     concurrent_requests = True
+    # batched matrix products and VAE convolutions may round otherwise than a row's alone
+    # (batching.py): a row is exact alone in the batcher, and never draws its mates' noise
+    batch_exact = False
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
                  tokenizer: VoxCPMTokenizer, info: ModelInfo, placement: Placement,
@@ -425,6 +429,11 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
     def _plan(self, request: SynthesisRequest, params: VoxCPMParams, seed: int) -> _Plan:
         """The request resolved (capabilities, params and seed checked by the base class)."""
         warnings = []
+        # upstream reads a character its vocab lacks as <unk>: kept, and said
+        dropped = dropped_characters_warning(self.tokenizer.unknown_tokens(request.text),
+                                             request.text, "<unk> (as upstream does)")
+        if dropped:
+            warnings.append(dropped)
         if request.voice is not None:
             request.voice.check(ENGINE, self.info.fingerprint)
             check_voice_latents(request.voice, patch_size=self.config.patch_size,

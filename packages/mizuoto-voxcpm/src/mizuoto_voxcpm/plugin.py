@@ -74,6 +74,26 @@ def _write(directory, generation: str, size: str = "tiny") -> None:
                              "request would run to upstream's cap and retry twice")
 
 
+def _write_lora(model_dir, lora_dir, seed) -> None:
+    """A LoRA for the contract suite: random from ``seed``, or with every up-projection
+    (``lora_B``) zero for ``seed=None`` (an adapter that changes nothing)."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from mizuoto.runtime.atomic import save_safetensors
+    from mizuoto_voxcpm.fixtures import write_random_lora
+    from mizuoto_voxcpm.lora import WEIGHTS_FILE
+
+    write_random_lora(lora_dir, model_dir, seed=0 if seed is None else seed)
+    if seed is None:
+        path = Path(lora_dir) / WEIGHTS_FILE
+        tensors = load_file(str(path))
+        save_safetensors({name: torch.zeros_like(tensor) if name.endswith("lora_B") else tensor
+                          for name, tensor in tensors.items()}, path)
+
+
 @hookimpl
 def register_contract_fixtures(register):
     for name, generation, text_needed in (("tiny-0.5b", "voxcpm-0.5b", True),
@@ -91,6 +111,7 @@ def register_contract_fixtures(register):
             length_follows_text=False,
             license="Apache-2.0", non_commercial=False,  # VoxCPM's code and weights
             inert_params=_INERT,
+            make_lora=_write_lora,
             description=f"random-init {generation} with a few tiny layers (audio is noise); "
                         f"its defaults: {DEMO_DEFAULTS['max_len']} patches, no retry",
         ))

@@ -228,6 +228,12 @@ class VoxCPMTokenizer:
             ids.append(index)
         return ids
 
+    def unknown_tokens(self, text: str) -> list[str]:
+        """The tokens of ``text`` not in the vocab (read as ``<unk>`` by
+        :meth:`convert_tokens_to_ids`): with byte fallback, only CJK characters split out of a
+        multi-character token can be."""
+        return [token for token in self.tokenize(text) if self.backend.token_to_id(token) is None]
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without BOS/EOS (upstream's ``text_tokenizer(text)``)."""
         return self.convert_tokens_to_ids(self.tokenize(text))

@@ -44,6 +44,7 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         spans.append((start, end))
     options = options_to_load(options_file, option_pairs, serving=False)
     with command_progress(ctx.obj["quiet"]) as progress, cli_names():
+        _check_params(model, engine, options, command_params(params))
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress)
         tts.require(Capability.EDIT)
         result = tts.edit(EditRequest(Reference(ref_audio, ref_text), text, spans, seed=seed,
@@ -53,6 +54,14 @@ def edit(ctx, text, model, engine, output, seed, steps, guidance, params, option
         result.save(output)
     check_written(output)
     report_written(result.applied, output, ctx.obj["quiet"])
+
+
+def _check_params(model, engine, options, params) -> None:
+    """A mistyped --param fails before the weights load (with the closest setting), as in
+    ``say``: resolving the model now costs nothing the load would not."""
+    from mizuoto.loading import check_params_before_load
+
+    check_params_before_load(model, params, engine=engine, options=options)
 
 
 COMMANDS = (edit,)

@@ -56,6 +56,8 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     long_form = (text_file is not None or resume or section_chars is not None) and not stream
     _check_files(output, text_file, ref_audio, ref_text, voice_file, save_voice, resume,
                  long_form)
+    # OpenMP's wait policy before anything imports torch (Voice.load does, below)
+    options = options_to_load(options_file, option_pairs, serving=False)
     # Validate the request before loading the model: a bad request fails in milliseconds.
     text_flag = {"text": "--text-file"} if text_file else {}
     with cli_names(**text_flag):
@@ -66,7 +68,6 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
             instruction=instruction, seed=seed, steps=steps, guidance=guidance,
             params=command_params(params),
         )
-    options = options_to_load(options_file, option_pairs, serving=False)
     with command_progress(quiet) as progress, cli_names(**text_flag):
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress,
                            request=request)

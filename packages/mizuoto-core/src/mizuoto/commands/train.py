@@ -11,6 +11,7 @@ import click
 
 from mizuoto.command_options import command_options
 from mizuoto.commands.toolkit import command_progress
+from mizuoto.options import ComputeOptions
 
 
 def _training_settings(command):
@@ -50,12 +51,17 @@ def train(ctx, engine, method, model, dataset, output_dir, option_pairs, param_p
     file, then --param pairs, then the options above override them. The effective recipe is
     printed at the start and stored as recipe.json in the run directory.
     """
+    from mizuoto.runtime.startup import set_wait_policy
+
+    compute = command_options(None, option_pairs).compute if option_pairs else None
+    # OpenMP's wait policy before the training code imports torch (auto: passive on a busy
+    # machine)
+    set_wait_policy(compute or ComputeOptions(), serving=False)
     from mizuoto.registry import get_trainer
     from mizuoto.training.recipe import recipe_text, training_config
 
     trainer = get_trainer(engine)()
-    explicit = {**settings,
-                "compute": command_options(None, option_pairs).compute if option_pairs else None}
+    explicit = {**settings, "compute": compute}
     config = training_config(trainer, method=method, model=model, dataset=dataset,
                              output_dir=output_dir, config_file=config_file,
                              param_pairs=param_pairs, explicit=explicit)

@@ -43,7 +43,18 @@ class SupportsLoRA(abc.ABC):
 
 
 class SupportsBatching(abc.ABC):
-    """An engine that steps concurrent requests of one loaded model together."""
+    """An engine that steps concurrent requests of one loaded model together.
+
+    A row never depends on its batch mates: their seeds, texts or number change none of its
+    samples where :attr:`batch_exact` holds (its audio is then the request's alone, bit for
+    bit), and where it does not, only the bits of batched kernels may differ: never which
+    noise a row draws (each row draws from its own generator, seeded with its own seed).
+    """
+
+    #: Whether a batched row's audio equals the same request's alone, bit for bit (the
+    #: contract suite checks it); ``False`` for an engine whose batched kernels round
+    #: differently, whose rows must still not depend on their batch mates' seeds.
+    batch_exact: bool = True
 
     @classmethod
     @abc.abstractmethod

@@ -35,6 +35,11 @@ class ContractFixture:
     ``inert_params`` names request params that do not change the audio of the fixture's
     model (a limit it does not reach, a switch for another model kind): the suite checks that
     every other declared param does.
+    ``make_lora(model_dir, lora_dir, seed)``, for an engine that declares ``SupportsLoRA``,
+    writes a LoRA directory for the model in ``model_dir`` into ``lora_dir``: random from
+    ``seed``, or, for ``seed=None``, a zero adapter (its up-projection all zeros) that leaves
+    the audio unchanged. The suite loads adapters with it; without it, it checks only what
+    needs no adapter (none applied after load, removal).
     ``realsize`` marks a recipe at the released architecture's sizes, for benchmarks
     (``mizuoto bench random:ID``) and ``mizuoto random-model``: the contract suite leaves it
     out (:func:`mizuoto.registry.contract_fixtures`), its requests take minutes.
@@ -57,6 +62,7 @@ class ContractFixture:
     license: str | None = None
     non_commercial: bool = False
     inert_params: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    make_lora: Callable[[Path, Path, int | None], None] | None = None
 
     @property
     def id(self) -> str:

@@ -17,7 +17,7 @@ from mizuoto.options import ComputeOptions, Options
 from mizuoto.validation.ranges import boolean, integer_in, number_in
 
 MEMORY_LEVELS = ("default", "low", "lowest")
-#: ``auto``: the trainer's upstream default (`mizuoto.runtime.precision`)
+#: ``auto``: the trainer's upstream default (`mizuoto.training.precision`)
 MIXED_PRECISION = ("auto", "no", "fp16", "bf16")
 #: Bounds of a run's numbers: steps (and save_every) and batch size.
 MAX_STEPS = 10_000_000
@@ -55,7 +55,7 @@ class TrainingConfig:
     ``compute`` is where it trains (``compute.device``: ``auto``, ``cpu``, ``cuda[:n]``; a
     `ComputeOptions` or a mapping of ``compute.*`` keys); ``mixed_precision`` is ``no``,
     ``fp16`` or ``bf16`` (the forward under autocast; fp16 with loss scaling), ``auto`` the
-    trainer's upstream default (`mizuoto.runtime.precision`).
+    trainer's upstream default (`mizuoto.training.precision`).
     """
 
     method: str
@@ -134,6 +134,10 @@ class TrainerParams:
     max_grad_norm: float | None = attrs.field(
         default=None, validator=_optional(number_in("params.max_grad_norm", 0.0, 1e12)),
         metadata=_shared("--max-grad-norm", float, "Gradient-norm clipping; 0: none"))
+    lr_schedule: str | None = attrs.field(
+        default=None, validator=_optional(attrs.validators.instance_of(str)),
+        metadata=_shared("--lr-schedule", str, "Learning-rate schedule by name "
+                         "(mizuoto.training.schedules: linear, cosine, constant, ...)"))
     checkpoint_every: int | None = attrs.field(
         default=None, validator=_optional(integer_in("params.checkpoint_every", 1, MAX_STEPS)),
         metadata=_shared("--checkpoint-every", int, "Updates between numbered checkpoints",

@@ -12,7 +12,9 @@ import attrs
 
 from mizuoto.errors import InvalidRequest, VoiceMismatch
 from mizuoto.json_files import parse_json
+from mizuoto.options import ComputeOptions
 from mizuoto.runtime.atomic import save_safetensors
+from mizuoto.runtime.startup import set_wait_policy
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +62,9 @@ class Voice:
     @classmethod
     def load(cls, path: str | Path) -> Voice:
         from safetensors import safe_open
+
+        # reading the tensors imports torch: OpenMP's wait policy first, as mizuoto.load sets it
+        set_wait_policy(ComputeOptions(), serving=False)
 
         path = Path(path)
         if not path.is_file():

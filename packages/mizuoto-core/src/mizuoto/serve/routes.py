@@ -285,11 +285,19 @@ async def speech(request: Request):
         raise
     state.metrics.first_audio(worker.name, time.monotonic() - started)
     headers = {SEED_HEADER: str(engine_request.seed)}
-    # what validation changed (control characters dropped), named as the client sent it
-    warnings = [*warnings, *(notice.replace("text:", "input:", 1)
-                             for notice in getattr(engine_request, "notices", ()))]
+    # what validation changed (control characters dropped), named as the client sent it:
+    # known before any audio, so streamed answers carry it too
+    notices = tuple(getattr(engine_request, "notices", ()))
+    warnings = [*warnings, *(notice.replace("text:", "input:", 1) for notice in notices)]
+    if first is not DONE and first.applied is not None:
+        # the whole audio in one piece: what the engine warned of (characters it dropped)
+        # arrives before the headers, so they carry it too
+        warnings = [*warnings, *(w for w in first.applied.warnings
+                                 if w not in warnings and w not in notices)]
     if warnings:
-        headers[WARNING_HEADER] = "; ".join(warnings)
+        # a header is Latin-1: a warning naming the characters dropped is escaped
+        headers[WARNING_HEADER] = "; ".join(warnings).encode("ascii", "backslashreplace"
+                                                             ).decode("ascii")
     encoder = StreamEncoder(body.response_format, engine.info.sample_rate,
                             streaming=stream or body.stream_format == "sse")
     if body.stream_format == "sse":

@@ -3,7 +3,11 @@
 - `world`: the run's processes (one, or torchrun's over gloo or NCCL), `barrier`, `gather`;
 - `steps`: the loop skeleton (`StepLoop`: metrics, progress, saves, numbered checkpoints,
   interruption after each update) and `micro_batches` (gradient accumulation);
-- `precision`: the autocast context and gradient-scaler hooks of a step (`Precision`);
+- `runner`: `TrainingRunner`, the update (device, process world, precision, accumulation,
+  clipping, optimiser and schedule, EMA, memory levels), with `RecipeQuirks`;
+- `precision`: mixed precision, accelerate's autocast and gradient scaler (`Precision`);
+- `schedules`: learning-rate schedules by name; `ema`: an EMA copy of the weights;
+  `memory`: activation checkpointing and optimiser state on the host;
 - `run_directory`: the run's identity (base weights and data set fingerprints; a resume onto
   others is refused), its effective recipe, the writability check;
 - `checkpoints`: numbered checkpoints and their rotation;
@@ -29,6 +33,13 @@ from mizuoto.training.run_directory import (
     base_fingerprint,
     data_fingerprint,
 )
+from mizuoto.training.runner import (
+    RecipeQuirks,
+    TrainingRunner,
+    training_device,
+    training_precision,
+)
+from mizuoto.training.schedules import SCHEDULES, build_schedule
 from mizuoto.training.state import load_training_state, save_training_state
 from mizuoto.training.steps import (
     Cadence,
@@ -37,11 +48,13 @@ from mizuoto.training.steps import (
     micro_batches,
     warn_long_warmup,
 )
-from mizuoto.training.trainer import StepTrainer, TrainingSession
+from mizuoto.training.trainer import RunnerSession, StepTrainer, TrainingSession
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
-    "Cadence", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
+    "Cadence", "LoopOutcome", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
+    "build_schedule",
+    "training_device", "training_precision", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
     "RunIdentity", "StepLoop", "StepProgress", "barrier", "base_fingerprint",
     "data_fingerprint", "find_manifest", "gather", "join", "load_training_state",
     "micro_batches", "numbered", "process_world", "read_manifest", "read_metrics", "rotate",

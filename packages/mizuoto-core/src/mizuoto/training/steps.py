@@ -77,8 +77,9 @@ def warn_long_warmup(setting: str, warmup: int, *, steps: int, schedule: int | N
     spans = "" if schedule is None or schedule == steps else \
         f"; the schedule spans {schedule} updates"
     logger.warning("%s %d exceeds the %d updates this run makes (--steps %d%s): the learning "
-                   "rate rises all run and never reaches %g (upstream's behaviour)", setting,
-                   warmup, made, steps, spans, learning_rate)
+                   "rate rises all run and never reaches %g (upstream's behaviour); to reach "
+                   "it, pass --param %s=N with N at most %d", setting, warmup, made, steps,
+                   spans, learning_rate, setting, made)
     return True
 
 

@@ -60,40 +60,20 @@ from mizuoto.training.run_directory import (
     base_fingerprint,
     data_fingerprint,
 )
+from mizuoto.training.runner import (
+    RecipeQuirks,
+    TrainingRunner,
+    training_device,
+    training_precision,
+)
+from mizuoto.training.schedules import check_schedule
 from mizuoto.training.steps import Cadence, StepLoop
-from mizuoto.training.world import ProcessWorld, barrier, join, process_world
+from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
 NUMBERED = "model_{}.pt"  # checkpoints/model_<N>.pt, as f5-tts's
-
-
-def training_device(compute, *, auto=None):
-    """``compute.device`` (`mizuoto.runtime.device.select_device`; ``auto``: the trainer's
-    rule, default CUDA, else MPS, else the CPU); under torchrun each process takes its own GPU
-    (``LOCAL_RANK``), as accelerate does."""
-    import torch
-
-    from mizuoto.runtime.device import select_device
-
-    device = select_device(compute) if auto is None else select_device(compute, auto=auto)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", process_world().local_rank)
-    return device
-
-
-def training_precision(requested: str, device, *, auto: str = "no",
-                       cuda_only: tuple[str, ...] = ("fp16",), why: str = "") -> str:
-    """The mixed-precision mode a run applies: ``requested`` (``TrainingConfig.
-    mixed_precision``), ``auto`` the trainer's upstream default on ``device``; a mode in
-    ``cuda_only`` off CUDA is refused (``why``: upstream's reason, in words)."""
-    mode = auto if requested == "auto" else requested
-    if mode in cuda_only and device.type != "cuda":
-        raise InvalidRequest("training.mixed_precision", f"{mode} needs a CUDA device, not "
-                             f"{device.type}{f' ({why})' if why else ''}",
-                             f"use {' or '.join(m for m in ('bf16', 'no') if m not in cuda_only)}")
-    return mode
 
 
 class TrainingSession(abc.ABC):
@@ -112,6 +92,8 @@ class TrainingSession(abc.ABC):
     progress_losses: tuple[str, ...] = ("loss",)
     #: where the interruption's all-reduce runs (None: the CPU)
     device: Any = None
+    #: the run's `TrainingRunner` (optimiser, schedule, precision), when the session has one
+    runner: TrainingRunner | None = None
     #: process 0's metrics log (None elsewhere), set by `StepTrainer.train` before the loop
     metrics: MetricsLog | None = None
 
@@ -147,6 +129,51 @@ class TrainingSession(abc.ABC):
         return values
 
 
+class RunnerSession(TrainingSession):
+    """A session that is only model + data + loss, on ``runner`` (`TrainingRunner`, its
+    `optimize` called): `update` is ``runner.update(next_batch, loss, weights=weights)``;
+    `save`/`load` write and restore, in one file, ``model``'s weights (``trainable_only``: those
+    that train), the runner's state (optimiser, schedule, scaler, EMA) and the random
+    ``generators`` (a sampler's, a ``random.Random``) with torch's own."""
+
+    def __init__(self, runner: TrainingRunner, model, *, total: int, next_batch, loss,
+                 generators: Mapping[str, Any] | None = None,
+                 weights: Mapping[str, float] | None = None, trainable_only: bool = False
+                 ) -> None:
+        self.runner, self.model, self.total = runner, model, total
+        self.next_batch, self.loss, self.weights = next_batch, loss, weights
+        self.generators = dict(generators or {})
+        self.trainable_only = trainable_only
+
+    def update(self) -> Mapping[str, float]:
+        return self.runner.update(self.next_batch, self.loss, weights=self.weights)
+
+    def save(self, path: Path, done: int) -> None:
+        import torch
+
+        world = self.runner.world
+        rng = gather(self.runner.rng_state(**self.generators), world)  # every process's
+        if not world.main:
+            return
+        weights = {name: p.detach().clone() for name, p in self.model.named_parameters()
+                   if p.requires_grad} if self.trainable_only else self.model.state_dict()
+        with atomic_path(path) as tmp:
+            torch.save({"update": done, "model": weights, **self.runner.state_dict(),
+                        "rng": rng}, tmp)
+
+    def load(self, path: Path) -> int:
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(state["model"], strict=not self.trainable_only)
+        self.runner.load_state_dict(state)
+        if len(state["rng"]) != self.runner.world.size:
+            raise InvalidRequest("output_dir", f"{path} holds a run of {len(state['rng'])} "
+                                 f"process(es); resume it with as many")
+        self.runner.set_rng_state(state["rng"][self.runner.world.rank], **self.generators)
+        return int(state["update"])
+
+
 class StepTrainer(Trainer):
     """See the module doc. ``checkpoint``: the resumable checkpoint, in the run directory;
     ``numbered_checkpoint``: a numbered one's name beside it (``{}``: the update, formatted);
@@ -168,6 +195,42 @@ class StepTrainer(Trainer):
         process 0 only)."""
 
     # -- what every trainer shares ------------------------------------------------------------
+
+    def check(self, config: TrainingConfig) -> None:
+        """The contract's checks, and ``params.lr_schedule`` a known schedule's name."""
+        super().check(config)
+        schedule = self.params_class.of(config.params)[0].lr_schedule
+        if schedule is not None:
+            check_schedule(schedule)
+
+    def runner(self, run: Any, world: ProcessWorld, *, device=None, mixed_precision: str = "no",
+               grad_accumulation: int = 1, max_grad_norm: float = 1.0,
+               schedule: str = "constant", warmup_updates: int = 0,
+               scaler: bool | None = None, quirks: RecipeQuirks = RecipeQuirks()
+               ) -> TrainingRunner:
+        """The run's `TrainingRunner`: on ``device`` (default `training_device` of
+        ``config.compute``) with ``mixed_precision`` (``config.mixed_precision``, ``auto``
+        being this one), ``params.grad_accumulation``/``max_grad_norm`` (default the given,
+        the trainer's upstream values), ``config.memory`` and the recipe's ``quirks``; its
+        `TrainingRunner.optimize` defaults to ``config.learning_rate``, ``params.lr_schedule``
+        and ``params.warmup_updates`` (default ``schedule``, ``warmup_updates``) over
+        ``config.steps`` updates."""
+        config: TrainingConfig = run.config
+        shared = self.params_class.of(config.params)[0]
+        device = training_device(config.compute) if device is None else device
+        runner = TrainingRunner(
+            device=device, world=world,
+            mixed_precision=training_precision(config.mixed_precision, device,
+                                               auto=mixed_precision),
+            scaler=scaler, memory=config.memory, quirks=quirks,
+            grad_accumulation=shared.grad_accumulation or grad_accumulation,
+            max_grad_norm=max_grad_norm if shared.max_grad_norm is None
+            else shared.max_grad_norm)
+        runner.schedule_defaults = {
+            "learning_rate": config.learning_rate, "total": config.steps,
+            "schedule": shared.lr_schedule or schedule,
+            "warmup": warmup_updates if shared.warmup_updates is None else shared.warmup_updates}
+        return runner
 
     def find_checkpoint(self, output_dir: Path) -> Path | None:
         """The resumable checkpoint run directory ``output_dir`` holds (None: none yet)."""

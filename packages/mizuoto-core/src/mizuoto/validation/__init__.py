@@ -19,14 +19,9 @@ def parse_attrs(cls: type | None, values, prefix: str) -> Any:
     """Build the attrs class ``cls`` from a mapping, naming unknown keys and bad values."""
     values = dict(values or {})
     if cls is None:
-        if values:
-            raise InvalidRequest(f"{prefix}.{next(iter(values))}", "is not a known setting")
+        check_known_keys(None, values, prefix)
         return None
-    known = {a.name for a in attrs.fields(cls)}
-    for key in values:
-        if key not in known:
-            raise InvalidRequest(f"{prefix}.{key}", "is not a known setting",
-                                 f"known: {', '.join(sorted(known))}")
+    check_known_keys(cls, values, prefix)
     try:
         return cls(**values)
     except InvalidRequest:
@@ -35,6 +30,25 @@ def parse_attrs(cls: type | None, values, prefix: str) -> Any:
         # a validator or a converter (converter=int on inf raises OverflowError) refused a
         # value: name the field as <prefix>.<name> so that the caller knows which one to fix
         raise InvalidRequest(_failing_field(cls, values, prefix, str(exc)), str(exc)) from exc
+
+
+def check_known_keys(cls: type | None, values, prefix: str) -> None:
+    """Name the first key of ``values`` that is not a field of the attrs class ``cls`` (every
+    key, for ``None``), with the closest field as a suggestion: a mistyped setting fails
+    before anything is loaded or parsed."""
+    import difflib
+
+    known = {a.name for a in attrs.fields(cls)} if cls is not None else set()
+    for key in values or {}:
+        if key in known:
+            continue
+        if not known:
+            raise InvalidRequest(f"{prefix}.{key}", "is not a known setting",
+                                 "this engine takes none")
+        near = difflib.get_close_matches(str(key), sorted(known), 1, 0.6)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise InvalidRequest(f"{prefix}.{key}", "is not a known setting",
+                             f"{hint}known: {', '.join(sorted(known))}")
 
 
 def _failing_field(cls: type, values: dict, prefix: str, message: str) -> str:

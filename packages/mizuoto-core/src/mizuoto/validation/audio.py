@@ -15,6 +15,11 @@ if TYPE_CHECKING:
 #: Sample rates accepted for input audio (a reference, a recording to edit), in Hz.
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 768000
 
+#: Peak below which audio is silent: about -80 dBFS, i.e. at most three steps of 16-bit PCM.
+#: Digital silence and dither, decided from the samples, not from how loud speech should be:
+#: a quiet recording (a peak of -30 dBFS) is a reference, however faint.
+SILENCE_PEAK = 1e-4
+
 
 def check_sample_rate(sample_rate: int, field: str, name: str = "the audio") -> None:
     """Raise :class:`InvalidAudio` for ``field`` unless ``sample_rate`` is within
@@ -41,3 +46,25 @@ def check_input_audio(samples: torch.Tensor | np.ndarray, sample_rate: int, fiel
     if not finite:
         raise InvalidAudio(field, f"{name} holds NaN or infinite samples",
                            "pass a recording with finite samples")
+
+
+def check_audible_file(path, field: str) -> None:
+    """Raise :class:`InvalidAudio` for ``field`` when the audio file at ``path`` is silent (no
+    sample above :data:`SILENCE_PEAK`): read with soundfile, block by block, before any model
+    loads. A file that is missing or cannot be read is left to the reader that needs it, which
+    names the problem."""
+    import numpy as np
+    import soundfile
+
+    loudest = 0.0
+    try:
+        with soundfile.SoundFile(str(path)) as audio:
+            for block in audio.blocks(blocksize=1 << 16, dtype="float32", always_2d=True):
+                finite = block[np.isfinite(block)]
+                loudest = max(loudest, float(np.abs(finite).max(initial=0.0)))
+                if loudest > SILENCE_PEAK:
+                    return
+    except (OSError, RuntimeError, soundfile.LibsndfileError):
+        return
+    raise InvalidAudio(field, f"is silent (peak {loudest:.2g}, the floor is {SILENCE_PEAK:g})",
+                       "pass a recording with speech in it")

@@ -49,12 +49,14 @@ from mizuoto.training import (
     ProcessWorld,
     RunDirectory,
     StepTrainer,
+    TrainingRunner,
     TrainingSession,
     barrier,
     gather,
+    training_device,
+    training_precision,
     warn_long_warmup,
 )
-from mizuoto.training.trainer import training_device, training_precision
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
     PreparedData,
@@ -64,7 +66,7 @@ from mizuoto_f5tts.training.data import (
     write_vocab,
 )
 from mizuoto_f5tts.training.export import write_model
-from mizuoto_f5tts.training.loop import FineTuning, LoopSettings, Record
+from mizuoto_f5tts.training.loop import QUIRKS, FineTuning, LoopSettings, Record
 from mizuoto_f5tts.training.params import F5TrainingParams
 from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
 from mizuoto_f5tts.training.samples import TrainingSamples
@@ -174,7 +176,8 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
         batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
         max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
         shuffle_seed=params.shuffle_seed, save_every=config.save_every,
-        max_updates=config.steps, mixed_precision=mixed_precision)
+        max_updates=config.steps, mixed_precision=mixed_precision,
+        lr_schedule=params.lr_schedule or "linear")
 
 
 class F5Trainer(StepTrainer):
@@ -269,7 +272,7 @@ class F5Trainer(StepTrainer):
                      config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
                      every, str(device), params)
 
-    def build(self, run: F5Run, py_random: random.Random) -> FineTuning:
+    def build(self, run: F5Run, py_random: random.Random, world: ProcessWorld) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
         from mizuoto.nn.flow import ConditionalFlowMatching
         from mizuoto_f5tts.checkpoint import read_checkpoint
@@ -283,10 +286,13 @@ class F5Trainer(StepTrainer):
             load_into(model, base, run.checkpoint)
             del base
         model.to(run.device).train()
-        world = self.world(run)
+        settings = run.settings
+        runner = TrainingRunner(device=run.device, world=world, memory=run.memory,
+                                mixed_precision=settings.mixed_precision, quirks=QUIRKS,
+                                grad_accumulation=settings.grad_accumulation,
+                                max_grad_norm=settings.max_grad_norm)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
-                          run.settings, py_random=py_random, memory=run.memory,
-                          world=(world.rank, world.size),
+                          settings, py_random=py_random, runner=runner,
                           shard_batches=run.params.shard_batches)
         if not run.finetune:  # upstream without a pretrained_ file: a fresh EMA
             return loop
@@ -316,7 +322,7 @@ class F5Trainer(StepTrainer):
         if world.main:
             logger.info("training on %s, mixed precision %s, memory %s", run.device,
                         run.settings.mixed_precision, run.memory)
-        return F5Session(run, self.build(run, random.Random(run.config.seed)), world)
+        return F5Session(run, self.build(run, random.Random(run.config.seed), world), world)
 
     def write_export(self, run: F5Run, folder: Path) -> None:
         """The EMA weights as a model directory (`write_model`)."""
@@ -330,7 +336,7 @@ class F5Session(TrainingSession):
     """One run's `FineTuning` loop, with the checkpoint of every process's RNG."""
 
     def __init__(self, run: F5Run, loop: FineTuning, world: ProcessWorld) -> None:
-        self.run, self.loop, self.world = run, loop, world
+        self.run, self.loop, self.world, self.runner = run, loop, world, loop.runner
         self.total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
         log_samples = run.params.samples  # upstream: off
         self.samples_every = run.checkpoint_every if log_samples else 0

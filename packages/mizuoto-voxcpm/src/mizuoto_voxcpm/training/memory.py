@@ -14,38 +14,14 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
-def _checkpointed(forward, generator: torch.Generator):
-    def call(*args, **kwargs):
-        start = generator.get_state()
-        runs = 0
-
-        def run(*inner_args, **inner_kwargs):
-            nonlocal runs
-            runs += 1
-            if runs == 1:
-                return forward(*inner_args, **inner_kwargs)
-            now = generator.get_state()
-            generator.set_state(start)
-            try:
-                return forward(*inner_args, **inner_kwargs)
-            finally:
-                generator.set_state(now)
-
-        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-    return call
-
-
-def checkpoint_blocks(model: nn.Module, generator: torch.Generator) -> int:
-    """Checkpoint each decoder layer of ``base_lm`` and ``residual_lm``, the local encoder and
-    the DiT estimator of ``model`` (in place); returns how many blocks."""
-    blocks = [*model.base_lm.layers, *model.residual_lm.layers, model.feat_encoder,
-              model.feat_decoder.estimator]
-    for block in blocks:
-        block.forward = _checkpointed(type(block).forward.__get__(block), generator)
-    return len(blocks)
+def recomputed_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks ``low`` recomputes (core's `TrainingRunner.checkpoint_activations`, with the
+    run's generator): each decoder layer of ``base_lm`` and ``residual_lm``, the local encoder
+    and the DiT estimator."""
+    return [*model.base_lm.layers, *model.residual_lm.layers, model.feat_encoder,
+            model.feat_decoder.estimator]
 
 
 def frozen_linears_to(model: nn.Module, dtype: torch.dtype) -> int:

@@ -12,19 +12,26 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
 from mizuoto.options import ComputeOptions
-from mizuoto.runtime import precision
 from mizuoto.runtime.atomic import file_mode, save_safetensors
-from mizuoto.training import Precision, ProcessWorld, TrainingSession
-from mizuoto.training.trainer import training_device, training_precision
+from mizuoto.training import (
+    ProcessWorld,
+    RecipeQuirks,
+    TrainingRunner,
+    TrainingSession,
+    training_device,
+    training_precision,
+)
+from mizuoto.training.precision import DTYPES
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig, read_config_json
 from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
 from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
-from mizuoto_voxcpm.training import construction, distributed, loop, validation
+from mizuoto_voxcpm.training import construction, loop, validation
 from mizuoto_voxcpm.training.data import (
     DistributedEpochSampler,
     EpochSampler,
@@ -32,8 +39,8 @@ from mizuoto_voxcpm.training.data import (
     pack,
 )
 from mizuoto_voxcpm.training.memory import (
-    checkpoint_blocks,
     frozen_linears_to,
+    recomputed_blocks,
     stream_frozen_linears,
 )
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
@@ -57,6 +64,38 @@ def pick_mixed_precision(device: torch.device, requested: str) -> str:
     ``autocast("cuda")`` is disabled on the CPU). ``bf16``/``fp16`` need CUDA."""
     return training_precision(requested, device, auto="bf16" if device.type == "cuda" else "no",
                               cuda_only=("bf16", "fp16"), why="upstream autocasts on CUDA only")
+
+
+#: upstream's loop, unlike accelerate's: it logs the scheduler's rate after its step, clips at
+#: 1e9 when clipping is off (the norm always from clip_grad_norm_), and steps the scheduler
+#: even when the gradient scaler skipped the update
+QUIRKS = RecipeQuirks(logs_next_update_lr=True, clip_at_when_off=1e9,
+                      schedule_steps_on_skipped_update=True)
+
+
+def runner_for(device: torch.device, mixed_precision: str = "no", *,
+               world: ProcessWorld | None = None, recipe=None,
+               memory: str = "default") -> TrainingRunner:
+    """The run's `TrainingRunner`: ``bf16`` (upstream's accelerator on CUDA) or ``fp16``
+    autocast with a gradient scaler (upstream's accelerator scales bf16 too); ``no`` (upstream
+    on the CPU, where its ``autocast("cuda")`` is off): neither."""
+    return TrainingRunner(
+        device=device, world=world, mixed_precision=mixed_precision,
+        scaler=mixed_precision != "no", memory=memory, quirks=QUIRKS,
+        grad_accumulation=1 if recipe is None else recipe.grad_accum_steps,
+        max_grad_norm=0.0 if recipe is None else recipe.max_grad_norm)
+
+
+class TrainingForward(nn.Module):
+    """The training forward as a module call, so that DistributedDataParallel can wrap it."""
+
+    def __init__(self, model: nn.Module, losses) -> None:
+        super().__init__()
+        self.model = model
+        self._losses = losses
+
+    def forward(self, batch, progress: float):
+        return self._losses(self.model, batch, progress)
 
 
 class Session(TrainingSession):
@@ -85,6 +124,8 @@ class Session(TrainingSession):
         # autocast the config dtype, as upstream; with fp16 autocast float16
         self.dtype = {"no": torch.float32, "bf16": config.torch_dtype,
                       "fp16": torch.float16}[self.mixed_precision]
+        self.runner = runner_for(device, self.mixed_precision, world=world, recipe=recipe,
+                                 memory=run.config.memory)
         self.cfm = CfmTraining.from_config_json(self.raw)
         vae_config = audio_vae_config_from_model_config(self.raw)
 
@@ -107,7 +148,7 @@ class Session(TrainingSession):
             for layer in lora_layers(model):
                 layer.dropout_fn = dropout_with(self.forward_generator, recipe.lora.dropout)
         if run.config.memory in ("low", "lowest"):
-            checkpoint_blocks(model, self.forward_generator)
+            self.runner.checkpoint_activations(recomputed_blocks(model), self.forward_generator)
             if recipe.lora is not None and self.mixed_precision != "no":
                 if self.validating:
                     # upstream's validation speaks through the model outside autocast
@@ -116,7 +157,7 @@ class Session(TrainingSession):
                                          f"in {self.mixed_precision}, which validation's "
                                          "generation cannot run on",
                                          "use memory default with val_manifest")
-                frozen_linears_to(model, precision.DTYPES[self.mixed_precision])
+                frozen_linears_to(model, DTYPES[self.mixed_precision])
         self.model = model.to(device).train()
         if run.config.memory == "lowest":
             if self.world_size > 1:
@@ -141,12 +182,16 @@ class Session(TrainingSession):
                                                    world=self.world_size)
         else:
             self.sampler = EpochSampler(len(run.samples), recipe.batch_size, self.generator)
-        self.forward, self.no_sync = distributed.wrap(
-            distributed.TrainingForward(self.model, self._training_losses), device,
-            self.world_size)
+        # upstream wraps the training forward in DDP (the accelerator's prepare)
+        self.forward = self.runner.wrap(TrainingForward(self.model, self._training_losses))
         self._latents: dict[tuple[bool, int, bool], torch.Tensor | None] = {}
-        self.optimizer, self.scheduler = loop.build_optimizer(self.model, recipe)
-        self.scaling = loop.precision_for(device, self.mixed_precision)
+        # the cosine schedule spans max_steps (upstream's 0: num_iters), which may differ from
+        # the steps run (past its end the factor rises again along the cosine, as upstream's)
+        self.runner.optimize(
+            self.model, learning_rate=recipe.learning_rate, weight_decay=recipe.weight_decay,
+            schedule=TrainerParams.of(run.config.params)[0].lr_schedule or "cosine",
+            warmup=recipe.warmup_steps,
+            total=recipe.max_steps if recipe.max_steps > 0 else recipe.num_iters)
         self.done = 0  # steps made (a resumed run's included)
         self._validated: dict[str, float] | None = None  # the last validation's losses
 
@@ -174,10 +219,7 @@ class Session(TrainingSession):
         return training_losses(model, batch, cfm=self.cfm, generator=self.forward_generator,
                                progress=progress, dtype=self.dtype)
 
-    def losses(self, batch, *, progress: float):
-        return self.forward(batch, progress)
-
-    def validate(self, scaling: Precision, step: int = 0) -> dict[str, float]:
+    def validate(self, step: int = 0) -> dict[str, float]:
         """Upstream's validation (see :mod:`~mizuoto_voxcpm.training.validation`): the mean
         losses, keyed as :data:`~mizuoto_voxcpm.training.validation.KEYS`."""
         rows = self.run.val_samples
@@ -188,7 +230,7 @@ class Session(TrainingSession):
                 for indices in validation.batches(len(rows), self.recipe.batch_size,
                                                   self.generator):
                     batch = self._pack(indices, val=True)
-                    with scaling.autocast():
+                    with self.runner.precision.autocast():
                         losses = self._training_losses(self.model, batch, progress=0.0)
                     outputs.append({key: value.detach() for key, value in losses.items()})
             means = validation.mean_losses(outputs, self.recipe.lambdas)
@@ -205,26 +247,24 @@ class Session(TrainingSession):
 
     def update(self) -> dict[str, float]:
         run, recipe, step = self.run, self.recipe, self.done
-        values = loop.train_step(self.model, self.optimizer, self.scheduler, self.scaling,
-                                 self.next_batch, self.losses, recipe, step,
-                                 no_sync=self.no_sync)
+        progress = step / max(1, recipe.num_iters)
+        values = self.runner.update(self.next_batch, lambda batch: self.forward(batch, progress),
+                                    weights=recipe.lambdas)
         values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
                                  * self.world_size) / max(1, run.counted_samples))
         self.done += 1
         if self.validating and validation.is_due(step, recipe.valid_interval, recipe.num_iters):
-            self._validated = self.validate(self.scaling, step)
+            self._validated = self.validate(step)
             values.update(self._validated)
         return values
 
     def save(self, path: Path, done: int) -> None:
-        loop.save_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                             scheduler=self.scheduler, scaling=self.scaling,
+        loop.save_checkpoint(path, model=self.model, runner=self.runner,
                              generator=self.generator, sampler=self.sampler, step=done,
                              rank=self.rank)
 
     def load(self, path: Path) -> int:
-        self.done = loop.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                         scheduler=self.scheduler, scaling=self.scaling,
+        self.done = loop.load_checkpoint(path, model=self.model, runner=self.runner,
                                          generator=self.generator, sampler=self.sampler,
                                          rank=self.rank)
         if self.forward_generator is not self.generator:
@@ -233,8 +273,8 @@ class Session(TrainingSession):
 
     def write_numbered(self, target: Path, checkpoint: Path, done: int) -> None:
         """``step_<done>/`` in upstream's layout (`loop.fill_numbered`)."""
-        loop.fill_numbered(target, done, self._write_weights, optimizer=self.optimizer,
-                           scheduler=self.scheduler)
+        loop.fill_numbered(target, done, self._write_weights, optimizer=self.runner.optimizer,
+                           scheduler=self.runner.scheduler)
 
     def result_metrics(self, values: Mapping[str, float]) -> dict[str, float]:
         """The last step's values and the last validation's (a resumed run with nothing

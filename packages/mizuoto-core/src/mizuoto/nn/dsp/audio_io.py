@@ -24,13 +24,10 @@ from mizuoto.errors import InvalidAudio
 from mizuoto.validation.audio import (  # noqa: F401
     MAX_SAMPLE_RATE,
     MIN_SAMPLE_RATE,
+    SILENCE_PEAK,
     check_input_audio,
     check_sample_rate,
 )
-
-#: Peak below which :func:`check_not_silent` calls audio silent: about -80 dBFS, i.e. at most
-#: three steps of 16-bit PCM.
-SILENCE_PEAK = 1e-4
 
 _READ_FIX = "pass a WAV, FLAC, OGG or MP3 file"
 
