@@ -77,6 +77,9 @@ def test_a_failed_build_is_refused_once_and_layers_run_f_linear(monkeypatch):
     monkeypatch.setattr(bf16_dot, "unavailable_reason", lambda: bf16_dot._refused)
     monkeypatch.setattr(bf16_dot, "_build", no_compiler)
     monkeypatch.setattr(prepack, "_proven", {})
+    # bf16dot alone: where another kernel is proven first (oneDNN on a CPU with native
+    # bfloat16) the build would never be tried
+    monkeypatch.setattr(prepack, "KERNELS", {"bf16dot": prepack.KERNELS["bf16dot"]})
     torch.manual_seed(1)
     layers = [nn.Linear(128, 64).to(torch.bfloat16) for _ in range(2)]
     plain = [nn.Linear(128, 64).to(torch.bfloat16) for _ in range(2)]
