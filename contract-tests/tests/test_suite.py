@@ -28,15 +28,17 @@ from mizuoto_example.engine import ToyEngine
 
 pytest_plugins = ["pytester"]
 
-# Per toy model: 32 tests (8 of them in test_behaviour_contract), plus test_empty_text_is_refused once; edit, design, long text and
-# the refused-reference-text test do not apply to the toy. Three of them check hostile input
+# Per toy model: 36 tests (8 of them in test_behaviour_contract; 3 in test_step_contract and
+# the batching one of test_feature_contract: the toy declares the step interface, a
+# SupportsBatching), plus test_empty_text_is_refused once; edit, design, long text and the
+# refused-reference-text test do not apply to the toy. Three of them check hostile input
 # (non-finite numbers, NaN weights, a Hypothesis property). Then 2 of test_plugin_contract: the
 # plugin loads and its hooks run, its EngineRef matches.
-TOY_TESTS = 42
-# 4 that do not apply, the 2 of features the toy does not declare (batching, LoRA), the 10
-# trainer-contract tests run_suite leaves to the contract session and the 3 checks in fresh
-# interpreters (the listing: test_the_listing_check_runs_in_the_suite)
-TOY_DESELECTED = 19
+TOY_TESTS = 46
+# 4 that do not apply, the feature the toy does not declare (LoRA), the 10 trainer-contract
+# tests run_suite leaves to the contract session and the 3 checks in fresh interpreters (the
+# listing: test_the_listing_check_runs_in_the_suite)
+TOY_DESELECTED = 18
 
 
 @pytest.fixture
@@ -124,10 +126,11 @@ def test_a_model_that_fails_to_load_fails_the_plain_tests(run_suite, monkeypatch
     monkeypatch.setattr(ToyEngine, "load", classmethod(broken))
     result = run_suite()
     # Its capabilities are unknown: only the tests every model gets are generated (18
-    # functions, one of them for three texts, one for two settings), and they error with the
-    # load error; the others are deselected. Of the plugin's own tests, the EngineRef check
-    # fails with the load error; its hooks pass.
-    result.assert_outcomes(passed=1, failed=1, errors=22, deselected=36)
+    # functions, one of them for three texts, one for two settings, and the 3 step-interface
+    # tests and the batching one, which ask the engine class), and they error with the load
+    # error; the others are deselected. Of the plugin's own tests, the EngineRef check fails
+    # with the load error; its hooks pass.
+    result.assert_outcomes(passed=1, failed=1, errors=26, deselected=35)
     result.stdout.fnmatch_lines(["*contract fixture toy/tiny: writing or loading its model "
                                  "failed: CheckpointMismatch*"])
 

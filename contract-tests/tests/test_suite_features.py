@@ -18,9 +18,10 @@ from mizuoto import plugins
 
 pytest_plugins = ["pytester"]
 
-# Every contract test generated for the feature toy, with its batching and LoRA checks and the
-# 2 plugin tests run in this process (its hooks run, its EngineRef matches).
-FEATURE_TESTS = 44
+# Every contract test generated for the feature toy, with its batching and LoRA checks, the 3
+# step-interface checks (it is a ToyEngine, which declares SupportsSteps) and the 2 plugin
+# tests run in this process (its hooks run, its EngineRef matches).
+FEATURE_TESTS = 47
 
 
 @pytest.fixture

@@ -81,3 +81,28 @@ def test_atomic_path_gives_the_file_ordinary_permissions(tmp_path):
     finally:
         os.umask(mask)
     assert (tmp_path / "out.wav").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("error", [
+    errors.InvalidRequest("params.speed", "must be positive", "use 1.0"),
+    errors.InvalidAudio("reference", "is silent"),
+    errors.InvalidOption("compute.device", "unknown"),
+    errors.UnsupportedCapability("cannot design voices"),
+    errors.EngineBusy("every slot is held", "close a stream"),
+    errors.ModelFilesMissing("/models/x", ["vocab.txt"], "download them"),
+    errors.EngineMismatch("/models/x", "voxcpm", ["f5tts"]),
+    errors.NonFiniteAudio("f5tts vocoder", 1, 2, 30),
+    errors.VoiceMismatch("built for another model"),
+    errors.DiskFull("/out/a.wav"),
+], ids=lambda error: type(error).__name__)
+def test_errors_cross_processes_as_raised(error):
+    """A Ray replica's error reaches the ingress pickled: same class, message and fields
+    (unpicklable, Ray put a generic error in its place and the client got a 500)."""
+    import pickle
+
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error)
+    assert str(again) == str(error) and again.args == error.args
+    assert vars(again) == vars(error)
+    if isinstance(error, OSError):
+        assert (again.errno, again.filename) == (error.errno, error.filename)

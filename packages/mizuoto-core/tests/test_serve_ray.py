@@ -114,9 +114,32 @@ def ray_url(config, model_dirs):
         broken = ServeConfig(models={**config.models, "broken": str(model_dirs / "broken")},
                              voices_dir=config.voices_dir, queue_size=8, grace=5.0,
                              port=port, options=config.options)
-        start(broken, RaySettings(replicas=2, num_cpus=0.2, ingress_cpus=0.1,
-                                  lora_dirs=[str(model_dirs / "loras")], max_adapters=1))
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        starting, health = threading.Event(), []
+
+        def watch_health():
+            # once the ingress is up (Serve's proxy holds a request until then), /health
+            # answers at once while the model replicas load, whatever they do
+            while not starting.is_set():
+                try:
+                    health.append(httpx.get(f"{url}/health", timeout=10).json()["models"])
+                except httpx.TimeoutException as exc:
+                    health.append(exc)
+                except httpx.TransportError:  # Serve's proxy not listening yet
+                    pass
+                starting.wait(0.5)
+
+        watcher = threading.Thread(target=watch_health, daemon=True)
+        watcher.start()
+        try:
+            start(broken, RaySettings(replicas=2, num_cpus=0.2, ingress_cpus=0.1,
+                                      lora_dirs=[str(model_dirs / "loras")], max_adapters=1))
+        finally:
+            starting.set()
+            watcher.join(30)
+        answered = next((i for i, h in enumerate(health) if isinstance(h, dict)), len(health))
+        assert all(isinstance(h, dict) for h in health[answered:]), health
+        yield url
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -411,15 +434,32 @@ def test_settings_refuse_half_an_autoscaling_range_and_an_inverted_one():
     assert RaySettings(min_replicas=1, max_replicas=3).most_replicas == 3
 
 
-def test_adapters_are_the_subdirectories_holding_a_lora(tmp_path):
-    from mizuoto.errors import InvalidRequest
-    from mizuoto.serve.ray import LORA_WEIGHTS, adapters
+def test_a_request_the_engine_refuses_is_the_same_400_as_from_one_process(ray_url, local_url):
+    """Raised in the replica (the engine parses its params there), answered as one process
+    answers it: status, message, param and code."""
+    bodies = [{**F5, "input": "x", "mizuoto": {**F5["mizuoto"], "params": {"nope": 1}}},
+              {**VOX, "input": "x", "stream_format": "sse",
+               "mizuoto": {**VOX["mizuoto"], "params": {"max_len": -1}}}]
+    for body in bodies:
+        through_ray, local = _post(ray_url, body), _post(local_url, body)
+        assert through_ray.status_code == local.status_code == 400, through_ray.text
+        assert through_ray.json() == local.json()
+        assert through_ray.json()["error"]["param"].startswith("mizuoto.params.")
 
-    for name in ("a", "b"):
-        (tmp_path / "one" / name).mkdir(parents=True)
-    (tmp_path / "one" / "a" / LORA_WEIGHTS).write_bytes(b"")
-    (tmp_path / "two" / "a").mkdir(parents=True)
-    (tmp_path / "two" / "a" / LORA_WEIGHTS).write_bytes(b"")
-    assert adapters([tmp_path / "one"]) == {"a": str(tmp_path / "one" / "a")}
-    with pytest.raises(InvalidRequest, match="two LoRA exports"):
-        adapters([tmp_path / "one", tmp_path / "two"])
+
+def test_replicas_the_cluster_cannot_place_are_refused_before_deploying(ray_url, config):
+    """The module's instance has two CPUs: two replicas at one CPU each, plus the ingress,
+    cannot be placed; refused at once, naming the flags, and nothing is deployed."""
+    import time
+
+    from ray import serve
+
+    from mizuoto.errors import InvalidRequest
+    from mizuoto.serve.ray import RaySettings, start
+
+    began = time.monotonic()
+    with pytest.raises(InvalidRequest, match="--num-cpus") as refused:
+        start(config, RaySettings(replicas=2), name="too-big")
+    assert "the Ray cluster has 2" in str(refused.value)
+    assert time.monotonic() - began < 30
+    assert "too-big" not in serve.status().applications

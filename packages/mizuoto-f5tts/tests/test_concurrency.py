@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mizuoto import EditRequest, Reference, SynthesisRequest
-from mizuoto_f5tts.compute_lock import ComputeLock
+from mizuoto.plugin import Turns
 
 # A two-second reference with a one-word transcript: its speaking rate gives chunks of about
 # 40 bytes, so each sentence below is a chunk of its own. fix_duration keeps every chunk a
@@ -144,7 +144,7 @@ def test_an_edit_and_a_voice_during_a_long_text_equal_each_alone(engine, request
 
 
 def test_the_compute_lock_goes_to_waiters_in_arrival_order():
-    lock, order = ComputeLock(), []
+    lock, order = Turns(), []
 
     def take(name):
         with lock:

@@ -14,6 +14,20 @@ class MizuotoError(Exception):
 
     exit_code = 1
 
+    def __reduce__(self):
+        # an error crosses processes (a Ray replica's reaches the ingress) as it was raised:
+        # the default rebuilds it as cls(*args), which a subclass taking (field, problem, fix)
+        # refuses, and Ray then reports an unpicklable error in its place (a 500)
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[MizuotoError], args: tuple, state: dict) -> MizuotoError:
+    """An error of ``cls`` with ``args`` and attributes ``state``, without its ``__init__``."""
+    error = cls.__new__(cls, *args)
+    BaseException.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class InvalidRequest(MizuotoError, ValueError):
     """A request field has a bad value. ``field`` names it; the message says the fix."""
@@ -28,6 +42,11 @@ class InvalidRequest(MizuotoError, ValueError):
         if fix:
             message += f" ({fix})"
         super().__init__(message)
+
+
+class UnsupportedSetting(InvalidRequest):
+    """A setting the engine does not have, given a value other than its neutral one (``speed``
+    on an engine without it): refused rather than silently ignored."""
 
 
 class InvalidAudio(InvalidRequest):
@@ -58,6 +77,18 @@ class UnsupportedCapability(MizuotoError):
 class EngineBusy(MizuotoError):
     """A loaded model has no room for another open request (every slot of its per-request
     state is held); ``fix`` says what frees one. A server answers it with 429."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem} ({fix})" if fix else problem)
+
+
+class DeadlineExceeded(MizuotoError):
+    """A request ran past the deadline it was given (the core's scheduler stops it within one
+    step); ``fix`` says what to change. A server answers it with 504."""
 
     exit_code = 1
 
@@ -189,6 +220,9 @@ class DiskFull(MizuotoError, OSError):
 
     def __str__(self) -> str:
         return f"{self.strerror}: {self.path}"
+
+    def __reduce__(self):
+        return type(self), (self.path, self.errno)  # OSError's fields are set by __init__
 
 
 def _preview(items: list[str], limit: int = 8) -> str:

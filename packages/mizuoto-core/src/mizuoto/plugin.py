@@ -19,14 +19,16 @@ import mizuoto as _mizuoto
 from mizuoto import *  # noqa: F403  (mizuoto.__all__, listed once, there)
 from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.engine_support import check_output_length
-from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
+from mizuoto.contracts.features import SupportsBatching, SupportsLoRA, SupportsSteps
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.request_lock import Stream
 from mizuoto.contracts.requests import MAX_TEXT_CHARS
 from mizuoto.contracts.results import check_finite
 from mizuoto.contracts.trainer import TrainerParams, checkpoint_retention
+from mizuoto.contracts.turns import Turns
 from mizuoto.errors import (
     CheckpointMismatch,
+    DeadlineExceeded,
     DiskFull,
     EngineBusy,
     InvalidAudio,
@@ -38,6 +40,7 @@ from mizuoto.errors import (
     RequestConflict,
     UnsafeCheckpoint,
     UnsupportedCapability,
+    UnsupportedSetting,
     VoiceMismatch,
 )
 from mizuoto.loading import resolve_for_engine
@@ -79,15 +82,15 @@ __all__ = [
     "API_VERSION", "PluginAPIDeprecation",
     # engine helpers
     "ProgressCallback", "Stream", "busy_wait", "check_finite", "check_output_length",
-    "report", "waiting_at_most",
+    "report", "waiting_at_most", "Turns",
     # optional features an engine declares (mizuoto.contracts.features)
-    "SupportsBatching", "SupportsLoRA",
+    "SupportsBatching", "SupportsLoRA", "SupportsSteps",
     # request limits and range validators for params and options classes
     "MAX_SEED", "MAX_TEXT_CHARS", "check_number", "integer_in", "number_in",
     # errors
-    "CheckpointMismatch", "DiskFull", "EngineBusy", "InvalidAudio", "InvalidOption", "InvalidRequest",
+    "CheckpointMismatch", "DeadlineExceeded", "DiskFull", "EngineBusy", "InvalidAudio", "InvalidOption", "InvalidRequest",
     "ModelFilesMissing", "NonFiniteAudio", "OutputNotWritable", "RequestConflict",
-    "UnsafeCheckpoint", "UnsupportedCapability", "VoiceMismatch",
+    "UnsafeCheckpoint", "UnsupportedCapability", "UnsupportedSetting", "VoiceMismatch",
     # files: atomic writers, text files, model directories
     "atomic_directory", "atomic_path", "read_utf8", "resolve_for_engine", "save_safetensors",
     # contract fixtures: random-init weights per state-dict key

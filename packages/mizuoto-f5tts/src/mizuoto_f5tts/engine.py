@@ -29,6 +29,7 @@ from mizuoto.contracts.requests import (
     SynthesisRequest,
 )
 from mizuoto.contracts.results import Rendered, check_finite
+from mizuoto.contracts.turns import Turns
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.licenses import is_non_commercial, model_card_license
@@ -36,7 +37,6 @@ from mizuoto.options import Options
 from mizuoto.text.coverage import dropped_characters_warning
 from mizuoto_f5tts import editing, reference
 from mizuoto_f5tts.chunking import chunk_text, max_chunk_bytes, split_to_fit
-from mizuoto_f5tts.compute_lock import ComputeLock
 from mizuoto_f5tts.duration import (
     check_positions,
     check_requested_seconds,
@@ -102,7 +102,7 @@ class F5Engine(Engine):
         # On any device it also keeps the backbone's text cache (in the model) to one run.
         # Progress callbacks run under it; it is re-entrant, so a callback may call the engine
         # (a callback that waits for another thread's request on this engine would deadlock).
-        self._compute = ComputeLock()
+        self._compute = Turns()  # the core's turn-taking: requests alternate chunks
 
     # -- loading --------------------------------------------------------------------------
 

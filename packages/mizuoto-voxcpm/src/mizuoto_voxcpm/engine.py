@@ -288,7 +288,7 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
                      tokenizer=tokenizer, info=info, placement=placement,
                      cache_slots=engine_options.cache_slots,
                      max_batch=engine_options.max_batch)
-        if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
+        if cls.is_lora_export(model_dir):
             engine.set_lora(model_dir)
         return engine
 
@@ -351,6 +351,11 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
                                               "prepack": prepack})
 
     # -- LoRA ---------------------------------------------------------------------------
+
+    @classmethod
+    def is_lora_export(cls, directory: Path) -> bool:
+        # a LoRA export: the base model's files plus its LoRA's
+        return (Path(directory) / LORA_WEIGHTS).is_file()
 
     @property
     def lora(self) -> AttachedLoRA | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -23,6 +23,7 @@ from mizuoto.plugin import (
     Placement,
     Reference,
     Rendered,
+    SupportsSteps,
     SynthesisRequest,
     Voice,
     check_output_length,
@@ -54,12 +55,15 @@ class _VoiceShape:
 _NEUTRAL = _VoiceShape(1.0, 1.0)
 
 
-class ToyEngine(Engine):
+class ToyEngine(Engine, SupportsSteps):
     """Hums the text. Zero-shot, cloning, streaming and saved voices; no editing or design.
 
-    The base class does the shared work (capabilities, params, seed, lock, ``Applied``,
-    the device and dtype refusal, ``synthesize`` as the join of the stream); the toy writes
-    ``_stream`` and ``_build_voice``.
+    The base class does the shared work (capabilities, params, seed, ``Applied``, the device
+    and dtype refusal, ``stream`` and ``synthesize``); the toy writes ``_stream`` (one
+    request's words, as they are hummed), the step interface over it (``open_row``,
+    ``step_rows``, ``close_row``) and ``_build_voice``. The core's scheduler steps every open
+    request together, a word each per step: ``mizuoto serve --max-batch N`` batches up to N
+    streams with no other code, and a request whose client leaves stops at the next step.
     """
 
     name = "toy"
@@ -71,6 +75,8 @@ class ToyEngine(Engine):
     # anything else in compute.device / compute.dtype is refused before load, by name
     devices = frozenset({"cpu"})
     dtypes = frozenset({"float32"})
+    # a request's state is its row (its words, its generator): requests run at once
+    concurrent_requests = True
 
     def __init__(self, *, pitch: torch.Tensor, level: torch.Tensor, placement: Placement,
                  info, options: ToyOptions) -> None:
@@ -133,6 +139,21 @@ class ToyEngine(Engine):
         else:
             shape = _NEUTRAL
         return self._hum(request.text, params, shape, generator, progress)
+
+    def open_row(self, request: SynthesisRequest, params: ToyParams,
+                 generator: torch.Generator) -> Iterator[Rendered]:
+        # a row is the request's stream of words: the reference is read (and refused) now
+        return iter(self._stream(request, params, generator, None))
+
+    def step_rows(self, rows: Sequence[Iterator[Rendered]]) -> list[tuple[Rendered]]:
+        # One word per row. The toy's arithmetic is per row; a model with a network would
+        # stack the rows' inputs here and run one forward pass for all of them.
+        return [(next(row),) for row in rows]
+
+    def close_row(self, row: Iterator[Rendered]) -> None:
+        close = getattr(row, "close", None)
+        if close is not None:
+            close()
 
     def _build_voice(self, reference: Reference) -> Voice:
         shape = _analyse(read_reference(reference, self._info.sample_rate))

@@ -32,7 +32,7 @@ from mizuoto.errors import InvalidRequest
 @click.option("--num-cpus", type=float, default=1.0, show_default=True, help="With --ray: CPUs each model replica reserves (fractions allowed).")
 @click.option("--num-gpus", type=float, default=0.0, show_default=True, help="With --ray: GPUs each model replica reserves (fractions allowed).")
 @click.option("--ingress-replicas", type=int, default=1, show_default=True, help="With --ray: HTTP ingress replicas (more than one on several nodes: share the voices directory).")
-@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="With --ray: a directory of VoxCPM LoRA exports, each served as a model named by its subdirectory (repeatable).")
+@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="With --ray: a directory of LoRA exports (of an engine that supports LoRA, e.g. VoxCPM), each served as a model named by its subdirectory (repeatable).")
 @click.option("--max-adapters", type=int, default=4, show_default=True, help="With --ray: LoRA exports loaded at once per replica (least recently used unloaded).")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
@@ -79,7 +79,10 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
     if ray_settings is not None:
         from mizuoto.serve.ray import run as run_on_ray
 
-        run_on_ray(config, ray_settings)
+        try:
+            run_on_ray(config, ray_settings)
+        except InvalidRequest as exc:  # e.g. more replicas than the cluster can place
+            raise _named_by_flag(exc) from None
         return
     run(config)
 
@@ -96,7 +99,15 @@ def _ray_settings(address: str, **settings):
     try:
         return RaySettings(None if address == "local" else address, **settings)
     except InvalidRequest as exc:
-        raise InvalidRequest("--" + exc.field.replace("_", "-"), exc.problem, exc.fix) from None
+        raise _named_by_flag(exc) from None
+
+
+def _named_by_flag(exc: InvalidRequest) -> InvalidRequest:
+    """A :class:`~mizuoto.serve.ray.RaySettings` field's error, named by its flag."""
+    if exc.field.startswith("-"):
+        return exc
+    flag = {"lora_dirs": "lora_dir"}.get(exc.field, exc.field)
+    return InvalidRequest("--" + flag.replace("_", "-"), exc.problem, exc.fix)
 
 
 def _size(text, option="--memory-budget"):

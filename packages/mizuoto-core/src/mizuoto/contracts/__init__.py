@@ -13,6 +13,7 @@ from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
 from mizuoto.contracts.engine_ref import EngineRef
 from mizuoto.contracts.fixtures import ContractFixture
+from mizuoto.contracts.plan import RequestPlan
 from mizuoto.contracts.progress import Progress, ProgressCallback  # noqa: F401
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, Rendered, SynthesisResult
@@ -32,6 +33,7 @@ __all__ = [
     "Progress",
     "Reference",
     "Rendered",
+    "RequestPlan",
     "SynthesisRequest",
     "SynthesisResult",
     "Trainer",

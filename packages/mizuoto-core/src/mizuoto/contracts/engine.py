@@ -27,8 +27,10 @@ import attrs
 from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine_support import join_stream, one_chunk
+from mizuoto.contracts.features import stepping_engine
 from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
 from mizuoto.contracts.model_info import ModelInfo
+from mizuoto.contracts.plan import RequestPlan
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.request_lock import NoLock, RequestLock, Stream
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
@@ -50,17 +52,6 @@ if TYPE_CHECKING:  # it imports torch, which ``import mizuoto`` does not
 #: ``applied.compute`` (``prepack: {"mode": "off"}``, as an engine that packs reports off).
 NO_OP_COMPUTE: Mapping[str, Any] = {"prepack": "off"}
 _NO_OP_REPORTED: Mapping[str, Any] = {"prepack": {"mode": "off"}}
-
-
-@attrs.frozen
-class Call:
-    """One request as the base class resolved it, before the engine runs it."""
-
-    params: Any
-    seed: int
-    seed_drawn: bool
-    notices: tuple[str, ...] = ()
-    model_defaults: Mapping[str, Any] = attrs.field(factory=dict)  # the ones it took
 
 
 class Engine(abc.ABC):
@@ -205,26 +196,29 @@ class Engine(abc.ABC):
 
     # -- the public calls: the shared work, then the engine's own method ---------------------
 
-    def synthesize(self, request: SynthesisRequest, *,
+    def synthesize(self, request: SynthesisRequest | RequestPlan, *,
                    progress: ProgressCallback | None = None) -> SynthesisResult:
-        """Speak ``request.text``; see :meth:`_synthesize`."""
+        """Speak ``request.text`` (``request``, or its :meth:`plan`); see
+        :meth:`_synthesize`."""
         self._implemented("_synthesize", None, "synthesize")
-        call = self._call(request)
+        call = self._planned(request)
+        request = call.request
         generator = self.make_generator(call.seed)
         with self._lock():
             rendered = self._synthesize(request, call.params, generator, progress)
         return SynthesisResult(rendered.audio, self._applied(call, rendered))
 
-    def stream(self, request: SynthesisRequest, *,
+    def stream(self, request: SynthesisRequest | RequestPlan, *,
                progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:
         """The audio in chunks, each as soon as it is made; the last carries ``applied``.
-        The request is checked now; the engine's lock is held from the first chunk to the
-        last (or until the stream is closed)."""
+        The request is checked now (or was, by :meth:`plan`); the engine's lock is held from
+        the first chunk to the last (or until the stream is closed)."""
         self._implemented("_stream", Capability.STREAM, "stream")
-        call = self._call(request)
+        call = self._planned(request)
+        request = call.request
         generator = self.make_generator(call.seed)
         with self._lock():  # an engine may plan (and refuse) eagerly in _stream
-            pieces = iter(self._stream(request, call.params, generator, progress))
+            pieces = iter(self._pieces(request, call.params, generator, progress))
         index = iter(range(2**63))
 
         def chunk(rendered: Rendered) -> AudioChunk:
@@ -234,11 +228,12 @@ class Engine(abc.ABC):
 
         return self._lock().stream(pieces, chunk)
 
-    def edit(self, request: EditRequest, *,
+    def edit(self, request: EditRequest | RequestPlan, *,
              progress: ProgressCallback | None = None) -> SynthesisResult:
         """Regenerate ``request.segments`` of the recording so it says ``request.text``."""
         self._implemented("_edit", Capability.EDIT, "edit")
-        call = self._call(request)
+        call = self._planned(request)
+        request = call.request
         generator = self.make_generator(call.seed)
         with self._lock():
             rendered = self._edit(request, call.params, generator, progress)
@@ -262,7 +257,7 @@ class Engine(abc.ABC):
         An engine implements this or :meth:`_stream` (or both): by default it is the join of
         ``_stream``'s chunks, with the last chunk's facts."""
         _check_implements_one(type(self))
-        return join_stream(self._stream(request, params, generator, progress),
+        return join_stream(self._pieces(request, params, generator, progress),
                            self.info.sample_rate)
 
     def _stream(self, request: SynthesisRequest, params: Any, generator: Any,
@@ -273,6 +268,17 @@ class Engine(abc.ABC):
         By default one chunk: the whole of :meth:`_synthesize`, made when the stream opens."""
         _check_implements_one(type(self))
         return one_chunk(self._synthesize(request, params, generator, progress))
+
+    def _pieces(self, request: SynthesisRequest, params: Any, generator: Any,
+                progress: ProgressCallback | None) -> Iterator[Rendered]:
+        """The chunks of a planned request: for an engine that declares the step interface,
+        its row in the core's scheduler (:mod:`mizuoto.contracts.scheduler`), stepped
+        together with the other open requests; else the engine's :meth:`_stream`."""
+        if stepping_engine(self) is not None:
+            from mizuoto.contracts.scheduler import scheduler_for
+
+            return scheduler_for(self).submit(request, params, generator, progress=progress)
+        return self._stream(request, params, generator, progress)
 
     def _edit(self, request: EditRequest, params: Any, generator: Any,
               progress: ProgressCallback | None) -> Rendered:
@@ -338,9 +344,12 @@ class Engine(abc.ABC):
                 f"{self.name} model {self.info.model} {declares}the engine does not implement "
                 f"{method}() (its {hook}()); this is a bug in the {self.name} plugin")
 
-    def _call(self, request: SynthesisRequest | EditRequest) -> Call:
-        """Check what the request asks for against the capabilities, parse its params and
-        resolve its seed."""
+    def plan(self, request: SynthesisRequest | EditRequest) -> RequestPlan:
+        """The pre-flight: ``request`` checked against the capabilities (and its saved
+        voice against the weights), its params parsed and its seed resolved (drawn here
+        when unset), without running it. Pass the plan to :meth:`synthesize`,
+        :meth:`stream` or :meth:`edit` to run it as planned: a front end refuses a bad
+        request before it queues, and knows the seed before the first byte."""
         if isinstance(request, SynthesisRequest):
             if request.instruction is not None:
                 self.require(Capability.DESIGN)
@@ -357,10 +366,20 @@ class Engine(abc.ABC):
                                      "leave it unset")
         params = self.parse_params(request.params)
         seed, drawn = resolve_seed(request.seed)
-        return Call(params, seed, drawn, tuple(getattr(request, "notices", ())),
-                    taken_defaults(self.model_defaults, request.params))
+        return RequestPlan(request, params, seed, drawn, self.name, self.info.fingerprint,
+                           tuple(getattr(request, "notices", ())),
+                           taken_defaults(self.model_defaults, request.params))
 
-    def _applied(self, call: Call, rendered: Rendered) -> Applied:
+    def _planned(self, request: SynthesisRequest | EditRequest | RequestPlan) -> RequestPlan:
+        """``request``'s plan: the one given, if this model made it, else planned now."""
+        if not isinstance(request, RequestPlan):
+            return self.plan(request)
+        if (request.engine, request.fingerprint) != (self.name, self.info.fingerprint):
+            raise InvalidRequest("request", f"was planned by another model ({request.engine} "
+                                 f"{request.fingerprint[:12]})", "plan it with this engine")
+        return request
+
+    def _applied(self, call: RequestPlan, rendered: Rendered) -> Applied:
         info, placement = self.info, self.placement
         load_warnings = placement.warnings if placement is not None else ()
         load_fallbacks = placement.fallbacks if placement is not None else ()
@@ -375,7 +394,10 @@ class Engine(abc.ABC):
             model_defaults=call.model_defaults)
 
     def _lock(self) -> RequestLock | NoLock:
-        return _NO_LOCK if self.concurrent_requests else engine_lock(self)
+        # an engine stepped by the scheduler takes turns there, never under a lock
+        if self.concurrent_requests or stepping_engine(self) is not None:
+            return _NO_LOCK
+        return engine_lock(self)
 
 
 _SAMPLER_SETTINGS = frozenset({"steps", "guidance"})
@@ -387,6 +409,8 @@ _NO_LOCK = NoLock()
 
 
 def _check_implements_one(cls: type[Engine]) -> None:
+    if stepping_engine(cls) is not None:  # its stream is the scheduler's rows
+        return
     if all(getattr(cls, hook) is getattr(Engine, hook) for hook in _RENDER_HOOKS):
         raise TypeError(f"{cls.__module__}.{cls.__qualname__} implements neither _synthesize() "
                         "nor _stream(): implement one of them (the base class builds the "

@@ -8,12 +8,16 @@ own. An engine declares one by naming it among its bases, and the front ends ask
     class MyEngine(Engine, SupportsLoRA, SupportsBatching): ...
 
 - :class:`SupportsLoRA`: ``set_lora(path)`` applies a LoRA directory over the loaded weights,
-  ``lora`` says which is applied (the CLI's ``say --lora``).
+  ``lora`` says which is applied (the CLI's ``say --lora``); ``is_lora_export(directory)``
+  tells the engine's LoRA exports (``serve --ray --lora-dir``) by their files.
 - :class:`SupportsBatching`: concurrent requests of one loaded model step together. The
   server's ``--max-batch N`` asks the engine class for the options that make a model batch up
   to N (:meth:`~SupportsBatching.batch_options`, before it loads), runs as many requests of the
   model at once as the loaded engine batches (:attr:`~SupportsBatching.max_batch`), and shows
   its :attr:`~SupportsBatching.batch_stats` on ``/metrics``.
+- :class:`SupportsSteps`: the engine's generation is a step over a set of requests; the
+  core's scheduler (:mod:`mizuoto.contracts.scheduler`) admits, batches, takes turns and
+  cancels. It is a :class:`SupportsBatching` whose batching the core does.
 
 An engine that declares neither is served and spoken with as before: one request at a time,
 and ``--lora`` refused naming the flag.
@@ -22,10 +26,12 @@ and ``--lora`` refused naming the flag.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mizuoto.contracts.results import Rendered
+from mizuoto.contracts.scheduler import DEFAULT_MAX_ROWS, scheduler_for
 from mizuoto.errors import InvalidRequest
 
 
@@ -40,6 +46,13 @@ class SupportsLoRA(abc.ABC):
     @abc.abstractmethod
     def set_lora(self, path: str | Path | None) -> None:
         """Apply the LoRA directory ``path``, replacing the current one; ``None`` removes it."""
+
+    @classmethod
+    def is_lora_export(cls, directory: Path) -> bool:
+        """Whether ``directory`` is a LoRA export of this engine: a model folder that loads
+        with its LoRA applied (``serve --ray --lora-dir`` serves each as a model). By default
+        False: an engine that does not say how its exports look is offered none."""
+        return False
 
 
 class SupportsBatching(abc.ABC):
@@ -72,6 +85,55 @@ class SupportsBatching(abc.ABC):
     def batch_stats(self) -> object | None:
         """What batching has done so far (``steps``, ``rows``, ``seconds``, ``last_size``), or
         None while the model does not batch."""
+
+
+class SupportsSteps(SupportsBatching):
+    """An engine whose generation is a step over a set of requests (rows): the core's
+    scheduler opens a row per request, advances the open rows one step together (rows join
+    and leave between steps: continuous batching), hands each row's chunks to its request and
+    closes a row when its last chunk is made or its client leaves (within one step). The
+    engine writes these three methods, no lock and no thread; the base class's ``stream`` and
+    ``synthesize`` run through the scheduler (the engine writes no ``_stream``), so a request
+    spoken alone runs the same steps as in a batch. Declare ``concurrent_requests = True``.
+
+    A row's audio must not depend on its batch mates where the arithmetic allows it (the
+    contract suite checks batched == alone in float32): keep each row's generator in its
+    state and draw only from it."""
+
+    #: Rows stepped together (``mizuoto serve --max-batch N`` sets N on a served model).
+    max_rows: int = DEFAULT_MAX_ROWS
+
+    @abc.abstractmethod
+    def open_row(self, request, params, generator) -> Any:
+        """A planned request's state (its text, params, and ``generator``, from which every
+        random draw of the row comes). Runs in the caller's thread: refuse a request here."""
+
+    @abc.abstractmethod
+    def step_rows(self, rows: Sequence[Any]) -> Sequence[Sequence[Rendered]]:
+        """Advance every row of ``rows`` one step together; for each row, in order, the
+        chunks ready now (none, one or several; a request's last has ``last=True``, and its
+        row is then closed)."""
+
+    def close_row(self, row: Any) -> None:
+        """Release ``row``'s state: its last chunk made, cancelled, or failed."""
+
+    @classmethod
+    def batch_options(cls, section: Mapping[str, Any], max_batch: int) -> dict[str, Any]:
+        return dict(section)  # the rows are the core's: set on the loaded engine (max_rows)
+
+    @property
+    def max_batch(self) -> int:
+        return self.max_rows
+
+    @property
+    def batch_stats(self) -> object | None:
+        return scheduler_for(self).stats
+
+
+def stepping_engine(engine) -> SupportsSteps | None:
+    """``engine`` (an engine or its class), if it declares :class:`SupportsSteps`."""
+    kind = engine if isinstance(engine, type) else type(engine)
+    return engine if issubclass(kind, SupportsSteps) else None
 
 
 def lora_engine(engine, field: str = "lora") -> SupportsLoRA:

@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 import attrs
 
+from mizuoto.contracts.features import stepping_engine
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.serve.batching import MAX_BATCH, batch_stats, options_with_max_batch
 from mizuoto.serve.browser import BrowserPolicy
@@ -222,7 +223,10 @@ def _loader(model: str, config: ServeConfig):
         # first use, and two loads at once would only compete for memory and cores
         options = options_with_max_batch(config.options, config.max_batch)
         with _LOADING:
-            return mizuoto.load(model, engine=config.engine, options=options)
+            engine = mizuoto.load(model, engine=config.engine, options=options)
+        if stepping_engine(engine) is not None:  # the core's scheduler batches its rows
+            engine.max_rows = config.max_batch
+        return engine
 
     return load
 

@@ -91,6 +91,9 @@ def from_mizuoto(exc: BaseException, *, param_prefix: str = "") -> APIError:
 
 
 def _response(exc: BaseException, param_prefix: str) -> APIError:
+    if isinstance(exc, errors.UnsupportedSetting):
+        return bad_request(str(exc), param=_param(exc.field, param_prefix),
+                           code="unsupported_value")
     if isinstance(exc, errors.InvalidRequest):  # InvalidAudio included
         return bad_request(str(exc), param=_param(exc.field, param_prefix))
     if isinstance(exc, errors.VoiceMismatch):
@@ -106,6 +109,8 @@ def _response(exc: BaseException, param_prefix: str) -> APIError:
     if isinstance(exc, errors.EngineBusy):
         return APIError(429, str(exc), type="rate_limit_error", code="engine_busy",
                         headers={"Retry-After": "1"})
+    if isinstance(exc, errors.DeadlineExceeded):
+        return APIError(504, str(exc), type="server_error", code="deadline_exceeded")
     if isinstance(exc, OSError) and exc.errno in DISK_FULL:
         # the hook for full disks (issue 33, 3): a named disk-full error maps here too
         return insufficient_storage("the server's disk is full: no space left to save "

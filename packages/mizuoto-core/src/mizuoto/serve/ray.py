@@ -5,15 +5,26 @@ One Ray Serve application:
 - one deployment per model (:class:`ModelReplica`): each replica loads its engine once and runs
   it on a :class:`~mizuoto.serve.worker.ModelWorker`, as the single-process server does (so
   ``--max-batch`` batches inside each replica);
-- with ``lora_dirs``, one deployment for the VoxCPM LoRA exports found there
-  (:class:`AdapterReplica`): each adapter is a model named by its directory, loaded on demand
+- with ``lora_dirs``, one deployment for the LoRA exports found there (:class:`AdapterReplica`;
+  an export is a directory that an engine declaring
+  :class:`~mizuoto.contracts.features.SupportsLoRA` says is its own, through
+  ``is_lora_export``): each adapter is a model named by its directory, loaded on demand
   through ``serve.multiplexed`` (at most ``max_adapters`` per replica, least recently used
   unloaded), requests routed to a replica that has it loaded when one does;
 - the ingress (:class:`Ingress`): the application of :func:`~mizuoto.serve.app.create_app`,
   routes, page, authentication, limits and metrics unchanged, whose models are
-  :class:`RemoteEngine` objects: each engine call is a streaming call to the model's
-  deployment, so audio passes through chunk by chunk, and a client that leaves cancels the
-  call (its replica stops the generation at the next step, as the single-process server does).
+  :class:`RemoteEngine` proxies, made for each engine class from its own members: what was
+  fixed at load (``info``, ``model_defaults``, ``sampler_defaults()``) is read once, the
+  engine's checks (``parse_params``, ``supports``...) run in the ingress over it, and every
+  other public call is a streaming call to the model's deployment, so audio passes through
+  chunk by chunk, an error raised there is raised here as it was (the same response as from
+  one process), and a client that leaves cancels the call (its replica stops the generation
+  at the next step, as the single-process server does).
+
+Before anything is deployed, the replicas asked for (and the ingress) are checked against the
+cluster's CPUs and GPUs (:func:`check_resources`): Ray would wait for ever to place a replica
+that cannot fit, and every request would hang with it. The ingress starts at once, so
+``/health`` answers (503) while the model replicas load.
 
 Voices are read and written by the ingress in ``voices_dir`` and travel inside each request: the
 model replicas never read the store. Several ingress replicas (``ingress_replicas``) on several
@@ -29,18 +40,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import logging
 import os
 import re
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import attrs
 
-from mizuoto.contracts.features import SupportsBatching
+from mizuoto.contracts import features
+from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.app import ServeConfig, _loader, create_app
 from mizuoto.serve.batching import MAX_BATCH
@@ -53,8 +68,6 @@ log = logging.getLogger("mizuoto.serve")
 
 #: Requests one ingress replica takes at once: its own queues and 429s bound them, not Ray.
 INGRESS_ONGOING = 4096
-#: The file that makes a directory a LoRA export (mizuoto_voxcpm.lora.WEIGHTS_FILE).
-LORA_WEIGHTS = "lora_weights.safetensors"
 
 
 def _replicas(field: str, optional: bool = False):
@@ -100,8 +113,15 @@ class RaySettings:
         return self.max_replicas if self.max_replicas is not None else self.replicas
 
 
-def adapters(lora_dirs) -> dict[str, str]:
-    """The LoRA exports under ``lora_dirs``: adapter id (its directory's name) to directory."""
+def adapters(lora_dirs, engine_classes=None) -> dict[str, str]:
+    """The LoRA exports under ``lora_dirs``: adapter id (its directory's name) to directory.
+    A subdirectory is one when an installed engine declaring LoRA support says so
+    (``is_lora_export``); ``engine_classes`` defaults to the registered engines."""
+    if engine_classes is None:
+        from mizuoto.registry import engines
+
+        engine_classes = engines().values() if lora_dirs else ()
+    lora_classes = [cls for cls in engine_classes if issubclass(cls, SupportsLoRA)]
     found: dict[str, str] = {}
     for root in lora_dirs:
         root = Path(root)
@@ -109,7 +129,7 @@ def adapters(lora_dirs) -> dict[str, str]:
             raise InvalidRequest("lora_dirs", f"{root} is not a directory",
                                  "give directories holding LoRA exports")
         for path in sorted(root.iterdir()):
-            if (path / LORA_WEIGHTS).is_file():
+            if path.is_dir() and any(cls.is_lora_export(path) for cls in lora_classes):
                 if path.name in found:
                     raise InvalidRequest("lora_dirs", f"two LoRA exports are named "
                                          f"{path.name!r}", "rename one of the directories")
@@ -139,11 +159,16 @@ def _start_worker(name: str, model: str, config: ServeConfig) -> ModelWorker:
 
 def _describe(worker: ModelWorker) -> dict:
     """What the ingress needs to know of the loaded engine to check and build requests."""
-    engine = worker.engine
-    if engine is None:
+    if worker.engine is None:
         raise ModelLoadFailed(f"model {worker.name!r} failed to load on its replica: "
                               f"{worker.error}")
-    return {"cls": type(engine), "name": engine.name, "info": engine.info,
+    return description(worker.engine)
+
+
+def description(engine) -> dict:
+    """What :class:`RemoteEngine` fetches of a loaded engine: its class, and what was fixed
+    at load."""
+    return {"cls": type(engine), "info": engine.info,
             "model_defaults": dict(engine.model_defaults),
             "sampler_defaults": dict(engine.sampler_defaults())}
 
@@ -152,30 +177,51 @@ class ModelLoadFailed(RuntimeError):
     """A replica could not load its model (the message names the model and why)."""
 
 
-def _engine_call(method: str, args: tuple):
+#: Passed for a ``progress`` argument: a callable stays in the ingress (it is called there per
+#: item received), the replica passes its job's check (which stops a cancelled call).
+_PROGRESS = "mizuoto:progress"
+#: The first item of a call whose result is an iterator (a stream): its items follow.
+_ITEMS_FOLLOW = "mizuoto:items-follow"
+
+
+@attrs.frozen
+class _Returned:
+    """The first and only item of a call that returned a value (not an iterator)."""
+
+    value: Any
+
+
+def _engine_call(member: str, args: tuple, kwargs: dict, read: bool):
+    """The job running ``engine.member(*args, **kwargs)`` (or reading ``engine.member``)."""
+    if member.startswith("_"):
+        raise ValueError(f"{member!r} is not a public member of an engine")
+
     def run(engine, job: Job) -> None:
-        if method == "stream":
-            chunks = engine.stream(*args, progress=job.check)
-            try:
-                for chunk in chunks:
-                    job.check()
-                    job.emit(chunk)
-            finally:
-                chunks.close()  # releases the engine at once when the caller left
-        elif method == "synthesize":
-            job.emit(engine.synthesize(*args, progress=job.check))
-        else:
-            job.emit(engine.build_voice(*args))
+        if read:
+            job.emit(_Returned(getattr(engine, member)))
+            return
+        given = {k: job.check if v == _PROGRESS else v for k, v in kwargs.items()}
+        result = getattr(engine, member)(*args, **given)
+        if not isinstance(result, Iterator):
+            job.emit(_Returned(result))
+            return
+        job.emit(_ITEMS_FOLLOW)
+        try:
+            for item in result:
+                job.check()
+                job.emit(item)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()  # releases the engine at once when the caller left
 
     return run
 
 
-async def _run(worker: ModelWorker, method: str, args: tuple):
+async def _run(worker: ModelWorker, member: str, args: tuple, kwargs: dict, read: bool):
     """The items of one engine call on ``worker``; cancelled (Ray cancels the call when the
     ingress does), the job stops at its next step."""
-    if method not in ("stream", "synthesize", "build_voice"):
-        raise ValueError(f"unknown engine call {method!r}")
-    job = Job(_engine_call(method, args), asyncio.get_running_loop())
+    job = Job(_engine_call(member, args, kwargs, read), asyncio.get_running_loop())
     worker.submit(job)
     try:
         while (item := await job.get()) is not DONE:
@@ -195,8 +241,9 @@ class ModelReplica:
     def describe(self) -> dict:
         return _describe(self._worker)
 
-    async def call(self, method: str, args: tuple):
-        async for item in _run(self._worker, method, args):
+    async def call(self, member: str, args: tuple = (), kwargs: dict | None = None,
+                   read: bool = False):
+        async for item in _run(self._worker, member, args, kwargs or {}, read):
             yield item
 
 
@@ -243,8 +290,9 @@ class AdapterReplica:
     async def describe(self) -> dict:
         return _describe(await self._worker())
 
-    async def call(self, method: str, args: tuple):
-        async for item in _run(await self._worker(), method, args):
+    async def call(self, member: str, args: tuple = (), kwargs: dict | None = None,
+                   read: bool = False):
+        async for item in _run(await self._worker(), member, args, kwargs or {}, read):
             yield item
 
 
@@ -267,22 +315,32 @@ def _unwrapped(exc: BaseException, model: str) -> BaseException:
 
 
 class RemoteEngine(SupportsBatching):
-    """An engine whose calls run on a model deployment's replicas: what the routes read of an
-    engine (name, info, settings, ``parse_params``) is the replica's, fetched once. It
-    "batches" ``lanes`` requests: that many are passed on at once, for the replicas to run
+    """An engine whose calls run on a model deployment's replicas. :meth:`connect` makes one
+    for the replica's engine class (:func:`proxy_class`): what the routes read of an engine
+    (``name``, ``info``, ``model_defaults``, ``sampler_defaults()``) is the replica's, fetched
+    once; the engine's checks run here over it; every other public member is the replica's.
+    It "batches" ``lanes`` requests: that many are passed on at once, for the replicas to run
     (each batches by its own engine's options)."""
 
-    params_class = None
+    #: The engine's own methods the ingress runs itself: they read only what was fetched.
+    LOCAL = frozenset({"capabilities", "supports", "require", "parse_params", "make_voice",
+                       "plan"})
 
     def __init__(self, model: str, handle, description: dict, lanes: int = 1) -> None:
         self._model = model
         self._handle = handle
         self._lanes = lanes
-        self._engine_class = description["cls"]
-        self.name = description["name"]
-        self.info = description["info"]
-        self.model_defaults = MappingProxyType(description["model_defaults"])
+        self._info = description["info"]
+        self._model_defaults = MappingProxyType(description["model_defaults"])
         self._sampler_defaults = description["sampler_defaults"]
+
+    @property
+    def info(self):
+        return self._info
+
+    @property
+    def model_defaults(self) -> Mapping[str, Any]:
+        return self._model_defaults
 
     @classmethod
     def batch_options(cls, section, max_batch: int) -> dict:
@@ -303,27 +361,36 @@ class RemoteEngine(SupportsBatching):
             description = handle.describe.remote().result()
         except Exception as exc:
             raise _unwrapped(exc, model) from None
-        # the routes read params_class from the engine's type, as of a local engine
-        kind = type(f"Remote{description['cls'].__name__}", (cls,),
-                    {"params_class": description["cls"].params_class})
-        return kind(model, handle, description, lanes)
-
-    @property
-    def capabilities(self):
-        return self.info.capabilities
-
-    def supports(self, capability) -> bool:
-        return capability in self.info.capabilities
+        return proxy_class(description["cls"])(model, handle, description, lanes)
 
     def sampler_defaults(self) -> dict:
         return dict(self._sampler_defaults)
 
-    def parse_params(self, params):
-        # the engine class's own validation, over the model's defaults
-        return self._engine_class.parse_params(self, params)
+    def _remote_call(self, member: str, args: tuple, kwargs: dict):
+        """``engine.member(*args, **kwargs)`` on a replica: its value, or for an iterator, an
+        iterator of its items here (``progress`` called per item, as the engine would)."""
+        progress = kwargs.pop("progress", None)
+        if progress is not None:
+            kwargs["progress"] = _PROGRESS
+        items = self._items(member, args, kwargs)
+        first = next(items)  # the replica's error (a refused request) is raised here, now
+        if isinstance(first, _Returned):
+            items.close()
+            return first.value
+        if first != _ITEMS_FOLLOW:
+            items.close()
+            raise RuntimeError(f"a replica answered {first!r} where a stream's items follow")
+        return _relayed(items, progress)
 
-    def _items(self, method: str, *args):
-        calls = self._handle.options(stream=True).call.remote(method, args)
+    def _remote_read(self, member: str):
+        items = self._items(member, (), {}, read=True)
+        try:
+            return next(items).value
+        finally:
+            items.close()
+
+    def _items(self, member: str, args: tuple, kwargs: dict, read: bool = False):
+        calls = self._handle.options(stream=True).call.remote(member, args, kwargs, read)
         try:
             while True:
                 try:
@@ -336,25 +403,51 @@ class RemoteEngine(SupportsBatching):
         finally:
             calls.cancel()  # the replica stops the generation (a no-op once it ended)
 
-    def stream(self, request, progress=None):
-        for chunk in self._items("stream", request):
+
+def _relayed(items, progress):
+    try:
+        for item in items:
             if progress is not None:
                 progress()
-            yield chunk
+            yield item
+    finally:
+        items.close()
 
-    def synthesize(self, request, progress=None):
-        items = self._items("synthesize", request)
-        try:
-            return next(items)
-        finally:
-            items.close()
 
-    def build_voice(self, reference):
-        items = self._items("build_voice", reference)
-        try:
-            return next(items)
-        finally:
-            items.close()
+def _remote_method(member: str):
+    def call(self, *args, **kwargs):
+        return self._remote_call(member, args, kwargs)
+
+    call.__name__ = member
+    return call
+
+
+@functools.cache
+def proxy_class(engine_class: type) -> type[RemoteEngine]:
+    """The :class:`RemoteEngine` of ``engine_class``: its class attributes and class methods
+    (the engine class's own), its :attr:`RemoteEngine.LOCAL` methods run over the fetched
+    facts, every other public method and property a call to a replica; the optional features
+    it declares (:mod:`mizuoto.contracts.features`) declared too, so the front ends ask the
+    proxy as they ask the engine. A new Engine member needs nothing here."""
+    namespace: dict[str, Any] = {"__module__": __name__}
+    for name in dir(engine_class):
+        if name.startswith("_") or hasattr(RemoteEngine, name):
+            continue  # the proxy's own (info, sampler_defaults, batching) or private
+        member = inspect.getattr_static(engine_class, name)
+        if isinstance(member, classmethod | staticmethod):
+            namespace[name] = staticmethod(getattr(engine_class, name))  # the engine class's
+        elif name in RemoteEngine.LOCAL:
+            namespace[name] = member
+        elif isinstance(member, property):
+            namespace[name] = property(functools.partial(RemoteEngine._remote_read,
+                                                         member=name))
+        elif inspect.isfunction(member):
+            namespace[name] = _remote_method(name)
+        else:
+            namespace[name] = member  # class data: name, params_class, request_settings...
+    declared = tuple(base for base in engine_class.__mro__
+                     if base.__module__ == features.__name__ and base is not SupportsBatching)
+    return type(f"Remote{engine_class.__name__}", (RemoteEngine, *declared), namespace)
 
 
 class Ingress:
@@ -379,10 +472,71 @@ class Ingress:
         return load, adapter is None
 
     def __serve_build_asgi_app__(self):
-        # the ingress starts once every model's remote engine is connected: serve.run (and
-        # start()) then return with no model of the ingress still "loading" (a request right
-        # after start() was answered 503 "still loading" now and then)
-        return create_app(self._config, loader=self._loader, start_loaded=True)
+        # the ingress starts at once, so /health answers (503, "loading") while the model
+        # replicas load; start() waits for ready() before it returns
+        self._app = create_app(self._config, loader=self._loader)
+        return self._app
+
+    async def ready(self) -> str:
+        """This ingress replica's id, once every model it serves has connected (or failed
+        to): what :func:`start` waits for (a request right after it would otherwise meet
+        "still loading" now and then)."""
+        from ray import serve
+
+        workers = self._app.app.state.mizuoto.workers.values()  # the FastAPI app in the gate
+        await asyncio.gather(*(asyncio.to_thread(w.loaded.wait) for w in workers))
+        return serve.get_replica_context().replica_id.unique_id
+
+
+def _wait_ready(app_name: str, ingress_replicas: int) -> None:
+    """Until every ingress replica says its models are connected (calls at once are spread
+    over the replicas, each answering with its id)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("ingress", app_name=app_name)
+    seen: set[str] = set()
+    while len(seen) < ingress_replicas:
+        calls = [handle.ready.remote() for _ in range(2 * ingress_replicas)]
+        seen.update(call.result() for call in calls)
+
+
+def _starting_replicas(settings: RaySettings) -> int:
+    return settings.min_replicas if settings.max_replicas is not None else settings.replicas
+
+
+def check_resources(settings: RaySettings, deployments: int, cluster: Mapping[str, float],
+                    largest_node: Mapping[str, float]) -> None:
+    """Raise :class:`InvalidRequest` when the replicas ``settings`` start for ``deployments``
+    models (and the ingress) need more CPUs or GPUs than ``cluster`` has, or one replica more
+    than its ``largest_node``: Ray would wait for ever to place them, every request hanging
+    meanwhile, and say so only in its own log."""
+    replicas = _starting_replicas(settings)
+    count = "replicas" if settings.max_replicas is None else "min_replicas"
+    each = deployments * replicas
+    needs = {"CPU": each * settings.num_cpus + settings.ingress_replicas
+             * settings.ingress_cpus, "GPU": each * settings.num_gpus}
+    flags = {"CPU": "num_cpus", "GPU": "num_gpus"}
+    for kind, needed in needs.items():
+        has = float(cluster.get(kind, 0.0))
+        per_replica = getattr(settings, flags[kind])
+        if per_replica > float(largest_node.get(kind, 0.0)) + 1e-9:
+            raise InvalidRequest(flags[kind], f"one model replica reserves {per_replica:g} "
+                                 f"{kind}s and no Ray node has that many (the largest: "
+                                 f"{float(largest_node.get(kind, 0.0)):g})",
+                                 f"lower --{flags[kind].replace('_', '-')}")
+        if needed > has + 1e-9:
+            ingress = (f" plus {settings.ingress_replicas} ingress at "
+                       f"{settings.ingress_cpus:g} CPU" if kind == "CPU" else "")
+            room = has - (needs["CPU"] - each * settings.num_cpus if kind == "CPU" else 0.0)
+            fits = f"; --{flags[kind].replace('_', '-')} {int(room / each * 100) / 100:g} " \
+                   "fits" if room > 0 and each else ""
+            raise InvalidRequest(count, f"{replicas} replica(s) of each of {deployments} "
+                                 f"model deployment(s) at {per_replica:g} {kind} each "
+                                 f"(--{count.replace('_', '-')}, "
+                                 f"--{flags[kind].replace('_', '-')}){ingress} need "
+                                 f"{needed:g} {kind}s; the Ray cluster has {has:g}",
+                                 f"lower --{count.replace('_', '-')} or "
+                                 f"--{flags[kind].replace('_', '-')}{fits}")
 
 
 def _deployment_name(name: str) -> str:
@@ -491,8 +645,25 @@ def start(config: ServeConfig, settings: RaySettings, *, name: str = "mizuoto") 
         # joins the cluster last started here, whatever it is)
         ray.init(address=settings.address or "local", include_dashboard=False,
                  log_to_driver=False, **local)
+    _check_cluster(ray, settings, len(config.models) + bool(adapters(settings.lora_dirs)))
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(app, name=name, route_prefix="/")
+    _wait_ready(name, settings.ingress_replicas)
+
+
+def _check_cluster(ray, settings: RaySettings, deployments: int) -> None:
+    """:func:`check_resources` against the cluster Ray runs on: refused on a local instance;
+    on a cluster at an address, which may add nodes as it autoscales, a warning."""
+    nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    largest = {kind: max((float(n.get(kind, 0.0)) for n in nodes), default=0.0)
+               for kind in ("CPU", "GPU")}
+    try:
+        check_resources(settings, deployments, ray.cluster_resources(), largest)
+    except InvalidRequest as exc:
+        if settings.address in (None, "local"):
+            raise
+        log.warning("the Ray cluster cannot place the replicas now (they wait for an "
+                    "autoscaler to add nodes): %s", exc)
 
 
 #: Seconds the command may take to stop after a Ctrl-C (or SIGTERM) while Ray starts or the

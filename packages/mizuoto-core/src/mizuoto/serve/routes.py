@@ -1,8 +1,8 @@
 """The HTTP API: OpenAI's ``/v1/audio/speech`` and ``/v1/models``, voices, health, metrics.
 
-Handlers validate, build the engine request (once, before the model is queued for: the
-engine's own call parses its params), hand it to the model's worker and encode what comes
-back; no model code runs here. Encoding and file work run on worker threads
+Handlers validate, turn the body into the speech service's order and plan
+(:mod:`mizuoto.service`: built once, planned by the engine before the request is queued),
+hand the plan to the model's worker and encode what comes back; no model code runs here. Encoding and file work run on worker threads
 (``asyncio.to_thread``), never on the event loop.
 """
 
@@ -12,10 +12,8 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Mapping
 from typing import Any, Literal
 
-import attrs
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
@@ -41,12 +39,10 @@ from mizuoto.serve.json_body import parse_json
 from mizuoto.serve.pool import pin_for_request
 from mizuoto.serve.uploads import ClipLimits, read_clip
 from mizuoto.serve.voices import DEFAULT_VOICE, check_name
-from mizuoto.validation.ranges import check_number
+from mizuoto.service import plan_speech, speak, speech_order
 
 #: Longest ``input`` and ``instructions`` (characters), as OpenAI's spec.
 MAX_INPUT_CHARS = 4096
-#: OpenAI's range of ``speed``.
-SPEED_RANGE = (0.25, 4.0)
 #: Response formats of OpenAI's spec this server does not encode.
 #: Formats of the OpenAI spec this server cannot encode, with why (none at present).
 UNSUPPORTED_FORMATS: dict[str, str] = {}
@@ -117,78 +113,39 @@ def _worker(state, model: str):
     return worker
 
 
-def _has_speed(engine) -> bool:
-    params_class = type(engine).params_class
-    return params_class is not None and any(a.name == "speed" for a in attrs.fields(params_class))
-
-
-def _speech_request(body: SpeechBody, voice):
-    """The engine request for ``body``, built once, before any model is loaded or queued for:
-    checked by the validators every front end shares. ``speed`` travels in ``params`` (see
-    :func:`_fit_to_engine`); ``voice`` is the saved voice named, read from the store."""
-    from mizuoto.contracts.requests import SynthesisRequest
-    from mizuoto.runtime.seeds import resolve_seed
-
+def _speech_order(body: SpeechBody, voice):
+    """The service's order for ``body`` (:func:`mizuoto.service.speech_order`), built once,
+    before any model is loaded or queued for; ``voice`` is the saved voice named, read from
+    the store."""
     extension = body.mizuoto or MizuotoExtension()
-    params = extension.params
     try:
-        check_number("speed", body.speed, *SPEED_RANGE)
-        given = {} if params is None else params
-        if body.speed != 1.0 and isinstance(given, Mapping):  # else refused as params below
-            if "speed" in given:
-                raise bad_request("speed is given twice: send either speed or "
-                                  "mizuoto.params.speed", param="speed")
-            params = {**given, "speed": float(body.speed)}
-        instruction = body.instructions if body.instructions is not None \
-            and body.instructions.strip() else None
-        # a seed drawn here, not by the engine, is known before the first byte (and sent back)
-        seed = extension.seed if extension.seed is not None else resolve_seed(None)[0]
-        return SynthesisRequest(body.input, voice=voice, instruction=instruction, seed=seed,
-                                steps=extension.steps, guidance=extension.guidance,
-                                params=params)
-    except APIError:
-        raise
+        return speech_order(body.input, voice=voice, instruction=body.instructions,
+                            seed=extension.seed, steps=extension.steps,
+                            guidance=extension.guidance, params=extension.params,
+                            speed=body.speed, optional_instruction=True)
     except Exception as exc:
         raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
 
 
-def _fit_to_engine(request, body: SpeechBody, engine):
-    """``request`` as ``engine`` can run it, and the warnings for what was ignored: OpenAI's
-    ``instructions`` are dropped for a model that cannot design voices (clients send them
-    routinely); a ``speed`` the engine has no setting for is refused. Its params are parsed
-    once, by the engine's own call (a bad one is a 400 before the first byte)."""
-    warnings = []
-    if body.speed != 1.0 and not _has_speed(engine):
-        raise bad_request(f"the {engine.name} engine has no speed setting, and this server "
-                          "does not time-stretch (it would change the engine's audio): "
-                          "send speed 1.0", param="speed", code="unsupported_value")
-    if request.voice is not None:
-        try:
-            request.voice.check(engine.name, engine.info.fingerprint)
-        except Exception as exc:
-            raise from_mizuoto(exc) from exc
-    if request.instruction is not None and not engine.supports(Capability.DESIGN):
-        warnings.append(f"instructions ignored: the {engine.name} model cannot design voices")
-        # from the text as sent: evolving re-cleans it, and the notices must say what changed
-        request = attrs.evolve(request, text=body.input, instruction=None)
-    return request, warnings
+def _planned(engine, order):
+    """The order planned on the model (:func:`mizuoto.service.plan_speech`): refused with a
+    400 before it queues; the seed known (drawn once, there) before the first byte."""
+    try:
+        return plan_speech(engine, order)
+    except Exception as exc:
+        raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
 
 
-def _speech_job(request, stream: bool):
+def _speech_job(planned, stream: bool):
     def run(engine, job: Job) -> None:
-        if stream:
-            chunks = engine.stream(request, progress=job.check)
-            try:
-                for chunk in chunks:
-                    job.check()
-                    job.audio_seconds += chunk.audio.duration
-                    job.emit(chunk)
-            finally:
-                chunks.close()  # releases the engine at once when the client left
-        else:
-            result = engine.synthesize(request, progress=job.check)
-            job.audio_seconds = result.audio.duration
-            job.emit(AudioChunk(result.audio, 0, is_last=True, applied=result.applied))
+        chunks = speak(engine, planned, stream=stream, progress=job.check)
+        try:
+            for chunk in chunks:
+                job.check()
+                job.audio_seconds += chunk.audio.duration
+                job.emit(chunk)
+        finally:
+            chunks.close()  # releases the engine at once when the client left
 
     return run
 
@@ -255,7 +212,7 @@ async def speech(request: Request):
     if voice_name != DEFAULT_VOICE:
         check_name(voice_name, "voice")
         voice = await asyncio.to_thread(state.voices.load, voice_name)
-    engine_request = _speech_request(body, voice)
+    order = _speech_order(body, voice)
     # the cost in characters, held for the client until its job ends (a 429 past its budget)
     client = client_of(request.scope["headers"],
                        request.client.host if request.client else None)
@@ -267,12 +224,12 @@ async def speech(request: Request):
         raise
     try:
         engine = await _loaded_engine(worker, request)
-        engine_request, warnings = _fit_to_engine(engine_request, body, engine)
+        planned = _planned(engine, order)
         # an engine that cannot stream has the whole audio before the first byte: a whole
         # file (with its length in the header) then comes as early as a stream would
         stream = (body.mizuoto or MizuotoExtension()).stream \
             and engine.supports(Capability.STREAM)
-        job = Job(_speech_job(engine_request, stream), asyncio.get_running_loop(), pin=pin)
+        job = Job(_speech_job(planned, stream), asyncio.get_running_loop(), pin=pin)
         worker.submit(job)
         request.scope["mizuoto.cancel"] = job.cancel  # the gate's write timeout ends it
     except BaseException:
@@ -284,11 +241,12 @@ async def speech(request: Request):
         job.cancel()
         raise
     state.metrics.first_audio(worker.name, time.monotonic() - started)
-    headers = {SEED_HEADER: str(engine_request.seed)}
+    headers = {SEED_HEADER: str(planned.seed)}
     # what validation changed (control characters dropped), named as the client sent it:
     # known before any audio, so streamed answers carry it too
-    notices = tuple(getattr(engine_request, "notices", ()))
-    warnings = [*warnings, *(notice.replace("text:", "input:", 1) for notice in notices)]
+    notices = planned.plan.notices
+    warnings = [*planned.warnings,
+                *(notice.replace("text:", "input:", 1) for notice in notices)]
     if first is not DONE and first.applied is not None:
         # the whole audio in one piece: what the engine warned of (characters it dropped)
         # arrives before the headers, so they carry it too

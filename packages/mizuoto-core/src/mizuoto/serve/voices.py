@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mizuoto.errors import InvalidRequest
 from mizuoto.output_paths import is_device_name
-from mizuoto.serve.errors import APIError, bad_request, from_mizuoto, not_found, quoted
+from mizuoto.serve.errors import APIError, bad_request, not_found, quoted
 
 DEFAULT_VOICE = "default"
 #: Most voices stored, and their bytes together, unless the server is told otherwise: an
@@ -99,19 +99,14 @@ class VoiceStore:
                               f"{exc.problem.replace(str(path), 'its file')}; build it again",
                               param="voice", code="voice_damaged") from None
 
-    async def for_engine(self, name: str, engine):
-        """The voice a request names for ``engine``: None for ``default``, else the saved
-        voice, checked against the engine's model (an HTTP error when it is for another)."""
+    async def saved(self, name: str):
+        """The voice a request names: None for ``default``, else the saved voice (the
+        engine's plan checks it against the model)."""
         import asyncio
 
         if name == DEFAULT_VOICE:
             return None
-        voice = await asyncio.to_thread(self.load, name)
-        try:
-            voice.check(engine.name, engine.info.fingerprint)
-        except Exception as exc:
-            raise from_mizuoto(exc) from exc
-        return voice
+        return await asyncio.to_thread(self.load, name)
 
     def save(self, name: str, voice) -> None:
         path = self.path(name, "name")

@@ -140,10 +140,10 @@ class WyomingHandler:
         pin = Pin(worker)
         try:
             engine = worker.engine
-            voice = await service.voices.for_engine(voice_name, engine)
-            request = service.request(text, voice)
+            voice = await service.voices.saved(voice_name)
+            planned = service.plan(engine, text, voice)  # the engine checks the voice
             stream = engine.supports(Capability.STREAM)  # else the whole audio, as one chunk
-            job = Job(_speech_job(request, stream), asyncio.get_running_loop(), pin=pin)
+            job = Job(_speech_job(planned, stream), asyncio.get_running_loop(), pin=pin)
             worker.submit(job)
         except BaseException:
             pin.release()

@@ -128,13 +128,15 @@ class Service:
                               code="string_above_max_length")
         return text
 
-    def request(self, text: str, voice):
-        from mizuoto.contracts.requests import SynthesisRequest
-        from mizuoto.runtime.seeds import resolve_seed
+    def plan(self, engine, text: str, voice):
+        """The speech service's plan of ``text`` in ``voice`` on ``engine``, with the
+        configured seed (unset: the engine's plan draws one) and steps."""
+        from mizuoto.service import plan_speech, speech_order
 
-        seed = self.config.seed if self.config.seed is not None else resolve_seed(None)[0]
         try:
-            return SynthesisRequest(text, seed=seed, steps=self.config.steps, voice=voice)
+            order = speech_order(text, voice=voice, seed=self.config.seed,
+                                 steps=self.config.steps)
+            return plan_speech(engine, order)
         except Exception as exc:
             raise from_mizuoto(exc) from exc
 

@@ -1,6 +1,9 @@
-"""The engine's compute lock: re-entrant, and handed to waiting threads in arrival order.
+"""Turns: how the requests of one model that run one piece at a time take turns, for an engine
+that does not declare the step interface (whose requests the scheduler,
+:mod:`mizuoto.contracts.scheduler`, steps together). A re-entrant lock, handed to waiting
+threads in arrival order.
 
-F5 takes it per text chunk, so that two long requests take turns. A plain
+F5-TTS takes a turn per text chunk, so that two long requests alternate chunks. A plain
 ``threading.RLock`` promises no order: the thread that releases it after a chunk may take it
 straight back for its next chunk before the waiting thread wakes (on the tiny test model two
 threads of six chunks each ran ``BABABABAABAB``). Here a release hands the lock to the longest
@@ -13,8 +16,9 @@ import threading
 from collections import deque
 
 
-class ComputeLock:
-    """A re-entrant lock granted first come, first served."""
+class Turns:
+    """A re-entrant lock granted first come, first served: ``with turns:`` around each piece of
+    a request's work (a chunk), and concurrent requests alternate pieces."""
 
     def __init__(self) -> None:
         self._state = threading.Condition(threading.Lock())
@@ -22,7 +26,7 @@ class ComputeLock:
         self._depth = 0
         self._queue: deque[int] = deque()  # waiting threads' idents, in arrival order
 
-    def __enter__(self) -> ComputeLock:
+    def __enter__(self) -> Turns:
         me = threading.get_ident()
         with self._state:
             if self._owner == me:  # the engine called again from a progress callback
@@ -43,8 +47,7 @@ class ComputeLock:
     def __exit__(self, *exc_info) -> None:
         with self._state:
             if self._owner != threading.get_ident():
-                raise RuntimeError("the compute lock is released by a thread that does not "
-                                   "hold it")
+                raise RuntimeError("a turn is given back by a thread that does not hold it")
             self._depth -= 1
             if self._depth == 0:
                 self._owner = None
@@ -52,6 +55,6 @@ class ComputeLock:
 
     @property
     def waiting(self) -> int:
-        """How many threads wait for the lock now."""
+        """How many threads wait for their turn now."""
         with self._state:
             return len(self._queue)

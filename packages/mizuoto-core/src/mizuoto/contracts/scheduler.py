@@ -1,0 +1,246 @@
+"""The core scheduler: everything between "a request was accepted" and "its last chunk was
+sent", for an engine that declares the step interface
+(:class:`~mizuoto.contracts.features.SupportsSteps`).
+
+The engine writes the step (open a request's row, advance a set of rows one step together,
+close a row); it writes no locks and no threads. The scheduler owns:
+
+- admission: at most ``max_rows`` rows step together; up to ``queue_size`` more wait, opened,
+  for a free row (they join at the next step: continuous batching); past that a request is
+  refused at once with :class:`~mizuoto.errors.EngineBusy` (a server's 429);
+- turns: every open row is stepped together, so no request waits for another to end; the
+  step runs in the thread of a consumer that wants its next chunk (no thread of its own);
+- back-pressure: a row whose consumer has :data:`MAX_WAITING` chunks unread sits the steps
+  out until it reads one, instead of piling audio up in memory;
+- cancellation: a row cancelled (its client left: :meth:`Row.cancel`, or its iterator closed),
+  whose progress callback raises, or whose deadline passed, is closed before the next step:
+  its work stops within one step, and its state is released.
+
+Each row keeps the generator the base class made for its request (from the request's seed),
+so a request's audio never depends on its batch mates where the engine's arithmetic is
+row-independent (the contract suite checks it in float32).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.results import Rendered
+from mizuoto.errors import DeadlineExceeded, EngineBusy
+
+log = logging.getLogger("mizuoto.scheduler")
+
+#: Rows stepped together unless the engine's ``max_rows`` says otherwise.
+DEFAULT_MAX_ROWS = 8
+#: Requests waiting for a row beyond ``max_rows``, unless set otherwise.
+DEFAULT_QUEUE_SIZE = 64
+#: Chunks a row may have unread before it sits the steps out (back-pressure).
+MAX_WAITING = 8
+
+
+@attrs.frozen
+class StepStats:
+    """What a scheduler has done: ``steps`` taken, ``rows`` stepped (over all steps),
+    ``seconds`` spent in the engine's steps, the last step's size (``last_size``)."""
+
+    steps: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    last_size: int = 0
+
+
+class Row(Iterator[Rendered]):
+    """One request in the scheduler: iterate it for its chunks (the last has ``last=True``)
+    in one thread; :meth:`cancel` from any thread stops it within one step."""
+
+    def __init__(self, scheduler: Scheduler, state: Any, progress: ProgressCallback | None,
+                 deadline: float | None) -> None:
+        self._scheduler = scheduler
+        self.state = state
+        self.progress = progress
+        self.deadline = deadline
+        self.steps = 0
+        self._chunks: deque[Rendered] = deque()
+        self._error: BaseException | None = None
+        self._ended = False  # closed by the scheduler (done, cancelled or failed)
+        self._cancelled = False
+
+    def __iter__(self) -> Row:
+        return self
+
+    def __next__(self) -> Rendered:
+        return self._scheduler._next(self)
+
+    def cancel(self) -> None:
+        """Stop the row (from any thread): released now, or after the step being taken."""
+        self._scheduler._cancel(self)
+
+    close = cancel
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def ended(self) -> bool:
+        """The scheduler has closed the row (its last chunk made, cancelled or failed)."""
+        return self._ended
+
+
+class Scheduler:
+    """Steps the open rows of one loaded ``engine`` (a
+    :class:`~mizuoto.contracts.features.SupportsSteps`) together. No thread of its own: a
+    consumer that wants a chunk its row does not have yet takes the next step, for every open
+    row, while the others wait for it (so a lone request runs in its caller's thread exactly
+    as a stream of its own would)."""
+
+    def __init__(self, engine, *, max_rows: int = DEFAULT_MAX_ROWS,
+                 queue_size: int = DEFAULT_QUEUE_SIZE) -> None:
+        self._engine = engine
+        self.max_rows = max_rows
+        self.queue_size = queue_size
+        self._changed = threading.Condition(threading.Lock())
+        self._active: list[Row] = []
+        self._waiting: deque[Row] = deque()
+        self._stepping = False
+        self.stats = StepStats()
+
+    @property
+    def open_rows(self) -> int:
+        """Rows not yet closed: stepping, and waiting for a place."""
+        with self._changed:
+            return len(self._active) + len(self._waiting)
+
+    def submit(self, request, params, generator, *, progress: ProgressCallback | None = None,
+               deadline: float | None = None) -> Row:
+        """Open a row for a planned request (the engine's ``open_row``, in this thread: a
+        request it refuses raises here) and queue it; ``deadline`` (``time.monotonic()``) ends
+        it with :class:`~mizuoto.errors.DeadlineExceeded` once passed."""
+        with self._changed:
+            if len(self._active) + len(self._waiting) >= self.max_rows + self.queue_size:
+                raise EngineBusy(f"{self.max_rows} requests are being spoken and "
+                                 f"{self.queue_size} wait", "retry when one has finished")
+        row = Row(self, self._engine.open_row(request, params, generator), progress, deadline)
+        with self._changed:
+            self._waiting.append(row)
+        return row
+
+    def _next(self, row: Row) -> Rendered:
+        while True:
+            with self._changed:
+                rows = None
+                while rows is None:
+                    if row._chunks:
+                        return row._chunks.popleft()
+                    if row._ended:
+                        error, row._error = row._error, None
+                        if error is not None:
+                            raise error
+                        raise StopIteration
+                    if not self._stepping:
+                        rows = self._rows_to_step() or None
+                        if rows is None and row._ended:  # closed there (its deadline)
+                            continue
+                    if rows is None:  # another consumer is stepping (this row too), or the
+                        self._changed.wait()  # row waits for a place: a row must close first
+                self._stepping = True
+            try:
+                self._step(rows)
+            finally:
+                with self._changed:
+                    self._stepping = False
+                    self._changed.notify_all()
+
+    def _cancel(self, row: Row) -> None:
+        with self._changed:
+            row._cancelled = True
+            if not self._stepping or row not in self._active:
+                self._end(row, None)  # else closed once the step being taken ends
+            self._changed.notify_all()
+
+    def _rows_to_step(self) -> list[Row]:
+        """Under the lock: close what must end, admit waiting rows (continuous batching: they
+        join at this step), and the rows to step now: those whose consumer is not
+        :data:`MAX_WAITING` chunks behind (back-pressure)."""
+        now = time.monotonic()
+        for row in [*self._active, *self._waiting]:
+            if row._cancelled:
+                self._end(row, None)
+            elif row.deadline is not None and now >= row.deadline:
+                self._end(row, DeadlineExceeded(f"the request ran past its deadline after "
+                                                f"{row.steps} steps", "allow it longer"))
+        while self._waiting and len(self._active) < self.max_rows:
+            self._active.append(self._waiting.popleft())
+        return [row for row in self._active if len(row._chunks) < MAX_WAITING]
+
+    def _step(self, rows: list[Row]) -> None:
+        started = time.perf_counter()
+        try:
+            made = self._engine.step_rows([row.state for row in rows])
+            if len(made) != len(rows):
+                raise RuntimeError(f"{self._engine.name}.step_rows returned {len(made)} "
+                                   f"results for {len(rows)} rows")
+        except BaseException as exc:  # every row of the step ends with the engine's error
+            log.debug("a step of %s failed: %r", self._engine.name, exc)
+            with self._changed:
+                for row in rows:
+                    self._end(row, exc)
+            return
+        stats = self.stats
+        self.stats = StepStats(stats.steps + 1, stats.rows + len(rows),
+                               stats.seconds + time.perf_counter() - started, len(rows))
+        for row, chunks in zip(rows, made, strict=True):
+            row.steps += 1
+            failed = None
+            try:
+                report(row.progress, "step", row.steps)  # raises to stop (a client gone)
+            except BaseException as exc:
+                failed = exc
+            with self._changed:
+                row._chunks.extend(chunks)
+                if failed is not None or row._cancelled or any(c.last for c in chunks):
+                    self._end(row, failed)
+
+    def _end(self, row: Row, error: BaseException | None) -> None:
+        """Under the lock: close ``row`` (once), releasing its state."""
+        if row._ended:
+            return
+        if row in self._active:
+            self._active.remove(row)
+        elif row in self._waiting:
+            self._waiting.remove(row)
+        row._ended = True
+        row._error = error
+        if row._cancelled:
+            row._chunks.clear()  # nobody reads them
+        try:
+            self._engine.close_row(row.state)
+        except Exception:  # the row ends anyway; its consumer gets its own error, if any
+            log.exception("%s.close_row failed", self._engine.name)
+        finally:
+            row.state = None
+        self._changed.notify_all()
+
+
+def scheduler_for(engine) -> Scheduler:
+    """``engine``'s scheduler (made on first use, with the engine's ``max_rows``)."""
+    scheduler = engine.__dict__.get("_mizuoto_scheduler")
+    if scheduler is None:
+        with _MAKING:
+            scheduler = engine.__dict__.setdefault(
+                "_mizuoto_scheduler", Scheduler(engine, max_rows=engine.max_rows))
+    return scheduler
+
+
+_MAKING = threading.Lock()
+
+__all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_QUEUE_SIZE", "MAX_WAITING", "Row", "Scheduler",
+           "StepStats", "scheduler_for"]

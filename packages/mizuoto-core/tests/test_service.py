@@ -1,0 +1,88 @@
+"""The speech service (``mizuoto.service``) and the engine's pre-flight (``Engine.plan``): a
+request is checked and its params parsed once, its seed drawn once and reported as drawn,
+and a plan runs without being checked again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mizuoto import errors
+from mizuoto.contracts.plan import RequestPlan
+from mizuoto.contracts.requests import SynthesisRequest
+from mizuoto.service import SpeechOrder, plan_speech, speak, speech_order
+
+mizuoto_example = pytest.importorskip("mizuoto_example")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    import mizuoto
+    from mizuoto_example.engine import write_tiny_model
+
+    directory = tmp_path_factory.mktemp("toy")
+    write_tiny_model(directory)
+    return mizuoto.load(directory, engine="toy")
+
+
+def test_an_unset_seed_is_drawn_once_by_the_plan_and_reported_as_drawn(toy):
+    planned = plan_speech(toy, speech_order("Hum this."))
+    assert planned.plan.seed_drawn and 0 <= planned.seed < 2**32
+    chunks = list(speak(toy, planned, stream=True))
+    assert (chunks[-1].applied.seed, chunks[-1].applied.seed_drawn) == (planned.seed, True)
+    whole = next(speak(toy, planned, stream=False))
+    assert (whole.applied.seed, whole.applied.seed_drawn) == (planned.seed, True)
+    # the same audio as the request with that seed given
+    given = toy.synthesize(SynthesisRequest("Hum this.", seed=planned.seed))
+    assert torch.equal(whole.audio.samples, given.audio.samples)
+    assert not given.applied.seed_drawn
+
+
+def test_a_plan_runs_without_its_params_parsed_again(toy, monkeypatch):
+    parsed = []
+    parse = type(toy).parse_params
+    monkeypatch.setattr(type(toy), "parse_params",
+                        lambda self, params: (parsed.append(dict(params)), parse(self, params))[1])
+    planned = plan_speech(toy, speech_order("Once.", seed=1, params={"char_seconds": 0.05}))
+    list(speak(toy, planned, stream=True))
+    next(speak(toy, planned, stream=False))
+    assert parsed == [{"char_seconds": 0.05}]
+
+
+def test_a_refused_request_is_refused_by_the_plan_before_it_runs(toy):
+    with pytest.raises(errors.InvalidRequest, match="params"):
+        plan_speech(toy, speech_order("x", params={"nope": 1}))
+    with pytest.raises(errors.UnsupportedCapability):
+        toy.plan(SynthesisRequest("x", instruction="a low voice"))
+    with pytest.raises(errors.InvalidRequest, match="speed"):
+        speech_order("x", speed=9.0)
+    with pytest.raises(errors.InvalidRequest, match="given twice"):
+        speech_order("x", speed=2.0, params={"speed": 2.0})
+    with pytest.raises(errors.UnsupportedSetting, match="no speed setting"):
+        plan_speech(toy, speech_order("x", speed=2.0))  # the toy declares no speed
+
+
+def test_an_optional_instruction_is_dropped_with_a_warning_keeping_the_notices(toy):
+    order = speech_order("Hum\x07 this.", instruction="a low voice", seed=2,
+                         optional_instruction=True)
+    planned = plan_speech(toy, order)
+    assert planned.plan.request.instruction is None
+    assert planned.warnings == ("instructions ignored: the toy model cannot design voices",)
+    assert planned.plan.notices == order.request.notices != ()
+    assert speech_order("x", instruction="  ").request.instruction is None  # blank: none
+
+
+def test_a_plan_of_another_model_is_refused(toy):
+    plan = toy.plan(SynthesisRequest("x", seed=1))
+    other = RequestPlan(plan.request, plan.params, 1, False, toy.name, "another")
+    with pytest.raises(errors.InvalidRequest, match="planned by another model"):
+        toy.synthesize(other)
+
+
+def test_an_api_1_0_engine_runs_the_request_with_the_planned_seed():
+    from conftest import FakeEngine
+
+    engine = FakeEngine("m", FakeEngine.options_class())
+    planned = plan_speech(engine, SpeechOrder(SynthesisRequest("x"), "x", speed=2.0))
+    chunk = next(speak(engine, planned, stream=False))
+    assert chunk.applied.seed == planned.seed
