@@ -615,7 +615,7 @@ def test_a_resumed_export_that_differs_names_the_first_differing_tensor():
     state); the SIGKILL run itself needs an installed trainer."""
     from safetensors.torch import save
 
-    from mizuoto_contract.test_trainer_contract import _tensor_difference
+    from mizuoto_contract.test_trainer_contract_resume import _tensor_difference
 
     straight = {"level": torch.zeros(4), "pitch": torch.ones(3)}
     resumed = {"level": torch.tensor([0.0, 0.0, 0.25, -0.5]), "pitch": torch.ones(3)}
