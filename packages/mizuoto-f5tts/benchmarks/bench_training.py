@@ -49,8 +49,9 @@ def _child_ours(config_path: str, memory: str) -> dict:
     import torch
 
     from mizuoto import TrainingConfig
+    from mizuoto.training.state import load_state_file
+    from mizuoto.training.trainer import CHECKPOINT
     from mizuoto_f5tts.training import F5Trainer
-    from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = json.loads(Path(config_path).read_text())
@@ -76,7 +77,7 @@ def _child_ours(config_path: str, memory: str) -> dict:
     start = time.perf_counter()
     trainer.train(run)
     seconds = time.perf_counter() - start - sum(built)
-    records = [tuple(r) for r in load_run_state(output / CHECKPOINT)["records"]]
+    records = [tuple(r) for r in load_state_file(output / CHECKPOINT)["records"]]
     return {"seconds": seconds, "records": records, "peak_mb": _peak_rss_mb()}
 
 
@@ -109,9 +110,9 @@ def main() -> None:
 
     import tempfile
 
+    from mizuoto.training.synthetic_data import write_synthetic_dataset
     from mizuoto_f5tts.checkpoint import find_checkpoint
     from mizuoto_f5tts.fixtures import write_random_model_dir
-    from mizuoto_f5tts.training.data import write_synthetic_dataset
     from mizuoto_f5tts.variants import get_variant
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-f5-training-"))

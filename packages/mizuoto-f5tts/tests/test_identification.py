@@ -12,6 +12,7 @@ import pytest
 import mizuoto
 from mizuoto import TrainingConfig
 from mizuoto.errors import CheckpointMismatch, InvalidRequest
+from mizuoto.training.synthetic_data import write_synthetic_dataset
 from mizuoto_f5tts.checkpoint import find_checkpoint, load_f5_model
 from mizuoto_f5tts.engine import F5Engine
 from mizuoto_f5tts.fixtures import write_random_model_dir
@@ -23,7 +24,6 @@ from mizuoto_f5tts.identification import (
     read_record,
 )
 from mizuoto_f5tts.training import F5Trainer
-from mizuoto_f5tts.training.data import write_synthetic_dataset
 
 SMALL_VOCAB = None  # upstream's vocab: the synthetic clips' texts fit it
 

@@ -17,12 +17,15 @@ import torch
 import mizuoto
 from mizuoto import Reference, SynthesisRequest, TrainingConfig
 from mizuoto.errors import InvalidRequest
+from mizuoto.training.loader_order import SampleBatches
+from mizuoto.training.state import load_state_file
+from mizuoto.training.synthetic_data import write_synthetic_dataset
+from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.text import read_vocab
 from mizuoto_f5tts.training import F5Trainer
-from mizuoto_f5tts.training.batching import SampleBatches, epoch_order, frame_batches
-from mizuoto_f5tts.training.data import prepare_dataset, read_prepared, write_synthetic_dataset
-from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
+from mizuoto_f5tts.training.batching import epoch_order, frame_batches
+from mizuoto_f5tts.training.data import prepare_dataset, read_prepared
 
 PARAMS = {"epochs": 3, "warmup_updates": 1, "batch_frames": 300}
 
@@ -177,7 +180,7 @@ def test_resume_after_sigkill_gives_the_same_bytes(tmp_path, model_dir, metadata
     params = {**PARAMS, "grad_accumulation": 2, "batch_frames": 250}
     killed = _signalled_run(tmp_path / "run", model_dir, metadata, params, kill_at, "SIGKILL")
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
-    saved = load_run_state(tmp_path / "run" / CHECKPOINT)
+    saved = load_state_file(tmp_path / "run" / CHECKPOINT)
     assert saved["position"]["update"] == kill_at - 1
     _assert_resumes_to_the_straight_run(tmp_path, model_dir, metadata, params, kill_at - 1)
 
@@ -191,7 +194,7 @@ def test_a_signal_saves_the_checkpoint_and_resumes_to_the_same_bytes(tmp_path, m
     stopped = _signalled_run(tmp_path / "run", model_dir, metadata, params, stop_at, name)
     assert stopped.returncode == 0, stopped.stderr.decode()[-2000:]
     assert stopped.stdout.decode().split() == [name, str(stop_at)]
-    saved = load_run_state(tmp_path / "run" / CHECKPOINT)
+    saved = load_state_file(tmp_path / "run" / CHECKPOINT)
     assert saved["position"]["update"] == stop_at
     assert saved["records"][-1][0] == stop_at  # the log ends at the update
     log = (tmp_path / "run" / "training_log.jsonl").read_text().splitlines()
@@ -207,8 +210,8 @@ def _assert_resumes_to_the_straight_run(tmp_path, model_dir, metadata, params, r
     straight = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "straight",
                                                      params=params)))
     assert resumed.steps_done == straight.steps_done > resumed_from
-    a = load_run_state(tmp_path / "run" / CHECKPOINT)
-    b = load_run_state(tmp_path / "straight" / CHECKPOINT)
+    a = load_state_file(tmp_path / "run" / CHECKPOINT)
+    b = load_state_file(tmp_path / "straight" / CHECKPOINT)
     assert a["records"] == b["records"]
     for part in ("model", "ema"):
         assert all(torch.equal(a[part][k], b[part][k]) for k in b[part]), part
@@ -240,7 +243,7 @@ def test_memory_levels_give_the_same_bytes(tmp_path, metadata, variant):
         run = trainer.prepare(_config(model_dir, metadata, tmp_path / memory, steps=3,
                                       memory=memory))
         trainer.train(run)
-        states[memory] = load_run_state(tmp_path / memory / CHECKPOINT)
+        states[memory] = load_state_file(tmp_path / memory / CHECKPOINT)
     for memory in ("low", "lowest"):
         assert states[memory]["records"] == states["default"]["records"]
         for part in ("model", "ema"):
@@ -304,8 +307,8 @@ def test_two_processes_stay_identical_and_match_one_when_not_sharded(tmp_path, m
     single = trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "single",
                                                    params=params)))
     assert replicated["checked"] == list(range(1, single.steps_done + 1))
-    a = load_run_state(tmp_path / "replicated" / CHECKPOINT)
-    b = load_run_state(tmp_path / "single" / CHECKPOINT)
+    a = load_state_file(tmp_path / "replicated" / CHECKPOINT)
+    b = load_state_file(tmp_path / "single" / CHECKPOINT)
     assert a["records"] == b["records"]
     for part in ("model", "ema"):
         assert all(torch.equal(a[part][k], v) for k, v in b[part].items()), part
@@ -333,7 +336,7 @@ def test_extend_vocab_grows_the_embedding_as_upstream(tmp_path, metadata):
     base = read_checkpoint(find_checkpoint(model_dir))["transformer.text_embed.text_embed.weight"]
     torch.manual_seed(666)  # upstream's expand_model_embeddings
     expected = torch.cat([base, torch.randn((3, base.shape[1]))])
-    state = load_run_state(tmp_path / "run" / CHECKPOINT)
+    state = load_state_file(tmp_path / "run" / CHECKPOINT)
     assert state["model"]["transformer.text_embed.text_embed.weight"].shape == expected.shape
     ema = load_file(str(find_checkpoint(exported)))
     assert ema["ema_model.transformer.text_embed.text_embed.weight"].shape == (7, base.shape[1])
@@ -357,7 +360,7 @@ def test_vocab_file_and_training_from_scratch(tmp_path, model_dir, metadata):
                                   params={**PARAMS, "vocab_file": str(short),
                                           "finetune": False}))
     trainer.train(run)
-    state = load_run_state(tmp_path / "b" / CHECKPOINT)
+    state = load_state_file(tmp_path / "b" / CHECKPOINT)
     assert state["model"]["transformer.text_embed.text_embed.weight"].shape[0] == len(tokens)
     assert state["ema"]["step"].item() == 1  # a fresh EMA, not the base file's counter
     exported = trainer.export(run, tmp_path / "export")
@@ -373,15 +376,15 @@ def test_numbered_checkpoints_rotate_across_a_resume(tmp_path, model_dir, metada
     trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=4,
                                           save_every=3, params=params)))
     assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "model_3.pt", "model_4.pt"]
-    assert load_run_state(folder / "model_3.pt")["position"]["update"] == 3
+    assert load_state_file(folder / "model_3.pt")["position"]["update"] == 3
     trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / "run", steps=6,
                                           save_every=3, params={**params,
                                                                 "checkpoint_every": 5})))
     assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "model_4.pt", "model_5.pt"]
     # a numbered copy is a whole run checkpoint: put back as last.pt it resumes from there
-    last = load_run_state(folder / "last.pt")
+    last = load_state_file(folder / "last.pt")
     assert last["position"]["update"] == 6
-    five = load_run_state(folder / "model_5.pt")
+    five = load_state_file(folder / "model_5.pt")
     assert five["position"]["update"] == 5 and len(five["records"]) < len(last["records"])
 
 
@@ -439,7 +442,7 @@ def test_two_processes_resume_after_sigkill(tmp_path, model_dir, metadata):
     script.write_text(textwrap.dedent(_DDP_KILLED).format(params=params))
     # killed in update 2's progress report, after its save (save_every 2): resumes from 2
     assert _torchrun(script, model_dir, metadata, tmp_path / "run", 2).returncode != 0
-    assert load_run_state(tmp_path / "run" / CHECKPOINT)["position"]["update"] == 2
+    assert load_state_file(tmp_path / "run" / CHECKPOINT)["position"]["update"] == 2
     _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir, metadata)
 
 
@@ -454,7 +457,7 @@ def test_two_processes_stop_together_on_a_signal_to_one(tmp_path, model_dir, met
     stopped = _torchrun(script, model_dir, metadata, tmp_path / "run", 1, "SIGTERM")
     assert stopped.returncode == 0, stopped.stderr.decode(errors="replace")[-3000:]
     assert sorted(stopped.stdout.decode().splitlines()) == ["0 SIGTERM 1", "1 SIGTERM 1"]
-    saved = load_run_state(tmp_path / "run" / CHECKPOINT)
+    saved = load_state_file(tmp_path / "run" / CHECKPOINT)
     assert saved["position"]["update"] == 1 and len(saved["rank_rng"]) == 2
     _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir, metadata)
 
@@ -463,8 +466,8 @@ def _assert_two_processes_resume_to_the_straight_run(tmp_path, script, model_dir
     for output in (tmp_path / "run", tmp_path / "straight"):
         done = _torchrun(script, model_dir, metadata, output, 0)
         assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
-    a = load_run_state(tmp_path / "run" / CHECKPOINT)
-    b = load_run_state(tmp_path / "straight" / CHECKPOINT)
+    a = load_state_file(tmp_path / "run" / CHECKPOINT)
+    b = load_state_file(tmp_path / "straight" / CHECKPOINT)
     assert a["position"] == b["position"] and a["records"] == b["records"]
     assert a["rank_rng"][1]["torch_rng"].equal(b["rank_rng"][1]["torch_rng"])
     for part in ("model", "ema"):
@@ -535,7 +538,7 @@ def test_a_tiny_run_writes_metrics_tensorboard_and_progress(tmp_path, model_dir,
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]  # the update number, as every trainer logs it
     assert all(set(r) == {"step", "loss", "lr", "grad_norm"} for r in rows)
-    records = load_run_state(tmp_path / "run" / CHECKPOINT)["records"]
+    records = load_state_file(tmp_path / "run" / CHECKPOINT)["records"]
     assert rows[-1]["loss"] == records[-1][1] and rows[-1]["lr"] == records[-1][2]
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
@@ -577,8 +580,8 @@ def test_train_cli_takes_upstream_flags_and_refuses_what_does_not_apply(tmp_path
                   params={**PARAMS, "variant": "v1_base", "keep_last_n_checkpoints": 1,
                           "checkpoint_every": 2, "max_samples": 64})
     trainer.train(trainer.prepare(api))
-    a = load_run_state(tmp_path / "cli" / CHECKPOINT)
-    b = load_run_state(tmp_path / "api" / CHECKPOINT)
+    a = load_state_file(tmp_path / "cli" / CHECKPOINT)
+    b = load_state_file(tmp_path / "api" / CHECKPOINT)
     assert a["records"] == b["records"]
     assert all(torch.equal(a["ema"][k], v) for k, v in b["ema"].items())
     assert sorted(p.name for p in (tmp_path / "cli" / "checkpoints").glob("model_*")) == \
@@ -619,7 +622,7 @@ def test_samples_while_training_leave_the_training_bytes_alone(tmp_path, model_d
         params = {**PARAMS, "checkpoint_every": 2, **extra}
         trainer.train(trainer.prepare(_config(model_dir, metadata, tmp_path / name, steps=3,
                                               params=params)))
-        results[name] = load_run_state(tmp_path / name / CHECKPOINT)
+        results[name] = load_state_file(tmp_path / name / CHECKPOINT)
     plain, sampled = results["plain"], results["samples"]
     assert plain["records"] == sampled["records"] and plain["position"] == sampled["position"]
     assert plain["torch_rng"].equal(sampled["torch_rng"])

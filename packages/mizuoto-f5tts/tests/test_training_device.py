@@ -13,10 +13,11 @@ from mizuoto import TrainingConfig
 from mizuoto.errors import InvalidOption, InvalidRequest
 from mizuoto.training.memory import OptimizerStateOffload
 from mizuoto.training.precision import scaled_step
+from mizuoto.training.state import load_state_file
+from mizuoto.training.synthetic_data import write_synthetic_dataset
+from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.training import F5Trainer
-from mizuoto_f5tts.training.data import write_synthetic_dataset
-from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_bf16_autocasts_the_forward_and_a_resume_keeps_it(tmp_path, inputs):
         run = trainer.prepare(config)
         assert run.device == "cpu" and run.settings.mixed_precision == mode
         trainer.train(run)
-        runs[mode] = load_run_state(tmp_path / mode / CHECKPOINT)
+        runs[mode] = load_state_file(tmp_path / mode / CHECKPOINT)
     plain, mixed = (runs[m]["records"] for m in ("no", "bf16"))
     assert len(plain) == len(mixed) == 3
     assert plain[0][1] != mixed[0][1]  # another loss: the forward ran in bfloat16
@@ -64,7 +65,7 @@ def test_memory_levels_keep_the_bits_under_bf16(tmp_path, inputs):
     for memory in ("default", "lowest"):
         config = _config(inputs, tmp_path / memory, mixed_precision="bf16", memory=memory)
         trainer.train(trainer.prepare(config))
-        states.append(load_run_state(tmp_path / memory / CHECKPOINT))
+        states.append(load_state_file(tmp_path / memory / CHECKPOINT))
     assert states[0]["records"] == states[1]["records"]
     for part in ("model", "ema"):
         for key, value in states[0][part].items():
@@ -85,13 +86,13 @@ def test_the_fp16_loss_scaling_path_runs_and_resumes(tmp_path, inputs):
 
     config = _config(inputs, tmp_path / "fp16", steps=2, mixed_precision="bf16")
     assert trainer.train(fp16(config)).steps_done == 2
-    state = load_run_state(tmp_path / "fp16" / CHECKPOINT)
+    state = load_state_file(tmp_path / "fp16" / CHECKPOINT)
     assert state["settings"]["mixed_precision"] == "fp16"
     assert state["scaler"]["scale"] > 0 and state["scaler"]["_growth_tracker"] >= 0
     assert all(torch.isfinite(torch.tensor(r[1])) for r in state["records"])
     resumed = trainer.train(fp16(attrs.evolve(config, steps=3)))
     assert resumed.resumed_from == 2 and resumed.steps_done == 3
-    after = load_run_state(tmp_path / "fp16" / CHECKPOINT)
+    after = load_state_file(tmp_path / "fp16" / CHECKPOINT)
     assert after["scaler"]["_growth_tracker"] in (0, state["scaler"]["_growth_tracker"] + 1)
 
 
@@ -106,7 +107,7 @@ def test_the_command_line_reaches_the_loop(tmp_path, inputs):
             "--option", "compute.device=cpu", "--mixed-precision", "bf16"]
     result = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert load_run_state(tmp_path / "run" / CHECKPOINT)["settings"]["mixed_precision"] == "bf16"
+    assert load_state_file(tmp_path / "run" / CHECKPOINT)["settings"]["mixed_precision"] == "bf16"
     refused = CliRunner().invoke(cli, [*args[:-1], "fp16"], obj={}, catch_exceptions=False)
     assert refused.exit_code == 2 and "training.mixed_precision" in refused.output
 

@@ -13,11 +13,13 @@ import soundfile
 
 from mizuoto import TrainingConfig
 from mizuoto.errors import InvalidRequest
+from mizuoto.training.state import load_state_file
+from mizuoto.training.synthetic_data import write_synthetic_dataset
+from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.text import to_tokens
 from mizuoto_f5tts.training import F5Trainer
-from mizuoto_f5tts.training.data import prepare_dataset, write_synthetic_dataset
-from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
+from mizuoto_f5tts.training.data import prepare_dataset
 from mizuoto_f5tts.training.upstream_data import ArrowUnavailable, prepared_folder, read_rows
 
 pa = pytest.importorskip("pyarrow", reason="the arrow extra (mizuoto-f5tts[arrow])")
@@ -147,7 +149,7 @@ def test_training_on_the_folder_equals_training_on_the_csv(tmp_path, metadata, u
                                             output_dir=tmp_path / "arrow")):
         trainer = F5Trainer()
         trainer.train(trainer.prepare(config))
-        states.append(load_run_state(config.output_dir / CHECKPOINT))
+        states.append(load_state_file(config.output_dir / CHECKPOINT))
     csv_state, arrow_state = states
     assert csv_state["records"] == arrow_state["records"] and len(csv_state["records"]) == 4
     assert csv_state["order"] == arrow_state["order"]

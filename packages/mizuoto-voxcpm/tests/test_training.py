@@ -400,7 +400,7 @@ def test_preview_clones_a_long_clip_or_reads_zero_shot(workspace, tmp_path, capl
                          steps=1, batch_size=1, params={"warmup_steps": 1})
         run = trainer.prepare(config)
         trainer.train(run)
-        with caplog.at_level(logging.INFO, logger="mizuoto_voxcpm.training.trainer"):
+        with caplog.at_level(logging.INFO, logger="mizuoto.training.preview"):
             trainer.export(run, tmp_path / name / "export")
         assert (tmp_path / name / "preview.wav").is_file()
         assert any(f"preview ({mode})" in r.getMessage() for r in caplog.records)

@@ -126,14 +126,16 @@ class _Block(torch.nn.Module):
 def test_low_memory_frozen_linears_keep_the_autocast_bits():
     """Under bf16 autocast (the CPU's here, CUDA's in training), frozen linear weights stored
     in bf16 give the same loss and gradients as float32 ones cast at every call."""
-    from mizuoto_voxcpm.training.memory import frozen_linears_to
+    from mizuoto.training.frozen_weights import frozen_linears_to
+    from mizuoto_voxcpm.lora import LoRALinear
 
     ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
     results = []
     for cast in (False, True):
         block = _Block()
         if cast:
-            assert frozen_linears_to(block, torch.bfloat16) == 2  # frozen + lora's base
+            # frozen + lora's base
+            assert frozen_linears_to(block, torch.bfloat16, kinds=(LoRALinear,)) == 2
             assert block.frozen.weight.dtype == block.lora.weight.dtype == torch.bfloat16
             assert block.lora.bias.dtype == torch.bfloat16
             # tied to an embedding, trainable or not linear: left as they are
@@ -154,11 +156,14 @@ def test_low_memory_frozen_linears_keep_the_autocast_bits():
 def test_lowest_streams_frozen_linears_from_host_memory(monkeypatch):
     """Each call sees a device copy of the frozen weights (a meta device stands for the GPU:
     only where tensors are is checked); the host tensors stay the parameters."""
-    from mizuoto_voxcpm.training.memory import stream_frozen_linears
+    from mizuoto.training.frozen_weights import stream_frozen_linears
+    from mizuoto_voxcpm.lora import LoRALinear
 
     block = _Block()
-    assert stream_frozen_linears(block, torch.device("cpu")) == 0  # nothing to do on the CPU
-    assert stream_frozen_linears(block, torch.device("meta"), keep=(block.lora,)) == 1
+    # nothing to do on the CPU
+    assert stream_frozen_linears(block, torch.device("cpu"), kinds=(LoRALinear,)) == 0
+    assert stream_frozen_linears(block, torch.device("meta"), keep=(block.lora,),
+                                 kinds=(LoRALinear,)) == 1
     assert block.frozen.weight.device.type == "cpu"
     seen = []
     linear = torch.nn.functional.linear

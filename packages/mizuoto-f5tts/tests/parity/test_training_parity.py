@@ -31,11 +31,12 @@ import pytest
 import torch
 
 from mizuoto import TrainingConfig
+from mizuoto.training.state import load_state_file
+from mizuoto.training.synthetic_data import write_synthetic_dataset
+from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.checkpoint import find_checkpoint
 from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.training import F5Trainer
-from mizuoto_f5tts.training.data import write_synthetic_dataset
-from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
 from mizuoto_f5tts.variants import get_variant
 
 pytestmark = pytest.mark.parity
@@ -116,7 +117,7 @@ def run_ours(tmp: Path, model_dir: Path, metadata: Path, settings: dict,
     assert result.resumed_from == stop_at
     seconds = time.perf_counter() - start
     exported = trainer.export(run, tmp / "export")
-    state = load_run_state(tmp / "ours" / CHECKPOINT)
+    state = load_state_file(tmp / "ours" / CHECKPOINT)
     return {"result": result, "state": state, "seconds": seconds, "export": exported}
 
 
@@ -150,7 +151,7 @@ def assert_same_numbered(upstream_ckpts: Path, ours: Path) -> None:
     assert names and numbered(ours) == names
     for name in names:
         theirs = torch.load(upstream_ckpts / name, map_location="cpu", weights_only=True)
-        mine = load_run_state(ours / name)
+        mine = load_state_file(ours / name)
         assert mine["position"]["update"] == theirs["update"], name
         for part, key in (("model", "model_state_dict"), ("ema", "ema_model_state_dict")):
             assert all(torch.equal(mine[part][k], v) for k, v in theirs[key].items()), name

@@ -10,10 +10,17 @@
   `memory`: activation checkpointing and optimiser state on the host;
 - `run_directory`: the run's identity (base weights and data set fingerprints; a resume onto
   others is refused), its effective recipe, the writability check;
-- `checkpoints`: numbered checkpoints and their rotation;
+- `checkpoints`: numbered checkpoints and their rotation; `checkpoint_folder`: a resumable
+  checkpoint as a folder, each torchrun process's own state in it;
 - `metrics`: ``metrics.jsonl`` and TensorBoard event files (the ``tensorboard`` extra);
 - `progress`: the ``train`` progress line with loss, rate and ETA;
-- `manifest`: the data set's rows from a JSONL manifest or a ``metadata.csv``;
+- `manifest`: the data set's rows from a JSONL manifest or a ``metadata.csv``, a folder's
+  training and validation manifests; `synthetic_data`: tone clips for tests;
+- `loader_order`: torch's shuffling ``DataLoader`` draws, without one; `init_draws`: the
+  draws of PyTorch's default initialisations, replayed;
+- `frozen_weights`: a LoRA run's frozen linear weights in the autocast dtype or host memory;
+- `validation`: a validation pass; `audio_samples`: samples written while training;
+  `preview`: an exported model speaking a training text;
 - `state`: a resumable training state (weights, optimizer, scheduler, RNG) in one file;
 - `recipe`: a trainer's settings from ``--param KEY=VALUE`` and ``--config FILE``;
 - `trainer`: `StepTrainer`, the `Trainer` base class doing all of the above for a run, and
@@ -34,6 +41,7 @@ from mizuoto.training.run_directory import (
     data_fingerprint,
 )
 from mizuoto.training.runner import (
+    LossForward,
     RecipeQuirks,
     TrainingRunner,
     training_device,
@@ -52,7 +60,7 @@ from mizuoto.training.trainer import RunnerSession, StepTrainer, TrainingSession
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
-    "Cadence", "LoopOutcome", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
+    "Cadence", "LoopOutcome", "LossForward", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
     "build_schedule",
     "training_device", "training_precision", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
     "RunIdentity", "StepLoop", "StepProgress", "barrier", "base_fingerprint",

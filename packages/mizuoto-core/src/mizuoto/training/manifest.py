@@ -1,7 +1,8 @@
 """Reading a training data set in the contract's formats: a JSONL manifest (one object per
 line, ``{"audio": path, "text": ...}``, paths relative to the manifest's folder or absolute)
 or upstream's ``metadata.csv`` (``|``-delimited, header ``audio_file|text``), or a folder
-holding exactly one of them.
+holding exactly one of them (`find_manifest`; `find_manifests`: also a validation manifest
+beside the training one).
 
 A bad row (not JSON, no text, a missing audio file) is skipped with a warning naming its line,
 as the contract suite expects; a data set with no usable row is refused.
@@ -52,6 +53,34 @@ def find_manifest(dataset: str | Path, *, field: str = "dataset") -> Path:
                              f"{METADATA_CSV} (found: {named})",
                              "name the manifest file itself")
     return found[0]
+
+
+VALIDATION_PREFIXES = ("val", "valid", "validation", "dev", "eval")
+
+
+def find_manifests(dataset: str | Path, *, field: str = "dataset") -> tuple[Path, Path | None]:
+    """The training manifest ``dataset`` names, and the validation manifest beside it: a file
+    is itself (no validation); a folder holds one ``.jsonl`` (or, without one, a
+    ``metadata.csv``), or a ``train*.jsonl`` and at most one ``val*``/``valid*``/``dev*``/
+    ``eval*`` ``.jsonl`` beside it."""
+    dataset = Path(dataset)
+    if dataset.is_dir():
+        candidates = sorted(dataset.glob("*.jsonl"))
+        if len(candidates) == 1:
+            return candidates[0], None
+        if not candidates and (dataset / METADATA_CSV).is_file():
+            return dataset / METADATA_CSV, None
+        train = [p for p in candidates if p.stem.lower().startswith("train")]
+        val = [p for p in candidates if p.stem.lower().startswith(VALIDATION_PREFIXES)]
+        if len(train) == 1 and len(val) <= 1 and len(train) + len(val) == len(candidates):
+            return train[0], (val[0] if val else None)
+        found = ", ".join(p.name for p in candidates) or "none"
+        raise InvalidRequest(field, f"{dataset} must hold one .jsonl manifest, or a train*.jsonl "
+                             f"and a val*.jsonl, or a {METADATA_CSV} (found {found})",
+                             "or pass the manifest itself")
+    if not dataset.is_file():
+        raise InvalidRequest(field, f"{dataset} does not exist")
+    return dataset, None
 
 
 def read_manifest(dataset: str | Path, *, field: str = "dataset") -> list[ManifestRow]:

@@ -145,3 +145,15 @@ class RunDirectory:
             tmp.write_text(json.dumps(recipe, indent=2, default=str) + "\n",
                            encoding="utf-8")
         return path
+
+    def pin_settings(self, settings: Mapping[str, Any], name: str = "run.json") -> Path:
+        """Record in ``name`` the settings a resumed run must share with the one it resumes;
+        when the directory already records others, refuse with `InvalidRequest`
+        (``output_dir``)."""
+        path = self.path / name
+        if path.is_file() and json.loads(path.read_text(encoding="utf-8")) != settings:
+            raise InvalidRequest("output_dir", f"{self.path} holds a run with other settings; "
+                                 "use another directory")
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+        return path

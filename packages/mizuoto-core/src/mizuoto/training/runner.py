@@ -90,6 +90,20 @@ class RecipeQuirks:
     schedule_steps_on_skipped_update: bool = False
 
 
+class LossForward(nn.Module):
+    """``loss(model, *args)`` as a module call, so that `TrainingRunner.wrap` wraps the whole
+    training forward (DDP's hooks see ``model``'s parameters) when the loss is a function of
+    the model rather than its ``forward``."""
+
+    def __init__(self, model: nn.Module, loss: Callable[..., Any]) -> None:
+        super().__init__()
+        self.model = model
+        self._loss = loss
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._loss(self.model, *args, **kwargs)
+
+
 class TrainingRunner:
     """See the module doc. ``scaler``: whether a gradient scaler runs (None: accelerate's rule,
     ``fp16`` only)."""

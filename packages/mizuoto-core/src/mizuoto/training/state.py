@@ -5,11 +5,14 @@ written atomically (the old file or the new one, never half of one).
 `save_training_state(path, step, *, model, optimizer, ...)` / `load_training_state(path, ...)
 -> step`: a run resumed from it reaches the bits an uninterrupted run reaches, provided every
 random draw goes through the saved generators (``generator``, and torch's global CPU and CUDA
-generators, saved too).
+generators, saved too). `save_state_file(path, state)` / `load_state_file(path)`: a trainer's
+own state mapping (its loop's ``state_dict``), written the same way.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +69,17 @@ def load_training_state(path: str | Path, *, model: torch.nn.Module,
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return int(state["step"]), state["extra"]
+
+
+def save_state_file(path: str | Path, state: Mapping[str, Any]) -> None:
+    """A trainer's own state mapping as one torch file, written atomically and flushed to the
+    disk before it replaces the old one (a checkpoint on disk is always whole)."""
+    with atomic_path(path) as tmp:
+        torch.save(dict(state), tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def load_state_file(path: str | Path) -> dict[str, Any]:
+    """What `save_state_file` wrote (tensors and plain values only: ``weights_only``)."""
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,7 +1,7 @@
 """Fine-tuning F5-TTS as upstream f5-tts 1.1.22's recipe does, without accelerate.
 
 Modules by role: `data` (prepare a data set), `batching` (mel features, frame and sample
-batching), `loop` (loss, EMA, the update loop), `state` (run checkpoints), `export` (model
+batching), `loop` (loss, data order, position, its checkpoint state), `export` (model
 directory), `trainer` (`F5Trainer`, the `mizuoto.Trainer`).
 """
 

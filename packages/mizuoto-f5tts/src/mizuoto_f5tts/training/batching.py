@@ -10,9 +10,8 @@
   ``max_samples``; a clip longer than ``frames`` alone is dropped; the remainder is kept.
 - `epoch_order(batches, seed)`: the batches shuffled with ``torch.randperm`` from a generator
   seeded with ``seed``. The shuffle seed of epoch ``e`` is `frame_shuffle_seed`.
-- `SampleBatches(count, batch_size, seed)`: ``shuffle=True`` batching: one generator seeded
-  once, drawing two ``randperm`` per epoch (the second is torch's empty tail); batches of
-  ``batch_size``, the last one short.
+- ``shuffle=True`` batching is core's `mizuoto.training.loader_order.SampleBatches` (one
+  generator seeded once, drawing two ``randperm`` per epoch; the last batch short).
 - `collate(items)`: upstream's ``collate_fn``: mels zero-padded to the longest, stacked as
   ``(b, 100, n)``, with lengths and token lists.
 """
@@ -113,30 +112,6 @@ def frame_shuffle_seed(base_seed: int, epoch: int) -> int:
 def epoch_order(batches: Sequence[list[int]], seed: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
-
-
-class SampleBatches:
-    """Shuffled fixed-size batches drawing from one generator across epochs (upstream's
-    ``DataLoader(shuffle=True, generator=...)``)."""
-
-    def __init__(self, count: int, batch_size: int, seed: int) -> None:
-        self.count = count
-        self.batch_size = batch_size
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __len__(self) -> int:
-        return -(-self.count // self.batch_size)
-
-    def draw_worker_seed(self) -> None:
-        # the data loader draws its workers' base seed from its generator on each new iterator
-        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-
-    def epoch(self) -> list[list[int]]:
-        order = torch.randperm(self.count, generator=self.generator).tolist()
-        # upstream quirk (torch's RandomSampler): after the last index it evaluates
-        # randperm(n)[:num_samples % n], an empty tail that still advances the generator
-        torch.randperm(self.count, generator=self.generator)
-        return [order[i:i + self.batch_size] for i in range(0, self.count, self.batch_size)]
 
 
 def collate(items: Sequence[tuple[torch.Tensor, list[str]]]) -> dict:

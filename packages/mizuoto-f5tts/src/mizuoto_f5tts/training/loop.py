@@ -32,9 +32,9 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from mizuoto.training import RecipeQuirks, TrainingRunner
+from mizuoto.training.loader_order import SampleBatches
 from mizuoto_f5tts.training.batching import (
     MelDataset,
-    SampleBatches,
     collate,
     epoch_order,
     frame_batches,

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from mizuoto.training import MetricsLog
+from mizuoto.training.audio_samples import write_audio_samples
 from mizuoto_f5tts.training.batching import MelDataset
 from mizuoto_f5tts.training.loop import text_ids
 
@@ -68,17 +69,9 @@ class TrainingSamples:
         return self._write(update, gen, ref)
 
     def _write(self, update: int, gen, ref) -> tuple[Path, Path]:
-        import soundfile as sf
-
-        from mizuoto.runtime.atomic import atomic_path
-
-        paths = []
-        for kind, audio in (("gen", gen), ("ref", ref)):
-            path = self.directory / f"update_{update}_{kind}.wav"
-            with atomic_path(path) as tmp:
-                sf.write(tmp, audio, SAMPLE_RATE, format="WAV", subtype="FLOAT")
-            if self.metrics is not None:
-                self.metrics.audio(f"samples/{kind}", audio, update, SAMPLE_RATE)
-            paths.append(path)
+        paths = write_audio_samples(self.directory, [
+            (f"update_{update}_{kind}", audio, f"samples/{kind}")
+            for kind, audio in (("gen", gen), ("ref", ref))], SAMPLE_RATE, step=update,
+            metrics=self.metrics)
         logger.info("samples of update %d written to %s", update, self.directory)
         return paths[0], paths[1]

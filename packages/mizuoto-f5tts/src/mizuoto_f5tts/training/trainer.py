@@ -57,6 +57,8 @@ from mizuoto.training import (
     training_precision,
     warn_long_warmup,
 )
+from mizuoto.training.state import load_state_file, save_state_file
+from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
     PreparedData,
@@ -70,7 +72,6 @@ from mizuoto_f5tts.training.loop import QUIRKS, FineTuning, LoopSettings, Record
 from mizuoto_f5tts.training.params import F5TrainingParams
 from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
 from mizuoto_f5tts.training.samples import TrainingSamples
-from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state, save_run_state
 from mizuoto_f5tts.variants import F5Variant
 
 logger = logging.getLogger(__name__)
@@ -326,7 +327,7 @@ class F5Trainer(StepTrainer):
 
     def write_export(self, run: F5Run, folder: Path) -> None:
         """The EMA weights as a model directory (`write_model`)."""
-        state = load_run_state(Path(run.config.output_dir) / CHECKPOINT)
+        state = load_state_file(Path(run.config.output_dir) / CHECKPOINT)
         write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
                     run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
                     finetuned=run.finetune)
@@ -353,13 +354,13 @@ class F5Session(TrainingSession):
         if self.world.size > 1:
             state["rank_rng"] = gather(self.loop.rng_state(), self.world)
         if self.world.main:
-            save_run_state(path, state)
+            save_state_file(path, state)
             _write_log(Path(self.run.config.output_dir) / LOG_FILE, self.loop.records)
         barrier()
 
     def load(self, path: Path) -> int:
         loop, output = self.loop, self.run.config.output_dir
-        state = load_run_state(path)
+        state = load_state_file(path)
         if state.get("settings") != loop.recipe():
             raise InvalidRequest(
                 "output_dir", f"{output} holds a run with other settings "

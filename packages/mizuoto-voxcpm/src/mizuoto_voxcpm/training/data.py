@@ -2,6 +2,9 @@
 epoch order its ``DataLoader`` draws, and the packed sequences its ``AudioFeatureProcessingPacker``
 builds.
 
+(The epoch order is torch's shuffling ``DataLoader``'s: core's
+`mizuoto.training.loader_order`.)
+
 A manifest line is ``{"audio": path, "text": ...}`` (paths relative to the manifest's folder),
 optionally with ``"ref_audio"``: a recording of the voice that is prepended to the sequence
 (``[103, reference patches, 104, text, 101, audio patches, 102]``, loss on the audio only).
@@ -259,58 +262,6 @@ def batch_token_filter(samples: Sequence[Sample], *, frames_per_second: float, p
     return kept, dropped
 
 
-def draw_seed(generator: torch.Generator) -> int:
-    """One ``torch.empty((), int64).random_()`` draw, as the DataLoader and its sampler make."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-def shuffled(size: int, generator: torch.Generator) -> list[int]:
-    """One pass of a shuffling ``DataLoader``: it draws its base seed, then its
-    ``RandomSampler``'s seed, whose own generator gives ``randperm(size)``."""
-    draw_seed(generator)  # the loader's base seed (workers' seeds; unused here)
-    permutation = torch.Generator().manual_seed(draw_seed(generator))
-    return torch.randperm(size, generator=permutation).tolist()
-
-
-class EpochSampler:
-    """Upstream's shuffling ``DataLoader`` (``drop_last=True``) over ``size`` samples.
-
-    Each pass draws the loader's base seed, then (at its first batch) the ``RandomSampler``'s
-    seed, whose own generator gives ``randperm(size)``. ``state``/``restore`` let a resumed run
-    continue mid-epoch with the same order.
-    """
-
-    def __init__(self, size: int, batch_size: int, generator: torch.Generator) -> None:
-        if size < batch_size:
-            raise ValueError(f"{size} usable samples, fewer than one batch of {batch_size}")
-        self.size = size
-        self.batch_size = batch_size
-        self.generator = generator
-        self.order: list[int] = []
-        self.position = 0
-        self.epoch = -1
-
-    def _new_epoch(self) -> None:
-        self.order = shuffled(self.size, self.generator)
-        self.position = 0
-        self.epoch += 1
-
-    def next_batch(self) -> list[int]:
-        if self.epoch < 0 or self.position + self.batch_size > self.size:
-            self._new_epoch()
-        batch = self.order[self.position:self.position + self.batch_size]
-        self.position += self.batch_size
-        return batch
-
-    def state(self) -> dict:
-        return {"order": self.order, "position": self.position, "epoch": self.epoch}
-
-    def restore(self, state: dict) -> None:
-        self.order = list(state["order"])
-        self.position = int(state["position"])
-        self.epoch = int(state["epoch"])
-
-
 @attrs.frozen
 class Batch:
     text_tokens: torch.Tensor   # (b, t) int32
@@ -400,44 +351,3 @@ def _with_reference(sample: Sample, feats: torch.Tensor, ref: torch.Tensor) -> t
     labels = torch.zeros(tokens.size(0), dtype=torch.int32)
     labels[-2] = 1
     return tokens, audio, text_mask, audio_mask, loss_mask, labels
-
-
-class DistributedEpochSampler(EpochSampler):
-    """Upstream's loader under ``torchrun``: a ``DistributedSampler`` (seed 0 + epoch, padded
-    to a multiple of the world size, every ``world``-th index from ``rank``) batched with
-    ``drop_last``. Each pass still draws the loader's base seed from the generator."""
-
-    def __init__(self, size: int, batch_size: int, generator: torch.Generator, *, rank: int,
-                 world: int) -> None:
-        per_rank = -(-size // world)
-        if per_rank < batch_size:
-            raise ValueError(f"{per_rank} samples per process, fewer than one batch of "
-                             f"{batch_size}")
-        self.size = size
-        self.batch_size = batch_size
-        self.generator = generator
-        self.rank, self.world = rank, world
-        self.order: list[int] = []
-        self.position = 0
-        self.epoch = -1
-
-    def _new_epoch(self) -> None:
-        draw_seed(self.generator)  # the loader's base seed
-        self.epoch += 1
-        order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.epoch))
-        order = order.tolist()
-        total = -(-self.size // self.world) * self.world
-        padding = total - len(order)
-        if padding <= len(order):
-            order += order[:padding]
-        else:
-            order += (order * math.ceil(padding / len(order)))[:padding]
-        self.order = order[self.rank:total:self.world]
-        self.position = 0
-
-    def next_batch(self) -> list[int]:
-        if self.epoch < 0 or self.position + self.batch_size > len(self.order):
-            self._new_epoch()
-        batch = self.order[self.position:self.position + self.batch_size]
-        self.position += self.batch_size
-        return batch

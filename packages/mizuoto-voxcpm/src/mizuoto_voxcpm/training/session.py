@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
 from mizuoto.options import ComputeOptions
 from mizuoto.runtime.atomic import file_mode, save_safetensors
 from mizuoto.training import (
+    LossForward,
     ProcessWorld,
     RecipeQuirks,
     TrainingRunner,
@@ -26,23 +26,35 @@ from mizuoto.training import (
     training_device,
     training_precision,
 )
+from mizuoto.training.checkpoint_folder import (
+    find_checkpoint_folder,
+    load_checkpoint_folder,
+    load_trainable,
+    save_checkpoint_folder,
+)
+from mizuoto.training.frozen_weights import frozen_linears_to, stream_frozen_linears
+from mizuoto.training.init_draws import replay
+from mizuoto.training.loader_order import DistributedEpochSampler, EpochSampler
 from mizuoto.training.precision import DTYPES
+from mizuoto.training.validation import (
+    evaluating,
+    is_due,
+    validation_batches,
+    validation_losses,
+)
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig, read_config_json
-from mizuoto_voxcpm.lora import apply_lora, kaiming_init_a, lora_layers, write_lora_dir
+from mizuoto_voxcpm.lora import (
+    LoRALinear,
+    apply_lora,
+    kaiming_init_a,
+    lora_layers,
+    write_lora_dir,
+)
 from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
 from mizuoto_voxcpm.training import construction, loop, validation
-from mizuoto_voxcpm.training.data import (
-    DistributedEpochSampler,
-    EpochSampler,
-    encode_audio,
-    pack,
-)
-from mizuoto_voxcpm.training.memory import (
-    frozen_linears_to,
-    recomputed_blocks,
-    stream_frozen_linears,
-)
+from mizuoto_voxcpm.training.data import encode_audio, pack
+from mizuoto_voxcpm.training.memory import recomputed_blocks
 from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
 from mizuoto_voxcpm.training.run import BASE_FILES, Run, link_or_copy
 
@@ -86,18 +98,6 @@ def runner_for(device: torch.device, mixed_precision: str = "no", *,
         max_grad_norm=0.0 if recipe is None else recipe.max_grad_norm)
 
 
-class TrainingForward(nn.Module):
-    """The training forward as a module call, so that DistributedDataParallel can wrap it."""
-
-    def __init__(self, model: nn.Module, losses) -> None:
-        super().__init__()
-        self.model = model
-        self._losses = losses
-
-    def forward(self, batch, progress: float):
-        return self._losses(self.model, batch, progress)
-
-
 class Session(TrainingSession):
     """``world``: the run's processes (joined by the trainer); an export builds one in
     process 0 alone (``ProcessWorld()``)."""
@@ -132,8 +132,8 @@ class Session(TrainingSession):
         # upstream: Accelerator(seed=42) seeds every generator, then from_local builds the
         # VAE, the model and the LoRA A matrices with default initialisations
         self.generator = torch.Generator().manual_seed(recipe.seed)
-        construction.replay(self.generator, construction.audio_vae_draws(vae_config))
-        construction.replay(self.generator, construction.model_draws(config))
+        replay(self.generator, construction.audio_vae_draws(vae_config))
+        replay(self.generator, construction.model_draws(config))
         if device.type == "cuda":
             self.forward_generator = torch.Generator(device).manual_seed(recipe.seed)
         else:
@@ -157,7 +157,7 @@ class Session(TrainingSession):
                                          f"in {self.mixed_precision}, which validation's "
                                          "generation cannot run on",
                                          "use memory default with val_manifest")
-                frozen_linears_to(model, DTYPES[self.mixed_precision])
+                frozen_linears_to(model, DTYPES[self.mixed_precision], kinds=(LoRALinear,))
         self.model = model.to(device).train()
         if run.config.memory == "lowest":
             if self.world_size > 1:
@@ -165,7 +165,8 @@ class Session(TrainingSession):
                                      "host memory in a single process only (not under "
                                      "torchrun)", "use low")
             # the stop head stays: the model reads its device and dtype from it
-            stream_frozen_linears(self.model, device, keep=(self.model.stop_head,))
+            stream_frozen_linears(self.model, device, keep=(self.model.stop_head,),
+                                  kinds=(LoRALinear,))
         # training only encodes: the VAE decoder never reaches the device (unless validation's
         # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")
@@ -183,7 +184,7 @@ class Session(TrainingSession):
         else:
             self.sampler = EpochSampler(len(run.samples), recipe.batch_size, self.generator)
         # upstream wraps the training forward in DDP (the accelerator's prepare)
-        self.forward = self.runner.wrap(TrainingForward(self.model, self._training_losses))
+        self.forward = self.runner.wrap(LossForward(self.model, self._training_losses))
         self._latents: dict[tuple[bool, int, bool], torch.Tensor | None] = {}
         # the cosine schedule spans max_steps (upstream's 0: num_iters), which may differ from
         # the steps run (past its end the factor rises again along the cosine, as upstream's)
@@ -223,24 +224,18 @@ class Session(TrainingSession):
         """Upstream's validation (see :mod:`~mizuoto_voxcpm.training.validation`): the mean
         losses, keyed as :data:`~mizuoto_voxcpm.training.validation.KEYS`."""
         rows = self.run.val_samples
-        self.model.eval()
-        try:
-            outputs = []
-            with torch.no_grad():
-                for indices in validation.batches(len(rows), self.recipe.batch_size,
-                                                  self.generator):
-                    batch = self._pack(indices, val=True)
-                    with self.runner.precision.autocast():
-                        losses = self._training_losses(self.model, batch, progress=0.0)
-                    outputs.append({key: value.detach() for key, value in losses.items()})
-            means = validation.mean_losses(outputs, self.recipe.lambdas)
+        with evaluating(self.model):
+            means = validation_losses(
+                (self._pack(indices, val=True) for indices in validation_batches(
+                    len(rows), self.recipe.batch_size, self.generator,
+                    max_batches=validation.MAX_BATCHES)),
+                lambda batch: self._training_losses(self.model, batch, progress=0.0),
+                weights=self.recipe.lambdas, autocast=self.runner.precision.autocast)
             spoken = validation.speak(self.model, self.vae, [row.text_ids for row in rows],
                                       self.forward_generator)
             if self.samples and self.world.main:
                 validation.write_samples(spoken, self.run.output_dir / "samples", step,
                                          self.out_rate, self.metrics)
-        finally:
-            self.model.train()
         return means
 
     # -- training ------------------------------------------------------------------------
@@ -253,20 +248,21 @@ class Session(TrainingSession):
         values["epoch"] = float((step * recipe.grad_accum_steps * recipe.batch_size
                                  * self.world_size) / max(1, run.counted_samples))
         self.done += 1
-        if self.validating and validation.is_due(step, recipe.valid_interval, recipe.num_iters):
+        if self.validating and is_due(step, recipe.valid_interval, recipe.num_iters):
             self._validated = self.validate(step)
             values.update(self._validated)
         return values
 
     def save(self, path: Path, done: int) -> None:
-        loop.save_checkpoint(path, model=self.model, runner=self.runner,
-                             generator=self.generator, sampler=self.sampler, step=done,
-                             rank=self.rank)
+        save_checkpoint_folder(path, done, model=self.model, runner=self.runner, rank=self.rank,
+                               own={"generator": self.generator.get_state(),
+                                    "sampler": self.sampler.state()})
 
     def load(self, path: Path) -> int:
-        self.done = loop.load_checkpoint(path, model=self.model, runner=self.runner,
-                                         generator=self.generator, sampler=self.sampler,
-                                         rank=self.rank)
+        self.done, own = load_checkpoint_folder(path, model=self.model, runner=self.runner,
+                                                rank=self.rank)
+        self.generator.set_state(own["generator"])
+        self.sampler.restore(own["sampler"])
         if self.forward_generator is not self.generator:
             self.forward_generator.manual_seed(self.recipe.seed + self.done)
         return self.done
@@ -291,13 +287,8 @@ class Session(TrainingSession):
 
     def load_trained(self) -> None:
         """The weights of the run's last checkpoint."""
-        from safetensors.torch import load_file
-
-        found = loop.find_checkpoint(self.run.output_dir / loop.CHECKPOINTS)
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, value in load_file(str(found / loop.TRAINABLE)).items():
-                params[name].copy_(value)
+        load_trainable(find_checkpoint_folder(
+            self.run.output_dir / loop.CHECKPOINTS / loop.LATEST), self.model)
 
     def _write_weights(self, folder: Path) -> None:
         """What upstream's checkpoint folder holds besides the training state: full

@@ -32,9 +32,12 @@ from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_path
-from mizuoto.training import ProcessWorld, StepTrainer, join, process_world
+from mizuoto.training import ProcessWorld, RunDirectory, StepTrainer, join, process_world
+from mizuoto.training.checkpoint_folder import find_checkpoint_folder
+from mizuoto.training.manifest import find_manifests
+from mizuoto.training.preview import PREVIEW, speak_preview
 from mizuoto_voxcpm.config import read_config_json
-from mizuoto_voxcpm.training.loop import CHECKPOINTS, LATEST, NUMBERED, find_checkpoint
+from mizuoto_voxcpm.training.loop import CHECKPOINTS, LATEST, NUMBERED
 from mizuoto_voxcpm.training.params import VoxCPMTrainingParams
 from mizuoto_voxcpm.training.run import BASE_FILES, Run
 
@@ -89,7 +92,7 @@ class VoxCPMTrainer(StepTrainer):
         if rate is not None and rate != vae_rate:
             raise InvalidRequest("params.sample_rate", f"{rate} is not the model's AudioVAE "
                                  f"rate, {vae_rate}", "drop it or set the model's rate")
-        manifest, found_val = _manifests(config.dataset)
+        manifest, found_val = find_manifests(config.dataset)
         if recipe.val_manifest is None and found_val is not None:
             recipe = attrs.evolve(recipe, val_manifest=str(found_val))
         report(progress, "prepare", 0, 1, "reading the manifest")
@@ -98,7 +101,7 @@ class VoxCPMTrainer(StepTrainer):
             log.warning("%s line %d skipped: %s", manifest, item.line, item.reason)
         val_samples, val_rejected = [], []
         if recipe.val_manifest is not None:
-            val_manifest = _manifest_path(recipe.val_manifest, "params.val_manifest")
+            val_manifest = find_manifests(recipe.val_manifest, field="params.val_manifest")[0]
             recipe = attrs.evolve(recipe, val_manifest=str(val_manifest))
             # upstream validates on every row (no max_batch_tokens filter)
             val_samples, val_rejected, _ = _read_samples(model_dir, raw, val_manifest, None,
@@ -129,14 +132,7 @@ class VoxCPMTrainer(StepTrainer):
                     "memory": config.memory, "save_every": config.save_every}
         if config.mixed_precision != "auto":  # (runs from before the setting have none)
             run_info["mixed_precision"] = config.mixed_precision
-        previous = output / "run.json"
-        if previous.is_file():
-            old = json.loads(previous.read_text(encoding="utf-8"))
-            if old != run_info:
-                raise InvalidRequest("output_dir", f"{output} holds a run with other settings; "
-                                     "use another directory")
-        with atomic_path(previous) as tmp:
-            tmp.write_text(json.dumps(run_info, indent=2), encoding="utf-8")
+        RunDirectory(output).pin_settings(run_info)
         prepared = {"samples": _listed(samples), "rejected": _reasons(rejected)}
         if recipe.val_manifest is not None:
             prepared.update(val_samples=_listed(val_samples), val_rejected=_reasons(val_rejected))
@@ -150,7 +146,7 @@ class VoxCPMTrainer(StepTrainer):
     # -- the run (core's StepTrainer around it) -------------------------------------------
 
     def find_checkpoint(self, output_dir: Path) -> Path | None:
-        return find_checkpoint(Path(output_dir) / CHECKPOINTS)
+        return find_checkpoint_folder(Path(output_dir) / CHECKPOINTS / LATEST)
 
     def world(self, run: Run) -> ProcessWorld:
         """torchrun's group on the training device's backend (NCCL on CUDA, as upstream)."""
@@ -182,45 +178,20 @@ class VoxCPMTrainer(StepTrainer):
         return exported
 
 
-PREVIEW = "preview.wav"
-#: a data clip this long (seconds) with its transcript is the preview's voice
-PREVIEW_REFERENCE_SECONDS = (3.0, 15.0)
-
-
 def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
-    """The first row's text spoken by the exported model: cloning the first 3-15 s clip of the
-    data (with its transcript) when there is one, else zero-shot."""
-    import tempfile
-
-    import soundfile as sf
-
-    from mizuoto.contracts import Reference, SynthesisRequest
+    """The first row's text spoken by the exported model (core's `speak_preview`: cloning the
+    first 3-15 s clip of the data with its transcript when there is one, else zero-shot),
+    with the base model's ``mizuoto-defaults.json``, as it would apply to the base model."""
     from mizuoto.contracts.model_defaults import read_model_defaults
     from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
     from mizuoto_voxcpm.engine import VoxCPMEngine
 
     raw = read_config_json(model_dir)
-    rate = audio_vae_config_from_model_config(raw).sample_rate
-    engine = VoxCPMEngine.load(model_dir)
-    text = run.texts[0]
-    low, high = PREVIEW_REFERENCE_SECONDS
-    clips = [i for i, s in enumerate(run.samples) if low <= s.audio.size / rate <= high]
-    with tempfile.TemporaryDirectory() as tmp:
-        reference = None
-        if clips:
-            clip = Path(tmp) / "reference.wav"
-            sf.write(clip, run.samples[clips[0]].audio, rate, subtype="FLOAT")
-            reference = Reference(clip, run.texts[clips[0]])
-        # the base model's mizuoto-defaults.json applies, as it would to the base model
-        defaults = dict(read_model_defaults(run.model_dir))
-        log.info("speaking a preview (%s) with the exported model into %s; --param "
-                 "preview=false turns it off", "cloned" if clips else "zero-shot", path)
-        result = engine.synthesize(SynthesisRequest(
-            text, reference=reference, seed=run.config.seed,
-            params={**defaults, "retry_badcase": False}))
-    result.save(path)
-    log.info("preview (%s) written to %s", "cloned" if clips else "zero-shot", path)
-    return path
+    return speak_preview(
+        VoxCPMEngine.load(model_dir), path, text=run.texts[0],
+        clips=((s.audio, s.text) for s in run.samples),
+        rate=audio_vae_config_from_model_config(raw).sample_rate, seed=run.config.seed,
+        params={**read_model_defaults(run.model_dir), "retry_badcase": False})
 
 
 def _listed(samples) -> list[dict]:
@@ -231,37 +202,6 @@ def _listed(samples) -> list[dict]:
 
 def _reasons(rejected) -> list[dict]:
     return [{"line": r.line, "reason": r.reason} for r in rejected]
-
-
-def _manifest_path(dataset: Path | str, field: str = "dataset") -> Path:
-    manifest, _ = _manifests(dataset, field)
-    return manifest
-
-
-_VAL_PREFIXES = ("val", "valid", "validation", "dev", "eval")
-
-
-def _manifests(dataset: Path | str, field: str = "dataset") -> tuple[Path, Path | None]:
-    """The training manifest, and a folder's validation manifest: a folder holds one
-    ``.jsonl`` (or, without one, a ``metadata.csv``), or a ``train*.jsonl`` and at most one ``val*``/``valid*``/``dev*``/``eval*``
-    ``.jsonl`` beside it."""
-    dataset = Path(dataset)
-    if dataset.is_dir():
-        candidates = sorted(dataset.glob("*.jsonl"))
-        if len(candidates) == 1:
-            return candidates[0], None
-        if not candidates and (dataset / "metadata.csv").is_file():
-            return dataset / "metadata.csv", None
-        train = [p for p in candidates if p.stem.lower().startswith("train")]
-        val = [p for p in candidates if p.stem.lower().startswith(_VAL_PREFIXES)]
-        if len(train) == 1 and len(val) <= 1 and len(train) + len(val) == len(candidates):
-            return train[0], (val[0] if val else None)
-        found = ", ".join(p.name for p in candidates) or "none"
-        raise InvalidRequest(field, f"{dataset} must hold one .jsonl manifest, or a train*.jsonl "
-                             f"and a val*.jsonl, or a metadata.csv (found {found})", "or pass the manifest itself")
-    if not dataset.is_file():
-        raise InvalidRequest(field, f"{dataset} does not exist")
-    return dataset, None
 
 
 def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe, field: str):

@@ -1,5 +1,6 @@
 """Validation losses as upstream's ``train_voxcpm_finetune.py`` computes them (``val_manifest``,
-``valid_interval``), with the same effect on the steps after it.
+``valid_interval``), with the same effect on the steps after it (the pass itself is core's
+`mizuoto.training.validation`).
 
 After step ``s`` (0-based) when ``s % valid_interval == 0`` or ``s`` is the last: the model in
 eval mode (LoRA dropout off, the FSQ layer rounding outright instead of straight-through),
@@ -24,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mizuoto.training.audio_samples import write_audio_samples
 from mizuoto_voxcpm.generation import Sampling, build_sequence, generate_patches, patch_cap
-from mizuoto_voxcpm.training.data import shuffled
 
 #: upstream's ``max_val_batches``
 MAX_BATCHES = 10
@@ -36,32 +37,6 @@ SPOKEN_SAMPLING = Sampling(steps=10, guidance=2.0, min_len=2, max_patches=2000)
 SPOKEN_RATIO = 6.0
 #: the metrics a validation adds to its step's row (upstream's TensorBoard tags)
 KEYS = ("val/loss/total", "val/loss/diff", "val/loss/stop")
-
-
-def is_due(step: int, interval: int, num_iters: int) -> bool:
-    return step % interval == 0 or step == num_iters - 1
-
-
-def batches(size: int, batch_size: int, generator: torch.Generator) -> list[list[int]]:
-    """The rows of one validation, in upstream's loader's order (the last batch may be
-    short)."""
-    order = shuffled(size, generator)[:MAX_BATCHES * batch_size]
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def mean_losses(outputs: Sequence[dict[str, torch.Tensor]], lambdas: dict[str, float]
-                ) -> dict[str, float]:
-    """Upstream's means: the weighted total per batch, then each loss, over the batches."""
-    totals = []
-    for losses in outputs:
-        total = 0.0
-        for key, value in losses.items():
-            total = total + lambdas.get(key, 1.0) * value
-        totals.append(total)
-    means = {"val/loss/total": torch.stack(totals).mean().item()}
-    for key in outputs[0]:
-        means[f"val/{key}"] = torch.stack([losses[key] for losses in outputs]).mean().item()
-    return means
 
 
 def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator
@@ -101,16 +76,7 @@ def write_samples(spoken: Sequence[np.ndarray], directory: Path, step: int, rate
     """``samples/step_<step>_<i>.wav`` (``step``: the 0-based index, as upstream names them;
     upstream's TensorBoard ``val/sample_<i>``), and the same as TensorBoard audio when
     ``metrics`` writes events, at the step's metrics row (``step + 1``: updates made)."""
-    import soundfile as sf
-
-    from mizuoto.runtime.atomic import atomic_path
-
-    paths = []
-    for index, audio in enumerate(spoken):
-        path = Path(directory) / f"step_{step}_{index}.wav"
-        with atomic_path(path) as tmp:
-            sf.write(tmp, audio, rate, format="WAV", subtype="FLOAT")
-        if metrics is not None:
-            metrics.audio(f"val/sample_{index}/generated_audio", audio, step + 1, rate)
-        paths.append(path)
-    return paths
+    return write_audio_samples(directory, [(f"step_{step}_{index}", audio,
+                                            f"val/sample_{index}/generated_audio")
+                                           for index, audio in enumerate(spoken)],
+                               rate, step=step + 1, metrics=metrics)
