@@ -68,8 +68,13 @@ from mizuoto_voxcpm.generation import (
     sampling_generator,
 )
 from mizuoto_voxcpm.long_text import pack_chunks
-from mizuoto_voxcpm.lora import WEIGHTS_FILE as LORA_WEIGHTS
-from mizuoto_voxcpm.lora import AttachedLoRA, attach_lora, remove_lora
+from mizuoto_voxcpm.lora import (
+    ADAPTER_FORMAT,
+    LORA_TARGETS,
+    AttachedLoRA,
+    attach_lora,
+    remove_lora,
+)
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
@@ -154,6 +159,9 @@ class _ChunkRun:
 
 class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
     name = "voxcpm"
+    # its targets and upstream's files, declared for the front ends (serve finds adapters by
+    # them); set_lora keeps upstream's LoRAConfig (per LM, DiT and projections)
+    lora_targets = LORA_TARGETS
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
@@ -288,7 +296,7 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
                      tokenizer=tokenizer, info=info, placement=placement,
                      cache_slots=engine_options.cache_slots,
                      max_batch=engine_options.max_batch)
-        if (model_dir / LORA_WEIGHTS).is_file():  # a LoRA export: base files + its LoRA
+        if ADAPTER_FORMAT.holds(model_dir):  # a LoRA export: base files + its LoRA
             engine.set_lora(model_dir)
         return engine
 
