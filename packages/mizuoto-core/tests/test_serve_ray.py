@@ -412,8 +412,12 @@ def test_settings_refuse_half_an_autoscaling_range_and_an_inverted_one():
 
 
 def test_adapters_are_the_subdirectories_holding_a_lora(tmp_path):
+    from mizuoto.adapters import PEFT_FORMAT
     from mizuoto.errors import InvalidRequest
-    from mizuoto.serve.ray import LORA_WEIGHTS, adapters
+    from mizuoto.serve.ray import adapters
+
+    # an adapter in peft's files (core's format; engines declare theirs, e.g. VoxCPM's)
+    LORA_WEIGHTS = PEFT_FORMAT.weights_file
 
     for name in ("a", "b"):
         (tmp_path / "one" / name).mkdir(parents=True)

@@ -113,6 +113,8 @@ def test_a_lora_run_trains_only_adapters_its_loss_falls_and_it_changes_the_audio
     engine.set_lora(None)
     assert torch.equal(_speak(engine, metadata), base)
     assert not lora_layers(engine.model.transformer)
+    # the adapter directory alone loads its base model and applies it (say -m, serve -m)
+    assert torch.equal(_speak(_load(adapter), metadata), adapted)
 
 
 def test_say_with_lora_speaks_with_the_adapter(trained, model_dir, metadata, tmp_path):
@@ -244,5 +246,31 @@ def test_resume_after_sigkill_is_identical(tmp_path, model_dir, metadata):
 
 
 def test_engine_declares_its_targets_and_refuses_unoffered_ones():
-    assert F5Engine.lora_targets.default == ("to_q", "to_k", "to_v", "to_out.0", "ff.ff.0.0",
-                                             "ff.ff.2")
+    assert F5Engine.lora_targets.default == ("to_q", "to_k", "to_v", "to_out.0", "ff.0.0",
+                                             "ff.2")
+
+
+def test_mizuoto_train_method_lora_then_say_with_the_export(tmp_path, model_dir, metadata):
+    """The command line end to end: ``train --method lora`` with rank, alpha, dropout and
+    targets as params, its export an adapter that ``say -m ADAPTER`` speaks with."""
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    args = ["--quiet", "train", "-e", "f5tts", "--method", "lora", "-m", str(model_dir),
+            "--data", str(metadata), "--output", str(tmp_path / "run"), "--steps", "1",
+            "--param", "lora_r=2", "--param", "lora_alpha=4", "--param", "lora_dropout=0.05",
+            "--param", 'lora_targets=["to_q", "to_v"]', "--param", "batch_frames=300"]
+    result = CliRunner().invoke(cli, args, obj={}, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    adapter = read_adapter(tmp_path / "run" / "export")
+    assert (adapter.settings.r, adapter.settings.alpha, adapter.settings.dropout) == (2, 4, 0.05)
+    assert adapter.settings.target_modules == tuple(
+        f"transformer_blocks.{i}.attn.{name}" for i in (0, 1) for name in ("to_q", "to_v"))
+    out = tmp_path / "out.wav"
+    said = CliRunner().invoke(cli, ["--quiet", "say", "-m", str(tmp_path / "run" / "export"),
+                                    "--ref-audio", str(metadata.parent / "wavs" / "clip_001.wav"),
+                                    "--ref-text", "The quick brown fox jumps.", "--steps", "2",
+                                    "-o", str(out), "Hello."], obj={}, catch_exceptions=False)
+    assert said.exit_code == 0, said.output
+    assert out.stat().st_size > 44

@@ -229,15 +229,35 @@ def find_adapters(roots: Iterable[str | Path], formats: Iterable[AdapterFormat],
         root = Path(root)
         if not root.is_dir():
             raise InvalidRequest(field, f"{root} is not a directory",
-                                 "give directories holding adapter directories")
+                                 "give directories holding LoRA exports")
         for path in sorted(p for p in root.iterdir() if p.is_dir()):
             if any(fmt.holds(path) for fmt in formats):
                 if path.name in found:
-                    raise InvalidRequest(field, f"two adapters are named {path.name!r}: "
+                    raise InvalidRequest(field, f"two LoRA exports are named {path.name!r}: "
                                          f"{found[path.name]} and {path}",
                                          "rename one of the directories")
                 found[path.name] = path
     return found
+
+
+def adapter_base(path: str | Path) -> tuple[str, str | None] | None:
+    """``(base model, engine)`` that the peft adapter in directory ``path`` names, or None when
+    ``path`` is not one (so that ``mizuoto.load(ADAPTER_DIR)`` loads its base and applies it)."""
+    directory = Path(path).expanduser()
+    config_file = directory / PEFT_FORMAT.config_file
+    if not (directory.is_dir() and PEFT_FORMAT.holds(directory) and config_file.is_file()):
+        return None
+    try:
+        info = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointMismatch(str(config_file), detail=f"cannot read it: {exc}") from exc
+    base = info.get("base_model_name_or_path") if isinstance(info, dict) else None
+    if not isinstance(base, str) or not base:
+        raise InvalidRequest("model", f"{directory} is an adapter that names no base model "
+                             "(base_model_name_or_path)", "load its base model and apply the "
+                             "adapter with --lora")
+    own = info.get("mizuoto") if isinstance(info.get("mizuoto"), dict) else {}
+    return base, own.get("engine")
 
 
 def engine_adapter_formats() -> list[AdapterFormat]:

@@ -101,6 +101,8 @@ def load(model: str | Path, *, engine: str | None = None,
     ``request``: a request to check first (its ``params`` keys against the engine's settings,
     with the closest one; :meth:`~mizuoto.contracts.engine.Engine.check_request`; a silent
     reference recording), so that one the engine would refuse fails before the weights load.
+    An adapter directory (peft's files, as ``mizuoto train --method lora`` exports them) loads
+    the base model it names and applies it.
 
     The first load in a process that has not imported torch yet sets OpenMP's wait policy
     (``compute.cpu_wait_policy``, as the ``mizuoto`` command does): OpenMP reads it once,
@@ -108,6 +110,20 @@ def load(model: str | Path, *, engine: str | None = None,
     """
     options = _as_options(options)
     set_wait_policy(options.compute, serving=False)  # before the engine imports torch
+    # mizuoto.adapters imports torch: only for a directory holding peft's adapter config
+    # (mizuoto.adapters.PEFT_FORMAT), so that a bad request still fails before torch loads
+    base = None
+    if (Path(model).expanduser() / "adapter_config.json").is_file():
+        from mizuoto.adapters import adapter_base
+
+        base = adapter_base(model)
+    if base is not None:
+        from mizuoto.contracts.features import lora_engine
+
+        loaded = load(base[0], engine=engine or base[1], options=options, progress=progress,
+                      request=request)
+        lora_engine(loaded, "model").set_lora(model)
+        return loaded
     engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
                                           progress=progress)
     if request is not None:

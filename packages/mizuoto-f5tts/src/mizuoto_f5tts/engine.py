@@ -73,15 +73,15 @@ LANGUAGES = ("en", "zh")
 VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
 _VOICE_TEXT = "reference_text"
 
-#: LoRA on the DiT (``model.transformer``): by default every block's attention projections
-#: (``to_q``, ``to_k``, ``to_v``, ``to_out.0``) and feed-forward layers (``ff.ff.0.0`` in,
-#: ``ff.ff.2`` out): they hold nearly all of a block's weights and decide the voice's timbre
-#: and prosody. The text embedding's ConvNeXt, the input projection, the time MLP, the AdaLN
-#: modulations and the output projection may take adapters too, when named.
+#: LoRA on the backbone (``model.transformer``: the DiT, or E2's UNetT): by default every
+#: block's attention projections (``to_q``, ``to_k``, ``to_v``, ``to_out.0``) and feed-forward
+#: layers (``ff.0.0`` in, ``ff.2`` out): they hold nearly all of a block's weights and decide
+#: the voice's timbre and prosody. The text embedding's ConvNeXt, the input projection, the
+#: time MLP, the AdaLN modulations and the output projection may take adapters too, when named.
 LORA_TARGETS = LoRATargets(
-    default=("to_q", "to_k", "to_v", "to_out.0", "ff.ff.0.0", "ff.ff.2"),
-    allowed=("transformer_blocks.*", "input_embed.*", "time_embed.*", "text_embed.*",
-             "norm_out.*", "proj_out"),
+    default=("to_q", "to_k", "to_v", "to_out.0", "ff.0.0", "ff.2"),
+    allowed=("transformer_blocks.*", "layers.*", "input_embed.*", "time_embed.*",
+             "text_embed.*", "norm_out.*", "proj_out"),
     module="transformer")
 
 

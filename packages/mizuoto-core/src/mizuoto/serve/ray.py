@@ -53,8 +53,6 @@ log = logging.getLogger("mizuoto.serve")
 
 #: Requests one ingress replica takes at once: its own queues and 429s bound them, not Ray.
 INGRESS_ONGOING = 4096
-#: The file that makes a directory a LoRA export (mizuoto_voxcpm.lora.WEIGHTS_FILE).
-LORA_WEIGHTS = "lora_weights.safetensors"
 
 
 def _replicas(field: str, optional: bool = False):
@@ -101,20 +99,13 @@ class RaySettings:
 
 
 def adapters(lora_dirs) -> dict[str, str]:
-    """The LoRA exports under ``lora_dirs``: adapter id (its directory's name) to directory."""
-    found: dict[str, str] = {}
-    for root in lora_dirs:
-        root = Path(root)
-        if not root.is_dir():
-            raise InvalidRequest("lora_dirs", f"{root} is not a directory",
-                                 "give directories holding LoRA exports")
-        for path in sorted(root.iterdir()):
-            if (path / LORA_WEIGHTS).is_file():
-                if path.name in found:
-                    raise InvalidRequest("lora_dirs", f"two LoRA exports are named "
-                                         f"{path.name!r}", "rename one of the directories")
-                found[path.name] = str(path)
-    return found
+    """The LoRA exports under ``lora_dirs``: adapter id (its directory's name) to directory. A
+    directory is one when it holds an adapter in a format an installed engine declares
+    (`mizuoto.adapters.engine_adapter_formats`: peft's, VoxCPM's upstream files, ...)."""
+    from mizuoto.adapters import engine_adapter_formats, find_adapters
+
+    return {name: str(path) for name, path
+            in find_adapters(lora_dirs, engine_adapter_formats()).items()}
 
 
 def _config_fields(config: ServeConfig) -> dict:

@@ -447,8 +447,11 @@ def _write_adapter(run: F5Run, model_state: dict, folder: Path) -> None:
     tensors = {k[len(prefix):]: v for k, v in model_state.items()
                if k.startswith(prefix) and k.rsplit(".", 1)[-1] in ("lora_A", "lora_B")}
     paths = list(dict.fromkeys(k.rpartition(".")[0] for k in tensors))
+    # a directory by its absolute path: the adapter loads from anywhere (mizuoto.load(DIR))
+    model = Path(run.config.model)
+    base_model = str(model.resolve()) if model.is_dir() else str(run.config.model)
     write_adapter(folder, tensors, attrs.evolve(run.lora, target_modules=paths),
-                  engine="f5tts", base_model=str(run.config.model),
+                  engine="f5tts", base_model=base_model,
                   base_fingerprint=weights_fingerprint(run.checkpoint, run.vocab),
                   fmt=LORA_TARGETS.format)
 
