@@ -58,7 +58,9 @@ def main() -> None:
             out = subprocess.run(
                 [sys.executable, "-c", textwrap.dedent(_CHILD), args.model_dir, str(metadata),
                  os.path.join(tmp, method), method, str(args.updates), str(args.batch_frames)],
-                capture_output=True, text=True, check=True)
+                capture_output=True, text=True)
+            if out.returncode:
+                sys.exit(f"{method} run failed:\n{out.stderr[-3000:]}")
             results[method] = json.loads(out.stdout.strip().splitlines()[-1])
             print(json.dumps(results[method]), flush=True)
     full, lora = results["full"], results["lora"]

@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mizuoto.adapters import PEFT_FORMAT, AdapterHost, write_adapter
+from mizuoto.adapters import PEFT_FORMAT, AdapterHost, write_random_adapter
 from mizuoto.errors import MizuotoError
-from mizuoto.nn.lora import LoRASettings
 from mizuoto.registry import get_engine
 from mizuoto_contract.compare import assert_same
 from mizuoto_contract.models import CONTRACT_OPTIONS, ContractModel
@@ -42,21 +41,7 @@ def _declares_targets(fixture) -> bool:
 
 def _write(engine: AdapterHost, directory: Path, seed: int | None, *, r: int = 2,
            fingerprint: str | None = None) -> Path:
-    """An adapter on the engine's default targets: ``lora_A`` and ``lora_B`` drawn from ``seed``
-    (``lora_B`` zero for ``None``), large enough to change any output."""
-    root = engine.lora_root()
-    paths = engine.lora_targets.paths(root)
-    generator = torch.Generator().manual_seed(0 if seed is None else seed)
-    tensors = {}
-    for path in paths:
-        layer = root.get_submodule(path)
-        tensors[f"{path}.lora_A"] = torch.randn(r, layer.in_features, generator=generator)
-        up = torch.randn(layer.out_features, r, generator=generator)
-        tensors[f"{path}.lora_B"] = torch.zeros_like(up) if seed is None else up
-    return write_adapter(directory, tensors, LoRASettings(r=r, alpha=2 * r,
-                                                          target_modules=paths),
-                         engine=engine.name, base_model="contract",
-                         base_fingerprint=fingerprint or engine.base_fingerprint())
+    return write_random_adapter(engine, directory, seed, r=r, base_fingerprint=fingerprint)
 
 
 @requires(when=_declares_targets)

@@ -305,6 +305,23 @@ class AdapterHost(SupportsLoRA):
         """The adapter in ``path`` in this engine's format (override for a format of its own)."""
         return read_adapter(path, self.lora_targets.format)
 
+    @classmethod
+    def load_adapter_export(cls, directory: str | Path, **load_kwargs: Any):
+        """The engine loaded from the base model an adapter export in ``directory`` names,
+        with the adapter applied; None when ``directory`` is not one. Call it first in
+        ``load`` (``mizuoto.load`` does the same for any engine), so that the export of a
+        ``lora`` run loads wherever a model directory does."""
+        base = adapter_base(directory)
+        if base is None:
+            return None
+        from mizuoto.loading import resolve_for_engine
+
+        load_kwargs.pop("model_id", None)
+        resolved = resolve_for_engine(base[0], cls.name)
+        engine = cls.load(resolved.path, model_id=resolved.id, **load_kwargs)
+        engine.set_lora(directory)
+        return engine
+
     @property
     def lora(self) -> Adapter | None:
         return self._adapter
@@ -324,6 +341,39 @@ class AdapterHost(SupportsLoRA):
             attach_adapter(root, adapter, paths)
             self._adapter = adapter
             self.adapter_changed(adapter)
+
+
+def write_random_adapter(engine: AdapterHost, directory: str | Path, seed: int | None, *,
+                         r: int = 2, base_fingerprint: str | None = None) -> Path:
+    """An adapter for the loaded ``engine`` on its declared default targets, in peft's format:
+    ``lora_A`` and ``lora_B`` normal from ``seed`` (large enough to change any output), or
+    ``lora_B`` all zeros for ``seed=None`` (an adapter that changes nothing). For tests and
+    contract fixtures."""
+    root = engine.lora_root()
+    paths = engine.lora_targets.paths(root)
+    generator = torch.Generator().manual_seed(0 if seed is None else seed)
+    tensors = {}
+    for path in paths:
+        layer = root.get_submodule(path)
+        tensors[f"{path}.lora_A"] = torch.randn(r, layer.in_features, generator=generator)
+        up = torch.randn(layer.out_features, r, generator=generator)
+        tensors[f"{path}.lora_B"] = torch.zeros_like(up) if seed is None else up
+    return write_adapter(directory, tensors, LoRASettings(r=r, alpha=2 * r, target_modules=paths),
+                         engine=engine.name, base_model=engine.info.model,
+                         base_fingerprint=base_fingerprint or engine.base_fingerprint())
+
+
+def write_fixture_adapter(engine_name: str, model_dir: Path, lora_dir: Path,
+                          seed: int | None) -> None:
+    """``ContractFixture.make_lora`` for an engine that declares ``lora_targets`` (call it from
+    the plugin's own function, so that the plugin module imports no torch): loads the
+    fixture's model on the CPU and writes :func:`write_random_adapter` from ``seed``."""
+    from mizuoto.options import ComputeOptions, Options
+    from mizuoto.registry import get_engine
+
+    engine = get_engine(engine_name).load(
+        Path(model_dir), options=Options(compute=ComputeOptions(device="cpu", cpu_threads=1)))
+    write_random_adapter(engine, lora_dir, seed)
 
 
 def settings_from(values: Mapping[str, Any], targets: LoRATargets) -> LoRASettings:

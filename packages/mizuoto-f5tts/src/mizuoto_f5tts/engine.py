@@ -145,6 +145,10 @@ class F5Engine(Engine, AdapterHost):
             weights_fingerprint,
         )
 
+        # a `train --method lora` export: the base model it names, then the adapter
+        exported = cls.load_adapter_export(model_dir, options=options, progress=progress)
+        if exported is not None:
+            return exported
         model_dir = Path(model_dir)
         options = options or Options()
         engine_options = options.engine_options(cls)
