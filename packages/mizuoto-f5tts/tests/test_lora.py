@@ -115,6 +115,10 @@ def test_a_lora_run_trains_only_adapters_its_loss_falls_and_it_changes_the_audio
     assert not lora_layers(engine.model.transformer)
     # the adapter directory alone loads its base model and applies it (say -m, serve -m)
     assert torch.equal(_speak(_load(adapter), metadata), adapted)
+    from mizuoto.loading import resolve_engine
+
+    engine_cls, resolved = resolve_engine(adapter)  # what say/serve check before loading
+    assert engine_cls is F5Engine and resolved.path == model_dir
 
 
 def test_say_with_lora_speaks_with_the_adapter(trained, model_dir, metadata, tmp_path):
