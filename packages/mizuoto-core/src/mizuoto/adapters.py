@@ -374,18 +374,3 @@ def write_fixture_adapter(engine_name: str, model_dir: Path, lora_dir: Path,
     engine = get_engine(engine_name).load(
         Path(model_dir), options=Options(compute=ComputeOptions(device="cpu", cpu_threads=1)))
     write_random_adapter(engine, lora_dir, seed)
-
-
-def settings_from(values: Mapping[str, Any], targets: LoRATargets) -> LoRASettings:
-    """A run's LoRA settings from its params (``lora_r``, ``lora_alpha``, ``lora_dropout``,
-    ``lora_targets``; the engine's defaults where absent)."""
-    check_lora_numbers(values, prefix="params.",
-                       names={"r": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout"})
-    names = values.get("lora_targets")
-    if names is not None and not (isinstance(names, (list, tuple)) and names
-                                  and all(isinstance(n, str) and n for n in names)):
-        raise InvalidRequest("params.lora_targets", f"must be a list of module names, got "
-                             f"{names!r}", f"e.g. {list(targets.default)}")
-    return LoRASettings(r=int(values.get("lora_r", 8)), alpha=values.get("lora_alpha", 16),
-                        dropout=values.get("lora_dropout", 0.0),
-                        target_modules=tuple(names or targets.default))
