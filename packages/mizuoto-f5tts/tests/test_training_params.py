@@ -17,7 +17,9 @@ def test_the_trainer_declares_its_params_class_over_the_shared_one():
     own = {f.name for f in attrs.fields(F5TrainingParams)} - shared
     assert shared < {f.name for f in attrs.fields(F5TrainingParams)}
     assert own == {"epochs", "batch_size_type", "batch_frames", "max_samples", "shuffle_seed",
-                   "variant", "shard_batches", "extend_vocab", "vocab_file", "finetune"}
+                   "variant", "shard_batches", "extend_vocab", "vocab_file", "finetune",
+                   # core's LoRAParams, for --method lora
+                   "lora_r", "lora_alpha", "lora_dropout", "lora_targets"}
 
 
 def test_defaults_are_upstream_finetune_cli_s():

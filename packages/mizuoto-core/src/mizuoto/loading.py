@@ -48,6 +48,10 @@ def resolve_engine(model: str | Path, *, engine: str | None = None,
     :func:`load` checks first (a bad option, a missing model, an unknown engine, a bad
     ``engines.<name>`` option raise here, in milliseconds for a local directory)."""
     options = _as_options(options)  # a bad option fails before anything is resolved
+    base = _adapter_base(model)
+    if base is not None:  # an adapter export: the engine and model of its base
+        return resolve_engine(base[0], engine=engine or base[1], options=options,
+                              progress=progress)
     resolved = resolve_model(model, progress=progress)
     if engine is None and resolved.entry is not None:
         engine = resolved.entry.engine
@@ -90,6 +94,17 @@ def _no_engine_for(path: Path) -> str:
             "name the engine (-e NAME in the CLI, engine=NAME in Python), or check the folder")
 
 
+def _adapter_base(model: str | Path) -> tuple[str, str | None] | None:
+    """The base model and engine an adapter export names (`mizuoto.adapters.adapter_base`).
+    mizuoto.adapters imports torch: it is imported only for a directory holding peft's adapter
+    config (mizuoto.adapters.PEFT_FORMAT), so that a bad request still fails before torch."""
+    if not (Path(model).expanduser() / "adapter_config.json").is_file():
+        return None
+    from mizuoto.adapters import adapter_base
+
+    return adapter_base(model)
+
+
 def load(model: str | Path, *, engine: str | None = None,
          options: Options | Mapping[str, Any] | None = None,
          progress: ProgressCallback | None = None,
@@ -101,6 +116,8 @@ def load(model: str | Path, *, engine: str | None = None,
     ``request``: a request to check first (its ``params`` keys against the engine's settings,
     with the closest one; :meth:`~mizuoto.contracts.engine.Engine.check_request`; a silent
     reference recording), so that one the engine would refuse fails before the weights load.
+    An adapter directory (peft's files, as ``mizuoto train --method lora`` exports them) loads
+    the base model it names and applies it.
 
     The first load in a process that has not imported torch yet sets OpenMP's wait policy
     (``compute.cpu_wait_policy``, as the ``mizuoto`` command does): OpenMP reads it once,
@@ -108,6 +125,14 @@ def load(model: str | Path, *, engine: str | None = None,
     """
     options = _as_options(options)
     set_wait_policy(options.compute, serving=False)  # before the engine imports torch
+    base = _adapter_base(model)
+    if base is not None:
+        from mizuoto.contracts.features import lora_engine
+
+        loaded = load(base[0], engine=engine or base[1], options=options, progress=progress,
+                      request=request)
+        lora_engine(loaded, "model").set_lora(model)
+        return loaded
     engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
                                           progress=progress)
     if request is not None:

@@ -68,6 +68,12 @@ _ON_FIRST_USE = {
         "read_manifest", "read_metrics", "rotate", "save_training_state",
         "tensorboard_available"),
     "mizuoto.training.trainer": ("training_device", "training_precision"),
+    # LoRA adapters: an engine declares its targets (mizuoto.adapters), a trainer adds the
+    # lora method (mizuoto.training.lora)
+    "mizuoto.adapters": ("AdapterFormat", "AdapterHost", "LoRATargets", "write_adapter",
+                         "write_fixture_adapter"),
+    "mizuoto.training.lora": ("LoRAParams", "add_adapters"),
+    "mizuoto.nn.lora": ("LoRASettings",),
     # the command toolkit: what mizuoto's commands share, for a plugin's register_commands
     "mizuoto.commands.toolkit": ("FormatChoice", "check_audio_output", "check_written",
                                  "cli_names", "command_params", "command_progress",

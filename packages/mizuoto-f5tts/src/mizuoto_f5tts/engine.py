@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 import torch
 
+from mizuoto.adapters import Adapter, AdapterHost, LoRATargets
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
@@ -31,7 +32,7 @@ from mizuoto.contracts.requests import (
 from mizuoto.contracts.results import Rendered, check_finite
 from mizuoto.contracts.turns import Turns
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import InvalidRequest, ModelFilesMissing
+from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
 from mizuoto.licenses import is_non_commercial, model_card_license
 from mizuoto.options import Options
 from mizuoto.text.coverage import dropped_characters_warning
@@ -72,9 +73,22 @@ LANGUAGES = ("en", "zh")
 VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
 _VOICE_TEXT = "reference_text"
 
+#: LoRA on the backbone (``model.transformer``: the DiT, or E2's UNetT): by default every
+#: block's attention projections (``to_q``, ``to_k``, ``to_v``, ``to_out.0``) and feed-forward
+#: layers (``ff.0.0`` in, ``ff.2`` out): they hold nearly all of a block's weights and decide
+#: the voice's timbre and prosody. The text embedding's ConvNeXt, the input projection, the
+#: time MLP, the AdaLN modulations and the output projection may take adapters too, when named.
+LORA_TARGETS = LoRATargets(
+    default=("to_q", "to_k", "to_v", "to_out.0", "ff.0.0", "ff.2"),
+    allowed=("transformer_blocks.*", "layers.*", "input_embed.*", "time_embed.*",
+             "text_embed.*", "norm_out.*", "proj_out"),
+    module="transformer")
 
-class F5Engine(Engine):
+
+class F5Engine(Engine, AdapterHost):
     """F5-TTS v1 Base, F5-TTS Base and E2-TTS Base, with Vocos."""
+
+    lora_targets = LORA_TARGETS
 
     name = "f5tts"
     params_class = F5Params
@@ -92,6 +106,7 @@ class F5Engine(Engine):
         self.vocab = vocab
         self.vocoder = vocoder
         self._info = info
+        self._base_info = info
         self.placement = placement
         # a fast profile's documented step count where a request leaves steps unset
         self._default_steps = FAST_PROFILE_STEPS if placement.fast_profile else DEFAULT_STEPS
@@ -130,6 +145,10 @@ class F5Engine(Engine):
             weights_fingerprint,
         )
 
+        # a `train --method lora` export: the base model it names, then the adapter
+        exported = cls.load_adapter_export(model_dir, options=options, progress=progress)
+        if exported is not None:
+            return exported
         model_dir = Path(model_dir)
         options = options or Options()
         engine_options = options.engine_options(cls)
@@ -190,6 +209,27 @@ class F5Engine(Engine):
     @property
     def info(self) -> ModelInfo:
         return self._info
+
+    # -- LoRA (mizuoto.adapters) ----------------------------------------------------------
+
+    def lora_root(self) -> torch.nn.Module:
+        if self.placement.fast_profile:
+            raise InvalidOption("engines.f5tts.fast", "a LoRA needs the float linear layers "
+                                "the fast profile replaced or casts: load with "
+                                "engines.f5tts.fast=off")
+        return self.model.transformer
+
+    def base_fingerprint(self) -> str:
+        return self._base_info.fingerprint
+
+    def adapter_turn(self):
+        return self._compute
+
+    def adapter_changed(self, adapter: Adapter | None) -> None:
+        """The fingerprint (``info``, saved voices) names base and adapter."""
+        self._info = self._base_info if adapter is None else attrs.evolve(
+            self._base_info, fingerprint=f"{self._base_info.fingerprint}+lora:"
+                                         f"{adapter.digest[:32]}")
 
     # -- references and voices ------------------------------------------------------------
 

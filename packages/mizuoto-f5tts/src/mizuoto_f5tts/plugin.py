@@ -68,6 +68,13 @@ def _write_random(variant: str, size: str, directory) -> None:
         RANDOM_MODEL_CARD.format(label=variant, size=size), encoding="utf-8")
 
 
+def _write_lora(model_dir, lora_dir, seed) -> None:
+    """A random adapter (a zero one for ``seed=None``) on the declared default targets."""
+    from mizuoto.adapters import write_fixture_adapter
+
+    write_fixture_adapter("f5tts", model_dir, lora_dir, seed)
+
+
 @hookimpl
 def register_contract_fixtures(register):
     for variant, label in (("v1_base", "F5-TTS v1 Base"), ("base", "F5-TTS Base"),
@@ -80,6 +87,7 @@ def register_contract_fixtures(register):
             # one text batch at the suite's lengths: nothing to cross-fade; EPSS has no
             # schedule for the fixture's 4 steps (upstream falls back to uniform steps)
             inert_params={"cross_fade_duration", "use_epss"},
+            make_lora=_write_lora,
             description=f"{label} architecture at dim 64, random weights, tiny Vocos"))
         # the released sizes, for benchmarks (`mizuoto bench random:f5tts/realsize-v1-base`)
         register(ContractFixture(

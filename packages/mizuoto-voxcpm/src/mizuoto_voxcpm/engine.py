@@ -68,8 +68,13 @@ from mizuoto_voxcpm.generation import (
     sampling_generator,
 )
 from mizuoto_voxcpm.long_text import pack_chunks
-from mizuoto_voxcpm.lora import WEIGHTS_FILE as LORA_WEIGHTS
-from mizuoto_voxcpm.lora import AttachedLoRA, attach_lora, remove_lora
+from mizuoto_voxcpm.lora import (
+    ADAPTER_FORMAT,
+    LORA_TARGETS,
+    AttachedLoRA,
+    attach_lora,
+    remove_lora,
+)
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
@@ -154,6 +159,9 @@ class _ChunkRun:
 
 class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
     name = "voxcpm"
+    # its targets and upstream's files, declared for the front ends (serve finds adapters by
+    # them); set_lora keeps upstream's LoRAConfig (per LM, DiT and projections)
+    lora_targets = LORA_TARGETS
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
@@ -354,8 +362,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
 
     @classmethod
     def is_lora_export(cls, directory: Path) -> bool:
-        # a LoRA export: the base model's files plus its LoRA's
-        return (Path(directory) / LORA_WEIGHTS).is_file()
+        # a LoRA export: the base model's files plus its LoRA's (upstream's files)
+        return ADAPTER_FORMAT.holds(Path(directory))
 
     @property
     def lora(self) -> AttachedLoRA | None:

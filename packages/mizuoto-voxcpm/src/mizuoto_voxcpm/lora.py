@@ -1,30 +1,42 @@
-"""LoRA on VoxCPM's linear layers, as upstream's ``voxcpm.modules.layers.lora`` lays it out.
+"""LoRA on VoxCPM's linear layers in upstream's format: which layers its ``LoRAConfig`` names
+(per LM, local DiT and projections) and its files.
 
-A :class:`LoRALinear` keeps the wrapped layer's ``weight``/``bias`` under the same names (base
-checkpoints load unchanged) and adds ``lora_A`` (``r × in``) and ``lora_B`` (``out × r``);
-the output is ``linear(x) + dropout(x Aᵀ Bᵀ) · alpha / r``, never merged into the weight.
-LoRA files are ``lora_weights.safetensors`` (upstream's key names, e.g.
+The layers, their arithmetic (``linear(x) + dropout(x Aᵀ Bᵀ) · alpha / r``, never merged) and
+the checks of a LoRA's tensors are core's (`mizuoto.nn.lora`), which took upstream's
+``voxcpm.modules.layers.lora`` layout. VoxCPM keeps upstream's files, so that its LoRAs and
+ours load in either: ``lora_weights.safetensors`` (upstream's key names, e.g.
 ``base_lm.layers.0.self_attn.q_proj.lora_A``) and ``lora_config.json``
-(``{"base_model": ..., "lora_config": {...}}``).
+(``{"base_model": ..., "lora_config": {...}}``), declared as :data:`ADAPTER_FORMAT`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from mizuoto.adapters import AdapterFormat, LoRATargets
 from mizuoto.errors import CheckpointMismatch, InvalidRequest, ModelFilesMissing
+from mizuoto.nn.lora import (  # noqa: F401 (re-exported: VoxCPM's LoRA names)
+    MAX_RANK,
+    LoRALinear,
+    check_lora_numbers,
+    kaiming_init_a,
+    load_lora_tensors,
+    lora_state_dict,
+    remove_lora,
+)
 
 WEIGHTS_FILE = "lora_weights.safetensors"
 CONFIG_FILE = "lora_config.json"
+#: upstream VoxCPM's files (its trainer writes them, its ``VoxCPM(lora_weights_path=...)``
+#: reads them): kept so that a LoRA trained by either loads in the other
+ADAPTER_FORMAT = AdapterFormat(weights_file=WEIGHTS_FILE, config_file=CONFIG_FILE)
 ATTENTION = ("q_proj", "v_proj", "k_proj", "o_proj")
 PROJECTIONS = ("enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj")
 # VoxCPM2's LoRAConfig adds its fusion projection to the default targets
@@ -72,28 +84,10 @@ class LoRAConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
 
 
-#: far above any published VoxCPM LoRA (r 8..64) and far below a many-gigabyte allocation
-MAX_RANK = 4096
-
-
 def _check_numbers(data: dict[str, Any]) -> None:
     """``r``, ``alpha`` and ``dropout`` of a (possibly downloaded) lora_config, typed and in range
-    before any layer is built: ``r: 1e9`` would allocate gigabytes, ``"8"`` fail deep in torch."""
-    def number(name: str) -> float | None:
-        value = data.get(name)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise InvalidRequest(f"lora_config.{name}", f"must be a number, got {value!r}")
-        return value
-
-    r, alpha, dropout = number("r"), number("alpha"), number("dropout")
-    if r is not None and (r != int(r) or not 1 <= r <= MAX_RANK):
-        raise InvalidRequest("lora_config.r", f"{r!r} must be a whole number in 1..{MAX_RANK}")
-    if alpha is not None and not 0 < alpha <= 1e6:
-        raise InvalidRequest("lora_config.alpha", f"{alpha!r} must be in (0, 1e6]")
-    if dropout is not None and not 0 <= dropout < 1:
-        raise InvalidRequest("lora_config.dropout", f"{dropout!r} must be in [0, 1)")
+    before any layer is built."""
+    check_lora_numbers(data, prefix="lora_config.")
 
 
 def lora_config_for(is_v2: bool, **values: Any) -> LoRAConfig:
@@ -106,35 +100,15 @@ def lora_config_for(is_v2: bool, **values: Any) -> LoRAConfig:
 # upstream's 2.0.3 `VoxCPM(lora_weights_path=...)` builds this when no config is passed
 INFERENCE_DEFAULT = dict(enable_lm=True, enable_dit=True, enable_proj=False)
 
-
-class LoRALinear(nn.Module):
-    """A linear layer plus a low-rank update. ``dropout`` is applied by ``dropout_fn`` when set
-    (the trainer draws its masks from its own generator), else as ``nn.Dropout`` would."""
-
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.in_features = base.in_features
-        self.out_features = base.out_features
-        self.r = r
-        self.alpha = alpha
-        self.dropout = dropout
-        self._base_scaling = alpha / r if r > 0 else 0.0
-        device, dtype = base.weight.device, base.weight.dtype
-        # a float32 0-dim buffer as upstream's, rounded as its model cast rounds it
-        self.register_buffer("scaling", torch.tensor(self._base_scaling).to(device, dtype),
-                             persistent=False)
-        self.weight = base.weight
-        self.bias = base.bias
-        self.lora_A = nn.Parameter(torch.zeros(r, self.in_features, device=device, dtype=dtype))
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=device, dtype=dtype))
-        self.dropout_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        result = F.linear(x, self.weight, self.bias)
-        update = F.linear(F.linear(x, self.lora_A), self.lora_B)
-        if self.dropout > 0 and self.training:
-            update = self.dropout_fn(update) if self.dropout_fn else F.dropout(update, self.dropout)
-        return result + update * self.scaling
+#: VoxCPM's declaration (`mizuoto.adapters.LoRATargets`): upstream's default targets (the
+#: attention of both LMs and the local DiT), the modules its ``LoRAConfig`` can name, its files
+LORA_TARGETS = LoRATargets(
+    default=tuple(f"{root}.*.{name}" for root in ("base_lm", "residual_lm",
+                                                  "feat_decoder.estimator")
+                  for name in ATTENTION),
+    allowed=("base_lm.*", "residual_lm.*", "feat_decoder.estimator.*", *PROJECTIONS_V2,
+             *HEADS),
+    format=ADAPTER_FORMAT)
 
 
 def _targets(model: nn.Module, config: LoRAConfig) -> Iterator[tuple[nn.Module, str]]:
@@ -173,33 +147,8 @@ def apply_lora(model: nn.Module, config: LoRAConfig,
     return layers
 
 
-def kaiming_init_a(generator: torch.Generator) -> Callable[[torch.Tensor], None]:
-    """``nn.init.kaiming_uniform_(A, a=sqrt(5))`` drawn from ``generator`` (upstream's init)."""
-    def init(tensor: torch.Tensor) -> None:
-        with torch.no_grad():
-            nn.init.kaiming_uniform_(tensor, a=math.sqrt(5), generator=generator)
-    return init
-
-
 def lora_layers(model: nn.Module) -> list[LoRALinear]:
     return [m for m in model.modules() if isinstance(m, LoRALinear)]
-
-
-def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every ``lora_*`` tensor of ``model`` by its state-dict key (what upstream saves)."""
-    return {k: v for k, v in model.state_dict().items() if "lora_" in k}
-
-
-def remove_lora(model: nn.Module) -> None:
-    """Put the plain linear layers back (the base weights are the same tensors)."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, LoRALinear):
-            parent_name, _, attr = name.rpartition(".")
-            base = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
-                             device="meta")
-            base.weight = module.weight
-            base.bias = module.bias
-            setattr(model.get_submodule(parent_name), attr, base)
 
 
 def read_lora_dir(path: str | Path, *, is_v2: bool
@@ -236,22 +185,6 @@ def read_lora_dir(path: str | Path, *, is_v2: bool
     except Exception as exc:  # safetensors raises its own error types
         raise CheckpointMismatch(str(weights), detail=f"cannot read it: {exc}") from exc
     return config, tensors, info
-
-
-def load_lora_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Copy LoRA tensors into ``model``'s LoRA parameters; every key must match in name and
-    shape (upstream skips unknown keys silently and fails on a shape mismatch)."""
-    params = dict(model.named_parameters())
-    missing = sorted(k for k in params if "lora_" in k and k not in tensors)
-    unknown = sorted(k for k in tensors if k not in params)
-    shapes = sorted(k for k in tensors if k in params and tensors[k].shape != params[k].shape)
-    if missing or unknown or shapes:
-        raise CheckpointMismatch(source, missing=missing, unexpected=unknown, shapes=shapes,
-                                 detail="the LoRA does not fit this model (rank, targets or "
-                                        "base model differ)")
-    with torch.no_grad():
-        for key, value in tensors.items():
-            params[key].copy_(value.to(params[key].device))
 
 
 def write_lora_dir(directory: Path, model: nn.Module, config: LoRAConfig,

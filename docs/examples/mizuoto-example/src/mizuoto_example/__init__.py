@@ -95,6 +95,12 @@ def register_trainers(register):
     register(ToyTrainer)
 
 
+def _write_lora(model_dir, lora_dir, seed) -> None:
+    from mizuoto.plugin import write_fixture_adapter
+
+    write_fixture_adapter("toy", model_dir, lora_dir, seed)
+
+
 @hookimpl
 def register_contract_fixtures(register):
     register(ContractFixture(
@@ -111,6 +117,7 @@ def register_contract_fixtures(register):
         license="Apache-2.0",
         # a limit: it changes the audio only by refusing a text that needs more
         inert_params={"max_seconds"},
+        make_lora=_write_lora,  # the suite's LoRA checks, on adapters from the declaration
     ))
 
 

@@ -14,10 +14,13 @@ from pathlib import Path
 import attrs
 import numpy as np
 import torch
+from torch import nn
 
 from mizuoto.plugin import (
+    AdapterHost,
     Audio,
     Engine,
+    LoRATargets,
     ModelFilesMissing,
     Options,
     Placement,
@@ -55,7 +58,26 @@ class _VoiceShape:
 _NEUTRAL = _VoiceShape(1.0, 1.0)
 
 
-class ToyEngine(Engine, SupportsSteps):
+class _Tables(nn.Module):
+    """The pitch and level tables as linear layers over a one-hot character slot (exactly the
+    table's entry), so that LoRA adapters can take them."""
+
+    def __init__(self, pitch: torch.Tensor, level: torch.Tensor) -> None:
+        super().__init__()
+        self.pitch = nn.Linear(pitch.numel(), 1, bias=False, dtype=torch.float64)
+        self.level = nn.Linear(level.numel(), 1, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            self.pitch.weight.copy_(pitch.view(1, -1))
+            self.level.weight.copy_(level.view(1, -1))
+
+    @torch.no_grad()
+    def forward(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        one_hot = torch.zeros(self.pitch.in_features, dtype=torch.float64)
+        one_hot[slot] = 1
+        return self.pitch(one_hot)[0], self.level(one_hot)[0]
+
+
+class ToyEngine(Engine, SupportsSteps, AdapterHost):
     """Hums the text. Zero-shot, cloning, streaming and saved voices; no editing or design.
 
     The base class does the shared work (capabilities, params, seed, ``Applied``, the device
@@ -77,11 +99,13 @@ class ToyEngine(Engine, SupportsSteps):
     dtypes = frozenset({"float32"})
     # a request's state is its row (its words, its generator): requests run at once
     concurrent_requests = True
+    # LoRA: declare which layers take adapters; AdapterHost does loading, checks and hot-swap,
+    # and the contract suite's adapter checks run on it
+    lora_targets = LoRATargets(default=("pitch", "level"), allowed=("pitch", "level"))
 
     def __init__(self, *, pitch: torch.Tensor, level: torch.Tensor, placement: Placement,
                  info, options: ToyOptions) -> None:
-        self._pitch = pitch
-        self._level = level
+        self._tables = _Tables(pitch, level)
         self.placement = placement
         self._info = info
         self._options = options
@@ -126,6 +150,12 @@ class ToyEngine(Engine, SupportsSteps):
     @property
     def info(self):
         return self._info
+
+    def lora_root(self) -> nn.Module:
+        return self._tables
+
+    def base_fingerprint(self) -> str:
+        return self._info.fingerprint
 
     def _stream(self, request: SynthesisRequest, params: ToyParams,
                 generator: torch.Generator, progress) -> Iterator[Rendered]:
@@ -173,13 +203,14 @@ class ToyEngine(Engine, SupportsSteps):
         for index, word in enumerate(words):
             pieces = []
             for char in word:
-                slot = ord(char) % self._pitch.shape[0]
+                slot = ord(char) % self._tables.pitch.in_features
                 noise = torch.randn(per_char, generator=generator, dtype=torch.float64)
                 if char.isspace():
                     pieces.append(torch.zeros(per_char, dtype=torch.float64))
                     continue
-                tone = torch.sin(2 * math.pi * self._pitch[slot] * shape.pitch_scale * time)
-                level = self._level[slot] * shape.level_scale
+                pitch, level = self._tables(slot)
+                tone = torch.sin(2 * math.pi * pitch * shape.pitch_scale * time)
+                level = level * shape.level_scale
                 pieces.append(level * envelope * ((1 - breath) * tone + breath * noise))
             report(progress, "chunk", index + 1, len(words))
             yield Rendered(Audio(torch.cat(pieces).to(torch.float32), rate),

@@ -32,7 +32,7 @@ from mizuoto.errors import InvalidRequest
 @click.option("--num-cpus", type=float, default=1.0, show_default=True, help="With --ray: CPUs each model replica reserves (fractions allowed).")
 @click.option("--num-gpus", type=float, default=0.0, show_default=True, help="With --ray: GPUs each model replica reserves (fractions allowed).")
 @click.option("--ingress-replicas", type=int, default=1, show_default=True, help="With --ray: HTTP ingress replicas (more than one on several nodes: share the voices directory).")
-@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="With --ray: a directory of LoRA exports (of an engine that supports LoRA, e.g. VoxCPM), each served as a model named by its subdirectory (repeatable).")
+@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="With --ray: a directory of LoRA exports (mizuoto train --method lora, any engine's), each served as a model named by its subdirectory (repeatable).")
 @click.option("--max-adapters", type=int, default=4, show_default=True, help="With --ray: LoRA exports loaded at once per replica (least recently used unloaded).")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,

@@ -100,6 +100,8 @@ class LoopSettings:
     max_updates: int | None = None
     mixed_precision: str = "no"
     lr_schedule: str = "linear"
+    # a LoRA run's adapters (rank, alpha, dropout, module paths); None: full fine-tuning
+    lora: dict | None = None
 
 
 @attrs.define
@@ -126,7 +128,7 @@ class FineTuning:
     def __init__(self, model: nn.Module, vocab: Mapping[str, int], dataset: MelDataset,
                  durations: Sequence[float], settings: LoopSettings, *,
                  py_random: random.Random, runner: TrainingRunner,
-                 shard_batches: bool = True) -> None:
+                 shard_batches: bool = True, keep_ema: bool = True) -> None:
         self.model = model
         self.runner = runner
         # multi-process (DDP): rank r takes batches r, r + N, ... of every epoch's order,
@@ -139,7 +141,8 @@ class FineTuning:
         self.dataset = dataset
         self.settings = settings
         self.draws = py_random
-        runner.keep_ema(model)
+        if keep_ema:  # a LoRA run exports its adapters as trained: no copy of the model
+            runner.keep_ema(model)
         runner.checkpoint_activations(recomputed_blocks(model))
         # after the EMA copy: DDP hooks stay on the trained model only
         self.backbone = runner.wrap(model.transformer, find_unused_parameters=True)
@@ -160,7 +163,8 @@ class FineTuning:
         self.total_updates = math.ceil(per_epoch / settings.grad_accumulation) * settings.epochs
         runner.optimize(model, learning_rate=settings.learning_rate,
                         schedule=settings.lr_schedule, warmup=settings.warmup_updates,
-                        total=self.total_updates, fused=True, parameters=model.parameters())
+                        total=self.total_updates, fused=True,
+                        parameters=[p for p in model.parameters() if p.requires_grad])
         self.epoch = 0
         self.index = 0  # next batch of the epoch
         self.update = 0
@@ -260,7 +264,8 @@ class FineTuning:
         for free in ("max_updates", "save_every"):
             recipe.pop(free)
         # the recipe of runs from before these settings
-        for name, default in (("mixed_precision", "no"), ("lr_schedule", "linear")):
+        for name, default in (("mixed_precision", "no"), ("lr_schedule", "linear"),
+                              ("lora", None)):
             if recipe[name] == default:
                 recipe.pop(name)
         recipe.update(world_size=self.world_size, shard=self.shard)

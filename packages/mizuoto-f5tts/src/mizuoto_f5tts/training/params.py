@@ -14,6 +14,7 @@ import attrs
 
 from mizuoto.contracts.trainer import MAX_STEPS, TrainerParams
 from mizuoto.errors import InvalidRequest
+from mizuoto.training.lora import LoRAParams
 from mizuoto.validation.ranges import boolean, integer_in, one_of
 from mizuoto_f5tts.variants import VARIANT_NAMES
 
@@ -39,7 +40,7 @@ def _vocab_file(instance, attribute, value):
 
 
 @attrs.frozen
-class F5TrainingParams(TrainerParams):
+class F5TrainingParams(TrainerParams, LoRAParams):
     """F5's own params, besides the shared ones.
 
     - ``epochs``: default enough for ``steps`` updates; the learning-rate schedule spans all of
@@ -57,6 +58,9 @@ class F5TrainingParams(TrainerParams):
       instead of the model directory's).
     - ``finetune``: false is upstream without ``--finetune``: the model starts from its random
       initialisation.
+    - ``lora_r`` (8), ``lora_alpha`` (16), ``lora_dropout`` (0), ``lora_targets`` (the DiT's
+      attention and feed-forward projections, `mizuoto_f5tts.engine.LORA_TARGETS`): a
+      ``--method lora`` run's adapters (`mizuoto.training.lora.LoRAParams`).
 
     The shared ones as F5 applies them: ``warmup_updates`` default a tenth of the run, at most
     upstream's 20000, never all of it; ``grad_accumulation`` 1; ``max_grad_norm`` 1.0;

@@ -11,7 +11,15 @@ Stages (the `mizuoto.Trainer` contract):
   loads the base weights, resumes from ``checkpoints/last.pt`` when there is one, trains, and
   writes that checkpoint every ``save_every`` updates and at the end; on SIGINT or SIGTERM
   it stops after the current update, writes it and returns (``TrainingResult.interrupted``).
-- `export`: the EMA weights as a model directory (`export_model`).
+- `export`: the EMA weights as a model directory (`export_model`); a ``lora`` run's adapter
+  alone (peft's files, `mizuoto.adapters.write_adapter`), naming its base model by id and
+  fingerprint.
+
+``config.method``: ``full`` (upstream's fine-tuning) or ``lora``: adapters on the DiT's
+attention and feed-forward projections (`mizuoto_f5tts.engine.LORA_TARGETS`; ``params.lora_r``
+8, ``lora_alpha`` 16, ``lora_dropout`` 0, ``lora_targets``), ``lora_A`` Kaiming-uniform from a
+generator seeded with ``config.seed``, ``lora_B`` zero, only they in the optimizer and no EMA
+copy of the model (the adapter is exported as trained). There is no upstream F5 LoRA to match.
 
 ``config.params``: `F5TrainingParams` (the shared trainer settings and F5's own, all
 optional, each documented there). Training stops after ``config.steps`` updates or at the end
@@ -42,6 +50,7 @@ from mizuoto.contracts.trainer import (
     checkpoint_retention,
 )
 from mizuoto.errors import InvalidRequest
+from mizuoto.nn.lora import LoRASettings
 from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
 from mizuoto.training import (
@@ -98,6 +107,7 @@ class F5Run:
     checkpoint_every: int = 0  # updates between numbered copies
     device: str = "cpu"
     params: F5TrainingParams = attrs.field(factory=F5TrainingParams)  # config.params, checked
+    lora: LoRASettings | None = None  # a lora run's adapters (target patterns as given)
 
 
 def _vocab_file(params: F5TrainingParams, model_dir: Path) -> Path:
@@ -131,7 +141,7 @@ def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
 
 
 def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedData,
-              mixed_precision: str = "no") -> LoopSettings:
+              mixed_precision: str = "no", lora: LoRASettings | None = None) -> LoopSettings:
     kind = params.batch_size_type
     # a setting of the other batching mode would be ignored: refused instead
     if kind == "frame" and config.batch_size != 1:
@@ -178,13 +188,39 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
         max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
         shuffle_seed=params.shuffle_seed, save_every=config.save_every,
         max_updates=config.steps, mixed_precision=mixed_precision,
-        lr_schedule=params.lr_schedule or "linear")
+        lr_schedule=params.lr_schedule or "linear",
+        lora=None if lora is None else attrs.asdict(lora, value_serializer=_listed))
+
+
+def _listed(instance, field, value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _lora_settings(config: TrainingConfig, params: F5TrainingParams) -> LoRASettings | None:
+    """A lora run's settings; a lora param of a full run, or a setting that changes the base
+    model's shape (an extended vocabulary, training from scratch), refused by name."""
+    from mizuoto_f5tts.engine import LORA_TARGETS
+
+    if config.method != "lora":
+        given = params.lora_given()
+        if given:
+            raise InvalidRequest(f"params.{given[0]}", "applies to --method lora only",
+                                 "leave it out, or train with --method lora")
+        return None
+    for name, value, default in (("extend_vocab", params.extend_vocab, False),
+                                 ("finetune", params.finetune, True),
+                                 ("vocab_file", params.vocab_file, None)):
+        if value != default:
+            raise InvalidRequest(f"params.{name}", "a LoRA adapts the base model as it is: its "
+                                 "vocabulary and weights stay", "leave it out, or train with "
+                                 "--method full")
+    return params.lora_settings(LORA_TARGETS)
 
 
 class F5Trainer(StepTrainer):
     engine = "f5tts"
     params_class = F5TrainingParams
-    methods = frozenset({"full"})
+    methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
 
     def defaults(self, method: str, model: str) -> dict:
@@ -212,6 +248,7 @@ class F5Trainer(StepTrainer):
         self.check(config)
         # every param checked before the model is read
         params = F5TrainingParams.parse(config.params, trainer="F5-TTS")
+        lora = _lora_settings(config, params)
         device, mixed_precision = _device_and_precision(config)
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
@@ -257,10 +294,12 @@ class F5Trainer(StepTrainer):
             logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
                            len(data.bad_rows) + len(data.clips),
                            Path(config.output_dir) / "prepared" / "report.json")
-        settings = _settings(config, params, data, mixed_precision)
+        settings = _settings(config, params, data, mixed_precision, lora)
         # each setting once, under the name it is given by (frames under frame batching)
         applied = attrs.asdict(settings)
         applied["steps"] = applied.pop("max_updates")
+        if applied["lora"] is None:  # a full run's recipe as before
+            del applied["lora"]
         if settings.batch_size_type == "frame":
             applied["batch_frames"] = applied.pop("batch_size")
         run_dir.write_recipe({
@@ -271,7 +310,7 @@ class F5Trainer(StepTrainer):
             "device": str(device)}, logger=params.logger)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
                      config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
-                     every, str(device), params)
+                     every, str(device), params, lora)
 
     def build(self, run: F5Run, py_random: random.Random, world: ProcessWorld) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -286,6 +325,13 @@ class F5Trainer(StepTrainer):
                 base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
             load_into(model, base, run.checkpoint)
             del base
+        if run.lora is not None:
+            from mizuoto.training.lora import add_adapters
+            from mizuoto_f5tts.engine import LORA_TARGETS
+
+            # its own generator: the model's and the data's draws stay those of a full run
+            add_adapters(model.transformer, run.lora, LORA_TARGETS,
+                         torch.Generator().manual_seed(run.config.seed))
         model.to(run.device).train()
         settings = run.settings
         runner = TrainingRunner(device=run.device, world=world, memory=run.memory,
@@ -294,8 +340,9 @@ class F5Trainer(StepTrainer):
                                 max_grad_norm=settings.max_grad_norm)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
                           settings, py_random=py_random, runner=runner,
-                          shard_batches=run.params.shard_batches)
-        if not run.finetune:  # upstream without a pretrained_ file: a fresh EMA
+                          shard_batches=run.params.shard_batches,
+                          keep_ema=run.lora is None)
+        if not run.finetune or run.lora is not None:  # upstream without a pretrained_ file: a fresh EMA
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
                else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
@@ -326,8 +373,11 @@ class F5Trainer(StepTrainer):
         return F5Session(run, self.build(run, random.Random(run.config.seed), world), world)
 
     def write_export(self, run: F5Run, folder: Path) -> None:
-        """The EMA weights as a model directory (`write_model`)."""
+        """The EMA weights as a model directory (`write_model`); a lora run's adapter."""
         state = load_state_file(Path(run.config.output_dir) / CHECKPOINT)
+        if run.lora is not None:
+            _write_adapter(run, state["model"], folder)
+            return
         write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
                     run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
                     finetuned=run.finetune)
@@ -385,6 +435,26 @@ class F5Session(TrainingSession):
     def result_metrics(self, values) -> dict[str, float]:
         last = self.loop.records[-1] if self.loop.records else None
         return {} if last is None else {"loss": last.loss, "lr": last.lr}
+
+
+def _write_adapter(run: F5Run, model_state: dict, folder: Path) -> None:
+    """The adapter alone (`mizuoto.adapters.write_adapter`): its base model named by id and
+    by the engine's fingerprint of its weights, which `F5Engine.set_lora` checks."""
+    from mizuoto.adapters import write_adapter
+    from mizuoto_f5tts.checkpoint import weights_fingerprint
+    from mizuoto_f5tts.engine import LORA_TARGETS
+
+    prefix = LORA_TARGETS.module + "."
+    tensors = {k[len(prefix):]: v for k, v in model_state.items()
+               if k.startswith(prefix) and k.rsplit(".", 1)[-1] in ("lora_A", "lora_B")}
+    paths = list(dict.fromkeys(k.rpartition(".")[0] for k in tensors))
+    # a directory by its absolute path: the adapter loads from anywhere (mizuoto.load(DIR))
+    model = Path(run.config.model)
+    base_model = str(model.resolve()) if model.is_dir() else str(run.config.model)
+    write_adapter(folder, tensors, attrs.evolve(run.lora, target_modules=paths),
+                  engine="f5tts", base_model=base_model,
+                  base_fingerprint=weights_fingerprint(run.checkpoint, run.vocab),
+                  fmt=LORA_TARGETS.format)
 
 
 TEXT_EMBED = "transformer.text_embed.text_embed.weight"

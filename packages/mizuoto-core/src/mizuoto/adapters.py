@@ -1,0 +1,382 @@
+"""LoRA adapters on a loaded model: what an engine declares, what an adapter file holds, and
+applying one (at load time or over the one applied now) after every check has passed.
+
+An engine declares :class:`LoRATargets` (its default target modules, the modules that may take
+adapters, the module adapters attach under and its :class:`AdapterFormat`) and subclasses
+:class:`AdapterHost` with ``lora_targets`` set: it then has ``lora``/``set_lora``
+(:class:`~mizuoto.contracts.features.SupportsLoRA`), and ``mizuoto train --method lora`` (a
+trainer built on :mod:`mizuoto.training.lora`) writes adapters it loads.
+
+The core format is peft's: ``adapter_config.json`` (``peft_type: LORA``, ``r``,
+``lora_alpha``, ``lora_dropout``, ``target_modules``, ``base_model_name_or_path``) and
+``adapter_model.safetensors`` (keys ``base_model.model.<module>.lora_A.weight``), plus a
+``mizuoto`` object naming the engine and the base model's fingerprint
+(``ModelInfo.fingerprint``). An adapter for another base model, of another shape, naming a
+module the engine does not offer, or holding NaN/Inf is refused by name before any layer is
+touched. An engine with a format of its own (VoxCPM: upstream's ``lora_weights.safetensors``
++ ``lora_config.json``) declares its file names in its ``AdapterFormat``; no core module
+names them.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from torch import nn
+
+from mizuoto.contracts.features import SupportsLoRA
+from mizuoto.errors import CheckpointMismatch, InvalidRequest, ModelFilesMissing
+from mizuoto.nn.lora import (
+    LoRASettings,
+    apply_lora,
+    check_lora_numbers,
+    check_lora_tensors,
+    expected_shapes,
+    matches,
+    remove_lora,
+    target_paths,
+)
+
+PEFT_PREFIX = "base_model.model."
+
+
+@attrs.frozen
+class AdapterFormat:
+    """The files that make a directory an adapter: its weights and its config. The default is
+    peft's; an engine whose upstream writes others names them here."""
+
+    weights_file: str = "adapter_model.safetensors"
+    config_file: str = "adapter_config.json"
+
+    def holds(self, directory: Path) -> bool:
+        """Whether ``directory`` holds an adapter in this format (its weights file)."""
+        return (Path(directory) / self.weights_file).is_file()
+
+
+PEFT_FORMAT = AdapterFormat()
+
+
+@attrs.frozen
+class LoRATargets:
+    """What an engine declares about LoRA on its model: ``default`` target module patterns (a
+    run's ``lora_targets`` when not given), ``allowed`` patterns a target must match (the
+    modules the engine stands behind), ``module`` the attribute path adapters attach under
+    (module names are relative to it), and the file ``format``."""
+
+    default: tuple[str, ...] = attrs.field(converter=tuple)
+    allowed: tuple[str, ...] = attrs.field(converter=tuple)
+    module: str = ""
+    format: AdapterFormat = PEFT_FORMAT
+
+    def paths(self, root: nn.Module, patterns: Iterable[str] | None = None,
+              field: str = "lora.target_modules") -> list[str]:
+        """The module paths under ``root`` that ``patterns`` (default ``default``) name: each
+        pattern must name a linear layer, and each layer must be ``allowed``."""
+        patterns = tuple(self.default if patterns is None else patterns)
+        paths = target_paths(root, patterns)
+        for pattern in patterns:
+            if not any(matches(p, pattern) for p in paths):
+                raise InvalidRequest(field, f"{pattern!r} names no linear layer of the model",
+                                     f"name modules the engine offers: {list(self.allowed)}")
+        refused = [p for p in paths if not any(matches(p, a) for a in self.allowed)]
+        if refused:
+            raise InvalidRequest(field, f"{refused[:3]} may not take adapters",
+                                 f"the engine offers {list(self.allowed)}")
+        return paths
+
+
+@attrs.frozen
+class Adapter:
+    """An adapter read from disk: its settings (``target_modules`` are module paths), tensors
+    by the model's keys (``<path>.lora_A``), the base model it was trained on and a digest."""
+
+    path: str
+    settings: LoRASettings
+    tensors: Mapping[str, torch.Tensor] = attrs.field(repr=False, eq=False)
+    base_model: str | None = None
+    base_fingerprint: str | None = None
+    engine: str | None = None
+    digest: str = ""
+
+
+def _digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256(json.dumps(attrs.asdict(settings), sort_keys=True).encode())
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(tensors[key].to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _peft_key(key: str) -> str:
+    path, _, name = key.rpartition(".")
+    return f"{PEFT_PREFIX}{path}.{name}.weight"
+
+
+def _model_key(key: str, source: str) -> str:
+    if not (key.startswith(PEFT_PREFIX) and key.endswith(".weight")):
+        raise CheckpointMismatch(source, unexpected=[key], detail="keys are peft's "
+                                 f"{PEFT_PREFIX}<module>.lora_A.weight / .lora_B.weight")
+    return key[len(PEFT_PREFIX):-len(".weight")]
+
+
+def read_adapter(path: str | Path, fmt: AdapterFormat = PEFT_FORMAT) -> Adapter:
+    """The adapter in directory ``path`` in the peft format: its config checked (rank, alpha,
+    dropout, targets) and its tensors read; a :class:`ModelFilesMissing` or
+    :class:`CheckpointMismatch` naming the file otherwise."""
+    from safetensors.torch import load_file
+
+    from mizuoto.settings_files import parse_settings
+
+    directory = Path(path)
+    weights, config_file = directory / fmt.weights_file, directory / fmt.config_file
+    missing = [f.name for f in (weights, config_file) if not f.is_file()]
+    if missing:
+        raise ModelFilesMissing(str(directory), missing, f"an adapter directory holds "
+                                f"{fmt.weights_file} and {fmt.config_file}")
+    try:
+        info = parse_settings(config_file.read_text(encoding="utf-8"), "json", fmt.config_file)
+        if not isinstance(info, dict):
+            raise ValueError(f"must hold a JSON object, not {type(info).__name__}")
+        if info.get("peft_type", "LORA") != "LORA":
+            raise ValueError(f"peft_type {info['peft_type']!r} is not LORA")
+        check_lora_numbers(info, prefix=f"{fmt.config_file}:",
+                           names={"r": "r", "alpha": "lora_alpha", "dropout": "lora_dropout"})
+        targets = info.get("target_modules")
+        if not (isinstance(targets, list) and targets):
+            raise ValueError("target_modules must be a list of module names")
+        settings = LoRASettings(r=int(info["r"]), alpha=info.get("lora_alpha", 8),
+                                dropout=info.get("lora_dropout", 0.0), target_modules=targets)
+    except (KeyError, ValueError, TypeError, InvalidRequest) as exc:
+        raise CheckpointMismatch(str(config_file), detail=str(exc)) from exc
+    try:
+        raw = load_file(str(weights), device="cpu")
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointMismatch(str(weights), detail=f"cannot read it: {exc}") from exc
+    tensors = {_model_key(k, str(weights)): v for k, v in raw.items()}
+    own = info.get("mizuoto") if isinstance(info.get("mizuoto"), dict) else {}
+    return Adapter(str(directory), settings, tensors, info.get("base_model_name_or_path"),
+                   own.get("base_model_fingerprint"), own.get("engine"),
+                   _digest(settings, tensors))
+
+
+def write_adapter(directory: str | Path, tensors: Mapping[str, torch.Tensor],
+                  settings: LoRASettings, *, engine: str, base_model: str | None,
+                  base_fingerprint: str | None, fmt: AdapterFormat = PEFT_FORMAT) -> Path:
+    """Write adapter ``tensors`` (by the model's keys, ``<path>.lora_A``: `lora_state_dict`;
+    ``settings.target_modules`` their paths) in the peft format, each file atomically.
+    Returns the directory."""
+    from mizuoto.runtime.atomic import atomic_path, save_safetensors
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_safetensors({_peft_key(k): v.detach().contiguous() for k, v in tensors.items()},
+                     directory / fmt.weights_file)
+    info = {"peft_type": "LORA", "r": settings.r, "lora_alpha": settings.alpha,
+            "lora_dropout": settings.dropout, "target_modules": list(settings.target_modules),
+            "bias": "none", "base_model_name_or_path": base_model,
+            "mizuoto": {"engine": engine, "base_model_fingerprint": base_fingerprint}}
+    with atomic_path(directory / fmt.config_file) as tmp:
+        tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False), encoding="utf-8")
+    return directory
+
+
+def check_adapter(adapter: Adapter, root: nn.Module, targets: LoRATargets, *,
+                  engine: str, base_fingerprint: str) -> list[str]:
+    """Everything about ``adapter`` that could fail, before a layer changes: its base model
+    (engine and fingerprint), its modules (present, linear, allowed) and its tensors (names,
+    shapes, finite). Returns the module paths it wraps."""
+    if adapter.engine is not None and adapter.engine != engine:
+        raise InvalidRequest("lora", f"{adapter.path} is an adapter for engine "
+                             f"{adapter.engine!r}, not {engine!r}")
+    if adapter.base_fingerprint is not None and adapter.base_fingerprint != base_fingerprint:
+        raise InvalidRequest("lora", f"{adapter.path} was trained on another base model "
+                             f"({adapter.base_model or 'unnamed'}, fingerprint "
+                             f"{adapter.base_fingerprint[:12]}…), not this one "
+                             f"({base_fingerprint[:12]}…)", "load the base model it names")
+    paths = targets.paths(root, adapter.settings.target_modules, field="lora.target_modules")
+    check_lora_tensors(adapter.tensors, expected_shapes(root, paths, adapter.settings.r),
+                       adapter.path)
+    return paths
+
+
+def attach_adapter(root: nn.Module, adapter: Adapter, paths: list[str]) -> None:
+    """Replace the adapters on ``root`` by ``adapter`` (checked: :func:`check_adapter`); its
+    tensors copied into the base layers' dtype and device, never merged."""
+    remove_lora(root)
+    settings = adapter.settings
+    layers = apply_lora(root, paths, settings.r, settings.alpha, settings.dropout)
+    with torch.no_grad():
+        for path, layer in zip(paths, layers, strict=True):
+            layer.lora_A.copy_(adapter.tensors[f"{path}.lora_A"])
+            layer.lora_B.copy_(adapter.tensors[f"{path}.lora_B"])
+
+
+def find_adapters(roots: Iterable[str | Path], formats: Iterable[AdapterFormat],
+                  field: str = "lora_dirs") -> dict[str, Path]:
+    """The adapter directories directly under ``roots`` (any of ``formats``): name (the
+    subdirectory's) to directory; two of one name refused by ``field``."""
+    formats = tuple(formats)
+    found: dict[str, Path] = {}
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            raise InvalidRequest(field, f"{root} is not a directory",
+                                 "give directories holding LoRA exports")
+        for path in sorted(p for p in root.iterdir() if p.is_dir()):
+            if any(fmt.holds(path) for fmt in formats):
+                if path.name in found:
+                    raise InvalidRequest(field, f"two LoRA exports are named {path.name!r}: "
+                                         f"{found[path.name]} and {path}",
+                                         "rename one of the directories")
+                found[path.name] = path
+    return found
+
+
+def adapter_base(path: str | Path) -> tuple[str, str | None] | None:
+    """``(base model, engine)`` that the peft adapter in directory ``path`` names, or None when
+    ``path`` is not one (so that ``mizuoto.load(ADAPTER_DIR)`` loads its base and applies it)."""
+    directory = Path(path).expanduser()
+    config_file = directory / PEFT_FORMAT.config_file
+    if not (directory.is_dir() and PEFT_FORMAT.holds(directory) and config_file.is_file()):
+        return None
+    try:
+        info = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointMismatch(str(config_file), detail=f"cannot read it: {exc}") from exc
+    base = info.get("base_model_name_or_path") if isinstance(info, dict) else None
+    if not isinstance(base, str) or not base:
+        raise InvalidRequest("model", f"{directory} is an adapter that names no base model "
+                             "(base_model_name_or_path)", "load its base model and apply the "
+                             "adapter with --lora")
+    own = info.get("mizuoto") if isinstance(info.get("mizuoto"), dict) else {}
+    return base, own.get("engine")
+
+
+def engine_adapter_formats() -> list[AdapterFormat]:
+    """The adapter formats of every registered engine that declares LoRA targets (peft's
+    first)."""
+    from mizuoto import registry
+
+    formats = [PEFT_FORMAT]
+    for engine in registry.engines().values():
+        declared = getattr(engine, "lora_targets", None)  # a declared ClassVar of AdapterHost
+        if isinstance(declared, LoRATargets) and declared.format not in formats:
+            formats.append(declared.format)
+    return formats
+
+
+class AdapterHost(SupportsLoRA):
+    """:class:`SupportsLoRA` for an engine that declares ``lora_targets``: ``set_lora`` reads
+    the adapter in the declared format, checks it (:func:`check_adapter`) and only then swaps
+    it in under :meth:`adapter_turn`; ``lora`` is the :class:`Adapter` applied.
+
+    The engine gives :meth:`lora_root` (its model's module the targets are under) and
+    :meth:`base_fingerprint` (its weights' identity without an adapter), and may override
+    :meth:`adapter_changed` (e.g. to name the adapter in its ``info.fingerprint``)."""
+
+    lora_targets: ClassVar[LoRATargets]
+    _adapter: Adapter | None = None
+
+    @abc.abstractmethod
+    def lora_root(self) -> nn.Module:
+        """The module adapters attach under (module paths are relative to it)."""
+
+    @abc.abstractmethod
+    def base_fingerprint(self) -> str:
+        """The identity of the loaded base weights, as the trainer writes it in an adapter."""
+
+    @classmethod
+    def is_lora_export(cls, directory: Path) -> bool:
+        """A directory holding an adapter in the format this engine declares (``mizuoto.load``
+        applies it to the base model its config names): ``serve --ray --lora-dir`` serves it."""
+        return cls.lora_targets.format.holds(Path(directory))
+
+    def adapter_turn(self) -> contextlib.AbstractContextManager:
+        """Held while an adapter is swapped: the engine's compute turn, so that no request runs
+        on half-swapped layers."""
+        return contextlib.nullcontext()
+
+    def adapter_changed(self, adapter: Adapter | None) -> None:
+        """Called after an adapter was applied (or removed, ``None``)."""
+
+    def read_adapter(self, path: str | Path) -> Adapter:
+        """The adapter in ``path`` in this engine's format (override for a format of its own)."""
+        return read_adapter(path, self.lora_targets.format)
+
+    @classmethod
+    def load_adapter_export(cls, directory: str | Path, **load_kwargs: Any):
+        """The engine loaded from the base model an adapter export in ``directory`` names,
+        with the adapter applied; None when ``directory`` is not one. Call it first in
+        ``load`` (``mizuoto.load`` does the same for any engine), so that the export of a
+        ``lora`` run loads wherever a model directory does."""
+        base = adapter_base(directory)
+        if base is None:
+            return None
+        from mizuoto.loading import resolve_for_engine
+
+        load_kwargs.pop("model_id", None)
+        resolved = resolve_for_engine(base[0], cls.name)
+        engine = cls.load(resolved.path, model_id=resolved.id, **load_kwargs)
+        engine.set_lora(directory)
+        return engine
+
+    @property
+    def lora(self) -> Adapter | None:
+        return self._adapter
+
+    def set_lora(self, path: str | Path | None) -> None:
+        root = self.lora_root()
+        if path is None:
+            with self.adapter_turn():
+                remove_lora(root)
+                self._adapter = None
+                self.adapter_changed(None)
+            return
+        adapter = self.read_adapter(path)
+        paths = check_adapter(adapter, root, self.lora_targets, engine=self.name,
+                              base_fingerprint=self.base_fingerprint())
+        with self.adapter_turn():
+            attach_adapter(root, adapter, paths)
+            self._adapter = adapter
+            self.adapter_changed(adapter)
+
+
+def write_random_adapter(engine: AdapterHost, directory: str | Path, seed: int | None, *,
+                         r: int = 2, base_fingerprint: str | None = None) -> Path:
+    """An adapter for the loaded ``engine`` on its declared default targets, in peft's format:
+    ``lora_A`` and ``lora_B`` normal from ``seed`` (large enough to change any output), or
+    ``lora_B`` all zeros for ``seed=None`` (an adapter that changes nothing). For tests and
+    contract fixtures."""
+    root = engine.lora_root()
+    paths = engine.lora_targets.paths(root)
+    generator = torch.Generator().manual_seed(0 if seed is None else seed)
+    tensors = {}
+    for path in paths:
+        layer = root.get_submodule(path)
+        tensors[f"{path}.lora_A"] = torch.randn(r, layer.in_features, generator=generator)
+        up = torch.randn(layer.out_features, r, generator=generator)
+        tensors[f"{path}.lora_B"] = torch.zeros_like(up) if seed is None else up
+    return write_adapter(directory, tensors, LoRASettings(r=r, alpha=2 * r, target_modules=paths),
+                         engine=engine.name, base_model=engine.info.model,
+                         base_fingerprint=base_fingerprint or engine.base_fingerprint())
+
+
+def write_fixture_adapter(engine_name: str, model_dir: Path, lora_dir: Path,
+                          seed: int | None) -> None:
+    """``ContractFixture.make_lora`` for an engine that declares ``lora_targets`` (call it from
+    the plugin's own function, so that the plugin module imports no torch): loads the
+    fixture's model on the CPU and writes :func:`write_random_adapter` from ``seed``."""
+    from mizuoto.options import ComputeOptions, Options
+    from mizuoto.registry import get_engine
+
+    engine = get_engine(engine_name).load(
+        Path(model_dir), options=Options(compute=ComputeOptions(device="cpu", cpu_threads=1)))
+    write_random_adapter(engine, lora_dir, seed)
