@@ -29,7 +29,9 @@ def test_a_reference_without_transcript_is_checked_before_the_load(tmp_path, mon
 
     monkeypatch.setattr(VoxCPMEngine, "load", classmethod(load))
     ref = tmp_path / "ref.wav"
-    sf.write(ref, np.zeros(1600, dtype=np.float32), 16000)
+    # a quiet tone, not zeros: digital silence is refused as a reference before the load too
+    tone = 0.1 * np.sin(2 * np.pi * 220 * np.arange(1600) / 16000)
+    sf.write(ref, tone.astype(np.float32), 16000)
     result = CliRunner().invoke(cli, ["say", "-m", str(model), "-o", str(tmp_path / "out.wav"),
                                       "--ref-audio", str(ref), "hello"], obj={})
     if refused:
