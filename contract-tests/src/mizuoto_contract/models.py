@@ -87,6 +87,7 @@ class ContractModels:
 
 def _nothing_installed() -> str:
     return ("no installed plugin registers a contract fixture: install an engine "
-            "(pip install mizuoto-f5tts) or register one with the register_contract_fixtures "
+            "(pip install ./packages/mizuoto-f5tts from a clone of Mizuoto's repository) or "
+            "register one with the register_contract_fixtures "
             "hook (docs/plugins.md)")
 

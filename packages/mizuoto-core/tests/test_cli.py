@@ -140,7 +140,7 @@ def test_random_model_without_engines_names_the_package(no_plugins, tmp_path):
     result = _run("random-model", "f5tts/tiny-v1-base", str(tmp_path / "m"))
     assert result.exit_code == 2
     assert "no engine is installed" in result.output
-    assert "pip install mizuoto-f5tts" in result.output
+    assert "pip install ./packages/mizuoto-f5tts" in result.output
 
 
 def test_no_noise_warning_for_a_fixture_that_is_not_random(fake_plugin, monkeypatch, tmp_path):

@@ -52,7 +52,7 @@ def test_duplicate_names_are_an_error(fake_plugin, kind, plugin_kwargs, collect)
 
 def test_no_engine_installed_says_how_to_install_one(no_plugins):
     assert registry.engines() == {}
-    with pytest.raises(EngineNotFound, match="no engine is: pip install mizuoto-f5tts"):
+    with pytest.raises(EngineNotFound, match="no engine is: pip install ./packages/mizuoto-f5tts "):
         registry.get_engine("f5tts")
     with pytest.raises(EngineNotFound, match="no trainer is installed for engine 'f5tts'"):
         registry.get_trainer("f5tts")
@@ -87,12 +87,13 @@ def test_a_published_engines_folder_names_the_package_to_install(no_plugins, tmp
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("{}")
-    with pytest.raises(EngineNotFound, match=rf"installed: none\): pip install {package}$"):
+    with pytest.raises(EngineNotFound, match=rf"installed: none\): pip install \./packages/{package} "):
         mizuoto.load(tmp_path)
 
 
 def test_an_unknown_folder_without_engines_says_to_install_one(no_plugins, tmp_path):
-    with pytest.raises(EngineNotFound, match="no engine is installed .*pip install mizuoto-f5tts"):
+    with pytest.raises(EngineNotFound,
+                       match="no engine is installed .*pip install ./packages/mizuoto-f5tts"):
         mizuoto.load(tmp_path)
 
 

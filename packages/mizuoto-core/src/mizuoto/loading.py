@@ -86,10 +86,12 @@ def _no_engine_for(path: Path) -> str:
     for name, package, patterns in _PUBLISHED_LAYOUTS:
         if all(any(any(path.glob(p)) for p in pattern.split("|")) for pattern in patterns):
             return (f"{path} looks like an {name} model, and no installed engine loads it"
-                    f" (installed: {', '.join(installed) or 'none'}): pip install {package}")
+                    f" (installed: {', '.join(installed) or 'none'}): pip install "
+                    f"./packages/{package} (from a clone of Mizuoto's repository)")
     if not installed:
         return (f"no engine is installed to load {path}: install one, e.g. "
-                "pip install mizuoto-f5tts (or mizuoto-voxcpm)")
+                "pip install ./packages/mizuoto-f5tts (or ./packages/mizuoto-voxcpm) from a "
+                "clone of Mizuoto's repository (no release is published yet)")
     return (f"no installed engine ({', '.join(installed)}) recognizes {path} as its model: "
             "name the engine (-e NAME in the CLI, engine=NAME in Python), or check the folder")
 

@@ -122,7 +122,8 @@ def get_engine(name: str) -> type[Engine]:
         if not available:
             raise EngineNotFound(
                 f"engine {name!r} is not installed, and no engine is: "
-                f"pip install mizuoto-{name} (or ./packages/mizuoto-{name})"
+                f"pip install ./packages/mizuoto-{name} from a clone of Mizuoto's repository "
+                "(no release is published yet)"
             )
         raise EngineNotFound(
             f"engine {name!r} is not installed; installed: {', '.join(sorted(available))}"

@@ -25,7 +25,8 @@ def plugins():
     found = get_plugins()
     if not found:
         click.echo("No plugins installed: no engine is available. "
-                   "Install one, e.g. pip install mizuoto-f5tts")
+                   "Install one, e.g. pip install ./packages/mizuoto-f5tts from a clone of "
+                   "Mizuoto's repository")
         return
     for plugin in found:
         version = plugin["version"] or "?"

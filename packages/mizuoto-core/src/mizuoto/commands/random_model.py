@@ -20,7 +20,9 @@ class _FixtureListCommand(click.Command):
         fixtures = random_models()
         with formatter.section("Random-init models"):
             if not fixtures:
-                formatter.write_text("none: no engine is installed (pip install mizuoto-f5tts)")
+                formatter.write_text("none: no engine is installed (pip install "
+                                     "./packages/mizuoto-f5tts from a clone of Mizuoto's "
+                                     "repository)")
             formatter.write_dl([(fid, fixture.description or "")
                                 for fid, fixture in sorted(fixtures.items())])
 
@@ -41,8 +43,8 @@ def random_model(fixture, directory):
     fixtures = random_models()
     if not fixtures:
         raise InvalidRequest("FIXTURE", f"{fixture!r}: no engine is installed, so there are no "
-                             "random-init models", "pip install mizuoto-f5tts (or "
-                             "mizuoto-voxcpm), then see mizuoto random-model --help")
+                             "random-init models", "pip install ./packages/mizuoto-f5tts (or "
+                             "./packages/mizuoto-voxcpm) from a clone of Mizuoto's repository, then see mizuoto random-model --help")
     if fixture not in fixtures:
         known = ", ".join(sorted(fixtures))
         raise InvalidRequest("FIXTURE", f"unknown random-init model {fixture!r}",
