@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=4)
     parser.add_argument("--batch-frames", type=int, default=600)
     args = parser.parse_args()
-    from mizuoto_f5tts.training.data import write_synthetic_dataset
+    from mizuoto.training.synthetic_data import write_synthetic_dataset
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

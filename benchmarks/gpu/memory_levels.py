@@ -41,9 +41,9 @@ def _tensors(output: Path) -> dict[str, torch.Tensor]:
 
 
 def _f5(root: Path, device: str):
+    from mizuoto.training.synthetic_data import write_synthetic_dataset
     from mizuoto_f5tts.fixtures import write_random_model_dir
     from mizuoto_f5tts.training import F5Trainer
-    from mizuoto_f5tts.training.data import write_synthetic_dataset
 
     model = write_random_model_dir(root / "f5-model", "v1_base", size="tiny")
     data = write_synthetic_dataset(root / "f5-data", count=4, seed=3)

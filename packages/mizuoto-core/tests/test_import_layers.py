@@ -16,7 +16,8 @@ from test_import_cycles import ROOT, _modules, import_edges, local_import_edges
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("mizuoto.errors", "mizuoto.key_values"),
     ("mizuoto.validation",),
-    ("mizuoto.settings_files", "mizuoto.json_files", "mizuoto.regular_files"),
+    ("mizuoto.settings_files", "mizuoto.json_files", "mizuoto.regular_files",
+     "mizuoto.adapter_files"),
     ("mizuoto.options",),
     ("mizuoto.runtime",),
     ("mizuoto.text", "mizuoto.audio_formats", "mizuoto.audio_encoders", "mizuoto.audio_encoding"),
@@ -26,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("mizuoto.hookspecs", "mizuoto.plugins"),
     ("mizuoto.registry",),
     ("mizuoto.loading",),
+    ("mizuoto.adapters",),
     ("mizuoto", "mizuoto.plugin"),
 )
 FRONT_ENDS = len(LAYERS)

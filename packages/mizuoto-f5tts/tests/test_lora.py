@@ -20,11 +20,11 @@ from mizuoto.adapters import read_adapter
 from mizuoto.errors import CheckpointMismatch, InvalidRequest, MizuotoError
 from mizuoto.nn.lora import lora_layers
 from mizuoto.training.state import load_state_file
+from mizuoto.training.synthetic_data import write_synthetic_dataset
 from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.engine import F5Engine
 from mizuoto_f5tts.fixtures import write_random_model_dir
 from mizuoto_f5tts.training import F5Trainer
-from mizuoto_f5tts.training.data import write_synthetic_dataset
 
 # a small data set trained on again and again: the loss must fall within a few updates
 PARAMS = {"epochs": 40, "warmup_updates": 1, "batch_frames": 300, "lora_r": 4,

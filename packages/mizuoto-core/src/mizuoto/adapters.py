@@ -32,6 +32,7 @@ import attrs
 import torch
 from torch import nn
 
+from mizuoto.adapter_files import PEFT_FORMAT, AdapterFormat, adapter_base
 from mizuoto.contracts.features import SupportsLoRA
 from mizuoto.errors import CheckpointMismatch, InvalidRequest, ModelFilesMissing
 from mizuoto.nn.lora import (
@@ -48,20 +49,6 @@ from mizuoto.nn.lora import (
 PEFT_PREFIX = "base_model.model."
 
 
-@attrs.frozen
-class AdapterFormat:
-    """The files that make a directory an adapter: its weights and its config. The default is
-    peft's; an engine whose upstream writes others names them here."""
-
-    weights_file: str = "adapter_model.safetensors"
-    config_file: str = "adapter_config.json"
-
-    def holds(self, directory: Path) -> bool:
-        """Whether ``directory`` holds an adapter in this format (its weights file)."""
-        return (Path(directory) / self.weights_file).is_file()
-
-
-PEFT_FORMAT = AdapterFormat()
 
 
 @attrs.frozen
@@ -238,26 +225,6 @@ def find_adapters(roots: Iterable[str | Path], formats: Iterable[AdapterFormat],
                                          "rename one of the directories")
                 found[path.name] = path
     return found
-
-
-def adapter_base(path: str | Path) -> tuple[str, str | None] | None:
-    """``(base model, engine)`` that the peft adapter in directory ``path`` names, or None when
-    ``path`` is not one (so that ``mizuoto.load(ADAPTER_DIR)`` loads its base and applies it)."""
-    directory = Path(path).expanduser()
-    config_file = directory / PEFT_FORMAT.config_file
-    if not (directory.is_dir() and PEFT_FORMAT.holds(directory) and config_file.is_file()):
-        return None
-    try:
-        info = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointMismatch(str(config_file), detail=f"cannot read it: {exc}") from exc
-    base = info.get("base_model_name_or_path") if isinstance(info, dict) else None
-    if not isinstance(base, str) or not base:
-        raise InvalidRequest("model", f"{directory} is an adapter that names no base model "
-                             "(base_model_name_or_path)", "load its base model and apply the "
-                             "adapter with --lora")
-    own = info.get("mizuoto") if isinstance(info.get("mizuoto"), dict) else {}
-    return base, own.get("engine")
 
 
 def engine_adapter_formats() -> list[AdapterFormat]:

@@ -2,10 +2,11 @@
 with the engine that owns it.
 
 Modules import downwards only (simonw/llm's layering; tests/test_import_layers.py checks it):
-errors / key_values -> validation -> settings_files / json_files / regular_files ->
+errors / key_values -> validation -> settings_files / json_files / regular_files /
+adapter_files ->
 options -> runtime -> text / audio_formats /
 audio_encoders / audio_encoding -> contracts -> nn -> catalog -> hookspecs / plugins -> registry -> loading ->
-mizuoto / plugin -> the front ends (cli, serve, batch, longform, training, ...) -> the engines.
+adapters -> mizuoto / plugin -> the front ends (cli, serve, batch, longform, training, ...) -> the engines.
 Nothing below imports this module.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mizuoto.adapter_files import adapter_base
 from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
 from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.progress import ProgressCallback
@@ -97,13 +99,8 @@ def _no_engine_for(path: Path) -> str:
 
 
 def _adapter_base(model: str | Path) -> tuple[str, str | None] | None:
-    """The base model and engine an adapter export names (`mizuoto.adapters.adapter_base`).
-    mizuoto.adapters imports torch: it is imported only for a directory holding peft's adapter
-    config (mizuoto.adapters.PEFT_FORMAT), so that a bad request still fails before torch."""
-    if not (Path(model).expanduser() / "adapter_config.json").is_file():
-        return None
-    from mizuoto.adapters import adapter_base
-
+    """The base model and engine an adapter export names (`mizuoto.adapter_files.adapter_base`,
+    which reads JSON only: a bad request still fails before torch)."""
     return adapter_base(model)
 
 

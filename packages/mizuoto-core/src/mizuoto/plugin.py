@@ -61,7 +61,7 @@ _ON_FIRST_USE = {
     # the training toolkit (mizuoto.training): the parts a trainer builds on
     "mizuoto.training": (
         "Cadence", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld",
-        "RecipeQuirks", "RunnerSession", "TrainingRunner",
+        "LossForward", "RecipeQuirks", "RunnerSession", "TrainingRunner",
         "RunDirectory", "RunIdentity", "StepLoop", "StepProgress", "StepTrainer",
         "TrainingSession", "barrier", "base_fingerprint", "data_fingerprint", "find_manifest",
         "gather", "load_training_state", "micro_batches", "numbered", "process_world",

@@ -18,7 +18,6 @@ import attrs
 import numpy as np
 import torch
 
-from mizuoto.adapters import Adapter, AdapterHost, LoRATargets
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
@@ -32,7 +31,7 @@ from mizuoto.contracts.requests import (
 from mizuoto.contracts.results import Rendered, check_finite
 from mizuoto.contracts.turns import Turns
 from mizuoto.contracts.voice import Voice
-from mizuoto.errors import InvalidOption, InvalidRequest, ModelFilesMissing
+from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.licenses import is_non_commercial, model_card_license
 from mizuoto.options import Options
 from mizuoto.text.coverage import dropped_characters_warning
@@ -46,6 +45,7 @@ from mizuoto_f5tts.duration import (
 )
 from mizuoto_f5tts.fast import autocast_transformer, quantize_transformer, resolve_profile
 from mizuoto_f5tts.joining import CrossFade, join_chunks
+from mizuoto_f5tts.lora import F5Adapters
 from mizuoto_f5tts.settings import F5Options, F5Params
 from mizuoto_f5tts.text import to_tokens, token_ids, unknown_tokens
 from mizuoto_f5tts.variants import (
@@ -73,22 +73,9 @@ LANGUAGES = ("en", "zh")
 VOCOS_FILES = ("vocos/config.yaml", "vocos/pytorch_model.bin")
 _VOICE_TEXT = "reference_text"
 
-#: LoRA on the backbone (``model.transformer``: the DiT, or E2's UNetT): by default every
-#: block's attention projections (``to_q``, ``to_k``, ``to_v``, ``to_out.0``) and feed-forward
-#: layers (``ff.0.0`` in, ``ff.2`` out): they hold nearly all of a block's weights and decide
-#: the voice's timbre and prosody. The text embedding's ConvNeXt, the input projection, the
-#: time MLP, the AdaLN modulations and the output projection may take adapters too, when named.
-LORA_TARGETS = LoRATargets(
-    default=("to_q", "to_k", "to_v", "to_out.0", "ff.0.0", "ff.2"),
-    allowed=("transformer_blocks.*", "layers.*", "input_embed.*", "time_embed.*",
-             "text_embed.*", "norm_out.*", "proj_out"),
-    module="transformer")
-
-
-class F5Engine(Engine, AdapterHost):
+class F5Engine(Engine, F5Adapters):
     """F5-TTS v1 Base, F5-TTS Base and E2-TTS Base, with Vocos."""
 
-    lora_targets = LORA_TARGETS
 
     name = "f5tts"
     params_class = F5Params
@@ -209,27 +196,6 @@ class F5Engine(Engine, AdapterHost):
     @property
     def info(self) -> ModelInfo:
         return self._info
-
-    # -- LoRA (mizuoto.adapters) ----------------------------------------------------------
-
-    def lora_root(self) -> torch.nn.Module:
-        if self.placement.fast_profile:
-            raise InvalidOption("engines.f5tts.fast", "a LoRA needs the float linear layers "
-                                "the fast profile replaced or casts: load with "
-                                "engines.f5tts.fast=off")
-        return self.model.transformer
-
-    def base_fingerprint(self) -> str:
-        return self._base_info.fingerprint
-
-    def adapter_turn(self):
-        return self._compute
-
-    def adapter_changed(self, adapter: Adapter | None) -> None:
-        """The fingerprint (``info``, saved voices) names base and adapter."""
-        self._info = self._base_info if adapter is None else attrs.evolve(
-            self._base_info, fingerprint=f"{self._base_info.fingerprint}+lora:"
-                                         f"{adapter.digest[:32]}")
 
     # -- references and voices ------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mizuoto.training.synthetic_data import write_synthetic_dataset
 from mizuoto_f5tts.reference import default_voice
-from mizuoto_f5tts.training.data import write_synthetic_dataset
 
 pytestmark = pytest.mark.parity
 

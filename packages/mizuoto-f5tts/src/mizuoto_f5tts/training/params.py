@@ -59,7 +59,7 @@ class F5TrainingParams(TrainerParams, LoRAParams):
     - ``finetune``: false is upstream without ``--finetune``: the model starts from its random
       initialisation.
     - ``lora_r`` (8), ``lora_alpha`` (16), ``lora_dropout`` (0), ``lora_targets`` (the DiT's
-      attention and feed-forward projections, `mizuoto_f5tts.engine.LORA_TARGETS`): a
+      attention and feed-forward projections, `mizuoto_f5tts.lora.LORA_TARGETS`): a
       ``--method lora`` run's adapters (`mizuoto.training.lora.LoRAParams`).
 
     The shared ones as F5 applies them: ``warmup_updates`` default a tenth of the run, at most

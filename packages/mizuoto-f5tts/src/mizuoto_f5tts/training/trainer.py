@@ -16,7 +16,7 @@ Stages (the `mizuoto.Trainer` contract):
   fingerprint.
 
 ``config.method``: ``full`` (upstream's fine-tuning) or ``lora``: adapters on the DiT's
-attention and feed-forward projections (`mizuoto_f5tts.engine.LORA_TARGETS`; ``params.lora_r``
+attention and feed-forward projections (`mizuoto_f5tts.lora.LORA_TARGETS`; ``params.lora_r``
 8, ``lora_alpha`` 16, ``lora_dropout`` 0, ``lora_targets``), ``lora_A`` Kaiming-uniform from a
 generator seeded with ``config.seed``, ``lora_B`` zero, only they in the optimizer and no EMA
 copy of the model (the adapter is exported as trained). There is no upstream F5 LoRA to match.
@@ -199,7 +199,7 @@ def _listed(instance, field, value):
 def _lora_settings(config: TrainingConfig, params: F5TrainingParams) -> LoRASettings | None:
     """A lora run's settings; a lora param of a full run, or a setting that changes the base
     model's shape (an extended vocabulary, training from scratch), refused by name."""
-    from mizuoto_f5tts.engine import LORA_TARGETS
+    from mizuoto_f5tts.lora import LORA_TARGETS
 
     if config.method != "lora":
         given = params.lora_given()
@@ -327,7 +327,7 @@ class F5Trainer(StepTrainer):
             del base
         if run.lora is not None:
             from mizuoto.training.lora import add_adapters
-            from mizuoto_f5tts.engine import LORA_TARGETS
+            from mizuoto_f5tts.lora import LORA_TARGETS
 
             # its own generator: the model's and the data's draws stay those of a full run
             add_adapters(model.transformer, run.lora, LORA_TARGETS,
@@ -442,7 +442,7 @@ def _write_adapter(run: F5Run, model_state: dict, folder: Path) -> None:
     by the engine's fingerprint of its weights, which `F5Engine.set_lora` checks."""
     from mizuoto.adapters import write_adapter
     from mizuoto_f5tts.checkpoint import weights_fingerprint
-    from mizuoto_f5tts.engine import LORA_TARGETS
+    from mizuoto_f5tts.lora import LORA_TARGETS
 
     prefix = LORA_TARGETS.module + "."
     tensors = {k[len(prefix):]: v for k, v in model_state.items()
