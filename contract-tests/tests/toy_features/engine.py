@@ -25,6 +25,19 @@ class FeatureToy(ToyEngine, SupportsBatching, SupportsLoRA):
     params_class = FeatureParams
     options_class = FeatureOptions
     concurrent_requests = True  # every request's state is its own (its generator, its text)
+    # its own toy LoRA (a level delta file, below), not the example's declared adapters
+    lora_targets = None
+
+    # the example's level table is a linear layer's weight (mizuoto_example.engine._Tables):
+    # the toy LoRA adds to it as a plain tensor of levels
+    @property
+    def _level(self) -> torch.Tensor:
+        return self._tables.level.weight.detach().view(-1).clone()
+
+    @_level.setter
+    def _level(self, value: torch.Tensor) -> None:
+        with torch.no_grad():
+            self._tables.level.weight.copy_(value.view(1, -1))
 
     @classmethod
     def load(cls, model_dir, *, options=None, model_id=None, progress=None):

@@ -264,7 +264,8 @@ class AdapterHost(SupportsLoRA):
     def is_lora_export(cls, directory: Path) -> bool:
         """A directory holding an adapter in the format this engine declares (``mizuoto.load``
         applies it to the base model its config names): ``serve --ray --lora-dir`` serves it."""
-        return cls.lora_targets.format.holds(Path(directory))
+        targets = getattr(cls, "lora_targets", None)  # None: a subclass that opts out
+        return targets is not None and targets.format.holds(Path(directory))
 
     def adapter_turn(self) -> contextlib.AbstractContextManager:
         """Held while an adapter is swapped: the engine's compute turn, so that no request runs
