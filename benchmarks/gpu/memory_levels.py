@@ -26,11 +26,12 @@ def _tensors(output: Path) -> dict[str, torch.Tensor]:
     safetensors files (LoRA weights, optimiser state)."""
     from safetensors.torch import load_file
 
-    from mizuoto_f5tts.training.state import CHECKPOINT, load_run_state
+    from mizuoto.training.state import load_state_file
+    from mizuoto.training.trainer import CHECKPOINT
 
     tensors = {}
     if (output / CHECKPOINT).is_file():
-        state = load_run_state(output / CHECKPOINT)
+        state = load_state_file(output / CHECKPOINT)
         for part in ("model", "ema"):
             tensors.update({f"{part}:{k}": v for k, v in state[part].items()})
         tensors["records"] = torch.tensor(state["records"], dtype=torch.float64)
