@@ -187,3 +187,39 @@ def test_an_engine_declaring_the_step_interface_streams_through_its_scheduler(tm
     together = [torch.cat([chunk.audio.samples for chunk in stream]) for stream in streams]
     assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True))
     assert toy.batch_stats.rows > toy.batch_stats.steps  # some steps held several rows
+
+
+def test_a_row_waiting_for_its_own_threads_rows_is_refused_at_once():
+    """Every row held by streams this thread has not finished: a second request from it would
+    wait for itself, so it is refused at once, naming the engine's rows setting; a request
+    from another thread waits for a row instead and runs once one ends."""
+    engine = Counting()
+    engine.rows_setting = "engines.counting.rows"
+    scheduler = Scheduler(engine, max_rows=1)
+    first = scheduler.submit("a", None, None)
+    next(first)
+    second = scheduler.submit("b", 1, None)
+    with pytest.raises(errors.EngineBusy, match="engines.counting.rows"):
+        next(second)
+    assert second.ended and "b" in engine.closed and scheduler.open_rows == 1
+
+    got = []
+    other = threading.Thread(target=lambda: got.extend(_values(scheduler.submit("c", 2, None))))
+    other.start()
+    _wait(lambda: scheduler.open_rows == 2)  # "c" waits for the row "a" holds
+    first.cancel()
+    other.join(30)
+    assert got == [1, 2] and scheduler.open_rows == 0
+
+
+def test_rows_held_for_a_change_of_weights():
+    engine = Counting()
+    scheduler = Scheduler(engine)
+    row = scheduler.submit("a", None, None)
+    with pytest.raises(errors.EngineBusy, match="open"), scheduler.hold_rows():
+        pass
+    row.cancel()
+    with scheduler.hold_rows():
+        with pytest.raises(errors.EngineBusy, match="changing"):
+            scheduler.submit("b", 1, None)
+    assert _values(scheduler.submit("b", 1, None)) == [1]

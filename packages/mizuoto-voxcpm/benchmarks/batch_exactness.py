@@ -27,7 +27,7 @@ import torch
 
 import mizuoto
 from mizuoto import ComputeOptions, Options, SynthesisRequest
-from mizuoto_voxcpm.batching import listen_together, round_robin
+from mizuoto_voxcpm.listeners import listen_together, round_robin
 
 SENTENCES = (
     "Hello there.",

@@ -1,6 +1,5 @@
-# Long on purpose: one class whose request paths (plan, chunks, stream, batched stream, LoRA,
-# voices) share one plan and one compute lock; what stands alone is in generation, batching,
-# decoding, prompt, voice and lora.
+# Long on purpose: one class whose request paths (plan, chunks, rows, LoRA, voices) share one
+# plan; what stands alone is in generation, patch_rows, decoding, prompt, voice and lora.
 """The VoxCPM engine: VoxCPM-0.5B and VoxCPM1.5 (``architecture: voxcpm``) and VoxCPM2.
 
 Reproduces voxcpm 2.0.3's ``VoxCPM.generate`` / ``generate_streaming`` bit for bit on the same
@@ -10,8 +9,7 @@ seed (see docs/engines/voxcpm.md for what differs on purpose).
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +19,15 @@ import torch
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
-from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
+from mizuoto.contracts.features import SupportsLoRA, SupportsSteps
 from mizuoto.contracts.placement import Placement, place
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import Reference, SynthesisRequest
-from mizuoto.contracts.results import Applied, Rendered, check_finite
+from mizuoto.contracts.results import Applied, Rendered
+from mizuoto.contracts.scheduler import scheduler_for
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import (
     CheckpointMismatch,
-    EngineBusy,
     InvalidOption,
     InvalidRequest,
     ModelFilesMissing,
@@ -45,27 +43,16 @@ from mizuoto.runtime.prepack_conv_transpose import (
 )
 from mizuoto.text.coverage import dropped_characters_warning
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
-from mizuoto_voxcpm.audiovae.blocks import noise_drawn_from
-from mizuoto_voxcpm.batching import PatchBatcher
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, read_config_json, torch_dtype
-from mizuoto_voxcpm.decoding import (
-    StreamDecoder,
-    decode_utterance,
-    rehearse_stream_decode,
-    segment_decoder,
-)
+from mizuoto_voxcpm.decoding import rehearse_stream_decode
 from mizuoto_voxcpm.fast import apply_fast, check_fast
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
     Sampling,
     build_sequence,
-    context_latents,
-    generate,
-    generate_patches,
     patch_cap,
-    sampling_generator,
 )
 from mizuoto_voxcpm.long_text import pack_chunks
 from mizuoto_voxcpm.lora import (
@@ -78,6 +65,7 @@ from mizuoto_voxcpm.lora import (
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
+from mizuoto_voxcpm.patch_rows import ChunkRun, PatchRow, PatchSteps, Retry
 from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
 from mizuoto_voxcpm.settings import DEFAULT_CACHE_SLOTS, VoxCPMOptions, VoxCPMParams
 from mizuoto_voxcpm.text import model_text, prepare_prompt_text, prepare_target_text
@@ -147,17 +135,7 @@ class _Plan:
     warnings: tuple[str, ...]
 
 
-@attrs.frozen
-class _ChunkRun:
-    """One text chunk of a plan, ready to generate (see ``VoxCPMEngine._chunk_run``)."""
-
-    sequence: PromptSequence
-    tokens: int
-    sampling: Sampling
-    seed: int
-
-
-class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
+class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
     name = "voxcpm"
     # its targets and upstream's files, declared for the front ends (serve finds adapters by
     # them); set_lora keeps upstream's LoRAConfig (per LM, DiT and projections)
@@ -166,13 +144,14 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
     options_class = VoxCPMOptions
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
                                                 "cuda_graphs", "prepack"}
-    # each request generates in its own cache slot with its own generator, buffers and
-    # decoder state; what the model's modules share (the VAE's noise source, the batcher) is
-    # used under the engine's own lock, held per chunk (self._compute)
+    # each request is a row of the core's scheduler (patch_rows.py): its own cache slot,
+    # generator, buffers and decoder state, stepped from one thread at a time
     concurrent_requests = True
-    # batched matrix products and VAE convolutions may round otherwise than a row's alone
-    # (batching.py): a row is exact alone in the batcher, and never draws its mates' noise
+    # batched matrix products and VAE convolutions may round otherwise than a row's alone: a
+    # row stepped alone is exact, and never draws its mates' noise
     batch_exact = False
+    # the scheduler's rows (max_rows) are the cache slots
+    rows_setting = "engines.voxcpm.cache_slots"
 
     def __init__(self, *, model_dir: Path, config: VoxCPMConfig, model, vae,
                  tokenizer: VoxCPMTokenizer, info: ModelInfo, placement: Placement,
@@ -188,11 +167,12 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         self._lora: AttachedLoRA | None = None
         self._pool = CachePool(model, size=cache_slots, attention=model.caches.lm.attention,
                                first=model.caches)
-        # streams only: a synthesize call runs whole under the compute lock, alone
-        self._batcher = PatchBatcher(model, vae, max_batch) if max_batch > 1 else None
-        if self._batcher is not None:
+        # every open request holds a slot: the scheduler opens as many rows as there are
+        self.max_rows = cache_slots
+        self._steps = PatchSteps(model, vae, self._pool, max_batch=max_batch,
+                                 oom_fallback=placement.oom_fallback)
+        if max_batch > 1:
             self._pool.reserve(max_batch)
-        self._compute = threading.RLock()
 
     # -- loading ------------------------------------------------------------------------
 
@@ -322,12 +302,7 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         runs once a patch) and the VAE."""
         return {**self.model.component_groups(), "vae": [self.vae]}
 
-    @property
-    def batcher(self) -> PatchBatcher | None:
-        """The continuous batcher of streams (``engines.voxcpm.max_batch`` > 1), else None."""
-        return self._batcher
-
-    # -- batching (SupportsBatching: what mizuoto serve --max-batch asks) -------------------
+    # -- batching (SupportsSteps: the core's scheduler steps the rows) ---------------------
 
     @classmethod
     def batch_options(cls, section, max_batch: int) -> dict:
@@ -339,24 +314,68 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
 
     @property
     def max_batch(self) -> int:
-        return self._batcher.max_batch if self._batcher is not None else 1
+        """Rows sampled in one batched kernel call (``engines.voxcpm.max_batch``; 1: each
+        row alone, the open requests taking turns per patch)."""
+        return self._steps.max_batch
 
     @property
     def batch_stats(self):
-        return self._batcher.stats if self._batcher is not None else None
+        return self._steps.stats
+
+    def open_row(self, request: SynthesisRequest, params: VoxCPMParams,
+                 generator: torch.Generator) -> PatchRow:
+        """A stream's row: one chunk per patch (no badcase retry: upstream disables it when
+        streaming); the last carries the applied record. Planned now: a bad request is
+        refused here, in the caller's thread."""
+        return self._row(self._plan(request, params, generator.initial_seed()), whole=False)
+
+    def step_rows(self, rows: Sequence[PatchRow]) -> list:
+        made = self._steps.step(list(rows))
+        return [pieces if isinstance(pieces, BaseException) else
+                [self._made(row, samples, last) for samples, last in pieces]
+                for row, pieces in zip(rows, made, strict=True)]
+
+    def close_row(self, row: PatchRow) -> None:
+        self._steps.close(row)
+
+    def row_progress(self, row: PatchRow) -> tuple[str, int, int | None]:
+        if not row.whole:
+            return "sampling", row.patches, None
+        stage = f"sampling {row.chunk + 1}/{len(row.runs)}" if len(row.runs) > 1 \
+            else "sampling"
+        return stage, row.sampled, row.run.sampling.max_patches
+
+    def _row(self, plan: _Plan, *, whole: bool) -> PatchRow:
+        params = plan.params
+        retry = Retry(params.retry_badcase, params.retry_badcase_max_times,
+                      params.retry_badcase_ratio_threshold) if whole else None
+        return PatchRow(tuple(self._chunk_run(plan, index, target)
+                              for index, target in enumerate(plan.chunks)),
+                        retry=retry, tiled=params.tiled_decode, owner=plan)
+
+    def _made(self, row: PatchRow, samples: torch.Tensor, last: bool) -> Rendered:
+        audio = Audio(samples, self.info.sample_rate)
+        if not last:
+            return Rendered(audio, last=False)
+        return self._rendered(row.owner, audio, retries=row.retries, patches=row.patches,
+                              streamed=not row.whole, fallbacks=tuple(row.fallbacks),
+                              batched=row.batched)
 
     def _applied(self, call, rendered: Rendered) -> Applied:
-        # compute["batched"]: whether this result's patches were sampled in batched steps
+        # compute["batched"]: whether this request was stepped (or prefilled) in one kernel
+        # call with other requests at least once (then its bits may differ from alone)
         applied = super()._applied(call, rendered)
-        batched = self._batcher is not None and bool(rendered.extra.get("streamed"))
+        extra = dict(applied.extra)
+        batched = bool(extra.pop("batched", False))
         # compute["prepack"]: per component, how many linear layers have run a packed kernel
         # (proven bit-identical on this CPU) and how many F.linear only
         mode = self.placement.settings["prepack"]
         prepack = prepack_report(self.model.component_groups(), mode)
         if mode != "off":  # and the VAE's transposed convolutions (the rest of it is plain)
             prepack["modules"].update(conv_transpose_report({"vae": [self.vae]}))
-        return attrs.evolve(applied, compute={**applied.compute, "batched": batched,
-                                              "prepack": prepack})
+        return attrs.evolve(applied, extra=extra,
+                            compute={**applied.compute, "batched": batched,
+                                     "prepack": prepack})
 
     # -- LoRA ---------------------------------------------------------------------------
 
@@ -380,16 +399,11 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
             raise InvalidOption("engines.voxcpm.fast", "a LoRA needs the float linear layers "
                                 "the int8 fast profile replaced: load with "
                                 "engines.voxcpm.fast=off")
-        with self._compute:
-            if self._pool.in_use:
-                raise EngineBusy(f"{self._pool.in_use} request(s) are open on this model; "
-                                 "its LoRA cannot change under them",
-                                 "finish or close the open streams first")
+        with scheduler_for(self).hold_rows():  # refused while a request is open
             self._set_lora(path)
 
     def _set_lora(self, path: str | Path | None) -> None:
-        if self._batcher is not None:
-            self._batcher.memo.clear()  # its prefills were made with the old weights
+        self._steps.memo.clear()  # its prefills were made with the old weights
         if path is None:
             if self._lora is not None:
                 remove_lora(self.model)
@@ -528,7 +542,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
                               feat_dim=self.config.feat_dim)
 
     def _rendered(self, plan: _Plan, audio: Audio, *, retries: int, patches: int,
-                  streamed: bool, fallbacks: tuple[str, ...] = ()) -> Rendered:
+                  streamed: bool, fallbacks: tuple[str, ...] = (),
+                  batched: bool = False) -> Rendered:
         mode = plan.prompt.mode if plan.prompt is not None else "zero_shot"
         return Rendered(
             audio,
@@ -540,151 +555,29 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
             chunks=len(plan.chunks),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
-                   "lora": self._lora.path if self._lora else None},
+                   "lora": self._lora.path if self._lora else None, "batched": batched},
         )
 
-    def _chunk_run(self, plan: _Plan, index: int, target: str) -> _ChunkRun:
+    def _chunk_run(self, plan: _Plan, index: int, target: str) -> ChunkRun:
         """What generating text chunk ``index`` needs, the same whether streamed or not: its
         token sequence, its patch cap (upstream's badcase rule) and its seed."""
         tokens = len(self.tokenizer.encode(target))
         cap = patch_cap(tokens, plan.params.retry_badcase_ratio_threshold, plan.params.max_len)
-        return _ChunkRun(sequence=self._sequence(target, plan.prompt), tokens=tokens,
+        return ChunkRun(sequence=self._sequence(target, plan.prompt), tokens=tokens,
                          sampling=attrs.evolve(plan.sampling, max_patches=cap),
                          seed=plan.seed + CHUNK_SEED_STRIDE * index)
 
     def _synthesize(self, request: SynthesisRequest, params: VoxCPMParams,
                     generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
+        """The whole utterance, as upstream's ``generate``: each text chunk decoded at once,
+        with its badcase retry; a row of the scheduler beside the open streams."""
         plan = self._plan(request, params, generator.initial_seed())
-        # the slot first: a wait for one must not hold the lock its holders need to finish
-        with self._pool.slot() as slot, self._compute:
-            return self._synthesize_plan(plan, slot, progress)
-
-    def _synthesize_plan(self, plan: _Plan, slot, progress) -> Rendered:
-        pieces, retries, patches, fallbacks = [], 0, 0, []
-        for index, target in enumerate(plan.chunks):
-            run = self._chunk_run(plan, index, target)
-            params, cap = plan.params, run.sampling.max_patches
-            stage = f"sampling {index + 1}/{len(plan.chunks)}" if len(plan.chunks) > 1 \
-                else "sampling"
-            result = generate(
-                self.model, run.sequence, run.sampling, seed=run.seed,
-                target_tokens=run.tokens, retry_badcase=params.retry_badcase,
-                retry_max_times=params.retry_badcase_max_times,
-                retry_ratio=params.retry_badcase_ratio_threshold,
-                on_patch=lambda n, stage=stage, cap=cap: report(progress, stage, n, cap),
-                slot=slot)
-            retries += result.attempts - 1
-            patches += result.patches.size(1) - result.context
-            part = f" (chunk {index + 1} of {len(plan.chunks)})" if len(plan.chunks) > 1 else ""
-            check_finite(result.patches, f"voxcpm language model and local DiT{part}")
-            report(progress, "decoding", index, len(plan.chunks))
-            with noise_drawn_from(self.vae, result.generator):
-                pieces.append(decode_utterance(self.vae, result.patches, context=result.context,
-                                               v2=self.config.is_v2,
-                                               patch_size=self.config.patch_size,
-                                               fallbacks=fallbacks,
-                                               oom_fallback=self.placement.oom_fallback,
-                                               tiled=params.tiled_decode))
-            check_finite(pieces[-1], f"voxcpm audio VAE{part}")
-        audio = Audio(torch.cat(pieces), self.info.sample_rate)
-        return self._rendered(plan, audio, retries=retries, patches=patches, streamed=False,
-                              fallbacks=tuple(fallbacks))
-
-    def _stream(self, request: SynthesisRequest, params: VoxCPMParams,
-                generator: torch.Generator, progress: ProgressCallback | None
-                ) -> Iterator[Rendered]:
-        """One chunk per generated patch, yielded as soon as that patch is sampled and decoded.
-        No badcase retry (upstream disables it when streaming); the last chunk carries the
-        applied record (the stop head says which patch is the last before it is decoded).
-        Planned now, so that a bad request is refused at the call."""
-        plan = self._plan(request, params, generator.initial_seed())
-        if self._batcher is not None:
-            # the batcher steps and decodes under its own locks, from the listeners' threads
-            return self._batched_patches(plan, progress)
-        return _per_chunk(self._compute, self._patches(plan, progress))
-
-    def _patches(self, plan: _Plan, progress) -> Iterator[Rendered]:
-        v2 = self.config.is_v2
-        index = 0
-        for chunk_index, target in enumerate(plan.chunks):
-            run = self._chunk_run(plan, chunk_index, target)
-            generator = sampling_generator(self.model, run.seed)
-            context = context_latents(run.sequence, v2=v2, device=self.model.device,
-                                      dtype=self.model.dtype)
-            # the slot, generator, buffers and decoder state are this stream's own: between two
-            # chunks the engine serves other requests
-            with self._pool.slot() as slot, \
-                    segment_decoder(self.vae, context=context, v2=v2,
-                                    patch_size=self.config.patch_size) as decode:
-                generated = generate_patches(self.model, run.sequence, run.sampling,
-                                             seed=run.seed, generator=generator, slot=slot)
-                for patch, last_patch in generated:
-                    # the decoder's noise (if any) draws between the patches' draws, as
-                    # upstream's; set per patch, since the VAE's noise blocks are shared
-                    with noise_drawn_from(self.vae, generator):
-                        segment = decode(patch)
-                    index += 1
-                    report(progress, "sampling", index, None)
-                    yield self._chunk(plan, segment, index, last_patch
-                                      and chunk_index == len(plan.chunks) - 1)
-
-    def _batched_patches(self, plan: _Plan, progress) -> Iterator[Rendered]:
-        """:meth:`_patches` through the batcher: each text chunk joins the batch in a slot of
-        its own. The slot is taken (and allocated, the first time) outside the engine's lock,
-        so that listeners arriving together do not take turns; then the lock is passed once, so
-        that a LoRA being set now is in place before this stream's prefill (``set_lora``
-        refuses while any slot is held). The slot goes back as the stream ends or is closed."""
-        v2 = self.config.is_v2
-        index = 0
-        for chunk_index, target in enumerate(plan.chunks):
-            with self._batcher.arriving():
-                run = self._chunk_run(plan, chunk_index, target)
-                slot = self._pool.acquire()
-                try:
-                    with self._compute:
-                        pass
-                    context = context_latents(run.sequence, v2=v2, device=self.model.device,
-                                              dtype=self.model.dtype)
-                    decoder = StreamDecoder(self.vae, context=context, v2=v2,
-                                            patch_size=self.config.patch_size)
-                    row = self._batcher.join(run.sequence, run.sampling, slot=slot,
-                                             decoder=decoder,
-                                             generator=sampling_generator(self.model, run.seed))
-                except BaseException:
-                    self._pool.release(slot)
-                    raise
-            try:
-                for segment, last_patch in self._batcher.segments(row):
-                    index += 1
-                    report(progress, "sampling", index, None)
-                    yield self._chunk(plan, segment, index, last_patch
-                                      and chunk_index == len(plan.chunks) - 1)
-            finally:
-                self._batcher.leave(row)  # out of the batch before the slot goes back
-                decoder.close()
-                self._pool.release(slot)
-
-    def _chunk(self, plan: _Plan, segment: torch.Tensor, patches: int, last: bool) -> Rendered:
-        audio = Audio(segment, self.info.sample_rate)
-        if last:
-            return self._rendered(plan, audio, retries=0, patches=patches, streamed=True)
-        return Rendered(audio, last=False)
-
-
-def _per_chunk(lock, chunks: Iterator[Rendered]) -> Iterator[Rendered]:
-    """``chunks`` computed each under ``lock`` and handed on without it: between two chunks
-    of a stream the engine serves other requests, from this thread or another."""
-    try:
-        while True:
-            with lock:
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
-                    return
-            yield chunk
-    finally:
-        with lock:  # a stream closed early frees its cache slot (and batch row) under the lock
-            chunks.close()
+        row = scheduler_for(self).enqueue(self._row(plan, whole=True), progress=progress)
+        try:
+            return list(row)[-1]
+        finally:
+            if not row.ended:  # interrupted: its slot goes back
+                row.cancel()
 
 
 def _check_gpu_options(compute, device: torch.device) -> None:

@@ -102,6 +102,9 @@ class SupportsSteps(SupportsBatching):
 
     #: Rows stepped together (``mizuoto serve --max-batch N`` sets N on a served model).
     max_rows: int = DEFAULT_MAX_ROWS
+    #: The setting that bounds :attr:`max_rows`, named when a request would wait for a row
+    #: only its own thread can free (``"engines.voxcpm.cache_slots"``); None: none.
+    rows_setting: str | None = None
 
     @abc.abstractmethod
     def open_row(self, request, params, generator) -> Any:
@@ -112,10 +115,16 @@ class SupportsSteps(SupportsBatching):
     def step_rows(self, rows: Sequence[Any]) -> Sequence[Sequence[Rendered]]:
         """Advance every row of ``rows`` one step together; for each row, in order, the
         chunks ready now (none, one or several; a request's last has ``last=True``, and its
-        row is then closed)."""
+        row is then closed), or an exception: that row's own failure (its context full),
+        which ends it alone; an exception raised ends every row of the step."""
 
     def close_row(self, row: Any) -> None:
         """Release ``row``'s state: its last chunk made, cancelled, or failed."""
+
+    def row_progress(self, row: Any) -> tuple[str, int, int | None] | None:
+        """What the scheduler reports to the request's progress callback after each step
+        (stage, done, total: ``("sampling", 12, 40)``); None: ``("step", steps, None)``."""
+        return None
 
     @classmethod
     def batch_options(cls, section: Mapping[str, Any], max_batch: int) -> dict[str, Any]:

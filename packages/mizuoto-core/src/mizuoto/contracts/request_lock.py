@@ -86,7 +86,20 @@ class NoLock:
 
     def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
                ) -> Stream[T]:
-        return Stream(each(chunk) for chunk in chunks)
+        # a scheduler's row: cancelled from any thread, it stops within one step
+        return Stream(_closing(chunks, each), on_cancel=getattr(chunks, "cancel", None))
+
+
+def _closing(chunks: Iterator[T], each: Callable[[T], T]) -> Iterator[T]:
+    """``chunks`` mapped by ``each``; closing this closes ``chunks`` (a row gives back its
+    state)."""
+    try:
+        for chunk in chunks:
+            yield each(chunk)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 class Stream(Iterator[T]):
@@ -98,8 +111,10 @@ class Stream(Iterator[T]):
     consuming thread when that chunk is done. Either way the engine's lock and the request's
     state (a cache slot) are given back. ``close()`` is the consumer's own, as a generator's."""
 
-    def __init__(self, chunks: Iterator[T]) -> None:
+    def __init__(self, chunks: Iterator[T], on_cancel: Callable[[], None] | None = None
+                 ) -> None:
         self._chunks = chunks
+        self._on_cancel = on_cancel  # tells the source at once (a row of the scheduler)
         self._guard = threading.Lock()
         self._making = False
         self._cancelled = False
@@ -125,6 +140,8 @@ class Stream(Iterator[T]):
 
     def cancel(self) -> None:
         """Stop the stream at its next chunk; safe from any thread, and more than once."""
+        if self._on_cancel is not None:
+            self._on_cancel()
         with self._guard:
             self._cancelled = True
             if self._making:

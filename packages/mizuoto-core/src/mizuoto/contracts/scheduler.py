@@ -7,7 +7,8 @@ close a row); it writes no locks and no threads. The scheduler owns:
 
 - admission: at most ``max_rows`` rows step together; up to ``queue_size`` more wait, opened,
   for a free row (they join at the next step: continuous batching); past that a request is
-  refused at once with :class:`~mizuoto.errors.EngineBusy` (a server's 429);
+  refused at once with :class:`~mizuoto.errors.EngineBusy` (a server's 429), as is a request
+  whose thread itself consumes every open row (it would wait for itself);
 - turns: every open row is stepped together, so no request waits for another to end; the
   step runs in the thread of a consumer that wants its next chunk (no thread of its own);
 - back-pressure: a row whose consumer has :data:`MAX_WAITING` chunks unread sits the steps
@@ -23,6 +24,7 @@ row-independent (the contract suite checks it in float32).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -70,6 +72,7 @@ class Row(Iterator[Rendered]):
         self.steps = 0
         self._chunks: deque[Rendered] = deque()
         self._error: BaseException | None = None
+        self._consumer = threading.get_ident()  # the thread that reads it (last seen)
         self._ended = False  # closed by the scheduler (done, cancelled or failed)
         self._cancelled = False
 
@@ -111,6 +114,7 @@ class Scheduler:
         self._active: list[Row] = []
         self._waiting: deque[Row] = deque()
         self._stepping = False
+        self._held = 0  # hold_rows(): no row may open
         self.stats = StepStats()
 
     @property
@@ -124,18 +128,55 @@ class Scheduler:
         """Open a row for a planned request (the engine's ``open_row``, in this thread: a
         request it refuses raises here) and queue it; ``deadline`` (``time.monotonic()``) ends
         it with :class:`~mizuoto.errors.DeadlineExceeded` once passed."""
-        with self._changed:
-            if len(self._active) + len(self._waiting) >= self.max_rows + self.queue_size:
-                raise EngineBusy(f"{self.max_rows} requests are being spoken and "
-                                 f"{self.queue_size} wait", "retry when one has finished")
-        row = Row(self, self._engine.open_row(request, params, generator), progress, deadline)
+        self._check_room()
+        return self.enqueue(self._engine.open_row(request, params, generator),
+                            progress=progress, deadline=deadline)
+
+    def enqueue(self, state: Any, *, progress: ProgressCallback | None = None,
+                deadline: float | None = None) -> Row:
+        """Queue a row the engine opened itself (``state``, as ``open_row`` returns one): for
+        an engine with more than one kind of row (VoxCPM's whole utterances beside its
+        streams). The scheduler closes it (``close_row``) as any other."""
+        try:
+            self._check_room()
+        except BaseException:
+            self._engine.close_row(state)
+            raise
+        row = Row(self, state, progress, deadline)
         with self._changed:
             self._waiting.append(row)
         return row
 
+    def _check_room(self) -> None:
+        with self._changed:
+            if self._held:
+                raise EngineBusy(f"the {self._engine.name} model is changing (its weights or "
+                                 "settings) and takes no request now", "retry in a moment")
+            if len(self._active) + len(self._waiting) >= self.max_rows + self.queue_size:
+                raise EngineBusy(f"{self.max_rows} requests are being spoken and "
+                                 f"{self.queue_size} wait", "retry when one has finished")
+
+    @contextlib.contextmanager
+    def hold_rows(self) -> Iterator[None]:
+        """No row open while the block runs (a change of the engine's weights: a LoRA), and
+        none opens: :class:`~mizuoto.errors.EngineBusy` when one is open now."""
+        with self._changed:
+            if self._active or self._waiting:
+                count = len(self._active) + len(self._waiting)
+                raise EngineBusy(f"{count} request(s) are open on this {self._engine.name} "
+                                 "model; it cannot change under them",
+                                 "finish or close the open streams first")
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held -= 1
+
     def _next(self, row: Row) -> Rendered:
         while True:
             with self._changed:
+                row._consumer = threading.get_ident()
                 rows = None
                 while rows is None:
                     if row._chunks:
@@ -147,6 +188,9 @@ class Scheduler:
                         raise StopIteration
                     if not self._stepping:
                         rows = self._rows_to_step() or None
+                        if self._waits_for_itself(row):
+                            rows = None
+                            continue  # ended there
                         if rows is None and row._ended:  # closed there (its deadline)
                             continue
                     if rows is None:  # another consumer is stepping (this row too), or the
@@ -161,10 +205,27 @@ class Scheduler:
 
     def _cancel(self, row: Row) -> None:
         with self._changed:
+            if row._ended:  # its last chunk made (or closed) already
+                return
             row._cancelled = True
             if not self._stepping or row not in self._active:
                 self._end(row, None)  # else closed once the step being taken ends
             self._changed.notify_all()
+
+    def _waits_for_itself(self, row: Row) -> bool:
+        """Under the lock: end ``row`` with :class:`~mizuoto.errors.EngineBusy` when it waits
+        for a place that only its own thread could free (every open row is read by it: a
+        stream it has not finished), instead of waiting forever."""
+        me = row._consumer
+        if row not in self._waiting or any(r._consumer != me for r in self._active):
+            return False
+        setting = getattr(self._engine, "rows_setting", None)
+        larger = f", or load the model with a larger {setting}" if setting else ""
+        self._end(row, EngineBusy(
+            f"all {self.max_rows} rows of this {self._engine.name} model are held by open "
+            "requests of this thread (streams not yet finished or closed)",
+            f"finish or close a stream first{larger}"))
+        return True
 
     def _rows_to_step(self) -> list[Row]:
         """Under the lock: close what must end, admit waiting rows (continuous batching: they
@@ -200,8 +261,12 @@ class Scheduler:
         for row, chunks in zip(rows, made, strict=True):
             row.steps += 1
             failed = None
+            if isinstance(chunks, BaseException):  # the row's own failure: it ends alone
+                failed, chunks = chunks, ()
             try:
-                report(row.progress, "step", row.steps)  # raises to stop (a client gone)
+                if failed is None:  # raises to stop (a client gone); the engine names its stage
+                    stage = getattr(self._engine, "row_progress", _no_stage)(row.state)
+                    report(row.progress, *(stage or ("step", row.steps)))
             except BaseException as exc:
                 failed = exc
             with self._changed:
@@ -228,6 +293,10 @@ class Scheduler:
         finally:
             row.state = None
         self._changed.notify_all()
+
+
+def _no_stage(state: Any) -> None:
+    return None
 
 
 def scheduler_for(engine) -> Scheduler:
