@@ -18,6 +18,8 @@ import threading
 import pytest
 import torch
 
+from mizuoto.contracts.capabilities import Capability
+from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.features import SupportsSteps
 from mizuoto.contracts.scheduler import Scheduler
 from mizuoto.registry import get_engine
@@ -79,21 +81,30 @@ def _float32(model: ContractModel) -> None:
 @steps
 def test_rows_stepped_together_equal_each_request_alone(contract_model: ContractModel) -> None:
     """Three requests stepped together: each row's audio ``torch.equal`` the request alone
-    (stepped as the only row, and through ``synthesize``)."""
+    (where ``batch_exact``); a request alone stepped as the only row equals its ``stream``
+    (and its ``synthesize``, unless the engine writes its own)."""
     _float32(contract_model)
     engine = contract_model.engine
     requests = [_plain_request(contract_model, text=text, seed=SEED + i)
                 for i, text in enumerate((TEXT, *OTHER_TEXTS))]
-    together = _stepped_together(engine, requests)
+    exact = getattr(type(engine), "batch_exact", True)
+    together = _stepped_together(engine, requests) if exact else [None] * len(requests)
     for request, audio in zip(requests, together, strict=True):
         alone = _stepped_together(engine, [request])[0]
-        assert torch.equal(audio, alone), (
-            f"{contract_model.fixture.id}: a row stepped with others differs from the request "
-            "alone: keep each row's arithmetic to itself (no state shared between rows, no "
-            "reduction across the batch)")
-        assert torch.equal(audio, engine.synthesize(request).audio.samples), (
-            "the rows' audio differs from synthesize(): the base class runs the request "
-            "through the same steps")
+        if exact:  # (batch_exact = False: only a row alone is compared, below)
+            assert torch.equal(audio, alone), (
+                f"{contract_model.fixture.id}: a row stepped with others differs from the "
+                "request alone: keep each row's arithmetic to itself (no state shared between "
+                "rows, no reduction across the batch)")
+        if Capability.STREAM in engine.capabilities:
+            streamed = torch.cat([chunk.audio.samples for chunk in engine.stream(request)])
+            assert torch.equal(alone, streamed), (
+                "the rows' audio differs from stream(): the base class runs the request "
+                "through the same steps")
+        if type(engine)._synthesize is Engine._synthesize:  # else the engine's own path
+            assert torch.equal(alone, engine.synthesize(request).audio.samples), (
+                "the rows' audio differs from synthesize(): the base class runs the request "
+                "through the same steps")
 
 
 @steps

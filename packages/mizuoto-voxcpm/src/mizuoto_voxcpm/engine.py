@@ -94,6 +94,9 @@ def _needs_transcript() -> InvalidRequest:
                           "give the transcript of the reference recording")
 
 
+#: the most seconds a batching model's step that admits requests waits for others arriving
+#: together (the core scheduler's admission_wait)
+ADMISSION_WAIT = 0.1
 # a chunk k of a split text samples with seed + CHUNK_SEED_STRIDE * k
 CHUNK_SEED_STRIDE = 1000
 # how much faster float32 is than a reduced precision the CPU emulates, VoxCPM-0.5B size, one
@@ -321,6 +324,12 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
     @property
     def batch_stats(self):
         return self._steps.stats
+
+    @property
+    def admission_wait(self) -> float:
+        # listeners connecting together are admitted at one step, when rows batch: their
+        # first patches from one batched step (a row alone never waits)
+        return ADMISSION_WAIT if self._steps.max_batch > 1 else 0.0
 
     def open_row(self, request: SynthesisRequest, params: VoxCPMParams,
                  generator: torch.Generator) -> PatchRow:

@@ -105,6 +105,10 @@ class SupportsSteps(SupportsBatching):
     #: The setting that bounds :attr:`max_rows`, named when a request would wait for a row
     #: only its own thread can free (``"engines.voxcpm.cache_slots"``); None: none.
     rows_setting: str | None = None
+    #: The most seconds a step that admits requests waits for others arriving with them
+    #: (:data:`~mizuoto.contracts.scheduler.ARRIVAL_QUIET` of quiet ends it sooner): worth a
+    #: few hundredths of a second where rows batch, 0 where they only take turns.
+    admission_wait: float = 0.0
 
     @abc.abstractmethod
     def open_row(self, request, params, generator) -> Any:

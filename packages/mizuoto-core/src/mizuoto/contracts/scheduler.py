@@ -9,6 +9,10 @@ close a row); it writes no locks and no threads. The scheduler owns:
   for a free row (they join at the next step: continuous batching); past that a request is
   refused at once with :class:`~mizuoto.errors.EngineBusy` (a server's 429), as is a request
   whose thread itself consumes every open row (it would wait for itself);
+- arrivals: a step that admits rows first waits, at most ``admission_wait`` seconds (0 unless
+  the engine batches: its ``admission_wait``), until no request has arrived for a fiftieth of
+  a second, so that listeners connecting together are admitted at one step (their first
+  audio from one batched step, and batches whose make-up does not depend on thread timing);
 - turns: every open row is stepped together, so no request waits for another to end; the
   step runs in the thread of a consumer that wants its next chunk (no thread of its own);
 - back-pressure: a row whose consumer has :data:`MAX_WAITING` chunks unread sits the steps
@@ -46,6 +50,9 @@ DEFAULT_MAX_ROWS = 8
 DEFAULT_QUEUE_SIZE = 64
 #: Chunks a row may have unread before it sits the steps out (back-pressure).
 MAX_WAITING = 8
+#: A step that admits rows waits until no request has arrived for this long (seconds), at
+#: most the scheduler's ``admission_wait``.
+ARRIVAL_QUIET = 0.02
 
 
 @attrs.frozen
@@ -73,6 +80,7 @@ class Row(Iterator[Rendered]):
         self._chunks: deque[Rendered] = deque()
         self._error: BaseException | None = None
         self._consumer = threading.get_ident()  # the thread that reads it (last seen)
+        self.queued_at = time.monotonic()
         self._ended = False  # closed by the scheduler (done, cancelled or failed)
         self._cancelled = False
 
@@ -106,10 +114,13 @@ class Scheduler:
     as a stream of its own would)."""
 
     def __init__(self, engine, *, max_rows: int = DEFAULT_MAX_ROWS,
-                 queue_size: int = DEFAULT_QUEUE_SIZE) -> None:
+                 queue_size: int = DEFAULT_QUEUE_SIZE, admission_wait: float = 0.0) -> None:
         self._engine = engine
         self.max_rows = max_rows
         self.queue_size = queue_size
+        self.admission_wait = admission_wait
+        self._arriving = 0  # requests between submit and their row queued (open_row runs)
+        self._last_arrival = 0.0
         self._changed = threading.Condition(threading.Lock())
         self._active: list[Row] = []
         self._waiting: deque[Row] = deque()
@@ -129,8 +140,23 @@ class Scheduler:
         request it refuses raises here) and queue it; ``deadline`` (``time.monotonic()``) ends
         it with :class:`~mizuoto.errors.DeadlineExceeded` once passed."""
         self._check_room()
-        return self.enqueue(self._engine.open_row(request, params, generator),
-                            progress=progress, deadline=deadline)
+        with self._arrival():
+            state = self._engine.open_row(request, params, generator)
+        return self.enqueue(state, progress=progress, deadline=deadline)
+
+    @contextlib.contextmanager
+    def _arrival(self) -> Iterator[None]:
+        """A request on its way to its row (the engine's ``open_row``): a step that admits
+        rows waits for it too (at most ``admission_wait``)."""
+        with self._changed:
+            self._arriving += 1
+            self._last_arrival = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._arriving -= 1
+                self._changed.notify_all()
 
     def enqueue(self, state: Any, *, progress: ProgressCallback | None = None,
                 deadline: float | None = None) -> Row:
@@ -145,6 +171,8 @@ class Scheduler:
         row = Row(self, state, progress, deadline)
         with self._changed:
             self._waiting.append(row)
+            self._last_arrival = time.monotonic()
+            self._changed.notify_all()
         return row
 
     def _check_room(self) -> None:
@@ -187,6 +215,8 @@ class Scheduler:
                             raise error
                         raise StopIteration
                     if not self._stepping:
+                        if self._await_arrivals():
+                            continue  # the lock was let go: look again
                         rows = self._rows_to_step() or None
                         if self._waits_for_itself(row):
                             rows = None
@@ -211,6 +241,20 @@ class Scheduler:
             if not self._stepping or row not in self._active:
                 self._end(row, None)  # else closed once the step being taken ends
             self._changed.notify_all()
+
+    def _await_arrivals(self) -> bool:
+        """Under the lock, before a step that would admit rows: wait until none is on its way
+        and none came for ``ARRIVAL_QUIET``, at most ``admission_wait`` after the first
+        waiting row was queued; whether it waited."""
+        if not self.admission_wait or not self._waiting or len(self._active) >= self.max_rows:
+            return False
+        now = time.monotonic()
+        latest = self._waiting[0].queued_at + self.admission_wait  # the first to wait, bounded
+        until = latest if self._arriving else min(self._last_arrival + ARRIVAL_QUIET, latest)
+        if now >= until:
+            return False
+        self._changed.wait(until - now)
+        return True
 
     def _waits_for_itself(self, row: Row) -> bool:
         """Under the lock: end ``row`` with :class:`~mizuoto.errors.EngineBusy` when it waits
@@ -305,11 +349,13 @@ def scheduler_for(engine) -> Scheduler:
     if scheduler is None:
         with _MAKING:
             scheduler = engine.__dict__.setdefault(
-                "_mizuoto_scheduler", Scheduler(engine, max_rows=engine.max_rows))
+                "_mizuoto_scheduler",
+                Scheduler(engine, max_rows=engine.max_rows,
+                          admission_wait=getattr(engine, "admission_wait", 0.0)))
     return scheduler
 
 
 _MAKING = threading.Lock()
 
-__all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_QUEUE_SIZE", "MAX_WAITING", "Row", "Scheduler",
+__all__ = ["ARRIVAL_QUIET", "DEFAULT_MAX_ROWS", "DEFAULT_QUEUE_SIZE", "MAX_WAITING", "Row", "Scheduler",
            "StepStats", "scheduler_for"]
