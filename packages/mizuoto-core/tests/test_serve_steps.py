@@ -76,3 +76,56 @@ def _pcm(engine, seed: int) -> bytes:
     encoder = StreamEncoder("pcm", engine.info.sample_rate, streaming=True)
     chunks = engine.stream(mizuoto.SynthesisRequest(TEXT, seed=seed))
     return b"".join(encoder.feed(c.audio.numpy()) for c in chunks) + encoder.close()
+
+
+def test_a_disconnected_clients_stream_stops_within_one_step(tmp_path, monkeypatch):
+    """A client that hangs up mid-stream: the server cancels its job (Starlette notices the
+    disconnect) and the scheduler steps its row at most once more (the step being taken when
+    the job was cancelled); the row is closed and the model holds none."""
+    from mizuoto.serve.jobs import Job
+    from mizuoto_example.engine import ToyEngine, write_tiny_model
+
+    write_tiny_model(tmp_path / "toy")
+    steps: list[int] = []
+    cancelled_at: list[int] = []
+    closed: list[object] = []
+    engines: list[object] = []
+    step_rows, close_row, cancel = ToyEngine.step_rows, ToyEngine.close_row, Job.cancel
+
+    def counted(self, rows):
+        steps.append(len(rows))
+        return step_rows(self, rows)
+
+    def closing(self, row):
+        close_row(self, row)
+        engines.append(self)
+        closed.append(row)
+
+    def recorded(self):
+        cancelled_at.append(len(steps))
+        cancel(self)
+
+    monkeypatch.setattr(ToyEngine, "step_rows", counted)
+    monkeypatch.setattr(ToyEngine, "close_row", closing)
+    monkeypatch.setattr(Job, "cancel", recorded)
+    config = ServeConfig(models={"toy": str(tmp_path / "toy")}, voices_dir=tmp_path / "v",
+                         queue_size=8)
+    words = 2000  # 4000 characters, 8 minutes of humming
+    with serve_in_thread(config) as url:
+        with httpx.stream("POST", f"{url}/v1/audio/speech", timeout=120, json={
+                "model": "toy", "input": "a " * words, "voice": "default",
+                "response_format": "pcm",
+                "mizuoto": {"stream": True, "params": {"max_seconds": 600}}}) as response:
+            assert response.status_code == 200, response.read()[:300]
+            next(response.iter_bytes())
+        # the client is gone: its row is closed once the server notices
+        for _ in range(6000):
+            if closed:
+                break
+            threading.Event().wait(0.01)
+        assert closed, "the row of the abandoned stream was never closed"
+        assert scheduler_for(engines[0]).open_rows == 0
+    assert cancelled_at, "the server never cancelled the abandoned job"
+    assert len(steps) <= cancelled_at[0] + 1, (
+        f"{len(steps) - cancelled_at[0]} steps after the job was cancelled")
+    assert len(steps) < words  # it did not run to its end
