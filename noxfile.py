@@ -7,6 +7,7 @@ runs, with lint, docs and compat).
                                 # on 3.12 and 3.13
     nox -s parity -- --realsize   # also the real-size parity tests (slow; not in CI)
     nox -s bench       # benchmarks against upstream (slow; never in CI)
+    nox -s bench_streams -- MODEL_DIR  # 1/4/8 concurrent VoxCPM streams, batched vs not
     nox -s fuzz        # the Hypothesis property tests, long profile (not in CI)
     nox -s gpu         # the GPU check (docs/gpu-check.md; on a lent GPU machine)
     nox -s gpu_rehearsal  # the GPU check's steps on the CPU, from the same wheels (in CI)
@@ -429,6 +430,15 @@ def docs(session):
     fails it. Seconds, and no torch: mkdocs alone."""
     session.install("mkdocs>=1.6,<2")
     session.run("mkdocs", "build", "--strict", "--quiet")
+
+
+@nox.session(python="3.11")
+def bench_streams(session):
+    """1, 4 and 8 concurrent streams on one VoxCPM model, batched by the scheduler against
+    unbatched (benchmarks/cpu/streams.py; never part of CI): ``-- MODEL_DIR`` for a real
+    model, else a random tiny one (it shows the script runs, its numbers mean nothing)."""
+    _install_base(session)
+    session.run("python", "benchmarks/cpu/streams.py", *(session.posargs or ["--tiny"]))
 
 
 @nox.session(python="3.11")

@@ -353,22 +353,20 @@ def batching_step(fixture: str, rehearse_fixture: str) -> Callable:
 
 
 def batching_checks(name: str, rows: list[dict]) -> list[Check]:
-    """A stream alone in the batcher (the batcher stepped it) equals the unbatched stream;
-    the batch's rows are reported."""
+    """A stream alone in a batching engine (the scheduler stepped it) equals the unbatched
+    stream; the batch's rows are reported."""
     lone = [r for r in rows if r["batch"] == 1]
     batch = [r for r in rows if r["batch"] > 1]
-    checks = [Check(f"{name}: a stream alone in the batcher equals the unbatched stream",
-                    bool(lone) and all(r["identical"] and r["batcher_steps"] > 0
-                                       for r in lone),
-                    f"{len(lone)} row(s), batcher steps "
-                    f"{[r['batcher_steps'] for r in lone]}")]
+    checks = [Check(f"{name}: a stream alone in a batching engine equals the unbatched stream",
+                    bool(lone) and all(r["identical"] and r["steps"] > 0 for r in lone),
+                    f"{len(lone)} row(s), steps {[r['steps'] for r in lone]}")]
     if batch and lone:
         size = batch[0]["batch"]
         speedup = size * lone[0]["seconds"] / batch[0]["seconds"]
         snr = sorted(r["snr_db"] for r in batch)
         moved = sum(r["patches_alone"] != r["patches_batched"] for r in batch)
         checks.append(Check(f"{name}: {size} streams stepped together", all(
-            r["batcher_steps"] > 0 for r in batch),
+            r["batched_rows"] > 0 for r in batch),
             f"{speedup:.1f}x the throughput of one, SNR vs alone {snr[0]:.1f}-"
             f"{snr[-1]:.1f} dB, {sum(r['identical'] for r in batch)}/{len(batch)} "
             f"identical, {moved} stops moved"))

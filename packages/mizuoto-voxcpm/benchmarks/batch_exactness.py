@@ -7,10 +7,9 @@ For each dtype and batch size ``b``: ``b`` streams of sentences of mixed lengths
 are consumed round-robin in one thread by an engine loaded with ``engines.voxcpm.max_batch=b``,
 so they join one by one and then step together (``--threads``: each on its own thread, started
 together, so they are admitted together and their prompts prefilled in one packed pass); each
-is compared with the same stream from an engine that generates alone (``max_batch=1``, no
-batcher). Every batched engine has a batcher, size 1 too (``max_batch`` at least 2): its row
-is a stream alone in the batcher against the unbatched path, and ``batcher_steps`` says the
-batcher stepped it. Reports per row: bit-identical or not, max |diff|
+is compared with the same stream from an engine that steps each row alone (``max_batch=1``).
+Size 1 runs on an engine with ``max_batch`` 2 too: its row is a request alone in a batching
+engine against the unbatched one, and ``steps`` says the scheduler stepped it. Reports per row: bit-identical or not, max |diff|
 over the common length, SNR (dB) of the batched audio against the alone audio, and the number
 of patches each produced (a moved stop patch changes the length). One CPU thread.
 """
@@ -88,8 +87,7 @@ def main(argv=None) -> int:
             alone.append([c.audio.samples for c in single.stream(request)])
         del single
         for size in sizes:
-            # at least 2: max_batch=1 builds no batcher, and size 1 would compare the
-            # unbatched path with itself
+            # at least 2: size 1 on max_batch=1 would compare the unbatched engine with itself
             engine = _load(args.model_dir, dtype, max(size, 2), args.device)
             started = time.perf_counter()
             if args.threads:
@@ -100,18 +98,17 @@ def main(argv=None) -> int:
                 batched = [[c.audio.samples for c in chunks] for chunks in
                            round_robin([engine.stream(r) for r in requests[:size]])]
             seconds = time.perf_counter() - started
-            stats = engine.batcher.stats if engine.batcher is not None else None
+            stats = engine.batch_stats
             for index in range(size):
                 row = compare(torch.cat(alone[index]), torch.cat(batched[index]))
                 row.update(dtype=dtype, batch=size, row=index, seconds=seconds,
                            patches_alone=len(alone[index]), patches_batched=len(batched[index]),
-                           batcher_steps=stats.steps if stats is not None else 0)
+                           steps=stats.steps, batched_rows=stats.batched_rows)
                 report.append(row)
                 print(json.dumps(row), flush=True)
-            if stats is not None:
-                print(f"# {dtype} b={size}: {stats.steps} steps, mean batch "
-                      f"{stats.rows / max(stats.steps, 1):.2f}, {stats.prefills} prefills, "
-                      f"{seconds:.2f} s", flush=True)
+            print(f"# {dtype} b={size}: {stats.steps} steps, mean batch "
+                  f"{stats.rows / max(stats.steps, 1):.2f}, {stats.prefills} prefills, "
+                  f"{seconds:.2f} s", flush=True)
             del engine
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

@@ -113,6 +113,13 @@ def test_streams_stepped_together_end_where_they_end_alone(model_dirs, name, dty
     assert batched._pool.in_use == 0  # every slot back as its stream ended
 
 
+def test_a_stream_closed_before_its_first_chunk_leaves_no_row(model_dirs):
+    engine = _load(model_dirs["v1"], cache_slots=1)
+    engine.stream(_requests(1)[0]).close()  # its row was opened (planned), never stepped
+    assert _open_rows(engine) == 0
+    assert list(engine.stream(_requests(1)[0]))[-1].is_last  # the one row is free
+
+
 def test_a_closed_stream_leaves_the_batch_and_frees_its_slot(model_dirs):
     engine = _load(model_dirs["v1"], max_batch=4, cache_slots=2)
     first, second = (iter(engine.stream(r)) for r in _requests(2))

@@ -114,7 +114,9 @@ class Stream(Iterator[T]):
     def __init__(self, chunks: Iterator[T], on_cancel: Callable[[], None] | None = None
                  ) -> None:
         self._chunks = chunks
-        self._on_cancel = on_cancel  # tells the source at once (a row of the scheduler)
+        # tells the source at once, cancelled or closed (a row of the scheduler), also before
+        # its first chunk, when closing the chunks' generator runs none of its code
+        self._on_cancel = on_cancel
         self._guard = threading.Lock()
         self._making = False
         self._cancelled = False
@@ -153,6 +155,8 @@ class Stream(Iterator[T]):
         return self._cancelled
 
     def close(self) -> None:
+        if self._on_cancel is not None:
+            self._on_cancel()
         close = getattr(self._chunks, "close", None)
         if close is not None:
             close()
