@@ -408,25 +408,6 @@ def test_preview_clones_a_long_clip_or_reads_zero_shot(workspace, tmp_path, capl
         caplog.clear()
 
 
-@pytest.mark.parametrize(("rate", "channels"), [(16000, 1), (44100, 2), (22050, 1)])
-def test_read_audio_decodes_as_datasets_audio_does(tmp_path, rate, channels):
-    """Upstream's ``datasets.Audio``: soundfile float64, ``librosa.to_mono``, ``librosa.resample``
-    (soxr HQ); Mizuoto does the same without librosa installed."""
-    librosa = pytest.importorskip("librosa")
-    from mizuoto_voxcpm.training.data import read_audio
-
-    path = tmp_path / "clip.wav"
-    noise = np.random.default_rng(rate).uniform(-0.5, 0.5, (rate // 3, channels))
-    sf.write(path, noise, rate, subtype="PCM_16")
-    array, file_rate = sf.read(str(path))
-    expected = librosa.to_mono(array.T)
-    if file_rate != 16000:
-        expected = librosa.resample(expected, orig_sr=file_rate, target_sr=16000)
-    got = read_audio(path, 16000)
-    assert got.dtype == expected.dtype == np.float64
-    assert np.array_equal(got, expected)
-
-
 _DDP_SIGNALLED = """
 import json, os, signal, sys, torch
 torch.set_num_threads(1)
