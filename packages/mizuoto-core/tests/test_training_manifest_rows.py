@@ -176,3 +176,13 @@ def test_read_audio_like_datasets_decodes_as_datasets_audio_does(tmp_path, rate,
     got = read_audio_like_datasets(path, 16000)
     assert got.dtype == expected.dtype == np.float64
     assert np.array_equal(got, expected)
+
+
+def test_a_folder_can_prefer_its_metadata_csv_as_upstream_f5_reads_one(clips):
+    from mizuoto.training.manifest import find_manifest
+
+    (clips / "metadata.csv").write_text("audio_file|text\na.wav|hi\n", encoding="utf-8")
+    (clips / "m.jsonl").write_text(json.dumps(_row()) + "\n", encoding="utf-8")
+    assert find_manifest(clips, metadata_csv_first=True) == clips / "metadata.csv"
+    with pytest.raises(InvalidRequest, match="exactly one"):
+        find_manifest(clips)

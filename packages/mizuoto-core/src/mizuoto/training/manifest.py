@@ -94,15 +94,19 @@ class ManifestRows:
         return [entry for entry in self.entries if isinstance(entry, RejectedRow)]
 
 
-def find_manifest(dataset: str | Path, *, field: str = "dataset") -> Path:
+def find_manifest(dataset: str | Path, *, field: str = "dataset",
+                  metadata_csv_first: bool = False) -> Path:
     """The manifest file ``dataset`` names: itself, or the one ``.jsonl`` / ``metadata.csv``
-    in the folder it names."""
+    in the folder it names (with ``metadata_csv_first``, its ``metadata.csv`` whatever else it
+    holds, as upstream F5-TTS's ``prepare_csv_wavs.py`` reads a folder)."""
     dataset = Path(dataset)
     if not dataset.is_dir():
         if not dataset.is_file():
             raise InvalidRequest(field, f"{dataset} does not exist",
                                  "pass a .jsonl manifest, a metadata.csv or a folder holding one")
         return dataset
+    if metadata_csv_first and (dataset / METADATA_CSV).is_file():
+        return dataset / METADATA_CSV
     found = sorted(dataset.glob("*.jsonl")) + sorted(dataset.glob(METADATA_CSV))
     if len(found) != 1:
         named = ", ".join(p.name for p in found) or "none"

@@ -33,6 +33,7 @@ from mizuoto.runtime.atomic import atomic_path
 from mizuoto.training.manifest import (
     ManifestRow,
     RejectedRow,
+    find_manifest,
     manifest_row,
     read_manifest_rows,
     refused_samples,
@@ -43,7 +44,6 @@ logger = logging.getLogger(__name__)
 
 MIN_SECONDS = 0.3
 MAX_SECONDS = 30.0
-METADATA_CSV = "metadata.csv"
 MANIFEST = "manifest.jsonl"
 REPORT = "report.json"
 
@@ -75,28 +75,13 @@ class PreparedData:
         return [clip.duration for clip in self.clips]
 
 
-def _manifest(source: Path) -> Path:
-    """``source`` itself, or the ``metadata.csv`` (else the one ``*.jsonl``) in the folder it
-    names."""
-    if source.is_dir():
-        found = ([source / METADATA_CSV] if (source / METADATA_CSV).is_file()
-                 else sorted(source.glob("*.jsonl")))
-        if len(found) != 1:
-            raise InvalidRequest("dataset", f"{source} holds no {METADATA_CSV} and not "
-                                 "exactly one *.jsonl manifest",
-                                 "pass metadata.csv (audio_file|text) or a JSONL manifest")
-        source = found[0]
-    if not source.is_file():
-        raise InvalidRequest("dataset", f"{source} does not exist")
-    return source
-
-
 def _entries(source: Path) -> tuple[list[ManifestRow | RejectedRow], dict[int, PreparedRow]]:
     """The rows of ``source`` by line (core's reader, headers read; CSV read as upstream's
     ``csv.reader``) and, from upstream's prepared folder, its rows by number."""
     folder = prepared_folder(source)
     if folder is None:
-        read = read_manifest_rows(_manifest(source), csv_dialect="csv_module",
+        manifest = find_manifest(source, metadata_csv_first=True)
+        read = read_manifest_rows(manifest, csv_dialect="csv_module",
                                   audio_keys=("audio", "audio_file"), headers=True)
         return [attrs.evolve(e, audio=e.audio.resolve()) if isinstance(e, ManifestRow) else e
                 for e in read.entries], {}
