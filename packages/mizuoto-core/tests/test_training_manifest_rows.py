@@ -25,10 +25,9 @@ RATE = 16000
 
 @pytest.fixture
 def clips(tmp_path) -> Path:
-    for name, seconds in (("a", 0.5), ("b", 0.96)):
-        t = np.arange(round(seconds * RATE)) / RATE
-        sf.write(tmp_path / f"{name}.wav", (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32),
-                 RATE)
+    """a.wav (0.5 s) and b.wav (0.96 s), a quiet tone's constant level at 16 kHz."""
+    for name, frames in (("a", 8000), ("b", 15360)):
+        sf.write(tmp_path / f"{name}.wav", np.full(frames, 0.3, np.float32), RATE)
     return tmp_path
 
 

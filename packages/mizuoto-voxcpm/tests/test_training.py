@@ -76,7 +76,9 @@ def test_bad_rows_are_reported_and_skipped(workspace, tmp_path):
     assert len(run.samples) == 2
     reasons = dict(run.rejected)
     assert sorted(reasons) == [3, 4, 5, 6, 7, 8]
-    assert "silent" in reasons[3] and "unreadable" in reasons[4] and "unreadable" in reasons[5]
+    # a missing file is core's rejection (before any header is read): "no audio file ... (not
+    # found)", no longer soundfile's "unreadable audio: ... No such file"
+    assert "silent" in reasons[3] and "unreadable" in reasons[4] and "not found" in reasons[5]
     assert reasons[6] == "empty text" and "context" in reasons[7] and "JSON" in reasons[8]
     prepared = json.loads((tmp_path / "run" / "prepared.json").read_text(encoding="utf-8"))
     assert [r["line"] for r in prepared["rejected"]] == [3, 4, 5, 6, 7, 8]

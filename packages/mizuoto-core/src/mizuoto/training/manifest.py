@@ -168,7 +168,8 @@ def read_manifest_rows(path: str | Path, *,
     (``csv.reader``, quotes honoured, the header required). ``audio_keys``: the JSON keys that
     may name the audio, first found wins; ``typed_extras``: read (and check) the typed extras
     of the module's docstring; ``headers``: read each audio file's header (refusing a file
-    soundfile cannot read, without decoding it) into the row. A file that is not UTF-8 raises `InvalidRequest` for ``field``."""
+    soundfile cannot read, without decoding it) into the row. A file that is not UTF-8
+    raises `InvalidRequest` for ``field``."""
     path = Path(path)
     if path.suffix.lower() != ".csv":
         items = _json_items(read_utf8(path, field).split("\n"))
@@ -197,13 +198,13 @@ def manifest_row(number: int, item: dict[str, Any], folder: Path, *,
     audio = next((item[key] for key in audio_keys if key in item), None)
     if not isinstance(audio, str) or not audio.strip():
         return RejectedRow(number, "no audio path")
+    path = folder / audio  # an absolute path stays itself
     text = item.get("text")
     if not isinstance(text, str) or not text.strip():
-        return RejectedRow(number, "empty text", audio)
+        return RejectedRow(number, "empty text", str(path))
     typed = _typed_extras(item, folder) if typed_extras else {}
     if isinstance(typed, str):
-        return RejectedRow(number, typed, audio)
-    path = folder / audio  # an absolute path stays itself
+        return RejectedRow(number, typed, str(path))
     found = {}
     for which, key, file in (("", "header", path),
                              ("ref_audio: ", "ref_header", typed.get("ref_audio"))):
