@@ -170,6 +170,8 @@ def read_manifest_rows(path: str | Path, *,
     of the module's docstring; ``headers``: read each audio file's header (refusing a file
     soundfile cannot read, without decoding it) into the row. A file that is not UTF-8
     raises `InvalidRequest` for ``field``."""
+    if csv_dialect not in ("first_pipe", "csv_module"):
+        raise ValueError(f"csv_dialect must be 'first_pipe' or 'csv_module', not {csv_dialect!r}")
     path = Path(path)
     if path.suffix.lower() != ".csv":
         items = _json_items(read_utf8(path, field).split("\n"))
