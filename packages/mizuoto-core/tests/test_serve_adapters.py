@@ -89,6 +89,9 @@ def test_adapters_and_base_served_at_once_each_as_if_alone(served, tmp_path):
         order = ["a", "b", "base", "b", "a", "base", "a", "b"]
         with ThreadPoolExecutor(len(order)) as pool:
             answers = list(pool.map(lambda name: _speak(url, name, extension), order))
+        for name in ("a", "base"):  # each model's voices, read with its adapter applied
+            voices = httpx.get(f"{url}/v1/audio/voices", params={"model": name}, timeout=60)
+            assert voices.status_code == 200 and voices.json()["voices"][0]["id"] == "default"
     for name, audio in zip(order, answers, strict=True):
         assert np.array_equal(audio, expected[name]), name
 
@@ -190,3 +193,15 @@ def test_jobs_on_lanes_run_together_only_with_one_adapter():
 
     asyncio.run(main())
     assert len(seen) == 7 and all(a == start == end for a, start, end in seen), seen
+
+
+def test_an_export_in_an_engines_own_format_is_served_as_a_model_of_its_own(tmp_path):
+    """VoxCPM's exports (its base files and upstream's LoRA files) are whole model folders."""
+    pytest.importorskip("mizuoto_voxcpm")
+    from mizuoto.serve.adapters import served_adapters
+
+    export = tmp_path / "loras" / "alice"
+    export.mkdir(parents=True)
+    (export / "lora_weights.safetensors").write_bytes(b"")  # found by the declared file name
+    found = served_adapters([tmp_path / "loras"], {"vox": str(tmp_path / "vox")})
+    assert dict(found.models) == {"alice": str(export)} and not found.on_base
