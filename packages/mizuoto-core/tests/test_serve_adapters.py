@@ -205,3 +205,22 @@ def test_an_export_in_an_engines_own_format_is_served_as_a_model_of_its_own(tmp_
     (export / "lora_weights.safetensors").write_bytes(b"")  # found by the declared file name
     found = served_adapters([tmp_path / "loras"], {"vox": str(tmp_path / "vox")})
     assert dict(found.models) == {"alice": str(export)} and not found.on_base
+
+
+def test_the_command_names_the_flag_of_an_adapter_whose_base_is_not_served(tmp_path):
+    import socket
+
+    from click.testing import CliRunner
+
+    from mizuoto.cli import cli
+
+    _write_model("toy", tmp_path / "base")
+    _write_model("toy", tmp_path / "other", seed=1)
+    write_random_adapter(mizuoto.load(tmp_path / "base", options=CPU), tmp_path / "loras" / "a", 1)
+    with socket.socket() as probe:  # a free port: the server binds it before it looks
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = CliRunner().invoke(cli, ["serve", "-m", str(tmp_path / "other"), "--lora-dir",
+                                      str(tmp_path / "loras"), "--port", str(port)])
+    assert result.exit_code != 0
+    assert "--lora-dir:" in result.output and "which is not served" in result.output
