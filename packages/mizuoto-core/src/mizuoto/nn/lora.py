@@ -73,6 +73,11 @@ class LoRASettings:
             raise InvalidRequest("lora.target_modules", f"must be module names, got "
                                  f"{list(self.target_modules)!r}")
 
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as JSON holds them (``target_modules`` a list): a run's recipe."""
+        return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": list(self.target_modules)}
+
 
 def matches(path: str, pattern: str) -> bool:
     """Whether module ``path`` is named by ``pattern`` (see :class:`LoRASettings`)."""

@@ -18,6 +18,13 @@ and stopping with one line saying how to resume), numbered checkpoints
 ``params.checkpoint_every``), audio samples and the result. `StepTrainer.export` writes the
 model directory through core's one atomic directory writer, on process 0.
 
+A trainer whose engine declares LoRA sets ``lora_targets`` (the engine's
+`mizuoto.adapters.LoRATargets`) and gets the ``lora`` method: ``params.lora_r``/``lora_alpha``/
+``lora_dropout``/``lora_targets`` (`mizuoto.training.lora.LoRAParams`, checked by `check`),
+`add_lora` wrapping the built model's targets (only they train: `TrainingRunner.optimize` takes
+the parameters that do) and `export` writing the adapter alone, naming its base model by id and
+fingerprint, from the weights `trained_weights` reads.
+
 Checkpoints may be folders (upstream VoxCPM's ``latest/`` and ``step_<N>/``): a trainer sets
 ``checkpoint`` to the folder, ``numbered_checkpoint`` to the numbered name (``{}``: the update)
 and ``checkpoint_folders``; its session's `TrainingSession.save` writes the folder (through
@@ -40,6 +47,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from torch import nn
+
+from mizuoto.adapters import LoRATargets
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.trainer import (
     Trainer,
@@ -49,9 +59,17 @@ from mizuoto.contracts.trainer import (
     checkpoint_retention,
 )
 from mizuoto.errors import InvalidRequest
+from mizuoto.nn.lora import LoRASettings
 from mizuoto.runtime.atomic import atomic_directory, atomic_path
 from mizuoto.runtime.memory import release_freed_memory
 from mizuoto.training.checkpoints import rotate
+from mizuoto.training.lora import (
+    LoRAParams,
+    LoRATrainerParams,
+    add_adapters,
+    lora_run_settings,
+    write_lora_export,
+)
 from mizuoto.training.metrics import MetricsLog
 from mizuoto.training.progress import StepProgress
 from mizuoto.training.run_directory import (
@@ -184,6 +202,25 @@ class StepTrainer(Trainer):
     numbered_checkpoint: ClassVar[str] = NUMBERED
     checkpoint_folders: ClassVar[bool] = False
     graceful_stop = True
+    #: the engine's LoRA declaration (its ``AdapterHost.lora_targets``); set, the trainer has
+    #: the ``lora`` method (see the module doc)
+    lora_targets: ClassVar[LoRATargets | None] = None
+    #: a lora run's rank, alpha and dropout where its params give none
+    lora_defaults: ClassVar[LoRASettings] = LoRASettings(r=8, alpha=16, dropout=0.0)
+    #: params a lora run must leave at these values (they change the base model's shape)
+    lora_keeps: ClassVar[Mapping[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.lora_targets is None:
+            return
+        cls.methods = frozenset(getattr(cls, "methods", {"full"})) | {"lora"}
+        if cls.params_class is TrainerParams:
+            cls.params_class = LoRATrainerParams
+        elif not issubclass(cls.params_class, LoRAParams):
+            raise TypeError(f"{cls.__name__} declares lora_targets: mix "
+                            "mizuoto.training.lora.LoRAParams into its params_class "
+                            f"{cls.params_class.__name__}")
 
     @abc.abstractmethod
     def start(self, run: Any, world: ProcessWorld) -> TrainingSession:
@@ -192,7 +229,7 @@ class StepTrainer(Trainer):
     @abc.abstractmethod
     def write_export(self, run: Any, folder: Path) -> None:
         """Write the model directory's files into ``folder`` (empty; swapped in whole;
-        process 0 only)."""
+        process 0 only); a lora run's export is `write_lora_export`."""
 
     # -- what every trainer shares ------------------------------------------------------------
 
@@ -202,6 +239,62 @@ class StepTrainer(Trainer):
         schedule = self.params_class.of(config.params)[0].lr_schedule
         if schedule is not None:
             check_schedule(schedule)
+        self.lora_settings(config)
+
+    # -- the lora method ----------------------------------------------------------------------
+
+    def lora_settings(self, config: TrainingConfig) -> LoRASettings | None:
+        """A lora run's adapters (`mizuoto.training.lora.lora_run_settings`; target patterns
+        as given); None for another method, or a trainer without ``lora_targets``."""
+        if self.lora_targets is None:
+            return None
+        return lora_run_settings(config.method, self.params_class.of(config.params)[0],
+                                 self.lora_targets, defaults=self.lora_defaults,
+                                 keeps=self.lora_keeps)
+
+    def add_lora(self, run: Any, model: nn.Module) -> list[nn.Parameter] | None:
+        """For a lora run: adapters on the built ``model``'s targets (under
+        ``lora_targets.module``; ``lora_A`` Kaiming-uniform from a generator seeded with
+        ``config.seed``, ``lora_B`` zero, so the model starts as its base) and everything else
+        frozen; returns the parameters that train. None, and nothing changed, otherwise. Call
+        it in `start` once the base weights are in, before `TrainingRunner.optimize`."""
+        settings = self.lora_settings(run.config)
+        if settings is None:
+            return None
+        import torch
+
+        root = model.get_submodule(self.lora_targets.module)
+        # its own generator: the model's and the data's draws stay those of a full run
+        generator = torch.Generator().manual_seed(run.config.seed)
+        return add_adapters(root, settings, self.lora_targets, generator)[1]
+
+    def trained_weights(self, run: Any) -> Mapping[str, Any]:
+        """The trained model's state dict in the run's checkpoint (a lora export takes its
+        adapters from it). Default: `RunnerSession`'s file."""
+        import torch
+
+        state = torch.load(Path(run.config.output_dir) / self.checkpoint, map_location="cpu",
+                           weights_only=True)
+        return state["model"]
+
+    def lora_base_fingerprint(self, run: Any) -> str:
+        """The base weights' identity as the engine's ``AdapterHost.base_fingerprint`` gives it
+        (what loading the adapter checks). Default: the base model loaded on the CPU and
+        asked; a trainer that can compute it without loading overrides this."""
+        from mizuoto.loading import resolve_for_engine
+        from mizuoto.options import ComputeOptions, Options
+        from mizuoto.registry import get_engine
+
+        model_dir = resolve_for_engine(run.config.model, self.engine).path
+        engine = get_engine(self.engine).load(
+            model_dir, options=Options(compute=ComputeOptions(device="cpu")))
+        return engine.base_fingerprint()
+
+    def write_lora_export(self, run: Any, folder: Path) -> None:
+        """A lora run's export: the adapter alone (`mizuoto.training.lora.write_lora_export`)."""
+        write_lora_export(folder, self.trained_weights(run), self.lora_settings(run.config),
+                          self.lora_targets, engine=self.engine, base_model=str(run.config.model),
+                          base_fingerprint=self.lora_base_fingerprint(run))
 
     def runner(self, run: Any, world: ProcessWorld, *, device=None, mixed_precision: str = "no",
                grad_accumulation: int = 1, max_grad_norm: float = 1.0,
@@ -332,6 +425,9 @@ class StepTrainer(Trainer):
                                  "to export", "train first")
         if self.world(run).main:
             with atomic_directory(destination) as folder:
-                self.write_export(run, folder)
+                if self.lora_settings(run.config) is not None:
+                    self.write_lora_export(run, folder)
+                else:
+                    self.write_export(run, folder)
         barrier()
         return Path(destination)

@@ -12,14 +12,14 @@ Stages (the `mizuoto.Trainer` contract):
   writes that checkpoint every ``save_every`` updates and at the end; on SIGINT or SIGTERM
   it stops after the current update, writes it and returns (``TrainingResult.interrupted``).
 - `export`: the EMA weights as a model directory (`export_model`); a ``lora`` run's adapter
-  alone (peft's files, `mizuoto.adapters.write_adapter`), naming its base model by id and
-  fingerprint.
+  alone (peft's files, written by core's `StepTrainer.write_lora_export`), naming its base
+  model by id and fingerprint.
 
-``config.method``: ``full`` (upstream's fine-tuning) or ``lora``: adapters on the DiT's
-attention and feed-forward projections (`mizuoto_f5tts.lora.LORA_TARGETS`; ``params.lora_r``
-8, ``lora_alpha`` 16, ``lora_dropout`` 0, ``lora_targets``), ``lora_A`` Kaiming-uniform from a
-generator seeded with ``config.seed``, ``lora_B`` zero, only they in the optimizer and no EMA
-copy of the model (the adapter is exported as trained). There is no upstream F5 LoRA to match.
+``config.method``: ``full`` (upstream's fine-tuning) or ``lora``, core's method for the
+declared `mizuoto_f5tts.lora.LORA_TARGETS` (the DiT's attention and feed-forward projections;
+``params.lora_r`` 8, ``lora_alpha`` 16, ``lora_dropout`` 0, ``lora_targets``: see
+`mizuoto.training.StepTrainer.add_lora`), with no EMA copy of the model (the adapter is
+exported as trained). There is no upstream F5 LoRA to match.
 
 ``config.params``: `F5TrainingParams` (the shared trainer settings and F5's own, all
 optional, each documented there). Training stops after ``config.steps`` updates or at the end
@@ -68,6 +68,7 @@ from mizuoto.training import (
 )
 from mizuoto.training.state import load_state_file, save_state_file
 from mizuoto.training.trainer import CHECKPOINT
+from mizuoto_f5tts.lora import LORA_TARGETS
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
     PreparedData,
@@ -189,32 +190,7 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
         shuffle_seed=params.shuffle_seed, save_every=config.save_every,
         max_updates=config.steps, mixed_precision=mixed_precision,
         lr_schedule=params.lr_schedule or "linear",
-        lora=None if lora is None else attrs.asdict(lora, value_serializer=_listed))
-
-
-def _listed(instance, field, value):
-    return list(value) if isinstance(value, tuple) else value
-
-
-def _lora_settings(config: TrainingConfig, params: F5TrainingParams) -> LoRASettings | None:
-    """A lora run's settings; a lora param of a full run, or a setting that changes the base
-    model's shape (an extended vocabulary, training from scratch), refused by name."""
-    from mizuoto_f5tts.lora import LORA_TARGETS
-
-    if config.method != "lora":
-        given = params.lora_given()
-        if given:
-            raise InvalidRequest(f"params.{given[0]}", "applies to --method lora only",
-                                 "leave it out, or train with --method lora")
-        return None
-    for name, value, default in (("extend_vocab", params.extend_vocab, False),
-                                 ("finetune", params.finetune, True),
-                                 ("vocab_file", params.vocab_file, None)):
-        if value != default:
-            raise InvalidRequest(f"params.{name}", "a LoRA adapts the base model as it is: its "
-                                 "vocabulary and weights stay", "leave it out, or train with "
-                                 "--method full")
-    return params.lora_settings(LORA_TARGETS)
+        lora=None if lora is None else lora.as_dict())
 
 
 class F5Trainer(StepTrainer):
@@ -222,6 +198,9 @@ class F5Trainer(StepTrainer):
     params_class = F5TrainingParams
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
+    lora_targets = LORA_TARGETS
+    # an extended vocabulary or training from scratch changes the base model a LoRA adapts
+    lora_keeps = {"extend_vocab": False, "finetune": True, "vocab_file": None}
 
     def defaults(self, method: str, model: str) -> dict:
         """``f5-tts_finetune-cli``'s defaults: 100 epochs (``steps`` unbounded), learning rate
@@ -248,7 +227,7 @@ class F5Trainer(StepTrainer):
         self.check(config)
         # every param checked before the model is read
         params = F5TrainingParams.parse(config.params, trainer="F5-TTS")
-        lora = _lora_settings(config, params)
+        lora = self.lora_settings(config)
         device, mixed_precision = _device_and_precision(config)
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
@@ -325,13 +304,7 @@ class F5Trainer(StepTrainer):
                 base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
             load_into(model, base, run.checkpoint)
             del base
-        if run.lora is not None:
-            from mizuoto.training.lora import add_adapters
-            from mizuoto_f5tts.lora import LORA_TARGETS
-
-            # its own generator: the model's and the data's draws stay those of a full run
-            add_adapters(model.transformer, run.lora, LORA_TARGETS,
-                         torch.Generator().manual_seed(run.config.seed))
+        self.add_lora(run, model)
         model.to(run.device).train()
         settings = run.settings
         runner = TrainingRunner(device=run.device, world=world, memory=run.memory,
@@ -351,6 +324,15 @@ class F5Trainer(StepTrainer):
             loop.ema.initted = raw["initted"].clone()
             loop.ema.step = raw["step"].clone()
         return loop
+
+    def trained_weights(self, run: F5Run) -> dict:
+        return load_state_file(Path(run.config.output_dir) / CHECKPOINT)["model"]
+
+    def lora_base_fingerprint(self, run: F5Run) -> str:
+        """`F5Engine.base_fingerprint` of the base model, without loading it."""
+        from mizuoto_f5tts.checkpoint import weights_fingerprint
+
+        return weights_fingerprint(run.checkpoint, run.vocab)
 
     def _claim(self, run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
                data: PreparedData) -> None:
@@ -373,11 +355,8 @@ class F5Trainer(StepTrainer):
         return F5Session(run, self.build(run, random.Random(run.config.seed), world), world)
 
     def write_export(self, run: F5Run, folder: Path) -> None:
-        """The EMA weights as a model directory (`write_model`); a lora run's adapter."""
+        """The EMA weights as a model directory (`write_model`)."""
         state = load_state_file(Path(run.config.output_dir) / CHECKPOINT)
-        if run.lora is not None:
-            _write_adapter(run, state["model"], folder)
-            return
         write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
                     run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
                     finetuned=run.finetune)
@@ -435,26 +414,6 @@ class F5Session(TrainingSession):
     def result_metrics(self, values) -> dict[str, float]:
         last = self.loop.records[-1] if self.loop.records else None
         return {} if last is None else {"loss": last.loss, "lr": last.lr}
-
-
-def _write_adapter(run: F5Run, model_state: dict, folder: Path) -> None:
-    """The adapter alone (`mizuoto.adapters.write_adapter`): its base model named by id and
-    by the engine's fingerprint of its weights, which `F5Engine.set_lora` checks."""
-    from mizuoto.adapters import write_adapter
-    from mizuoto_f5tts.checkpoint import weights_fingerprint
-    from mizuoto_f5tts.lora import LORA_TARGETS
-
-    prefix = LORA_TARGETS.module + "."
-    tensors = {k[len(prefix):]: v for k, v in model_state.items()
-               if k.startswith(prefix) and k.rsplit(".", 1)[-1] in ("lora_A", "lora_B")}
-    paths = list(dict.fromkeys(k.rpartition(".")[0] for k in tensors))
-    # a directory by its absolute path: the adapter loads from anywhere (mizuoto.load(DIR))
-    model = Path(run.config.model)
-    base_model = str(model.resolve()) if model.is_dir() else str(run.config.model)
-    write_adapter(folder, tensors, attrs.evolve(run.lora, target_modules=paths),
-                  engine="f5tts", base_model=base_model,
-                  base_fingerprint=weights_fingerprint(run.checkpoint, run.vocab),
-                  fmt=LORA_TARGETS.format)
 
 
 TEXT_EMBED = "transformer.text_embed.text_embed.weight"
