@@ -55,7 +55,7 @@ from mizuoto_voxcpm.decoding import (
     rehearse_stream_decode,
     segment_decoder,
 )
-from mizuoto_voxcpm.fast import apply_fast, check_fast
+from mizuoto_voxcpm.fast import apply_fast, check_fast, fast_settings
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -251,7 +251,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
             attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
         apply_fast(model.component_groups(), engine_options.fast)
-        placement = placement.with_settings(fast=engine_options.fast)
+        placement = placement.with_settings(fast=engine_options.fast,
+                                            **fast_settings(engine_options.fast))
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
         compiled = [model.feat_decoder.estimator] if options.compute.compile else []
         # the DiT's guided evaluation of a long patch (VoxCPM1.5, VoxCPM2: 18-22 rows) is a
