@@ -21,7 +21,8 @@ Candidates (those this torch lacks are reported and skipped):
 - ``weight-int8pack``: ``torch._weight_int8pack_mm`` (weight-only int8 per channel,
   float32 or ``--act-dtype`` activations);
 - ``onednn-bf16``: oneDNN bfloat16 on a packed weight (not int8: the native-bf16 reference);
-- ``torchao-*``: torchao's weight-only and dynamic int8 layouts, if torchao imports.
+- ``torchao-*``: torchao's weight-only and dynamic int8 layouts, where torchao imports (not a
+  dependency: ``pip install torchao`` into a virtual environment of your own to include them).
 """
 
 from __future__ import annotations
