@@ -142,3 +142,27 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
     assert a.shape == b.shape and not torch.equal(reference.audio.samples, result.audio.samples)
     assert snr_db(a, b) > 20  # 38 dB (packed), 33 dB (dynamic) on an AVX512 EPYC
 
+
+def test_the_int8_kernel_option_chooses_the_kernel_and_refuses_one_torch_lacks(dirs, monkeypatch):
+    from mizuoto_voxcpm import engine as engine_module
+    from mizuoto_voxcpm import fast as fast_module
+    from mizuoto_voxcpm.fast import DYNAMIC_KERNEL
+
+    def load(kernel):
+        return VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast": "int8", "engines.voxcpm.int8_kernel": kernel}))
+
+    dynamic = load("dynamic")
+    assert _say(dynamic).applied.compute["fast_kernel"] == DYNAMIC_KERNEL
+    assert not any(type(m).__name__ == "PackedInt8Linear" for m in dynamic.model.modules())
+    with pytest.raises(InvalidOption, match="engines.voxcpm.int8_kernel"):
+        load("vnni")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was read before the option was checked")
+
+    monkeypatch.setattr(engine_module, "load_model", never)
+    monkeypatch.setattr(fast_module, "packed_int8_unavailable", lambda: "no fbgemm here")
+    with pytest.raises(InvalidOption, match="engines.voxcpm.int8_kernel=auto or dynamic"):
+        load("packed")
+

@@ -10,7 +10,8 @@ shapes), else torch's dynamic int8 layer. CPU and
 float32 only: that is where torch has the kernels (``engines.voxcpm.dtype=auto`` loads float32
 for a profile; an explicit other dtype is refused here). Each result's
 ``applied.compute["fast"]`` names the profile that ran and ``["fast_kernel"]`` its int8
-kernel; the exact default is untouched.
+kernel (``engines.voxcpm.int8_kernel``: ``auto``, ``packed`` or ``dynamic`` chooses it);
+the exact default is untouched.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from mizuoto.runtime.packed_int8 import KERNEL_NAME, pack_int8_linears, packed_i
 _LM_GROUPS = ("base_lm", "residual_lm")
 
 
-def check_fast(profile: str, device: torch.device, dtype: torch.dtype) -> None:
+def check_fast(profile: str, device: torch.device, dtype: torch.dtype,
+               kernel: str = "auto") -> None:
     if profile == "off":
         return
     if device.type != "cpu" or dtype != torch.float32:
@@ -34,32 +36,41 @@ def check_fast(profile: str, device: torch.device, dtype: torch.dtype) -> None:
                             "engines.voxcpm.dtype=float32 and compute.device=cpu, or "
                             "engines.voxcpm.fast=off")
     require_dynamic_int8("engines.voxcpm.fast")
+    reason = packed_int8_unavailable()
+    if kernel == "packed" and reason is not None:
+        raise InvalidOption("engines.voxcpm.int8_kernel", f"packed needs fbgemm's packed int8 "
+                            f"linear: {reason}; set engines.voxcpm.int8_kernel=auto or dynamic")
 
 
-#: ``applied.compute["fast_kernel"]`` of the fallback: torch's dynamic int8 layer
+#: ``applied.compute["fast_kernel"]`` of torch's dynamic int8 layer
 DYNAMIC_KERNEL = "int8 dynamic linear (fbgemm)"
 
 
-def fast_kernel(profile: str) -> str | None:
-    """The int8 kernel ``profile`` runs here (``None`` for ``off``)."""
+def fast_kernel(profile: str, kernel: str = "auto") -> str | None:
+    """The int8 kernel ``profile`` runs here with ``engines.voxcpm.int8_kernel=kernel``
+    (``None`` for ``off``)."""
     if profile == "off":
         return None
-    return KERNEL_NAME if packed_int8_unavailable() is None else DYNAMIC_KERNEL
+    if kernel == "dynamic" or (kernel == "auto" and packed_int8_unavailable() is not None):
+        return DYNAMIC_KERNEL
+    return KERNEL_NAME
 
 
-def fast_settings(profile: str) -> dict[str, str]:
+def fast_settings(profile: str, kernel: str = "auto") -> dict[str, str]:
     """What ``applied.compute`` adds for ``profile``: its kernel (nothing for ``off``)."""
-    kernel = fast_kernel(profile)
-    return {} if kernel is None else {"fast_kernel": kernel}
+    name = fast_kernel(profile, kernel)
+    return {} if name is None else {"fast_kernel": name}
 
 
-def apply_fast(groups: dict[str, list[nn.Module]], profile: str) -> tuple[str, ...]:
+def apply_fast(groups: dict[str, list[nn.Module]], profile: str,
+               kernel: str = "auto") -> tuple[str, ...]:
     """Quantize the groups ``profile`` covers in place, with :func:`fast_kernel`'s kernel; the
     names of those quantized."""
     if profile == "off":
         return ()
     names = _LM_GROUPS if profile == "int8-lm" else tuple(groups)
     # a bare projection between components is kept (both skip a root Linear)
-    quantize = pack_int8_linears if fast_kernel(profile) == KERNEL_NAME else quantize_linears
-    quantize(module for name in names for module in groups[name])
+    packed = fast_kernel(profile, kernel) == KERNEL_NAME
+    (pack_int8_linears if packed else quantize_linears)(
+        module for name in names for module in groups[name])
     return names
