@@ -116,3 +116,12 @@ def test_a_component_is_measured_against_its_bandwidth_its_kernels_and_the_cpu()
                     rates=KernelRates(kernels={}, cpu=rates.cpu))
     assert unknown["components"]["dit"]["kernel_floor_ms"] is None
     assert unknown["kernel_floor_s"] is None and unknown["floor_s"] == pytest.approx(6.912)
+
+
+def test_a_component_that_is_one_linear_layer_counts_its_multiply_adds():
+    head = nn.Linear(8, 2)
+    with component_clocks({"head": [head]}) as clocks:
+        head(torch.randn(3, 8))
+    assert clocks["head"][0].per_call == [((8 * 2 + 2) * 4, 48)]
+    assert clocks["head"][0].layers == [head]
+

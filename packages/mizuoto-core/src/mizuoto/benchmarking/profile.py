@@ -224,9 +224,11 @@ def component_clocks(components: Mapping[str, Sequence[Any]]) -> Iterator[dict[s
             clock = _Clock(synchronize)
             clock.weight_bytes = _weight_bytes(module)
             handles.append(module.register_forward_pre_hook(clock.start))
-            handles.append(module.register_forward_hook(clock.stop))
+            # counting first: a component that is one linear layer (a stop head) counts its
+            # own multiply-adds before its call is closed
             for layer in _counted_layers(module):
                 handles.append(layer.register_forward_hook(clock.count))
+            handles.append(module.register_forward_hook(clock.stop))
             for method in TIMED_METHODS:
                 if callable(getattr(module, method, None)) and method not in vars(module):
                     setattr(module, method, clock.wrap(getattr(module, method)))
