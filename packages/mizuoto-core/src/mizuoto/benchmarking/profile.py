@@ -11,16 +11,14 @@ What no component covers (Python, sampling glue, the text path) is ``other``.
 
 Reading the weights is not the only floor: a call whose linear layers and convolutions take
 many rows at once (a guided DiT evaluation's ten) can need more multiply-adds than the CPU does
-in that time. So the multiply-adds of every call are counted too, and each call's floor is the
-larger of its weight traffic at the measured bandwidth and its multiply-adds at the measured
-compute rate (the fastest large matrix product torch runs here): ``floor_ms`` per component and
-``floor_s`` for the request, the roofline of both.
-
-Given the kernel rates of :mod:`mizuoto.benchmarking.kernels` instead, each component also says
-which kernels its layers ran and is measured against three floors: its weights at the
+in that time. So the multiply-adds of every call are counted too, per layer, and each call's
+floor is the larger of its weight traffic at the measured bandwidth and its multiply-adds at a
+rate. ``mizuoto bench`` gives the rates of :mod:`mizuoto.benchmarking.kernels`: each component
+says which kernels its layers ran and is measured against three floors, its weights at the
 bandwidth (``roofline``), its multiply-adds at the rate of the kernels that ran
-(``of_kernel_floor``), and at the best rate the CPU reaches in each layer's dtype
-(``of_floor``, the strict one: a slow kernel cannot look near it).
+(``of_kernel_floor``), and at the best rate the CPU reaches in each layer's dtype (``of_floor``,
+the strict one: a slow kernel cannot look near it); ``floor_s`` for the request. One rate for
+every layer (``compute_gmac_s``) is still taken.
 """
 
 from __future__ import annotations
@@ -51,33 +49,6 @@ def measure_bandwidth(repeats: int = 5) -> float:
         target.copy_(source)
         best = min(best, time.perf_counter() - start)
     return 2 * BANDWIDTH_BYTES / best / 1e9
-
-
-#: Matrix side of a compute-rate probe in float32 (about 12 ms at 90 GMAC/s) and in another
-#: dtype (one without a fast kernel here runs at a few GMAC/s)
-COMPUTE_SIDE = {"float32": 1024, "other": 256}
-
-
-def measure_compute(dtypes=()) -> float:
-    """Multiply-adds per second (in G) this machine's torch threads reach: the fastest of three
-    square matrix products, in float32 and in each of ``dtypes``, the best of all (a CPU with
-    native bfloat16 multiplies faster in it; one without it cannot beat its float32 rate with
-    any exact emulation)."""
-    import torch
-
-    best = 0.0
-    for dtype in {torch.float32, *dtypes}:
-        side = COMPUTE_SIDE["float32" if dtype == torch.float32 else "other"]
-        a = torch.randn(side, side).to(dtype)
-        b = torch.randn(side, side).to(dtype)
-        a @ b
-        fastest = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            a @ b
-            fastest = min(fastest, time.perf_counter() - start)
-        best = max(best, side ** 3 / fastest / 1e9)
-    return best
 
 
 #: Methods timed besides ``forward`` where a module has them (a decode step is often a method
