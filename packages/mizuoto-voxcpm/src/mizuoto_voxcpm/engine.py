@@ -55,7 +55,7 @@ from mizuoto_voxcpm.decoding import (
     rehearse_stream_decode,
     segment_decoder,
 )
-from mizuoto_voxcpm.fast import apply_fast, check_fast
+from mizuoto_voxcpm.fast import apply_fast, check_fast, fast_settings
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -238,7 +238,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
                           fast_hint=FAST_HINT)
         device = placement.device
         # a refused fast profile is named before the checkpoint is read
-        check_fast(engine_options.fast, device, placement.dtype)
+        check_fast(engine_options.fast, device, placement.dtype,
+                   engine_options.int8_kernel)
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
         model = load_model(model_dir, config, dtype=placement.dtype, device=device,
@@ -250,8 +251,10 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         # replaces layers inside it: dynamo's guards see that and recompile
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
             attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
-        apply_fast(model.component_groups(), engine_options.fast)
-        placement = placement.with_settings(fast=engine_options.fast)
+        kernel = engine_options.int8_kernel  # a fast profile's: packed or dynamic int8
+        apply_fast(model.component_groups(), engine_options.fast, kernel)
+        placement = placement.with_settings(fast=engine_options.fast,
+                                            **fast_settings(engine_options.fast, kernel))
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
         compiled = [model.feat_decoder.estimator] if options.compute.compile else []
         # the DiT's guided evaluation of a long patch (VoxCPM1.5, VoxCPM2: 18-22 rows) is a
