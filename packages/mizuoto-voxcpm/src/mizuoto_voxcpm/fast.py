@@ -4,7 +4,7 @@
 ones (weights int8 per tensor, activations quantized per call: torch's
 ``quantize_dynamic``); ``int8`` does the same inside every component (the local encoder and
 DiT too); the single projections between components and the stop head stay float32. The int8 kernel
-is fbgemm's packed one where this torch has it (:mod:`mizuoto.runtime.packed_int8`: weights
+(``auto``) is fbgemm's packed one where this torch has it and the CPU has VNNI or AMX (:mod:`mizuoto.runtime.packed_int8`: weights
 quantized and packed once, here at load; 0.63-0.82 of the dynamic layer's time at VoxCPM's
 shapes), else torch's dynamic int8 layer. CPU and
 float32 only: that is where torch has the kernels (``engines.voxcpm.dtype=auto`` loads float32
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from mizuoto.errors import InvalidOption
+from mizuoto.runtime.device import cpu_int8_dot
 from mizuoto.runtime.dynamic_int8 import quantize_linears, require_dynamic_int8
 from mizuoto.runtime.packed_int8 import KERNEL_NAME, pack_int8_linears, packed_int8_unavailable
 
@@ -51,7 +52,10 @@ def fast_kernel(profile: str, kernel: str = "auto") -> str | None:
     (``None`` for ``off``)."""
     if profile == "off":
         return None
-    if kernel == "dynamic" or (kernel == "auto" and packed_int8_unavailable() is not None):
+    # auto: the packed kernel only where the CPU sums int8 products in 32 bits (VNNI, AMX); its
+    # full 8-bit input could saturate AVX2's 16-bit pair sums, which the dynamic layer avoids
+    if kernel == "dynamic" or (kernel == "auto" and (packed_int8_unavailable() is not None
+                                                     or not cpu_int8_dot())):
         return DYNAMIC_KERNEL
     return KERNEL_NAME
 
