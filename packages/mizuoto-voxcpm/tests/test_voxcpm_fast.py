@@ -121,8 +121,7 @@ def test_int8_where_torch_has_no_int8_kernels_is_refused_before_the_model_is_rea
 def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exact_path(dirs):
     """The int8 kernel is said in applied.compute["fast_kernel"] (fbgemm's packed one where
     this torch has it and the CPU has VNNI/AMX, else the dynamic layer) and in the model's
-    identity; on this tiny model
-    its audio stays near the exact path's (not equal: int8)."""
+    identity; on this tiny model its audio stays near the exact path's (not equal: int8)."""
     from mizuoto.benchmarking.quality import snr_db
     from mizuoto.identity import model_identity
     from mizuoto.runtime.device import cpu_int8_dot
