@@ -36,7 +36,7 @@ import contextlib
 import functools
 import logging
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -52,6 +52,7 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.atomic import atomic_directory, atomic_path
 from mizuoto.runtime.memory import release_freed_memory
 from mizuoto.training.checkpoints import rotate
+from mizuoto.training.epoch_position import EpochPosition
 from mizuoto.training.metrics import MetricsLog
 from mizuoto.training.progress import StepProgress
 from mizuoto.training.run_directory import (
@@ -67,6 +68,7 @@ from mizuoto.training.runner import (
     training_precision,
 )
 from mizuoto.training.schedules import check_schedule
+from mizuoto.training.state import load_state_file, save_state_file
 from mizuoto.training.steps import Cadence, StepLoop
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
@@ -132,46 +134,80 @@ class TrainingSession(abc.ABC):
 class RunnerSession(TrainingSession):
     """A session that is only model + data + loss, on ``runner`` (`TrainingRunner`, its
     `optimize` called): `update` is ``runner.update(next_batch, loss, weights=weights)``;
-    `save`/`load` write and restore, in one file, ``model``'s weights (``trainable_only``: those
-    that train), the runner's state (optimiser, schedule, scaler, EMA) and the random
-    ``generators`` (a sampler's, a ``random.Random``) with torch's own."""
+    `save`/`load` write and restore, in one file (`save_state_file`), ``model``'s weights
+    (``trainable_only``: those that train), the runner's state (optimiser, schedule, scaler,
+    EMA), every process's random ``generators`` (a sampler's, a ``random.Random``) with torch's
+    own, and ``position`` (an `EpochPosition`: then its micro-batches make each update).
+    ``recipe``: what a resumed run must share with the one it resumes; other settings are
+    refused by name before anything is loaded."""
 
     def __init__(self, runner: TrainingRunner, model, *, total: int, next_batch, loss,
                  generators: Mapping[str, Any] | None = None,
-                 weights: Mapping[str, float] | None = None, trainable_only: bool = False
-                 ) -> None:
+                 weights: Mapping[str, float] | None = None, trainable_only: bool = False,
+                 position: EpochPosition | None = None,
+                 recipe: Mapping[str, Any] | None = None) -> None:
         self.runner, self.model, self.total = runner, model, total
         self.next_batch, self.loss, self.weights = next_batch, loss, weights
         self.generators = dict(generators or {})
         self.trainable_only = trainable_only
+        self.position, self.recipe = position, recipe
 
     def update(self) -> Mapping[str, float]:
-        return self.runner.update(self.next_batch, self.loss, weights=self.weights)
+        count = None if self.position is None else self.position.micro_batches()
+        values = self.runner.update(self.next_batch, self.loss, weights=self.weights,
+                                    micro_batches_count=count)
+        if self.position is not None:
+            self.position.update += 1
+        return values
 
-    def save(self, path: Path, done: int) -> None:
-        import torch
-
-        world = self.runner.world
-        rng = gather(self.runner.rng_state(**self.generators), world)  # every process's
-        if not world.main:
-            return
+    def state(self, done: int) -> dict[str, Any]:
+        """What process 0 saves after update ``done`` (every process's generators gathered
+        first); a subclass adds its own entries."""
         weights = {name: p.detach().clone() for name, p in self.model.named_parameters()
                    if p.requires_grad} if self.trainable_only else self.model.state_dict()
-        with atomic_path(path) as tmp:
-            torch.save({"update": done, "model": weights, **self.runner.state_dict(),
-                        "rng": rng}, tmp)
+        state = {"update": done, "model": weights, **self.runner.state_dict()}
+        if self.position is not None:
+            state["position"] = self.position.state_dict()
+        if self.recipe is not None:
+            state["settings"] = dict(self.recipe)
+        return state
 
-    def load(self, path: Path) -> int:
-        import torch
-
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state` saved (every process; the generators are set after)."""
         self.model.load_state_dict(state["model"], strict=not self.trainable_only)
         self.runner.load_state_dict(state)
-        if len(state["rng"]) != self.runner.world.size:
+        if self.position is not None:
+            self.position.load_state_dict(state["position"])
+
+    def save(self, path: Path, done: int) -> None:
+        world = self.runner.world
+        rng = gather(self.runner.rng_state(**self.generators), world)  # every process's
+        if world.main:
+            save_state_file(path, {**self.state(done), "rng": rng})
+        barrier()  # the checkpoint is whole on disk when any process goes on
+
+    def load(self, path: Path) -> int:
+        state, world = load_state_file(path), self.runner.world
+        if self.recipe is not None and state.get("settings") != dict(self.recipe):
+            raise InvalidRequest("output_dir", f"{path} holds a run with other settings "
+                                 f"({state.get('settings')})", "resume it with the "
+                                 "same ones or use another directory")
+        if len(state["rng"]) != world.size:
             raise InvalidRequest("output_dir", f"{path} holds a run of {len(state['rng'])} "
-                                 f"process(es); resume it with as many")
-        self.runner.set_rng_state(state["rng"][self.runner.world.rank], **self.generators)
+                                 f"process(es)", f"resume it with as many, not {world.size}")
+        self.restore(state)
+        self.runner.set_rng_state(state["rng"][world.rank], **self.generators)
         return int(state["update"])
+
+
+@contextlib.contextmanager
+def _seeded_torch(seed: int, device) -> Iterator[None]:
+    import torch
+
+    # the device's generator too: an upstream seeding torch seeds it, and its draws count
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 class StepTrainer(Trainer):
@@ -184,6 +220,18 @@ class StepTrainer(Trainer):
     numbered_checkpoint: ClassVar[str] = NUMBERED
     checkpoint_folders: ClassVar[bool] = False
     graceful_stop = True
+    #: ``compute.device`` ``auto``'s rule (a function returning the device; None: CUDA, else
+    #: MPS, else the CPU, as accelerate picks)
+    device_auto: ClassVar[Any] = None
+    #: the mixed-precision mode ``auto`` is, by device type (absent: ``no``)
+    precision_auto: ClassVar[Mapping[str, str]] = {}
+    #: modes refused off CUDA, and upstream's reason in words
+    precision_cuda_only: ClassVar[tuple[str, ...]] = ("fp16",)
+    precision_cuda_only_why: ClassVar[str] = ""
+    #: the run is built and trained with torch (and the device's generator) seeded with
+    #: ``config.seed`` in a forked RNG, as an upstream that seeds torch does; the caller's
+    #: generators are untouched
+    seeds_torch: ClassVar[bool] = False
 
     @abc.abstractmethod
     def start(self, run: Any, world: ProcessWorld) -> TrainingSession:
@@ -203,25 +251,42 @@ class StepTrainer(Trainer):
         if schedule is not None:
             check_schedule(schedule)
 
-    def runner(self, run: Any, world: ProcessWorld, *, device=None, mixed_precision: str = "no",
-               grad_accumulation: int = 1, max_grad_norm: float = 1.0,
-               schedule: str = "constant", warmup_updates: int = 0,
+    def device_and_precision(self, config: TrainingConfig, device=None) -> tuple[Any, str]:
+        """Where a run trains and its mixed-precision mode, chosen here once for every trainer:
+        ``config.compute.device`` (`training_device`; ``auto``: ``device_auto``, or CUDA, else
+        MPS, else the CPU) unless ``device`` is given, and ``config.mixed_precision``
+        (`training_precision`; ``auto``: ``precision_auto`` for the device type, else ``no``;
+        a mode of ``precision_cuda_only`` refused off CUDA, ``precision_cuda_only_why`` saying
+        why)."""
+        import torch
+
+        device = (training_device(config.compute, auto=self.device_auto) if device is None
+                  else torch.device(device))
+        return device, training_precision(
+            config.mixed_precision, device, auto=self.precision_auto.get(device.type, "no"),
+            cuda_only=self.precision_cuda_only, why=self.precision_cuda_only_why)
+
+    def runner(self, run: Any, world: ProcessWorld, *, device=None,
+               mixed_precision: str | None = None, grad_accumulation: int = 1,
+               max_grad_norm: float = 1.0, schedule: str = "constant", warmup_updates: int = 0,
                scaler: bool | None = None, quirks: RecipeQuirks = RecipeQuirks()
                ) -> TrainingRunner:
-        """The run's `TrainingRunner`: on ``device`` (default `training_device` of
-        ``config.compute``) with ``mixed_precision`` (``config.mixed_precision``, ``auto``
-        being this one), ``params.grad_accumulation``/``max_grad_norm`` (default the given,
-        the trainer's upstream values), ``config.memory`` and the recipe's ``quirks``; its
+        """The run's `TrainingRunner`: on ``device`` with the mixed-precision mode of
+        `device_and_precision` (``mixed_precision``: what ``auto`` means instead),
+        ``params.grad_accumulation``/``max_grad_norm`` (default the given, the trainer's
+        upstream values), ``config.memory`` and the recipe's ``quirks``; its
         `TrainingRunner.optimize` defaults to ``config.learning_rate``, ``params.lr_schedule``
         and ``params.warmup_updates`` (default ``schedule``, ``warmup_updates``) over
         ``config.steps`` updates."""
         config: TrainingConfig = run.config
         shared = self.params_class.of(config.params)[0]
-        device = training_device(config.compute) if device is None else device
+        device, precision = self.device_and_precision(config, device)
+        if mixed_precision is not None and config.mixed_precision == "auto":
+            precision = training_precision(mixed_precision, device,
+                                           cuda_only=self.precision_cuda_only,
+                                           why=self.precision_cuda_only_why)
         runner = TrainingRunner(
-            device=device, world=world,
-            mixed_precision=training_precision(config.mixed_precision, device,
-                                               auto=mixed_precision),
+            device=device, world=world, mixed_precision=precision,
             scaler=scaler, memory=config.memory, quirks=quirks,
             grad_accumulation=shared.grad_accumulation or grad_accumulation,
             max_grad_norm=max_grad_norm if shared.max_grad_norm is None
@@ -243,8 +308,11 @@ class StepTrainer(Trainer):
         return join(process_world(), "cpu")
 
     def random_scope(self, run: Any) -> contextlib.AbstractContextManager:
-        """The context the run is built and trained in (e.g. a forked, seeded torch RNG)."""
-        return contextlib.nullcontext()
+        """The context the run is built and trained in (``seeds_torch``: a forked torch RNG
+        seeded with ``config.seed``)."""
+        if not self.seeds_torch:
+            return contextlib.nullcontext()
+        return _seeded_torch(run.config.seed, self.device_and_precision(run.config)[0])
 
     def claim_run(self, config: TrainingConfig, *, weights: Iterable[Path],
                   rows: Iterable[tuple[str, str | Path | None]],

@@ -35,7 +35,7 @@ STEPS, GUIDANCE, SWAY = 32, 2.0, -1.0  # upstream's nfe_step, cfg_strength, sway
 
 class TrainingSamples:
     def __init__(self, model_dir: Path, dataset: MelDataset, vocab: Mapping[str, int],
-                 directory: Path, seed: int, metrics: MetricsLog | None = None) -> None:
+                 directory: Path, seed: int) -> None:
         self.model_dir = Path(model_dir)
         self.vocoder = None  # loaded at the first sample, inside its forked RNG: building
         # Vocos draws its initial weights from torch's generator
@@ -43,9 +43,9 @@ class TrainingSamples:
         self.vocab = vocab
         self.directory = Path(directory)
         self.seed = seed
-        self.metrics = metrics
 
-    def __call__(self, model: torch.nn.Module, update: int) -> tuple[Path, Path]:
+    def __call__(self, model: torch.nn.Module, update: int,
+                 metrics: MetricsLog | None = None) -> tuple[Path, Path]:
         training = model.training
         device = next(model.parameters()).device
         forked = [device] if device.type == "cuda" else []
@@ -66,12 +66,9 @@ class TrainingSamples:
             gen = self.vocoder.decode(gen_mel).squeeze().numpy()
             ref = self.vocoder.decode(mel[None].float().cpu()).squeeze().numpy()
         model.train(training)
-        return self._write(update, gen, ref)
-
-    def _write(self, update: int, gen, ref) -> tuple[Path, Path]:
         paths = write_audio_samples(self.directory, [
             (f"update_{update}_{kind}", audio, f"samples/{kind}")
             for kind, audio in (("gen", gen), ("ref", ref))], SAMPLE_RATE, step=update,
-            metrics=self.metrics)
+            metrics=metrics)
         logger.info("samples of update %d written to %s", update, self.directory)
         return paths[0], paths[1]

@@ -32,12 +32,9 @@ where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_preci
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -51,22 +48,14 @@ from mizuoto.contracts.trainer import (
 )
 from mizuoto.errors import InvalidRequest
 from mizuoto.nn.lora import LoRASettings
-from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
 from mizuoto.training import (
-    MetricsLog,
     ProcessWorld,
     RunDirectory,
     StepTrainer,
-    TrainingRunner,
-    TrainingSession,
-    barrier,
-    gather,
-    training_device,
-    training_precision,
     warn_long_warmup,
 )
-from mizuoto.training.state import load_state_file, save_state_file
+from mizuoto.training.state import load_state_file
 from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
@@ -77,16 +66,13 @@ from mizuoto_f5tts.training.data import (
     write_vocab,
 )
 from mizuoto_f5tts.training.export import write_model
-from mizuoto_f5tts.training.loop import QUIRKS, FineTuning, LoopSettings, Record
+from mizuoto_f5tts.training.loop import LOG_FILE, QUIRKS, FineTuning, LoopSettings
 from mizuoto_f5tts.training.params import F5TrainingParams
 from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
 from mizuoto_f5tts.training.samples import TrainingSamples
 from mizuoto_f5tts.variants import F5Variant
 
 logger = logging.getLogger(__name__)
-
-LOG_FILE = "training_log.jsonl"
-
 
 @attrs.frozen
 class F5Run:
@@ -132,12 +118,6 @@ def _check_vocab_size(base: dict, vocab: dict, field: str, vocab_file: Path) -> 
                              f"text embedding has {rows - 1}",
                              "fine-tune with the base model's vocabulary (extend_vocab adds "
                              "tokens), or set finetune: false to train from scratch")
-
-
-def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
-    device = training_device(config.compute)
-    return device, training_precision(config.mixed_precision, device, auto="no", why=(
-        "accelerate's loss scaling refuses it there too"))
 
 
 def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedData,
@@ -222,6 +202,8 @@ class F5Trainer(StepTrainer):
     params_class = F5TrainingParams
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
+    precision_cuda_only_why = "accelerate's loss scaling refuses it there too"
+    seeds_torch = True  # upstream seeds torch, the device's generator too (its draws count)
 
     def defaults(self, method: str, model: str) -> dict:
         """``f5-tts_finetune-cli``'s defaults: 100 epochs (``steps`` unbounded), learning rate
@@ -249,7 +231,7 @@ class F5Trainer(StepTrainer):
         # every param checked before the model is read
         params = F5TrainingParams.parse(config.params, trainer="F5-TTS")
         lora = _lora_settings(config, params)
-        device, mixed_precision = _device_and_precision(config)
+        device, mixed_precision = self.device_and_precision(config)
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
         finetune = params.finetune
@@ -278,12 +260,12 @@ class F5Trainer(StepTrainer):
             with open(vocab_file, encoding="utf-8") as handle:
                 tokens = [line[:-1] for line in handle]  # every line, repeats too (upstream)
             added = extended_vocab(vocab, [], extend) if extend is not True else []
-            vocab = read_vocab_lines(tokens + added)
+            vocab = {t: i for i, t in enumerate(tokens + added)}  # read_vocab of those lines
             data = prepare_dataset(config.dataset, None if extend is True else vocab,
                                    progress=progress)
             if extend is True:
                 added = extended_vocab(vocab, data.clips)
-                vocab = read_vocab_lines(tokens + added)
+                vocab = {t: i for i, t in enumerate(tokens + added)}  # read_vocab of those lines
             new_tokens = len(added)
             self._claim(run_dir, config, [checkpoint, vocab_file], data)
             vocab_file = prepared_dir / VOCAB_FILE
@@ -333,15 +315,16 @@ class F5Trainer(StepTrainer):
             add_adapters(model.transformer, run.lora, LORA_TARGETS,
                          torch.Generator().manual_seed(run.config.seed))
         model.to(run.device).train()
-        settings = run.settings
-        runner = TrainingRunner(device=run.device, world=world, memory=run.memory,
-                                mixed_precision=settings.mixed_precision, quirks=QUIRKS,
-                                grad_accumulation=settings.grad_accumulation,
-                                max_grad_norm=settings.max_grad_norm)
+        runner = self.runner(run, world, device=run.device, quirks=QUIRKS)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
-                          settings, py_random=py_random, runner=runner,
-                          shard_batches=run.params.shard_batches,
-                          keep_ema=run.lora is None)
+                          run.settings, py_random=py_random, runner=runner,
+                          log=Path(run.config.output_dir) / LOG_FILE,
+                          shard_batches=run.params.shard_batches, keep_ema=run.lora is None)
+        if run.params.samples:  # upstream: off
+            loop.samples_every = run.checkpoint_every
+            loop.write_samples = TrainingSamples(run.model_dir, loop.dataset, run.vocab,
+                                                 Path(run.config.output_dir) / "samples",
+                                                 run.config.seed)
         if not run.finetune or run.lora is not None:  # upstream without a pretrained_ file: a fresh EMA
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
@@ -357,20 +340,11 @@ class F5Trainer(StepTrainer):
         self.claim_run(config, weights=weights, rows=((c.text, c.audio) for c in data.clips),
                        run_dir=run_dir)
 
-    @contextlib.contextmanager
-    def random_scope(self, run: F5Run) -> Iterator[None]:
-        """Upstream seeds torch, the device's generator too (its draws count): in a forked RNG,
-        so that the caller's generators are untouched."""
-        device = torch.device(run.device)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(run.config.seed)
-            yield
-
-    def start(self, run: F5Run, world: ProcessWorld) -> F5Session:
+    def start(self, run: F5Run, world: ProcessWorld) -> FineTuning:
         if world.main:
             logger.info("training on %s, mixed precision %s, memory %s", run.device,
                         run.settings.mixed_precision, run.memory)
-        return F5Session(run, self.build(run, random.Random(run.config.seed), world), world)
+        return self.build(run, random.Random(run.config.seed), world)
 
     def write_export(self, run: F5Run, folder: Path) -> None:
         """The EMA weights as a model directory (`write_model`); a lora run's adapter."""
@@ -381,60 +355,6 @@ class F5Trainer(StepTrainer):
         write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
                     run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
                     finetuned=run.finetune)
-
-
-class F5Session(TrainingSession):
-    """One run's `FineTuning` loop, with the checkpoint of every process's RNG."""
-
-    def __init__(self, run: F5Run, loop: FineTuning, world: ProcessWorld) -> None:
-        self.run, self.loop, self.world, self.runner = run, loop, world, loop.runner
-        self.total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
-        log_samples = run.params.samples  # upstream: off
-        self.samples_every = run.checkpoint_every if log_samples else 0
-        self._writer = None
-
-    def update(self) -> dict[str, float]:
-        return self.loop.next_update()
-
-    def finished(self, done: int) -> bool:
-        return self.loop.done()
-
-    def save(self, path: Path, done: int) -> None:
-        state = self.loop.state_dict()
-        if self.world.size > 1:
-            state["rank_rng"] = gather(self.loop.rng_state(), self.world)
-        if self.world.main:
-            save_state_file(path, state)
-            _write_log(Path(self.run.config.output_dir) / LOG_FILE, self.loop.records)
-        barrier()
-
-    def load(self, path: Path) -> int:
-        loop, output = self.loop, self.run.config.output_dir
-        state = load_state_file(path)
-        if state.get("settings") != loop.recipe():
-            raise InvalidRequest(
-                "output_dir", f"{output} holds a run with other settings "
-                f"({state.get('settings')}); resume it with the same ones or use "
-                "another directory")
-        loop.load_state_dict(state)
-        ranks = state.get("rank_rng") or [loop.rng_state()]
-        if len(ranks) != self.world.size:
-            raise InvalidRequest("output_dir", f"{output} holds a run of {len(ranks)} "
-                                 f"process(es); resume it with as many, not {self.world.size}")
-        loop.set_rng_state(ranks[self.world.rank])
-        return loop.update
-
-    def samples(self, done: int, metrics: MetricsLog | None) -> None:
-        if self._writer is None:
-            run = self.run
-            self._writer = TrainingSamples(run.model_dir, self.loop.dataset, run.vocab,
-                                           Path(run.config.output_dir) / "samples",
-                                           run.config.seed, metrics)
-        self._writer(self.loop.model, done)
-
-    def result_metrics(self, values) -> dict[str, float]:
-        last = self.loop.records[-1] if self.loop.records else None
-        return {} if last is None else {"loss": last.loss, "lr": last.lr}
 
 
 def _write_adapter(run: F5Run, model_state: dict, folder: Path) -> None:
@@ -469,18 +389,3 @@ def expand_text_embedding(weight: torch.Tensor, new_tokens: int) -> torch.Tensor
     expanded[:weight.shape[0]] = weight
     expanded[weight.shape[0]:] = rows
     return expanded
-
-
-def read_vocab_lines(tokens: list[str]) -> dict[str, int]:
-    """``read_vocab`` of a file holding ``tokens``, one per line."""
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        vocab[token] = index
-    return vocab
-
-
-def _write_log(path: Path, records: list[Record]) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(attrs.asdict(record)) + "\n")
