@@ -353,6 +353,10 @@ class StepTrainer(Trainer):
                   else atomic_path)
         with self.random_scope(run):
             session = self.start(run, world)
+            runner = session.runner
+            if runner is not None and world.main:
+                logger.info("training on %s, mixed precision %s, memory %s", runner.device,
+                            runner.mixed_precision, runner.memory)
             found = self.find_checkpoint(output)
             start = session.load(found) if found is not None else 0
             if start and world.main:

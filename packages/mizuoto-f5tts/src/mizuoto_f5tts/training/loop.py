@@ -160,10 +160,6 @@ class FineTuning(RunnerSession):
         self.write_samples: Callable | None = None  # a `TrainingSamples`, with samples_every
         self._losses: list[torch.Tensor] = []
 
-    @property
-    def ema(self):
-        return self.runner.ema
-
     def _epoch_order(self, epoch: int) -> list[list[int]]:
         self.model.train()
         if self.sampler is None:

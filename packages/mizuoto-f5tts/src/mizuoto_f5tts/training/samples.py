@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from mizuoto.training import MetricsLog
-from mizuoto.training.audio_samples import write_audio_samples
+from mizuoto.training.audio_samples import sampling, write_audio_samples
 from mizuoto_f5tts.training.batching import MelDataset
 from mizuoto_f5tts.training.loop import text_ids
 
@@ -46,10 +46,7 @@ class TrainingSamples:
 
     def __call__(self, model: torch.nn.Module, update: int,
                  metrics: MetricsLog | None = None) -> tuple[Path, Path]:
-        training = model.training
-        device = next(model.parameters()).device
-        forked = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=forked), torch.inference_mode():
+        with sampling(model) as device:
             if self.vocoder is None:
                 from mizuoto_f5tts.checkpoint import load_vocos
 
@@ -65,7 +62,6 @@ class TrainingSamples:
             gen_mel = generated.to(torch.float32)[:, frames:, :].permute(0, 2, 1).cpu()
             gen = self.vocoder.decode(gen_mel).squeeze().numpy()
             ref = self.vocoder.decode(mel[None].float().cpu()).squeeze().numpy()
-        model.train(training)
         paths = write_audio_samples(self.directory, [
             (f"update_{update}_{kind}", audio, f"samples/{kind}")
             for kind, audio in (("gen", gen), ("ref", ref))], SAMPLE_RATE, step=update,

@@ -6,11 +6,8 @@ Stages (the `mizuoto.Trainer` contract):
 - `prepare`: resolves the model, checks the run directory, reads and checks the data set
   (`prepare_dataset`; bad rows reported and skipped) and writes ``prepared/`` in the run
   directory. Returns an `F5Run`.
-- `train`: seeds torch (in a forked RNG, so the caller's generator is untouched) and a private
-  ``random.Random`` with ``config.seed``, builds the model as upstream does (same random draws),
-  loads the base weights, resumes from ``checkpoints/last.pt`` when there is one, trains, and
-  writes that checkpoint every ``save_every`` updates and at the end; on SIGINT or SIGTERM
-  it stops after the current update, writes it and returns (``TrainingResult.interrupted``).
+- `start`: the model built as upstream builds it (its random draws, after torch is seeded
+  with ``config.seed``), its base weights and `FineTuning` on core's runner.
 - `export`: the EMA weights as a model directory (`export_model`); a ``lora`` run's adapter
   alone (peft's files, `mizuoto.adapters.write_adapter`), naming its base model by id and
   fingerprint.
@@ -53,6 +50,7 @@ from mizuoto.training import (
     ProcessWorld,
     RunDirectory,
     StepTrainer,
+    TrainingRunner,
     warn_long_warmup,
 )
 from mizuoto.training.state import load_state_file
@@ -85,12 +83,9 @@ class F5Run:
     vocab: dict[str, int]
     data: PreparedData
     settings: LoopSettings
-    memory: str = "default"
     vocab_file: Path | None = None  # the base model's, or the extended one in prepared/
     new_tokens: int = 0  # text-embedding rows added for an extended vocabulary
     finetune: bool = True  # false: random initialisation, no base weights
-    keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
-    checkpoint_every: int = 0  # updates between numbered copies
     device: str = "cpu"
     params: F5TrainingParams = attrs.field(factory=F5TrainingParams)  # config.params, checked
     lora: LoRASettings | None = None  # a lora run's adapters (target patterns as given)
@@ -235,7 +230,7 @@ class F5Trainer(StepTrainer):
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
         finetune = params.finetune
-        keep, every = checkpoint_retention(config)
+        keep = checkpoint_retention(config)[0]
         vocab_file = _vocab_file(params, model_dir)
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)
@@ -291,10 +286,10 @@ class F5Trainer(StepTrainer):
                        and k not in ("batch_frames", "max_samples", "logger")},
             "device": str(device)}, logger=params.logger)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
-                     config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
-                     every, str(device), params, lora)
+                     vocab_file, new_tokens if finetune else 0, finetune, str(device), params,
+                     lora)
 
-    def build(self, run: F5Run, py_random: random.Random, world: ProcessWorld) -> FineTuning:
+    def start(self, run: F5Run, world: ProcessWorld) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
         from mizuoto.nn.flow import ConditionalFlowMatching
         from mizuoto_f5tts.checkpoint import read_checkpoint
@@ -315,13 +310,17 @@ class F5Trainer(StepTrainer):
             add_adapters(model.transformer, run.lora, LORA_TARGETS,
                          torch.Generator().manual_seed(run.config.seed))
         model.to(run.device).train()
-        runner = self.runner(run, world, device=run.device, quirks=QUIRKS)
+        settings = run.settings  # as prepare applied them (device_and_precision)
+        runner = TrainingRunner(device=run.device, world=world, memory=run.config.memory,
+                                mixed_precision=settings.mixed_precision, quirks=QUIRKS,
+                                grad_accumulation=settings.grad_accumulation,
+                                max_grad_norm=settings.max_grad_norm)
         loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
-                          run.settings, py_random=py_random, runner=runner,
+                          settings, py_random=random.Random(run.config.seed), runner=runner,
                           log=Path(run.config.output_dir) / LOG_FILE,
                           shard_batches=run.params.shard_batches, keep_ema=run.lora is None)
         if run.params.samples:  # upstream: off
-            loop.samples_every = run.checkpoint_every
+            loop.samples_every = checkpoint_retention(run.config)[1]
             loop.write_samples = TrainingSamples(run.model_dir, loop.dataset, run.vocab,
                                                  Path(run.config.output_dir) / "samples",
                                                  run.config.seed)
@@ -331,20 +330,14 @@ class F5Trainer(StepTrainer):
                else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
         if "initted" in raw and "step" in raw:
             # upstream loads the base file into its EMA: its update counter carries over
-            loop.ema.initted = raw["initted"].clone()
-            loop.ema.step = raw["step"].clone()
+            loop.runner.ema.initted = raw["initted"].clone()
+            loop.runner.ema.step = raw["step"].clone()
         return loop
 
     def _claim(self, run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
                data: PreparedData) -> None:
         self.claim_run(config, weights=weights, rows=((c.text, c.audio) for c in data.clips),
                        run_dir=run_dir)
-
-    def start(self, run: F5Run, world: ProcessWorld) -> FineTuning:
-        if world.main:
-            logger.info("training on %s, mixed precision %s, memory %s", run.device,
-                        run.settings.mixed_precision, run.memory)
-        return self.build(run, random.Random(run.config.seed), world)
 
     def write_export(self, run: F5Run, folder: Path) -> None:
         """The EMA weights as a model directory (`write_model`); a lora run's adapter."""
@@ -382,10 +375,7 @@ TEXT_EMBED = "transformer.text_embed.text_embed.weight"
 
 def expand_text_embedding(weight: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Upstream's ``expand_model_embeddings`` (finetune_gradio): the new rows are
-    ``randn`` drawn right after ``torch.manual_seed(666)``."""
+    ``randn`` drawn right after ``torch.manual_seed(666)``, in float32."""
     rows = torch.randn((new_tokens, weight.shape[1]),
                        generator=torch.Generator().manual_seed(666))
-    expanded = torch.zeros((weight.shape[0] + new_tokens, weight.shape[1]))
-    expanded[:weight.shape[0]] = weight
-    expanded[weight.shape[0]:] = rows
-    return expanded
+    return torch.cat([weight.float(), rows])
