@@ -14,6 +14,7 @@ from mizuoto.runtime.threads import torch_threads
 from mizuoto.training import (
     EpochPosition,
     ProcessWorld,
+    RecipeQuirks,
     RunnerSession,
     StepTrainer,
     TrainingRunner,
@@ -69,10 +70,11 @@ def test_a_position_resumes_mid_epoch_with_the_same_order():
     assert seen == [0]  # the order was not drawn again
 
 
-def _session(seed, recipe=None, epochs=2):
+def _session(seed, recipe=None, epochs=2, batch_log=None):
     torch.manual_seed(seed)
     model = torch.nn.Linear(3, 1)
-    runner = TrainingRunner(grad_accumulation=2)
+    # the loop logs after the schedule's step: the last micro-batch's rate is the next update's
+    runner = TrainingRunner(grad_accumulation=2, quirks=RecipeQuirks(logs_next_update_lr=True))
     runner.optimize(model, learning_rate=0.1, schedule="linear", warmup=1, total=6)
     data = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
     draws = random.Random(3)
@@ -86,7 +88,7 @@ def _session(seed, recipe=None, epochs=2):
     return RunnerSession(runner, model, total=position.total_updates,
                          next_batch=position.next_batch, loss=loss,
                          generators={"draws": draws}, position=position,
-                         recipe=recipe or {"epochs": epochs})
+                         recipe=recipe or {"epochs": epochs}, batch_log=batch_log)
 
 
 def test_a_runner_session_with_a_position_resumes_to_the_same_bytes(tmp_path):
@@ -106,6 +108,30 @@ def test_a_runner_session_with_a_position_resumes_to_the_same_bytes(tmp_path):
         resumed.update()
     assert torch.equal(resumed.model.weight, straight.model.weight)
     assert resumed.position.state_dict() == straight.position.state_dict()
+
+
+def test_the_batch_log_has_every_micro_batch_as_a_loop_logging_each_sees_it(tmp_path):
+    """Micro-batches 2, 2, 1: the update count and learning rate before the update, the last
+    micro-batch's after it; kept in the checkpoint and written to the log at each save."""
+    import json
+
+    session = _session(0, batch_log=tmp_path / "log.jsonl")
+    lrs = []
+    for _ in range(3):
+        lrs.append(session.runner.scheduler.get_last_lr()[0])
+        values = session.update()
+    assert [r[0] for r in session.records] == [0, 1, 1, 2, 3]
+    assert [r[2] for r in session.records] == [lrs[0], lrs[1], lrs[1], lrs[2],
+                                              session.runner.scheduler.get_last_lr()[0]]
+    assert session.records[-1][1] == values["loss"]
+    session.save(tmp_path / "last.pt", 3)
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [tuple(row.values()) for row in rows] == session.records
+    assert list(rows[0]) == ["update", "loss", "lr"]
+    resumed = _session(0, batch_log=tmp_path / "other.jsonl")
+    resumed.load(tmp_path / "last.pt")
+    assert resumed.records == session.records
+    assert resumed.result_metrics({}) == {"loss": values["loss"], "lr": session.records[-1][2]}
 
 
 def test_a_resume_with_other_settings_is_refused_before_loading(tmp_path):

@@ -34,9 +34,10 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import json
 import logging
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -139,26 +140,55 @@ class RunnerSession(TrainingSession):
     EMA), every process's random ``generators`` (a sampler's, a ``random.Random``) with torch's
     own, and ``position`` (an `EpochPosition`: then its micro-batches make each update).
     ``recipe``: what a resumed run must share with the one it resumes; other settings are
-    refused by name before anything is loaded."""
+    refused by name before anything is loaded. ``batch_log``: a JSONL file of every
+    micro-batch's ``update``, ``progress_losses`` and ``lr`` as a loop logging each batch sees
+    them (the update count and learning rate before the update; the last micro-batch's after
+    it), kept in the checkpoint as ``records`` and rewritten at each save. ``samples``:
+    `TrainingSession.samples` as ``samples(model, done, metrics)``."""
 
     def __init__(self, runner: TrainingRunner, model, *, total: int, next_batch, loss,
                  generators: Mapping[str, Any] | None = None,
                  weights: Mapping[str, float] | None = None, trainable_only: bool = False,
                  position: EpochPosition | None = None,
-                 recipe: Mapping[str, Any] | None = None) -> None:
+                 recipe: Mapping[str, Any] | None = None, batch_log: Path | None = None,
+                 samples: Callable[..., Any] | None = None, samples_every: int = 0) -> None:
         self.runner, self.model, self.total = runner, model, total
         self.next_batch, self.loss, self.weights = next_batch, loss, weights
         self.generators = dict(generators or {})
         self.trainable_only = trainable_only
-        self.position, self.recipe = position, recipe
+        self.position, self.recipe, self.batch_log = position, recipe, batch_log
+        self.write_samples, self.samples_every = samples, samples_every if samples else 0
+        self.done = 0
+        self.records: list[tuple] = []  # with batch_log: (update, *losses, lr) per micro-batch
 
     def update(self) -> Mapping[str, float]:
         count = None if self.position is None else self.position.micro_batches()
-        values = self.runner.update(self.next_batch, self.loss, weights=self.weights,
-                                    micro_batches_count=count)
+        lr, before, losses = self.runner.scheduler.get_last_lr()[0], self.done, []
+
+        def loss(batch):
+            values = self.loss(batch)
+            losses.append([values[key].detach() for key in self.progress_losses])
+            return values
+
+        values = self.runner.update(self.next_batch, loss if self.batch_log else self.loss,
+                                    weights=self.weights, micro_batches_count=count)
+        self.done += 1
         if self.position is not None:
             self.position.update += 1
+        if self.batch_log is not None:
+            self.records += [(before, *(v.item() for v in row), lr) for row in losses[:-1]]
+            self.records.append((self.done, *(values[k] for k in self.progress_losses),
+                                 values["lr"]))
         return values
+
+    def samples(self, done: int, metrics: MetricsLog | None) -> None:
+        self.write_samples(self.model, done, metrics)
+
+    def result_metrics(self, values: Mapping[str, float]) -> Mapping[str, float]:
+        """``values``; with nothing trained, the last record's."""
+        if values or not self.records:
+            return values
+        return dict(zip((*self.progress_losses, "lr"), self.records[-1][1:], strict=True))
 
     def state(self, done: int) -> dict[str, Any]:
         """What process 0 saves after update ``done`` (every process's generators gathered
@@ -170,6 +200,8 @@ class RunnerSession(TrainingSession):
             state["position"] = self.position.state_dict()
         if self.recipe is not None:
             state["settings"] = dict(self.recipe)
+        if self.batch_log is not None:
+            state["records"] = list(self.records)
         return state
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -178,12 +210,19 @@ class RunnerSession(TrainingSession):
         self.runner.load_state_dict(state)
         if self.position is not None:
             self.position.load_state_dict(state["position"])
+        if self.batch_log is not None:
+            self.records = [tuple(record) for record in state["records"]]
 
     def save(self, path: Path, done: int) -> None:
         world = self.runner.world
         rng = gather(self.runner.rng_state(**self.generators), world)  # every process's
         if world.main:
             save_state_file(path, {**self.state(done), "rng": rng})
+            if self.batch_log is not None:
+                names = ("update", *self.progress_losses, "lr")
+                with atomic_path(self.batch_log) as tmp:
+                    tmp.write_text("".join(json.dumps(dict(zip(names, r, strict=True))) + "\n"
+                                           for r in self.records), encoding="utf-8")
         barrier()  # the checkpoint is whole on disk when any process goes on
 
     def load(self, path: Path) -> int:
@@ -197,7 +236,8 @@ class RunnerSession(TrainingSession):
                                  f"process(es)", f"resume it with as many, not {world.size}")
         self.restore(state)
         self.runner.set_rng_state(state["rng"][world.rank], **self.generators)
-        return int(state["update"])
+        self.done = int(state["update"])
+        return self.done
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ scaler skips does not advance the schedule (the EMA and the update count advance
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from mizuoto.runtime.atomic import atomic_path
 from mizuoto.training import EpochPosition, RecipeQuirks, RunnerSession, TrainingRunner
 from mizuoto.training.loader_order import SampleBatches
 from mizuoto_f5tts.training.batching import (
@@ -119,16 +117,15 @@ def recomputed_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 class FineTuning(RunnerSession):
-    """One run's data, loss and log on ``runner`` (core's `RunnerSession`: the checkpoint, the
-    position in the epochs, every process's generators). ``records``: every micro-batch's
-    ``(update, loss, lr)`` as upstream logs it, also written to ``training_log.jsonl``."""
+    """One run's data and loss on ``runner`` (core's `RunnerSession`: the checkpoint, the
+    position in the epochs, every process's generators, the log of every micro-batch as
+    upstream logs it, ``log``)."""
 
     def __init__(self, model: nn.Module, vocab: Mapping[str, int], dataset: MelDataset,
                  durations: Sequence[float], settings: LoopSettings, *,
                  py_random: random.Random, runner: TrainingRunner, log: Path | None = None,
-                 shard_batches: bool = True, keep_ema: bool = True) -> None:
-        self.vocab, self.dataset, self.settings, self.draws, self.log = (
-            vocab, dataset, settings, py_random, log)
+                 shard_batches: bool = True, keep_ema: bool = True, **session) -> None:
+        self.vocab, self.dataset, self.settings, self.draws = vocab, dataset, settings, py_random
         if keep_ema:  # a LoRA run exports its adapters as trained: no copy of the model
             runner.keep_ema(model)
         runner.checkpoint_activations(recomputed_blocks(model))
@@ -154,11 +151,9 @@ class FineTuning(RunnerSession):
                   if k not in ("max_updates", "save_every")}  # a resume may change these
         super().__init__(runner, model, total=position.total_updates,
                          next_batch=self._next_batch, loss=self._loss, generators=generators,
-                         position=position, recipe={**recipe, "world_size": runner.world.size,
-                                                    "shard": position.shard})
-        self.records: list[tuple[int, float, float]] = []
-        self.write_samples: Callable | None = None  # a `TrainingSamples`, with samples_every
-        self._losses: list[torch.Tensor] = []
+                         position=position, batch_log=log, **session,
+                         recipe={**recipe, "world_size": runner.world.size,
+                                 "shard": position.shard})
 
     def _epoch_order(self, epoch: int) -> list[list[int]]:
         self.model.train()
@@ -178,38 +173,5 @@ class FineTuning(RunnerSession):
                 text_ids(batch["text"], self.vocab).to(device), batch["mel_lengths"].to(device))
 
     def _loss(self, batch) -> dict[str, torch.Tensor]:
-        mel, text, lens = batch
         # accelerate converts a prepared model's outputs to float32
-        value = flow_matching_loss(self.backbone, mel, text, lens, self.draws).float()
-        self._losses.append(value)
-        return {"loss": value}
-
-    def update(self) -> dict[str, float]:
-        """One update; every micro-batch recorded as upstream logs it: the update count and
-        learning rate before the update, the last one's after."""
-        lr, update = self.runner.scheduler.get_last_lr()[0], self.position.update
-        self._losses.clear()
-        values = dict(super().update())
-        self.records += [(update, value.item(), lr) for value in self._losses[:-1]]
-        self.records.append((self.position.update, values["loss"], values["lr"]))
-        return values
-
-    def state(self, done: int) -> dict:
-        return {**super().state(done), "records": list(self.records)}
-
-    def restore(self, state: Mapping) -> None:
-        super().restore(state)
-        self.records = [tuple(record) for record in state["records"]]
-
-    def save(self, path: Path, done: int) -> None:
-        super().save(path, done)
-        if self.log is not None and self.runner.world.main:
-            rows = (dict(zip(("update", "loss", "lr"), r, strict=True)) for r in self.records)
-            with atomic_path(self.log) as tmp:
-                tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-
-    def samples(self, done: int, metrics) -> None:
-        self.write_samples(self.model, done, metrics)
-
-    def result_metrics(self, values) -> dict[str, float]:
-        return {"loss": self.records[-1][1], "lr": self.records[-1][2]} if self.records else {}
+        return {"loss": flow_matching_loss(self.backbone, *batch, self.draws).float()}

@@ -72,6 +72,7 @@ from mizuoto_f5tts.variants import F5Variant
 
 logger = logging.getLogger(__name__)
 
+
 @attrs.frozen
 class F5Run:
     """What `F5Trainer.prepare` found: the run's inputs, checked."""
@@ -315,15 +316,14 @@ class F5Trainer(StepTrainer):
                                 mixed_precision=settings.mixed_precision, quirks=QUIRKS,
                                 grad_accumulation=settings.grad_accumulation,
                                 max_grad_norm=settings.max_grad_norm)
-        loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
-                          settings, py_random=random.Random(run.config.seed), runner=runner,
-                          log=Path(run.config.output_dir) / LOG_FILE,
-                          shard_batches=run.params.shard_batches, keep_ema=run.lora is None)
-        if run.params.samples:  # upstream: off
-            loop.samples_every = checkpoint_retention(run.config)[1]
-            loop.write_samples = TrainingSamples(run.model_dir, loop.dataset, run.vocab,
-                                                 Path(run.config.output_dir) / "samples",
-                                                 run.config.seed)
+        dataset, output = MelDataset(run.data.clips), Path(run.config.output_dir)
+        loop = FineTuning(model, run.vocab, dataset, run.data.durations, settings,
+                          py_random=random.Random(run.config.seed), runner=runner,
+                          log=output / LOG_FILE, shard_batches=run.params.shard_batches,
+                          keep_ema=run.lora is None, samples=TrainingSamples(
+                              run.model_dir, dataset, run.vocab, output / "samples",
+                              run.config.seed) if run.params.samples else None,  # upstream: off
+                          samples_every=checkpoint_retention(run.config)[1])
         if not run.finetune or run.lora is not None:  # upstream without a pretrained_ file: a fresh EMA
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
