@@ -63,7 +63,8 @@ from mizuoto.training.trainer import RunnerSession, StepTrainer, TrainingSession
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
-    "Cadence", "EpochPosition", "LoopOutcome", "LossForward", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
+    "Cadence", "EpochPosition",
+    "LoopOutcome", "LossForward", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
     "build_schedule",
     "training_device", "training_precision", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
     "RunIdentity", "StepLoop", "StepProgress", "barrier", "base_fingerprint",

@@ -11,9 +11,8 @@ seed (one ``int64`` draw: from torch's global generator with frame batching, fro
 generator with sample batching) in epochs 0 and 1 only (the loader of epoch 0 is accelerate's
 ``skip_first_batches`` copy; the persistent loader draws once, at epoch 1).
 
-An update's micro-batches are accelerate's: every ``grad_accumulation`` batches and at the last
-batch of an epoch (the counter restarts there); each loss is still divided by the accumulation
-steps. Under torchrun each rank takes every N-th batch of the epoch's order (see `FineTuning`).
+Micro-batches, updates and torchrun's shares of an epoch are accelerate's (core's
+`EpochPosition`); each loss is divided by the accumulation steps, even in an epoch's short update.
 The recipe's quirks, declared to the runner (`QUIRKS`): the logged learning rate is the next
 update's; with clipping off the norm is of the still-scaled gradients; an update the fp16
 scaler skips does not advance the schedule (the EMA and the update count advance anyway).

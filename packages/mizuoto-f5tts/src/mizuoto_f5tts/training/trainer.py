@@ -1,16 +1,10 @@
-"""`F5Trainer`: full fine-tuning of F5-TTS v1 Base, v0 Base and E2 as upstream's
-``f5-tts_finetune-cli`` does it, byte for byte on the CPU (see `mizuoto_f5tts.training.loop`).
-
-Stages (the `mizuoto.Trainer` contract):
-
-- `prepare`: resolves the model, checks the run directory, reads and checks the data set
-  (`prepare_dataset`; bad rows reported and skipped) and writes ``prepared/`` in the run
-  directory. Returns an `F5Run`.
-- `start`: the model built as upstream builds it (its random draws, after torch is seeded
-  with ``config.seed``), its base weights and `FineTuning` on core's runner.
-- `export`: the EMA weights as a model directory (`export_model`); a ``lora`` run's adapter
-  alone (peft's files, `mizuoto.adapters.write_adapter`), naming its base model by id and
-  fingerprint.
+"""`F5Trainer`: fine-tuning F5-TTS v1 Base, v0 Base and E2 as upstream's ``f5-tts_finetune-cli``
+does it, byte for byte on the CPU, on core's `StepTrainer`: `prepare` checks the model, the run
+directory and the data set (written to ``prepared/``); `start` builds the model as upstream does
+(its random draws: torch seeded with ``config.seed``) and its `FineTuning`
+(`mizuoto_f5tts.training.loop`); `write_export` writes the EMA weights as a model directory
+(`write_model`), or a ``lora`` run's adapter alone (peft's files, `mizuoto.adapters.
+write_adapter`), naming its base model by id and fingerprint.
 
 ``config.method``: ``full`` (upstream's fine-tuning) or ``lora``: adapters on the DiT's
 attention and feed-forward projections (`mizuoto_f5tts.lora.LORA_TARGETS`; ``params.lora_r``
@@ -18,12 +12,8 @@ attention and feed-forward projections (`mizuoto_f5tts.lora.LORA_TARGETS`; ``par
 generator seeded with ``config.seed``, ``lora_B`` zero, only they in the optimizer and no EMA
 copy of the model (the adapter is exported as trained). There is no upstream F5 LoRA to match.
 
-``config.params``: `F5TrainingParams` (the shared trainer settings and F5's own, all
-optional, each documented there). Training stops after ``config.steps`` updates or at the end
-of the last epoch.
-
-``config.compute.device`` (``auto``: CUDA, else MPS, else the CPU, as accelerate picks) is
-where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
+``config.params``: `F5TrainingParams`. Training stops after ``config.steps`` updates or at
+the end of the last epoch. ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
 (``auto`` = ``no``, upstream's default; ``fp16`` needs CUDA, as accelerate's loss scaling).
 """
 
@@ -93,12 +83,11 @@ class F5Run:
 
 
 def _vocab_file(params: F5TrainingParams, model_dir: Path) -> Path:
-    from mizuoto_f5tts.checkpoint import VOCAB_FILE, default_vocab_path
+    from mizuoto_f5tts.checkpoint import model_vocab_path
 
     custom = params.vocab_file
     if custom is None:
-        own = model_dir / VOCAB_FILE
-        return own if own.is_file() else default_vocab_path()
+        return model_vocab_path(model_dir)
     if not Path(custom).is_file():
         raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {custom!r}",
                              "one token per line, as upstream's --tokenizer_path")
@@ -293,14 +282,14 @@ class F5Trainer(StepTrainer):
     def start(self, run: F5Run, world: ProcessWorld) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
         from mizuoto.nn.flow import ConditionalFlowMatching
-        from mizuoto_f5tts.checkpoint import read_checkpoint
+        from mizuoto_f5tts.checkpoint import TEXT_EMBED_KEY, read_checkpoint
 
         model = ConditionalFlowMatching(run.variant.build_backbone(len(run.vocab)),
                                         num_channels=run.variant.mel_dim)
         if run.finetune:
             base = read_checkpoint(run.checkpoint)
             if run.new_tokens:
-                base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
+                base[TEXT_EMBED_KEY] = expand_text_embedding(base[TEXT_EMBED_KEY], run.new_tokens)
             load_into(model, base, run.checkpoint)
             del base
         if run.lora is not None:
@@ -368,9 +357,6 @@ def _write_adapter(run: F5Run, model_state: dict, folder: Path) -> None:
                   engine="f5tts", base_model=base_model,
                   base_fingerprint=weights_fingerprint(run.checkpoint, run.vocab),
                   fmt=LORA_TARGETS.format)
-
-
-TEXT_EMBED = "transformer.text_embed.text_embed.weight"
 
 
 def expand_text_embedding(weight: torch.Tensor, new_tokens: int) -> torch.Tensor:
