@@ -116,9 +116,9 @@ def recomputed_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 class FineTuning(RunnerSession):
-    """One run's data and loss on ``runner`` (core's `RunnerSession`: the checkpoint, the
-    position in the epochs, every process's generators, the log of every micro-batch as
-    upstream logs it, ``log``)."""
+    """One run's data and loss on ``runner``; core's `RunnerSession` keeps the checkpoint, the
+    position in the epochs, every process's generators and ``log`` (`LOG_FILE`: every
+    micro-batch as upstream logs it). ``session``: `RunnerSession`'s samples keywords."""
 
     def __init__(self, model: nn.Module, vocab: Mapping[str, int], dataset: MelDataset,
                  durations: Sequence[float], settings: LoopSettings, *,
