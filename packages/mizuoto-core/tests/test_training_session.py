@@ -145,6 +145,16 @@ def test_a_resume_with_other_settings_is_refused_before_loading(tmp_path):
     assert torch.equal(other.model.weight, before)
 
 
+def test_a_checkpoint_of_an_older_session_is_refused_by_name(tmp_path):
+    from mizuoto.training.state import save_state_file
+
+    session = _session(0)
+    save_state_file(tmp_path / "last.pt", {"model": session.model.state_dict(),
+                                           "torch_rng": torch.get_rng_state()})
+    with pytest.raises(InvalidRequest, match="older trainer"):
+        session.load(tmp_path / "last.pt")
+
+
 class _Toy(StepTrainer):
     engine, methods = "toy", frozenset({"full"})
     prepare = start = write_export = None

@@ -227,6 +227,10 @@ class RunnerSession(TrainingSession):
 
     def load(self, path: Path) -> int:
         state, world = load_state_file(path), self.runner.world
+        if "rng" not in state:  # e.g. F5's own session's, before it ran on this one
+            raise InvalidRequest("output_dir", f"{path} was written by an older trainer",
+                                 "finish the run with the version that started it, or train "
+                                 "into another directory")
         if self.recipe is not None and state.get("settings") != dict(self.recipe):
             raise InvalidRequest("output_dir", f"{path} holds a run with other settings "
                                  f"({state.get('settings')})", "resume it with the "
