@@ -25,8 +25,9 @@
   `preview`: an exported model speaking a training text;
 - `state`: a resumable training state (weights, optimizer, scheduler, RNG) in one file;
 - `recipe`: a trainer's settings from ``--param KEY=VALUE`` and ``--config FILE``;
-- `trainer`: `StepTrainer`, the `Trainer` base class doing all of the above for a run, and
-  `TrainingSession`, what an engine's trainer builds (one update, its state).
+- `session`: `TrainingSession`, what an engine's trainer builds (one update, its state), and
+  `RunnerSession`, one that is only model + data + loss on the runner;
+- `trainer`: `StepTrainer`, the `Trainer` base class doing all of the above for a run.
 
 docs/plugins.md ("Training toolkit") shows a trainer built on it.
 """
@@ -51,6 +52,7 @@ from mizuoto.training.runner import (
     training_precision,
 )
 from mizuoto.training.schedules import SCHEDULES, build_schedule
+from mizuoto.training.session import RunnerSession, TrainingSession
 from mizuoto.training.state import load_training_state, save_training_state
 from mizuoto.training.steps import (
     Cadence,
@@ -59,7 +61,7 @@ from mizuoto.training.steps import (
     micro_batches,
     warn_long_warmup,
 )
-from mizuoto.training.trainer import RunnerSession, StepTrainer, TrainingSession
+from mizuoto.training.trainer import StepTrainer
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
