@@ -42,8 +42,7 @@ import abc
 import contextlib
 import functools
 import logging
-import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -85,111 +84,27 @@ from mizuoto.training.runner import (
     training_precision,
 )
 from mizuoto.training.schedules import check_schedule
+from mizuoto.training.session import RunnerSession, TrainingSession
 from mizuoto.training.steps import Cadence, StepLoop
-from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
+from mizuoto.training.world import ProcessWorld, barrier, join, process_world
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["CHECKPOINT", "NUMBERED", "RunnerSession", "StepTrainer", "TrainingSession",
+           "training_device", "training_precision"]
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
 NUMBERED = "model_{}.pt"  # checkpoints/model_<N>.pt, as f5-tts's
 
 
-class TrainingSession(abc.ABC):
-    """One run in memory, built by `StepTrainer.start`: the model, optimiser and data.
+@contextlib.contextmanager
+def _seeded_torch(seed: int, device) -> Iterator[None]:
+    import torch
 
-    ``total``: the updates the run makes. `update` makes one whole optimiser update and
-    returns the values it logs; `save`/`load` write and restore everything a resumed run needs
-    to reach the bytes of an uninterrupted one (`save` runs on every process: it may be a
-    collective; it writes ``path`` atomically, e.g. `mizuoto.training.save_training_state`).
-    """
-
-    total: int
-    #: updates between audio samples (`samples`); 0: none
-    samples_every: int = 0
-    #: the loss keys the progress line shows
-    progress_losses: tuple[str, ...] = ("loss",)
-    #: where the interruption's all-reduce runs (None: the CPU)
-    device: Any = None
-    #: the run's `TrainingRunner` (optimiser, schedule, precision), when the session has one
-    runner: TrainingRunner | None = None
-    #: process 0's metrics log (None elsewhere), set by `StepTrainer.train` before the loop
-    metrics: MetricsLog | None = None
-
-    @abc.abstractmethod
-    def update(self) -> Mapping[str, float]:
-        """One optimiser update (its micro-batches, clipping, the optimiser and schedule)."""
-
-    @abc.abstractmethod
-    def save(self, path: Path, done: int) -> None:
-        """Write the resumable state after ``done`` updates to ``path``."""
-
-    @abc.abstractmethod
-    def load(self, path: Path) -> int:
-        """Restore the state ``save`` wrote; returns the updates it holds."""
-
-    def finished(self, done: int) -> bool:
-        return done >= self.total
-
-    def write_numbered(self, target: Path, checkpoint: Path, done: int) -> None:
-        """Fill numbered checkpoint ``target`` (process 0; a temporary path, or an empty folder
-        with ``checkpoint_folders``, swapped in whole) after update ``done``; ``checkpoint``
-        (the resumable one) was just saved. Default: a copy of it."""
-        shutil.copyfile(checkpoint, target)
-
-    def samples(self, done: int, metrics: MetricsLog | None) -> None:
-        """Audio samples after update ``done`` (process 0; called when ``samples_every`` is
-        set), also into ``metrics``' TensorBoard; they must draw no number of the run's own
-        generators."""
-        raise NotImplementedError(f"{type(self).__name__} sets samples_every: write samples()")
-
-    def result_metrics(self, values: Mapping[str, float]) -> Mapping[str, float]:
-        """The result's metrics from the last update's ``values`` (empty when it made none)."""
-        return values
-
-
-class RunnerSession(TrainingSession):
-    """A session that is only model + data + loss, on ``runner`` (`TrainingRunner`, its
-    `optimize` called): `update` is ``runner.update(next_batch, loss, weights=weights)``;
-    `save`/`load` write and restore, in one file, ``model``'s weights (``trainable_only``: those
-    that train), the runner's state (optimiser, schedule, scaler, EMA) and the random
-    ``generators`` (a sampler's, a ``random.Random``) with torch's own."""
-
-    def __init__(self, runner: TrainingRunner, model, *, total: int, next_batch, loss,
-                 generators: Mapping[str, Any] | None = None,
-                 weights: Mapping[str, float] | None = None, trainable_only: bool = False
-                 ) -> None:
-        self.runner, self.model, self.total = runner, model, total
-        self.next_batch, self.loss, self.weights = next_batch, loss, weights
-        self.generators = dict(generators or {})
-        self.trainable_only = trainable_only
-
-    def update(self) -> Mapping[str, float]:
-        return self.runner.update(self.next_batch, self.loss, weights=self.weights)
-
-    def save(self, path: Path, done: int) -> None:
-        import torch
-
-        world = self.runner.world
-        rng = gather(self.runner.rng_state(**self.generators), world)  # every process's
-        if not world.main:
-            return
-        weights = {name: p.detach().clone() for name, p in self.model.named_parameters()
-                   if p.requires_grad} if self.trainable_only else self.model.state_dict()
-        with atomic_path(path) as tmp:
-            torch.save({"update": done, "model": weights, **self.runner.state_dict(),
-                        "rng": rng}, tmp)
-
-    def load(self, path: Path) -> int:
-        import torch
-
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        self.model.load_state_dict(state["model"], strict=not self.trainable_only)
-        self.runner.load_state_dict(state)
-        if len(state["rng"]) != self.runner.world.size:
-            raise InvalidRequest("output_dir", f"{path} holds a run of {len(state['rng'])} "
-                                 f"process(es); resume it with as many")
-        self.runner.set_rng_state(state["rng"][self.runner.world.rank], **self.generators)
-        return int(state["update"])
+    # the device's generator too: an upstream seeding torch seeds it, and its draws count
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 class StepTrainer(Trainer):
@@ -221,6 +136,18 @@ class StepTrainer(Trainer):
             raise TypeError(f"{cls.__name__} declares lora_targets: mix "
                             "mizuoto.training.lora.LoRAParams into its params_class "
                             f"{cls.params_class.__name__}")
+    #: ``compute.device`` ``auto``'s rule (a function returning the device; None: CUDA, else
+    #: MPS, else the CPU, as accelerate picks)
+    device_auto: ClassVar[Any] = None
+    #: the mixed-precision mode ``auto`` is, by device type (absent: ``no``)
+    precision_auto: ClassVar[Mapping[str, str]] = {}
+    #: modes refused off CUDA, and upstream's reason in words
+    precision_cuda_only: ClassVar[tuple[str, ...]] = ("fp16",)
+    precision_cuda_only_why: ClassVar[str] = ""
+    #: the run is built and trained with torch (and the device's generator) seeded with
+    #: ``config.seed`` in a forked RNG, as an upstream that seeds torch does; the caller's
+    #: generators are untouched
+    seeds_torch: ClassVar[bool] = False
 
     @abc.abstractmethod
     def start(self, run: Any, world: ProcessWorld) -> TrainingSession:
@@ -296,25 +223,42 @@ class StepTrainer(Trainer):
                           self.lora_targets, engine=self.engine, base_model=str(run.config.model),
                           base_fingerprint=self.lora_base_fingerprint(run))
 
-    def runner(self, run: Any, world: ProcessWorld, *, device=None, mixed_precision: str = "no",
-               grad_accumulation: int = 1, max_grad_norm: float = 1.0,
-               schedule: str = "constant", warmup_updates: int = 0,
+    def device_and_precision(self, config: TrainingConfig, device=None) -> tuple[Any, str]:
+        """Where a run trains and its mixed-precision mode, chosen here once for every trainer:
+        ``config.compute.device`` (`training_device`; ``auto``: ``device_auto``, or CUDA, else
+        MPS, else the CPU) unless ``device`` is given, and ``config.mixed_precision``
+        (`training_precision`; ``auto``: ``precision_auto`` for the device type, else ``no``;
+        a mode of ``precision_cuda_only`` refused off CUDA, ``precision_cuda_only_why`` saying
+        why)."""
+        import torch
+
+        device = (training_device(config.compute, auto=self.device_auto) if device is None
+                  else torch.device(device))
+        return device, training_precision(
+            config.mixed_precision, device, auto=self.precision_auto.get(device.type, "no"),
+            cuda_only=self.precision_cuda_only, why=self.precision_cuda_only_why)
+
+    def runner(self, run: Any, world: ProcessWorld, *, device=None,
+               mixed_precision: str | None = None, grad_accumulation: int = 1,
+               max_grad_norm: float = 1.0, schedule: str = "constant", warmup_updates: int = 0,
                scaler: bool | None = None, quirks: RecipeQuirks = RecipeQuirks()
                ) -> TrainingRunner:
-        """The run's `TrainingRunner`: on ``device`` (default `training_device` of
-        ``config.compute``) with ``mixed_precision`` (``config.mixed_precision``, ``auto``
-        being this one), ``params.grad_accumulation``/``max_grad_norm`` (default the given,
-        the trainer's upstream values), ``config.memory`` and the recipe's ``quirks``; its
+        """The run's `TrainingRunner`: on ``device`` with the mixed-precision mode of
+        `device_and_precision` (``mixed_precision``: what ``auto`` means instead),
+        ``params.grad_accumulation``/``max_grad_norm`` (default the given, the trainer's
+        upstream values), ``config.memory`` and the recipe's ``quirks``; its
         `TrainingRunner.optimize` defaults to ``config.learning_rate``, ``params.lr_schedule``
         and ``params.warmup_updates`` (default ``schedule``, ``warmup_updates``) over
         ``config.steps`` updates."""
         config: TrainingConfig = run.config
         shared = self.params_class.of(config.params)[0]
-        device = training_device(config.compute) if device is None else device
+        device, precision = self.device_and_precision(config, device)
+        if mixed_precision is not None and config.mixed_precision == "auto":
+            precision = training_precision(mixed_precision, device,
+                                           cuda_only=self.precision_cuda_only,
+                                           why=self.precision_cuda_only_why)
         runner = TrainingRunner(
-            device=device, world=world,
-            mixed_precision=training_precision(config.mixed_precision, device,
-                                               auto=mixed_precision),
+            device=device, world=world, mixed_precision=precision,
             scaler=scaler, memory=config.memory, quirks=quirks,
             grad_accumulation=shared.grad_accumulation or grad_accumulation,
             max_grad_norm=max_grad_norm if shared.max_grad_norm is None
@@ -336,8 +280,11 @@ class StepTrainer(Trainer):
         return join(process_world(), "cpu")
 
     def random_scope(self, run: Any) -> contextlib.AbstractContextManager:
-        """The context the run is built and trained in (e.g. a forked, seeded torch RNG)."""
-        return contextlib.nullcontext()
+        """The context the run is built and trained in (``seeds_torch``: a forked torch RNG
+        seeded with ``config.seed``)."""
+        if not self.seeds_torch:
+            return contextlib.nullcontext()
+        return _seeded_torch(run.config.seed, self.device_and_precision(run.config)[0])
 
     def claim_run(self, config: TrainingConfig, *, weights: Iterable[Path],
                   rows: Iterable[tuple[str, str | Path | None]],
@@ -378,6 +325,10 @@ class StepTrainer(Trainer):
                   else atomic_path)
         with self.random_scope(run):
             session = self.start(run, world)
+            runner = session.runner
+            if runner is not None and world.main:
+                logger.info("training on %s, mixed precision %s, memory %s", runner.device,
+                            runner.mixed_precision, runner.memory)
             found = self.find_checkpoint(output)
             start = session.load(found) if found is not None else 0
             if start and world.main:
