@@ -102,6 +102,11 @@ def _digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def adapter_digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) -> str:
+    """What identifies an adapter (`Adapter.digest`), for a reader of a format of its own."""
+    return _digest(settings, tensors)
+
+
 def _peft_key(key: str) -> str:
     path, _, name = key.rpartition(".")
     return f"{PEFT_PREFIX}{path}.{name}.weight"

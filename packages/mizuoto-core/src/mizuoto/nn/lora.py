@@ -154,6 +154,22 @@ def kaiming_init_a(generator: torch.Generator) -> Callable[[torch.Tensor], None]
     return init
 
 
+def dropout_from(generator: torch.Generator, p: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``F.dropout``'s CPU arithmetic (a Bernoulli keep mask scaled by ``1 / (1 - p)``) with
+    its mask drawn from ``generator``: a `LoRALinear.dropout_fn` whose masks a run replays."""
+    def dropout(x: torch.Tensor) -> torch.Tensor:
+        noise = torch.empty_like(x).bernoulli_(1 - p, generator=generator)
+        noise.div_(1 - p)
+        return x * noise
+    return dropout
+
+
+def draw_dropout_from(model: nn.Module, generator: torch.Generator) -> None:
+    """Every `LoRALinear` of ``model`` draws its dropout masks from ``generator``."""
+    for layer in lora_layers(model).values():
+        layer.dropout_fn = dropout_from(generator, layer.dropout)
+
+
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     """The wrapped layers of ``model`` by module path."""
     return {path: m for path, m in model.named_modules() if isinstance(m, LoRALinear)}

@@ -61,6 +61,7 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.nn.lora import LoRASettings
 from mizuoto.runtime.atomic import atomic_directory, atomic_path
 from mizuoto.runtime.memory import release_freed_memory
+from mizuoto.training.checkpoint_folder import find_checkpoint_folder
 from mizuoto.training.checkpoints import rotate
 from mizuoto.training.lora import (
     LoRAParams,
@@ -270,8 +271,11 @@ class StepTrainer(Trainer):
         return runner
 
     def find_checkpoint(self, output_dir: Path) -> Path | None:
-        """The resumable checkpoint run directory ``output_dir`` holds (None: none yet)."""
+        """The resumable checkpoint run directory ``output_dir`` holds (None: none yet); a
+        folder also where a kill between two renames left it aside."""
         path = Path(output_dir) / self.checkpoint
+        if self.checkpoint_folders:
+            return find_checkpoint_folder(path)
         return path if path.exists() else None
 
     def world(self, run: Any) -> ProcessWorld:
