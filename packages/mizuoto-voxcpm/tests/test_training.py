@@ -145,9 +145,6 @@ def test_chosen_lora_targets_reach_the_export_and_inference(workspace):
     """The targets a run trains are the ones its export names and loading it applies; the
     schedule's length travels in the checkpoint."""
     from mizuoto_voxcpm.lora import LoRALinear
-    from mizuoto_voxcpm.training import loop
-    from mizuoto_voxcpm.training.loop import CHECKPOINTS
-    from mizuoto_voxcpm.training.session import Session
 
     root, model = workspace
     params = {"warmup_steps": 1, "max_steps": 9, "lora_enable_proj": True,
@@ -162,14 +159,14 @@ def test_chosen_lora_targets_reach_the_export_and_inference(workspace):
     def wrapped(module):
         return sorted(n for n, m in module.named_modules() if isinstance(m, LoRALinear))
 
-    trained = wrapped(Session(run).model)
+    trained = wrapped(trainer.build_session(run).model)
     assert trained and all(n.endswith(("up_proj", "estimator.in_proj", "stop_proj"))
                            for n in trained)
     assert wrapped(VoxCPMEngine.load(exported).model) == trained
     saved = json.loads((exported / "lora_config.json").read_text(encoding="utf-8"))
     assert saved["lora_config"]["target_modules_lm"] == ["up_proj"]
     assert saved["lora_config"]["target_proj_modules"] == ["stop_proj"]
-    state = torch.load(root / "targets" / CHECKPOINTS / loop.LATEST / "state.pt",
+    state = torch.load(root / "targets" / VoxCPMTrainer.checkpoint / "state.pt",
                        weights_only=True)
     assert state["scheduler"]["lr_lambdas"] == [{"warmup": 1, "total": 9}]
 

@@ -9,6 +9,7 @@ seed (see docs/engines/voxcpm.md for what differs on purpose).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -18,10 +19,11 @@ from typing import Any
 import attrs
 import torch
 
+from mizuoto.adapters import Adapter, AdapterHost
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
-from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
+from mizuoto.contracts.features import SupportsBatching
 from mizuoto.contracts.placement import Placement, place
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import Reference, SynthesisRequest
@@ -68,13 +70,7 @@ from mizuoto_voxcpm.generation import (
     sampling_generator,
 )
 from mizuoto_voxcpm.long_text import pack_chunks
-from mizuoto_voxcpm.lora import (
-    ADAPTER_FORMAT,
-    LORA_TARGETS,
-    AttachedLoRA,
-    attach_lora,
-    remove_lora,
-)
+from mizuoto_voxcpm.lora import LORA_TARGETS, read_adapter
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
@@ -157,10 +153,10 @@ class _ChunkRun:
     seed: int
 
 
-class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
+class VoxCPMEngine(Engine, AdapterHost, SupportsBatching):
     name = "voxcpm"
-    # its targets and upstream's files, declared for the front ends (serve finds adapters by
-    # them); set_lora keeps upstream's LoRAConfig (per LM, DiT and projections)
+    # its targets and upstream's files (serve finds adapters by them); set_lora reads
+    # upstream's LoRAConfig (per LM, DiT and projections), core checks and swaps it in
     lora_targets = LORA_TARGETS
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
@@ -185,7 +181,6 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
         self._info = info
         self._base_info = info
         self.placement = placement
-        self._lora: AttachedLoRA | None = None
         self._pool = CachePool(model, size=cache_slots, attention=model.caches.lm.attention,
                                first=model.caches)
         # streams only: a synthesize call runs whole under the compute lock, alone
@@ -363,15 +358,14 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
 
     # -- LoRA ---------------------------------------------------------------------------
 
-    @classmethod
-    def is_lora_export(cls, directory: Path) -> bool:
-        # a LoRA export: the base model's files plus its LoRA's (upstream's files)
-        return ADAPTER_FORMAT.holds(Path(directory))
+    def lora_root(self):
+        return self.model
 
-    @property
-    def lora(self) -> AttachedLoRA | None:
-        """The LoRA applied to the model, if any."""
-        return self._lora
+    def base_fingerprint(self) -> str:
+        return self._base_info.fingerprint
+
+    def read_adapter(self, path: str | Path) -> Adapter:
+        return read_adapter(path, self.model, is_v2=self.config.is_v2)
 
     def set_lora(self, path: str | Path | None) -> None:
         """Apply the LoRA directory ``path`` (``lora_weights.safetensors`` +
@@ -383,26 +377,23 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
             raise InvalidOption("engines.voxcpm.fast", "a LoRA needs the float linear layers "
                                 "the int8 fast profile replaced: load with "
                                 "engines.voxcpm.fast=off")
+        super().set_lora(path)
+
+    @contextlib.contextmanager
+    def adapter_turn(self):
         with self._compute:
             if self._pool.in_use:
                 raise EngineBusy(f"{self._pool.in_use} request(s) are open on this model; "
                                  "its LoRA cannot change under them",
                                  "finish or close the open streams first")
-            self._set_lora(path)
+            if self._batcher is not None:
+                self._batcher.memo.clear()  # its prefills were made with the old weights
+            yield
 
-    def _set_lora(self, path: str | Path | None) -> None:
-        if self._batcher is not None:
-            self._batcher.memo.clear()  # its prefills were made with the old weights
-        if path is None:
-            if self._lora is not None:
-                remove_lora(self.model)
-            self._lora, self._info = None, self._base_info
-            self._recapture()
-            return
-        self._lora = attach_lora(self.model, path, is_v2=self.config.is_v2, current=self._lora)
-        self._info = attrs.evolve(self._base_info,
-                                  fingerprint=f"{self._base_info.fingerprint}+lora:"
-                                              f"{self._lora.digest[:32]}")
+    def adapter_changed(self, adapter: Adapter | None) -> None:
+        self._info = self._base_info if adapter is None else attrs.evolve(
+            self._base_info, fingerprint=f"{self._base_info.fingerprint}+lora:"
+                                         f"{adapter.digest[:32]}")
         self._recapture()
 
     def _recapture(self) -> None:
@@ -543,7 +534,7 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsBatching):
             chunks=len(plan.chunks),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
-                   "lora": self._lora.path if self._lora else None},
+                   "lora": self.lora.path if self.lora else None},
         )
 
     def _chunk_run(self, plan: _Plan, index: int, target: str) -> _ChunkRun:
