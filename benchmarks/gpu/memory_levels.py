@@ -126,10 +126,11 @@ def _placement(prepared, output: Path) -> dict:
     settings = getattr(prepared, "settings", None)
     if hasattr(prepared, "device") and settings is not None:
         return {"device": str(prepared.device), "mixed_precision": settings.mixed_precision}
-    from mizuoto_voxcpm.training.session import pick_device
+    from mizuoto_voxcpm.training.trainer import VoxCPMTrainer
 
     recorded = json.loads((output / "run.json").read_text())
-    return {"device": str(recorded.get("device") or pick_device(prepared.config.compute)),
+    device = recorded.get("device") or VoxCPMTrainer().device_and_precision(prepared.config)[0]
+    return {"device": str(device),
             "mixed_precision": recorded.get("mixed_precision")}
 
 

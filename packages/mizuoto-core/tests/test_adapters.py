@@ -117,3 +117,50 @@ def test_find_adapters_by_the_declared_formats(tmp_path):
     found = find_adapters([tmp_path / "root"], [PEFT_FORMAT, own])
     assert sorted(found) == ["peft", "theirs"]
     assert sorted(find_adapters([tmp_path / "root"], [PEFT_FORMAT])) == ["peft"]
+
+
+def test_several_adapters_known_to_one_model_one_applied_at_a_time(tmp_path):
+    """peft's load_adapter / set_adapter / delete_adapter on an AdapterHost: loaded adapters
+    are checked and kept, nothing applied; each applied gives what set_lora gives."""
+    from types import SimpleNamespace
+
+    from mizuoto.adapters import AdapterHost
+
+    class Host(AdapterHost):
+        name, lora_targets = "toy", TARGETS
+        info = SimpleNamespace(model="base-id")
+
+        def __init__(self):
+            self.model = _model()
+
+        def lora_root(self):
+            return self.model
+
+        def base_fingerprint(self):
+            return "base"
+
+    host, x = Host(), torch.randn(3, 4)
+    base = _forward(host.model, x)
+    paths = {name: _adapter(tmp_path, host.model, name) for name in ("a", "b")}
+    alone = {}
+    for name, path in paths.items():
+        host.set_lora(path)
+        alone[name] = _forward(host.model, x)
+    host.set_lora(None)
+    assert not torch.equal(alone["a"], alone["b"])
+    for name, path in paths.items():
+        host.load_adapter(name, path)
+    assert sorted(host.adapters) == ["a", "b"] and host.active_adapter is None
+    assert torch.equal(_forward(host.model, x), base)  # loading applies nothing
+    for name in ("a", "b", "a"):
+        host.set_adapter(name)
+        assert host.active_adapter == name and torch.equal(_forward(host.model, x), alone[name])
+    with pytest.raises(InvalidRequest, match="no adapter named 'c'"):
+        host.set_adapter("c")
+    foreign = _adapter(tmp_path, host.model, "foreign", fingerprint="another")
+    with pytest.raises(InvalidRequest, match="adapter 'foreign' does not fit"):
+        host.load_adapter("foreign", foreign)
+    assert "foreign" not in host.adapters and host.active_adapter == "a"
+    host.delete_adapter("a")  # applied: removed first
+    assert host.active_adapter is None and torch.equal(_forward(host.model, x), base)
+    assert sorted(host.adapters) == ["b"]

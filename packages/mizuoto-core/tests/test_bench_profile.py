@@ -119,9 +119,15 @@ def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
     assert 0 < profile["components"]["base_lm"]["first_call_ms"] < profile["request_s"] * 1e3
     assert 0 < profile["first_unit_s"] < profile["request_s"]
     assert profile["bandwidth_gb_s"] > 0 and 0 < profile["roofline"] < 1
-    # the compute rate measured too: each call's floor at least its bandwidth bound
-    assert profile["compute_gmac_s"] > 0
+    # the kernels' and the CPU's rates measured too: each call's floor at least its
+    # bandwidth bound, the CPU's at most the kernels' own (the best rate per dtype)
+    assert profile["cpu_rates"]["float32"]["gmac_s"] > 0
     assert profile["bandwidth_bound_s"] <= profile["floor_s"] < profile["request_s"]
+    assert profile["floor_s"] <= profile["kernel_floor_s"] * (1 + 1e-9)
+    # every component names the kernels its layers ran, each with its measured rate
+    assert any("linear" in kernel for kernel in profile["components"]["dit"]["kernels"])
+    ran = {kernel for row in profile["components"].values() for kernel in row["kernels"]}
+    assert ran and all(profile["kernel_rates_gmac_s"][kernel] > 0 for kernel in ran)
     assert profile["components"]["dit"]["gmacs_per_unit"] > 0
     covered = sum(row["ms"] for row in profile["components"].values())
     assert covered == pytest.approx(profile["request_s"] * 1e3)

@@ -341,3 +341,14 @@ def test_a_step_trainer_resumes_logs_update_numbers_rotates_and_exports(tmp_path
     exported = trainer.export(trainer.prepare(config(5)), tmp_path / "export")
     assert json.loads((exported / "sum.json").read_text()) == [5, 15]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no leftovers
+
+
+def test_metrics_newest_holds_the_last_value_of_every_metric(tmp_path):
+    from mizuoto.training import MetricsLog
+
+    log = MetricsLog(tmp_path, tensorboard=False)
+    log.log(1, {"loss": 3.0, "val/loss": 9.0})
+    log.log(2, {"loss": 2.0})
+    log.log(3, {"loss": 1.0, "lr": 0.5})
+    assert log.newest() == {"loss": 1.0, "val/loss": 9.0, "lr": 0.5}
+    assert MetricsLog(tmp_path / "empty", tensorboard=False).newest() == {}

@@ -739,3 +739,23 @@ def test_speak_clones_the_voice_of_a_clip_given_in_its_own_view(visit, server, t
     httpx.delete(f"{server}/v1/audio/voices/{voice}")
     assert v.errors == [], v.errors
 
+
+
+def test_adapters_are_listed_under_their_base_model_and_speak(visit, model_dirs, tmp_path):
+    """``serve --lora-dir``: each adapter after its base model in the selects and the header,
+    and speaking with one works as with a model."""
+    import mizuoto
+    from mizuoto.adapters import write_random_adapter
+
+    base = mizuoto.load(model_dirs / "toy")
+    for name, seed in (("calm", 1), ("bright", 2)):
+        write_random_adapter(base, tmp_path / "loras" / name, seed)
+    config = _config(model_dirs, tmp_path / "voices", lora_dirs=[str(tmp_path / "loras")])
+    with serve_in_thread(config) as url:
+        page = visit(url=url).open()
+        _expect(page.locator("#server-state")).to_have_text(
+            "Serving 3 models: f5, vox, toy (LoRA: bright, calm)")
+        labels = page.locator("#speak-model option").all_inner_texts()
+        assert labels[-3:] == ["toy (toy)", "bright (LoRA on toy)", "calm (LoRA on toy)"]
+        _set_speak(page, model="calm", text="Hello.", seed=1)
+        _speak_and_wait(page)

@@ -152,6 +152,6 @@ def test_training_on_the_folder_equals_training_on_the_csv(tmp_path, metadata, u
         states.append(load_state_file(config.output_dir / CHECKPOINT))
     csv_state, arrow_state = states
     assert csv_state["records"] == arrow_state["records"] and len(csv_state["records"]) == 4
-    assert csv_state["order"] == arrow_state["order"]
+    assert csv_state["position"]["order"] == arrow_state["position"]["order"]
     for key, value in csv_state["model"].items():
         assert value.equal(arrow_state["model"][key]), key

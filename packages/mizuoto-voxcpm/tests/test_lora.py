@@ -61,7 +61,7 @@ def test_swap_a_b_none_equals_fresh_loads(setup):
     assert not torch.equal(with_a, plain)
     assert info_a.fingerprint.startswith(base_info.fingerprint + "+lora:")
     engine.set_lora(a)
-    engine.set_lora(a)  # the same config: tensors copied in place
+    engine.set_lora(a)  # the same LoRA again: the same audio and fingerprint
     assert torch.equal(_audio(engine), with_a) and engine.info == info_a
 
 

@@ -11,45 +11,47 @@ import torch
 
 from mizuoto.contracts import TrainingConfig
 from mizuoto.errors import InvalidOption, InvalidRequest
-from mizuoto.options import ComputeOptions
 from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
 from mizuoto_voxcpm.training import VoxCPMTrainer
-from mizuoto_voxcpm.training.session import (
-    Session,
-    pick_device,
-    pick_mixed_precision,
-    runner_for,
-)
+from mizuoto_voxcpm.training.trainer import QUIRKS
+
+
+def _chosen(compute="cpu", mixed_precision="auto", device=None):
+    config = TrainingConfig(method="full", model="m", dataset="d", output_dir="o",
+                            compute={"device": compute}, mixed_precision=mixed_precision)
+    return VoxCPMTrainer().device_and_precision(config, device)
 
 
 def test_auto_is_upstreams_choice():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert pick_mixed_precision(cpu, "auto") == "no"
-    assert pick_mixed_precision(cuda, "auto") == "bf16"
-    assert pick_mixed_precision(cuda, "fp16") == "fp16"
-    assert pick_mixed_precision(cuda, "no") == "no"
+    assert _chosen(device=cpu)[1] == "no"
+    assert _chosen(device=cuda)[1] == "bf16"
+    assert _chosen(mixed_precision="fp16", device=cuda)[1] == "fp16"
+    assert _chosen(mixed_precision="no", device=cuda)[1] == "no"
     for mode in ("bf16", "fp16"):
         with pytest.raises(InvalidRequest, match="needs a CUDA device") as caught:
-            pick_mixed_precision(cpu, mode)
+            _chosen(mixed_precision=mode, device=cpu)
         assert caught.value.field == "training.mixed_precision"
 
 
 def test_device_choice():
-    assert pick_device(ComputeOptions(device="cpu")) == torch.device("cpu")
+    assert _chosen("cpu")[0] == torch.device("cpu")
     if not torch.cuda.is_available():
-        assert pick_device(ComputeOptions()) == torch.device("cpu")
+        assert _chosen("auto")[0] == torch.device("cpu")  # no MPS either: CUDA or the CPU
         with pytest.raises(InvalidOption, match="compute.device"):
-            pick_device(ComputeOptions(device="cuda"))
+            _chosen("cuda")
 
 
 @pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
 def test_grad_scaling_follows_the_mode():
-    cpu = torch.device("cpu")
-    off = runner_for(cpu, "no").precision
+    from mizuoto.training import TrainingRunner
+
+    off = TrainingRunner(device="cpu", quirks=QUIRKS).precision
     assert off.scaler is None
     with off.autocast():
         assert not torch.is_autocast_enabled("cpu")
-    on = runner_for(torch.device("cuda", 0), "bf16").precision  # built, not run, on a CPU machine
+    # built, not run, on a CPU machine: upstream scales bf16 too
+    on = TrainingRunner(device="cuda:0", mixed_precision="bf16", quirks=QUIRKS).precision
     assert on.scaler is not None and on.mode == "bf16"
 
 
@@ -82,7 +84,7 @@ def test_the_settings_reach_the_session(workspace):
     trainer = VoxCPMTrainer()
     run = trainer.prepare(_config(root, model, "cpu", compute={"device": "cpu"},
                                   mixed_precision="no"))
-    session = Session(run)
+    session = trainer.build_session(run)
     assert session.device == torch.device("cpu") and session.mixed_precision == "no"
     assert session.dtype == torch.float32
     assert next(session.model.parameters()).device.type == "cpu"

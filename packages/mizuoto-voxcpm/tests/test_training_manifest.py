@@ -1,6 +1,7 @@
 """The manifest's declared lengths (``duration``, ``ref_duration``): what upstream's
-``max_batch_tokens`` estimate reads from them, and rows whose values are unusable; the
-``is_prompt`` flag and the sequences it packs."""
+``max_batch_tokens`` estimate reads from them; the ``is_prompt`` flag and the sequences it
+packs. (Reading and checking those values is core's: mizuoto-core's
+test_training_manifest_rows.)"""
 
 from __future__ import annotations
 
@@ -40,20 +41,6 @@ def _read(folder: Path, rows: list) -> tuple[list[Sample], dict[int, str]]:
 
 def _row(**extra) -> dict:
     return {"audio": "a.wav", "text": "hi", **extra}
-
-
-def test_unusable_declared_lengths_are_skipped_with_the_field_named(clips):
-    rows = [_row(duration=1.0), _row(duration="abc"), _row(duration=-0.5), _row(duration=True),
-            _row(duration=[1.0]), _row(ref_duration=-1), _row(duration="nan"),
-            '{"audio": "a.wav", "text": "hi", "duration": Infinity}', _row(duration="1e999"),
-            _row(ref_duration={"s": 1}), _row(duration="-0")]
-    samples, rejected = _read(clips, rows)
-    assert [s.line for s in samples] == [1, 11]  # "-0" is 0.0, not negative
-    assert sorted(rejected) == list(range(2, 11))
-    for line, reason in rejected.items():
-        field = "ref_duration" if line in (6, 10) else "duration"
-        assert reason.startswith(f'"{field}" must be a non-negative number of seconds'), reason
-    assert rejected[2].endswith('not "abc"') and rejected[3].endswith("not -0.5")
 
 
 def test_declared_durations_stand_in_for_the_measured_length(clips):
@@ -108,24 +95,6 @@ def test_prepare_reports_bad_durations_and_filters_by_declared_ones(clips):
     assert run.counted_samples == 3  # before max_batch_tokens, as upstream's epoch counts
     reasons = dict(run.rejected)
     assert reasons[3].startswith('"duration" must be') and "max_batch_tokens" in reasons[4]
-
-
-def test_is_prompt_accepts_flags_and_skips_other_values_with_the_field_named(clips):
-    """Booleans and 0/1 (upstream's ``bool()`` of a bool or int column); absent or null (a key
-    other rows hold reads as None upstream): not a prompt. Strings (``bool("false")`` is True
-    upstream), other numbers, lists and objects are refused."""
-    rows = [_row(is_prompt=True), _row(is_prompt=False), _row(), _row(is_prompt=None),
-            _row(is_prompt=1), _row(is_prompt=0), _row(is_prompt="false"), _row(is_prompt=2),
-            _row(is_prompt=1.0), _row(is_prompt=[True]), _row(is_prompt={"a": 1}),
-            _row(is_prompt="yes", duration="bad")]
-    samples, rejected = _read(clips, rows)
-    assert [(s.line, s.is_prompt) for s in samples] == [
-        (1, True), (2, False), (3, False), (4, False), (5, True), (6, False)]
-    assert sorted(rejected) == list(range(7, 13))
-    for line in range(7, 12):
-        assert rejected[line].startswith('"is_prompt" must be true or false, not '), rejected
-    assert rejected[7].endswith('not "false"') and rejected[8].endswith("not 2")
-    assert rejected[12].startswith('"duration"')
 
 
 def test_a_prompt_row_is_framed_by_103_104_without_loss(clips):

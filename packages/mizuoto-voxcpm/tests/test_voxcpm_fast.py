@@ -116,3 +116,69 @@ def test_int8_where_torch_has_no_int8_kernels_is_refused_before_the_model_is_rea
     with pytest.raises(InvalidOption, match="engines.voxcpm.fast") as error:
         _load(dirs["float32"], profile)
     assert "no int8 kernel" in str(error.value) and "engines.voxcpm.fast=off" in str(error.value)
+
+
+def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exact_path(dirs):
+    """The int8 kernel is said in applied.compute["fast_kernel"] (fbgemm's packed one where
+    this torch has it and the CPU has VNNI/AMX, else the dynamic layer) and in the model's
+    identity; on this tiny model its audio stays near the exact path's (not equal: int8)."""
+    from mizuoto.benchmarking.quality import snr_db
+    from mizuoto.identity import model_identity
+    from mizuoto.runtime.device import cpu_int8_dot
+    from mizuoto.runtime.packed_int8 import KERNEL_NAME, PackedInt8Linear, packed_int8_unavailable
+    from mizuoto_voxcpm.fast import DYNAMIC_KERNEL
+
+    packed = packed_int8_unavailable() is None and cpu_int8_dot()
+    kernel = KERNEL_NAME if packed else DYNAMIC_KERNEL
+    exact, fast = _load(dirs["float32"], "off"), _load(dirs["float32"], "int8")
+    request = mizuoto.SynthesisRequest(text="Hello world.", seed=1, steps=10,
+                                       params={"max_len": 4})
+    reference, result = exact.synthesize(request), fast.synthesize(request)
+    assert result.applied.compute["fast_kernel"] == kernel
+    assert "fast_kernel" not in reference.applied.compute
+    assert model_identity(fast)["fast_kernel"] == kernel and "fast_kernel" not in \
+        model_identity(exact)
+    if kernel == KERNEL_NAME:
+        assert any(isinstance(m, PackedInt8Linear) for m in fast.model.feat_decoder.modules())
+    a, b = reference.audio.samples.numpy().ravel(), result.audio.samples.numpy().ravel()
+    assert a.shape == b.shape and not torch.equal(reference.audio.samples, result.audio.samples)
+    assert snr_db(a, b) > 20  # 38 dB (packed), 33 dB (dynamic) on an AVX512 EPYC
+
+
+def test_auto_takes_the_packed_kernel_only_where_the_cpu_has_an_int8_dot_product(monkeypatch):
+    """Without VNNI/AMX fbgemm sums byte products in 16 bits, which a full 8-bit input can
+    saturate: auto keeps the dynamic layer (7-bit inputs) there; packed stays choosable."""
+    from mizuoto.runtime.packed_int8 import KERNEL_NAME, packed_int8_unavailable
+    from mizuoto_voxcpm import fast as fast_module
+
+    monkeypatch.setattr(fast_module, "cpu_int8_dot", lambda: False)
+    assert fast_module.fast_kernel("int8", "auto") == fast_module.DYNAMIC_KERNEL
+    if packed_int8_unavailable() is None:
+        assert fast_module.fast_kernel("int8", "packed") == KERNEL_NAME
+        monkeypatch.setattr(fast_module, "cpu_int8_dot", lambda: True)
+        assert fast_module.fast_kernel("int8", "auto") == KERNEL_NAME
+
+
+def test_the_int8_kernel_option_chooses_the_kernel_and_refuses_one_torch_lacks(dirs, monkeypatch):
+    from mizuoto_voxcpm import engine as engine_module
+    from mizuoto_voxcpm import fast as fast_module
+    from mizuoto_voxcpm.fast import DYNAMIC_KERNEL
+
+    def load(kernel):
+        return VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast": "int8", "engines.voxcpm.int8_kernel": kernel}))
+
+    dynamic = load("dynamic")
+    assert _say(dynamic).applied.compute["fast_kernel"] == DYNAMIC_KERNEL
+    assert not any(type(m).__name__ == "PackedInt8Linear" for m in dynamic.model.modules())
+    with pytest.raises(InvalidOption, match="engines.voxcpm.int8_kernel"):
+        load("vnni")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was read before the option was checked")
+
+    monkeypatch.setattr(engine_module, "load_model", never)
+    monkeypatch.setattr(fast_module, "packed_int8_unavailable", lambda: "no fbgemm here")
+    with pytest.raises(InvalidOption, match="engines.voxcpm.int8_kernel=auto or dynamic"):
+        load("packed")
+

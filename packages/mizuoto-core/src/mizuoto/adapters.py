@@ -102,6 +102,11 @@ def _digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def adapter_digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) -> str:
+    """What identifies an adapter (`Adapter.digest`), for a reader of a format of its own."""
+    return _digest(settings, tensors)
+
+
 def _peft_key(key: str) -> str:
     path, _, name = key.rpartition(".")
     return f"{PEFT_PREFIX}{path}.{name}.weight"
@@ -245,12 +250,18 @@ class AdapterHost(SupportsLoRA):
     the adapter in the declared format, checks it (:func:`check_adapter`) and only then swaps
     it in under :meth:`adapter_turn`; ``lora`` is the :class:`Adapter` applied.
 
+    Several adapters may be known to one loaded model, as peft's ``load_adapter`` /
+    ``set_adapter`` / ``delete_adapter``: :meth:`load_adapter` reads and checks one and keeps
+    it in memory by name (nothing applied), :meth:`set_adapter` applies a known one (or none)
+    in place of the one applied. ``mizuoto serve --lora-dir`` selects each request's this way.
+
     The engine gives :meth:`lora_root` (its model's module the targets are under) and
     :meth:`base_fingerprint` (its weights' identity without an adapter), and may override
     :meth:`adapter_changed` (e.g. to name the adapter in its ``info.fingerprint``)."""
 
     lora_targets: ClassVar[LoRATargets]
     _adapter: Adapter | None = None
+    _adapter_name: str | None = None
 
     @abc.abstractmethod
     def lora_root(self) -> nn.Module:
@@ -301,20 +312,64 @@ class AdapterHost(SupportsLoRA):
         return self._adapter
 
     def set_lora(self, path: str | Path | None) -> None:
-        root = self.lora_root()
-        if path is None:
-            with self.adapter_turn():
-                remove_lora(root)
-                self._adapter = None
-                self.adapter_changed(None)
-            return
+        self._apply(None if path is None else self._checked(path), None)
+
+    def _checked(self, path: str | Path) -> tuple[Adapter, list[str]]:
         adapter = self.read_adapter(path)
-        paths = check_adapter(adapter, root, self.lora_targets, engine=self.name,
-                              base_fingerprint=self.base_fingerprint())
+        return adapter, check_adapter(adapter, self.lora_root(), self.lora_targets,
+                                      engine=self.name, base_fingerprint=self.base_fingerprint())
+
+    def _apply(self, checked: tuple[Adapter, list[str]] | None, name: str | None) -> None:
+        root = self.lora_root()
         with self.adapter_turn():
-            attach_adapter(root, adapter, paths)
-            self._adapter = adapter
-            self.adapter_changed(adapter)
+            if checked is None:
+                remove_lora(root)
+            else:
+                attach_adapter(root, *checked)
+            self._adapter = None if checked is None else checked[0]
+            self._adapter_name = name
+            self.adapter_changed(self._adapter)
+
+    # -- several adapters on one model (peft's load_adapter / set_adapter) ------------------
+
+    @property
+    def adapters(self) -> dict[str, tuple[Adapter, list[str]]]:
+        """The adapters :meth:`load_adapter` keeps, by name, each with the paths it wraps."""
+        return self.__dict__.setdefault("_known_adapters", {})
+
+    @property
+    def active_adapter(self) -> str | None:
+        """The name of the known adapter applied (:meth:`set_adapter`); None: none is, or one
+        was applied by ``set_lora``."""
+        return self._adapter_name
+
+    def load_adapter(self, name: str, path: str | Path) -> Adapter:
+        """Read the adapter in ``path`` and check it against this model (base, modules,
+        shapes, finite values: refused by name otherwise) and keep it as ``name``; nothing is
+        applied."""
+        try:
+            checked = self._checked(path)
+        except (InvalidRequest, CheckpointMismatch, ModelFilesMissing) as exc:
+            raise InvalidRequest("lora", f"adapter {name!r} does not fit model "
+                                 f"{self.info.model!r}: {exc}") from exc
+        self.adapters[name] = checked
+        return checked[0]
+
+    def set_adapter(self, name: str | None) -> None:
+        """Apply the known adapter ``name`` (None: none) in place of the one applied; nothing
+        changes when it is applied already."""
+        if name is not None and name not in self.adapters:
+            raise InvalidRequest("lora", f"no adapter named {name!r} is loaded",
+                                 f"load it first (load_adapter); loaded: {sorted(self.adapters)}")
+        if name == self._adapter_name and (name is not None or self._adapter is None):
+            return
+        self._apply(None if name is None else self.adapters[name], name)
+
+    def delete_adapter(self, name: str) -> None:
+        """Forget the known adapter ``name`` (removed from the model first if applied)."""
+        if name == self._adapter_name:
+            self.set_adapter(None)
+        self.adapters.pop(name, None)
 
 
 def write_random_adapter(engine: AdapterHost, directory: str | Path, seed: int | None, *,

@@ -54,7 +54,7 @@ def _voice_digest(voice) -> str | None:
 
 #: ``applied.compute`` keys of an inexact fast profile (an engine option such as
 #: ``engines.voxcpm.fast``): other samples than the exact path's
-FAST_PROFILE_KEYS = ("fast", "fast_dtype")
+FAST_PROFILE_KEYS = ("fast", "fast_dtype", "fast_kernel")
 
 
 def model_identity(engine: Engine) -> dict[str, Any]:

@@ -60,7 +60,7 @@ _ON_FIRST_USE = {
     "mizuoto.nn.dsp.reference": ("read_reference",),
     # the training toolkit (mizuoto.training): the parts a trainer builds on
     "mizuoto.training": (
-        "Cadence", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld",
+        "Cadence", "EpochPosition", "LoopOutcome", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld",
         "LossForward", "RecipeQuirks", "RunnerSession", "TrainingRunner",
         "RunDirectory", "RunIdentity", "StepLoop", "StepProgress", "StepTrainer",
         "TrainingSession", "barrier", "base_fingerprint", "data_fingerprint", "find_manifest",

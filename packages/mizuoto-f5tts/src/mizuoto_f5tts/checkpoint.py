@@ -79,12 +79,18 @@ VOCOS_DIR = "vocos"
 _EMA_DROPPED = ("initted", "step")
 # keys of an older CFM that held a torchaudio mel module; upstream deletes them (its 305e3ea)
 _LEGACY_MEL_KEYS = ("mel_spec.mel_stft.mel_scale.fb", "mel_spec.mel_stft.spectrogram.window")
-_TEXT_EMBED_KEY = "transformer.text_embed.text_embed.weight"
+TEXT_EMBED_KEY = "transformer.text_embed.text_embed.weight"
 
 
 def default_vocab_path() -> Path:
     """Upstream's vocab (``f5_tts/infer/examples/vocab.txt``), shipped with this package."""
     return Path(str(files("mizuoto_f5tts").joinpath("data", VOCAB_FILE)))
+
+
+def model_vocab_path(model_dir: str | Path) -> Path:
+    """A model directory's ``vocab.txt``, else upstream's (a release without its own)."""
+    own = Path(model_dir) / VOCAB_FILE
+    return own if own.is_file() else default_vocab_path()
 
 
 def find_checkpoint(model_dir: str | Path) -> Path:
@@ -159,7 +165,7 @@ def detect_variant(
         dim = state["transformer.time_embed.time_mlp.2.weight"].shape[0]
         mel_dim = state["transformer.proj_out.weight"].shape[0]
         dim_head = 2 * state["transformer.rotary_embed.inv_freq"].numel()
-        text_dim = state[_TEXT_EMBED_KEY].shape[1]
+        text_dim = state[TEXT_EMBED_KEY].shape[1]
     except KeyError as e:
         raise CheckpointMismatch(source, detail=f"not an F5-TTS model: no {e}") from e
     _check_size(source, "transformer width (time_embed.time_mlp.2.weight rows)", dim, 1,
@@ -313,11 +319,7 @@ def load_f5_model(
     if not ckpt_path.is_file():
         raise ModelFilesMissing(str(model_dir), [str(ckpt_path)])
 
-    if vocab_file is None:
-        vocab_file = model_dir / VOCAB_FILE
-        if not vocab_file.is_file():
-            vocab_file = default_vocab_path()
-    vocab_file = Path(vocab_file)
+    vocab_file = model_vocab_path(model_dir) if vocab_file is None else Path(vocab_file)
     if not vocab_file.is_file():
         raise ModelFilesMissing(str(model_dir), [str(vocab_file)])
     vocab = read_vocab(vocab_file)
@@ -327,11 +329,11 @@ def load_f5_model(
         # a name fixes the family's hidden flags; sizes always come from the weights
         variant = checkpoint_variant(ckpt_path, state, variant, field=variant_field)
 
-    embed = state.get(_TEXT_EMBED_KEY)
+    embed = state.get(TEXT_EMBED_KEY)
     if embed is not None and embed.shape[0] != len(vocab) + 1:
         raise CheckpointMismatch(
             str(ckpt_path),
-            shapes=[f"{_TEXT_EMBED_KEY}: checkpoint {tuple(embed.shape)}"],
+            shapes=[f"{TEXT_EMBED_KEY}: checkpoint {tuple(embed.shape)}"],
             detail=f"the text embedding has {embed.shape[0]} rows but {vocab_file} gives "
             f"{len(vocab)} tokens (+1 filler row = {len(vocab) + 1}); use the vocab.txt the "
             f"checkpoint was trained with",

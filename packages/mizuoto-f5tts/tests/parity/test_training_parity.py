@@ -355,13 +355,8 @@ def test_upstream_prepared_folder_batches_as_its_loader(tmp_path):
     from f5_tts.train.datasets.prepare_csv_wavs import prepare_and_save_set
     from torch.utils.data import SequentialSampler
 
-    from mizuoto_f5tts.training.batching import (
-        MelDataset,
-        collate,
-        epoch_order,
-        frame_batches,
-        one_thread,
-    )
+    from mizuoto.runtime.threads import torch_threads
+    from mizuoto_f5tts.training.batching import MelDataset, collate, epoch_order, frame_batches
     from mizuoto_f5tts.training.data import prepare_dataset
 
     metadata = write_synthetic_dataset(tmp_path / "data", count=11, seed=5)
@@ -388,7 +383,7 @@ def test_upstream_prepared_folder_batches_as_its_loader(tmp_path):
             # upstream's items are made in a data-loader worker, which torch runs on one
             # thread (its trainer has num_workers >= 1): the oracle's too, at any test thread
             # count (at 4 threads, in the main process, its filter bank sums in another order)
-            with one_thread():
+            with torch_threads(1):
                 reference = collate_fn([theirs[i] for i in batch])
             assert torch.equal(mine["mel"], reference["mel"])
             assert torch.equal(mine["mel_lengths"], reference["mel_lengths"])

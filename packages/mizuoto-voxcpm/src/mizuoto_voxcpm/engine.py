@@ -8,6 +8,7 @@ seed (see docs/engines/voxcpm.md for what differs on purpose).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,10 +17,11 @@ from typing import Any
 import attrs
 import torch
 
+from mizuoto.adapters import Adapter, AdapterHost
 from mizuoto.contracts.audio import Audio
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine import Engine, ModelInfo
-from mizuoto.contracts.features import SupportsLoRA, SupportsSteps
+from mizuoto.contracts.features import SupportsSteps
 from mizuoto.contracts.placement import Placement, place
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.requests import Reference, SynthesisRequest
@@ -46,7 +48,7 @@ from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_aud
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, read_config_json, torch_dtype
 from mizuoto_voxcpm.decoding import rehearse_stream_decode
-from mizuoto_voxcpm.fast import apply_fast, check_fast
+from mizuoto_voxcpm.fast import apply_fast, check_fast, fast_settings
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -55,13 +57,7 @@ from mizuoto_voxcpm.generation import (
     patch_cap,
 )
 from mizuoto_voxcpm.long_text import pack_chunks
-from mizuoto_voxcpm.lora import (
-    ADAPTER_FORMAT,
-    LORA_TARGETS,
-    AttachedLoRA,
-    attach_lora,
-    remove_lora,
-)
+from mizuoto_voxcpm.lora import LORA_TARGETS, read_adapter
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
@@ -138,10 +134,10 @@ class _Plan:
     warnings: tuple[str, ...]
 
 
-class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
+class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
     name = "voxcpm"
-    # its targets and upstream's files, declared for the front ends (serve finds adapters by
-    # them); set_lora keeps upstream's LoRAConfig (per LM, DiT and projections)
+    # its targets and upstream's files (serve finds adapters by them); set_lora reads
+    # upstream's LoRAConfig (per LM, DiT and projections), core checks and swaps it in
     lora_targets = LORA_TARGETS
     params_class = VoxCPMParams
     options_class = VoxCPMOptions
@@ -167,7 +163,6 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
         self._info = info
         self._base_info = info
         self.placement = placement
-        self._lora: AttachedLoRA | None = None
         self._pool = CachePool(model, size=cache_slots, attention=model.caches.lm.attention,
                                first=model.caches)
         # every open request holds a slot: the scheduler opens as many rows as there are
@@ -221,7 +216,8 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
                           fast_hint=FAST_HINT)
         device = placement.device
         # a refused fast profile is named before the checkpoint is read
-        check_fast(engine_options.fast, device, placement.dtype)
+        check_fast(engine_options.fast, device, placement.dtype,
+                   engine_options.int8_kernel)
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
         model = load_model(model_dir, config, dtype=placement.dtype, device=device,
@@ -233,8 +229,10 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
         # replaces layers inside it: dynamo's guards see that and recompile
         placement = placement.compile(model.feat_decoder.estimator).with_settings(
             attention=model.caches.lm.attention, cuda_graphs=model.patch_graphs is not None)
-        apply_fast(model.component_groups(), engine_options.fast)
-        placement = placement.with_settings(fast=engine_options.fast)
+        kernel = engine_options.int8_kernel  # a fast profile's: packed or dynamic int8
+        apply_fast(model.component_groups(), engine_options.fast, kernel)
+        placement = placement.with_settings(fast=engine_options.fast,
+                                            **fast_settings(engine_options.fast, kernel))
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
         compiled = [model.feat_decoder.estimator] if options.compute.compile else []
         # the DiT's guided evaluation of a long patch (VoxCPM1.5, VoxCPM2: 18-22 rows) is a
@@ -388,15 +386,14 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
 
     # -- LoRA ---------------------------------------------------------------------------
 
-    @classmethod
-    def is_lora_export(cls, directory: Path) -> bool:
-        # a LoRA export: the base model's files plus its LoRA's (upstream's files)
-        return ADAPTER_FORMAT.holds(Path(directory))
+    def lora_root(self):
+        return self.model
 
-    @property
-    def lora(self) -> AttachedLoRA | None:
-        """The LoRA applied to the model, if any."""
-        return self._lora
+    def base_fingerprint(self) -> str:
+        return self._base_info.fingerprint
+
+    def read_adapter(self, path: str | Path) -> Adapter:
+        return read_adapter(path, self.model, is_v2=self.config.is_v2)
 
     def set_lora(self, path: str | Path | None) -> None:
         """Apply the LoRA directory ``path`` (``lora_weights.safetensors`` +
@@ -408,21 +405,18 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
             raise InvalidOption("engines.voxcpm.fast", "a LoRA needs the float linear layers "
                                 "the int8 fast profile replaced: load with "
                                 "engines.voxcpm.fast=off")
-        with scheduler_for(self).hold_rows():  # refused while a request is open
-            self._set_lora(path)
+        super().set_lora(path)
 
-    def _set_lora(self, path: str | Path | None) -> None:
-        self._steps.memo.clear()  # its prefills were made with the old weights
-        if path is None:
-            if self._lora is not None:
-                remove_lora(self.model)
-            self._lora, self._info = None, self._base_info
-            self._recapture()
-            return
-        self._lora = attach_lora(self.model, path, is_v2=self.config.is_v2, current=self._lora)
-        self._info = attrs.evolve(self._base_info,
-                                  fingerprint=f"{self._base_info.fingerprint}+lora:"
-                                              f"{self._lora.digest[:32]}")
+    @contextlib.contextmanager
+    def adapter_turn(self):
+        with scheduler_for(self).hold_rows():  # refused while a request is open
+            self._steps.memo.clear()  # its prefills were made with the old weights
+            yield
+
+    def adapter_changed(self, adapter: Adapter | None) -> None:
+        self._info = self._base_info if adapter is None else attrs.evolve(
+            self._base_info, fingerprint=f"{self._base_info.fingerprint}+lora:"
+                                         f"{adapter.digest[:32]}")
         self._recapture()
 
     def _recapture(self) -> None:
@@ -564,7 +558,7 @@ class VoxCPMEngine(Engine, SupportsLoRA, SupportsSteps):
             chunks=len(plan.chunks),
             extra={"generation": self.config.architecture, "mode": mode, "patches": patches,
                    "normalize": plan.params.normalize, "streamed": streamed,
-                   "lora": self._lora.path if self._lora else None, "batched": batched},
+                   "lora": self.lora.path if self.lora else None, "batched": batched},
         )
 
     def _chunk_run(self, plan: _Plan, index: int, target: str) -> ChunkRun:

@@ -3,10 +3,15 @@
 ``int8-lm`` replaces the linear layers of both language models by int8 dynamically quantized
 ones (weights int8 per tensor, activations quantized per call: torch's
 ``quantize_dynamic``); ``int8`` does the same inside every component (the local encoder and
-DiT too); the single projections between components and the stop head stay float32. CPU and
+DiT too); the single projections between components and the stop head stay float32. The int8 kernel
+(``auto``) is fbgemm's packed one where this torch has it and the CPU has VNNI or AMX (:mod:`mizuoto.runtime.packed_int8`: weights
+quantized and packed once, here at load; 0.63-0.82 of the dynamic layer's time at VoxCPM's
+shapes), else torch's dynamic int8 layer. CPU and
 float32 only: that is where torch has the kernels (``engines.voxcpm.dtype=auto`` loads float32
 for a profile; an explicit other dtype is refused here). Each result's
-``applied.compute["fast"]`` names the profile that ran; the exact default is untouched.
+``applied.compute["fast"]`` names the profile that ran and ``["fast_kernel"]`` its int8
+kernel (``engines.voxcpm.int8_kernel``: ``auto``, ``packed`` or ``dynamic`` chooses it);
+the exact default is untouched.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ import torch
 from torch import nn
 
 from mizuoto.errors import InvalidOption
+from mizuoto.runtime.device import cpu_int8_dot
 from mizuoto.runtime.dynamic_int8 import quantize_linears, require_dynamic_int8
+from mizuoto.runtime.packed_int8 import KERNEL_NAME, pack_int8_linears, packed_int8_unavailable
 
 _LM_GROUPS = ("base_lm", "residual_lm")
 
 
-def check_fast(profile: str, device: torch.device, dtype: torch.dtype) -> None:
+def check_fast(profile: str, device: torch.device, dtype: torch.dtype,
+               kernel: str = "auto") -> None:
     if profile == "off":
         return
     if device.type != "cpu" or dtype != torch.float32:
@@ -29,13 +37,44 @@ def check_fast(profile: str, device: torch.device, dtype: torch.dtype) -> None:
                             "engines.voxcpm.dtype=float32 and compute.device=cpu, or "
                             "engines.voxcpm.fast=off")
     require_dynamic_int8("engines.voxcpm.fast")
+    reason = packed_int8_unavailable()
+    if kernel == "packed" and reason is not None:
+        raise InvalidOption("engines.voxcpm.int8_kernel", f"packed needs fbgemm's packed int8 "
+                            f"linear: {reason}; set engines.voxcpm.int8_kernel=auto or dynamic")
 
 
-def apply_fast(groups: dict[str, list[nn.Module]], profile: str) -> tuple[str, ...]:
-    """Quantize the groups ``profile`` covers in place; the names of those quantized."""
+#: ``applied.compute["fast_kernel"]`` of torch's dynamic int8 layer
+DYNAMIC_KERNEL = "int8 dynamic linear (fbgemm)"
+
+
+def fast_kernel(profile: str, kernel: str = "auto") -> str | None:
+    """The int8 kernel ``profile`` runs here with ``engines.voxcpm.int8_kernel=kernel``
+    (``None`` for ``off``)."""
+    if profile == "off":
+        return None
+    # auto: the packed kernel only where the CPU sums int8 products in 32 bits (VNNI, AMX); its
+    # full 8-bit input could saturate AVX2's 16-bit pair sums, which the dynamic layer avoids
+    if kernel == "dynamic" or (kernel == "auto" and (packed_int8_unavailable() is not None
+                                                     or not cpu_int8_dot())):
+        return DYNAMIC_KERNEL
+    return KERNEL_NAME
+
+
+def fast_settings(profile: str, kernel: str = "auto") -> dict[str, str]:
+    """What ``applied.compute`` adds for ``profile``: its kernel (nothing for ``off``)."""
+    name = fast_kernel(profile, kernel)
+    return {} if name is None else {"fast_kernel": name}
+
+
+def apply_fast(groups: dict[str, list[nn.Module]], profile: str,
+               kernel: str = "auto") -> tuple[str, ...]:
+    """Quantize the groups ``profile`` covers in place, with :func:`fast_kernel`'s kernel; the
+    names of those quantized."""
     if profile == "off":
         return ()
     names = _LM_GROUPS if profile == "int8-lm" else tuple(groups)
-    # a bare projection between components is kept (quantize_linears skips a root Linear)
-    quantize_linears(module for name in names for module in groups[name])
+    # a bare projection between components is kept (both skip a root Linear)
+    packed = fast_kernel(profile, kernel) == KERNEL_NAME
+    (pack_int8_linears if packed else quantize_linears)(
+        module for name in names for module in groups[name])
     return names

@@ -1,18 +1,20 @@
 """LoRA on VoxCPM's linear layers in upstream's format: which layers its ``LoRAConfig`` names
 (per LM, local DiT and projections) and its files.
 
-The layers, their arithmetic (``linear(x) + dropout(x Aᵀ Bᵀ) · alpha / r``, never merged) and
-the checks of a LoRA's tensors are core's (`mizuoto.nn.lora`), which took upstream's
-``voxcpm.modules.layers.lora`` layout. VoxCPM keeps upstream's files, so that its LoRAs and
-ours load in either: ``lora_weights.safetensors`` (upstream's key names, e.g.
+The layers, their arithmetic (``linear(x) + dropout(x Aᵀ Bᵀ) · alpha / r``, never merged), the
+checks of a LoRA's numbers and tensors and the swap on a loaded model are core's
+(`mizuoto.nn.lora`, `mizuoto.adapters`), which took upstream's ``voxcpm.modules.layers.lora``
+layout. VoxCPM keeps upstream's files, so that its LoRAs and ours load in either:
+``lora_weights.safetensors`` (upstream's key names, e.g.
 ``base_lm.layers.0.self_attn.q_proj.lora_A``) and ``lora_config.json``
-(``{"base_model": ..., "lora_config": {...}}``), declared as :data:`ADAPTER_FORMAT`.
+(``{"base_model": ..., "lora_config": {...}}``), declared as :data:`ADAPTER_FORMAT` and read
+into core's `Adapter` by :func:`read_adapter`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +22,15 @@ import attrs
 import torch
 from torch import nn
 
-from mizuoto.adapters import AdapterFormat, LoRATargets
+from mizuoto.adapters import Adapter, AdapterFormat, LoRATargets, adapter_digest
 from mizuoto.errors import CheckpointMismatch, InvalidRequest, ModelFilesMissing
+from mizuoto.nn import lora as core
 from mizuoto.nn.lora import (  # noqa: F401 (re-exported: VoxCPM's LoRA names)
     MAX_RANK,
     LoRALinear,
+    LoRASettings,
     check_lora_numbers,
     kaiming_init_a,
-    load_lora_tensors,
     lora_state_dict,
     remove_lora,
 )
@@ -76,18 +79,12 @@ class LoRAConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidRequest("lora_config", f"unknown keys {unknown}")
-        _check_numbers(data)
+        check_lora_numbers(data, prefix="lora_config.")  # before any layer is built
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
         """As pydantic's ``model_dump`` writes it (lists for the name lists)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
-
-
-def _check_numbers(data: dict[str, Any]) -> None:
-    """``r``, ``alpha`` and ``dropout`` of a (possibly downloaded) lora_config, typed and in range
-    before any layer is built."""
-    check_lora_numbers(data, prefix="lora_config.")
 
 
 def lora_config_for(is_v2: bool, **values: Any) -> LoRAConfig:
@@ -111,44 +108,36 @@ LORA_TARGETS = LoRATargets(
     format=ADAPTER_FORMAT)
 
 
-def _targets(model: nn.Module, config: LoRAConfig) -> Iterator[tuple[nn.Module, str]]:
-    """(parent, attribute) of each layer to wrap, in upstream's order of construction."""
+def target_paths(model: nn.Module, config: LoRAConfig) -> list[str]:
+    """The module paths of the layers ``config`` wraps, in upstream's order of construction
+    (the order of the trainer's Kaiming draws)."""
     roots = []
     if config.enable_lm:
-        roots += [(model.base_lm, config.target_modules_lm),
-                  (model.residual_lm, config.target_modules_lm)]
+        roots += [("base_lm", config.target_modules_lm),
+                  ("residual_lm", config.target_modules_lm)]
     if config.enable_dit:
-        roots.append((model.feat_decoder.estimator, config.target_modules_dit))
-    for root, names in roots:
-        for full_name, module in list(root.named_modules()):
-            short = full_name.split(".")[-1]
-            if isinstance(module, nn.Linear) and short in names:
-                parent = root.get_submodule(full_name.rpartition(".")[0])
-                yield parent, short
-    if config.enable_proj:
-        for name in config.target_proj_modules:
-            if isinstance(getattr(model, name, None), nn.Linear):
-                yield model, name
+        roots.append(("feat_decoder.estimator", config.target_modules_dit))
+    paths = [f"{root}.{path}" for root, names in roots
+             for path, module in model.get_submodule(root).named_modules()
+             if isinstance(module, (nn.Linear, LoRALinear)) and path.split(".")[-1] in names]
+    if config.enable_proj:  # upstream skips a name that is no linear layer of the model
+        paths += [name for name in config.target_proj_modules
+                  if isinstance(getattr(model, name, None), (nn.Linear, LoRALinear))]
+    return paths
+
+
+def settings_of(model: nn.Module, config: LoRAConfig) -> LoRASettings:
+    """Core's `LoRASettings` of ``config`` on ``model`` (its targets as module paths)."""
+    return LoRASettings(r=config.r, alpha=config.alpha, dropout=config.dropout,
+                        target_modules=target_paths(model, config))
 
 
 def apply_lora(model: nn.Module, config: LoRAConfig,
                init_a: Callable[[torch.Tensor], None] | None = None) -> list[LoRALinear]:
-    """Wrap the configured layers of ``model`` in place; ``lora_B`` starts at zero, ``lora_A``
-    at zero unless ``init_a`` fills it (the trainer's Kaiming draw). Returns the new layers."""
-    if config.r <= 0:
-        raise InvalidRequest("lora.r", f"must be positive, got {config.r}")
-    layers = []
-    for parent, name in list(_targets(model, config)):
-        layer = LoRALinear(getattr(parent, name), config.r, config.alpha, config.dropout)
-        if init_a is not None:
-            init_a(layer.lora_A)
-        setattr(parent, name, layer)
-        layers.append(layer)
-    return layers
-
-
-def lora_layers(model: nn.Module) -> list[LoRALinear]:
-    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+    """Wrap the configured layers of ``model`` in place (core's `apply_lora`; ``init_a``: the
+    trainer's Kaiming draw, in upstream's order). Returns the new layers."""
+    return core.apply_lora(model, target_paths(model, config), config.r, config.alpha,
+                           config.dropout, init_a=init_a)
 
 
 def read_lora_dir(path: str | Path, *, is_v2: bool
@@ -199,50 +188,10 @@ def write_lora_dir(directory: Path, model: nn.Module, config: LoRAConfig,
         tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
-@attrs.frozen
-class AttachedLoRA:
-    """A LoRA applied to a loaded model: where it came from and what identifies it."""
-
-    path: str
-    config: LoRAConfig
-    digest: str
-
-
-def _digest(directory: Path, tensors: dict[str, torch.Tensor], config: LoRAConfig) -> str:
-    import hashlib
-
-    digest = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode())
-    for key in sorted(tensors):
-        digest.update(key.encode())
-        digest.update(tensors[key].to(torch.float32).contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def attach_lora(model: nn.Module, path: str | Path, *, is_v2: bool,
-                current: AttachedLoRA | None = None) -> AttachedLoRA:
-    """Apply the LoRA in ``path`` to ``model`` (replacing ``current``), as upstream's
-    ``VoxCPM(lora_config=<its lora_config.json>, lora_weights_path=path)`` applies it: the
-    layers wrapped, never merged, the tensors copied into the model's dtype. On failure the
-    model is left as it was."""
-    config, tensors, _ = read_lora_dir(path, is_v2=is_v2)
-    if current is not None and current.config == config:
-        snapshot = lora_state_dict(model)
-        try:
-            load_lora_tensors(model, tensors, str(path))
-        except Exception:
-            load_lora_tensors(model, snapshot, current.path)
-            raise
-        return AttachedLoRA(str(path), config, _digest(Path(path), tensors, config))
-    previous = lora_state_dict(model) if current is not None else None
-    if current is not None:
-        remove_lora(model)
-    apply_lora(model, config)
-    try:
-        load_lora_tensors(model, tensors, str(path))
-    except Exception:
-        remove_lora(model)
-        if current is not None:
-            apply_lora(model, current.config)
-            load_lora_tensors(model, previous, current.path)
-        raise
-    return AttachedLoRA(str(path), config, _digest(Path(path), tensors, config))
+def read_adapter(path: str | Path, model: nn.Module, *, is_v2: bool) -> Adapter:
+    """The LoRA in ``path`` (upstream's files, :func:`read_lora_dir`) as core's `Adapter` on
+    ``model``; core checks and swaps it in (`mizuoto.adapters.AdapterHost.set_lora`)."""
+    config, tensors, info = read_lora_dir(path, is_v2=is_v2)
+    settings = settings_of(model, config)
+    return Adapter(str(path), settings, tensors, info.get("base_model"),
+                   digest=adapter_digest(settings, tensors))

@@ -76,7 +76,15 @@ def _dtype_option(instance, attribute, value):
                             f"must be auto, float32, bfloat16 or float16, got {value!r}")
 
 
+def _one_of(option: str, choices: tuple[str, ...]):
+    def check(instance, attribute, value):
+        if value not in choices:
+            raise InvalidOption(option, f"must be one of {', '.join(choices)}, got {value!r}")
+    return check
+
+
 FAST_PROFILES = ("off", "int8-lm", "int8")
+INT8_KERNELS = ("auto", "packed", "dynamic")  # mizuoto_voxcpm.fast's, without importing torch
 
 
 @attrs.frozen
@@ -98,10 +106,9 @@ class VoxCPMOptions:
         default=1, validator=integer_in("engines.voxcpm.max_batch", 1, MAX_CACHE_SLOTS,
                                         error=InvalidOption))
     #: the opt-in fast profile, never exact (mizuoto_voxcpm.fast): off, int8-lm or int8
-    fast: str = attrs.field(default="off")
-
-    @fast.validator
-    def _fast(self, attribute, value):
-        if value not in FAST_PROFILES:
-            raise InvalidOption("engines.voxcpm.fast", f"must be one of "
-                                f"{', '.join(FAST_PROFILES)}, got {value!r}")
+    fast: str = attrs.field(default="off", validator=_one_of("engines.voxcpm.fast",
+                                                             FAST_PROFILES))
+    #: the int8 kernel of a fast profile: auto (fbgemm's packed one where torch has it),
+    #: packed or dynamic (torch's dynamic int8 layer)
+    int8_kernel: str = attrs.field(default="auto", validator=_one_of(
+        "engines.voxcpm.int8_kernel", INT8_KERNELS))

@@ -57,8 +57,11 @@ class _VoiceShape:
 
 _NEUTRAL = _VoiceShape(1.0, 1.0)
 
+#: the layers that take LoRA adapters (both tables), under the model `Tables`
+LORA_TARGETS = LoRATargets(default=("pitch", "level"), allowed=("pitch", "level"))
 
-class _Tables(nn.Module):
+
+class Tables(nn.Module):
     """The pitch and level tables as linear layers over a one-hot character slot (exactly the
     table's entry), so that LoRA adapters can take them."""
 
@@ -100,12 +103,13 @@ class ToyEngine(Engine, SupportsSteps, AdapterHost):
     # a request's state is its row (its words, its generator): requests run at once
     concurrent_requests = True
     # LoRA: declare which layers take adapters; AdapterHost does loading, checks and hot-swap,
-    # and the contract suite's adapter checks run on it
-    lora_targets = LoRATargets(default=("pitch", "level"), allowed=("pitch", "level"))
+    # the trainer (declaring the same) gets --method lora, and the contract suite's adapter
+    # checks run on it
+    lora_targets = LORA_TARGETS
 
     def __init__(self, *, pitch: torch.Tensor, level: torch.Tensor, placement: Placement,
                  info, options: ToyOptions) -> None:
-        self._tables = _Tables(pitch, level)
+        self._tables = Tables(pitch, level)
         self.placement = placement
         self._info = info
         self._options = options
@@ -120,6 +124,10 @@ class ToyEngine(Engine, SupportsSteps, AdapterHost):
     @classmethod
     def load(cls, model_dir: Path, *, options: Options | None = None,
              model_id: str | None = None, progress=None) -> ToyEngine:
+        # a lora run's export (the adapter alone): its base model, loaded, with it applied
+        adapted = cls.load_adapter_export(model_dir, options=options, progress=progress)
+        if adapted is not None:
+            return adapted
         model_dir = Path(model_dir)
         options = options or Options()
         # threads, device and dtype as every engine applies them

@@ -1,6 +1,9 @@
 """The toy trainer: fits each character's ``level`` to the loudness of the clips that speak it.
 Model + data + loss + export only: core's `TrainingRunner` runs the update, `StepTrainer` the
-run. docs/plugins.md "Training toolkit" walks through it."""
+run. docs/plugins.md "Training toolkit" walks through it.
+
+``--method lora`` comes from declaring the engine's LoRA targets (``lora_targets``): the core
+adds the adapters (`StepTrainer.add_lora`), trains only them and exports the adapter alone."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from safetensors.torch import save_file
 from mizuoto.plugin import (
     RunnerSession,
     StepTrainer,
-    TrainerParams,
     TrainingConfig,
     load_state_dict_file,
     read_audio,
@@ -23,6 +25,7 @@ from mizuoto.plugin import (
     to_mono,
 )
 from mizuoto_example import CONFIG_FILE, WEIGHTS_FILE
+from mizuoto_example.engine import LORA_TARGETS, Tables
 
 
 @attrs.frozen
@@ -36,13 +39,14 @@ class ToyRun:
 class ToyTrainer(StepTrainer):
     engine = "toy"
     methods = frozenset({"full"})
+    lora_targets = LORA_TARGETS  # the engine's: adds the lora method
 
     def defaults(self, method: str, model: str) -> dict:
         return {"steps": 100, "learning_rate": 1e-2, "batch_size": 2}
 
     def prepare(self, config: TrainingConfig, *, progress=None) -> ToyRun:
         self.check(config)
-        TrainerParams.parse(config.params, trainer="toy")  # an unknown key is refused
+        self.params_class.parse(config.params, trainer="toy")  # an unknown key is refused
         model_dir = resolve_for_engine(config.model, self.engine).path
         vocab = json.loads((model_dir / CONFIG_FILE).read_text())["toy_vocab_size"]
         rows = [(row.text, row.audio) for row in read_manifest(Path(config.dataset))]
@@ -56,25 +60,31 @@ class ToyTrainer(StepTrainer):
 
     def start(self, run: ToyRun, world) -> RunnerSession:
         config = run.config
-        level = load_state_dict_file(run.model_dir / WEIGHTS_FILE)["level"]
-        model = torch.nn.ParameterDict({"level": level.to(torch.float32)})  # what trains
+        weights = load_state_dict_file(run.model_dir / WEIGHTS_FILE)
+        model = Tables(weights["pitch"], weights["level"])  # the engine's layers
+        model.pitch.weight.requires_grad_(False)  # the levels train, the pitches stay
+        self.add_lora(run, model)  # --method lora: adapters on the tables, only they train
         # the toy's own defaults: no clipping, a constant rate (--max-grad-norm, --lr-schedule)
         runner = self.runner(run, world, max_grad_norm=0.0, schedule="constant")
-        runner.optimize(model)  # AdamW, the run's learning rate and schedule
+        runner.optimize(model)  # AdamW over what trains, the run's learning rate and schedule
+        one_hot = torch.eye(model.level.in_features, dtype=torch.float64)
         generator = torch.Generator().manual_seed(config.seed)  # the data's draws, resumed
 
         def next_batch() -> list[int]:
             return torch.randint(len(run.slots), (config.batch_size,), generator=generator).tolist()
 
         def loss(picks: list[int]) -> dict[str, torch.Tensor]:
-            return {"loss": torch.stack([(model["level"][list(run.slots[i])].mean()
+            levels = model.level(one_hot)[:, 0]  # every character's level, adapted or not
+            return {"loss": torch.stack([(levels[list(run.slots[i])].mean()
                                           - run.loudness[i]) ** 2 for i in picks]).mean()}
 
         return RunnerSession(runner, model, total=config.steps, next_batch=next_batch, loss=loss,
                              generators={"generator": generator})
 
     def write_export(self, run: ToyRun, folder: Path) -> None:  # base model, trained levels
+        # (a lora run's export, the adapter alone, is the core's)
         state = torch.load(Path(run.config.output_dir) / self.checkpoint, weights_only=True)
         pitch = load_state_dict_file(run.model_dir / WEIGHTS_FILE)["pitch"]
-        save_file({"pitch": pitch, "level": state["model"]["level"]}, str(folder / WEIGHTS_FILE))
+        level = state["model"]["level.weight"].view(-1).to(torch.float32)
+        save_file({"pitch": pitch, "level": level}, str(folder / WEIGHTS_FILE))
         (folder / CONFIG_FILE).write_bytes((run.model_dir / CONFIG_FILE).read_bytes())

@@ -180,22 +180,19 @@ def _save_audio(audio, path: Path) -> None:
 
 def _profile(side: _Side, request, spec: RunSpec) -> dict[str, Any] | None:
     """One more request under :mod:`mizuoto.benchmarking.profile`'s clocks (``None`` for a
-    side whose engine names no components)."""
-    from mizuoto.benchmarking.profile import (
-        component_clocks,
-        measure_bandwidth,
-        measure_compute,
-        split,
-    )
+    side whose engine names no components); then the rate of each kernel that ran and the
+    CPU's best per dtype (:mod:`mizuoto.benchmarking.kernels`: after the request, since
+    prepacked layers choose their kernel as they run)."""
+    from mizuoto.benchmarking.kernels import layer_kernel, measure_kernel_rates
+    from mizuoto.benchmarking.profile import component_clocks, measure_bandwidth, split
 
     if side.components is None:
         return None
     bandwidth = measure_bandwidth()
     components = side.components()
-    dtypes = {p.dtype for modules in components.values() for module in modules
-              for p in module.parameters() if p.is_floating_point()}
-    compute = measure_compute(dtypes)
     with component_clocks(components) as clocks:
         total = _request(side, request, spec.stream)["request_s"]
+    rates = measure_kernel_rates({layer_kernel(layer) for group in clocks.values()
+                                  for clock in group for layer in clock.layers})
     return split(clocks, total, bandwidth, per="stop_head" if "stop_head" in components
-                 else None, compute_gmac_s=compute)
+                 else None, rates=rates)

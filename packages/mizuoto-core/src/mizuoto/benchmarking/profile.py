@@ -11,10 +11,14 @@ What no component covers (Python, sampling glue, the text path) is ``other``.
 
 Reading the weights is not the only floor: a call whose linear layers and convolutions take
 many rows at once (a guided DiT evaluation's ten) can need more multiply-adds than the CPU does
-in that time. So the multiply-adds of every call are counted too, and each call's floor is the
-larger of its weight traffic at the measured bandwidth and its multiply-adds at the measured
-compute rate (the fastest large matrix product torch runs here): ``floor_ms`` per component and
-``floor_s`` for the request, the roofline of both.
+in that time. So the multiply-adds of every call are counted too, per layer, and each call's
+floor is the larger of its weight traffic at the measured bandwidth and its multiply-adds at a
+rate. ``mizuoto bench`` gives the rates of :mod:`mizuoto.benchmarking.kernels`: each component
+says which kernels its layers ran and is measured against three floors, its weights at the
+bandwidth (``roofline``), its multiply-adds at the rate of the kernels that ran
+(``of_kernel_floor``), and at the best rate the CPU reaches in each layer's dtype (``of_floor``,
+the strict one: a slow kernel cannot look near it); ``floor_s`` for the request. One rate for
+every layer (``compute_gmac_s``) is still taken.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mizuoto.benchmarking.kernels import KernelRates
 
 #: Bytes copied per bandwidth probe: far larger than any L3 cache.
 BANDWIDTH_BYTES = 256 << 20
@@ -44,33 +51,6 @@ def measure_bandwidth(repeats: int = 5) -> float:
     return 2 * BANDWIDTH_BYTES / best / 1e9
 
 
-#: Matrix side of a compute-rate probe in float32 (about 12 ms at 90 GMAC/s) and in another
-#: dtype (one without a fast kernel here runs at a few GMAC/s)
-COMPUTE_SIDE = {"float32": 1024, "other": 256}
-
-
-def measure_compute(dtypes=()) -> float:
-    """Multiply-adds per second (in G) this machine's torch threads reach: the fastest of three
-    square matrix products, in float32 and in each of ``dtypes``, the best of all (a CPU with
-    native bfloat16 multiplies faster in it; one without it cannot beat its float32 rate with
-    any exact emulation)."""
-    import torch
-
-    best = 0.0
-    for dtype in {torch.float32, *dtypes}:
-        side = COMPUTE_SIDE["float32" if dtype == torch.float32 else "other"]
-        a = torch.randn(side, side).to(dtype)
-        b = torch.randn(side, side).to(dtype)
-        a @ b
-        fastest = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            a @ b
-            fastest = min(fastest, time.perf_counter() - start)
-        best = max(best, side ** 3 / fastest / 1e9)
-    return best
-
-
 #: Methods timed besides ``forward`` where a module has them (a decode step is often a method
 #: of its own: VoxCPM's ``MiniCPM4.step``, its VAE's ``decode``).
 TIMED_METHODS = ("step", "step_rows", "decode", "decode_tail")
@@ -90,6 +70,9 @@ def _weight_bytes(module) -> int:
 
 
 def _packed_bytes(module) -> int:
+    own = getattr(module, "packed_weight_bytes", None)  # mizuoto.runtime.packed_int8's
+    if isinstance(own, int):
+        return own
     packed = getattr(module, "_packed_params", None)
     unpack = getattr(packed, "_weight_bias", None)
     if unpack is None:
@@ -112,17 +95,28 @@ class _Clock:
         self.first_end: float | None = None  # when the first call ended, from ``opened``
         self.macs = 0  # multiply-adds of the call under way
         self.per_call: list[tuple[int, int]] = []  # (weight bytes, multiply-adds) per call
+        self.layers: list = []  # the counted layers, in the order of ``per_call_layers``
+        self._index: dict[int, int] = {}  # id(layer) -> its position in ``layers``
+        self._layer_macs: dict[int, int] = {}  # the call under way's, by layer position
+        self.per_call_layers: list[dict[int, int]] = []  # each call's multiply-adds by layer
 
     def count(self, module, inputs, output) -> None:
         """A linear layer's or convolution's forward hook: its multiply-adds, within a call."""
         if self._depth > 0:
-            self.macs += _multiply_adds(module, inputs, output)
+            macs = _multiply_adds(module, inputs, output)
+            self.macs += macs
+            if macs:
+                index = self._index.setdefault(id(module), len(self.layers))
+                if index == len(self.layers):
+                    self.layers.append(module)
+                self._layer_macs[index] = self._layer_macs.get(index, 0) + macs
 
     def start(self, *_) -> None:
         self._depth += 1
         if self._depth == 1:
             self.synchronize()
             self.macs = 0
+            self._layer_macs = {}
             self._started = time.perf_counter()
 
     def stop(self, *_) -> None:
@@ -136,6 +130,7 @@ class _Clock:
             self.calls += 1
             self.bytes += self.weight_bytes
             self.per_call.append((self.weight_bytes, self.macs))
+            self.per_call_layers.append(self._layer_macs)
 
     def wrap(self, method):
         def timed(*args, **kwargs):
@@ -200,9 +195,11 @@ def component_clocks(components: Mapping[str, Sequence[Any]]) -> Iterator[dict[s
             clock = _Clock(synchronize)
             clock.weight_bytes = _weight_bytes(module)
             handles.append(module.register_forward_pre_hook(clock.start))
-            handles.append(module.register_forward_hook(clock.stop))
+            # counting first: a component that is one linear layer (a stop head) counts its
+            # own multiply-adds before its call is closed
             for layer in _counted_layers(module):
                 handles.append(layer.register_forward_hook(clock.count))
+            handles.append(module.register_forward_hook(clock.stop))
             for method in TIMED_METHODS:
                 if callable(getattr(module, method, None)) and method not in vars(module):
                     setattr(module, method, clock.wrap(getattr(module, method)))
@@ -218,14 +215,20 @@ def component_clocks(components: Mapping[str, Sequence[Any]]) -> Iterator[dict[s
 
 
 def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
-          per: str | None = None, compute_gmac_s: float | None = None) -> dict[str, Any]:
+          per: str | None = None, compute_gmac_s: float | None = None,
+          rates: KernelRates | None = None) -> dict[str, Any]:
     """The profile of one request: per component its milliseconds, calls, weight traffic
     (GB/s) and fraction of ``bandwidth_gb_s``; ``other`` the rest of ``total_s``. ``per``: the
     component whose call count is the unit (VoxCPM's ``stop_head``: one call per patch), to
     also give milliseconds per unit, and when the first unit was done: for VoxCPM the first
     patch sampled, the prefill and one patch, what the first audio waits for besides its
     decode). Each component's ``first_call_ms`` is its first module's first call (an LM's
-    prefill)."""
+    prefill). With ``rates`` (:func:`~mizuoto.benchmarking.kernels.measure_kernel_rates`):
+    each component's ``kernels`` (name -> layers that ran it) and its floors at those
+    kernels' rates (``kernel_floor_ms``) and at the CPU's best rate per dtype (``floor_ms``,
+    in place of one ``compute_gmac_s`` for all)."""
+    from mizuoto.benchmarking.kernels import kernel_counts
+
     # a component's calls are its first module's (the LM itself, not its projections)
     units = clocks[per][0].calls if clocks.get(per) else 1
     components: dict[str, Any] = {}
@@ -236,6 +239,11 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
         covered += seconds
         rate = traffic / seconds / 1e9 if seconds else None
         floor = _floor_s(group, bandwidth_gb_s, compute_gmac_s)
+        kernel_floor = None
+        if rates is not None:
+            floor = _rated_floor_s(group, bandwidth_gb_s, lambda kernel, dtype: rates.best(dtype))
+            kernel_floor = _rated_floor_s(group, bandwidth_gb_s,
+                                          lambda kernel, dtype: rates.kernel(kernel))
         components[name] = {
             "ms": seconds * 1e3, "calls": group[0].calls if group else 0,
             "ms_per_unit": seconds * 1e3 / units if units else None,
@@ -248,19 +256,36 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
             "of_floor": floor / seconds if floor is not None and seconds else None,
             "first_call_ms": (group[0].first_seconds * 1e3
                               if group and group[0].first_seconds is not None else None)}
+        if rates is not None:
+            components[name].update({
+                "kernels": kernel_counts(layer for c in group for layer in c.layers),
+                "kernel_floor_ms": kernel_floor * 1e3 if kernel_floor is not None else None,
+                "of_kernel_floor": (kernel_floor / seconds
+                                    if kernel_floor is not None and seconds else None)})
     rest = max(total_s - covered, 0.0)
     components["other"] = {"ms": rest * 1e3, "calls": None,
                            "ms_per_unit": rest * 1e3 / units if units else None,
                            "weights_mb_per_unit": None, "weights_gb_s": None, "roofline": None,
                            "gmacs_per_unit": None, "floor_ms": None, "of_floor": None,
                            "first_call_ms": None}
+    if rates is not None:
+        components["other"].update(kernels={}, kernel_floor_ms=None, of_kernel_floor=None)
     first = clocks[per][0] if clocks.get(per) else None
     traffic = sum(c.bytes for group in clocks.values() for c in group)
     bound_s = traffic / (bandwidth_gb_s * 1e9) if bandwidth_gb_s else None
     floors = [components[name]["floor_ms"] for name in clocks]
-    floor_s = (sum(floors) / 1e3 if compute_gmac_s and floors and None not in floors
-               else None)
-    return {"bandwidth_gb_s": bandwidth_gb_s, "compute_gmac_s": compute_gmac_s,
+    floor_s = (sum(floors) / 1e3 if (compute_gmac_s or rates) and floors
+               and None not in floors else None)
+    kernel_floors = [components[name].get("kernel_floor_ms") for name in clocks]
+    kernel_floor_s = (sum(kernel_floors) / 1e3 if rates and kernel_floors
+                      and None not in kernel_floors else None)
+    rated = {} if rates is None else {
+        "kernel_rates_gmac_s": dict(rates.kernels),
+        "cpu_rates": {dtype: {"gmac_s": rate, "kernel": kernel}
+                      for dtype, (rate, kernel) in sorted(rates.cpu.items())},
+        "kernel_floor_s": kernel_floor_s,
+        "of_kernel_floor": kernel_floor_s / total_s if kernel_floor_s and total_s else None}
+    return {**rated, "bandwidth_gb_s": bandwidth_gb_s, "compute_gmac_s": compute_gmac_s,
             "request_s": total_s, "unit": per or "request",
             "units": units, "components": components,
             "first_unit_s": first.first_end if first is not None else None,
@@ -279,6 +304,27 @@ def _floor_s(group, bandwidth_gb_s: float, compute_gmac_s: float | None) -> floa
                for clock in group for traffic, macs in clock.per_call)
 
 
+def _rated_floor_s(group, bandwidth_gb_s: float, rate_of) -> float | None:
+    """Each call's floor, its weights at the bandwidth or each layer's multiply-adds at
+    ``rate_of(kernel, dtype)`` (GMAC/s; ``None``: unknown, and so is the floor)."""
+    from mizuoto.benchmarking.kernels import layer_kernel
+
+    if not bandwidth_gb_s:
+        return None
+    total = 0.0
+    for clock in group:
+        layer_rates = []
+        for layer in clock.layers:
+            rate = rate_of(*layer_kernel(layer))
+            if not rate:
+                return None
+            layer_rates.append(rate)
+        for (traffic, _), macs in zip(clock.per_call, clock.per_call_layers, strict=True):
+            compute = sum(m / (layer_rates[i] * 1e9) for i, m in macs.items())
+            total += max(traffic / (bandwidth_gb_s * 1e9), compute)
+    return total
+
+
 def profile_table(profile: Mapping[str, Any]) -> str:
     """The split as text: one row per component."""
     unit = profile["unit"]
@@ -287,20 +333,39 @@ def profile_table(profile: Mapping[str, Any]) -> str:
              f"{_num(profile['bandwidth_bound_s'], 2)} s ({_pct(profile['roofline'])} of it)"
              + (f"; first {unit} done after {profile['first_unit_s']:.2f} s"
                 if profile.get("first_unit_s") is not None else "")]
-    if profile.get("floor_s") is not None:
+    rated = "cpu_rates" in profile
+    if rated:
+        lines.append("CPU rate per dtype (the best large product torch runs here): " + "; ".join(
+            f"{dtype} {row['gmac_s']:.1f} GMAC/s ({row['kernel']})"
+            for dtype, row in profile["cpu_rates"].items()))
+        lines.append("kernel rates (large products): " + "; ".join(
+            f"{kernel} {rate:.1f}" for kernel, rate in profile["kernel_rates_gmac_s"].items())
+            + " GMAC/s")
+        lines.append(f"floors, each call's weights at the bandwidth or its multiply-adds at a "
+                     f"rate: at the kernels' own {_num(profile['kernel_floor_s'], 2)} s "
+                     f"({_pct(profile['of_kernel_floor'])} of it), at the CPU's "
+                     f"{_num(profile['floor_s'], 2)} s ({_pct(profile['of_floor'])} of it)")
+    elif profile.get("floor_s") is not None:
         lines.append(f"measured compute {profile['compute_gmac_s']:.1f} GMAC/s; each call's "
                      f"floor, weights at the bandwidth or multiply-adds at that rate: "
                      f"{profile['floor_s']:.2f} s ({_pct(profile['of_floor'])} of it)")
     lines.append(f"{'component':<12} {'ms':>9} {'calls':>6} {'ms/' + unit:>12} "
                  f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8} {'GMAC/' + unit:>11} "
-                 f"{'floor ms':>9} {'of floor':>8} {'1st call ms':>11}")
+                 + (f"{'of kernel fl':>12} " if rated else "")
+                 + f"{'floor ms':>9} {'of floor':>8} {'1st call ms':>11}")
     for name, row in profile["components"].items():
         lines.append(f"{name:<12} {row['ms']:>9.1f} {row['calls'] or '-':>6} "
                      f"{_num(row['ms_per_unit'], 1):>12} {_num(row['weights_mb_per_unit'], 1):>12} "
                      f"{_num(row['weights_gb_s'], 1):>6} {_pct(row['roofline']):>8} "
                      f"{_num(row.get('gmacs_per_unit'), 2):>11} "
-                     f"{_num(row.get('floor_ms'), 1):>9} {_pct(row.get('of_floor')):>8} "
+                     + (f"{_pct(row.get('of_kernel_floor')):>12} " if rated else "")
+                     + f"{_num(row.get('floor_ms'), 1):>9} {_pct(row.get('of_floor')):>8} "
                      f"{_num(row.get('first_call_ms'), 1):>11}")
+    if rated:  # roofline: of the bandwidth floor; floor: the CPU's, per dtype
+        lines.append("kernels that ran:")
+        lines.extend(f"  {name}: " + ", ".join(f"{kernel} x{count}"
+                                               for kernel, count in row["kernels"].items())
+                     for name, row in profile["components"].items() if row.get("kernels"))
     return "\n".join(lines)
 
 

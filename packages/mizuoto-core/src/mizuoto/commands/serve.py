@@ -32,7 +32,7 @@ from mizuoto.errors import InvalidRequest
 @click.option("--num-cpus", type=float, default=1.0, show_default=True, help="With --ray: CPUs each model replica reserves (fractions allowed).")
 @click.option("--num-gpus", type=float, default=0.0, show_default=True, help="With --ray: GPUs each model replica reserves (fractions allowed).")
 @click.option("--ingress-replicas", type=int, default=1, show_default=True, help="With --ray: HTTP ingress replicas (more than one on several nodes: share the voices directory).")
-@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="With --ray: a directory of LoRA exports (mizuoto train --method lora, any engine's), each served as a model named by its subdirectory (repeatable).")
+@click.option("--lora-dir", "lora_dirs", multiple=True, type=click.Path(exists=True, file_okay=False), help="A directory of LoRA exports (mizuoto train --method lora, any engine's), each served as a model named by its subdirectory, on the served base model it names (repeatable).")
 @click.option("--max-adapters", type=int, default=4, show_default=True, help="With --ray: LoRA exports loaded at once per replica (least recently used unloaded).")
 @click.pass_context
 def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, max_loaded,
@@ -62,11 +62,13 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
                              max_batch=max_batch, allowed_hosts=allowed_hosts,
                              allowed_origins=allowed_origins, max_voices=max_voices,
                              max_voices_bytes=voices_bytes, header_timeout=header_timeout,
-                             keep_alive=keep_alive, max_client_chars=max_client_chars)
+                             keep_alive=keep_alive, max_client_chars=max_client_chars,
+                             # under --ray the adapters are the Ray deployment's
+                             lora_dirs=() if ray_address else lora_dirs)
     except InvalidRequest as exc:  # named as the user wrote it
         option = "MIZUOTO_API_KEY" if exc.field == "api_key" and from_env else \
-            "--" + {"max_voices_bytes": "max_voices_size"}.get(exc.field, exc.field).replace(
-                "_", "-")
+            "--" + {"max_voices_bytes": "max_voices_size", "lora_dirs": "lora_dir"}.get(
+                exc.field, exc.field).replace("_", "-")
         raise InvalidRequest(option, exc.problem, exc.fix) from None
     ray_settings = None
     if ray_address:
@@ -84,7 +86,12 @@ def serve(ctx, models, aliases, engine, host, port, api_key, queue_size, grace, 
         except InvalidRequest as exc:  # e.g. more replicas than the cluster can place
             raise _named_by_flag(exc) from None
         return
-    run(config)
+    try:
+        run(config)
+    except InvalidRequest as exc:  # the exports under --lora-dir, found as the server starts
+        if exc.field != "lora_dirs":
+            raise
+        raise _named_by_flag(exc) from None
 
 
 def _ray_settings(address: str, **settings):

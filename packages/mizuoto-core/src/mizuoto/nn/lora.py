@@ -73,6 +73,11 @@ class LoRASettings:
             raise InvalidRequest("lora.target_modules", f"must be module names, got "
                                  f"{list(self.target_modules)!r}")
 
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as JSON holds them (``target_modules`` a list): a run's recipe."""
+        return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": list(self.target_modules)}
+
 
 def matches(path: str, pattern: str) -> bool:
     """Whether module ``path`` is named by ``pattern`` (see :class:`LoRASettings`)."""
@@ -147,6 +152,22 @@ def kaiming_init_a(generator: torch.Generator) -> Callable[[torch.Tensor], None]
         with torch.no_grad():
             nn.init.kaiming_uniform_(tensor, a=math.sqrt(5), generator=generator)
     return init
+
+
+def dropout_from(generator: torch.Generator, p: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``F.dropout``'s CPU arithmetic (a Bernoulli keep mask scaled by ``1 / (1 - p)``) with
+    its mask drawn from ``generator``: a `LoRALinear.dropout_fn` whose masks a run replays."""
+    def dropout(x: torch.Tensor) -> torch.Tensor:
+        noise = torch.empty_like(x).bernoulli_(1 - p, generator=generator)
+        noise.div_(1 - p)
+        return x * noise
+    return dropout
+
+
+def draw_dropout_from(model: nn.Module, generator: torch.Generator) -> None:
+    """Every `LoRALinear` of ``model`` draws its dropout masks from ``generator``."""
+    for layer in lora_layers(model).values():
+        layer.dropout_fn = dropout_from(generator, layer.dropout)
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:

@@ -234,6 +234,29 @@ def save_safetensors(tensors, path: str | Path, *, metadata: dict[str, str] | No
     return Path(path)
 
 
+def copy_model_files(source: str | Path, folder: str | Path, names, *,
+                     hard_link: bool = False) -> list[str]:
+    """The files ``names`` that ``source`` holds (a base model's config, tokenizer, weights)
+    into ``folder``, each a copy with the mode ``open()`` gives, or with ``hard_link`` a hard
+    link where the file system allows one (an export beside its base model holds no second
+    copy of its weights). Returns the names carried over."""
+    source, folder = Path(source), Path(folder)
+    carried = []
+    for name in names:
+        origin = source / name
+        if not origin.is_file():
+            continue
+        try:
+            if not hard_link:
+                raise OSError("copy")
+            os.link(origin.resolve(), folder / name)
+        except OSError:
+            shutil.copy2(origin, folder / name)
+            os.chmod(folder / name, file_mode())
+        carried.append(name)
+    return carried
+
+
 @contextlib.contextmanager
 def _written_into(path: Path) -> Iterator[Path]:
     """A private temporary file (the system's temp folder), copied into ``path`` on success."""

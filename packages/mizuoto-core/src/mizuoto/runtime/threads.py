@@ -71,6 +71,23 @@ def openmp_binding() -> str | None:
 
 
 @contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """For the block, torch runs on ``count`` intra-op threads (``torch.set_num_threads``: the
+    process's count, MKL's too), as a data-loader worker runs on one: a sum split over more
+    threads adds in another order, so features computed like a worker's need its count."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before != count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if before != count:
+            torch.set_num_threads(before)
+
+
+@contextmanager
 def thread_intra_op_threads(count: int) -> Iterator[int]:
     """For the block, this thread's torch ops run on ``count`` intra-op threads; other threads'
     count is unchanged. Yields the count in effect: unchanged where torch's threads are not

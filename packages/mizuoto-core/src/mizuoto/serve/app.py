@@ -24,6 +24,7 @@ import attrs
 
 from mizuoto.contracts.features import stepping_engine
 from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.serve.adapters import load_adapters, served_adapters
 from mizuoto.serve.batching import MAX_BATCH, batch_stats, options_with_max_batch
 from mizuoto.serve.browser import BrowserPolicy
 from mizuoto.serve.budget import ClientBudget
@@ -88,6 +89,10 @@ class ServeConfig:
     (:mod:`mizuoto.serve.browser`); ``max_voices`` and ``max_voices_bytes`` cap the stored
     voices (:class:`~mizuoto.serve.voices.VoiceStore`).
 
+    ``lora_dirs``: directories of LoRA exports, each served as a model named by its directory
+    (:mod:`mizuoto.serve.adapters`: an adapter on its base model's worker, selected per
+    request).
+
     Every value is checked here, so the CLI and the Python API refuse the same ones: ``port``
     1 to 65535, ``grace`` finite in [0, :data:`MAX_GRACE`], an ``api_key`` that is not
     empty or blank (``None``: no authentication).
@@ -131,6 +136,7 @@ class ServeConfig:
         "header_timeout", 0.0, MAX_GRACE, low_open=True))
     keep_alive: float = attrs.field(default=DEFAULT_KEEP_ALIVE, validator=number_in(
         "keep_alive", 0.0, MAX_GRACE, low_open=True))
+    lora_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     @allowed_hosts.validator
     def _allowed_hosts(self, attribute, value) -> None:
@@ -198,10 +204,13 @@ class _State:
         pool = None
         if config.max_loaded is not None or config.memory_budget is not None:
             pool = ModelPool(config.max_loaded, config.memory_budget)
+        # under --ray the adapters are the Ray deployment's (mizuoto.serve.ray)
+        adapters = served_adapters(config.lora_dirs if loader is None else (), config.models)
         self.workers: dict[str, ModelWorker] = {}
-        for index, (name, model) in enumerate(config.models.items()):
+        models = {**config.models, **adapters.models}
+        for index, (name, model) in enumerate(models.items()):
             preload = config.max_loaded is None or index < config.max_loaded
-            load = _loader(model, config)
+            load = _loader(model, config, name, adapters.on_base.get(name, {}))
             if loader is not None:  # mizuoto serve --ray: the model runs on its replicas
                 load, preload = loader(name, model)
             worker = ModelWorker(name, model, load=load,
@@ -210,12 +219,18 @@ class _State:
             self.metrics.watch_queue(name, worker.depth)
             self.metrics.watch_batches(name, lambda worker=worker: batch_stats(worker.engine))
             self.workers[name] = worker
+        #: what a request's ``model`` names: a model (its worker, no adapter) or an adapter
+        #: (its base model's worker, the adapter's name)
+        self.routes: dict[str, tuple[ModelWorker, str | None]] = {
+            name: (worker, None) for name, worker in self.workers.items()}
+        self.routes.update({adapter: (self.workers[base], adapter)
+                            for adapter, base in adapters.base_of().items()})
 
 
 _LOADING = threading.Lock()
 
 
-def _loader(model: str, config: ServeConfig):
+def _loader(model: str, config: ServeConfig, name: str = "", adapters=None):
     def load():
         import mizuoto
 
@@ -226,6 +241,7 @@ def _loader(model: str, config: ServeConfig):
             engine = mizuoto.load(model, engine=config.engine, options=options)
         if stepping_engine(engine) is not None:  # the core's scheduler batches its rows
             engine.max_rows = config.max_batch
+        load_adapters(engine, name, adapters or {})
         return engine
 
     return load
@@ -438,9 +454,9 @@ def serve_in_thread(config: ServeConfig, *, ready_timeout: float = 120.0) -> Ite
     For tests and benchmarks."""
     import uvicorn
 
+    app = create_app(config)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    app = create_app(config)
     server = uvicorn.Server(_uvicorn_config(config, app, log_level="warning"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
                               name="mizuoto-serve", daemon=True)

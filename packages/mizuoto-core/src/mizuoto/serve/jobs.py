@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 #: Emitted last by every job.
 DONE = object()
+#: A job's ``adapter`` when it runs with whichever adapter is applied (it reads no weights).
+ANY_ADAPTER = object()
 #: Items (audio chunks) a job may have waiting for its client: a client that reads slowly
 #: slows its own generation instead of piling its audio up in the server's memory.
 MAX_BUFFERED = 8
@@ -40,11 +42,14 @@ class Pin:
 class Job:
     """Work for a model's worker: ``run(engine, job)`` executes on the worker thread and calls
     :meth:`emit` for each result; the event loop awaits :attr:`items`. ``pin`` (a request's
-    :class:`Pin`) is released when the job ends, run or skipped."""
+    :class:`Pin`) is released when the job ends, run or skipped. ``adapter``: the LoRA adapter
+    it runs with, by name (None: the base model; :data:`ANY_ADAPTER`: whichever is applied),
+    for all of its chunks (:mod:`mizuoto.serve.adapters`)."""
 
     def __init__(self, run: Callable, loop: asyncio.AbstractEventLoop, *,
-                 pin: Pin | None = None) -> None:
+                 pin: Pin | None = None, adapter: str | None | object = ANY_ADAPTER) -> None:
         self._run = run
+        self.adapter = adapter
         self._loop = loop
         self._pin = pin
         self._items: asyncio.Queue = asyncio.Queue()  # private: read with :meth:`get`, which makes room

@@ -24,6 +24,7 @@ from mizuoto.audio_formats import FORMATS
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.requests import MAX_SEED
 from mizuoto.contracts.results import AudioChunk
+from mizuoto.serve.adapters import holds_adapters
 from mizuoto.serve.budget import client_of
 from mizuoto.serve.errors import (
     APIError,
@@ -104,13 +105,15 @@ def _state(request: Request):
     return request.app.state.mizuoto
 
 
-def _worker(state, model: str):
-    worker = state.workers.get(model)
-    if worker is None:
-        known = ", ".join(sorted(state.workers))
+def _route(state, model: str):
+    """``(worker, adapter)`` of the served name ``model``: a model's worker and None, or an
+    adapter's base model's worker and the adapter's name (``--lora-dir``)."""
+    route = state.routes.get(model)
+    if route is None:
+        known = ", ".join(sorted(state.routes))
         raise not_found(f"model {quoted(model)} is not served here (served: {known})", "model",
                         "model_not_found")
-    return worker
+    return route
 
 
 def _speech_order(body: SpeechBody, voice):
@@ -136,9 +139,16 @@ def _planned(engine, order):
         raise from_mizuoto(exc, param_prefix="mizuoto.") from exc
 
 
-def _speech_job(planned, stream: bool):
+def _speech_job(planned, stream: bool, order=None):
+    """The job speaking ``planned``; None: planned by the job, with its adapter applied (a
+    plan names the weights it was made for, and a voice is checked against them), and emitted
+    before the chunks."""
     def run(engine, job: Job) -> None:
-        chunks = speak(engine, planned, stream=stream, progress=job.check)
+        plan = planned
+        if plan is None:
+            plan = _planned(engine, order)
+            job.emit(plan)
+        chunks = speak(engine, plan, stream=stream, progress=job.check)
         try:
             for chunk in chunks:
                 job.check()
@@ -205,7 +215,7 @@ async def speech(request: Request):
         raise bad_request(f"response_format {body.response_format!r} is not supported: "
                           f"{UNSUPPORTED_FORMATS[body.response_format]}; use one of "
                           f"{supported}", param="response_format", code="unsupported_value")
-    worker = _worker(state, body.model)
+    worker, adapter = _route(state, body.model)
     request.scope["mizuoto.model"] = worker.name  # served names only: bounded label values
     voice_name = body.voice if isinstance(body.voice, str) else body.voice.id
     voice = None
@@ -224,18 +234,23 @@ async def speech(request: Request):
         raise
     try:
         engine = await _loaded_engine(worker, request)
-        planned = _planned(engine, order)
+        # on a model holding adapters (--lora-dir), requests are planned on its worker, with
+        # theirs applied (the one applied now may be another request's)
+        planned = None if holds_adapters(engine) else _planned(engine, order)
         # an engine that cannot stream has the whole audio before the first byte: a whole
         # file (with its length in the header) then comes as early as a stream would
         stream = (body.mizuoto or MizuotoExtension()).stream \
             and engine.supports(Capability.STREAM)
-        job = Job(_speech_job(planned, stream), asyncio.get_running_loop(), pin=pin)
+        job = Job(_speech_job(planned, stream, order), asyncio.get_running_loop(), pin=pin,
+                  adapter=adapter)
         worker.submit(job)
         request.scope["mizuoto.cancel"] = job.cancel  # the gate's write timeout ends it
     except BaseException:
         pin.release()  # the job's once submitted (it releases the pin when it ends)
         raise
     try:
+        if planned is None:
+            planned = await _next(job, request)
         first = await _next(job, request)
     except BaseException:
         job.cancel()
@@ -333,14 +348,22 @@ async def models(request: Request):
     """OpenAI's model list; each entry's ``mizuoto`` key is its card (``model_card``), null
     for a model not loaded yet (``state`` says which)."""
     state = _state(request)
+    # an adapter (--lora-dir) after its base model, which it names as its parent (vLLM's key)
     data = [{"id": name, "object": "model", "created": 0,
              "owned_by": f"mizuoto-{worker.engine_name or 'unknown'}", "state": worker.state,
-             "mizuoto": _card(state, name, worker)}
-            for name, worker in state.workers.items()]
+             "parent": worker.name if adapter is not None else None,
+             "mizuoto": _card(state, worker.name, worker)}
+            for name, (worker, adapter) in sorted(
+                state.routes.items(), key=lambda item: _listing_order(state, item))]
     # the values every model shares, for a client that has no card yet (a model not loaded)
     shared = {"pcm_sample_rate": PCM_RATE, "max_input_chars": MAX_INPUT_CHARS,
               "formats": _formats(), "seed_range": [0, MAX_SEED]}
     return {"object": "list", "data": data, "mizuoto": shared}
+
+
+def _listing_order(state, item) -> tuple[int, int]:
+    name, (worker, adapter) = item
+    return list(state.workers).index(worker.name), adapter is not None
 
 
 def _formats() -> list[str]:
@@ -364,10 +387,16 @@ async def list_voices(request: Request, model: str | None = None):
     state = _state(request)
     fingerprint = None
     if model is not None:
-        worker = _worker(state, model)
+        worker, adapter = _route(state, model)
         pin = await pin_for_request(worker, request.is_disconnected)
         try:
-            fingerprint = (await _loaded_engine(worker, request)).info.fingerprint
+            engine = await _loaded_engine(worker, request)
+            fingerprint = engine.info.fingerprint
+            if holds_adapters(engine):  # with the model's adapter (or none) applied
+                job = Job(lambda engine, job: job.emit(engine.info.fingerprint),
+                          asyncio.get_running_loop(), adapter=adapter)
+                worker.submit(job)
+                fingerprint = await _next(job, request)
         finally:
             pin.release()
     saved = await asyncio.to_thread(state.voices.list)
@@ -385,7 +414,7 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
 
     state = _state(request)
     check_name(name)
-    worker = _worker(state, model)
+    worker, adapter = _route(state, model)
     request.scope["mizuoto.model"] = worker.name
     worker.submit_check()
     # the caps, before the clip is decoded or the engine builds anything (and again at save)
@@ -406,7 +435,7 @@ async def create_voice(request: Request, name: str = Form(...), model: str = For
         job.emit(engine.build_voice(reference))
 
     pin = await pin_for_request(worker, request.is_disconnected)
-    job = Job(build, asyncio.get_running_loop(), pin=pin)
+    job = Job(build, asyncio.get_running_loop(), pin=pin, adapter=adapter)
     worker.submit(job)
     voice = await _next(job, request)
     await asyncio.to_thread(state.voices.save, name, voice)

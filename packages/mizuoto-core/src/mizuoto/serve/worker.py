@@ -21,9 +21,10 @@ from collections.abc import Callable
 
 from mizuoto.contracts.features import batching_engine
 from mizuoto.runtime.busy_wait import waiting_at_most
+from mizuoto.serve.adapters import holds_adapters
 from mizuoto.serve.batching import Lanes
 from mizuoto.serve.errors import APIError, from_mizuoto, unavailable, without_paths
-from mizuoto.serve.jobs import DONE, MAX_BUFFERED, Cancelled, Job, Pin
+from mizuoto.serve.jobs import ANY_ADAPTER, DONE, MAX_BUFFERED, Cancelled, Job, Pin
 from mizuoto.serve.pool import ModelPool
 
 __all__ = ["DONE", "MAX_BUFFERED", "Cancelled", "Job", "ModelPool", "ModelWorker", "Pin"]
@@ -211,6 +212,8 @@ class ModelWorker:
                 with self._engine_lock:
                     if self.engine is None and not job.cancelled and not self._reload(job):
                         continue
+                    if not self._select_adapter(job):
+                        continue
                     if self._lanes is None:
                         self._execute(job)
                 if self._lanes is not None:
@@ -222,6 +225,23 @@ class ModelWorker:
                     job.finish()
             if self._pool is not None:  # a model busy when another loaded may go now
                 self._pool.rebalance()
+
+    def _select_adapter(self, job: Job) -> bool:
+        """Apply ``job``'s adapter (``mizuoto serve --lora-dir``) unless it is applied: once
+        the jobs running on lanes have ended, so that requests of two adapters never run
+        together. False, with the error sent to ``job``, when it cannot be applied."""
+        wanted = job.adapter
+        if wanted is ANY_ADAPTER or not holds_adapters(self.engine) \
+                or self.engine.active_adapter == wanted:
+            return True
+        if self._lanes is not None:
+            self._lanes.wait_idle(None)
+        try:
+            self.engine.set_adapter(wanted)
+        except BaseException as exc:
+            job.emit(exc)
+            return False
+        return True
 
     def _execute_on_lane(self, job: Job) -> None:
         """``--max-batch``: one of the jobs running at once (mizuoto.serve.batching)."""

@@ -16,6 +16,8 @@
 - `progress`: the ``train`` progress line with loss, rate and ETA;
 - `manifest`: the data set's rows from a JSONL manifest or a ``metadata.csv``, a folder's
   training and validation manifests; `synthetic_data`: tone clips for tests;
+- `epoch_position`: where a run stands in its epochs and the micro-batches of its next update
+  (`EpochPosition`, as accelerate counts them; sharded under torchrun);
 - `loader_order`: torch's shuffling ``DataLoader`` draws, without one; `init_draws`: the
   draws of PyTorch's default initialisations, replayed;
 - `frozen_weights`: a LoRA run's frozen linear weights in the autocast dtype or host memory;
@@ -23,13 +25,15 @@
   `preview`: an exported model speaking a training text;
 - `state`: a resumable training state (weights, optimizer, scheduler, RNG) in one file;
 - `recipe`: a trainer's settings from ``--param KEY=VALUE`` and ``--config FILE``;
-- `trainer`: `StepTrainer`, the `Trainer` base class doing all of the above for a run, and
-  `TrainingSession`, what an engine's trainer builds (one update, its state).
+- `session`: `TrainingSession`, what an engine's trainer builds (one update, its state), and
+  `RunnerSession`, one that is only model + data + loss on the runner;
+- `trainer`: `StepTrainer`, the `Trainer` base class doing all of the above for a run.
 
 docs/plugins.md ("Training toolkit") shows a trainer built on it.
 """
 
 from mizuoto.training.checkpoints import numbered, rotate
+from mizuoto.training.epoch_position import EpochPosition
 from mizuoto.training.manifest import ManifestRow, find_manifest, read_manifest
 from mizuoto.training.metrics import MetricsLog, read_metrics, tensorboard_available
 from mizuoto.training.precision import Precision
@@ -48,6 +52,7 @@ from mizuoto.training.runner import (
     training_precision,
 )
 from mizuoto.training.schedules import SCHEDULES, build_schedule
+from mizuoto.training.session import RunnerSession, TrainingSession
 from mizuoto.training.state import load_training_state, save_training_state
 from mizuoto.training.steps import (
     Cadence,
@@ -56,11 +61,12 @@ from mizuoto.training.steps import (
     micro_batches,
     warn_long_warmup,
 )
-from mizuoto.training.trainer import RunnerSession, StepTrainer, TrainingSession
+from mizuoto.training.trainer import StepTrainer
 from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
 
 __all__ = [
-    "Cadence", "LoopOutcome", "LossForward", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
+    "Cadence", "EpochPosition",
+    "LoopOutcome", "LossForward", "RecipeQuirks", "RunnerSession", "SCHEDULES", "TrainingRunner",
     "build_schedule",
     "training_device", "training_precision", "ManifestRow", "MetricsLog", "Precision", "ProcessWorld", "RunDirectory",
     "RunIdentity", "StepLoop", "StepProgress", "barrier", "base_fingerprint",

@@ -7,7 +7,8 @@ over ``folder`` (core's ``atomic_directory``): the trainable weights
 (``state.pt``), the step count (``training_state.json``) and every process's ``own`` state
 (``rank<r>.pt``: its generators' states, its sampler's position). `load_checkpoint_folder`
 restores them and returns ``(step, own)``; `find_checkpoint_folder` finds the folder, also
-where a run was killed between the two renames of a save.
+where a run was killed between the two renames of a save. `write_step_files` fills a numbered
+folder with the optimiser and schedule in torch's own files, readable without Mizuoto.
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def save_checkpoint_folder(folder: Path, step: int, *, model: torch.nn.Module,
         torch.save(own, folder.parent / staging / f"rank{rank}.pt")
         barrier()
     barrier()
+
+
+def write_step_files(folder: Path, step: int, runner: TrainingRunner) -> None:
+    """``optimizer.pth`` and ``scheduler.pth`` (``torch.save`` of their state dicts) and
+    ``training_state.json`` (``{"step": step}``) in ``folder``: a numbered checkpoint as a
+    plain PyTorch loop writes one (upstream VoxCPM's ``step_<N>/``)."""
+    torch.save(runner.optimizer.state_dict(), folder / "optimizer.pth")
+    torch.save(runner.scheduler.state_dict(), folder / "scheduler.pth")
+    (folder / STEP_FILE).write_text(json.dumps({"step": int(step)}), encoding="utf-8")
 
 
 def find_checkpoint_folder(folder: Path) -> Path | None:

@@ -1,16 +1,23 @@
 """The ``lora`` training method for any engine that declares
-:class:`~mizuoto.adapters.LoRATargets`: its params (:class:`LoRAParams`), the adapters added to
-a built model with only them training (:func:`add_adapters`), and the export (the adapter
-alone, pointing at its base model by id and fingerprint: :func:`mizuoto.adapters.write_adapter`).
+:class:`~mizuoto.adapters.LoRATargets`: its params (:class:`LoRAParams`; a run's settings,
+:func:`lora_run_settings`), the adapters added to a built model with only them training
+(:func:`add_adapters`), and the export (the adapter alone, pointing at its base model by id and
+fingerprint: :func:`write_lora_export`). `mizuoto.training.StepTrainer` runs all of it for a
+trainer that sets ``lora_targets``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
 from torch import nn
 
-from mizuoto.adapters import LoRATargets
+from mizuoto.adapters import LoRATargets, write_adapter
+from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
 from mizuoto.nn.lora import (
     LoRASettings,
@@ -70,3 +77,59 @@ def add_adapters(root: nn.Module, settings: LoRASettings, targets: LoRATargets,
     apply_lora(root, paths, settings.r, settings.alpha, settings.dropout,
                init_a=kaiming_init_a(generator))
     return attrs.evolve(settings, target_modules=tuple(paths)), freeze_all_but_lora(root)
+
+
+@attrs.frozen
+class LoRATrainerParams(TrainerParams, LoRAParams):
+    """The shared params and a ``lora`` run's: the params of a `StepTrainer` that declares
+    ``lora_targets`` and has no params of its own."""
+
+
+def lora_run_settings(method: str, params: LoRAParams, targets: LoRATargets, *,
+                      defaults: LoRASettings, keeps: Mapping[str, Any] | None = None
+                      ) -> LoRASettings | None:
+    """A run's adapters (None unless ``method`` is ``lora``): ``params``' ``lora_*`` over
+    ``defaults`` (targets: the engine's declared). A ``lora_*`` param of another method's run is
+    refused by name, and so is a param of ``keeps`` (name to the value a lora run must leave:
+    settings that change the base model's shape or weights)."""
+    if method != "lora":
+        given = params.lora_given()
+        if given:
+            raise InvalidRequest(f"params.{given[0]}", "applies to --method lora only",
+                                 "leave it out, or train with --method lora")
+        return None
+    for name, value in (keeps or {}).items():
+        if getattr(params, name) != value:
+            raise InvalidRequest(f"params.{name}", "a LoRA adapts the base model as it is: its "
+                                 "vocabulary and weights stay", "leave it out, or train with "
+                                 "--method full")
+    return params.lora_settings(targets, r=defaults.r, alpha=defaults.alpha,
+                                dropout=defaults.dropout)
+
+
+def adapter_tensors(weights: Mapping[str, torch.Tensor], targets: LoRATargets
+                    ) -> dict[str, torch.Tensor]:
+    """The ``lora_A``/``lora_B`` tensors of a trained model's ``weights`` (its state dict), by
+    their paths under the declared ``targets.module``."""
+    prefix = f"{targets.module}." if targets.module else ""
+    return {key[len(prefix):]: value for key, value in weights.items()
+            if key.startswith(prefix) and key.rsplit(".", 1)[-1] in ("lora_A", "lora_B")}
+
+
+def write_lora_export(folder: Path, weights: Mapping[str, torch.Tensor],
+                      settings: LoRASettings, targets: LoRATargets, *, engine: str,
+                      base_model: str, base_fingerprint: str) -> Path:
+    """A lora run's export: the adapter alone (:func:`mizuoto.adapters.write_adapter`, in the
+    declared format) from the trained model's ``weights``, its targets the wrapped modules'
+    paths, naming its base model (a directory by its absolute path: the adapter loads from
+    anywhere) and the base weights' fingerprint, which `AdapterHost.set_lora` checks."""
+    tensors = adapter_tensors(weights, targets)
+    if not tensors:
+        raise InvalidRequest("method", "the run's checkpoint holds no adapters",
+                             "export a run trained with --method lora")
+    paths = list(dict.fromkeys(key.rpartition(".")[0] for key in tensors))
+    model = Path(base_model)
+    named = str(model.resolve()) if model.is_dir() else str(base_model)
+    return write_adapter(folder, tensors, attrs.evolve(settings, target_modules=paths),
+                         engine=engine, base_model=named, base_fingerprint=base_fingerprint,
+                         fmt=targets.format)

@@ -97,3 +97,12 @@ class MetricsLog:
 
     def last(self) -> dict[str, Any]:
         return self.rows[-1] if self.rows else {}
+
+    def newest(self) -> dict[str, Any]:
+        """The newest value of each metric across the rows (the step left out): a run's
+        final metrics, those logged only now and then (a validation's) included."""
+        newest: dict[str, Any] = {}
+        for row in self.rows:
+            newest.update(row)
+        newest.pop(self.step_key, None)
+        return newest

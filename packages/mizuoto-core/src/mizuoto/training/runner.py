@@ -15,7 +15,8 @@ its upstream's draw order) and the loss of one batch; the runner owns the rest:
 - an EMA copy of the weights when asked (`keep_ema`; `mizuoto.training.ema`);
 - ``training.memory``: ``low`` recomputes the blocks the trainer names and keeps the EMA on the
   host; ``lowest`` also keeps the optimiser's state there between updates
-  (`mizuoto.training.memory`);
+  (`mizuoto.training.memory`); a LoRA run's frozen weights in the autocast dtype or host
+  memory (`place_model`);
 - checkpoints: `state_dict` holds the optimiser, schedule, scaler and EMA; `rng_state` the
   random generators (torch's, the device's and the trainer's own: a sampler's, a Python
   ``random.Random``).
@@ -37,6 +38,7 @@ from torch import nn
 
 from mizuoto.errors import InvalidRequest
 from mizuoto.training.ema import EMA
+from mizuoto.training.frozen_weights import frozen_linears_to, stream_frozen_linears
 from mizuoto.training.memory import OptimizerStateOffload, checkpoint_activations
 from mizuoto.training.precision import Precision
 from mizuoto.training.schedules import build_schedule
@@ -88,6 +90,8 @@ class RecipeQuirks:
     #: the schedule steps even when the gradient scaler skipped the update (VoxCPM steps its
     #: scheduler unconditionally; accelerate does not)
     schedule_steps_on_skipped_update: bool = False
+    #: a gradient scaler runs under bf16 autocast too (VoxCPM's; accelerate scales fp16 only)
+    scales_bf16: bool = False
 
 
 class LossForward(nn.Module):
@@ -114,6 +118,8 @@ class TrainingRunner:
                  memory: str = "default", quirks: RecipeQuirks = RecipeQuirks()) -> None:
         self.device = torch.device(device)
         self.world = world or ProcessWorld()
+        if scaler is None and quirks.scales_bf16 and mixed_precision == "bf16":
+            scaler = True
         self.precision = Precision(mixed_precision, self.device.type, scaler=scaler)
         self.grad_accumulation = grad_accumulation
         self.max_grad_norm = max_grad_norm
@@ -141,6 +147,24 @@ class TrainingRunner:
         """Under ``training.memory`` ``low``/``lowest``: recompute ``blocks`` in the backward
         pass (`mizuoto.training.memory.checkpoint_activations`); returns how many."""
         return 0 if self.memory == "default" else checkpoint_activations(blocks, generator)
+
+    def place_model(self, model: nn.Module, *, kinds: tuple[type[nn.Module], ...] = (),
+                    keep: tuple[nn.Module, ...] = ()) -> nn.Module:
+        """``model`` on the training device in train mode, its frozen linear layers (a LoRA
+        run's base; ``kinds``: wrappers counted as linear) in less memory with the same bits
+        (`mizuoto.training.frozen_weights`): under ``training.memory`` ``low``/``lowest`` and
+        autocast stored in the autocast dtype; under ``lowest`` kept in host memory, copied in
+        for each call (one process only). ``keep``: layers read for the device or dtype."""
+        if self.memory != "default" and self.precision.dtype is not None:
+            frozen_linears_to(model, self.precision.dtype, kinds=kinds)
+        model = model.to(self.device).train()
+        if self.memory == "lowest":
+            if self.world.distributed:
+                raise InvalidRequest("training.memory", "lowest streams frozen weights from "
+                                     "host memory in a single process only (not under "
+                                     "torchrun)", "use low")
+            stream_frozen_linears(model, self.device, keep=keep, kinds=kinds)
+        return model
 
     def wrap(self, module: nn.Module, *, find_unused_parameters: bool = False) -> nn.Module:
         """``module`` as the training forward calls it: itself in one process, wrapped once in

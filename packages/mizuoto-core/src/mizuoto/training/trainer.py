@@ -18,6 +18,13 @@ and stopping with one line saying how to resume), numbered checkpoints
 ``params.checkpoint_every``), audio samples and the result. `StepTrainer.export` writes the
 model directory through core's one atomic directory writer, on process 0.
 
+A trainer whose engine declares LoRA sets ``lora_targets`` (the engine's
+`mizuoto.adapters.LoRATargets`) and gets the ``lora`` method: ``params.lora_r``/``lora_alpha``/
+``lora_dropout``/``lora_targets`` (`mizuoto.training.lora.LoRAParams`, checked by `check`),
+`add_lora` wrapping the built model's targets (only they train: `TrainingRunner.optimize` takes
+the parameters that do) and `export` writing the adapter alone, naming its base model by id and
+fingerprint, from the weights `trained_weights` reads.
+
 Checkpoints may be folders (upstream VoxCPM's ``latest/`` and ``step_<N>/``): a trainer sets
 ``checkpoint`` to the folder, ``numbered_checkpoint`` to the numbered name (``{}``: the update)
 and ``checkpoint_folders``; its session's `TrainingSession.save` writes the folder (through
@@ -35,11 +42,13 @@ import abc
 import contextlib
 import functools
 import logging
-import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from torch import nn
+
+from mizuoto.adapters import LoRATargets
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.trainer import (
     Trainer,
@@ -49,9 +58,18 @@ from mizuoto.contracts.trainer import (
     checkpoint_retention,
 )
 from mizuoto.errors import InvalidRequest
+from mizuoto.nn.lora import LoRASettings
 from mizuoto.runtime.atomic import atomic_directory, atomic_path
 from mizuoto.runtime.memory import release_freed_memory
+from mizuoto.training.checkpoint_folder import find_checkpoint_folder
 from mizuoto.training.checkpoints import rotate
+from mizuoto.training.lora import (
+    LoRAParams,
+    LoRATrainerParams,
+    add_adapters,
+    lora_run_settings,
+    write_lora_export,
+)
 from mizuoto.training.metrics import MetricsLog
 from mizuoto.training.progress import StepProgress
 from mizuoto.training.run_directory import (
@@ -67,111 +85,27 @@ from mizuoto.training.runner import (
     training_precision,
 )
 from mizuoto.training.schedules import check_schedule
+from mizuoto.training.session import RunnerSession, TrainingSession
 from mizuoto.training.steps import Cadence, StepLoop
-from mizuoto.training.world import ProcessWorld, barrier, gather, join, process_world
+from mizuoto.training.world import ProcessWorld, barrier, join, process_world
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["CHECKPOINT", "NUMBERED", "RunnerSession", "StepTrainer", "TrainingSession",
+           "training_device", "training_precision"]
 
 CHECKPOINT = Path("checkpoints") / "last.pt"
 NUMBERED = "model_{}.pt"  # checkpoints/model_<N>.pt, as f5-tts's
 
 
-class TrainingSession(abc.ABC):
-    """One run in memory, built by `StepTrainer.start`: the model, optimiser and data.
+@contextlib.contextmanager
+def _seeded_torch(seed: int, device) -> Iterator[None]:
+    import torch
 
-    ``total``: the updates the run makes. `update` makes one whole optimiser update and
-    returns the values it logs; `save`/`load` write and restore everything a resumed run needs
-    to reach the bytes of an uninterrupted one (`save` runs on every process: it may be a
-    collective; it writes ``path`` atomically, e.g. `mizuoto.training.save_training_state`).
-    """
-
-    total: int
-    #: updates between audio samples (`samples`); 0: none
-    samples_every: int = 0
-    #: the loss keys the progress line shows
-    progress_losses: tuple[str, ...] = ("loss",)
-    #: where the interruption's all-reduce runs (None: the CPU)
-    device: Any = None
-    #: the run's `TrainingRunner` (optimiser, schedule, precision), when the session has one
-    runner: TrainingRunner | None = None
-    #: process 0's metrics log (None elsewhere), set by `StepTrainer.train` before the loop
-    metrics: MetricsLog | None = None
-
-    @abc.abstractmethod
-    def update(self) -> Mapping[str, float]:
-        """One optimiser update (its micro-batches, clipping, the optimiser and schedule)."""
-
-    @abc.abstractmethod
-    def save(self, path: Path, done: int) -> None:
-        """Write the resumable state after ``done`` updates to ``path``."""
-
-    @abc.abstractmethod
-    def load(self, path: Path) -> int:
-        """Restore the state ``save`` wrote; returns the updates it holds."""
-
-    def finished(self, done: int) -> bool:
-        return done >= self.total
-
-    def write_numbered(self, target: Path, checkpoint: Path, done: int) -> None:
-        """Fill numbered checkpoint ``target`` (process 0; a temporary path, or an empty folder
-        with ``checkpoint_folders``, swapped in whole) after update ``done``; ``checkpoint``
-        (the resumable one) was just saved. Default: a copy of it."""
-        shutil.copyfile(checkpoint, target)
-
-    def samples(self, done: int, metrics: MetricsLog | None) -> None:
-        """Audio samples after update ``done`` (process 0; called when ``samples_every`` is
-        set), also into ``metrics``' TensorBoard; they must draw no number of the run's own
-        generators."""
-        raise NotImplementedError(f"{type(self).__name__} sets samples_every: write samples()")
-
-    def result_metrics(self, values: Mapping[str, float]) -> Mapping[str, float]:
-        """The result's metrics from the last update's ``values`` (empty when it made none)."""
-        return values
-
-
-class RunnerSession(TrainingSession):
-    """A session that is only model + data + loss, on ``runner`` (`TrainingRunner`, its
-    `optimize` called): `update` is ``runner.update(next_batch, loss, weights=weights)``;
-    `save`/`load` write and restore, in one file, ``model``'s weights (``trainable_only``: those
-    that train), the runner's state (optimiser, schedule, scaler, EMA) and the random
-    ``generators`` (a sampler's, a ``random.Random``) with torch's own."""
-
-    def __init__(self, runner: TrainingRunner, model, *, total: int, next_batch, loss,
-                 generators: Mapping[str, Any] | None = None,
-                 weights: Mapping[str, float] | None = None, trainable_only: bool = False
-                 ) -> None:
-        self.runner, self.model, self.total = runner, model, total
-        self.next_batch, self.loss, self.weights = next_batch, loss, weights
-        self.generators = dict(generators or {})
-        self.trainable_only = trainable_only
-
-    def update(self) -> Mapping[str, float]:
-        return self.runner.update(self.next_batch, self.loss, weights=self.weights)
-
-    def save(self, path: Path, done: int) -> None:
-        import torch
-
-        world = self.runner.world
-        rng = gather(self.runner.rng_state(**self.generators), world)  # every process's
-        if not world.main:
-            return
-        weights = {name: p.detach().clone() for name, p in self.model.named_parameters()
-                   if p.requires_grad} if self.trainable_only else self.model.state_dict()
-        with atomic_path(path) as tmp:
-            torch.save({"update": done, "model": weights, **self.runner.state_dict(),
-                        "rng": rng}, tmp)
-
-    def load(self, path: Path) -> int:
-        import torch
-
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        self.model.load_state_dict(state["model"], strict=not self.trainable_only)
-        self.runner.load_state_dict(state)
-        if len(state["rng"]) != self.runner.world.size:
-            raise InvalidRequest("output_dir", f"{path} holds a run of {len(state['rng'])} "
-                                 f"process(es); resume it with as many")
-        self.runner.set_rng_state(state["rng"][self.runner.world.rank], **self.generators)
-        return int(state["update"])
+    # the device's generator too: an upstream seeding torch seeds it, and its draws count
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 class StepTrainer(Trainer):
@@ -184,6 +118,37 @@ class StepTrainer(Trainer):
     numbered_checkpoint: ClassVar[str] = NUMBERED
     checkpoint_folders: ClassVar[bool] = False
     graceful_stop = True
+    #: the engine's LoRA declaration (its ``AdapterHost.lora_targets``); set, the trainer has
+    #: the ``lora`` method (see the module doc)
+    lora_targets: ClassVar[LoRATargets | None] = None
+    #: a lora run's rank, alpha and dropout where its params give none
+    lora_defaults: ClassVar[LoRASettings] = LoRASettings(r=8, alpha=16, dropout=0.0)
+    #: params a lora run must leave at these values (they change the base model's shape)
+    lora_keeps: ClassVar[Mapping[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.lora_targets is None:
+            return
+        cls.methods = frozenset(getattr(cls, "methods", {"full"})) | {"lora"}
+        if cls.params_class is TrainerParams:
+            cls.params_class = LoRATrainerParams
+        elif not issubclass(cls.params_class, LoRAParams):
+            raise TypeError(f"{cls.__name__} declares lora_targets: mix "
+                            "mizuoto.training.lora.LoRAParams into its params_class "
+                            f"{cls.params_class.__name__}")
+    #: ``compute.device`` ``auto``'s rule (a function returning the device; None: CUDA, else
+    #: MPS, else the CPU, as accelerate picks)
+    device_auto: ClassVar[Any] = None
+    #: the mixed-precision mode ``auto`` is, by device type (absent: ``no``)
+    precision_auto: ClassVar[Mapping[str, str]] = {}
+    #: modes refused off CUDA, and upstream's reason in words
+    precision_cuda_only: ClassVar[tuple[str, ...]] = ("fp16",)
+    precision_cuda_only_why: ClassVar[str] = ""
+    #: the run is built and trained with torch (and the device's generator) seeded with
+    #: ``config.seed`` in a forked RNG, as an upstream that seeds torch does; the caller's
+    #: generators are untouched
+    seeds_torch: ClassVar[bool] = False
 
     @abc.abstractmethod
     def start(self, run: Any, world: ProcessWorld) -> TrainingSession:
@@ -192,7 +157,7 @@ class StepTrainer(Trainer):
     @abc.abstractmethod
     def write_export(self, run: Any, folder: Path) -> None:
         """Write the model directory's files into ``folder`` (empty; swapped in whole;
-        process 0 only)."""
+        process 0 only); a lora run's export is `write_lora_export`."""
 
     # -- what every trainer shares ------------------------------------------------------------
 
@@ -202,26 +167,99 @@ class StepTrainer(Trainer):
         schedule = self.params_class.of(config.params)[0].lr_schedule
         if schedule is not None:
             check_schedule(schedule)
+        self.lora_settings(config)
 
-    def runner(self, run: Any, world: ProcessWorld, *, device=None, mixed_precision: str = "no",
-               grad_accumulation: int = 1, max_grad_norm: float = 1.0,
-               schedule: str = "constant", warmup_updates: int = 0,
+    # -- the lora method ----------------------------------------------------------------------
+
+    def lora_settings(self, config: TrainingConfig) -> LoRASettings | None:
+        """A lora run's adapters (`mizuoto.training.lora.lora_run_settings`; target patterns
+        as given); None for another method, or a trainer without ``lora_targets``."""
+        if self.lora_targets is None:
+            return None
+        return lora_run_settings(config.method, self.params_class.of(config.params)[0],
+                                 self.lora_targets, defaults=self.lora_defaults,
+                                 keeps=self.lora_keeps)
+
+    def add_lora(self, run: Any, model: nn.Module) -> list[nn.Parameter] | None:
+        """For a lora run: adapters on the built ``model``'s targets (under
+        ``lora_targets.module``; ``lora_A`` Kaiming-uniform from a generator seeded with
+        ``config.seed``, ``lora_B`` zero, so the model starts as its base) and everything else
+        frozen; returns the parameters that train. None, and nothing changed, otherwise. Call
+        it in `start` once the base weights are in, before `TrainingRunner.optimize`."""
+        settings = self.lora_settings(run.config)
+        if settings is None:
+            return None
+        import torch
+
+        root = model.get_submodule(self.lora_targets.module)
+        # its own generator: the model's and the data's draws stay those of a full run
+        generator = torch.Generator().manual_seed(run.config.seed)
+        return add_adapters(root, settings, self.lora_targets, generator)[1]
+
+    def trained_weights(self, run: Any) -> Mapping[str, Any]:
+        """The trained model's state dict in the run's checkpoint (a lora export takes its
+        adapters from it). Default: `RunnerSession`'s file."""
+        import torch
+
+        state = torch.load(Path(run.config.output_dir) / self.checkpoint, map_location="cpu",
+                           weights_only=True)
+        return state["model"]
+
+    def lora_base_fingerprint(self, run: Any) -> str:
+        """The base weights' identity as the engine's ``AdapterHost.base_fingerprint`` gives it
+        (what loading the adapter checks). Default: the base model loaded on the CPU and
+        asked; a trainer that can compute it without loading overrides this."""
+        from mizuoto.loading import resolve_for_engine
+        from mizuoto.options import ComputeOptions, Options
+        from mizuoto.registry import get_engine
+
+        model_dir = resolve_for_engine(run.config.model, self.engine).path
+        engine = get_engine(self.engine).load(
+            model_dir, options=Options(compute=ComputeOptions(device="cpu")))
+        return engine.base_fingerprint()
+
+    def write_lora_export(self, run: Any, folder: Path) -> None:
+        """A lora run's export: the adapter alone (`mizuoto.training.lora.write_lora_export`)."""
+        write_lora_export(folder, self.trained_weights(run), self.lora_settings(run.config),
+                          self.lora_targets, engine=self.engine, base_model=str(run.config.model),
+                          base_fingerprint=self.lora_base_fingerprint(run))
+
+    def device_and_precision(self, config: TrainingConfig, device=None) -> tuple[Any, str]:
+        """Where a run trains and its mixed-precision mode, chosen here once for every trainer:
+        ``config.compute.device`` (`training_device`; ``auto``: ``device_auto``, or CUDA, else
+        MPS, else the CPU) unless ``device`` is given, and ``config.mixed_precision``
+        (`training_precision`; ``auto``: ``precision_auto`` for the device type, else ``no``;
+        a mode of ``precision_cuda_only`` refused off CUDA, ``precision_cuda_only_why`` saying
+        why)."""
+        import torch
+
+        device = (training_device(config.compute, auto=self.device_auto) if device is None
+                  else torch.device(device))
+        return device, training_precision(
+            config.mixed_precision, device, auto=self.precision_auto.get(device.type, "no"),
+            cuda_only=self.precision_cuda_only, why=self.precision_cuda_only_why)
+
+    def runner(self, run: Any, world: ProcessWorld, *, device=None,
+               mixed_precision: str | None = None, grad_accumulation: int = 1,
+               max_grad_norm: float = 1.0, schedule: str = "constant", warmup_updates: int = 0,
                scaler: bool | None = None, quirks: RecipeQuirks = RecipeQuirks()
                ) -> TrainingRunner:
-        """The run's `TrainingRunner`: on ``device`` (default `training_device` of
-        ``config.compute``) with ``mixed_precision`` (``config.mixed_precision``, ``auto``
-        being this one), ``params.grad_accumulation``/``max_grad_norm`` (default the given,
-        the trainer's upstream values), ``config.memory`` and the recipe's ``quirks``; its
+        """The run's `TrainingRunner`: on ``device`` with the mixed-precision mode of
+        `device_and_precision` (``mixed_precision``: what ``auto`` means instead),
+        ``params.grad_accumulation``/``max_grad_norm`` (default the given, the trainer's
+        upstream values), ``config.memory`` and the recipe's ``quirks``; its
         `TrainingRunner.optimize` defaults to ``config.learning_rate``, ``params.lr_schedule``
         and ``params.warmup_updates`` (default ``schedule``, ``warmup_updates``) over
         ``config.steps`` updates."""
         config: TrainingConfig = run.config
         shared = self.params_class.of(config.params)[0]
-        device = training_device(config.compute) if device is None else device
+        device, precision = self.device_and_precision(config, device)
+        if mixed_precision is not None and config.mixed_precision == "auto":
+            precision = training_precision(mixed_precision, device,
+                                           cuda_only=self.precision_cuda_only,
+                                           why=self.precision_cuda_only_why)
         runner = TrainingRunner(
-            device=device, world=world,
-            mixed_precision=training_precision(config.mixed_precision, device,
-                                               auto=mixed_precision),
+            device=device, world=world, mixed_precision=precision,
             scaler=scaler, memory=config.memory, quirks=quirks,
             grad_accumulation=shared.grad_accumulation or grad_accumulation,
             max_grad_norm=max_grad_norm if shared.max_grad_norm is None
@@ -233,8 +271,11 @@ class StepTrainer(Trainer):
         return runner
 
     def find_checkpoint(self, output_dir: Path) -> Path | None:
-        """The resumable checkpoint run directory ``output_dir`` holds (None: none yet)."""
+        """The resumable checkpoint run directory ``output_dir`` holds (None: none yet); a
+        folder also where a kill between two renames left it aside."""
         path = Path(output_dir) / self.checkpoint
+        if self.checkpoint_folders:
+            return find_checkpoint_folder(path)
         return path if path.exists() else None
 
     def world(self, run: Any) -> ProcessWorld:
@@ -243,8 +284,11 @@ class StepTrainer(Trainer):
         return join(process_world(), "cpu")
 
     def random_scope(self, run: Any) -> contextlib.AbstractContextManager:
-        """The context the run is built and trained in (e.g. a forked, seeded torch RNG)."""
-        return contextlib.nullcontext()
+        """The context the run is built and trained in (``seeds_torch``: a forked torch RNG
+        seeded with ``config.seed``)."""
+        if not self.seeds_torch:
+            return contextlib.nullcontext()
+        return _seeded_torch(run.config.seed, self.device_and_precision(run.config)[0])
 
     def claim_run(self, config: TrainingConfig, *, weights: Iterable[Path],
                   rows: Iterable[tuple[str, str | Path | None]],
@@ -285,6 +329,10 @@ class StepTrainer(Trainer):
                   else atomic_path)
         with self.random_scope(run):
             session = self.start(run, world)
+            runner = session.runner
+            if runner is not None and world.main:
+                logger.info("training on %s, mixed precision %s, memory %s", runner.device,
+                            runner.mixed_precision, runner.memory)
             found = self.find_checkpoint(output)
             start = session.load(found) if found is not None else 0
             if start and world.main:
@@ -332,6 +380,9 @@ class StepTrainer(Trainer):
                                  "to export", "train first")
         if self.world(run).main:
             with atomic_directory(destination) as folder:
-                self.write_export(run, folder)
+                if self.lora_settings(run.config) is not None:
+                    self.write_lora_export(run, folder)
+                else:
+                    self.write_export(run, folder)
         barrier()
         return Path(destination)

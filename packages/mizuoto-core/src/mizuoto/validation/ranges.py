@@ -87,6 +87,24 @@ def one_of(choices: tuple, field: str | None = None, *, prefix: str = "",
     return check
 
 
+def number_at_least(low: float = 0, *, whole: bool = False, prefix: str = "",
+                    optional: bool = False, error: type[Exception] = InvalidRequest) -> Callable:
+    """An attrs validator: a number (not a bool) ``>= low``; with ``whole`` a whole one, an
+    integral float included (``8192.0``, as a YAML recipe may give it). Named as `boolean`
+    names it."""
+
+    def check(instance, attribute, value):
+        if value is None and optional:
+            return
+        name = prefix + attribute.name
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
+            raise error(name, f"must be a number >= {low:g}, got {shown(value)}")
+        if whole and value != int(value):
+            raise error(name, f"must be a whole number, got {shown(value)}")
+
+    return check
+
+
 def number_in(field: str | None, low: float, high: float, *, low_open: bool = False,
               optional: bool = False, error: type[Exception] = InvalidRequest) -> Callable:
     """An attrs validator: a finite ``int`` or ``float`` (not a bool) in ``[low, high]``, or

@@ -18,8 +18,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,20 +26,9 @@ import torch.nn.functional as F
 from mizuoto.nn.dsp.audio_io import read_audio, to_mono
 from mizuoto.nn.dsp.mel import log_mel_spectrogram
 from mizuoto.nn.dsp.resample import SincResampler
+from mizuoto.runtime.threads import torch_threads
 from mizuoto_f5tts.training.data import Clip
 from mizuoto_f5tts.variants import HOP_LENGTH, N_FFT, N_MELS, SAMPLE_RATE, WIN_LENGTH
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    if threads != 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if threads != 1:
-            torch.set_num_threads(threads)
 
 
 class MelDataset:
@@ -68,7 +56,7 @@ class MelDataset:
     def __getitem__(self, index: int) -> tuple[torch.Tensor, list[str]]:
         mel = self._cache.get(index)
         if mel is None:
-            with one_thread():
+            with torch_threads(1):  # upstream's loader worker's
                 mel = log_mel_spectrogram(self.audio(index), sample_rate=SAMPLE_RATE,
                                           n_fft=N_FFT, hop_length=HOP_LENGTH,
                                           win_length=WIN_LENGTH, n_mels=N_MELS,

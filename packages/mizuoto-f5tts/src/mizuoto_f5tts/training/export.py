@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from mizuoto.runtime.atomic import save_safetensors
-from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, default_vocab_path
+from mizuoto_f5tts.checkpoint import VOCAB_FILE, VOCOS_DIR, model_vocab_path
 from mizuoto_f5tts.identification import write_record
 from mizuoto_f5tts.variants import F5Variant
 
@@ -58,8 +58,8 @@ def write_model(build: Path, ema_state: Mapping[str, torch.Tensor], update: int,
     name = checkpoint_file_name(variant, update)
     save_safetensors(tensors, build / name)
     write_record(build, name, variant.name)
-    vocab = Path(vocab_file) if vocab_file is not None else base_dir / VOCAB_FILE
-    shutil.copyfile(vocab if vocab.is_file() else default_vocab_path(), build / VOCAB_FILE)
+    vocab = model_vocab_path(base_dir) if vocab_file is None else Path(vocab_file)
+    shutil.copyfile(vocab, build / VOCAB_FILE)
     if (base_dir / VOCOS_DIR).is_dir():
         shutil.copytree(base_dir / VOCOS_DIR, build / VOCOS_DIR)
     license_text = LICENSE_TEXT if finetuned else SCRATCH_LICENSE_TEXT

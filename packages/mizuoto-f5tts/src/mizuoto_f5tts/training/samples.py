@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from mizuoto.training import MetricsLog
-from mizuoto.training.audio_samples import write_audio_samples
+from mizuoto.training.audio_samples import sampling, write_audio_samples
 from mizuoto_f5tts.training.batching import MelDataset
 from mizuoto_f5tts.training.loop import text_ids
 
@@ -35,7 +35,7 @@ STEPS, GUIDANCE, SWAY = 32, 2.0, -1.0  # upstream's nfe_step, cfg_strength, sway
 
 class TrainingSamples:
     def __init__(self, model_dir: Path, dataset: MelDataset, vocab: Mapping[str, int],
-                 directory: Path, seed: int, metrics: MetricsLog | None = None) -> None:
+                 directory: Path, seed: int) -> None:
         self.model_dir = Path(model_dir)
         self.vocoder = None  # loaded at the first sample, inside its forked RNG: building
         # Vocos draws its initial weights from torch's generator
@@ -43,13 +43,10 @@ class TrainingSamples:
         self.vocab = vocab
         self.directory = Path(directory)
         self.seed = seed
-        self.metrics = metrics
 
-    def __call__(self, model: torch.nn.Module, update: int) -> tuple[Path, Path]:
-        training = model.training
-        device = next(model.parameters()).device
-        forked = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=forked), torch.inference_mode():
+    def __call__(self, model: torch.nn.Module, update: int,
+                 metrics: MetricsLog | None = None) -> tuple[Path, Path]:
+        with sampling(model) as device:
             if self.vocoder is None:
                 from mizuoto_f5tts.checkpoint import load_vocos
 
@@ -65,13 +62,9 @@ class TrainingSamples:
             gen_mel = generated.to(torch.float32)[:, frames:, :].permute(0, 2, 1).cpu()
             gen = self.vocoder.decode(gen_mel).squeeze().numpy()
             ref = self.vocoder.decode(mel[None].float().cpu()).squeeze().numpy()
-        model.train(training)
-        return self._write(update, gen, ref)
-
-    def _write(self, update: int, gen, ref) -> tuple[Path, Path]:
         paths = write_audio_samples(self.directory, [
             (f"update_{update}_{kind}", audio, f"samples/{kind}")
             for kind, audio in (("gen", gen), ("ref", ref))], SAMPLE_RATE, step=update,
-            metrics=self.metrics)
+            metrics=metrics)
         logger.info("samples of update %d written to %s", update, self.directory)
         return paths[0], paths[1]

@@ -1,43 +1,27 @@
-"""`F5Trainer`: full fine-tuning of F5-TTS v1 Base, v0 Base and E2 as upstream's
-``f5-tts_finetune-cli`` does it, byte for byte on the CPU (see `mizuoto_f5tts.training.loop`).
+"""`F5Trainer`: fine-tuning F5-TTS v1 Base, v0 Base and E2 as upstream's ``f5-tts_finetune-cli``
+does it, byte for byte on the CPU, on core's `StepTrainer`: `prepare` checks the model, the run
+directory and the data set (written to ``prepared/``); `start` builds the model as upstream does
+(its random draws: torch seeded with ``config.seed``) and its `FineTuning`
+(`mizuoto_f5tts.training.loop`); `write_export` writes the EMA weights as a model directory
+(`write_model`), or a ``lora`` run's adapter alone (peft's files, core's
+`StepTrainer.write_lora_export`), naming its base model by id and fingerprint.
 
-Stages (the `mizuoto.Trainer` contract):
+``config.method``: ``full`` (upstream's fine-tuning) or ``lora``, core's method for the
+declared `mizuoto_f5tts.lora.LORA_TARGETS` (the DiT's attention and feed-forward projections;
+``params.lora_r`` 8, ``lora_alpha`` 16, ``lora_dropout`` 0, ``lora_targets``: see
+`mizuoto.training.StepTrainer.add_lora`), with no EMA copy of the model (the adapter is
+exported as trained). There is no upstream F5 LoRA to match.
 
-- `prepare`: resolves the model, checks the run directory, reads and checks the data set
-  (`prepare_dataset`; bad rows reported and skipped) and writes ``prepared/`` in the run
-  directory. Returns an `F5Run`.
-- `train`: seeds torch (in a forked RNG, so the caller's generator is untouched) and a private
-  ``random.Random`` with ``config.seed``, builds the model as upstream does (same random draws),
-  loads the base weights, resumes from ``checkpoints/last.pt`` when there is one, trains, and
-  writes that checkpoint every ``save_every`` updates and at the end; on SIGINT or SIGTERM
-  it stops after the current update, writes it and returns (``TrainingResult.interrupted``).
-- `export`: the EMA weights as a model directory (`export_model`); a ``lora`` run's adapter
-  alone (peft's files, `mizuoto.adapters.write_adapter`), naming its base model by id and
-  fingerprint.
-
-``config.method``: ``full`` (upstream's fine-tuning) or ``lora``: adapters on the DiT's
-attention and feed-forward projections (`mizuoto_f5tts.lora.LORA_TARGETS`; ``params.lora_r``
-8, ``lora_alpha`` 16, ``lora_dropout`` 0, ``lora_targets``), ``lora_A`` Kaiming-uniform from a
-generator seeded with ``config.seed``, ``lora_B`` zero, only they in the optimizer and no EMA
-copy of the model (the adapter is exported as trained). There is no upstream F5 LoRA to match.
-
-``config.params``: `F5TrainingParams` (the shared trainer settings and F5's own, all
-optional, each documented there). Training stops after ``config.steps`` updates or at the end
-of the last epoch.
-
-``config.compute.device`` (``auto``: CUDA, else MPS, else the CPU, as accelerate picks) is
-where it trains; ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
+``config.params``: `F5TrainingParams`. Training stops after ``config.steps`` updates or at
+the end of the last epoch. ``config.mixed_precision`` is ``accelerate launch --mixed_precision``
 (``auto`` = ``no``, upstream's default; ``fp16`` needs CUDA, as accelerate's loss scaling).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -51,23 +35,17 @@ from mizuoto.contracts.trainer import (
 )
 from mizuoto.errors import InvalidRequest
 from mizuoto.nn.lora import LoRASettings
-from mizuoto.runtime.atomic import atomic_path
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
 from mizuoto.training import (
-    MetricsLog,
     ProcessWorld,
     RunDirectory,
     StepTrainer,
     TrainingRunner,
-    TrainingSession,
-    barrier,
-    gather,
-    training_device,
-    training_precision,
     warn_long_warmup,
 )
-from mizuoto.training.state import load_state_file, save_state_file
+from mizuoto.training.state import load_state_file
 from mizuoto.training.trainer import CHECKPOINT
+from mizuoto_f5tts.lora import LORA_TARGETS
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
     PreparedData,
@@ -77,15 +55,13 @@ from mizuoto_f5tts.training.data import (
     write_vocab,
 )
 from mizuoto_f5tts.training.export import write_model
-from mizuoto_f5tts.training.loop import QUIRKS, FineTuning, LoopSettings, Record
+from mizuoto_f5tts.training.loop import LOG_FILE, QUIRKS, FineTuning, LoopSettings
 from mizuoto_f5tts.training.params import F5TrainingParams
 from mizuoto_f5tts.training.recipe import CLI_DEFAULTS, translate_finetune_cli
 from mizuoto_f5tts.training.samples import TrainingSamples
 from mizuoto_f5tts.variants import F5Variant
 
 logger = logging.getLogger(__name__)
-
-LOG_FILE = "training_log.jsonl"
 
 
 @attrs.frozen
@@ -99,24 +75,20 @@ class F5Run:
     vocab: dict[str, int]
     data: PreparedData
     settings: LoopSettings
-    memory: str = "default"
     vocab_file: Path | None = None  # the base model's, or the extended one in prepared/
     new_tokens: int = 0  # text-embedding rows added for an extended vocabulary
     finetune: bool = True  # false: random initialisation, no base weights
-    keep_checkpoints: int = 0  # numbered copies kept: 0 none, -1 all, N the newest N
-    checkpoint_every: int = 0  # updates between numbered copies
     device: str = "cpu"
     params: F5TrainingParams = attrs.field(factory=F5TrainingParams)  # config.params, checked
     lora: LoRASettings | None = None  # a lora run's adapters (target patterns as given)
 
 
 def _vocab_file(params: F5TrainingParams, model_dir: Path) -> Path:
-    from mizuoto_f5tts.checkpoint import VOCAB_FILE, default_vocab_path
+    from mizuoto_f5tts.checkpoint import model_vocab_path
 
     custom = params.vocab_file
     if custom is None:
-        own = model_dir / VOCAB_FILE
-        return own if own.is_file() else default_vocab_path()
+        return model_vocab_path(model_dir)
     if not Path(custom).is_file():
         raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {custom!r}",
                              "one token per line, as upstream's --tokenizer_path")
@@ -132,12 +104,6 @@ def _check_vocab_size(base: dict, vocab: dict, field: str, vocab_file: Path) -> 
                              f"text embedding has {rows - 1}",
                              "fine-tune with the base model's vocabulary (extend_vocab adds "
                              "tokens), or set finetune: false to train from scratch")
-
-
-def _device_and_precision(config: TrainingConfig) -> tuple[torch.device, str]:
-    device = training_device(config.compute)
-    return device, training_precision(config.mixed_precision, device, auto="no", why=(
-        "accelerate's loss scaling refuses it there too"))
 
 
 def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedData,
@@ -189,32 +155,7 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
         shuffle_seed=params.shuffle_seed, save_every=config.save_every,
         max_updates=config.steps, mixed_precision=mixed_precision,
         lr_schedule=params.lr_schedule or "linear",
-        lora=None if lora is None else attrs.asdict(lora, value_serializer=_listed))
-
-
-def _listed(instance, field, value):
-    return list(value) if isinstance(value, tuple) else value
-
-
-def _lora_settings(config: TrainingConfig, params: F5TrainingParams) -> LoRASettings | None:
-    """A lora run's settings; a lora param of a full run, or a setting that changes the base
-    model's shape (an extended vocabulary, training from scratch), refused by name."""
-    from mizuoto_f5tts.lora import LORA_TARGETS
-
-    if config.method != "lora":
-        given = params.lora_given()
-        if given:
-            raise InvalidRequest(f"params.{given[0]}", "applies to --method lora only",
-                                 "leave it out, or train with --method lora")
-        return None
-    for name, value, default in (("extend_vocab", params.extend_vocab, False),
-                                 ("finetune", params.finetune, True),
-                                 ("vocab_file", params.vocab_file, None)):
-        if value != default:
-            raise InvalidRequest(f"params.{name}", "a LoRA adapts the base model as it is: its "
-                                 "vocabulary and weights stay", "leave it out, or train with "
-                                 "--method full")
-    return params.lora_settings(LORA_TARGETS)
+        lora=None if lora is None else lora.as_dict())
 
 
 class F5Trainer(StepTrainer):
@@ -222,6 +163,11 @@ class F5Trainer(StepTrainer):
     params_class = F5TrainingParams
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
+    lora_targets = LORA_TARGETS
+    # an extended vocabulary or training from scratch changes the base model a LoRA adapts
+    lora_keeps = {"extend_vocab": False, "finetune": True, "vocab_file": None}
+    precision_cuda_only_why = "accelerate's loss scaling refuses it there too"
+    seeds_torch = True  # upstream seeds torch, the device's generator too (its draws count)
 
     def defaults(self, method: str, model: str) -> dict:
         """``f5-tts_finetune-cli``'s defaults: 100 epochs (``steps`` unbounded), learning rate
@@ -248,12 +194,12 @@ class F5Trainer(StepTrainer):
         self.check(config)
         # every param checked before the model is read
         params = F5TrainingParams.parse(config.params, trainer="F5-TTS")
-        lora = _lora_settings(config, params)
-        device, mixed_precision = _device_and_precision(config)
+        lora = self.lora_settings(config)
+        device, mixed_precision = self.device_and_precision(config)
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
         finetune = params.finetune
-        keep, every = checkpoint_retention(config)
+        keep = checkpoint_retention(config)[0]
         vocab_file = _vocab_file(params, model_dir)
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)
@@ -278,12 +224,12 @@ class F5Trainer(StepTrainer):
             with open(vocab_file, encoding="utf-8") as handle:
                 tokens = [line[:-1] for line in handle]  # every line, repeats too (upstream)
             added = extended_vocab(vocab, [], extend) if extend is not True else []
-            vocab = read_vocab_lines(tokens + added)
+            vocab = {t: i for i, t in enumerate(tokens + added)}  # read_vocab of those lines
             data = prepare_dataset(config.dataset, None if extend is True else vocab,
                                    progress=progress)
             if extend is True:
                 added = extended_vocab(vocab, data.clips)
-                vocab = read_vocab_lines(tokens + added)
+                vocab = {t: i for i, t in enumerate(tokens + added)}  # read_vocab of those lines
             new_tokens = len(added)
             self._claim(run_dir, config, [checkpoint, vocab_file], data)
             vocab_file = prepared_dir / VOCAB_FILE
@@ -309,178 +255,74 @@ class F5Trainer(StepTrainer):
                        and k not in ("batch_frames", "max_samples", "logger")},
             "device": str(device)}, logger=params.logger)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
-                     config.memory, vocab_file, new_tokens if finetune else 0, finetune, keep,
-                     every, str(device), params, lora)
+                     vocab_file, new_tokens if finetune else 0, finetune, str(device), params,
+                     lora)
 
-    def build(self, run: F5Run, py_random: random.Random, world: ProcessWorld) -> FineTuning:
+    def start(self, run: F5Run, world: ProcessWorld) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
         from mizuoto.nn.flow import ConditionalFlowMatching
-        from mizuoto_f5tts.checkpoint import read_checkpoint
+        from mizuoto_f5tts.checkpoint import TEXT_EMBED_KEY, read_checkpoint
 
         model = ConditionalFlowMatching(run.variant.build_backbone(len(run.vocab)),
                                         num_channels=run.variant.mel_dim)
         if run.finetune:
             base = read_checkpoint(run.checkpoint)
             if run.new_tokens:
-                base[TEXT_EMBED] = expand_text_embedding(base[TEXT_EMBED], run.new_tokens)
+                base[TEXT_EMBED_KEY] = expand_text_embedding(base[TEXT_EMBED_KEY], run.new_tokens)
             load_into(model, base, run.checkpoint)
             del base
-        if run.lora is not None:
-            from mizuoto.training.lora import add_adapters
-            from mizuoto_f5tts.lora import LORA_TARGETS
-
-            # its own generator: the model's and the data's draws stay those of a full run
-            add_adapters(model.transformer, run.lora, LORA_TARGETS,
-                         torch.Generator().manual_seed(run.config.seed))
+        self.add_lora(run, model)
         model.to(run.device).train()
-        settings = run.settings
-        runner = TrainingRunner(device=run.device, world=world, memory=run.memory,
+        settings = run.settings  # as prepare applied them (device_and_precision)
+        runner = TrainingRunner(device=run.device, world=world, memory=run.config.memory,
                                 mixed_precision=settings.mixed_precision, quirks=QUIRKS,
                                 grad_accumulation=settings.grad_accumulation,
                                 max_grad_norm=settings.max_grad_norm)
-        loop = FineTuning(model, run.vocab, MelDataset(run.data.clips), run.data.durations,
-                          settings, py_random=py_random, runner=runner,
-                          shard_batches=run.params.shard_batches,
-                          keep_ema=run.lora is None)
+        dataset, output = MelDataset(run.data.clips), Path(run.config.output_dir)
+        loop = FineTuning(model, run.vocab, dataset, run.data.durations, settings,
+                          py_random=random.Random(run.config.seed), runner=runner,
+                          log=output / LOG_FILE, shard_batches=run.params.shard_batches,
+                          keep_ema=run.lora is None, samples=TrainingSamples(
+                              run.model_dir, dataset, run.vocab, output / "samples",
+                              run.config.seed) if run.params.samples else None,  # upstream: off
+                          samples_every=checkpoint_retention(run.config)[1])
         if not run.finetune or run.lora is not None:  # upstream without a pretrained_ file: a fresh EMA
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
                else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
         if "initted" in raw and "step" in raw:
             # upstream loads the base file into its EMA: its update counter carries over
-            loop.ema.initted = raw["initted"].clone()
-            loop.ema.step = raw["step"].clone()
+            loop.runner.ema.initted = raw["initted"].clone()
+            loop.runner.ema.step = raw["step"].clone()
         return loop
+
+    def trained_weights(self, run: F5Run) -> dict:
+        return load_state_file(Path(run.config.output_dir) / CHECKPOINT)["model"]
+
+    def lora_base_fingerprint(self, run: F5Run) -> str:
+        """`F5Engine.base_fingerprint` of the base model, without loading it."""
+        from mizuoto_f5tts.checkpoint import weights_fingerprint
+
+        return weights_fingerprint(run.checkpoint, run.vocab)
 
     def _claim(self, run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
                data: PreparedData) -> None:
         self.claim_run(config, weights=weights, rows=((c.text, c.audio) for c in data.clips),
                        run_dir=run_dir)
 
-    @contextlib.contextmanager
-    def random_scope(self, run: F5Run) -> Iterator[None]:
-        """Upstream seeds torch, the device's generator too (its draws count): in a forked RNG,
-        so that the caller's generators are untouched."""
-        device = torch.device(run.device)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(run.config.seed)
-            yield
-
-    def start(self, run: F5Run, world: ProcessWorld) -> F5Session:
-        if world.main:
-            logger.info("training on %s, mixed precision %s, memory %s", run.device,
-                        run.settings.mixed_precision, run.memory)
-        return F5Session(run, self.build(run, random.Random(run.config.seed), world), world)
-
     def write_export(self, run: F5Run, folder: Path) -> None:
-        """The EMA weights as a model directory (`write_model`); a lora run's adapter."""
+        """The EMA weights as a model directory (`write_model`)."""
         state = load_state_file(Path(run.config.output_dir) / CHECKPOINT)
-        if run.lora is not None:
-            _write_adapter(run, state["model"], folder)
-            return
         write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
                     run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
                     finetuned=run.finetune)
 
 
-class F5Session(TrainingSession):
-    """One run's `FineTuning` loop, with the checkpoint of every process's RNG."""
-
-    def __init__(self, run: F5Run, loop: FineTuning, world: ProcessWorld) -> None:
-        self.run, self.loop, self.world, self.runner = run, loop, world, loop.runner
-        self.total = min(loop.total_updates, run.settings.max_updates or loop.total_updates)
-        log_samples = run.params.samples  # upstream: off
-        self.samples_every = run.checkpoint_every if log_samples else 0
-        self._writer = None
-
-    def update(self) -> dict[str, float]:
-        return self.loop.next_update()
-
-    def finished(self, done: int) -> bool:
-        return self.loop.done()
-
-    def save(self, path: Path, done: int) -> None:
-        state = self.loop.state_dict()
-        if self.world.size > 1:
-            state["rank_rng"] = gather(self.loop.rng_state(), self.world)
-        if self.world.main:
-            save_state_file(path, state)
-            _write_log(Path(self.run.config.output_dir) / LOG_FILE, self.loop.records)
-        barrier()
-
-    def load(self, path: Path) -> int:
-        loop, output = self.loop, self.run.config.output_dir
-        state = load_state_file(path)
-        if state.get("settings") != loop.recipe():
-            raise InvalidRequest(
-                "output_dir", f"{output} holds a run with other settings "
-                f"({state.get('settings')}); resume it with the same ones or use "
-                "another directory")
-        loop.load_state_dict(state)
-        ranks = state.get("rank_rng") or [loop.rng_state()]
-        if len(ranks) != self.world.size:
-            raise InvalidRequest("output_dir", f"{output} holds a run of {len(ranks)} "
-                                 f"process(es); resume it with as many, not {self.world.size}")
-        loop.set_rng_state(ranks[self.world.rank])
-        return loop.update
-
-    def samples(self, done: int, metrics: MetricsLog | None) -> None:
-        if self._writer is None:
-            run = self.run
-            self._writer = TrainingSamples(run.model_dir, self.loop.dataset, run.vocab,
-                                           Path(run.config.output_dir) / "samples",
-                                           run.config.seed, metrics)
-        self._writer(self.loop.model, done)
-
-    def result_metrics(self, values) -> dict[str, float]:
-        last = self.loop.records[-1] if self.loop.records else None
-        return {} if last is None else {"loss": last.loss, "lr": last.lr}
-
-
-def _write_adapter(run: F5Run, model_state: dict, folder: Path) -> None:
-    """The adapter alone (`mizuoto.adapters.write_adapter`): its base model named by id and
-    by the engine's fingerprint of its weights, which `F5Engine.set_lora` checks."""
-    from mizuoto.adapters import write_adapter
-    from mizuoto_f5tts.checkpoint import weights_fingerprint
-    from mizuoto_f5tts.lora import LORA_TARGETS
-
-    prefix = LORA_TARGETS.module + "."
-    tensors = {k[len(prefix):]: v for k, v in model_state.items()
-               if k.startswith(prefix) and k.rsplit(".", 1)[-1] in ("lora_A", "lora_B")}
-    paths = list(dict.fromkeys(k.rpartition(".")[0] for k in tensors))
-    # a directory by its absolute path: the adapter loads from anywhere (mizuoto.load(DIR))
-    model = Path(run.config.model)
-    base_model = str(model.resolve()) if model.is_dir() else str(run.config.model)
-    write_adapter(folder, tensors, attrs.evolve(run.lora, target_modules=paths),
-                  engine="f5tts", base_model=base_model,
-                  base_fingerprint=weights_fingerprint(run.checkpoint, run.vocab),
-                  fmt=LORA_TARGETS.format)
-
-
-TEXT_EMBED = "transformer.text_embed.text_embed.weight"
 
 
 def expand_text_embedding(weight: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Upstream's ``expand_model_embeddings`` (finetune_gradio): the new rows are
-    ``randn`` drawn right after ``torch.manual_seed(666)``."""
+    ``randn`` drawn right after ``torch.manual_seed(666)``, in float32."""
     rows = torch.randn((new_tokens, weight.shape[1]),
                        generator=torch.Generator().manual_seed(666))
-    expanded = torch.zeros((weight.shape[0] + new_tokens, weight.shape[1]))
-    expanded[:weight.shape[0]] = weight
-    expanded[weight.shape[0]:] = rows
-    return expanded
-
-
-def read_vocab_lines(tokens: list[str]) -> dict[str, int]:
-    """``read_vocab`` of a file holding ``tokens``, one per line."""
-    vocab: dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        vocab[token] = index
-    return vocab
-
-
-def _write_log(path: Path, records: list[Record]) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(attrs.asdict(record)) + "\n")
+    return torch.cat([weight.float(), rows])

@@ -1,30 +1,20 @@
-"""The training data: a JSONL manifest read as upstream's ``datasets`` pipeline reads it, the
-epoch order its ``DataLoader`` draws, and the packed sequences its ``AudioFeatureProcessingPacker``
-builds.
-
-(The epoch order is torch's shuffling ``DataLoader``'s: core's
+"""The training data: a manifest's rows (core's `mizuoto.training.manifest`, with its typed
+extras) read as upstream's ``datasets`` pipeline reads them, and the packed sequences its
+``AudioFeatureProcessingPacker`` builds. (The epoch order: core's
 `mizuoto.training.loader_order`.)
 
-A manifest line is ``{"audio": path, "text": ...}`` (paths relative to the manifest's folder),
-optionally with ``"ref_audio"``: a recording of the voice that is prepended to the sequence
-(``[103, reference patches, 104, text, 101, audio patches, 102]``, loss on the audio only).
-Audio is read as ``datasets.Audio(sampling_rate=<VAE rate>)`` decodes it: soundfile float64,
-channels averaged, ``librosa.resample`` (soxr) when the rate differs.
-
-``"duration"`` and ``"ref_duration"`` (seconds) stand in for the measured lengths in upstream's
-``max_batch_tokens`` estimate (``compute_sample_lengths``), the only place upstream reads them,
-with its column rules (see ``Sample.estimate_seconds``). ``"dataset_id"`` only feeds upstream's
-per-dataset counters, never the model, and is ignored.
-
-``"is_prompt": true`` makes the row a prompt: its audio is framed by 103/104 instead of 101/102
-and left out of both losses (``[text, 103, audio patches, 104]``, loss mask all zero). Upstream
-reads ``bool(row.get("is_prompt"))`` (None where a row lacks a key others hold) and ignores it on
-a row with a reference.
+``"ref_audio"``, a recording of the voice, is prepended to the sequence
+(``[103, reference patches, 104, text, 101, audio patches, 102]``, loss on the audio only);
+``"is_prompt": true`` frames the audio by 103/104 and leaves it out of both losses
+(``[text, 103, audio patches, 104]``), ignored on a row with a reference as upstream does.
+``"duration"`` and ``"ref_duration"`` stand in for the measured lengths in upstream's
+``max_batch_tokens`` estimate (``compute_sample_lengths``), the only place upstream reads
+them (see ``Sample.estimate_seconds``). ``"dataset_id"`` only feeds upstream's per-dataset
+counters and is ignored.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,11 +23,12 @@ import attrs
 import numpy as np
 import torch
 
-from mizuoto.json_files import JSONFileError, parse_json
-from mizuoto.nn.dsp.audio_io import SILENCE_PEAK
-from mizuoto.nn.dsp.soxr_resample import mono_like_librosa, resample_soxr
-from mizuoto.text.files import read_utf8
-from mizuoto.training.audio_header import read_header
+from mizuoto.training.manifest import (
+    RejectedRow,
+    read_audio_like_datasets,
+    read_manifest_rows,
+    refused_samples,
+)
 
 AUDIO_START, AUDIO_END, PROMPT_START, PROMPT_END = 101, 102, 103, 104
 
@@ -64,181 +55,65 @@ class Sample:
     is_prompt: bool = attrs.field(default=False, kw_only=True)
 
 
-@attrs.frozen
-class Rejected:
-    line: int
-    reason: str
-
-
-def read_audio(path: str | Path, sample_rate: int) -> np.ndarray:
-    """Mono float64 samples at ``sample_rate``, as ``datasets.Audio`` decodes them."""
-    import soundfile as sf
-
-    array, rate = sf.read(str(path))
-    array = mono_like_librosa(array.T)
-    if rate != sample_rate:
-        array = resample_soxr(array, rate, sample_rate, "HQ")  # librosa's default soxr_hq
-    return array
-
-
 def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int,
                   patch_size: int, hop_length: int, field: str = "dataset"
-                  ) -> tuple[list[Sample], list[Rejected]]:
-    """Usable rows of a JSONL manifest or a ``metadata.csv`` (``audio_file|text``, header
-    optional), and the rejected ones with their reasons (unreadable or silent audio, empty
-    text, a sequence longer than the model's context, a declared duration that is not a
-    non-negative number of seconds, an ``is_prompt`` that is not a flag)."""
-    samples, rejected, rows = [], [], []
+                  ) -> tuple[list[Sample], list[RejectedRow]]:
+    """Usable rows of a JSONL manifest or a ``metadata.csv`` (core's reader), decoded, and the
+    rejected ones by line with their reasons (core's, or unreadable or silent audio, a
+    sequence longer than the model's context)."""
+    read = read_manifest_rows(manifest, typed_extras=True, headers=True, field=field)
+    samples, rejected = [], read.rejected
     patch_len = hop_length * patch_size
-    # not UTF-8: a named error; a BOM (a manifest saved by a Windows editor) is dropped
-    lines = read_utf8(manifest, field).removeprefix("\ufeff").splitlines()
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+
+    def patches(frames: int) -> int:
+        return -(-frames // patch_len) + 2  # + the two tokens framing them
+
+    for row in read.rows:
+        ids = tuple(tokenize(row.text))
+        # by the headers first (their fewest frames): a clip too long to keep is never decoded
+        length = len(ids) + sum(patches(h.frames_at(sample_rate))
+                                for h in (row.header, row.ref_header) if h is not None)
+        audio = reference = None
+        reason = (f"at least {length} positions (text + audio patches, by the audio's header) "
+                  f"exceed the model's context of {max_length}") if length > max_length else ""
+        if not reason:
+            audio = _load(row.audio, sample_rate)
+            reference = row.ref_audio and _load(row.ref_audio, sample_rate, "ref_audio: ")
+            reason = next((x for x in (audio, reference) if isinstance(x, str)), "")
+        if not reason:
+            length = len(ids) + sum(patches(x.size) for x in (audio, reference) if x is not None)
+            if length > max_length:
+                reason = (f"{length} positions (text + audio patches) exceed the model's "
+                          f"context of {max_length}")
+        if reason:
+            rejected.append(RejectedRow(row.line, reason, str(row.audio)))
             continue
-        if manifest.suffix.lower() == ".csv":  # upstream F5's metadata.csv: audio_file|text
-            cells = [cell.strip() for cell in raw.split("|", 1)]
-            if number == 1 and cells == ["audio_file", "text"]:
-                continue
-            if len(cells) == 2:
-                rows.append((number, {"audio": cells[0], "text": cells[1]}))
-            else:
-                rejected.append(Rejected(number, "not audio_file|text"))
-            continue
-        try:  # bounded nesting and integers; a key given twice (two "audio"s) refused
-            rows.append((number, parse_json(raw, "the line", expect=None)))
-        except JSONFileError as exc:
-            rejected.append(Rejected(number, str(exc)))
-    # upstream's ``datasets`` table has a column for every key any row holds (None elsewhere)
-    columns = {key for _, row in rows if isinstance(row, dict) for key in row}
-    for number, row in rows:
-        if not isinstance(row, dict) or not isinstance(row.get("audio"), str):
-            rejected.append(Rejected(number, 'needs "audio" (a path) and "text"'))
-            continue
-        text = row.get("text")
-        if not isinstance(text, str) or not text.strip():
-            rejected.append(Rejected(number, "empty text"))
-            continue
-        declared = {field: _declared_seconds(row, field) for field in DURATION_FIELDS}
-        bad = [reason for reason in declared.values() if isinstance(reason, str)]
-        prompt = _prompt_flag(row)
-        if isinstance(prompt, str):
-            bad.append(prompt)
-        if bad:
-            rejected.append(Rejected(number, bad[0]))
-            continue
-        path = _resolve(manifest, row["audio"])
-        reference = row.get("ref_audio")
-        if reference is not None and not isinstance(reference, str):
-            rejected.append(Rejected(number, '"ref_audio" must be a path'))
-            continue
-        ids = tuple(tokenize(text))
-        # by the headers first: a clip too long to keep is never decoded
-        too_long = _longer_than_context(path, reference and _resolve(manifest, reference),
-                                        sample_rate, len(ids), patch_len, max_length)
-        if too_long:
-            rejected.append(Rejected(number, too_long))
-            continue
-        audio = _load(path, sample_rate)
-        if isinstance(audio, str):
-            rejected.append(Rejected(number, audio))
-            continue
-        if reference is not None:
-            reference = _load(_resolve(manifest, reference), sample_rate)
-            if isinstance(reference, str):
-                rejected.append(Rejected(number, f"ref_audio: {reference}"))
-                continue
-        length = len(ids) + -(-audio.size // patch_len) + 2
-        if reference is not None:
-            length += -(-reference.size // patch_len) + 2
-        if length > max_length:
-            rejected.append(Rejected(number, f"{length} positions (text + audio patches) exceed "
-                                             f"the model's context of {max_length}"))
-            continue
-        seconds = declared["duration"]
         ref_seconds = None
-        if "ref_audio" in columns:
-            if "ref_duration" in columns:
-                ref_seconds = declared["ref_duration"]
+        if "ref_audio" in read.columns:
+            if "ref_duration" in read.columns:
+                ref_seconds = row.ref_duration
             elif reference is not None:
                 ref_seconds = reference.size / float(sample_rate)
         samples.append(Sample(
-            number, str(path), audio, ids, text, reference,
-            estimate_seconds=audio.size / float(sample_rate) if seconds is None else seconds,
-            ref_estimate_seconds=ref_seconds, is_prompt=prompt))
-    return samples, rejected
+            row.line, str(row.audio), audio, ids, row.text, reference,
+            estimate_seconds=audio.size / float(sample_rate) if row.duration is None
+            else row.duration, ref_estimate_seconds=ref_seconds, is_prompt=row.is_prompt))
+    return samples, sorted(rejected, key=lambda r: r.line)
 
 
-DURATION_FIELDS = ("duration", "ref_duration")
-
-
-def _declared_seconds(row: dict, field: str) -> float | None | str:
-    """The row's declared ``field`` in seconds (None when absent or null), or why it is
-    unusable. Numbers and numeric strings are read with ``float`` as upstream reads them."""
-    value = row.get(field)
-    if value is None:
-        return None
-    seconds = math.nan
-    if isinstance(value, int | float | str) and not isinstance(value, bool):
-        try:
-            seconds = float(value)
-        except (ValueError, OverflowError):
-            pass
-    if not math.isfinite(seconds) or seconds < 0:
-        return (f'"{field}" must be a non-negative number of seconds, '
-                f"not {json.dumps(value)[:40]}")
-    return seconds
-
-
-def _prompt_flag(row: dict) -> bool | str:
-    """The row's ``is_prompt`` (False when absent or null), or why it is unusable: JSON
-    booleans and the integers 0 and 1, which upstream's ``bool()`` reads as the same flag. Other
-    values are refused rather than read as upstream would (``bool("false")`` is True)."""
-    value = row.get("is_prompt")
-    if value is None:
-        return False
-    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
-        return bool(value)
-    return f'"is_prompt" must be true or false, not {json.dumps(value)[:40]}'
-
-
-def _resolve(manifest: Path, value: str) -> Path:
-    path = Path(value)
-    return path if path.is_absolute() else manifest.parent / path
-
-
-def _longer_than_context(path: Path, reference: Path | None, sample_rate: int, text: int,
-                         patch_len: int, max_length: int) -> str:
-    """Why the row cannot fit the model's context by its audio files' headers alone (their
-    fewest frames at ``sample_rate``), or ``""``: the file, its reference, or a header that
-    refuses it (not a regular file, unreadable). The exact count follows decoding."""
-    length = text + 2
-    for which, file in (("", path), ("ref_audio: ", reference)):
-        if file is None:
-            continue
-        header = read_header(file)
-        if isinstance(header, str):
-            return f"{which}{header} ({file})"
-        length += -(-header.frames_at(sample_rate) // patch_len) + 2 * bool(which)
-    if length > max_length:
-        return (f"at least {length} positions (text + audio patches, by the audio's header) "
-                f"exceed the model's context of {max_length}")
-    return ""
-
-
-def _load(path: Path, sample_rate: int) -> np.ndarray | str:
-    """The samples, or why they are unusable."""
+def _load(path: Path, sample_rate: int, which: str = "") -> np.ndarray | str:
+    """The samples as ``datasets.Audio`` decodes them, or why they are unusable."""
     try:
-        audio = read_audio(path, sample_rate)
+        audio = read_audio_like_datasets(path, sample_rate)
     except Exception as exc:  # soundfile/librosa raise many types for unreadable files
-        return f"unreadable audio {path}: {exc}"
-    if audio.size == 0 or not np.all(np.isfinite(audio)) or np.max(np.abs(audio)) < SILENCE_PEAK:
-        return f"silent, empty or non-finite audio {path}"
-    return audio
+        return f"{which}unreadable audio {path}: {exc}"
+    refused = refused_samples(audio)
+    return f"{which}{refused} ({path})" if refused else audio
 
 
 def batch_token_filter(samples: Sequence[Sample], *, frames_per_second: float, patch_size: int,
                        max_batch_tokens: int, batch_size: int
-                       ) -> tuple[list[Sample], list[Rejected]]:
+                       ) -> tuple[list[Sample], list[RejectedRow]]:
     """Drop rows upstream drops for ``max_batch_tokens`` (estimated length, from the samples'
     ``estimate_seconds``, over ``max_batch_tokens // batch_size``)."""
     if not max_batch_tokens or max_batch_tokens <= 0:
@@ -257,7 +132,7 @@ def batch_token_filter(samples: Sequence[Sample], *, frames_per_second: float, p
         if length <= limit:
             kept.append(sample)
         else:
-            dropped.append(Rejected(sample.line, f"about {length} tokens, over max_batch_tokens "
+            dropped.append(RejectedRow(sample.line, f"about {length} tokens, over max_batch_tokens "
                                                  f"// batch_size = {limit}"))
     return kept, dropped
 

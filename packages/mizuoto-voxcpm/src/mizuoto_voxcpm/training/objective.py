@@ -160,12 +160,3 @@ def flow_matching_loss(estimator, x1: torch.Tensor, mu: torch.Tensor, *, cond: t
     weights = (1.0 / ((losses + 1e-3).pow(0.0)) * tgt_mask.squeeze(1)).detach()
     return (weights * losses).sum() / torch.clamp(torch.sum(tgt_mask), min=1.0)
 
-
-def dropout_with(generator: torch.Generator, p: float):
-    """``F.dropout``'s CPU arithmetic (a Bernoulli mask scaled by ``1 / (1 - p)``) with its
-    mask drawn from ``generator``."""
-    def dropout(x: torch.Tensor) -> torch.Tensor:
-        noise = torch.empty_like(x).bernoulli_(1 - p, generator=generator)
-        noise.div_(1 - p)
-        return x * noise
-    return dropout

@@ -15,25 +15,13 @@ import attrs
 
 from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
-from mizuoto.validation.ranges import boolean
+from mizuoto.validation.ranges import boolean, number_at_least
+
+_flag = boolean(prefix="params.", optional=True)
 
 
 def _number(*, whole: bool = False, low: float = 0):
-    """A number >= ``low`` (a whole one where ``whole``: 8192.0 is 8192, as upstream's yaml
-    reader would pass it), or None."""
-
-    def validate(instance, attribute, value):
-        if value is None:
-            return
-        field = f"params.{attribute.name}"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
-            raise InvalidRequest(field, f"must be a number >= {low:g}, got {value!r}")
-        if whole and value != int(value):
-            raise InvalidRequest(field, f"must be a whole number, got {value!r}")
-    return validate
-
-
-_flag = boolean(prefix="params.", optional=True)
+    return number_at_least(low, whole=whole, prefix="params.", optional=True)
 
 
 def _dropout(instance, attribute, value):

@@ -6,8 +6,6 @@ Its own module so that the trainer and the session both import it, and not each 
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +36,3 @@ class Run:
     keep_checkpoints: int = 0
     checkpoint_every: int = 1
 
-
-def link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)

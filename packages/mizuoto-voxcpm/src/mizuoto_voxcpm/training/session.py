@@ -6,8 +6,6 @@ core's `mizuoto.training.StepTrainer`'s."""
 
 from __future__ import annotations
 
-import logging
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,27 +13,17 @@ import torch
 
 from mizuoto.contracts.trainer import TrainerParams
 from mizuoto.errors import InvalidRequest
-from mizuoto.options import ComputeOptions
-from mizuoto.runtime.atomic import file_mode, save_safetensors
-from mizuoto.training import (
-    LossForward,
-    ProcessWorld,
-    RecipeQuirks,
-    TrainingRunner,
-    TrainingSession,
-    training_device,
-    training_precision,
-)
+from mizuoto.nn.lora import draw_dropout_from
+from mizuoto.runtime.atomic import copy_model_files, save_safetensors
+from mizuoto.training import LossForward, ProcessWorld, TrainingRunner, TrainingSession
+from mizuoto.training.audio_samples import write_audio_samples
 from mizuoto.training.checkpoint_folder import (
-    find_checkpoint_folder,
     load_checkpoint_folder,
-    load_trainable,
     save_checkpoint_folder,
+    write_step_files,
 )
-from mizuoto.training.frozen_weights import frozen_linears_to, stream_frozen_linears
 from mizuoto.training.init_draws import replay
 from mizuoto.training.loader_order import DistributedEpochSampler, EpochSampler
-from mizuoto.training.precision import DTYPES
 from mizuoto.training.validation import (
     evaluating,
     is_due,
@@ -44,88 +32,40 @@ from mizuoto.training.validation import (
 )
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.config import VoxCPMConfig, read_config_json
-from mizuoto_voxcpm.lora import (
-    LoRALinear,
-    apply_lora,
-    kaiming_init_a,
-    lora_layers,
-    write_lora_dir,
-)
+from mizuoto_voxcpm.lora import LoRALinear, apply_lora, kaiming_init_a, write_lora_dir
 from mizuoto_voxcpm.model import WEIGHT_FILES, load_model
-from mizuoto_voxcpm.training import construction, loop, validation
+from mizuoto_voxcpm.training import construction, validation
 from mizuoto_voxcpm.training.data import encode_audio, pack
-from mizuoto_voxcpm.training.memory import recomputed_blocks
-from mizuoto_voxcpm.training.objective import CfmTraining, dropout_with, training_losses
-from mizuoto_voxcpm.training.run import BASE_FILES, Run, link_or_copy
-
-log = logging.getLogger(__name__)
-
-
-def _upstream_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def pick_device(compute: ComputeOptions | None = None) -> torch.device:
-    """``compute.device``; ``auto``: upstream's accelerator, CUDA when present (the process's
-    local rank under torchrun), else the CPU."""
-    return training_device(compute or ComputeOptions(), auto=_upstream_device)
-
-
-def pick_mixed_precision(device: torch.device, requested: str) -> str:
-    """``auto``: upstream's, bf16 autocast + gradient scaler on CUDA, none elsewhere (its
-    ``autocast("cuda")`` is disabled on the CPU). ``bf16``/``fp16`` need CUDA."""
-    return training_precision(requested, device, auto="bf16" if device.type == "cuda" else "no",
-                              cuda_only=("bf16", "fp16"), why="upstream autocasts on CUDA only")
-
-
-#: upstream's loop, unlike accelerate's: it logs the scheduler's rate after its step, clips at
-#: 1e9 when clipping is off (the norm always from clip_grad_norm_), and steps the scheduler
-#: even when the gradient scaler skipped the update
-QUIRKS = RecipeQuirks(logs_next_update_lr=True, clip_at_when_off=1e9,
-                      schedule_steps_on_skipped_update=True)
-
-
-def runner_for(device: torch.device, mixed_precision: str = "no", *,
-               world: ProcessWorld | None = None, recipe=None,
-               memory: str = "default") -> TrainingRunner:
-    """The run's `TrainingRunner`: ``bf16`` (upstream's accelerator on CUDA) or ``fp16``
-    autocast with a gradient scaler (upstream's accelerator scales bf16 too); ``no`` (upstream
-    on the CPU, where its ``autocast("cuda")`` is off): neither."""
-    return TrainingRunner(
-        device=device, world=world, mixed_precision=mixed_precision,
-        scaler=mixed_precision != "no", memory=memory, quirks=QUIRKS,
-        grad_accumulation=1 if recipe is None else recipe.grad_accum_steps,
-        max_grad_norm=0.0 if recipe is None else recipe.max_grad_norm)
+from mizuoto_voxcpm.training.objective import CfmTraining, training_losses
+from mizuoto_voxcpm.training.run import BASE_FILES, Run
 
 
 class Session(TrainingSession):
-    """``world``: the run's processes (joined by the trainer); an export builds one in
-    process 0 alone (``ProcessWorld()``)."""
+    """Built by `VoxCPMTrainer.build_session`: ``world``, the run's processes (joined by the
+    trainer; an export's: process 0 alone), ``runner`` the run's `TrainingRunner`."""
 
     progress_losses = ("loss/diff", "loss/stop")
 
-    def __init__(self, run: Run, world: ProcessWorld | None = None) -> None:
+    def __init__(self, run: Run, world: ProcessWorld, runner: TrainingRunner) -> None:
         self.run = run
         self.recipe = recipe = run.recipe
         self.total = recipe.num_iters
         model_dir = run.model_dir
         self.raw = read_config_json(model_dir)
         self.config = config = VoxCPMConfig.from_model_dir(model_dir)
-        self.world = world = world or ProcessWorld()
+        self.world, self.runner = world, runner
         self.world_size, self.rank = world.size, world.rank
         self.validating = bool(run.val_samples)
         if self.validating and self.world_size > 1:
             raise InvalidRequest("params.val_manifest", "validation runs in a single process "
                                  "only (not under torchrun)")
-        self.device = device = pick_device(run.config.compute)
-        self.mixed_precision = pick_mixed_precision(device, run.config.mixed_precision)
+        self.device = device = runner.device
+        self.mixed_precision = self.runner.mixed_precision
         # the CPU has no bf16 training recipe upstream (its forward casts inputs to the config
         # dtype while the weights stay fp32): float32 there and without autocast; with bf16
         # autocast the config dtype, as upstream; with fp16 autocast float16
         self.dtype = {"no": torch.float32, "bf16": config.torch_dtype,
                       "fp16": torch.float16}[self.mixed_precision]
-        self.runner = runner_for(device, self.mixed_precision, world=world, recipe=recipe,
-                                 memory=run.config.memory)
         self.cfm = CfmTraining.from_config_json(self.raw)
         vae_config = audio_vae_config_from_model_config(self.raw)
 
@@ -145,28 +85,21 @@ class Session(TrainingSession):
             for parameter in model.parameters():
                 parameter.requires_grad_(False)
             apply_lora(model, recipe.lora, kaiming_init_a(self.generator))
-            for layer in lora_layers(model):
-                layer.dropout_fn = dropout_with(self.forward_generator, recipe.lora.dropout)
+            draw_dropout_from(model, self.forward_generator)
         if run.config.memory in ("low", "lowest"):
-            self.runner.checkpoint_activations(recomputed_blocks(model), self.forward_generator)
-            if recipe.lora is not None and self.mixed_precision != "no":
-                if self.validating:
-                    # upstream's validation speaks through the model outside autocast
-                    raise InvalidRequest("training.memory", f"{run.config.memory} keeps LoRA's "
-                                         "frozen weights "
-                                         f"in {self.mixed_precision}, which validation's "
-                                         "generation cannot run on",
-                                         "use memory default with val_manifest")
-                frozen_linears_to(model, DTYPES[self.mixed_precision], kinds=(LoRALinear,))
-        self.model = model.to(device).train()
-        if run.config.memory == "lowest":
-            if self.world_size > 1:
-                raise InvalidRequest("training.memory", "lowest streams frozen weights from "
-                                     "host memory in a single process only (not under "
-                                     "torchrun)", "use low")
-            # the stop head stays: the model reads its device and dtype from it
-            stream_frozen_linears(self.model, device, keep=(self.model.stop_head,),
-                                  kinds=(LoRALinear,))
+            # each decoder layer of both LMs, the local encoder and the DiT estimator
+            # recompute (LoRA's dropout masks replayed from the run's generator)
+            self.runner.checkpoint_activations(
+                [*model.base_lm.layers, *model.residual_lm.layers, model.feat_encoder,
+                 model.feat_decoder.estimator], self.forward_generator)
+            if recipe.lora is not None and self.mixed_precision != "no" and self.validating:
+                # upstream's validation speaks through the model outside autocast
+                raise InvalidRequest("training.memory", f"{run.config.memory} keeps LoRA's "
+                                     f"frozen weights in {self.mixed_precision}, which "
+                                     "validation's generation cannot run on",
+                                     "use memory default with val_manifest")
+        # the stop head stays on the device: the model reads its device and dtype from it
+        self.model = self.runner.place_model(model, kinds=(LoRALinear,), keep=(model.stop_head,))
         # training only encodes: the VAE decoder never reaches the device (unless validation's
         # spoken samples decode through noise blocks, whose draws count)
         vae = load_audio_vae(model_dir, vae_config, "cpu")
@@ -194,7 +127,6 @@ class Session(TrainingSession):
             warmup=recipe.warmup_steps,
             total=recipe.max_steps if recipe.max_steps > 0 else recipe.num_iters)
         self.done = 0  # steps made (a resumed run's included)
-        self._validated: dict[str, float] | None = None  # the last validation's losses
 
     # -- data ----------------------------------------------------------------------------
 
@@ -233,9 +165,11 @@ class Session(TrainingSession):
                 weights=self.recipe.lambdas, autocast=self.runner.precision.autocast)
             spoken = validation.speak(self.model, self.vae, [row.text_ids for row in rows],
                                       self.forward_generator)
-            if self.samples and self.world.main:
-                validation.write_samples(spoken, self.run.output_dir / "samples", step,
-                                         self.out_rate, self.metrics)
+            if self.samples and self.world.main:  # named by the 0-based step, as upstream's
+                write_audio_samples(self.run.output_dir / "samples", [
+                    (f"step_{step}_{i}", audio, f"val/sample_{i}/generated_audio")
+                    for i, audio in enumerate(spoken)], self.out_rate, step=step + 1,
+                    metrics=self.metrics)
         return means
 
     # -- training ------------------------------------------------------------------------
@@ -249,8 +183,7 @@ class Session(TrainingSession):
                                  * self.world_size) / max(1, run.counted_samples))
         self.done += 1
         if self.validating and is_due(step, recipe.valid_interval, recipe.num_iters):
-            self._validated = self.validate(step)
-            values.update(self._validated)
+            values.update(self.validate(step))
         return values
 
     def save(self, path: Path, done: int) -> None:
@@ -268,27 +201,17 @@ class Session(TrainingSession):
         return self.done
 
     def write_numbered(self, target: Path, checkpoint: Path, done: int) -> None:
-        """``step_<done>/`` in upstream's layout (`loop.fill_numbered`)."""
-        loop.fill_numbered(target, done, self._write_weights, optimizer=self.runner.optimizer,
-                           scheduler=self.runner.scheduler)
+        """``step_<done>/`` in upstream's layout: its weights and torch's training files."""
+        self._write_weights(target)
+        write_step_files(target, done, self.runner)
 
     def result_metrics(self, values: Mapping[str, float]) -> dict[str, float]:
-        """The last step's values and the last validation's (a resumed run with nothing
-        left to do: the metrics log's)."""
-        rows = self.metrics.rows if self.metrics is not None else []
-        validated = self._validated
-        if validated is None:
-            validated = next(({key: row[key] for key in validation.KEYS if key in row}
-                              for row in reversed(rows) if validation.KEYS[0] in row), {})
-        last = values or (rows[-1] if rows else {})
-        return {k: float(v) for k, v in {**validated, **last}.items() if k != "step"}
+        """The last step's values over the newest of each metric logged: the last
+        validation's (a resumed run with nothing left to do: the log's)."""
+        logged = self.metrics.newest() if self.metrics is not None else {}
+        return {key: float(value) for key, value in {**logged, **values}.items()}
 
     # -- export --------------------------------------------------------------------------
-
-    def load_trained(self) -> None:
-        """The weights of the run's last checkpoint."""
-        load_trainable(find_checkpoint_folder(
-            self.run.output_dir / loop.CHECKPOINTS / loop.LATEST), self.model)
 
     def _write_weights(self, folder: Path) -> None:
         """What upstream's checkpoint folder holds besides the training state: full
@@ -300,21 +223,14 @@ class Session(TrainingSession):
         state = {k: v.detach().to("cpu", torch.float32).contiguous()
                  for k, v in self.model.state_dict().items()}
         save_safetensors(state, folder / "model.safetensors")
-        for name in BASE_FILES:
-            if (self.run.model_dir / name).is_file():
-                shutil.copy2(self.run.model_dir / name, folder / name)
+        copy_model_files(self.run.model_dir, folder, BASE_FILES)
 
     def write_export(self, folder: Path) -> None:
-        """A model directory in ``folder``: full weights as ``model.safetensors``, or the base
-        files plus ``lora_weights.safetensors`` and ``lora_config.json``."""
-        self.load_trained()
+        """A model directory in ``folder`` (the trained weights loaded): full weights as
+        ``model.safetensors``, or the base files plus ``lora_weights.safetensors`` and
+        ``lora_config.json``."""
         if self.recipe.lora is not None:
-            base = self.run.model_dir
-            for name in BASE_FILES + WEIGHT_FILES:
-                if (base / name).is_file():
-                    link_or_copy((base / name).resolve(), folder / name)
+            copy_model_files(self.run.model_dir, folder, BASE_FILES + WEIGHT_FILES,
+                             hard_link=True)
             self.model.to("cpu")
         self._write_weights(folder)
-        for path in folder.iterdir():
-            if not path.is_symlink() and path.stat().st_nlink == 1:
-                path.chmod(file_mode())

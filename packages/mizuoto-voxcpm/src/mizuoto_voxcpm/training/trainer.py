@@ -1,21 +1,7 @@
-"""``VoxCPMTrainer``: full and LoRA fine-tuning with upstream's recipe, step for step.
-
-``prepare`` reads the manifest (bad rows reported and skipped), fills the recipe and writes
-``run.json`` + ``prepared.json`` in the run directory; ``train`` runs (or resumes) the loop,
-logging every step to ``metrics.jsonl`` (on SIGINT or SIGTERM it stops after the current step,
-its checkpoint saved: ``TrainingResult.interrupted``); ``export`` writes a model directory the
-engine (and upstream) loads: full fine-tuning as ``model.safetensors`` beside the base model's
-other files, LoRA as the base files (hard links where possible) plus
-``lora_weights.safetensors`` and ``lora_config.json``.
-
-``config.compute.device`` (``auto``: CUDA when present, else the CPU, as upstream's
-accelerator) is where it trains; ``config.mixed_precision`` ``auto`` is upstream's (bf16
-autocast + gradient scaler on CUDA, none on the CPU); ``bf16``/``fp16`` need CUDA.
-
-``params.keep_last_n_checkpoints`` (default 0: none; -1: all; N: the newest N) numbered
-checkpoints ``checkpoints/step_<N>/`` (upstream's folder layout and files) are written every
-``params.checkpoint_every`` steps (default ``save_every``) and rotated by step number, across
-resumes too; ``checkpoints/latest`` stays the resumable one.
+"""``VoxCPMTrainer``: full and LoRA fine-tuning with upstream's recipe, step for step
+(docs/engines/voxcpm.md, "Fine-tuning"): ``prepare`` reads the manifests and fills the recipe,
+the session (`mizuoto_voxcpm.training.session`) builds model, data and loss on core's runner,
+``export`` writes a model directory the engine and upstream load, and a preview.
 """
 
 from __future__ import annotations
@@ -32,26 +18,54 @@ from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_path
-from mizuoto.training import ProcessWorld, RunDirectory, StepTrainer, join, process_world
-from mizuoto.training.checkpoint_folder import find_checkpoint_folder
+from mizuoto.training import (
+    ProcessWorld,
+    RecipeQuirks,
+    RunDirectory,
+    StepTrainer,
+    join,
+    process_world,
+)
+from mizuoto.training.checkpoint_folder import load_trainable
 from mizuoto.training.manifest import find_manifests
 from mizuoto.training.preview import PREVIEW, speak_preview
 from mizuoto_voxcpm.config import read_config_json
-from mizuoto_voxcpm.training.loop import CHECKPOINTS, LATEST, NUMBERED
 from mizuoto_voxcpm.training.params import VoxCPMTrainingParams
 from mizuoto_voxcpm.training.run import BASE_FILES, Run
 
 log = logging.getLogger(__name__)
+
+
+def _cuda_or_cpu():
+    """Upstream's accelerator's device: CUDA when present, else the CPU (never MPS)."""
+    import torch
+
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+#: upstream's loop, unlike accelerate's: it logs the scheduler's rate after its step, clips at
+#: 1e9 when clipping is off (the norm always from clip_grad_norm_), steps the scheduler even
+#: when the gradient scaler skipped the update, and scales bf16 too (its accelerator on CUDA)
+QUIRKS = RecipeQuirks(logs_next_update_lr=True, clip_at_when_off=1e9,
+                      schedule_steps_on_skipped_update=True, scales_bf16=True)
+
 
 class VoxCPMTrainer(StepTrainer):
     engine = "voxcpm"
     params_class = VoxCPMTrainingParams
     methods = frozenset({"full", "lora"})
     memory_levels = ("default", "low", "lowest")
-    # upstream's layout: checkpoints/latest/ (resumable) and checkpoints/step_<N>/ folders
-    checkpoint = Path(CHECKPOINTS) / LATEST
-    numbered_checkpoint = NUMBERED
+    # upstream's layout: checkpoints/latest/ (resumable; core's checkpoint folder) and
+    # checkpoints/step_<N>/ folders, named as upstream's save_checkpoint names them
+    checkpoint = Path("checkpoints") / "latest"
+    numbered_checkpoint = "step_{:07d}"
     checkpoint_folders = True
+    # upstream's accelerator: CUDA when present, else the CPU; bf16 autocast on CUDA (its
+    # autocast("cuda") is off elsewhere)
+    device_auto = staticmethod(_cuda_or_cpu)
+    precision_auto = {"cuda": "bf16"}
+    precision_cuda_only = ("bf16", "fp16")
+    precision_cuda_only_why = "upstream autocasts on CUDA only"
 
     def defaults(self, method: str, model: str) -> dict:
         from mizuoto_voxcpm.training.recipe import cli_defaults, generation_of
@@ -72,7 +86,6 @@ class VoxCPMTrainer(StepTrainer):
         from mizuoto_voxcpm.config import VoxCPMConfig
         from mizuoto_voxcpm.model import WEIGHT_FILES
         from mizuoto_voxcpm.training.recipe import build_recipe, generation_of
-        from mizuoto_voxcpm.training.session import pick_device, pick_mixed_precision
 
         self.check(config)
         params = VoxCPMTrainingParams.parse(config.params, trainer="VoxCPM")  # before any read
@@ -80,7 +93,7 @@ class VoxCPMTrainer(StepTrainer):
             raise InvalidRequest("training.memory", "lowest streams LoRA's frozen weights from "
                                  "host memory; full fine-tuning trains them all", "use low")
         # the device and precision are checked here (process 0's device), used by the session
-        pick_mixed_precision(pick_device(config.compute), config.mixed_precision)
+        self.device_and_precision(config)
         model_dir = resolve_for_engine(config.model, self.engine).path
         raw = read_config_json(model_dir)
         VoxCPMConfig.from_model_dir(model_dir)  # validates
@@ -133,9 +146,10 @@ class VoxCPMTrainer(StepTrainer):
         if config.mixed_precision != "auto":  # (runs from before the setting have none)
             run_info["mixed_precision"] = config.mixed_precision
         RunDirectory(output).pin_settings(run_info)
-        prepared = {"samples": _listed(samples), "rejected": _reasons(rejected)}
+        prepared = {"samples": _listed(samples), "rejected": [attrs.asdict(r) for r in rejected]}
         if recipe.val_manifest is not None:
-            prepared.update(val_samples=_listed(val_samples), val_rejected=_reasons(val_rejected))
+            prepared.update(val_samples=_listed(val_samples),
+                            val_rejected=[attrs.asdict(r) for r in val_rejected])
         with atomic_path(output / "prepared.json") as tmp:
             tmp.write_text(json.dumps(prepared, indent=1), encoding="utf-8")
         report(progress, "prepare", 1, 1)
@@ -145,63 +159,50 @@ class VoxCPMTrainer(StepTrainer):
 
     # -- the run (core's StepTrainer around it) -------------------------------------------
 
-    def find_checkpoint(self, output_dir: Path) -> Path | None:
-        return find_checkpoint_folder(Path(output_dir) / CHECKPOINTS / LATEST)
-
     def world(self, run: Run) -> ProcessWorld:
         """torchrun's group on the training device's backend (NCCL on CUDA, as upstream)."""
-        from mizuoto_voxcpm.training.session import pick_device
+        return join(process_world(), self.device_and_precision(run.config)[0].type)
 
-        return join(process_world(), pick_device(run.config.compute).type)
+    def build_session(self, run: Run, world: ProcessWorld | None = None):
+        """The run's model, data and loss on its runner (an export's: process 0 alone)."""
+        from mizuoto_voxcpm.training.session import Session
+
+        world = world or ProcessWorld()
+        return Session(run, world, self.runner(
+            run, world, grad_accumulation=run.recipe.grad_accum_steps,
+            max_grad_norm=run.recipe.max_grad_norm, quirks=QUIRKS))
 
     def start(self, run: Run, world: ProcessWorld):
-        from mizuoto_voxcpm.training.session import Session
-
-        session = Session(run, world)
-        if world.main:
-            log.info("training on %s, mixed precision %s, memory %s", session.device,
-                     session.mixed_precision, run.config.memory)
-        return session
+        return self.build_session(run, world)
 
     def write_export(self, run: Run, folder: Path) -> None:
-        from mizuoto_voxcpm.training.session import Session
-
-        Session(run).write_export(folder)
+        session = self.build_session(run)
+        load_trainable(self.find_checkpoint(run.output_dir), session.model)
+        session.write_export(folder)
 
     def export(self, run: Run, destination: Path) -> Path:
         """Write the model directory; then (process 0, unless ``params.preview`` is false)
-        speak a preview with it into ``<output_dir>/preview.wav``."""
+        speak the first row's text with it into ``<output_dir>/preview.wav`` (core's
+        `speak_preview`), with the base model's ``mizuoto-defaults.json``."""
+        from mizuoto.contracts.model_defaults import read_model_defaults
+        from mizuoto_voxcpm.engine import VoxCPMEngine
+
         exported = super().export(run, Path(destination))
-        preview = VoxCPMTrainingParams.parse(run.config.params, trainer="VoxCPM").preview
-        if preview and process_world().main:
-            write_preview(run, exported, run.output_dir / PREVIEW)
+        if (VoxCPMTrainingParams.parse(run.config.params, trainer="VoxCPM").preview
+                and process_world().main):
+            engine = VoxCPMEngine.load(exported)
+            speak_preview(engine, run.output_dir / PREVIEW, text=run.texts[0],
+                          clips=((s.audio, s.text) for s in run.samples),
+                          rate=engine.vae.sample_rate, seed=run.config.seed,
+                          params={**read_model_defaults(run.model_dir),
+                                  "retry_badcase": False})
         return exported
-
-
-def write_preview(run: Run, model_dir: Path, path: Path) -> Path:
-    """The first row's text spoken by the exported model (core's `speak_preview`: cloning the
-    first 3-15 s clip of the data with its transcript when there is one, else zero-shot),
-    with the base model's ``mizuoto-defaults.json``, as it would apply to the base model."""
-    from mizuoto.contracts.model_defaults import read_model_defaults
-    from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config
-    from mizuoto_voxcpm.engine import VoxCPMEngine
-
-    raw = read_config_json(model_dir)
-    return speak_preview(
-        VoxCPMEngine.load(model_dir), path, text=run.texts[0],
-        clips=((s.audio, s.text) for s in run.samples),
-        rate=audio_vae_config_from_model_config(raw).sample_rate, seed=run.config.seed,
-        params={**read_model_defaults(run.model_dir), "retry_badcase": False})
 
 
 def _listed(samples) -> list[dict]:
     """``prepared.json``'s entries for usable rows."""
     return [{"line": s.line, "audio": s.audio_path, "text_ids": s.text_ids,
              **({"is_prompt": True} if s.is_prompt else {})} for s in samples]
-
-
-def _reasons(rejected) -> list[dict]:
-    return [{"line": r.line, "reason": r.reason} for r in rejected]
 
 
 def _read_samples(model_dir: Path, raw: dict, manifest: Path, recipe, field: str):

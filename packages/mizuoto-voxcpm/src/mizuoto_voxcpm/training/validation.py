@@ -20,12 +20,10 @@ installed) unless ``params.samples`` is false (no mel plots).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from mizuoto.training.audio_samples import write_audio_samples
 from mizuoto_voxcpm.generation import Sampling, build_sequence, generate_patches, patch_cap
 
 #: upstream's ``max_val_batches``
@@ -70,13 +68,3 @@ def speak(model, vae, texts: Sequence[Sequence[int]], generator: torch.Generator
         model.caches = None
     return spoken
 
-
-def write_samples(spoken: Sequence[np.ndarray], directory: Path, step: int, rate: int,
-                  metrics=None) -> list[Path]:
-    """``samples/step_<step>_<i>.wav`` (``step``: the 0-based index, as upstream names them;
-    upstream's TensorBoard ``val/sample_<i>``), and the same as TensorBoard audio when
-    ``metrics`` writes events, at the step's metrics row (``step + 1``: updates made)."""
-    return write_audio_samples(directory, [(f"step_{step}_{index}", audio,
-                                            f"val/sample_{index}/generated_audio")
-                                           for index, audio in enumerate(spoken)],
-                               rate, step=step + 1, metrics=metrics)

@@ -10,9 +10,12 @@ export async function loadModels() {
   studio.server = body.mizuoto;
   studio.models = body.data.map((entry) => entry.id);
   for (const entry of body.data) studio.cards.set(entry.id, entry.mizuoto || null);
+  // an adapter (serve --lora-dir) comes after its base model, which it names as its parent
   const items = body.data.map((entry) => ({
     value: entry.id,
-    label: entry.mizuoto ? `${entry.id} (${entry.mizuoto.engine})` : entry.id,
+    label: entry.parent
+      ? `${entry.id} (LoRA on ${entry.parent})`
+      : entry.mizuoto ? `${entry.id} (${entry.mizuoto.engine})` : entry.id,
   }));
   for (const id of ["speak-model", "voice-model", "compare-a-model", "compare-b-model"]) {
     fillSelect($(id), items);
@@ -20,9 +23,13 @@ export async function loadModels() {
   if (studio.models.length > 1 && $("compare-b-model").value === $("compare-a-model").value) {
     $("compare-b-model").value = studio.models[1];
   }
-  const names = studio.models.join(", ");
-  $("server-state").textContent = studio.models.length
-    ? `Serving ${studio.models.length} model${studio.models.length > 1 ? "s" : ""}: ${names}`
+  const bases = body.data.filter((entry) => !entry.parent);
+  const names = bases.map((base) => {
+    const adapters = body.data.filter((entry) => entry.parent === base.id).map((entry) => entry.id);
+    return adapters.length ? `${base.id} (LoRA: ${adapters.join(", ")})` : base.id;
+  }).join(", ");
+  $("server-state").textContent = bases.length
+    ? `Serving ${bases.length} model${bases.length > 1 ? "s" : ""}: ${names}`
     : "This server serves no model.";
 }
 

@@ -1,0 +1,55 @@
+"""``mizuoto.runtime.packed_int8``: fbgemm's packed int8 linear (a fast profile's kernel,
+never exact) stays close to the float32 product, keeps shapes and bias, and replaces the
+layers it is given once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto.benchmarking.kernels import layer_kernel
+from mizuoto.benchmarking.quality import snr_db
+from mizuoto.runtime.packed_int8 import (
+    KERNEL_NAME,
+    PackedInt8Linear,
+    pack_int8_linears,
+    packed_int8_unavailable,
+)
+
+pytestmark = pytest.mark.skipif(packed_int8_unavailable() is not None,
+                                reason=str(packed_int8_unavailable()))
+
+
+@pytest.mark.parametrize("rows", [(1,), (2, 10), (3, 1, 20)])
+def test_the_packed_product_is_close_to_the_float_one(rows):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    packed = PackedInt8Linear(linear)
+    x = torch.randn(*rows, 64)
+    with torch.no_grad():
+        out = packed(x)
+        reference = F.linear(x, linear.weight, linear.bias)
+    assert out.shape == reference.shape and out.dtype == torch.float32
+    assert not torch.equal(out, reference)  # int8: near, not exact
+    assert snr_db(reference.numpy().ravel(), out.numpy().ravel()) > 30
+    assert not list(packed.parameters())
+    assert packed.packed_weight_bytes == 48 * (64 + 8)
+    assert layer_kernel(packed) == (KERNEL_NAME, "int8")
+
+
+def test_pack_replaces_inner_linears_and_keeps_a_bare_root():
+    block = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 4), nn.ReLU()))
+    bare = nn.Linear(4, 4)
+    assert pack_int8_linears([block, bare]) == 2
+    assert isinstance(block[0], PackedInt8Linear) and isinstance(block[1][0], PackedInt8Linear)
+    assert type(bare) is nn.Linear
+    with torch.no_grad():
+        assert block(torch.randn(5, 8)).shape == (5, 4)
+
+
+def test_a_bias_free_layer_adds_nothing():
+    linear = nn.Linear(16, 16, bias=False)
+    with torch.no_grad():
+        assert PackedInt8Linear(linear)(torch.zeros(2, 16)).abs().max() == 0
