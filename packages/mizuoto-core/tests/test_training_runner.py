@@ -105,6 +105,8 @@ def test_named_schedules_have_their_shapes():
     cosine = [0.5 * (1 + math.cos(math.pi * (s - 2) / 4)) for s in range(2, 6)]
     assert rates("cosine") == pytest.approx([0.0, 0.5, *cosine])
     assert rates("constant") == pytest.approx([0.0, 0.5, 1.0, 1.0, 1.0, 1.0])
+    assert rates("inverse_sqrt") == pytest.approx([0.0, 0.5, *(math.sqrt(2 / s)
+                                                             for s in range(2, 6))])
     assert {"linear", "cosine", "constant"} <= set(SCHEDULES)
     with pytest.raises(InvalidRequest) as raised:
         build_schedule("sawtooth", torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1),

@@ -12,6 +12,9 @@ trainer defaults to its upstream's). Adding a shape is one function here, regist
   linearly over the warm-up, then half a cosine down to 0; past ``total`` it rises again along
   the cosine, as upstream's does.
 - ``constant`` — 0 -> 1 linearly over the warm-up, then 1 (``get_constant_schedule_with_warmup``).
+- ``inverse_sqrt`` — 0 -> 1 linearly over the warm-up, then ``sqrt(warmup / update)``
+  (``transformers.get_inverse_sqrt_schedule`` with its timescale at the warm-up; the
+  "Attention is all you need" decay); ``total`` does not bound it.
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ class ConstantWithWarmup(WarmupFactor):
         return float(step) / float(max(1, self.warmup)) if step < self.warmup else 1.0
 
 
+class InverseSqrtWithWarmup(WarmupFactor):
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return float(step) / float(max(1, self.warmup))
+        return 1.0 / math.sqrt(step / max(1, self.warmup)) if step else 1.0
+
+
 def _lambda(optimizer, factor: WarmupFactor):
     import torch
 
@@ -94,3 +104,8 @@ def cosine(optimizer, warmup: int, total: int):
 @schedule("constant")
 def constant(optimizer, warmup: int, total: int):
     return _lambda(optimizer, ConstantWithWarmup(warmup, total))
+
+
+@schedule("inverse_sqrt")
+def inverse_sqrt(optimizer, warmup: int, total: int):
+    return _lambda(optimizer, InverseSqrtWithWarmup(warmup, total))
