@@ -90,7 +90,9 @@ class Adapter:
     base_model: str | None = None
     base_fingerprint: str | None = None
     engine: str | None = None
-    digest: str = ""
+    #: what identifies it (default: of its settings and tensors, `adapter_digest`)
+    digest: str = attrs.field(default=attrs.Factory(
+        lambda self: _digest(self.settings, self.tensors), takes_self=True))
 
 
 def _digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) -> str:

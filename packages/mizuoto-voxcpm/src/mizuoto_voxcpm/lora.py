@@ -25,11 +25,9 @@ from mizuoto.adapters import (
     Adapter,
     AdapterFormat,
     LoRATargets,
-    adapter_digest,
     read_adapter_files,
     write_adapter_files,
 )
-from mizuoto.errors import InvalidRequest
 from mizuoto.nn import lora as core
 from mizuoto.nn.lora import (  # noqa: F401 (re-exported: VoxCPM's LoRA names)
     MAX_RANK,
@@ -40,6 +38,7 @@ from mizuoto.nn.lora import (  # noqa: F401 (re-exported: VoxCPM's LoRA names)
     lora_state_dict,
     remove_lora,
 )
+from mizuoto.validation import check_known_keys
 
 WEIGHTS_FILE = "lora_weights.safetensors"
 CONFIG_FILE = "lora_config.json"
@@ -83,10 +82,7 @@ class LoRAConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoRAConfig:
-        known = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InvalidRequest("lora_config", f"unknown keys {unknown}")
+        check_known_keys(cls, data, "lora_config")
         check_lora_numbers(data, prefix="lora_config.")  # before any layer is built
         return cls(**data)
 
@@ -176,5 +172,4 @@ def read_adapter(path: str | Path, model: nn.Module, *, is_v2: bool) -> Adapter:
     ``model``; core checks and swaps it in (`mizuoto.adapters.AdapterHost.set_lora`)."""
     config, tensors, info = read_lora_dir(path, is_v2=is_v2)
     settings = settings_of(model, config)
-    return Adapter(str(path), settings, tensors, info.get(ADAPTER_FORMAT.base_model_key),
-                   digest=adapter_digest(settings, tensors))
+    return Adapter(str(path), settings, tensors, info.get(ADAPTER_FORMAT.base_model_key))
