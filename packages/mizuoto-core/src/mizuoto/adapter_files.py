@@ -20,6 +20,27 @@ class AdapterFormat:
 
     weights_file: str = "adapter_model.safetensors"
     config_file: str = "adapter_config.json"
+    #: what wraps the model's tensor key (``<module>.lora_A``) in the weights file
+    key_prefix: str = "base_model.model."
+    key_suffix: str = ".weight"
+    #: the config's key naming the base model, and the object holding the LoRA settings
+    #: (None: the config's top level)
+    base_model_key: str = "base_model_name_or_path"
+    settings_key: str | None = None
+    #: whether the weights alone (no config file) are an adapter (its reader's defaults)
+    config_required: bool = True
+
+    def file_key(self, key: str) -> str:
+        """The weights file's key of the model's tensor ``key``."""
+        return f"{self.key_prefix}{key}{self.key_suffix}"
+
+    def model_key(self, key: str, source: str) -> str:
+        """The model's key of the weights file's ``key`` (refused by name when not this
+        format's)."""
+        if not (key.startswith(self.key_prefix) and key.endswith(self.key_suffix)):
+            raise CheckpointMismatch(source, unexpected=[key], detail="keys are "
+                                     f"{self.file_key('<module>.lora_A')} / .lora_B")
+        return key[len(self.key_prefix):len(key) - len(self.key_suffix)]
 
     def holds(self, directory: Path) -> bool:
         """Whether ``directory`` holds an adapter in this format (its weights file)."""

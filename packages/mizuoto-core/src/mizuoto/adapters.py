@@ -24,9 +24,9 @@ import abc
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 import torch
@@ -46,9 +46,8 @@ from mizuoto.nn.lora import (
     target_paths,
 )
 
-PEFT_PREFIX = "base_model.model."
-
-
+PEFT_PREFIX = PEFT_FORMAT.key_prefix
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -91,7 +90,9 @@ class Adapter:
     base_model: str | None = None
     base_fingerprint: str | None = None
     engine: str | None = None
-    digest: str = ""
+    #: what identifies it (default: of its settings and tensors, `adapter_digest`)
+    digest: str = attrs.field(default=attrs.Factory(
+        lambda self: _digest(self.settings, self.tensors), takes_self=True))
 
 
 def _digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) -> str:
@@ -107,54 +108,82 @@ def adapter_digest(settings: LoRASettings, tensors: Mapping[str, torch.Tensor]) 
     return _digest(settings, tensors)
 
 
-def _peft_key(key: str) -> str:
-    path, _, name = key.rpartition(".")
-    return f"{PEFT_PREFIX}{path}.{name}.weight"
+def read_adapter_files(path: str | Path, fmt: AdapterFormat,
+                       settings: Callable[[dict[str, Any] | None], T]
+                       ) -> tuple[T, dict[str, Any], dict[str, torch.Tensor]]:
+    """``(settings, config, tensors)`` of the adapter in ``path`` (its directory or its weights
+    file) in the declared format ``fmt``: ``settings`` turns the config's settings object
+    (None: no config file, where ``fmt`` allows none) into the reader's, its ``ValueError``
+    reported as a :class:`CheckpointMismatch` naming the config file; the tensors are by the
+    model's keys. A :class:`ModelFilesMissing` naming the files otherwise."""
+    from safetensors.torch import load_file
+
+    from mizuoto.settings_files import parse_settings
+
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    weights = directory / fmt.weights_file if path.is_dir() else path
+    config_file = directory / fmt.config_file
+    missing = [f.name for f in (weights, config_file)
+               if not f.is_file() and (f is weights or fmt.config_required)]
+    if missing:
+        raise ModelFilesMissing(str(directory), missing, f"an adapter directory holds "
+                                f"{fmt.weights_file} and {fmt.config_file}")
+    info: dict[str, Any] = {}
+    try:
+        if config_file.is_file():
+            info = parse_settings(config_file.read_text(encoding="utf-8"), "json",
+                                  fmt.config_file)
+            if not isinstance(info, dict):
+                raise ValueError(f"must hold a JSON object, not {type(info).__name__}")
+        table = info.get(fmt.settings_key, {}) if fmt.settings_key else info
+        if not isinstance(table, dict):
+            raise ValueError(f"{fmt.settings_key} must be an object")
+        parsed = settings(table if config_file.is_file() else None)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CheckpointMismatch(str(config_file), detail=str(exc)) from exc
+    try:
+        raw = load_file(str(weights), device="cpu")
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointMismatch(str(weights), detail=f"cannot read it: {exc}") from exc
+    return parsed, info, {fmt.model_key(k, str(weights)): v for k, v in raw.items()}
 
 
-def _model_key(key: str, source: str) -> str:
-    if not (key.startswith(PEFT_PREFIX) and key.endswith(".weight")):
-        raise CheckpointMismatch(source, unexpected=[key], detail="keys are peft's "
-                                 f"{PEFT_PREFIX}<module>.lora_A.weight / .lora_B.weight")
-    return key[len(PEFT_PREFIX):-len(".weight")]
+def write_adapter_files(directory: str | Path, tensors: Mapping[str, torch.Tensor],
+                        info: Mapping[str, Any], fmt: AdapterFormat) -> Path:
+    """Write adapter ``tensors`` (by the model's keys: `lora_state_dict`) and the config
+    ``info`` in the declared format ``fmt``, each file atomically. Returns the directory."""
+    from mizuoto.runtime.atomic import atomic_path, save_safetensors
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_safetensors({fmt.file_key(k): v.detach().contiguous() for k, v in tensors.items()},
+                     directory / fmt.weights_file)
+    with atomic_path(directory / fmt.config_file) as tmp:
+        tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False), encoding="utf-8")
+    return directory
+
+
+def _peft_settings(info: dict[str, Any] | None) -> LoRASettings:
+    info = info or {}
+    if info.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"peft_type {info['peft_type']!r} is not LORA")
+    check_lora_numbers(info, prefix=f"{PEFT_FORMAT.config_file}:",
+                       names={"r": "r", "alpha": "lora_alpha", "dropout": "lora_dropout"})
+    targets = info.get("target_modules")
+    if not (isinstance(targets, list) and targets):
+        raise ValueError("target_modules must be a list of module names")
+    return LoRASettings(r=int(info["r"]), alpha=info.get("lora_alpha", 8),
+                        dropout=info.get("lora_dropout", 0.0), target_modules=targets)
 
 
 def read_adapter(path: str | Path, fmt: AdapterFormat = PEFT_FORMAT) -> Adapter:
     """The adapter in directory ``path`` in the peft format: its config checked (rank, alpha,
     dropout, targets) and its tensors read; a :class:`ModelFilesMissing` or
     :class:`CheckpointMismatch` naming the file otherwise."""
-    from safetensors.torch import load_file
-
-    from mizuoto.settings_files import parse_settings
-
-    directory = Path(path)
-    weights, config_file = directory / fmt.weights_file, directory / fmt.config_file
-    missing = [f.name for f in (weights, config_file) if not f.is_file()]
-    if missing:
-        raise ModelFilesMissing(str(directory), missing, f"an adapter directory holds "
-                                f"{fmt.weights_file} and {fmt.config_file}")
-    try:
-        info = parse_settings(config_file.read_text(encoding="utf-8"), "json", fmt.config_file)
-        if not isinstance(info, dict):
-            raise ValueError(f"must hold a JSON object, not {type(info).__name__}")
-        if info.get("peft_type", "LORA") != "LORA":
-            raise ValueError(f"peft_type {info['peft_type']!r} is not LORA")
-        check_lora_numbers(info, prefix=f"{fmt.config_file}:",
-                           names={"r": "r", "alpha": "lora_alpha", "dropout": "lora_dropout"})
-        targets = info.get("target_modules")
-        if not (isinstance(targets, list) and targets):
-            raise ValueError("target_modules must be a list of module names")
-        settings = LoRASettings(r=int(info["r"]), alpha=info.get("lora_alpha", 8),
-                                dropout=info.get("lora_dropout", 0.0), target_modules=targets)
-    except (KeyError, ValueError, TypeError, InvalidRequest) as exc:
-        raise CheckpointMismatch(str(config_file), detail=str(exc)) from exc
-    try:
-        raw = load_file(str(weights), device="cpu")
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointMismatch(str(weights), detail=f"cannot read it: {exc}") from exc
-    tensors = {_model_key(k, str(weights)): v for k, v in raw.items()}
+    settings, info, tensors = read_adapter_files(path, fmt, _peft_settings)
     own = info.get("mizuoto") if isinstance(info.get("mizuoto"), dict) else {}
-    return Adapter(str(directory), settings, tensors, info.get("base_model_name_or_path"),
+    return Adapter(str(path), settings, tensors, info.get(fmt.base_model_key),
                    own.get("base_model_fingerprint"), own.get("engine"),
                    _digest(settings, tensors))
 
@@ -165,19 +194,11 @@ def write_adapter(directory: str | Path, tensors: Mapping[str, torch.Tensor],
     """Write adapter ``tensors`` (by the model's keys, ``<path>.lora_A``: `lora_state_dict`;
     ``settings.target_modules`` their paths) in the peft format, each file atomically.
     Returns the directory."""
-    from mizuoto.runtime.atomic import atomic_path, save_safetensors
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_safetensors({_peft_key(k): v.detach().contiguous() for k, v in tensors.items()},
-                     directory / fmt.weights_file)
     info = {"peft_type": "LORA", "r": settings.r, "lora_alpha": settings.alpha,
             "lora_dropout": settings.dropout, "target_modules": list(settings.target_modules),
-            "bias": "none", "base_model_name_or_path": base_model,
+            "bias": "none", fmt.base_model_key: base_model,
             "mizuoto": {"engine": engine, "base_model_fingerprint": base_fingerprint}}
-    with atomic_path(directory / fmt.config_file) as tmp:
-        tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False), encoding="utf-8")
-    return directory
+    return write_adapter_files(directory, tensors, info, fmt)
 
 
 def check_adapter(adapter: Adapter, root: nn.Module, targets: LoRATargets, *,

@@ -13,7 +13,6 @@ into core's `Adapter` by :func:`read_adapter`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,13 @@ import attrs
 import torch
 from torch import nn
 
-from mizuoto.adapters import Adapter, AdapterFormat, LoRATargets, adapter_digest
-from mizuoto.errors import CheckpointMismatch, InvalidRequest, ModelFilesMissing
+from mizuoto.adapters import (
+    Adapter,
+    AdapterFormat,
+    LoRATargets,
+    read_adapter_files,
+    write_adapter_files,
+)
 from mizuoto.nn import lora as core
 from mizuoto.nn.lora import (  # noqa: F401 (re-exported: VoxCPM's LoRA names)
     MAX_RANK,
@@ -34,12 +38,15 @@ from mizuoto.nn.lora import (  # noqa: F401 (re-exported: VoxCPM's LoRA names)
     lora_state_dict,
     remove_lora,
 )
+from mizuoto.validation import check_known_keys
 
 WEIGHTS_FILE = "lora_weights.safetensors"
 CONFIG_FILE = "lora_config.json"
 #: upstream VoxCPM's files (its trainer writes them, its ``VoxCPM(lora_weights_path=...)``
 #: reads them): kept so that a LoRA trained by either loads in the other
-ADAPTER_FORMAT = AdapterFormat(weights_file=WEIGHTS_FILE, config_file=CONFIG_FILE)
+ADAPTER_FORMAT = AdapterFormat(
+    weights_file=WEIGHTS_FILE, config_file=CONFIG_FILE, key_prefix="", key_suffix="",
+    base_model_key="base_model", settings_key="lora_config", config_required=False)
 ATTENTION = ("q_proj", "v_proj", "k_proj", "o_proj")
 PROJECTIONS = ("enc_to_lm_proj", "lm_to_dit_proj", "res_to_dit_proj")
 # VoxCPM2's LoRAConfig adds its fusion projection to the default targets
@@ -75,10 +82,7 @@ class LoRAConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoRAConfig:
-        known = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InvalidRequest("lora_config", f"unknown keys {unknown}")
+        check_known_keys(cls, data, "lora_config")
         check_lora_numbers(data, prefix="lora_config.")  # before any layer is built
         return cls(**data)
 
@@ -143,49 +147,24 @@ def apply_lora(model: nn.Module, config: LoRAConfig,
 def read_lora_dir(path: str | Path, *, is_v2: bool
                   ) -> tuple[LoRAConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """``(config, tensors, lora_config.json)`` of a LoRA directory (or a weights file beside its
-    config). Without ``lora_config.json`` the config is upstream's inference default."""
-    from safetensors.torch import load_file
+    config; core reads the declared format). Without ``lora_config.json`` the config is
+    upstream's inference default."""
+    def config_of(values: dict[str, Any] | None) -> LoRAConfig:
+        if values is None:
+            return lora_config_for(is_v2, **INFERENCE_DEFAULT)
+        LoRAConfig.from_dict(values)  # names the unknown keys
+        return lora_config_for(is_v2, **values)
 
-    path = Path(path)
-    directory = path if path.is_dir() else path.parent
-    weights = path / WEIGHTS_FILE if path.is_dir() else path
-    if not weights.is_file():
-        raise ModelFilesMissing(str(directory), [WEIGHTS_FILE], "a LoRA directory holds the "
-                                "LoRA weights and lora_config.json")
-    info: dict[str, Any] = {}
-    config = lora_config_for(is_v2, **INFERENCE_DEFAULT)
-    if (directory / CONFIG_FILE).is_file():
-        try:
-            from mizuoto.settings_files import parse_settings
-
-            info = parse_settings((directory / CONFIG_FILE).read_text(encoding="utf-8"),
-                                  "json", CONFIG_FILE)
-            if not isinstance(info, dict):
-                raise ValueError(f"must hold a JSON object, not {type(info).__name__}")
-            values = info.get("lora_config", {})
-            if not isinstance(values, dict):
-                raise ValueError("lora_config must be an object")
-            LoRAConfig.from_dict(values)  # names the unknown keys
-            config = lora_config_for(is_v2, **values)
-        except (ValueError, TypeError) as exc:
-            raise CheckpointMismatch(str(directory / CONFIG_FILE), detail=str(exc)) from exc
-    try:
-        tensors = load_file(str(weights), device="cpu")
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointMismatch(str(weights), detail=f"cannot read it: {exc}") from exc
+    config, info, tensors = read_adapter_files(path, ADAPTER_FORMAT, config_of)
     return config, tensors, info
 
 
 def write_lora_dir(directory: Path, model: nn.Module, config: LoRAConfig,
                    base_model: str | None) -> None:
     """Write ``lora_weights.safetensors`` and ``lora_config.json`` as upstream's trainer does."""
-    from mizuoto.runtime.atomic import atomic_path, save_safetensors
-
-    directory.mkdir(parents=True, exist_ok=True)
-    save_safetensors(lora_state_dict(model), directory / WEIGHTS_FILE)
-    info = {"base_model": base_model, "lora_config": config.to_dict()}
-    with atomic_path(directory / CONFIG_FILE) as tmp:
-        tmp.write_text(json.dumps(info, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_adapter_files(directory, lora_state_dict(model),
+                        {"base_model": base_model, "lora_config": config.to_dict()},
+                        ADAPTER_FORMAT)
 
 
 def read_adapter(path: str | Path, model: nn.Module, *, is_v2: bool) -> Adapter:
@@ -193,5 +172,4 @@ def read_adapter(path: str | Path, model: nn.Module, *, is_v2: bool) -> Adapter:
     ``model``; core checks and swaps it in (`mizuoto.adapters.AdapterHost.set_lora`)."""
     config, tensors, info = read_lora_dir(path, is_v2=is_v2)
     settings = settings_of(model, config)
-    return Adapter(str(path), settings, tensors, info.get("base_model"),
-                   digest=adapter_digest(settings, tensors))
+    return Adapter(str(path), settings, tensors, info.get(ADAPTER_FORMAT.base_model_key))

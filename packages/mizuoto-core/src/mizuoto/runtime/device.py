@@ -32,6 +32,13 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def cuda_or_cpu() -> torch.device:
+    """An ``auto`` rule that never picks MPS (an upstream on a trainer that knows only CUDA and
+    the CPU, as a bare accelerate ``Accelerator(cpu=False)`` loop written for CUDA): CUDA, else
+    the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
 def preferred_device(preferred: str) -> torch.device:
     """An ``auto`` rule for engines whose model files name a device (VoxCPM's config): that
     device where it is available here, else :func:`default_device`."""

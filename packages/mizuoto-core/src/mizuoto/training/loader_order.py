@@ -100,6 +100,15 @@ class DistributedEpochSampler(EpochSampler):
         self.position = 0
 
 
+def epoch_sampler(size: int, batch_size: int, generator: torch.Generator, world) -> EpochSampler:
+    """The loader's order for this process of ``world`` (a `ProcessWorld`): an `EpochSampler`,
+    or under ``torchrun`` a `DistributedEpochSampler`."""
+    if world.size > 1:
+        return DistributedEpochSampler(size, batch_size, generator, rank=world.rank,
+                                       world=world.size)
+    return EpochSampler(size, batch_size, generator)
+
+
 class SampleBatches:
     """Shuffled fixed-size batches drawing from one generator across epochs (a
     ``DataLoader(shuffle=True, generator=...)``)."""

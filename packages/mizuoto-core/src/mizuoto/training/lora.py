@@ -35,7 +35,9 @@ def _targets(instance, attribute, value) -> None:
                              f"{value!r}")
 
 
-def _numbers(instance, attribute, value) -> None:
+def lora_number(instance, attribute, value) -> None:
+    """An attrs validator of a params field ``lora_r``, ``lora_alpha`` or ``lora_dropout``
+    (`check_lora_numbers`' ranges)."""
     check_lora_numbers({attribute.name: value}, prefix="params.",
                        names={"r": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout"})
 
@@ -48,9 +50,9 @@ class LoRAParams:
     training) and ``lora_targets`` (module names, peft's ``target_modules``; default the
     engine's declared targets). None: the trainer's default."""
 
-    lora_r: int | None = attrs.field(default=None, validator=_numbers)
-    lora_alpha: float | None = attrs.field(default=None, validator=_numbers)
-    lora_dropout: float | None = attrs.field(default=None, validator=_numbers)
+    lora_r: int | None = attrs.field(default=None, validator=lora_number)
+    lora_alpha: float | None = attrs.field(default=None, validator=lora_number)
+    lora_dropout: float | None = attrs.field(default=None, validator=lora_number)
     lora_targets: list[str] | tuple[str, ...] | None = attrs.field(default=None,
                                                                    validator=_targets)
 

@@ -144,6 +144,23 @@ def find_manifests(dataset: str | Path, *, field: str = "dataset") -> tuple[Path
     return dataset, None
 
 
+def usable_rows(samples: list, rejected: Sequence[RejectedRow], source: Path, *, field: str,
+                batch_size: int | None = None) -> list:
+    """``samples`` (a trainer's usable rows of ``source``), each of ``rejected`` logged by line;
+    none (with ``batch_size``: fewer than one batch) refused by ``field``, naming the first
+    reason a row was skipped."""
+    for item in rejected:
+        logger.warning("%s line %d skipped: %s", source, item.line, item.reason)
+    skipped = f"; skipped: {rejected[0].reason}" if rejected else ""
+    if batch_size is not None and len(samples) < batch_size:
+        raise InvalidRequest(field, f"{len(samples)} usable rows in {source}, fewer than one "
+                             f"batch of {batch_size}{skipped}",
+                             f"pass --batch-size {max(len(samples), 1)} or less, or add rows")
+    if not samples:
+        raise InvalidRequest(field, f"no usable rows in {source}{skipped}")
+    return samples
+
+
 def read_manifest(dataset: str | Path, *, field: str = "dataset") -> list[ManifestRow]:
     """The usable rows of the data set ``dataset`` names, each bad row skipped with a warning
     naming its line (see the module's docstring)."""
@@ -351,3 +368,14 @@ def read_audio_like_datasets(path: str | Path, sample_rate: int) -> np.ndarray:
     if rate != sample_rate:
         array = resample_soxr(array, rate, sample_rate, "HQ")  # librosa's default soxr_hq
     return array
+
+
+def usable_audio(path: str | Path, sample_rate: int, which: str = "") -> np.ndarray | str:
+    """The clip as `read_audio_like_datasets` decodes it, or why it is unusable (unreadable,
+    or `refused_samples`), prefixed by ``which`` (e.g. ``"ref_audio: "``)."""
+    try:
+        audio = read_audio_like_datasets(path, sample_rate)
+    except Exception as exc:  # soundfile/librosa raise many types for unreadable files
+        return f"{which}unreadable audio {path}: {exc}"
+    refused = refused_samples(audio)
+    return f"{which}{refused} ({path})" if refused else audio

@@ -149,6 +149,9 @@ class StepTrainer(Trainer):
     #: ``config.seed`` in a forked RNG, as an upstream that seeds torch does; the caller's
     #: generators are untouched
     seeds_torch: ClassVar[bool] = False
+    #: torchrun's group joins on the training device's backend (NCCL on CUDA), as an upstream
+    #: whose accelerator joins it there; off: gloo, which carries CUDA tensors too
+    world_on_device: ClassVar[bool] = False
 
     @abc.abstractmethod
     def start(self, run: Any, world: ProcessWorld) -> TrainingSession:
@@ -279,9 +282,9 @@ class StepTrainer(Trainer):
         return path if path.exists() else None
 
     def world(self, run: Any) -> ProcessWorld:
-        """This process's place; under torchrun the group is joined (gloo: it carries CUDA
-        tensors too)."""
-        return join(process_world(), "cpu")
+        """This process's place; under torchrun the group is joined (``world_on_device``)."""
+        device = self.device_and_precision(run.config)[0].type if self.world_on_device else "cpu"
+        return join(process_world(), device)
 
     def random_scope(self, run: Any) -> contextlib.AbstractContextManager:
         """The context the run is built and trained in (``seeds_torch``: a forked torch RNG

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
+from pathlib import PurePath
 
 from mizuoto.errors import InvalidRequest
 
@@ -103,6 +104,34 @@ def number_at_least(low: float = 0, *, whole: bool = False, prefix: str = "",
             raise error(name, f"must be a whole number, got {shown(value)}")
 
     return check
+
+
+def path_like(*, prefix: str = "", optional: bool = False,
+              error: type[Exception] = InvalidRequest) -> Callable:
+    """An attrs validator: a path (``str`` or ``Path``). Named as `boolean` names it."""
+
+    def check(instance, attribute, value):
+        if not (value is None and optional) and not isinstance(value, (str, PurePath)):
+            raise error(prefix + attribute.name, f"must be a path, got {shown(value)}")
+
+    return check
+
+
+def check_names(field: str, value, allowed: tuple[str, ...], what: str = "names",
+                error: type[Exception] = InvalidRequest) -> tuple[str, ...]:
+    """``value`` as a tuple: a non-empty list of distinct ``what`` from ``allowed``; else
+    ``error(field, ...)`` naming the ones it may hold."""
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(name, str) for name in value)):
+        raise error(field, f"must be a non-empty list of {what} from {', '.join(allowed)}; "
+                    f"got {shown(value)}")
+    unknown = [name for name in value if name not in allowed]
+    if unknown:
+        raise error(field, f"unknown {what} {unknown}; known: {', '.join(allowed)}")
+    twice = sorted({name for name in value if value.count(name) > 1})
+    if twice:
+        raise error(field, f"lists {twice} twice: {list(value)}")
+    return tuple(value)
 
 
 def number_in(field: str | None, low: float, high: float, *, low_open: bool = False,

@@ -23,12 +23,7 @@ import attrs
 import numpy as np
 import torch
 
-from mizuoto.training.manifest import (
-    RejectedRow,
-    read_audio_like_datasets,
-    read_manifest_rows,
-    refused_samples,
-)
+from mizuoto.training.manifest import RejectedRow, read_manifest_rows, usable_audio
 
 AUDIO_START, AUDIO_END, PROMPT_START, PROMPT_END = 101, 102, 103, 104
 
@@ -77,8 +72,8 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
         reason = (f"at least {length} positions (text + audio patches, by the audio's header) "
                   f"exceed the model's context of {max_length}") if length > max_length else ""
         if not reason:
-            audio = _load(row.audio, sample_rate)
-            reference = row.ref_audio and _load(row.ref_audio, sample_rate, "ref_audio: ")
+            audio = usable_audio(row.audio, sample_rate)
+            reference = row.ref_audio and usable_audio(row.ref_audio, sample_rate, "ref_audio: ")
             reason = next((x for x in (audio, reference) if isinstance(x, str)), "")
         if not reason:
             length = len(ids) + sum(patches(x.size) for x in (audio, reference) if x is not None)
@@ -99,16 +94,6 @@ def read_manifest(manifest: Path, *, sample_rate: int, tokenize, max_length: int
             estimate_seconds=audio.size / float(sample_rate) if row.duration is None
             else row.duration, ref_estimate_seconds=ref_seconds, is_prompt=row.is_prompt))
     return samples, sorted(rejected, key=lambda r: r.line)
-
-
-def _load(path: Path, sample_rate: int, which: str = "") -> np.ndarray | str:
-    """The samples as ``datasets.Audio`` decodes them, or why they are unusable."""
-    try:
-        audio = read_audio_like_datasets(path, sample_rate)
-    except Exception as exc:  # soundfile/librosa raise many types for unreadable files
-        return f"{which}unreadable audio {path}: {exc}"
-    refused = refused_samples(audio)
-    return f"{which}{refused} ({path})" if refused else audio
 
 
 def batch_token_filter(samples: Sequence[Sample], *, frames_per_second: float, patch_size: int,

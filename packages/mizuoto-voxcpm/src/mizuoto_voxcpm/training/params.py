@@ -14,25 +14,14 @@ from pathlib import Path
 import attrs
 
 from mizuoto.contracts.trainer import TrainerParams
-from mizuoto.errors import InvalidRequest
-from mizuoto.validation.ranges import boolean, number_at_least
+from mizuoto.training.lora import lora_number
+from mizuoto.validation.ranges import boolean, number_at_least, path_like
 
 _flag = boolean(prefix="params.", optional=True)
 
 
 def _number(*, whole: bool = False, low: float = 0):
     return number_at_least(low, whole=whole, prefix="params.", optional=True)
-
-
-def _dropout(instance, attribute, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not 0 <= value < 1):
-        raise InvalidRequest("params.lora_dropout", f"must be in [0, 1), got {value!r}")
-
-
-def _path(instance, attribute, value):
-    if value is not None and not isinstance(value, (str, Path)):
-        raise InvalidRequest(f"params.{attribute.name}", f"must be a path, got {value!r}")
 
 
 @attrs.frozen
@@ -59,14 +48,14 @@ class VoxCPMTrainingParams(TrainerParams):
     max_batch_tokens: int | None = attrs.field(default=None, validator=_number(whole=True))
     lambda_diff: float | None = attrs.field(default=None, validator=_number())
     lambda_stop: float | None = attrs.field(default=None, validator=_number())
-    val_manifest: str | Path | None = attrs.field(default=None, validator=_path)
+    val_manifest: str | Path | None = attrs.field(default=None, validator=path_like(prefix="params.", optional=True))
     valid_interval: int | None = attrs.field(default=None,
                                              validator=_number(whole=True, low=1))
     sample_rate: int | None = attrs.field(default=None, validator=_number(whole=True, low=1))
     preview: bool = attrs.field(default=True, validator=boolean(prefix="params."))
     lora_r: int | None = attrs.field(default=None, validator=_number(whole=True, low=1))
     lora_alpha: int | None = attrs.field(default=None, validator=_number(whole=True))
-    lora_dropout: float | None = attrs.field(default=None, validator=_dropout)
+    lora_dropout: float | None = attrs.field(default=None, validator=lora_number)
     lora_enable_lm: bool | None = attrs.field(default=None, validator=_flag)
     lora_enable_dit: bool | None = attrs.field(default=None, validator=_flag)
     lora_enable_proj: bool | None = attrs.field(default=None, validator=_flag)

@@ -20,26 +20,23 @@ import attrs
 from mizuoto.contracts import TrainingConfig
 from mizuoto.errors import InvalidRequest
 from mizuoto.training import warn_long_warmup
+from mizuoto.validation.ranges import check_names
 from mizuoto_voxcpm.lora import LoRAConfig, lora_config_for, target_names
 from mizuoto_voxcpm.training.params import VoxCPMTrainingParams
 
 UPSTREAM_SEED = 42  # upstream's Accelerator(seed=42), whatever the yaml says
 _COMMON = {"weight_decay": 0.01, "warmup_steps": 100, "max_batch_tokens": 8192,
-           "lambda_diff": 1.0, "lambda_stop": 1.0}
-# per generation: the script's default max_grad_norm (0: clip at 1e9) unless the yaml sets it
+           "lambda_diff": 1.0, "lambda_stop": 1.0, "learning_rate": {"full": 1e-5, "lora": 1e-4}}
+# per generation (0.5B and 1.5 share theirs): the script's default max_grad_norm (0: clip at
+# 1e9) unless the yaml sets it
+_V1 = {**_COMMON, "grad_accum_steps": 1, "max_grad_norm": 0.0, "batch_size": 16,
+       "num_iters": 2000, "lora_r": 8, "lora_alpha": 16, "save_interval": 1000,
+       "valid_interval": 1000}
 RECIPES: dict[str, dict[str, Any]] = {
-    "voxcpm-0.5b": {**_COMMON, "grad_accum_steps": 1, "max_grad_norm": 0.0,
-                    "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 16,
-                    "num_iters": 2000, "lora_r": 8, "lora_alpha": 16,
-                    "save_interval": 1000, "valid_interval": 1000},
-    "voxcpm-1.5": {**_COMMON, "grad_accum_steps": 1, "max_grad_norm": 0.0,
-                   "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 16,
-                   "num_iters": 2000, "lora_r": 8, "lora_alpha": 16,
-                   "save_interval": 1000, "valid_interval": 1000},
-    "voxcpm2": {**_COMMON, "grad_accum_steps": 8, "max_grad_norm": 1.0,
-                "learning_rate": {"full": 1e-5, "lora": 1e-4}, "batch_size": 2,
-                "num_iters": 1000, "lora_r": 32, "lora_alpha": 32,
-                "save_interval": 500, "valid_interval": 500},
+    "voxcpm-0.5b": _V1, "voxcpm-1.5": _V1,
+    "voxcpm2": {**_COMMON, "grad_accum_steps": 8, "max_grad_norm": 1.0, "batch_size": 2,
+                "num_iters": 1000, "lora_r": 32, "lora_alpha": 32, "save_interval": 500,
+                "valid_interval": 500},
 }
 #: upstream's script default: validate every this many steps (and after the last)
 VALID_INTERVAL = 1000
@@ -142,20 +139,9 @@ def _lora_targets(params: VoxCPMTrainingParams, flags: dict[str, bool], is_v2: b
         if value is None:
             continue
         where = f"params.lora_{field}"
-        if (not isinstance(value, (list, tuple)) or not value
-                or not all(isinstance(name, str) for name in value)):
-            raise InvalidRequest(where, f"must be a non-empty list of layer names from "
-                                 f"{', '.join(allowed)}; got {value!r}")
-        unknown = [name for name in value if name not in allowed]
-        if unknown:
-            raise InvalidRequest(where, f"unknown layer names {unknown}; this model's are "
-                                 f"{', '.join(allowed)}")
-        if len(set(value)) != len(value):
-            raise InvalidRequest(where, f"names a layer twice: {list(value)}")
-        flag = _TARGET_FLAG[field]
-        if not flags[flag]:
-            raise InvalidRequest(where, f"applies only with lora_{flag} true")
-        targets[field] = tuple(value)
+        targets[field] = check_names(where, value, allowed, "layer names")
+        if not flags[_TARGET_FLAG[field]]:
+            raise InvalidRequest(where, f"applies only with lora_{_TARGET_FLAG[field]} true")
     return targets
 
 
@@ -213,8 +199,6 @@ def translate_yaml(settings: Mapping[str, Any]) -> dict[str, Any]:
                                      "names the base model as given with -m")
         elif key in _YAML_NO_EFFECT:
             logging.getLogger(__name__).info("--config %s: no effect here", key)
-        elif key == "sample_rate":
-            out["sample_rate"] = value  # checked against the model's VAE
-        else:
+        else:  # sample_rate too: checked against the model's VAE
             out[_YAML_RENAMED.get(key, key)] = value
     return out

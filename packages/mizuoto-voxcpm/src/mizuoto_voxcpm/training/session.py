@@ -23,7 +23,7 @@ from mizuoto.training.checkpoint_folder import (
     write_step_files,
 )
 from mizuoto.training.init_draws import replay
-from mizuoto.training.loader_order import DistributedEpochSampler, EpochSampler
+from mizuoto.training.loader_order import epoch_sampler
 from mizuoto.training.validation import (
     evaluating,
     is_due,
@@ -110,12 +110,7 @@ class Session(TrainingSession):
         if not (self.validating and (vae_config.use_noise_block or self.samples)):
             vae.decoder = None
         self.vae = vae.to(device)
-        if self.world_size > 1:
-            self.sampler = DistributedEpochSampler(len(run.samples), recipe.batch_size,
-                                                   self.generator, rank=self.rank,
-                                                   world=self.world_size)
-        else:
-            self.sampler = EpochSampler(len(run.samples), recipe.batch_size, self.generator)
+        self.sampler = epoch_sampler(len(run.samples), recipe.batch_size, self.generator, world)
         # upstream wraps the training forward in DDP (the accelerator's prepare)
         self.forward = self.runner.wrap(LossForward(self.model, self._training_losses))
         self._latents: dict[tuple[bool, int, bool], torch.Tensor | None] = {}

@@ -7,7 +7,6 @@ the session (`mizuoto_voxcpm.training.session`) builds model, data and loss on c
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import attrs
@@ -18,30 +17,20 @@ from mizuoto.contracts.trainer import checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.loading import resolve_for_engine
 from mizuoto.runtime.atomic import atomic_path
+from mizuoto.runtime.device import cuda_or_cpu
 from mizuoto.training import (
     ProcessWorld,
     RecipeQuirks,
     RunDirectory,
     StepTrainer,
-    join,
     process_world,
 )
 from mizuoto.training.checkpoint_folder import load_trainable
-from mizuoto.training.manifest import find_manifests
+from mizuoto.training.manifest import find_manifests, usable_rows
 from mizuoto.training.preview import PREVIEW, speak_preview
 from mizuoto_voxcpm.config import read_config_json
 from mizuoto_voxcpm.training.params import VoxCPMTrainingParams
 from mizuoto_voxcpm.training.run import BASE_FILES, Run
-
-log = logging.getLogger(__name__)
-
-
-def _cuda_or_cpu():
-    """Upstream's accelerator's device: CUDA when present, else the CPU (never MPS)."""
-    import torch
-
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
 
 #: upstream's loop, unlike accelerate's: it logs the scheduler's rate after its step, clips at
 #: 1e9 when clipping is off (the norm always from clip_grad_norm_), steps the scheduler even
@@ -60,9 +49,10 @@ class VoxCPMTrainer(StepTrainer):
     checkpoint = Path("checkpoints") / "latest"
     numbered_checkpoint = "step_{:07d}"
     checkpoint_folders = True
-    # upstream's accelerator: CUDA when present, else the CPU; bf16 autocast on CUDA (its
-    # autocast("cuda") is off elsewhere)
-    device_auto = staticmethod(_cuda_or_cpu)
+    # upstream's accelerator: CUDA when present, else the CPU (never MPS), its group on NCCL
+    # there; bf16 autocast on CUDA (its autocast("cuda") is off elsewhere)
+    device_auto = staticmethod(cuda_or_cpu)
+    world_on_device = True
     precision_auto = {"cuda": "bf16"}
     precision_cuda_only = ("bf16", "fp16")
     precision_cuda_only_why = "upstream autocasts on CUDA only"
@@ -110,8 +100,7 @@ class VoxCPMTrainer(StepTrainer):
             recipe = attrs.evolve(recipe, val_manifest=str(found_val))
         report(progress, "prepare", 0, 1, "reading the manifest")
         samples, rejected, counted = _read_samples(model_dir, raw, manifest, recipe, "dataset")
-        for item in rejected:
-            log.warning("%s line %d skipped: %s", manifest, item.line, item.reason)
+        usable_rows(samples, rejected, manifest, field="dataset", batch_size=recipe.batch_size)
         val_samples, val_rejected = [], []
         if recipe.val_manifest is not None:
             val_manifest = find_manifests(recipe.val_manifest, field="params.val_manifest")[0]
@@ -119,18 +108,7 @@ class VoxCPMTrainer(StepTrainer):
             # upstream validates on every row (no max_batch_tokens filter)
             val_samples, val_rejected, _ = _read_samples(model_dir, raw, val_manifest, None,
                                                          "params.val_manifest")
-            for item in val_rejected:
-                log.warning("%s line %d skipped: %s", val_manifest, item.line, item.reason)
-            if not val_samples:
-                raise InvalidRequest("params.val_manifest", f"no usable rows in {val_manifest}"
-                                     + (f"; skipped: {val_rejected[0].reason}"
-                                        if val_rejected else ""))
-        if len(samples) < recipe.batch_size:
-            raise InvalidRequest("dataset", f"{len(samples)} usable rows in {manifest}, fewer "
-                                 f"than one batch of {recipe.batch_size}"
-                                 + (f"; skipped: {rejected[0].reason}" if rejected else ""),
-                                 f"pass --batch-size {max(len(samples), 1)} or less, or add "
-                                 "rows")
+            usable_rows(val_samples, val_rejected, val_manifest, field="params.val_manifest")
         output = Path(config.output_dir)
         self.claim_run(
             config, weights=(model_dir / name for name in BASE_FILES + WEIGHT_FILES
@@ -158,10 +136,6 @@ class VoxCPMTrainer(StepTrainer):
                    tuple(s.text for s in samples), tuple(val_samples), keep, every)
 
     # -- the run (core's StepTrainer around it) -------------------------------------------
-
-    def world(self, run: Run) -> ProcessWorld:
-        """torchrun's group on the training device's backend (NCCL on CUDA, as upstream)."""
-        return join(process_world(), self.device_and_precision(run.config)[0].type)
 
     def build_session(self, run: Run, world: ProcessWorld | None = None):
         """The run's model, data and loss on its runner (an export's: process 0 alone)."""
