@@ -34,7 +34,7 @@ def _extend_vocab(instance, attribute, value):
 
 
 def _vocab_file(instance, attribute, value):
-    if value is not None and not isinstance(value, (str, Path)):
+    if value is not None and not (isinstance(value, (str, Path)) and Path(value).is_file()):
         raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {value!r}",
                              "one token per line, as upstream's --tokenizer_path")
 

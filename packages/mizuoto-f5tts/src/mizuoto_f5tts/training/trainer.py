@@ -40,11 +40,9 @@ from mizuoto.training import (
     ProcessWorld,
     RunDirectory,
     StepTrainer,
-    TrainingRunner,
     warn_long_warmup,
 )
 from mizuoto.training.state import load_state_file
-from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.lora import LORA_TARGETS
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
@@ -81,18 +79,6 @@ class F5Run:
     device: str = "cpu"
     params: F5TrainingParams = attrs.field(factory=F5TrainingParams)  # config.params, checked
     lora: LoRASettings | None = None  # a lora run's adapters (target patterns as given)
-
-
-def _vocab_file(params: F5TrainingParams, model_dir: Path) -> Path:
-    from mizuoto_f5tts.checkpoint import model_vocab_path
-
-    custom = params.vocab_file
-    if custom is None:
-        return model_vocab_path(model_dir)
-    if not Path(custom).is_file():
-        raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {custom!r}",
-                             "one token per line, as upstream's --tokenizer_path")
-    return Path(custom)
 
 
 def _check_vocab_size(base: dict, vocab: dict, field: str, vocab_file: Path) -> None:
@@ -187,6 +173,7 @@ class F5Trainer(StepTrainer):
             VOCAB_FILE,
             checkpoint_variant,
             find_checkpoint,
+            model_vocab_path,
             read_checkpoint,
         )
         from mizuoto_f5tts.text import read_vocab
@@ -200,7 +187,8 @@ class F5Trainer(StepTrainer):
         checkpoint = find_checkpoint(model_dir)
         finetune = params.finetune
         keep = checkpoint_retention(config)[0]
-        vocab_file = _vocab_file(params, model_dir)
+        vocab_file = (model_vocab_path(model_dir) if params.vocab_file is None
+                      else Path(params.vocab_file))  # a file: checked by F5TrainingParams
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)
         variant = checkpoint_variant(checkpoint, base, params.variant, field="params.variant")
@@ -218,8 +206,6 @@ class F5Trainer(StepTrainer):
         new_tokens = 0
         if extend is False:
             data = prepare_dataset(config.dataset, vocab, progress=progress)
-            self._claim(run_dir, config, [checkpoint, vocab_file], data)
-            write_prepared(data, prepared_dir)
         else:
             with open(vocab_file, encoding="utf-8") as handle:
                 tokens = [line[:-1] for line in handle]  # every line, repeats too (upstream)
@@ -231,11 +217,13 @@ class F5Trainer(StepTrainer):
                 added = extended_vocab(vocab, data.clips)
                 vocab = {t: i for i, t in enumerate(tokens + added)}  # read_vocab of those lines
             new_tokens = len(added)
-            self._claim(run_dir, config, [checkpoint, vocab_file], data)
+        self.claim_run(config, weights=[checkpoint, vocab_file], run_dir=run_dir,
+                       rows=((c.text, c.audio) for c in data.clips))
+        if extend is not False:
             vocab_file = prepared_dir / VOCAB_FILE
             write_vocab(vocab_file, tokens + added)
-            write_prepared(data, prepared_dir)
             logger.info("vocabulary extended by %d token(s): %s", new_tokens, " ".join(added))
+        write_prepared(data, prepared_dir)
         if data.bad_rows:
             logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
                            len(data.bad_rows) + len(data.clips),
@@ -273,11 +261,8 @@ class F5Trainer(StepTrainer):
             del base
         self.add_lora(run, model)
         model.to(run.device).train()
-        settings = run.settings  # as prepare applied them (device_and_precision)
-        runner = TrainingRunner(device=run.device, world=world, memory=run.config.memory,
-                                mixed_precision=settings.mixed_precision, quirks=QUIRKS,
-                                grad_accumulation=settings.grad_accumulation,
-                                max_grad_norm=settings.max_grad_norm)
+        settings = run.settings  # as prepare applied them, as the runner applies them
+        runner = self.runner(run, world, device=run.device, quirks=QUIRKS)
         dataset, output = MelDataset(run.data.clips), Path(run.config.output_dir)
         loop = FineTuning(model, run.vocab, dataset, run.data.durations, settings,
                           py_random=random.Random(run.config.seed), runner=runner,
@@ -296,28 +281,18 @@ class F5Trainer(StepTrainer):
             loop.runner.ema.step = raw["step"].clone()
         return loop
 
-    def trained_weights(self, run: F5Run) -> dict:
-        return load_state_file(Path(run.config.output_dir) / CHECKPOINT)["model"]
-
     def lora_base_fingerprint(self, run: F5Run) -> str:
         """`F5Engine.base_fingerprint` of the base model, without loading it."""
         from mizuoto_f5tts.checkpoint import weights_fingerprint
 
         return weights_fingerprint(run.checkpoint, run.vocab)
 
-    def _claim(self, run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
-               data: PreparedData) -> None:
-        self.claim_run(config, weights=weights, rows=((c.text, c.audio) for c in data.clips),
-                       run_dir=run_dir)
-
     def write_export(self, run: F5Run, folder: Path) -> None:
         """The EMA weights as a model directory (`write_model`)."""
-        state = load_state_file(Path(run.config.output_dir) / CHECKPOINT)
+        state = load_state_file(Path(run.config.output_dir) / self.checkpoint)
         write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
                     run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
                     finetuned=run.finetune)
-
-
 
 
 def expand_text_embedding(weight: torch.Tensor, new_tokens: int) -> torch.Tensor:
