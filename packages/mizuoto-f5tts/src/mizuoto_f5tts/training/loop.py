@@ -30,8 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
+from mizuoto.nn.transformer.attention import Attention
+from mizuoto.nn.transformer.feedforward import FeedForward
 from mizuoto.training import EpochPosition, RecipeQuirks, RunnerSession, TrainingRunner
-from mizuoto.training.loader_order import SampleBatches
+from mizuoto.training.loader_order import SampleBatches, draw_seed
 from mizuoto_f5tts.training.batching import (
     MelDataset,
     collate,
@@ -107,14 +109,6 @@ QUIRKS = RecipeQuirks(logs_next_update_lr=True, norm_of_scaled_gradients_when_cl
 LOG_FILE = "training_log.jsonl"
 
 
-def recomputed_blocks(model: nn.Module) -> list[nn.Module]:
-    """The attention and feed-forward blocks ``training.memory`` low recomputes."""
-    from mizuoto.nn.transformer.attention import Attention
-    from mizuoto.nn.transformer.feedforward import FeedForward
-
-    return [m for m in model.modules() if isinstance(m, (Attention, FeedForward))]
-
-
 class FineTuning(RunnerSession):
     """One run's data and loss on ``runner``; core's `RunnerSession` keeps the checkpoint, the
     position in the epochs, every process's generators and ``log`` (`LOG_FILE`: every
@@ -127,7 +121,9 @@ class FineTuning(RunnerSession):
         self.vocab, self.dataset, self.settings, self.draws = vocab, dataset, settings, py_random
         if keep_ema:  # a LoRA run exports its adapters as trained: no copy of the model
             runner.keep_ema(model)
-        runner.checkpoint_activations(recomputed_blocks(model))
+        # training.memory low recomputes the attention and feed-forward blocks
+        runner.checkpoint_activations(m for m in model.modules()
+                                      if isinstance(m, (Attention, FeedForward)))
         # after the EMA copy: DDP hooks stay on the trained model only
         self.backbone = runner.wrap(model.transformer, find_unused_parameters=True)
         generators: dict = {"python_rng": py_random}
@@ -150,19 +146,16 @@ class FineTuning(RunnerSession):
                   if k not in ("max_updates", "save_every")}  # a resume may change these
         super().__init__(runner, model, total=position.total_updates,
                          next_batch=self._next_batch, loss=self._loss, generators=generators,
-                         position=position, batch_log=log, **session,
-                         recipe={**recipe, "world_size": runner.world.size,
-                                 "shard": position.shard})
+                         position=position, batch_log=log, **session, recipe={
+                             **recipe, "world_size": runner.world.size, "shard": position.shard})
 
     def _epoch_order(self, epoch: int) -> list[list[int]]:
         self.model.train()
+        if epoch <= 1:  # the loader's worker base seed: torch's generator under frame batching
+            draw_seed(None if self.sampler is None else self.sampler.generator)
         if self.sampler is None:
-            if epoch <= 1:  # the loader's worker base seed, from torch's generator
-                torch.empty((), dtype=torch.int64).random_()
             return epoch_order(self.batches,
                                frame_shuffle_seed(self.settings.shuffle_seed, epoch))
-        if epoch <= 1:
-            self.sampler.draw_worker_seed()
         return self.sampler.epoch()
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import torch
 
 from mizuoto.training import MetricsLog
@@ -33,16 +34,16 @@ SAMPLE_RATE = 24000
 STEPS, GUIDANCE, SWAY = 32, 2.0, -1.0  # upstream's nfe_step, cfg_strength, sway_sampling_coef
 
 
+@attrs.define
 class TrainingSamples:
-    def __init__(self, model_dir: Path, dataset: MelDataset, vocab: Mapping[str, int],
-                 directory: Path, seed: int) -> None:
-        self.model_dir = Path(model_dir)
-        self.vocoder = None  # loaded at the first sample, inside its forked RNG: building
-        # Vocos draws its initial weights from torch's generator
-        self.dataset = dataset
-        self.vocab = vocab
-        self.directory = Path(directory)
-        self.seed = seed
+    model_dir: Path
+    dataset: MelDataset
+    vocab: Mapping[str, int]
+    directory: Path
+    seed: int
+    # loaded at the first sample, inside its forked RNG: building Vocos draws its initial
+    # weights from torch's generator
+    vocoder: object = attrs.field(default=None, init=False)
 
     def __call__(self, model: torch.nn.Module, update: int,
                  metrics: MetricsLog | None = None) -> tuple[Path, Path]:

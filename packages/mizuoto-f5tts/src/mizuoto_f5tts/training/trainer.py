@@ -28,11 +28,7 @@ import attrs
 import torch
 
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.trainer import (
-    MAX_STEPS,
-    TrainingConfig,
-    checkpoint_retention,
-)
+from mizuoto.contracts.trainer import MAX_STEPS, TrainingConfig, checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.nn.lora import LoRASettings
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
@@ -40,12 +36,15 @@ from mizuoto.training import (
     ProcessWorld,
     RunDirectory,
     StepTrainer,
+    TrainingRunner,
     warn_long_warmup,
 )
+from mizuoto.training.schedules import check_warmup
 from mizuoto.training.state import load_state_file
 from mizuoto_f5tts.lora import LORA_TARGETS
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
+    REPORT,
     PreparedData,
     extended_vocab,
     prepare_dataset,
@@ -78,7 +77,6 @@ class F5Run:
     finetune: bool = True  # false: random initialisation, no base weights
     device: str = "cpu"
     params: F5TrainingParams = attrs.field(factory=F5TrainingParams)  # config.params, checked
-    lora: LoRASettings | None = None  # a lora run's adapters (target patterns as given)
 
 
 def _check_vocab_size(base: dict, vocab: dict, field: str, vocab_file: Path) -> None:
@@ -104,9 +102,8 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
     if kind == "sample":
         # (at upstream's default they change nothing: finetune_cli passes them whatever the
         # batching, and so may a recipe)
-        defaults = F5TrainingParams()
         for name in ("batch_frames", "max_samples"):
-            if getattr(params, name) != getattr(defaults, name):
+            if getattr(params, name) != getattr(F5TrainingParams(), name):
                 raise InvalidRequest(f"params.{name}", "applies to frame batching only, not "
                                      "batch_size_type sample", "set batch_size (clips per "
                                      "batch) instead")
@@ -127,10 +124,7 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
         epochs = math.ceil(config.steps / updates_per_epoch)
     total = updates_per_epoch * epochs
     warmup = min(20000, total // 10) if params.warmup_updates is None else params.warmup_updates
-    if warmup == total:
-        # upstream's decay LinearLR then has no iterations: it divides by zero at the last update
-        raise InvalidRequest("params.warmup_updates", f"must not equal the run's {total} "
-                             f"updates ({epochs} epochs of {updates_per_epoch})")
+    check_warmup(params.lr_schedule or "linear", warmup, total)  # upstream divides by zero
     # upstream runs it (its CLI default of 20000 does on small data sets)
     warn_long_warmup("warmup_updates", warmup, steps=config.steps, schedule=total,
                      learning_rate=config.learning_rate)
@@ -186,7 +180,6 @@ class F5Trainer(StepTrainer):
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
         finetune = params.finetune
-        keep = checkpoint_retention(config)[0]
         vocab_file = (model_vocab_path(model_dir) if params.vocab_file is None
                       else Path(params.vocab_file))  # a file: checked by F5TrainingParams
         vocab = read_vocab(vocab_file)
@@ -198,9 +191,9 @@ class F5Trainer(StepTrainer):
         del base
         # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced),
         # plus the numbered copies kept
-        weights = checkpoint.stat().st_size
         run_dir = RunDirectory(config.output_dir)
-        run_dir.check_writable(needed_bytes=4 * weights * (2 + max(keep, 0)))
+        keep = checkpoint_retention(config)[0]
+        run_dir.check_writable(needed_bytes=4 * checkpoint.stat().st_size * (2 + max(keep, 0)))
         prepared_dir = run_dir.path / "prepared"
         extend = params.extend_vocab
         new_tokens = 0
@@ -217,17 +210,6 @@ class F5Trainer(StepTrainer):
                 added = extended_vocab(vocab, data.clips)
                 vocab = {t: i for i, t in enumerate(tokens + added)}  # read_vocab of those lines
             new_tokens = len(added)
-        self.claim_run(config, weights=[checkpoint, vocab_file], run_dir=run_dir,
-                       rows=((c.text, c.audio) for c in data.clips))
-        if extend is not False:
-            vocab_file = prepared_dir / VOCAB_FILE
-            write_vocab(vocab_file, tokens + added)
-            logger.info("vocabulary extended by %d token(s): %s", new_tokens, " ".join(added))
-        write_prepared(data, prepared_dir)
-        if data.bad_rows:
-            logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
-                           len(data.bad_rows) + len(data.clips),
-                           Path(config.output_dir) / "prepared" / "report.json")
         settings = _settings(config, params, data, mixed_precision, lora)
         # each setting once, under the name it is given by (frames under frame batching)
         applied = attrs.asdict(settings)
@@ -236,15 +218,22 @@ class F5Trainer(StepTrainer):
             del applied["lora"]
         if settings.batch_size_type == "frame":
             applied["batch_frames"] = applied.pop("batch_size")
-        run_dir.write_recipe({
+        self.claim_run(config, weights=[checkpoint, vocab_file], run_dir=run_dir, recipe={
             "engine": self.engine, "method": config.method, "variant": variant.name,
             "seed": config.seed, "memory": config.memory, **applied,
             "params": {k: v for k, v in config.params.items() if k not in applied
                        and k not in ("batch_frames", "max_samples", "logger")},
-            "device": str(device)}, logger=params.logger)
+            "device": str(device)}, rows=((c.text, c.audio) for c in data.clips))
+        if extend is not False:
+            vocab_file = prepared_dir / VOCAB_FILE
+            write_vocab(vocab_file, tokens + added)
+            logger.info("vocabulary extended by %d token(s): %s", new_tokens, " ".join(added))
+        write_prepared(data, prepared_dir)
+        if data.bad_rows:
+            logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
+                           len(data.bad_rows) + len(data.clips), prepared_dir / REPORT)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
-                     vocab_file, new_tokens if finetune else 0, finetune, str(device), params,
-                     lora)
+                     vocab_file, new_tokens if finetune else 0, finetune, str(device), params)
 
     def start(self, run: F5Run, world: ProcessWorld) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -261,24 +250,28 @@ class F5Trainer(StepTrainer):
             del base
         self.add_lora(run, model)
         model.to(run.device).train()
-        settings = run.settings  # as prepare applied them, as the runner applies them
-        runner = self.runner(run, world, device=run.device, quirks=QUIRKS)
+        settings = run.settings  # as prepare applied them (device_and_precision)
+        runner = TrainingRunner(device=run.device, world=world, memory=run.config.memory,
+                                mixed_precision=settings.mixed_precision, quirks=QUIRKS,
+                                grad_accumulation=settings.grad_accumulation,
+                                max_grad_norm=settings.max_grad_norm)
         dataset, output = MelDataset(run.data.clips), Path(run.config.output_dir)
         loop = FineTuning(model, run.vocab, dataset, run.data.durations, settings,
                           py_random=random.Random(run.config.seed), runner=runner,
                           log=output / LOG_FILE, shard_batches=run.params.shard_batches,
-                          keep_ema=run.lora is None, samples=TrainingSamples(
+                          keep_ema=run.settings.lora is None, samples=TrainingSamples(
                               run.model_dir, dataset, run.vocab, output / "samples",
                               run.config.seed) if run.params.samples else None,  # upstream: off
                           samples_every=checkpoint_retention(run.config)[1])
-        if not run.finetune or run.lora is not None:  # upstream without a pretrained_ file: a fresh EMA
+        # upstream without a pretrained_ file: a fresh EMA
+        if not run.finetune or run.settings.lora is not None:
             return loop
         raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
                else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
         if "initted" in raw and "step" in raw:
             # upstream loads the base file into its EMA: its update counter carries over
-            loop.runner.ema.initted = raw["initted"].clone()
-            loop.runner.ema.step = raw["step"].clone()
+            ema = loop.runner.ema
+            ema.initted, ema.step = raw["initted"].clone(), raw["step"].clone()
         return loop
 
     def lora_base_fingerprint(self, run: F5Run) -> str:
