@@ -98,11 +98,11 @@ class LoopSettings:
     max_grad_norm: float = 1.0
     shuffle_seed: int = 666
     save_every: int = 500
-    max_updates: int | None = None
     mixed_precision: str = "no"
     lr_schedule: str = "linear"
     # a LoRA run's adapters (rank, alpha, dropout, module paths); None: full fine-tuning
     lora: dict | None = None
+    steps: int | None = None  # config.steps: the run stops there, the schedule does not
 
 
 QUIRKS = RecipeQuirks(logs_next_update_lr=True, norm_of_scaled_gradients_when_clipping_off=True)
@@ -138,12 +138,12 @@ class FineTuning(RunnerSession):
         position = EpochPosition(count, epochs=settings.epochs, new_order=self._epoch_order,
                                  grad_accumulation=settings.grad_accumulation,
                                  world=runner.world, shard=shard_batches,
-                                 max_updates=settings.max_updates)
+                                 max_updates=settings.steps)
         runner.optimize(model, learning_rate=settings.learning_rate,
                         schedule=settings.lr_schedule, warmup=settings.warmup_updates,
                         total=position.schedule_updates, fused=True)
         recipe = {k: v for k, v in attrs.asdict(settings).items()
-                  if k not in ("max_updates", "save_every")}  # a resume may change these
+                  if k not in ("steps", "save_every")}  # a resume may change these
         super().__init__(runner, model, total=position.total_updates,
                          next_batch=self._next_batch, loss=self._loss, generators=generators,
                          position=position, batch_log=log, **session, recipe={
@@ -154,8 +154,7 @@ class FineTuning(RunnerSession):
         if epoch <= 1:  # the loader's worker base seed: torch's generator under frame batching
             draw_seed(None if self.sampler is None else self.sampler.generator)
         if self.sampler is None:
-            return epoch_order(self.batches,
-                               frame_shuffle_seed(self.settings.shuffle_seed, epoch))
+            return epoch_order(self.batches, frame_shuffle_seed(self.settings.shuffle_seed, epoch))
         return self.sampler.epoch()
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -87,7 +87,3 @@ class F5TrainingParams(TrainerParams, LoRAParams):
         default=False, validator=_extend_vocab)
     vocab_file: str | Path | None = attrs.field(default=None, validator=_vocab_file)
     finetune: bool = attrs.field(default=True, validator=boolean(prefix="params."))
-
-    @property
-    def frame_batching(self) -> bool:
-        return self.batch_size_type == "frame"

@@ -25,6 +25,7 @@ import torch
 
 from mizuoto.training import MetricsLog
 from mizuoto.training.audio_samples import sampling, write_audio_samples
+from mizuoto_f5tts.checkpoint import VOCOS_DIR, load_vocos
 from mizuoto_f5tts.training.batching import MelDataset
 from mizuoto_f5tts.training.loop import text_ids
 
@@ -49,9 +50,7 @@ class TrainingSamples:
                  metrics: MetricsLog | None = None) -> tuple[Path, Path]:
         with sampling(model) as device:
             if self.vocoder is None:
-                from mizuoto_f5tts.checkpoint import load_vocos
-
-                self.vocoder = load_vocos(self.model_dir / "vocos")
+                self.vocoder = load_vocos(self.model_dir / VOCOS_DIR)
             mel, tokens = self.dataset[0]
             frames = mel.shape[-1]
             cond = mel.T[None].to(device)

@@ -107,21 +107,19 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
                 raise InvalidRequest(f"params.{name}", "applies to frame batching only, not "
                                      "batch_size_type sample", "set batch_size (clips per "
                                      "batch) instead")
-    frames, max_samples = params.batch_frames, params.max_samples
     # upstream's finetune_cli: no accumulation, clipping at 1.0
     accumulation = 1 if params.grad_accumulation is None else params.grad_accumulation
     norm = 1.0 if params.max_grad_norm is None else params.max_grad_norm
     if kind == "frame":
-        per_epoch = len(frame_batches(data.durations, frames, max_samples))
+        per_epoch = len(frame_batches(data.durations, params.batch_frames, params.max_samples))
         if per_epoch == 0:
-            raise InvalidRequest("params.batch_frames", f"no clip fits in {frames} frames",
+            raise InvalidRequest("params.batch_frames", f"no clip fits in {params.batch_frames} "
+                                 "frames",
                                  "raise batch_frames (24000 / 256 frames per second)")
     else:
         per_epoch = -(-len(data.clips) // config.batch_size)
     updates_per_epoch = math.ceil(per_epoch / accumulation)
-    epochs = params.epochs
-    if epochs is None:  # enough for the run's steps
-        epochs = math.ceil(config.steps / updates_per_epoch)
+    epochs = params.epochs or math.ceil(config.steps / updates_per_epoch)  # default: enough
     total = updates_per_epoch * epochs
     warmup = min(20000, total // 10) if params.warmup_updates is None else params.warmup_updates
     check_warmup(params.lr_schedule or "linear", warmup, total)  # upstream divides by zero
@@ -130,10 +128,10 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
                      learning_rate=config.learning_rate)
     return LoopSettings(
         epochs=epochs, learning_rate=config.learning_rate, warmup_updates=warmup,
-        batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
-        max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
+        batch_size_type=kind, batch_size=params.batch_frames if kind == "frame"
+        else config.batch_size, max_samples=params.max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
         shuffle_seed=params.shuffle_seed, save_every=config.save_every,
-        max_updates=config.steps, mixed_precision=mixed_precision,
+        steps=config.steps, mixed_precision=mixed_precision,
         lr_schedule=params.lr_schedule or "linear",
         lora=None if lora is None else lora.as_dict())
 
@@ -213,7 +211,6 @@ class F5Trainer(StepTrainer):
         settings = _settings(config, params, data, mixed_precision, lora)
         # each setting once, under the name it is given by (frames under frame batching)
         applied = attrs.asdict(settings)
-        applied["steps"] = applied.pop("max_updates")
         if applied["lora"] is None:  # a full run's recipe as before
             del applied["lora"]
         if settings.batch_size_type == "frame":
@@ -266,8 +263,8 @@ class F5Trainer(StepTrainer):
         # upstream without a pretrained_ file: a fresh EMA
         if not run.finetune or run.settings.lora is not None:
             return loop
-        raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
-               else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
+        # a .pt file's EMA dict, or the whole file (a safetensors release)
+        raw = load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", ""))
         if "initted" in raw and "step" in raw:
             # upstream loads the base file into its EMA: its update counter carries over
             ema = loop.runner.ema
