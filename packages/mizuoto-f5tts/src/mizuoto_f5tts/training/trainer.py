@@ -114,8 +114,7 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
         per_epoch = len(frame_batches(data.durations, params.batch_frames, params.max_samples))
         if per_epoch == 0:
             raise InvalidRequest("params.batch_frames", f"no clip fits in {params.batch_frames} "
-                                 "frames",
-                                 "raise batch_frames (24000 / 256 frames per second)")
+                                 "frames", "raise batch_frames (24000 / 256 frames per second)")
     else:
         per_epoch = -(-len(data.clips) // config.batch_size)
     updates_per_epoch = math.ceil(per_epoch / accumulation)
@@ -128,9 +127,9 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
                      learning_rate=config.learning_rate)
     return LoopSettings(
         epochs=epochs, learning_rate=config.learning_rate, warmup_updates=warmup,
-        batch_size_type=kind, batch_size=params.batch_frames if kind == "frame"
-        else config.batch_size, max_samples=params.max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
-        shuffle_seed=params.shuffle_seed, save_every=config.save_every,
+        batch_size_type=kind, max_samples=params.max_samples, grad_accumulation=accumulation,
+        batch_size=params.batch_frames if kind == "frame" else config.batch_size,
+        max_grad_norm=float(norm), shuffle_seed=params.shuffle_seed, save_every=config.save_every,
         steps=config.steps, mixed_precision=mixed_precision,
         lr_schedule=params.lr_schedule or "linear",
         lora=None if lora is None else lora.as_dict())
@@ -267,8 +266,8 @@ class F5Trainer(StepTrainer):
         raw = load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", ""))
         if "initted" in raw and "step" in raw:
             # upstream loads the base file into its EMA: its update counter carries over
-            ema = loop.runner.ema
-            ema.initted, ema.step = raw["initted"].clone(), raw["step"].clone()
+            loop.runner.ema.initted = raw["initted"].clone()
+            loop.runner.ema.step = raw["step"].clone()
         return loop
 
     def lora_base_fingerprint(self, run: F5Run) -> str:
