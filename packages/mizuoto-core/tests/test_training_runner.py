@@ -13,7 +13,7 @@ import torch
 from mizuoto.errors import InvalidRequest
 from mizuoto.training import RecipeQuirks, TrainingRunner, build_schedule
 from mizuoto.training.memory import checkpoint_activations
-from mizuoto.training.schedules import SCHEDULES
+from mizuoto.training.schedules import SCHEDULES, check_warmup
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -112,6 +112,14 @@ def test_named_schedules_have_their_shapes():
         build_schedule("sawtooth", torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1),
                        warmup=1, total=2)
     assert raised.value.field == "params.lr_schedule" and "cosine" in str(raised.value)
+
+
+def test_a_linear_warmup_spanning_the_whole_run_is_refused_by_name():
+    with pytest.raises(InvalidRequest) as caught:
+        check_warmup("linear", 10, 10)
+    assert caught.value.field == "params.warmup_updates"
+    check_warmup("linear", 9, 10)
+    check_warmup("cosine", 10, 10)  # its decay is a function of the update: none is fine
 
 
 def test_a_step_trainer_refuses_an_unknown_schedule_before_any_work():

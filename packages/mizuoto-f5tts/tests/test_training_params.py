@@ -35,7 +35,7 @@ def test_defaults_are_upstream_finetune_cli_s():
     ("shuffle_seed", -1), ("shuffle_seed", 2**64), ("variant", "v2_base"),
     ("shard_batches", "yes"), ("extend_vocab", "yes"), ("extend_vocab", [1, 2]),
     ("vocab_file", 3), ("finetune", 1), ("warmup_updates", -1), ("num_warmup_updates", -1),
-    ("grad_accumulation", 0), ("samples", "true"),
+    ("grad_accumulation", 0), ("samples", "true"), ("vocab_file", "no-such-vocab.txt"),
 ])
 def test_a_bad_value_is_named_under_the_key_it_was_given(key, value):
     with pytest.raises(InvalidRequest) as caught:
@@ -50,6 +50,17 @@ def test_upstream_names_map_onto_the_shared_settings_and_unknown_keys_list_the_k
     with pytest.raises(InvalidRequest, match="unknown F5-TTS training settings: warmup") as c:
         F5TrainingParams.parse({"warmup": 7}, trainer="F5-TTS")
     assert "batch_frames" in c.value.fix and "warmup_updates" in c.value.fix
+
+
+def test_a_config_file_s_logger_is_checked_by_the_shared_setting():
+    """finetune_cli's --logger: none passes through (the default); wandb is refused by name."""
+    translated = F5Trainer().upstream_recipe({"logger": "wandb", "exp_name": "F5TTS_Base"})
+    assert translated == {"logger": "wandb", "variant": "base"}
+    with pytest.raises(InvalidRequest) as caught:
+        F5TrainingParams.parse({"logger": translated["logger"]}, trainer="F5-TTS")
+    assert caught.value.field == "params.logger"
+    assert F5TrainingParams.parse(F5Trainer().upstream_recipe({"logger": None}),
+                                  trainer="F5-TTS").logger is None
 
 
 def test_prepare_refuses_a_bad_param_before_it_reads_the_model_or_the_data(tmp_path):

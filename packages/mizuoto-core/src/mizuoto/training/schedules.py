@@ -42,6 +42,17 @@ def check_schedule(name: str, field: str = "params.lr_schedule") -> str:
     return name
 
 
+def check_warmup(name: str, warmup: int, total: int, field: str = "params.warmup_updates"
+                 ) -> None:
+    """Refuse, before any work, a warm-up schedule ``name`` cannot run over ``total`` updates:
+    ``linear``'s decay then has no iterations (its ``LinearLR`` divides by zero at the last
+    update, as upstream f5-tts's does)."""
+    if name == "linear" and warmup == total:
+        raise InvalidRequest(field, f"must not equal the run's {total} updates under the "
+                             "linear schedule (its decay would have none)",
+                             f"set {field.removeprefix('params.')} below {total}")
+
+
 def build_schedule(name: str, optimizer, *, warmup: int, total: int):
     """Schedule ``name`` over ``optimizer``: ``warmup`` updates of warm-up, ``total`` in all."""
     return SCHEDULES[check_schedule(name)](optimizer, warmup, total)

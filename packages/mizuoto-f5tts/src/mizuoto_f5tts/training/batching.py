@@ -82,10 +82,8 @@ def frame_batches(durations: Sequence[float], frames: int, max_samples: int = 64
             continue
         if batch:
             batches.append(batch)
-        if frame_len <= frames:
-            batch, batch_frames = [index], frame_len
-        else:
-            batch, batch_frames = [], 0.0
+        # a clip longer than frames is dropped
+        batch, batch_frames = ([index], frame_len) if frame_len <= frames else ([], 0.0)
     if batch:
         batches.append(batch)
     return batches

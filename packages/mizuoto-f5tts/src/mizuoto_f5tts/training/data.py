@@ -165,9 +165,8 @@ def write_vocab(path: str | Path, tokens: list[str]) -> None:
 def write_prepared(prepared: PreparedData, destination: str | Path) -> None:
     destination = Path(destination)
     with atomic_path(destination / MANIFEST) as tmp:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for clip in prepared.clips:
-                handle.write(json.dumps(attrs.asdict(clip), ensure_ascii=False) + "\n")
+        tmp.write_text("".join(json.dumps(attrs.asdict(clip), ensure_ascii=False) + "\n"
+                               for clip in prepared.clips), encoding="utf-8")
     with atomic_path(destination / REPORT) as tmp:
         tmp.write_text(json.dumps({"clips": len(prepared.clips),
                                    "bad_rows": [attrs.asdict(b) for b in prepared.bad_rows]},

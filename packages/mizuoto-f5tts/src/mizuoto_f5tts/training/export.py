@@ -45,17 +45,12 @@ license.
 """
 
 
-def checkpoint_file_name(variant: F5Variant, update: int) -> str:
-    prefix = "F5TTS_Base_" if variant.name == "base" else ""
-    return f"{prefix}model_{update}.safetensors"
-
-
 def write_model(build: Path, ema_state: Mapping[str, torch.Tensor], update: int,
                 base_dir: str | Path, variant: F5Variant, *, base_model: str,
                 vocab_file: str | Path | None = None, finetuned: bool = True) -> None:
     base_dir = Path(base_dir)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in ema_state.items()}
-    name = checkpoint_file_name(variant, update)
+    name = f"{'F5TTS_Base_' if variant.name == 'base' else ''}model_{update}.safetensors"
     save_safetensors(tensors, build / name)
     write_record(build, name, variant.name)
     vocab = model_vocab_path(base_dir) if vocab_file is None else Path(vocab_file)

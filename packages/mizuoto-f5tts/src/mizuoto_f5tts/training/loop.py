@@ -30,8 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
+from mizuoto.nn.transformer.attention import Attention
+from mizuoto.nn.transformer.feedforward import FeedForward
 from mizuoto.training import EpochPosition, RecipeQuirks, RunnerSession, TrainingRunner
-from mizuoto.training.loader_order import SampleBatches
+from mizuoto.training.loader_order import SampleBatches, draw_seed
 from mizuoto_f5tts.training.batching import (
     MelDataset,
     collate,
@@ -96,23 +98,15 @@ class LoopSettings:
     max_grad_norm: float = 1.0
     shuffle_seed: int = 666
     save_every: int = 500
-    max_updates: int | None = None
     mixed_precision: str = "no"
     lr_schedule: str = "linear"
     # a LoRA run's adapters (rank, alpha, dropout, module paths); None: full fine-tuning
     lora: dict | None = None
+    steps: int | None = None  # config.steps: the run stops there, the schedule does not
 
 
 QUIRKS = RecipeQuirks(logs_next_update_lr=True, norm_of_scaled_gradients_when_clipping_off=True)
 LOG_FILE = "training_log.jsonl"
-
-
-def recomputed_blocks(model: nn.Module) -> list[nn.Module]:
-    """The attention and feed-forward blocks ``training.memory`` low recomputes."""
-    from mizuoto.nn.transformer.attention import Attention
-    from mizuoto.nn.transformer.feedforward import FeedForward
-
-    return [m for m in model.modules() if isinstance(m, (Attention, FeedForward))]
 
 
 class FineTuning(RunnerSession):
@@ -127,7 +121,9 @@ class FineTuning(RunnerSession):
         self.vocab, self.dataset, self.settings, self.draws = vocab, dataset, settings, py_random
         if keep_ema:  # a LoRA run exports its adapters as trained: no copy of the model
             runner.keep_ema(model)
-        runner.checkpoint_activations(recomputed_blocks(model))
+        # training.memory low recomputes the attention and feed-forward blocks
+        runner.checkpoint_activations(m for m in model.modules()
+                                      if isinstance(m, (Attention, FeedForward)))
         # after the EMA copy: DDP hooks stay on the trained model only
         self.backbone = runner.wrap(model.transformer, find_unused_parameters=True)
         generators: dict = {"python_rng": py_random}
@@ -142,27 +138,23 @@ class FineTuning(RunnerSession):
         position = EpochPosition(count, epochs=settings.epochs, new_order=self._epoch_order,
                                  grad_accumulation=settings.grad_accumulation,
                                  world=runner.world, shard=shard_batches,
-                                 max_updates=settings.max_updates)
+                                 max_updates=settings.steps)
         runner.optimize(model, learning_rate=settings.learning_rate,
                         schedule=settings.lr_schedule, warmup=settings.warmup_updates,
                         total=position.schedule_updates, fused=True)
         recipe = {k: v for k, v in attrs.asdict(settings).items()
-                  if k not in ("max_updates", "save_every")}  # a resume may change these
+                  if k not in ("steps", "save_every")}  # a resume may change these
         super().__init__(runner, model, total=position.total_updates,
                          next_batch=self._next_batch, loss=self._loss, generators=generators,
-                         position=position, batch_log=log, **session,
-                         recipe={**recipe, "world_size": runner.world.size,
-                                 "shard": position.shard})
+                         position=position, batch_log=log, **session, recipe={
+                             **recipe, "world_size": runner.world.size, "shard": position.shard})
 
     def _epoch_order(self, epoch: int) -> list[list[int]]:
         self.model.train()
+        if epoch <= 1:  # the loader's worker base seed: torch's generator under frame batching
+            draw_seed(None if self.sampler is None else self.sampler.generator)
         if self.sampler is None:
-            if epoch <= 1:  # the loader's worker base seed, from torch's generator
-                torch.empty((), dtype=torch.int64).random_()
-            return epoch_order(self.batches,
-                               frame_shuffle_seed(self.settings.shuffle_seed, epoch))
-        if epoch <= 1:
-            self.sampler.draw_worker_seed()
+            return epoch_order(self.batches, frame_shuffle_seed(self.settings.shuffle_seed, epoch))
         return self.sampler.epoch()
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

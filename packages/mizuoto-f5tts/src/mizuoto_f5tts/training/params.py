@@ -34,7 +34,7 @@ def _extend_vocab(instance, attribute, value):
 
 
 def _vocab_file(instance, attribute, value):
-    if value is not None and not isinstance(value, (str, Path)):
+    if value is not None and not (isinstance(value, (str, Path)) and Path(value).is_file()):
         raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {value!r}",
                              "one token per line, as upstream's --tokenizer_path")
 
@@ -87,7 +87,3 @@ class F5TrainingParams(TrainerParams, LoRAParams):
         default=False, validator=_extend_vocab)
     vocab_file: str | Path | None = attrs.field(default=None, validator=_vocab_file)
     finetune: bool = attrs.field(default=True, validator=boolean(prefix="params."))
-
-    @property
-    def frame_batching(self) -> bool:
-        return self.batch_size_type == "frame"

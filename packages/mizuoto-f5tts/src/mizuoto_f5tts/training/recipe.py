@@ -42,13 +42,6 @@ def translate_finetune_cli(settings: Mapping[str, Any]) -> dict[str, Any]:
                                      "pinyin (the default) or custom with tokenizer_path")
             if value == "custom" and "tokenizer_path" not in flags:
                 raise InvalidRequest("--config tokenizer", "custom needs tokenizer_path")
-        elif key == "logger":
-            if value not in (None, "tensorboard"):
-                raise InvalidRequest("--config logger", f"{value!r} is not supported",
-                                     "tensorboard (written when the tensorboard extra is "
-                                     "installed) or none; metrics.jsonl is always written")
-            if value is not None:
-                out["logger"] = value
         elif key == "bnb_optimizer":
             if value:
                 raise InvalidRequest("--config bnb_optimizer", "8-bit Adam is not supported")

@@ -20,10 +20,12 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import torch
 
 from mizuoto.training import MetricsLog
 from mizuoto.training.audio_samples import sampling, write_audio_samples
+from mizuoto_f5tts.checkpoint import VOCOS_DIR, load_vocos
 from mizuoto_f5tts.training.batching import MelDataset
 from mizuoto_f5tts.training.loop import text_ids
 
@@ -33,24 +35,22 @@ SAMPLE_RATE = 24000
 STEPS, GUIDANCE, SWAY = 32, 2.0, -1.0  # upstream's nfe_step, cfg_strength, sway_sampling_coef
 
 
+@attrs.define
 class TrainingSamples:
-    def __init__(self, model_dir: Path, dataset: MelDataset, vocab: Mapping[str, int],
-                 directory: Path, seed: int) -> None:
-        self.model_dir = Path(model_dir)
-        self.vocoder = None  # loaded at the first sample, inside its forked RNG: building
-        # Vocos draws its initial weights from torch's generator
-        self.dataset = dataset
-        self.vocab = vocab
-        self.directory = Path(directory)
-        self.seed = seed
+    model_dir: Path
+    dataset: MelDataset
+    vocab: Mapping[str, int]
+    directory: Path
+    seed: int
+    # loaded at the first sample, inside its forked RNG: building Vocos draws its initial
+    # weights from torch's generator
+    vocoder: object = attrs.field(default=None, init=False)
 
     def __call__(self, model: torch.nn.Module, update: int,
                  metrics: MetricsLog | None = None) -> tuple[Path, Path]:
         with sampling(model) as device:
             if self.vocoder is None:
-                from mizuoto_f5tts.checkpoint import load_vocos
-
-                self.vocoder = load_vocos(self.model_dir / "vocos")
+                self.vocoder = load_vocos(self.model_dir / VOCOS_DIR)
             mel, tokens = self.dataset[0]
             frames = mel.shape[-1]
             cond = mel.T[None].to(device)

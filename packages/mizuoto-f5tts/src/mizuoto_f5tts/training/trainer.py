@@ -28,11 +28,7 @@ import attrs
 import torch
 
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.trainer import (
-    MAX_STEPS,
-    TrainingConfig,
-    checkpoint_retention,
-)
+from mizuoto.contracts.trainer import MAX_STEPS, TrainingConfig, checkpoint_retention
 from mizuoto.errors import InvalidRequest
 from mizuoto.nn.lora import LoRASettings
 from mizuoto.runtime.checkpoint import load_into, load_state_dict_file
@@ -43,11 +39,12 @@ from mizuoto.training import (
     TrainingRunner,
     warn_long_warmup,
 )
+from mizuoto.training.schedules import check_warmup
 from mizuoto.training.state import load_state_file
-from mizuoto.training.trainer import CHECKPOINT
 from mizuoto_f5tts.lora import LORA_TARGETS
 from mizuoto_f5tts.training.batching import MelDataset, frame_batches
 from mizuoto_f5tts.training.data import (
+    REPORT,
     PreparedData,
     extended_vocab,
     prepare_dataset,
@@ -80,19 +77,6 @@ class F5Run:
     finetune: bool = True  # false: random initialisation, no base weights
     device: str = "cpu"
     params: F5TrainingParams = attrs.field(factory=F5TrainingParams)  # config.params, checked
-    lora: LoRASettings | None = None  # a lora run's adapters (target patterns as given)
-
-
-def _vocab_file(params: F5TrainingParams, model_dir: Path) -> Path:
-    from mizuoto_f5tts.checkpoint import model_vocab_path
-
-    custom = params.vocab_file
-    if custom is None:
-        return model_vocab_path(model_dir)
-    if not Path(custom).is_file():
-        raise InvalidRequest("params.vocab_file", f"must be a vocab.txt file, got {custom!r}",
-                             "one token per line, as upstream's --tokenizer_path")
-    return Path(custom)
 
 
 def _check_vocab_size(base: dict, vocab: dict, field: str, vocab_file: Path) -> None:
@@ -118,42 +102,35 @@ def _settings(config: TrainingConfig, params: F5TrainingParams, data: PreparedDa
     if kind == "sample":
         # (at upstream's default they change nothing: finetune_cli passes them whatever the
         # batching, and so may a recipe)
-        defaults = F5TrainingParams()
         for name in ("batch_frames", "max_samples"):
-            if getattr(params, name) != getattr(defaults, name):
+            if getattr(params, name) != getattr(F5TrainingParams(), name):
                 raise InvalidRequest(f"params.{name}", "applies to frame batching only, not "
                                      "batch_size_type sample", "set batch_size (clips per "
                                      "batch) instead")
-    frames, max_samples = params.batch_frames, params.max_samples
     # upstream's finetune_cli: no accumulation, clipping at 1.0
     accumulation = 1 if params.grad_accumulation is None else params.grad_accumulation
     norm = 1.0 if params.max_grad_norm is None else params.max_grad_norm
     if kind == "frame":
-        per_epoch = len(frame_batches(data.durations, frames, max_samples))
+        per_epoch = len(frame_batches(data.durations, params.batch_frames, params.max_samples))
         if per_epoch == 0:
-            raise InvalidRequest("params.batch_frames", f"no clip fits in {frames} frames",
-                                 "raise batch_frames (24000 / 256 frames per second)")
+            raise InvalidRequest("params.batch_frames", f"no clip fits in {params.batch_frames} "
+                                 "frames", "raise batch_frames (24000 / 256 frames per second)")
     else:
         per_epoch = -(-len(data.clips) // config.batch_size)
     updates_per_epoch = math.ceil(per_epoch / accumulation)
-    epochs = params.epochs
-    if epochs is None:  # enough for the run's steps
-        epochs = math.ceil(config.steps / updates_per_epoch)
+    epochs = params.epochs or math.ceil(config.steps / updates_per_epoch)  # default: enough
     total = updates_per_epoch * epochs
     warmup = min(20000, total // 10) if params.warmup_updates is None else params.warmup_updates
-    if warmup == total:
-        # upstream's decay LinearLR then has no iterations: it divides by zero at the last update
-        raise InvalidRequest("params.warmup_updates", f"must not equal the run's {total} "
-                             f"updates ({epochs} epochs of {updates_per_epoch})")
+    check_warmup(params.lr_schedule or "linear", warmup, total)  # upstream divides by zero
     # upstream runs it (its CLI default of 20000 does on small data sets)
     warn_long_warmup("warmup_updates", warmup, steps=config.steps, schedule=total,
                      learning_rate=config.learning_rate)
     return LoopSettings(
         epochs=epochs, learning_rate=config.learning_rate, warmup_updates=warmup,
-        batch_size_type=kind, batch_size=frames if kind == "frame" else config.batch_size,
-        max_samples=max_samples, grad_accumulation=accumulation, max_grad_norm=float(norm),
-        shuffle_seed=params.shuffle_seed, save_every=config.save_every,
-        max_updates=config.steps, mixed_precision=mixed_precision,
+        batch_size_type=kind, max_samples=params.max_samples, grad_accumulation=accumulation,
+        batch_size=params.batch_frames if kind == "frame" else config.batch_size,
+        max_grad_norm=float(norm), shuffle_seed=params.shuffle_seed, save_every=config.save_every,
+        steps=config.steps, mixed_precision=mixed_precision,
         lr_schedule=params.lr_schedule or "linear",
         lora=None if lora is None else lora.as_dict())
 
@@ -187,6 +164,7 @@ class F5Trainer(StepTrainer):
             VOCAB_FILE,
             checkpoint_variant,
             find_checkpoint,
+            model_vocab_path,
             read_checkpoint,
         )
         from mizuoto_f5tts.text import read_vocab
@@ -199,8 +177,8 @@ class F5Trainer(StepTrainer):
         model_dir = resolve_for_engine(config.model, self.engine, progress=progress).path
         checkpoint = find_checkpoint(model_dir)
         finetune = params.finetune
-        keep = checkpoint_retention(config)[0]
-        vocab_file = _vocab_file(params, model_dir)
+        vocab_file = (model_vocab_path(model_dir) if params.vocab_file is None
+                      else Path(params.vocab_file))  # a file: checked by F5TrainingParams
         vocab = read_vocab(vocab_file)
         base = read_checkpoint(checkpoint)
         variant = checkpoint_variant(checkpoint, base, params.variant, field="params.variant")
@@ -210,16 +188,14 @@ class F5Trainer(StepTrainer):
         del base
         # model + EMA + AdamW's two moments, twice (the old checkpoint stays until replaced),
         # plus the numbered copies kept
-        weights = checkpoint.stat().st_size
         run_dir = RunDirectory(config.output_dir)
-        run_dir.check_writable(needed_bytes=4 * weights * (2 + max(keep, 0)))
+        keep = checkpoint_retention(config)[0]
+        run_dir.check_writable(needed_bytes=4 * checkpoint.stat().st_size * (2 + max(keep, 0)))
         prepared_dir = run_dir.path / "prepared"
         extend = params.extend_vocab
         new_tokens = 0
         if extend is False:
             data = prepare_dataset(config.dataset, vocab, progress=progress)
-            self._claim(run_dir, config, [checkpoint, vocab_file], data)
-            write_prepared(data, prepared_dir)
         else:
             with open(vocab_file, encoding="utf-8") as handle:
                 tokens = [line[:-1] for line in handle]  # every line, repeats too (upstream)
@@ -231,32 +207,29 @@ class F5Trainer(StepTrainer):
                 added = extended_vocab(vocab, data.clips)
                 vocab = {t: i for i, t in enumerate(tokens + added)}  # read_vocab of those lines
             new_tokens = len(added)
-            self._claim(run_dir, config, [checkpoint, vocab_file], data)
-            vocab_file = prepared_dir / VOCAB_FILE
-            write_vocab(vocab_file, tokens + added)
-            write_prepared(data, prepared_dir)
-            logger.info("vocabulary extended by %d token(s): %s", new_tokens, " ".join(added))
-        if data.bad_rows:
-            logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
-                           len(data.bad_rows) + len(data.clips),
-                           Path(config.output_dir) / "prepared" / "report.json")
         settings = _settings(config, params, data, mixed_precision, lora)
         # each setting once, under the name it is given by (frames under frame batching)
         applied = attrs.asdict(settings)
-        applied["steps"] = applied.pop("max_updates")
         if applied["lora"] is None:  # a full run's recipe as before
             del applied["lora"]
         if settings.batch_size_type == "frame":
             applied["batch_frames"] = applied.pop("batch_size")
-        run_dir.write_recipe({
+        self.claim_run(config, weights=[checkpoint, vocab_file], run_dir=run_dir, recipe={
             "engine": self.engine, "method": config.method, "variant": variant.name,
             "seed": config.seed, "memory": config.memory, **applied,
             "params": {k: v for k, v in config.params.items() if k not in applied
                        and k not in ("batch_frames", "max_samples", "logger")},
-            "device": str(device)}, logger=params.logger)
+            "device": str(device)}, rows=((c.text, c.audio) for c in data.clips))
+        if extend is not False:
+            vocab_file = prepared_dir / VOCAB_FILE
+            write_vocab(vocab_file, tokens + added)
+            logger.info("vocabulary extended by %d token(s): %s", new_tokens, " ".join(added))
+        write_prepared(data, prepared_dir)
+        if data.bad_rows:
+            logger.warning("%d of %d dataset rows skipped (see %s)", len(data.bad_rows),
+                           len(data.bad_rows) + len(data.clips), prepared_dir / REPORT)
         return F5Run(config, model_dir, checkpoint, variant, vocab, data, settings,
-                     vocab_file, new_tokens if finetune else 0, finetune, str(device), params,
-                     lora)
+                     vocab_file, new_tokens if finetune else 0, finetune, str(device), params)
 
     def start(self, run: F5Run, world: ProcessWorld) -> FineTuning:
         """Model (upstream's construction, hence its random draws), base weights and loop."""
@@ -282,22 +255,20 @@ class F5Trainer(StepTrainer):
         loop = FineTuning(model, run.vocab, dataset, run.data.durations, settings,
                           py_random=random.Random(run.config.seed), runner=runner,
                           log=output / LOG_FILE, shard_batches=run.params.shard_batches,
-                          keep_ema=run.lora is None, samples=TrainingSamples(
+                          keep_ema=run.settings.lora is None, samples=TrainingSamples(
                               run.model_dir, dataset, run.vocab, output / "samples",
                               run.config.seed) if run.params.samples else None,  # upstream: off
                           samples_every=checkpoint_retention(run.config)[1])
-        if not run.finetune or run.lora is not None:  # upstream without a pretrained_ file: a fresh EMA
+        # upstream without a pretrained_ file: a fresh EMA
+        if not run.finetune or run.settings.lora is not None:
             return loop
-        raw = (load_state_dict_file(run.checkpoint) if run.checkpoint.suffix == ".safetensors"
-               else load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", "")))
+        # a .pt file's EMA dict, or the whole file (a safetensors release)
+        raw = load_state_dict_file(run.checkpoint, key=("ema_model_state_dict", ""))
         if "initted" in raw and "step" in raw:
             # upstream loads the base file into its EMA: its update counter carries over
             loop.runner.ema.initted = raw["initted"].clone()
             loop.runner.ema.step = raw["step"].clone()
         return loop
-
-    def trained_weights(self, run: F5Run) -> dict:
-        return load_state_file(Path(run.config.output_dir) / CHECKPOINT)["model"]
 
     def lora_base_fingerprint(self, run: F5Run) -> str:
         """`F5Engine.base_fingerprint` of the base model, without loading it."""
@@ -305,19 +276,12 @@ class F5Trainer(StepTrainer):
 
         return weights_fingerprint(run.checkpoint, run.vocab)
 
-    def _claim(self, run_dir: RunDirectory, config: TrainingConfig, weights: list[Path],
-               data: PreparedData) -> None:
-        self.claim_run(config, weights=weights, rows=((c.text, c.audio) for c in data.clips),
-                       run_dir=run_dir)
-
     def write_export(self, run: F5Run, folder: Path) -> None:
         """The EMA weights as a model directory (`write_model`)."""
-        state = load_state_file(Path(run.config.output_dir) / CHECKPOINT)
+        state = load_state_file(Path(run.config.output_dir) / self.checkpoint)
         write_model(folder, state["ema"], state["position"]["update"], run.model_dir,
                     run.variant, base_model=str(run.config.model), vocab_file=run.vocab_file,
                     finetuned=run.finetune)
-
-
 
 
 def expand_text_embedding(weight: torch.Tensor, new_tokens: int) -> torch.Tensor:
