@@ -1,9 +1,5 @@
-"""The toy trainer: fits each character's ``level`` to the loudness of the clips that speak it.
-Model + data + loss + export only: core's `TrainingRunner` runs the update, `StepTrainer` the
-run. docs/plugins.md "Training toolkit" walks through it.
-
-``--method lora`` comes from declaring the engine's LoRA targets (``lora_targets``): the core
-adds the adapters (`StepTrainer.add_lora`), trains only them and exports the adapter alone."""
+"""The toy trainer, fitting each character's ``level`` to the loudness of the clips that speak it:
+model + data + loss + export; core's `TrainingRunner` runs the update, `StepTrainer` the rest."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ class ToyRun:
 
 class ToyTrainer(StepTrainer):
     engine = "toy"
-    methods = frozenset({"full"})
-    lora_targets = LORA_TARGETS  # the engine's: adds the lora method
+    lora_targets = LORA_TARGETS  # the engine's: methods full and lora (core adds the adapters)
 
     def defaults(self, method: str, model: str) -> dict:
         return {"steps": 100, "learning_rate": 1e-2, "batch_size": 2}
@@ -59,32 +54,27 @@ class ToyTrainer(StepTrainer):
         return ToyRun(config, model_dir, slots, loudness)
 
     def start(self, run: ToyRun, world) -> RunnerSession:
-        config = run.config
-        weights = load_state_dict_file(run.model_dir / WEIGHTS_FILE)
+        config, weights = run.config, load_state_dict_file(run.model_dir / WEIGHTS_FILE)
         model = Tables(weights["pitch"], weights["level"])  # the engine's layers
         model.pitch.weight.requires_grad_(False)  # the levels train, the pitches stay
         self.add_lora(run, model)  # --method lora: adapters on the tables, only they train
         # the toy's own defaults: no clipping, a constant rate (--max-grad-norm, --lr-schedule)
         runner = self.runner(run, world, max_grad_norm=0.0, schedule="constant")
         runner.optimize(model)  # AdamW over what trains, the run's learning rate and schedule
-        one_hot = torch.eye(model.level.in_features, dtype=torch.float64)
         generator = torch.Generator().manual_seed(config.seed)  # the data's draws, resumed
 
         def next_batch() -> list[int]:
             return torch.randint(len(run.slots), (config.batch_size,), generator=generator).tolist()
 
         def loss(picks: list[int]) -> dict[str, torch.Tensor]:
-            levels = model.level(one_hot)[:, 0]  # every character's level, adapted or not
+            levels = model.level(torch.eye(model.level.in_features, dtype=torch.float64))[:, 0]
             return {"loss": torch.stack([(levels[list(run.slots[i])].mean()
                                           - run.loudness[i]) ** 2 for i in picks]).mean()}
-
         return RunnerSession(runner, model, total=config.steps, next_batch=next_batch, loss=loss,
                              generators={"generator": generator})
 
-    def write_export(self, run: ToyRun, folder: Path) -> None:  # base model, trained levels
-        # (a lora run's export, the adapter alone, is the core's)
-        state = torch.load(Path(run.config.output_dir) / self.checkpoint, weights_only=True)
-        pitch = load_state_dict_file(run.model_dir / WEIGHTS_FILE)["pitch"]
-        level = state["model"]["level.weight"].view(-1).to(torch.float32)
+    def write_export(self, run: ToyRun, folder: Path) -> None:  # (a lora run's: the core's)
+        pitch = load_state_dict_file(run.model_dir / WEIGHTS_FILE)["pitch"]  # base, trained levels
+        level = self.trained_weights(run)["level.weight"].view(-1).to(torch.float32)
         save_file({"pitch": pitch, "level": level}, str(folder / WEIGHTS_FILE))
         (folder / CONFIG_FILE).write_bytes((run.model_dir / CONFIG_FILE).read_bytes())
