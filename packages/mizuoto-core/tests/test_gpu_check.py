@@ -56,13 +56,18 @@ def test_a_configuration_must_run_on_the_device_and_dtype_it_claims():
     assert failed == ["x: base ran in bfloat16", "x: upstream ran on cuda"]
 
 
-def test_the_lone_stream_must_have_gone_through_the_batcher():
-    row = {"batch": 1, "identical": True, "batcher_steps": 12, "seconds": 1.0,
+def test_the_lone_stream_must_have_gone_through_the_scheduler():
+    row = {"batch": 1, "identical": True, "steps": 12, "batched_rows": 0, "seconds": 1.0,
            "snr_db": float("inf"), "patches_alone": 4, "patches_batched": 4}
     assert steps.batching_checks("b", [row])[0].passed
-    # max_batch=1 builds no batcher: identical, but compared the unbatched path with itself
-    assert not steps.batching_checks("b", [{**row, "batcher_steps": 0}])[0].passed
+    # no scheduler step taken: identical, but compared the unbatched path with itself
+    assert not steps.batching_checks("b", [{**row, "steps": 0}])[0].passed
     assert not steps.batching_checks("b", [])[0].passed
+    # a batch whose rows never shared a kernel call is not "stepped together"
+    batch = {**row, "batch": 8, "batched_rows": 0, "seconds": 2.0, "snr_db": 40.0}
+    checks = steps.batching_checks("b", [row, batch])
+    assert checks[0].passed and not checks[1].passed
+    assert steps.batching_checks("b", [row, {**batch, "batched_rows": 64}])[1].passed
 
 
 def test_a_step_that_no_longer_fits_is_skipped():

@@ -70,8 +70,8 @@ _ON_FIRST_USE = {
     "mizuoto.training.trainer": ("training_device", "training_precision"),
     # LoRA adapters: an engine declares its targets (mizuoto.adapters), a trainer adds the
     # lora method (mizuoto.training.lora)
-    "mizuoto.adapters": ("AdapterFormat", "AdapterHost", "LoRATargets", "write_adapter",
-                         "write_fixture_adapter"),
+    "mizuoto.adapters": ("AdapterFormat", "AdapterHost", "LoRATargets", "read_adapter_files",
+                         "write_adapter", "write_adapter_files", "write_fixture_adapter"),
     "mizuoto.training.lora": ("LoRAParams", "add_adapters"),
     "mizuoto.nn.lora": ("LoRASettings",),
     # the command toolkit: what mizuoto's commands share, for a plugin's register_commands
