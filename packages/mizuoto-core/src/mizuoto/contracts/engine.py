@@ -364,7 +364,10 @@ class Engine(abc.ABC):
             if getattr(request, setting) is not None:
                 raise InvalidRequest(setting, f"the {self.name} engine has no such setting",
                                      "leave it unset")
-        params = self.parse_params(request.params)
+        # an API 1.0 plugin without a params_class may read request.params itself
+        reads_its_own = type(self).parse_params is Engine.parse_params \
+            and not parses_params_by_class(type(self))
+        params = None if reads_its_own else self.parse_params(request.params)
         seed, drawn = resolve_seed(request.seed)
         return RequestPlan(request, params, seed, drawn, self.name, self.info.fingerprint,
                            tuple(getattr(request, "notices", ())),
@@ -415,6 +418,15 @@ def _check_implements_one(cls: type[Engine]) -> None:
         raise TypeError(f"{cls.__module__}.{cls.__qualname__} implements neither _synthesize() "
                         "nor _stream(): implement one of them (the base class builds the "
                         "other from it)")
+
+
+def parses_params_by_class(engine_cls: type[Engine]) -> bool:
+    """Whether the engine's params are its ``params_class``'s fields, as the base class parses
+    them: an engine with its own ``parse_params``, or an API 1.0 plugin without a
+    ``params_class`` (it may read ``request.params`` itself), is asked at the request."""
+    if engine_cls.parse_params is not Engine.parse_params:
+        return False
+    return engine_cls.params_class is not None or engine_cls.plugin_api != "1.0"
 
 
 def engine_lock(engine: Engine) -> RequestLock:
