@@ -4,8 +4,9 @@ A long text is cut into *sections* (whole sentences packed up to ``max_chars`` c
 as the text is read); each section is one ordinary request, and its audio goes to disk as soon
 as it is made. The request is planned once, through the speech service
 (:func:`mizuoto.service.plan_document`: the engine's checks, its params parsed, the seed drawn
-there when unset); each section runs the document's plan with its own text and seed. Memory holds one section's text and audio, whatever the
-length of the text, and every engine gets this without code of its own.
+there when unset); each section runs the document's plan with its own text and seed. Memory
+holds one section's text and audio, whatever the length of the text, and every engine gets
+this without code of its own.
 
 On disk, ``OUT.part/`` beside the output holds ``audio.raw`` (the finished sections' samples,
 headerless, in the output's sample format) and ``state.json`` (sections done, bytes written,
@@ -21,10 +22,10 @@ writes. A longer text differs from one call (where one call could take it: a req
 most ``MAX_TEXT_CHARS``) at the section boundaries only:
 
 - section ``k > 0`` is seeded with :func:`~mizuoto.service.section_seed` ``(seed, k)``, so
-  that every section
-  is a pure function of its text, the settings and ``k``: that is what makes a resumed file
-  byte-identical. Within a section the engine seeds its own chunks as usual (F5-TTS draws them
-  from one generator, VoxCPM from ``seed + 1000 * chunk``), but not across sections;
+  that every section is a pure function of its text, the settings and ``k``: that is what
+  makes a resumed file byte-identical. Within a section the engine seeds its own chunks as
+  usual (F5-TTS draws them from one generator, VoxCPM from ``seed + 1000 * chunk``), but not
+  across sections;
 - sections are joined end to end. F5-TTS crossfades its own chunks within a section, not
   across a section boundary; VoxCPM joins its chunks end to end too.
 """
@@ -140,8 +141,7 @@ def _cut(text: str, start: int, max_chars: int) -> tuple[str, int]:
 
 
 def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest | DocumentPlan,
-                  *,
-                  text_file: str | Path | None = None, resume: bool = False,
+                  *, text_file: str | Path | None = None, resume: bool = False,
                   max_chars: int = DEFAULT_SECTION_CHARS, stop_after: int | None = None,
                   progress: ProgressCallback | None = None,
                   resume_hint: str = "resume=True") -> LongFormResult:
