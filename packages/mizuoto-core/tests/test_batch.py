@@ -23,16 +23,14 @@ from mizuoto.identity import file_digest
 
 
 class ToneEngine(Engine):
-    """Seeded noise as long as the text; ``params.gain`` (a float) is its only setting. It
-    reads a reference's audio (it declares cloning: the speech service's plan checks that)."""
+    """Seeded noise as long as the text; ``params.gain`` (a float) is its only setting."""
 
     name = "tone"
 
     def __init__(self) -> None:
         self.calls = 0
         self._info = ModelInfo("tone", "tone-model", "v0", 8000, "float32", "cpu",
-                               frozenset({Capability.ZERO_SHOT, Capability.CLONE}),
-                               fingerprint="f" * 64)
+                               frozenset({Capability.ZERO_SHOT}), fingerprint="f" * 64)
 
     @classmethod
     def load(cls, model_dir, *, options=None, model_id=None, progress=None):

@@ -115,6 +115,22 @@ def test_an_api_1_0_engine_without_a_params_class_reads_its_params_itself():
     assert planned.plan.params is None and planned.plan.request.params == {"its_own": 1}
 
 
+def test_an_api_1_0_engine_keeps_taking_what_it_did_not_declare_with_a_warning(toy):
+    from conftest import FakeEngine
+
+    from mizuoto.contracts.api import PluginAPIDeprecation
+
+    engine = FakeEngine("m", FakeEngine.options_class())
+    assert "design" not in {c.value for c in engine.info.capabilities}
+    # an API 1.0 plugin checked its own requests: what it took unplanned, it still takes
+    with pytest.warns(PluginAPIDeprecation, match="'design' without declaring it"):
+        planned = plan_speech(engine, speech_order("x", instruction="a low voice"))
+    assert planned.plan.request.instruction == "a low voice"
+    # an engine at the current API is refused, before it runs
+    with pytest.raises(errors.UnsupportedCapability):
+        toy.plan(SynthesisRequest("x", instruction="a low voice"))
+
+
 def test_a_document_is_planned_once_and_its_sections_seeded_from_its_seed(toy, monkeypatch):
     parsed = []
     parse = type(toy).parse_params

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
+from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation, deprecated
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine_support import join_stream, one_chunk
 from mizuoto.contracts.features import stepping_engine
@@ -344,6 +344,17 @@ class Engine(abc.ABC):
                 f"{self.name} model {self.info.model} {declares}the engine does not implement "
                 f"{method}() (its {hook}()); this is a bug in the {self.name} plugin")
 
+    def _require_planned(self, capability: Capability) -> None:
+        # An API 1.0 plugin checked its requests in its own public calls, and `say` handed
+        # them over unplanned: what it took then, it still takes, with a warning.
+        if self.plugin_api == "1.0" and capability not in self.capabilities:
+            deprecated(f"{type(self).__qualname__} was sent a request that needs "
+                       f"{capability.value!r} without declaring it in its ModelInfo's "
+                       "capabilities: declare it (API 1.1 refuses such a request)",
+                       stacklevel=3)
+            return
+        self.require(capability)
+
     def plan(self, request: SynthesisRequest | EditRequest) -> RequestPlan:
         """The pre-flight: ``request`` checked against the capabilities (and its saved
         voice against the weights), its params parsed and its seed resolved (drawn here
@@ -352,14 +363,14 @@ class Engine(abc.ABC):
         request before it queues, and knows the seed before the first byte."""
         if isinstance(request, SynthesisRequest):
             if request.instruction is not None:
-                self.require(Capability.DESIGN)
+                self._require_planned(Capability.DESIGN)
             if request.voice is not None:
-                self.require(Capability.VOICE_CACHE)
+                self._require_planned(Capability.VOICE_CACHE)
                 request.voice.check(self.name, self.info.fingerprint)
             elif request.reference is not None:
-                self.require(Capability.CLONE)
+                self._require_planned(Capability.CLONE)
             elif request.instruction is None:
-                self.require(Capability.ZERO_SHOT)
+                self._require_planned(Capability.ZERO_SHOT)
         for setting in _SAMPLER_SETTINGS - self.request_settings:
             if getattr(request, setting) is not None:
                 raise InvalidRequest(setting, f"the {self.name} engine has no such setting",
