@@ -548,6 +548,35 @@ def test_the_toy_trainer_passes_the_in_process_trainer_tests(run_suite, monkeypa
     result.assert_outcomes(passed=6)
 
 
+@pytest.mark.parametrize("plugin_api", ["1.0", "1.1"])
+def test_a_save_the_suite_cannot_interrupt_fails_or_warns_never_skips(run_suite, monkeypatch,
+                                                                       plugin_api):
+    """The kill-during-save check on a run that finishes (it saved its checkpoint no way the
+    suite can interrupt; here its child process is stood in for): a failure naming the fix
+    for a plugin written for API 1.1, a deprecation and the closing line for one written for
+    1.0; a skip for neither."""
+    import subprocess
+
+    from toy_trainer import ToyTrainer
+
+    _with_toy_trainer(monkeypatch, ToyTrainer)
+    monkeypatch.setattr(ToyEngine, "plugin_api", plugin_api)
+    monkeypatch.setattr(subprocess, "run",
+                        lambda args, **_: subprocess.CompletedProcess(args, 0, b"", b""))
+    result = run_suite("--mizuoto-engine", "toy", "-k", "during_a_checkpoint_save",
+                       "-W", "default::DeprecationWarning")
+    result.stdout.fnmatch_lines(["*saved no weight file the suite could interrupt*Likely "
+                                 "cause*mizuoto.plugin.atomic_path*"], consecutive=False)
+    if plugin_api == "1.1":
+        result.assert_outcomes(failed=1)
+        return
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(["plugin mizuoto_example (engine toy) is written for API 1.0; "
+                                 "it misses 1 requirements of 1.1: test_resume_after_sigkill_"
+                                 "during_a_checkpoint_save_or_a_named_refusal*"],
+                                consecutive=False)
+
+
 def test_a_trainer_that_ignores_the_learning_rate_is_caught(run_suite, monkeypatch):
     from toy_trainer import ToyTrainer
 

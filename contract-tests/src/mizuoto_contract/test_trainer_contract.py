@@ -30,23 +30,22 @@ import attrs
 import numpy as np
 import pytest
 
-from mizuoto_contract import trainer_cases
 from mizuoto_contract.models import CONTRACT_OPTIONS
 from mizuoto_contract.reference import REFERENCE_TEXT, voiced_signal
-from mizuoto_contract.trainer_cases import (
+
+# the cases (every registered trainer and method, and the model + data set each check starts
+# from) and the collection switch, read by pytest as this module's own
+from mizuoto_contract.trainer_cases import (  # noqa: F401
     STEPS,
     TEXTS,
-    _any_trainer,
+    __test__,
     _config,
     _weight_files,
+    case,
+    pytest_generate_tests,
+    stopping_case,
     write_dataset,
 )
-
-__test__ = _any_trainer()  # no trainer installed: nothing to collect here (not a skip)
-# every registered trainer and method, and the model + data set each check starts from
-pytest_generate_tests = trainer_cases.pytest_generate_tests
-case = trainer_cases.case
-stopping_case = trainer_cases.stopping_case
 
 
 def test_prepare_train_export_and_speak(case, tmp_path):

@@ -1,7 +1,14 @@
 """What the trainer contract's modules share (`test_trainer_contract`,
 `test_trainer_contract_resume`): the parametrization over every registered trainer and method,
 the fixtures that make a contract fixture's model and a small voiced data set, the run's
-configuration and the exported weight files."""
+configuration and the exported weight files.
+
+A module of the trainer contract takes its cases with one import, which pytest then reads as
+the module's own::
+
+    from mizuoto_contract.trainer_cases import (  # noqa: F401 (read by pytest)
+        __test__, case, pytest_generate_tests, stopping_case)
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,11 @@ def _any_trainer() -> bool:
     from mizuoto.registry import trainers
 
     return bool(trainers())
+
+
+#: pytest's collection switch of the modules that import it: no trainer installed, nothing to
+#: collect (not a skip)
+__test__ = _any_trainer()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -111,6 +111,16 @@ _TRAINER_BLOCKS = _python_blocks(_section((DOCS / "plugins.md").read_text(),
                                           "## The trainer contract"))
 
 
+def test_the_example_trainer_is_as_short_as_the_docs_say():
+    """plugins.md offers the example plugin's trainer as the template, naming its length."""
+    said = re.search(r"mizuoto_example/training\.py`,\s+(\d+) lines",
+                     (DOCS / "plugins.md").read_text())
+    assert said, "plugins.md no longer names the example trainer's length"
+    trainer = DOCS / "examples/mizuoto-example/src/mizuoto_example/training.py"
+    lines = len(trainer.read_text().splitlines())
+    assert lines <= int(said[1]), f"{trainer.name} has {lines} lines, the docs say {said[1]}"
+
+
 def test_the_trainer_docs_have_code_blocks():
     assert len(_TRAINER_BLOCKS) >= 3
 

@@ -21,8 +21,8 @@ from mizuoto.serve.ray import (  # noqa: E402
     RaySettings,
     RemoteEngine,
     _engine_call,
+    _lora_exports,
     _unwrapped,
-    adapters,
     check_resources,
     description,
     proxy_class,
@@ -212,17 +212,24 @@ class _Exports:
         return [Lora, NoLora]
 
 
-def test_adapters_are_the_subdirectories_a_lora_engine_claims(tmp_path):
+def test_adapters_are_the_subdirectories_a_lora_engine_claims(tmp_path, monkeypatch):
+    """Found by :func:`~mizuoto.adapters.find_adapters`, as the single-process server finds
+    them: here by an engine's own ``is_lora_export`` (it declares no ``lora_targets``)."""
+    from mizuoto import registry
+
     for name in ("a", "b"):
         (tmp_path / "one" / name).mkdir(parents=True)
     (tmp_path / "one" / "a" / "adapter.bin").write_bytes(b"")
     (tmp_path / "two" / "a").mkdir(parents=True)
     (tmp_path / "two" / "a" / "adapter.bin").write_bytes(b"")
-    engines = _Exports.make()
-    assert adapters([tmp_path / "one"], engines) == {"a": str(tmp_path / "one" / "a")}
+    lora, plain = _Exports.make()
+    monkeypatch.setattr(registry, "engines", lambda: {"lora": lora, "plain": plain})
+    assert _lora_exports([tmp_path / "one"]) == {"a": str(tmp_path / "one" / "a")}
     with pytest.raises(errors.InvalidRequest, match="two LoRA exports"):
-        adapters([tmp_path / "one", tmp_path / "two"], engines)
-    assert adapters([tmp_path / "one"], engines[1:]) == {}
+        _lora_exports([tmp_path / "one", tmp_path / "two"])
+    monkeypatch.setattr(registry, "engines", lambda: {"plain": plain})
+    assert _lora_exports([tmp_path / "one"]) == {}
+    assert _lora_exports([]) == {}
 
 
 def test_voxcpm_says_which_folders_are_its_lora_exports(tmp_path):

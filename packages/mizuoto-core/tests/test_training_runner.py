@@ -276,3 +276,28 @@ def test_step_trainer_runner_takes_the_runs_settings_over_the_trainers_defaults(
     runner.optimize(_model())
     assert runner.scheduler.lr_lambdas[0].total == 7
     assert runner.optimizer.param_groups[0]["initial_lr"] == 0.5
+
+
+def test_step_trainer_runner_takes_a_precision_resolved_at_prepare_as_given():
+    """A mode ``prepare`` resolved (and recorded in the run) is not chosen again: fp16 on the
+    CPU, which `device_and_precision` refuses there, is what the runner runs."""
+    import attrs
+
+    from mizuoto.contracts.trainer import TrainingConfig
+    from mizuoto.errors import InvalidRequest
+    from mizuoto.training import ProcessWorld, StepTrainer
+
+    class Toy(StepTrainer):
+        engine, methods = "toy", frozenset({"full"})
+        prepare = start = write_export = None
+
+    class Run:
+        config = TrainingConfig("full", "m", "d", "o", mixed_precision="bf16",
+                                compute={"device": "cpu"})
+
+    runner = Toy().runner(Run(), ProcessWorld(), mixed_precision="fp16")
+    assert (runner.device.type, runner.precision.mode) == ("cpu", "fp16")
+    assert Toy().runner(Run(), ProcessWorld()).precision.mode == "bf16"  # resolved here
+    Run.config = attrs.evolve(Run.config, mixed_precision="fp16")
+    with pytest.raises(InvalidRequest, match="fp16"):
+        Toy().runner(Run(), ProcessWorld())

@@ -232,7 +232,8 @@ def attach_adapter(root: nn.Module, adapter: Adapter, paths: list[str]) -> None:
             layer.lora_B.copy_(adapter.tensors[f"{path}.lora_B"])
 
 
-def find_adapters(roots: Iterable[str | Path], formats: Iterable[AdapterFormat],
+def find_adapters(roots: Iterable[str | Path],
+                  formats: Iterable[AdapterFormat | ClaimedExports],
                   field: str = "lora_dirs") -> dict[str, Path]:
     """The adapter directories directly under ``roots`` (any of ``formats``): name (the
     subdirectory's) to directory; two of one name refused by ``field``."""
@@ -253,16 +254,30 @@ def find_adapters(roots: Iterable[str | Path], formats: Iterable[AdapterFormat],
     return found
 
 
-def engine_adapter_formats() -> list[AdapterFormat]:
+@attrs.frozen
+class ClaimedExports:
+    """The exports of a :class:`SupportsLoRA` engine that declares no ``lora_targets``, told
+    by its own ``is_lora_export`` (an API 1.1 plugin's way): found as a format's are."""
+
+    engine: type[SupportsLoRA]
+
+    def holds(self, directory: Path) -> bool:
+        return bool(self.engine.is_lora_export(Path(directory)))
+
+
+def engine_adapter_formats() -> list[AdapterFormat | ClaimedExports]:
     """The adapter formats of every registered engine that declares LoRA targets (peft's
-    first)."""
+    first), then the exports other LoRA engines claim (:class:`ClaimedExports`)."""
     from mizuoto import registry
 
-    formats = [PEFT_FORMAT]
+    formats: list[AdapterFormat | ClaimedExports] = [PEFT_FORMAT]
     for engine in registry.engines().values():
         declared = getattr(engine, "lora_targets", None)  # a declared ClassVar of AdapterHost
-        if isinstance(declared, LoRATargets) and declared.format not in formats:
-            formats.append(declared.format)
+        if isinstance(declared, LoRATargets):
+            if declared.format not in formats:
+                formats.append(declared.format)
+        elif isinstance(engine, type) and issubclass(engine, SupportsLoRA):
+            formats.append(ClaimedExports(engine))
     return formats
 
 

@@ -1,5 +1,4 @@
-"""The toy trainer, fitting each character's ``level`` to the loudness of the clips that speak it:
-model + data + loss + export; core's `TrainingRunner` runs the update, `StepTrainer` the rest."""
+"""The toy trainer: model + data + loss + export, each character's ``level`` fitted to loudness."""
 
 from __future__ import annotations
 
@@ -62,12 +61,13 @@ class ToyTrainer(StepTrainer):
         runner = self.runner(run, world, max_grad_norm=0.0, schedule="constant")
         runner.optimize(model)  # AdamW over what trains, the run's learning rate and schedule
         generator = torch.Generator().manual_seed(config.seed)  # the data's draws, resumed
+        one_hot = torch.eye(model.level.in_features, dtype=torch.float64)  # every slot, once
 
         def next_batch() -> list[int]:
             return torch.randint(len(run.slots), (config.batch_size,), generator=generator).tolist()
 
         def loss(picks: list[int]) -> dict[str, torch.Tensor]:
-            levels = model.level(torch.eye(model.level.in_features, dtype=torch.float64))[:, 0]
+            levels = model.level(one_hot)[:, 0]  # through the layer: an adapter's levels too
             return {"loss": torch.stack([(levels[list(run.slots[i])].mean()
                                           - run.loudness[i]) ** 2 for i in picks]).mean()}
         return RunnerSession(runner, model, total=config.steps, next_batch=next_batch, loss=loss,

@@ -6,11 +6,11 @@ One Ray Serve application:
   it on a :class:`~mizuoto.serve.worker.ModelWorker`, as the single-process server does (so
   ``--max-batch`` batches inside each replica);
 - with ``lora_dirs``, one deployment for the LoRA exports found there (:class:`AdapterReplica`;
-  an export is a directory that an engine declaring
-  :class:`~mizuoto.contracts.features.SupportsLoRA` says is its own, through
-  ``is_lora_export``): each adapter is a model named by its directory, loaded on demand
-  through ``serve.multiplexed`` (at most ``max_adapters`` per replica, least recently used
-  unloaded), requests routed to a replica that has it loaded when one does;
+  found as the single-process server finds them, :func:`~mizuoto.adapters.find_adapters` by
+  the formats installed engines declare, or an engine's own ``is_lora_export``): each adapter
+  is a model named by its directory, loaded on demand through ``serve.multiplexed`` (at most
+  ``max_adapters`` per replica, least recently used unloaded), requests routed to a replica
+  that has it loaded when one does;
 - the ingress (:class:`Ingress`): the application of :func:`~mizuoto.serve.app.create_app`,
   routes, page, authentication, limits and metrics unchanged, whose models are
   :class:`RemoteEngine` proxies, made for each engine class from its own members: what was
@@ -55,7 +55,7 @@ from typing import Any
 import attrs
 
 from mizuoto.contracts import features
-from mizuoto.contracts.features import SupportsBatching, SupportsLoRA
+from mizuoto.contracts.features import SupportsBatching
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.app import ServeConfig, _loader, create_app
 from mizuoto.serve.batching import MAX_BATCH
@@ -113,28 +113,15 @@ class RaySettings:
         return self.max_replicas if self.max_replicas is not None else self.replicas
 
 
-def adapters(lora_dirs, engine_classes=None) -> dict[str, str]:
-    """The LoRA exports under ``lora_dirs``: adapter id (its directory's name) to directory.
-    A subdirectory is one when an installed engine declaring LoRA support says so
-    (``is_lora_export``); ``engine_classes`` defaults to the registered engines."""
-    if engine_classes is None:
-        from mizuoto.registry import engines
+def _lora_exports(lora_dirs) -> dict[str, str]:
+    """The LoRA exports under ``lora_dirs`` as the single-process server finds them: adapter
+    id (its directory's name) to directory."""
+    if not lora_dirs:
+        return {}  # the registry (and torch) stay unloaded
+    from mizuoto.adapters import engine_adapter_formats, find_adapters
 
-        engine_classes = engines().values() if lora_dirs else ()
-    lora_classes = [cls for cls in engine_classes if issubclass(cls, SupportsLoRA)]
-    found: dict[str, str] = {}
-    for root in lora_dirs:
-        root = Path(root)
-        if not root.is_dir():
-            raise InvalidRequest("lora_dirs", f"{root} is not a directory",
-                                 "give directories holding LoRA exports")
-        for path in sorted(root.iterdir()):
-            if path.is_dir() and any(cls.is_lora_export(path) for cls in lora_classes):
-                if path.name in found:
-                    raise InvalidRequest("lora_dirs", f"two LoRA exports are named "
-                                         f"{path.name!r}", "rename one of the directories")
-                found[path.name] = str(path)
-    return found
+    return {name: str(path)
+            for name, path in find_adapters(lora_dirs, engine_adapter_formats()).items()}
 
 
 def _config_fields(config: ServeConfig) -> dict:
@@ -584,7 +571,7 @@ def application(config: ServeConfig, settings: RaySettings | None = None):
 
     settings = settings or RaySettings()
     fields = _config_fields(config)
-    exports = adapters(settings.lora_dirs)
+    exports = _lora_exports(settings.lora_dirs)
     clash = sorted(set(exports) & set(config.models))
     if clash:
         raise InvalidRequest("lora_dirs", f"a LoRA export and a model are both named "
@@ -645,7 +632,7 @@ def start(config: ServeConfig, settings: RaySettings, *, name: str = "mizuoto") 
         # joins the cluster last started here, whatever it is)
         ray.init(address=settings.address or "local", include_dashboard=False,
                  log_to_driver=False, **local)
-    _check_cluster(ray, settings, len(config.models) + bool(adapters(settings.lora_dirs)))
+    _check_cluster(ray, settings, len(config.models) + bool(_lora_exports(settings.lora_dirs)))
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(app, name=name, route_prefix="/")
     _wait_ready(name, settings.ingress_replicas)
@@ -790,5 +777,4 @@ def _take_down(serve, ray, *, serving: bool, local: bool) -> None:
 
 
 __all__ = ["AdapterReplica", "Ingress", "ModelLoadFailed", "ModelReplica",
-           "RaySettings", "RemoteEngine", "adapters", "app_builder", "application", "run",
-           "start"]
+           "RaySettings", "RemoteEngine", "app_builder", "application", "run", "start"]

@@ -234,13 +234,17 @@ class StepTrainer(Trainer):
         (`training_precision`; ``auto``: ``precision_auto`` for the device type, else ``no``;
         a mode of ``precision_cuda_only`` refused off CUDA, ``precision_cuda_only_why`` saying
         why)."""
-        import torch
-
-        device = (training_device(config.compute, auto=self.device_auto) if device is None
-                  else torch.device(device))
+        device = self._device(config, device)
         return device, training_precision(
             config.mixed_precision, device, auto=self.precision_auto.get(device.type, "no"),
             cuda_only=self.precision_cuda_only, why=self.precision_cuda_only_why)
+
+    def _device(self, config: TrainingConfig, device=None) -> Any:
+        """``device``, else ``config.compute.device`` as `device_and_precision` chooses it."""
+        import torch
+
+        return (training_device(config.compute, auto=self.device_auto) if device is None
+                else torch.device(device))
 
     def runner(self, run: Any, world: ProcessWorld, *, device=None,
                mixed_precision: str | None = None, grad_accumulation: int = 1,
@@ -248,21 +252,21 @@ class StepTrainer(Trainer):
                scaler: bool | None = None, quirks: RecipeQuirks = RecipeQuirks()
                ) -> TrainingRunner:
         """The run's `TrainingRunner`: on ``device`` with the mixed-precision mode of
-        `device_and_precision` (``mixed_precision``: what ``auto`` means instead),
-        ``params.grad_accumulation``/``max_grad_norm`` (default the given, the trainer's
-        upstream values), ``config.memory`` and the recipe's ``quirks``; its
+        `device_and_precision`, or ``mixed_precision`` as given (a mode resolved already, as
+        ``prepare`` recorded it in the run), ``params.grad_accumulation``/``max_grad_norm``
+        (default the given, the trainer's upstream values), ``config.memory`` and the recipe's
+        ``quirks``; its
         `TrainingRunner.optimize` defaults to ``config.learning_rate``, ``params.lr_schedule``
         and ``params.warmup_updates`` (default ``schedule``, ``warmup_updates``) over
         ``config.steps`` updates."""
         config: TrainingConfig = run.config
         shared = self.params_class.of(config.params)[0]
-        device, precision = self.device_and_precision(config, device)
-        if mixed_precision is not None and config.mixed_precision == "auto":
-            precision = training_precision(mixed_precision, device,
-                                           cuda_only=self.precision_cuda_only,
-                                           why=self.precision_cuda_only_why)
+        if mixed_precision is None:
+            device, mixed_precision = self.device_and_precision(config, device)
+        else:  # resolved at prepare: not chosen again (nor refused) here
+            device = self._device(config, device)
         runner = TrainingRunner(
-            device=device, world=world, mixed_precision=precision,
+            device=device, world=world, mixed_precision=mixed_precision,
             scaler=scaler, memory=config.memory, quirks=quirks,
             grad_accumulation=shared.grad_accumulation or grad_accumulation,
             max_grad_norm=max_grad_norm if shared.max_grad_norm is None

@@ -36,7 +36,6 @@ from mizuoto.training import (
     ProcessWorld,
     RunDirectory,
     StepTrainer,
-    TrainingRunner,
     warn_long_warmup,
 )
 from mizuoto.training.schedules import check_warmup
@@ -247,10 +246,10 @@ class F5Trainer(StepTrainer):
         self.add_lora(run, model)
         model.to(run.device).train()
         settings = run.settings  # as prepare applied them (device_and_precision)
-        runner = TrainingRunner(device=run.device, world=world, memory=run.config.memory,
-                                mixed_precision=settings.mixed_precision, quirks=QUIRKS,
-                                grad_accumulation=settings.grad_accumulation,
-                                max_grad_norm=settings.max_grad_norm)
+        runner = self.runner(run, world, device=run.device,
+                             mixed_precision=settings.mixed_precision, quirks=QUIRKS,
+                             grad_accumulation=settings.grad_accumulation,
+                             max_grad_norm=settings.max_grad_norm)
         dataset, output = MelDataset(run.data.clips), Path(run.config.output_dir)
         loop = FineTuning(model, run.vocab, dataset, run.data.durations, settings,
                           py_random=random.Random(run.config.seed), runner=runner,
