@@ -344,17 +344,6 @@ class Engine(abc.ABC):
                 f"{self.name} model {self.info.model} {declares}the engine does not implement "
                 f"{method}() (its {hook}()); this is a bug in the {self.name} plugin")
 
-    def _require_planned(self, capability: Capability) -> None:
-        # An API 1.0 plugin checked its requests in its own public calls, and `say` handed
-        # them over unplanned: what it took then, it still takes, with a warning.
-        if self.plugin_api == "1.0" and capability not in self.capabilities:
-            deprecated(f"{type(self).__qualname__} was sent a request that needs "
-                       f"{capability.value!r} without declaring it in its ModelInfo's "
-                       "capabilities: declare it (API 1.1 refuses such a request)",
-                       stacklevel=3)
-            return
-        self.require(capability)
-
     def plan(self, request: SynthesisRequest | EditRequest) -> RequestPlan:
         """The pre-flight: ``request`` checked against the capabilities (and its saved
         voice against the weights), its params parsed and its seed resolved (drawn here
@@ -363,14 +352,14 @@ class Engine(abc.ABC):
         request before it queues, and knows the seed before the first byte."""
         if isinstance(request, SynthesisRequest):
             if request.instruction is not None:
-                self._require_planned(Capability.DESIGN)
+                _require_planned(self, Capability.DESIGN)
             if request.voice is not None:
-                self._require_planned(Capability.VOICE_CACHE)
+                _require_planned(self, Capability.VOICE_CACHE)
                 request.voice.check(self.name, self.info.fingerprint)
             elif request.reference is not None:
-                self._require_planned(Capability.CLONE)
+                _require_planned(self, Capability.CLONE)
             elif request.instruction is None:
-                self._require_planned(Capability.ZERO_SHOT)
+                _require_planned(self, Capability.ZERO_SHOT)
         for setting in _SAMPLER_SETTINGS - self.request_settings:
             if getattr(request, setting) is not None:
                 raise InvalidRequest(setting, f"the {self.name} engine has no such setting",
@@ -420,6 +409,19 @@ _PUBLIC_CALLS = ("synthesize", "stream", "edit", "build_voice")
 _HOOKS = {name: f"_{name}" for name in _PUBLIC_CALLS}
 _LOCKS_GUARD = threading.Lock()
 _NO_LOCK = NoLock()
+
+
+def _require_planned(engine: Engine, capability: Capability) -> None:
+    """``engine.require(capability)``, except that an API 1.0 plugin, which checked its
+    requests in its own public calls (and `say` handed them over unplanned), still takes what
+    it took then, with a warning. A function, not a method: a Ray ingress's proxy runs
+    :meth:`Engine.plan` without the engine's private members."""
+    if engine.plugin_api == "1.0" and capability not in engine.capabilities:
+        deprecated(f"{type(engine).__qualname__} was sent a request that needs "
+                   f"{capability.value!r} without declaring it in its ModelInfo's "
+                   "capabilities: declare it (API 1.1 refuses such a request)", stacklevel=3)
+        return
+    engine.require(capability)
 
 
 def _check_implements_one(cls: type[Engine]) -> None:
