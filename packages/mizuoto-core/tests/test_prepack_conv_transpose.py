@@ -179,3 +179,27 @@ def test_the_gemm_kernel_is_slow_conv_transpose2ds_arithmetic(threads):
         weight_view = packed.weight.reshape(1536, -1).t()
         assert not weight_view.is_contiguous()
         assert torch.equal(packed._run_gemm(weight_view, x), plain(x))
+
+
+def test_folding_batches_runs_a_few_columns_as_one_product_on_the_stored_weight(monkeypatch):
+    """Inside folding_batches() an unproven batch of few columns runs as one product on the
+    weight the gemm kernel stores (close to F.conv_transpose1d, not proven equal); outside it,
+    or past FOLD_COLUMNS, or a layer without the stored weight, runs plain, bit for bit."""
+    plain, packed = _pair(256, 128, 16, 8)
+    x = torch.randn(8, 256, pct.FOLD_COLUMNS // 8)
+    wide = torch.randn(8, 256, pct.FOLD_COLUMNS // 8 + 1)
+    products = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *a: products.append(a[1].shape) or real_mm(*a))
+    with torch.inference_mode():
+        with pct.folding_batches():  # no weight stored transposed yet: plain
+            assert torch.equal(packed(x), plain(x))
+        packed._pack("gemm", x[:1])  # as a stream's proof of the gemm kernel leaves it
+        assert torch.equal(packed(x), plain(x)) and products == []  # not asked: plain
+        with pct.folding_batches():
+            folded = packed(x)
+            assert products == [(256, pct.FOLD_COLUMNS)]  # one product, every column
+            assert torch.allclose(folded, plain(x), rtol=1e-5, atol=1e-5)
+            assert torch.equal(packed(wide), plain(wide))  # too many columns: plain
+            assert torch.equal(packed(x[:1]), plain(x[:1]))  # one input: nothing to fold
+    assert products == [(256, pct.FOLD_COLUMNS)]

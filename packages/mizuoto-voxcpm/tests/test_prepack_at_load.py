@@ -90,3 +90,18 @@ def test_the_vaes_stream_shapes_are_rehearsed_only_when_something_can_pack(model
     vae = result.applied.compute["prepack"]["modules"]["vae"]
     assert sum(vae.values()) == sum(1 for m in engine.vae.modules()
                                     if isinstance(m, torch.nn.ConvTranspose1d)) > 0
+
+
+def test_a_batching_load_packs_the_dit_and_encoder_for_a_full_batch(model_dir):
+    """With max_batch rows a step the DiT's and the local encoder's layers see max_batch times
+    a stream's rows: they may pack for that many (each count proven on first use)."""
+    model = VoxCPMEngine.load(model_dir, options=mizuoto.Options.from_mapping(
+        {"compute.device": "cpu", "compute.prepack": "auto",
+         "engines.voxcpm.max_batch": 4})).model
+    dit = [m for m in model.feat_decoder.estimator.modules() if isinstance(m, PrepackedLinear)]
+    encoder = [m for m in model.feat_encoder.modules() if isinstance(m, PrepackedLinear)]
+    assert dit and encoder
+    assert {m._max_rows for m in dit} == {4 * model.dit_rows}
+    assert {m._max_rows for m in encoder} == {max(MAX_ROWS, 4 * model.encoder_rows)}
+    assert {m._max_rows for m in model.base_lm.modules()
+            if isinstance(m, PrepackedLinear)} == {MAX_ROWS}

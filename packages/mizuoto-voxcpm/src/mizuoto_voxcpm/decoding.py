@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from mizuoto.nn.dsp.tiles import decode_or_tile
-from mizuoto.runtime.prepack_conv_transpose import proving_conv_transposes
+from mizuoto.runtime.prepack_conv_transpose import folding_batches, proving_conv_transposes
 
 # The first generation decodes the last three patches for each streamed segment and, without
 # streaming, drops two patches of prompt context whenever there is prompt audio.
@@ -124,8 +124,10 @@ def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
     continuous batcher. First-generation windows of one length go through the VAE as one batch,
     and only the newest patch's samples are computed (``AudioVAE.decode_tail``; the window's
     first two patches are context whose audio upstream throws away); a window alone is
-    decoded as :meth:`StreamDecoder.decode` does. VoxCPM2's stateful decoders one by one. Both can differ from :meth:`StreamDecoder.decode` by float32 rounding
-    (a batch's convolutions, fewer positions); see docs/performance.md."""
+    decoded as :meth:`StreamDecoder.decode` does. VoxCPM2's stateful decoders one by one. Both
+    can differ from :meth:`StreamDecoder.decode` by float32 rounding (a batch's convolutions,
+    fewer positions, a transposed convolution's batch in one product:
+    :func:`~mizuoto.runtime.prepack_conv_transpose.folding_batches`); see docs/performance.md."""
     segments: list[torch.Tensor | None] = [None] * len(decoders)
     groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for index, (decoder, patch) in enumerate(zip(decoders, patches, strict=True)):
@@ -139,8 +141,10 @@ def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
         if len(members) == 1:  # alone: the stream's own decode, exactly
             segments[members[0][0]] = first.segment(first.vae.decode(members[0][1]))
             continue
-        audio = first.vae.decode_tail(torch.cat([latents for _, latents in members]),
-                                      first.keep)
+        # the first upsampling's weight read once for the batch, not reordered per call
+        with folding_batches():
+            audio = first.vae.decode_tail(torch.cat([latents for _, latents in members]),
+                                          first.keep)
         for row, (index, _) in enumerate(members):
             segments[index] = audio[row].reshape(-1).cpu()
     return segments

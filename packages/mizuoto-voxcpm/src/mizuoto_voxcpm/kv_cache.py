@@ -99,9 +99,32 @@ class KVCache:
 
 @attrs.frozen
 class RowStep:
-    """One sequence's part of a batched decoding step (see :meth:`MiniCPM4.step_rows`)."""
+    """One sequence's part of a batched decoding step that attends row by row (``fast``
+    attention: each row over its own filled span; see :meth:`MiniCPM4.step_rows`)."""
 
     position: torch.Tensor
     span: int
     mask: torch.Tensor | None
     cache: tuple[torch.Tensor, torch.Tensor]
+
+
+@attrs.frozen
+class RowsStep:
+    """The rows of a batched decoding step at one layer, attending together (``exact``
+    attention): each row's cache (keys, values), the rows' positions ``(b,)`` on the device,
+    the span they all attend over (the longest of theirs: a masked tail adds exact zeros) and
+    the mask ``(b, 1, 1, span)`` of each row's filled positions."""
+
+    caches: list[tuple[torch.Tensor, torch.Tensor]]
+    positions: torch.Tensor
+    span: int
+    mask: torch.Tensor
+
+    def gather(self, new: torch.Tensor, which: int) -> torch.Tensor:
+        """The rows' keys (``which`` 0) or values (1) over ``span``, ``(b, kv_heads, span,
+        head_dim)``, with each row's ``new`` ``(b, kv_heads, 1, head_dim)`` at its position:
+        what each row's own step reads from its cache after writing there."""
+        gathered = torch.cat([cache[which][:, :, :self.span] for cache in self.caches])
+        rows = torch.arange(len(self.caches), device=gathered.device)
+        gathered[rows, :, self.positions] = new[:, :, 0]
+        return gathered

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto_voxcpm.config import TransformerConfig
-from mizuoto_voxcpm.kv_cache import KVCache, RowStep
+from mizuoto_voxcpm.kv_cache import KVCache, RowsStep, RowStep
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -171,23 +171,36 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).contiguous().reshape(batch, -1)
         return self.o_proj(out)
 
-    def step_rows(self, hidden: torch.Tensor, rope, rows: list[RowStep]) -> torch.Tensor:
+    def step_rows(self, hidden: torch.Tensor, rope, rows: RowsStep | list[RowStep]
+                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """:meth:`step` for ``b`` sequences at once, each against its own cache at its own
-        position: the projections run once for all rows; each row's cache write and attention
-        are the single-sequence ones (``rows[i]``: its position, span, mask, cache)."""
+        position: the projections run once for all rows. :class:`RowsStep` (exact attention):
+        one attention call over the rows' caches gathered to one span, each row the bits of
+        its own call (the extra masked positions add exact zeros, and the CPU kernel computes
+        each row and head on its own); the new keys and values are returned, ``(b, kv_heads,
+        1, head_dim)`` each, for the caller to write to the caches once for all layers. A list
+        of :class:`RowStep` (fast attention, spans of their own): row by row, each written to
+        its cache here (returns None for them)."""
         batch = hidden.size(0)
         q, k, v = self._project(hidden, 1, rope)
-        outs = []
-        for index, row in enumerate(rows):
-            key_cache, value_cache = row.cache
-            key_cache.index_copy_(2, row.position, k[index:index + 1])
-            value_cache.index_copy_(2, row.position, v[index:index + 1])
-            outs.append(F.scaled_dot_product_attention(
-                q[index:index + 1].contiguous(), key_cache[:, :, :row.span].contiguous(),
-                value_cache[:, :, :row.span].contiguous(), attn_mask=row.mask,
-                enable_gqa=True))
-        out = torch.cat(outs).transpose(1, 2).contiguous().reshape(batch, -1)
-        return self.o_proj(out)
+        if isinstance(rows, RowsStep):
+            out = F.scaled_dot_product_attention(
+                q.contiguous(), rows.gather(k, 0), rows.gather(v, 1), attn_mask=rows.mask,
+                enable_gqa=True)
+            written = (k, v)
+        else:
+            outs = []
+            for index, row in enumerate(rows):
+                key_cache, value_cache = row.cache
+                key_cache.index_copy_(2, row.position, k[index:index + 1])
+                value_cache.index_copy_(2, row.position, v[index:index + 1])
+                outs.append(F.scaled_dot_product_attention(
+                    q[index:index + 1].contiguous(), key_cache[:, :, :row.span].contiguous(),
+                    value_cache[:, :, :row.span].contiguous(), attn_mask=row.mask,
+                    enable_gqa=True))
+            out, written = torch.cat(outs), None
+        out = out.transpose(1, 2).contiguous().reshape(batch, -1)
+        return self.o_proj(out), written
 
 
 class MLP(nn.Module):
@@ -231,10 +244,10 @@ class DecoderLayer(nn.Module):
         hidden = self._add(hidden, update)
         return self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
 
-    def step_rows(self, hidden: torch.Tensor, rope, rows: list[RowStep]) -> torch.Tensor:
-        update = self.self_attn.step_rows(self.input_layernorm(hidden), rope, rows)
+    def step_rows(self, hidden: torch.Tensor, rope, rows: RowsStep | list[RowStep]):
+        update, written = self.self_attn.step_rows(self.input_layernorm(hidden), rope, rows)
         hidden = self._add(hidden, update)
-        return self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
+        return self._add(hidden, self.mlp(self.post_attention_layernorm(hidden))), written
 
 
 class MiniCPM4(nn.Module):
@@ -297,20 +310,43 @@ class MiniCPM4(nn.Module):
         """:meth:`step` for ``b`` sequences (``embeds``: ``(b, hidden)``), row ``i`` against
         ``caches[i]`` at its own position. The row-wise arithmetic (norms, RoPE, attention) is
         the single-sequence one; the matrix products run once with ``b`` rows, which is where
-        a row's bits may depend on ``b`` (the kernel a GEMM picks by shape)."""
-        spans = [cache.attend_span(cache.next_position()) for cache in caches]
+        a row's bits may depend on ``b`` (the kernel a GEMM picks by shape). With exact
+        attention each layer attends once for all rows (:class:`RowsStep`) and each row's new
+        keys and values go to its cache once after the last layer: per row, one write a step
+        instead of two calls a layer."""
+        claimed = [cache.next_position() for cache in caches]
+        spans = [cache.attend_span(position) for cache, position in zip(caches, claimed,
+                                                                         strict=True)]
         positions = torch.cat([cache.position for cache in caches])
         rope = None
         if self.rope_emb is not None:
             cos, sin = self.rope_emb(positions)
             rope = (cos[:, None, None, :], sin[:, None, None, :])
-        masks = [_filled_mask(cache, span, cache.position)
-                 for cache, span in zip(caches, spans, strict=True)]
+        together = all(cache.attention == "exact" for cache in caches)
+        if together:
+            span = max(spans)
+            mask = (torch.arange(span, device=positions.device).view(1, -1)
+                    <= positions.view(-1, 1)).view(-1, 1, 1, span)
+        else:
+            masks = [_filled_mask(cache, span, cache.position)
+                     for cache, span in zip(caches, spans, strict=True)]
         hidden = embeds
+        keys, values = [], []
         for index, layer in enumerate(self.layers):
-            rows = [RowStep(cache.position, span, mask, cache.layer(index))
-                    for cache, span, mask in zip(caches, spans, masks, strict=True)]
-            hidden = layer.step_rows(hidden, rope, rows)
+            if together:
+                rows = RowsStep([cache.layer(index) for cache in caches], positions, span, mask)
+            else:
+                rows = [RowStep(cache.position, span, mask, cache.layer(index))
+                        for cache, span, mask in zip(caches, spans, masks, strict=True)]
+            hidden, written = layer.step_rows(hidden, rope, rows)
+            if written is not None:
+                keys.append(written[0])
+                values.append(written[1])
+        if together:
+            # (2, layers, b, kv_heads, head_dim): each row's keys and values of every layer
+            new = torch.stack((torch.stack(keys), torch.stack(values)))[..., 0, :]
+            for row, (cache, position) in enumerate(zip(caches, claimed, strict=True)):
+                cache.tensor[:, :, 0, :, position] = new[:, :, row]
         for cache in caches:
             cache.position.add_(1)
         return self.norm(hidden)

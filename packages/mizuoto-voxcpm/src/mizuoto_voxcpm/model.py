@@ -125,6 +125,12 @@ class VoxCPMModel(nn.Module):
         condition = 3 if self.config.is_v2 else 1
         return 2 * (condition + 2 * self.patch_size)
 
+    @property
+    def encoder_rows(self) -> int:
+        """The rows the local encoder's layers see for one new patch: its CLS token and the
+        patch's frames."""
+        return 1 + self.patch_size
+
     def allocate_caches(self, attention: str = "exact") -> None:
         """The model's own slot of static caches (``max_length`` positions).
 
