@@ -1,3 +1,4 @@
+# Long on purpose: one concept, the engine contract (its base class and its public calls)
 """The engine contract: load a model directory, declare capabilities, synthesize.
 
 The base class does the work every engine shares (simonw/llm's ``Model.prompt()`` is concrete
@@ -35,7 +36,7 @@ from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.request_lock import Stream
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, Rendered, SynthesisResult
-from mizuoto.contracts.scheduling import TURNS, RequestScheduling, scheduling_for
+from mizuoto.contracts.scheduling import RequestScheduling, check_turns_declared, scheduling_for
 from mizuoto.contracts.turns import ChunkTurns
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidOption, InvalidRequest, UnsupportedCapability
@@ -78,24 +79,16 @@ class Engine(abc.ABC):
     #: at every load (:func:`mizuoto.runtime.startup.check_startup_options`).
     compute_options: ClassVar[frozenset[str]] = frozenset(
         {"device", "dtype", "cpu_threads", "cpu_allocator", "cpu_pinning", "cpu_wait_policy"})
-    #: How the engine's requests share it; the base class schedules them and the engine
-    #: writes no lock (:mod:`mizuoto.contracts.scheduling`). ``"request"`` (the default): the
-    #: engine keeps state of a request in the instance (a KV cache, a noise generator), so
-    #: one request runs at a time, from its first chunk to its last
-    #: (:class:`~mizuoto.contracts.request_lock.RequestLock`): other threads wait, and a
-    #: second request from the thread of an unfinished stream is refused with
-    #: :class:`~mizuoto.errors.RequestConflict`. ``"chunk"``: a request's state lives in its
-    #: own call (its generator, its place in its text), so requests alternate chunk by chunk
-    #: (:class:`~mizuoto.contracts.turns.ChunkTurns`): a turn is one chunk of ``_stream``
-    #: (and ``synthesize`` joins those chunks), the checks ``_stream`` runs before its first
-    #: chunk, an edit or a voice; a stream paused between chunks never sees another
-    #: request's state (the contract suite checks that a request interleaved into a stream
-    #: leaves both unchanged). An engine that declares the step interface
-    #: (:class:`~mizuoto.contracts.features.SupportsSteps`) is the core scheduler's instead.
+    #: How the engine's requests share it (the base class schedules them, the engine writes no
+    #: lock: :mod:`mizuoto.contracts.scheduling`). ``"request"`` (the default): a request's
+    #: state is in the instance (a KV cache), so one request runs at a time, first chunk to
+    #: last; a second from the thread of an unfinished stream is a
+    #: :class:`~mizuoto.errors.RequestConflict`. ``"chunk"``: a request's state is in its own
+    #: call, so requests alternate chunks of ``_stream`` (``synthesize`` joins them). An
+    #: engine with the step interface is the core scheduler's instead.
     takes_turns_per: ClassVar[str] = "request"
-    #: Plugin API 1.1's opt-out of the base class's scheduling: ``True`` calls the engine from
-    #: any number of threads at once (whatever the engine does itself). Still honoured; a new
-    #: engine declares :attr:`takes_turns_per` (or the step interface) and writes no lock.
+    #: Plugin API 1.1's opt-out of the base class's scheduling, still honoured: ``True`` calls
+    #: the engine from any number of threads at once; whatever it shares is its own to guard.
     concurrent_requests: ClassVar[bool] = False
     #: The sampler settings of :class:`SynthesisRequest` / :class:`EditRequest` this engine
     #: uses. A request that sets another one is refused by the base class, naming the field
@@ -121,9 +114,7 @@ class Engine(abc.ABC):
         API 1.0 defines itself (it did the shared work itself) so that it still runs under the
         lock and its result gets what the base class now fills in."""
         super().__init_subclass__(**kwargs)
-        if cls.takes_turns_per not in TURNS:
-            raise TypeError(f"{cls.__module__}.{cls.__qualname__}.takes_turns_per is "
-                            f"{cls.takes_turns_per!r}: declare one of {', '.join(TURNS)}")
+        check_turns_declared(cls)
         load = cls.__dict__.get("load")
         if isinstance(load, classmethod) and not getattr(load.__func__, "_mizuoto_checked", 0):
             cls.load = classmethod(_checking_compute(load.__func__))
@@ -217,14 +208,12 @@ class Engine(abc.ABC):
         call = self._planned(request)
         request = call.request
         generator = self.make_generator(call.seed)
-        scheduling = self._lock()
-        if isinstance(scheduling, ChunkTurns) and _implements(type(self), "_stream"):
+        if isinstance(self.scheduling, ChunkTurns) and _implements(type(self), "_stream"):
             # a turn per chunk of _stream, as a stream's: the engine's chunks, joined
-            with scheduling:
-                pieces = iter(self._stream(request, call.params, generator, progress))
-            rendered = join_stream(scheduling.stream(pieces), self.info.sample_rate)
+            pieces = self._scheduled(call, generator, progress)
+            rendered = join_stream(pieces, self.info.sample_rate)
         else:
-            with scheduling:
+            with self.scheduling:
                 rendered = self._synthesize(request, call.params, generator, progress)
         return SynthesisResult(rendered.audio, self._applied(call, rendered))
 
@@ -239,8 +228,6 @@ class Engine(abc.ABC):
         call = self._planned(request)
         request = call.request
         generator = self.make_generator(call.seed)
-        with self._lock():  # an engine may plan (and refuse) eagerly in _stream
-            pieces = iter(self._pieces(request, call.params, generator, progress))
         index = iter(range(2**63))
 
         def chunk(rendered: Rendered) -> AudioChunk:
@@ -248,7 +235,15 @@ class Engine(abc.ABC):
             return AudioChunk(rendered.audio, next(index), is_last=rendered.last,
                               applied=applied)
 
-        return self._lock().stream(pieces, chunk)
+        return self._scheduled(call, generator, progress, chunk)
+
+    def _scheduled(self, call: RequestPlan, generator: Any, progress: ProgressCallback | None,
+                   each=lambda chunk: chunk) -> Stream:
+        """The request's chunks, each mapped by ``each``, as the engine's scheduling hands
+        them out; what ``_stream`` runs before its first chunk (its checks) is run now."""
+        with self.scheduling:  # an engine may plan (and refuse) eagerly in _stream
+            pieces = iter(self._pieces(call.request, call.params, generator, progress))
+        return self.scheduling.stream(pieces, each)
 
     def edit(self, request: EditRequest | RequestPlan, *,
              progress: ProgressCallback | None = None) -> SynthesisResult:
@@ -257,14 +252,14 @@ class Engine(abc.ABC):
         call = self._planned(request)
         request = call.request
         generator = self.make_generator(call.seed)
-        with self._lock():
+        with self.scheduling:
             rendered = self._edit(request, call.params, generator, progress)
         return SynthesisResult(rendered.audio, self._applied(call, rendered))
 
     def build_voice(self, reference: Reference) -> Voice:
         """A reusable voice from ``reference`` (``Voice.save`` writes it)."""
         self._implemented("_build_voice", Capability.VOICE_CACHE, "build_voice")
-        with self._lock():
+        with self.scheduling:
             return self._build_voice(reference)
 
     # -- what an engine implements ----------------------------------------------------------
@@ -417,12 +412,8 @@ class Engine(abc.ABC):
 
     @property
     def scheduling(self) -> RequestScheduling:
-        """The engine's one scheduling object (:mod:`mizuoto.contracts.scheduling`): what runs
-        its requests together or in turn, and says how many it runs at once (``capacity``),
-        how many are ``active`` and ``waiting``, and whether it is ``idle``."""
-        return scheduling_for(self)
-
-    def _lock(self) -> RequestScheduling:
+        """The engine's one scheduling object (:mod:`mizuoto.contracts.scheduling`): it runs
+        the requests, and says its ``capacity``, what is ``active`` and ``waiting``, ``idle``."""
         return scheduling_for(self)
 
 
@@ -474,17 +465,17 @@ def _serialized(method):
     if inspect.isgeneratorfunction(method):
         @functools.wraps(method)
         def stream(self, *args, **kwargs):
-            return self._lock().stream(method(self, *args, **kwargs),
+            return self.scheduling.stream(method(self, *args, **kwargs),
                                        functools.partial(_completed, self, args))
 
         wrapper = stream
     else:
         @functools.wraps(method)
         def call(self, *args, **kwargs):
-            with self._lock():
+            with self.scheduling:
                 result = method(self, *args, **kwargs)
             if inspect.isgenerator(result) or isinstance(result, Stream):  # a stream
-                return self._lock().stream(result, functools.partial(_completed, self, args))
+                return self.scheduling.stream(result, functools.partial(_completed, self, args))
             return _completed(self, args, result)
 
         wrapper = call

@@ -70,6 +70,14 @@ class RequestScheduling(Protocol):
         ``cancel()`` (any thread): the stream stops at its next chunk."""
 
 
+def check_turns_declared(cls: type) -> None:
+    """A :class:`TypeError` naming the choices for an engine class whose ``takes_turns_per``
+    is not one of :data:`TURNS`."""
+    if cls.takes_turns_per not in TURNS:
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__}.takes_turns_per is "
+                        f"{cls.takes_turns_per!r}: declare one of {', '.join(TURNS)}")
+
+
 def scheduling_for(engine) -> RequestScheduling:
     """``engine``'s one scheduling object (made on first use), from what its class declares."""
     scheduling = engine.__dict__.get("_mizuoto_scheduling")
