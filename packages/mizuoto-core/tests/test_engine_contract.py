@@ -205,7 +205,10 @@ def test_a_closed_stream_releases_the_engine():
 
 
 def test_an_engine_that_opts_in_runs_requests_concurrently_without_the_lock():
-    engine = _humming(concurrent_requests=True)
+    from mizuoto.contracts.api import PluginAPIDeprecation
+
+    with pytest.warns(PluginAPIDeprecation, match="concurrent_requests"):  # API 1.1's opt-in
+        engine = _humming(concurrent_requests=True)
     chunks = iter(engine.stream(_text_request("a")))
     next(chunks)
     assert engine.synthesize(_text_request("b")).applied.extra["text"] == "b"

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from mizuoto import Audio, Capability, ModelInfo, Rendered, SynthesisRequest
+from mizuoto.contracts.api import PluginAPIDeprecation
 from mizuoto.contracts.engine import Engine
 from mizuoto.contracts.request_lock import NoLock, RequestLock
 from mizuoto.contracts.scheduler import Scheduler
@@ -68,9 +69,20 @@ def test_each_engine_has_one_scheduling_object_of_the_kind_it_declares():
     assert serial.scheduling is serial.scheduling
     assert isinstance(serial.scheduling, RequestLock) and serial.scheduling.capacity == 1
     assert isinstance(turns.scheduling, ChunkTurns) and turns.scheduling.capacity is None
-    legacy = type("Legacy", (Reading,), {"concurrent_requests": True})()
+    with pytest.warns(PluginAPIDeprecation):
+        legacy = type("Legacy", (Reading,), {"concurrent_requests": True})()
     assert isinstance(legacy.scheduling, NoLock) and legacy.scheduling.capacity is None
     assert Reading().scheduling is not serial.scheduling  # per loaded engine
+
+
+def test_declaring_concurrent_requests_still_works_with_a_deprecation():
+    with pytest.warns(PluginAPIDeprecation, match="takes_turns_per = 'chunk'.*SupportsSteps"):
+        legacy = type("Legacy", (Reading,), {"concurrent_requests": True})
+    engine = legacy()
+    stream = engine.stream(_request("a"))
+    next(stream)
+    assert engine.synthesize(_request("b"))  # runs during the open stream: no lock
+    assert list(stream) and engine.made == ["a", "b", "b", "b", "a", "a"]
 
 
 def test_an_unknown_turn_declaration_is_refused_naming_the_choices():

@@ -36,7 +36,11 @@ from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.request_lock import Stream
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, Rendered, SynthesisResult
-from mizuoto.contracts.scheduling import RequestScheduling, check_turns_declared, scheduling_for
+from mizuoto.contracts.scheduling import (
+    RequestScheduling,
+    check_scheduling_declared,
+    scheduling_for,
+)
 from mizuoto.contracts.turns import ChunkTurns
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidOption, InvalidRequest, UnsupportedCapability
@@ -114,7 +118,7 @@ class Engine(abc.ABC):
         API 1.0 defines itself (it did the shared work itself) so that it still runs under the
         lock and its result gets what the base class now fills in."""
         super().__init_subclass__(**kwargs)
-        check_turns_declared(cls)
+        check_scheduling_declared(cls)
         load = cls.__dict__.get("load")
         if isinstance(load, classmethod) and not getattr(load.__func__, "_mizuoto_checked", 0):
             cls.load = classmethod(_checking_compute(load.__func__))

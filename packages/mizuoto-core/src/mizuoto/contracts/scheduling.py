@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from mizuoto.contracts.api import deprecated
 from mizuoto.contracts.features import stepping_engine
 from mizuoto.contracts.request_lock import NoLock, RequestLock
 from mizuoto.contracts.scheduler import scheduler_for
@@ -70,12 +71,21 @@ class RequestScheduling(Protocol):
         ``cancel()`` (any thread): the stream stops at its next chunk."""
 
 
-def check_turns_declared(cls: type) -> None:
-    """A :class:`TypeError` naming the choices for an engine class whose ``takes_turns_per``
-    is not one of :data:`TURNS`."""
+def check_scheduling_declared(cls: type) -> None:
+    """For an engine class being defined: a :class:`TypeError` naming the choices where its
+    ``takes_turns_per`` is not one of :data:`TURNS`, and a
+    :class:`~mizuoto.contracts.api.PluginAPIDeprecation` where it declares
+    ``concurrent_requests = True`` (it still works) rather than how its requests take turns."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
     if cls.takes_turns_per not in TURNS:
-        raise TypeError(f"{cls.__module__}.{cls.__qualname__}.takes_turns_per is "
-                        f"{cls.takes_turns_per!r}: declare one of {', '.join(TURNS)}")
+        raise TypeError(f"{name}.takes_turns_per is {cls.takes_turns_per!r}: declare one of "
+                        f"{', '.join(TURNS)}")
+    if cls.__dict__.get("concurrent_requests") and stepping_engine(cls) is None:
+        deprecated(f"{name} declares concurrent_requests = True: it still works (its requests "
+                   "run at once, guarded by the engine itself), but an engine writes no lock "
+                   "now: declare takes_turns_per = 'chunk' (the base class takes a turn per "
+                   "chunk of _stream) or the step interface, SupportsSteps (see "
+                   "docs/changelog.md)", stacklevel=4)
 
 
 def scheduling_for(engine) -> RequestScheduling:
