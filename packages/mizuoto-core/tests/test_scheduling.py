@@ -203,3 +203,28 @@ def test_the_step_scheduler_reports_rows_as_active_and_waiting():
     assert len(list(first)) == 1 and scheduler.waiting == 1
     second.cancel()
     assert scheduler.idle and scheduler.wait_idle(0)
+
+
+@pytest.mark.parametrize("engine_class", [Reading, TakingTurns], ids=["serial", "chunk"])
+def test_a_stream_cancelled_while_making_a_chunk_is_active_until_that_chunk_is_done(
+        engine_class):
+    engine = engine_class()
+    entered, release = threading.Event(), threading.Event()
+
+    def pace(text):
+        if len(engine.made) == 2:
+            entered.set()
+            release.wait(WAIT)
+
+    engine.pace = pace
+    stream = engine.stream(_request("a"))
+    next(stream)
+    received = []
+    consumer = threading.Thread(target=lambda: received.extend(stream))
+    consumer.start()
+    assert entered.wait(WAIT)
+    stream.cancel()
+    assert not engine.scheduling.idle  # its chunk is still being made
+    release.set()
+    consumer.join(WAIT)
+    assert received == [] and engine.made == ["a", "a"] and engine.scheduling.idle

@@ -18,6 +18,7 @@ It is the serial policy of an engine's scheduling object (:mod:`mizuoto.contract
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -119,13 +120,17 @@ def counted_stream(occupancy: Occupancy, chunks: Iterator[T], each: Callable[[T]
     occupancy.count(active=1)
     ended = _Once(lambda: occupancy.count(active=-1))
     row_cancel = getattr(chunks, "cancel", None)
+    counted = _closing(chunks, each, ended)
 
     def cancel() -> None:
-        ended()
         if row_cancel is not None:
             row_cancel()
+        # a stream never started ends here (closing it runs none of its code); one making a
+        # chunk in another thread ends when that chunk is done and its consumer closes it
+        if inspect.getgeneratorstate(counted) == inspect.GEN_CREATED:
+            ended()
 
-    return Stream(_closing(chunks, each, ended), on_cancel=cancel)
+    return Stream(counted, on_cancel=cancel)
 
 
 class _Once:
