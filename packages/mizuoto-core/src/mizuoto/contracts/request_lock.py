@@ -120,7 +120,7 @@ def counted_stream(occupancy: Occupancy, chunks: Iterator[T], each: Callable[[T]
     occupancy.count(active=1)
     ended = _Once(lambda: occupancy.count(active=-1))
     row_cancel = getattr(chunks, "cancel", None)
-    counted = _closing(chunks, each, ended)
+    counted = closing_chunks(chunks, each, ended)
 
     def cancel() -> None:
         if row_cancel is not None:
@@ -147,7 +147,7 @@ class _Once:
             action()
 
 
-def _closing(chunks: Iterator[T], each: Callable[[T], T],
+def closing_chunks(chunks: Iterator[T], each: Callable[[T], T],
              ended: Callable[[], None] = lambda: None) -> Iterator[T]:
     """``chunks`` mapped by ``each``; closing this closes ``chunks`` (a row gives back its
     state); ``ended`` runs when they end, fail or are closed."""

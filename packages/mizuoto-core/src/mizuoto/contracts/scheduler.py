@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.request_lock import Stream, _closing
+from mizuoto.contracts.request_lock import Stream, closing_chunks
 from mizuoto.contracts.results import Rendered
 from mizuoto.errors import DeadlineExceeded, EngineBusy
 
@@ -180,7 +180,7 @@ class Scheduler:
     def stream(self, chunks: Iterator, each=lambda chunk: chunk) -> Stream:
         """A row's chunks (``chunks``) mapped by ``each``: cancelled from any thread, the row
         stops within one step."""
-        return Stream(_closing(chunks, each), on_cancel=getattr(chunks, "cancel", None))
+        return Stream(closing_chunks(chunks, each), on_cancel=getattr(chunks, "cancel", None))
 
     def submit(self, request, params, generator, *, progress: ProgressCallback | None = None,
                deadline: float | None = None) -> Row:
