@@ -18,7 +18,7 @@ from typing import Any
 
 from mizuoto.adapter_files import adapter_base
 from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
-from mizuoto.contracts.engine import Engine
+from mizuoto.contracts.engine import Engine, parses_params_by_class
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.requests import SynthesisRequest
 from mizuoto.errors import EngineMismatch, EngineNotFound, InvalidOption
@@ -135,7 +135,7 @@ def load(model: str | Path, *, engine: str | None = None,
     engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
                                           progress=progress)
     if request is not None:
-        if _parses_params_by_class(engine_cls):
+        if parses_params_by_class(engine_cls):
             check_known_keys(engine_cls.params_class, request.params, "params")
         engine_cls.check_request(request, resolved.path)
         check_audible_reference(request)
@@ -151,17 +151,8 @@ def check_params_before_load(model: str | Path, params: Mapping[str, Any] | None
     if not params:
         return
     engine_cls, _ = resolve_engine(model, engine=engine, options=options)
-    if _parses_params_by_class(engine_cls):
+    if parses_params_by_class(engine_cls):
         check_known_keys(engine_cls.params_class, params, "params")
-
-
-def _parses_params_by_class(engine_cls: type[Engine]) -> bool:
-    """Whether the engine's params are its ``params_class``'s fields, as the base class parses
-    them: an engine with its own ``parse_params``, or an API 1.0 plugin without a
-    ``params_class`` (it may read ``request.params`` itself), is asked at the request."""
-    if engine_cls.parse_params is not Engine.parse_params:
-        return False
-    return engine_cls.params_class is not None or engine_cls.plugin_api != "1.0"
 
 
 def check_audible_reference(request: SynthesisRequest) -> None:

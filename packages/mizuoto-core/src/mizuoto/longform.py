@@ -1,9 +1,12 @@
 """Long-form synthesis to a file: section by section, in bounded memory, resumable.
 
 A long text is cut into *sections* (whole sentences packed up to ``max_chars`` characters, cut
-as the text is read); each section is one ordinary ``engine.synthesize`` request, and its audio
-goes to disk as soon as it is made. Memory holds one section's text and audio, whatever the
-length of the text, and every engine gets this without code of its own.
+as the text is read); each section is one ordinary request, and its audio goes to disk as soon
+as it is made. The request is planned once, through the speech service
+(:func:`mizuoto.service.plan_document`: the engine's checks, its params parsed, the seed drawn
+there when unset); each section runs the document's plan with its own text and seed. Memory
+holds one section's text and audio, whatever the length of the text, and every engine gets
+this without code of its own.
 
 On disk, ``OUT.part/`` beside the output holds ``audio.raw`` (the finished sections' samples,
 headerless, in the output's sample format) and ``state.json`` (sections done, bytes written,
@@ -18,10 +21,11 @@ Same samples as one ``synthesize`` call: a text that fits in one section is spok
 writes. A longer text differs from one call (where one call could take it: a request holds at
 most ``MAX_TEXT_CHARS``) at the section boundaries only:
 
-- section ``k > 0`` is seeded with :func:`section_seed` ``(seed, k)``, so that every section
-  is a pure function of its text, the settings and ``k``: that is what makes a resumed file
-  byte-identical. Within a section the engine seeds its own chunks as usual (F5-TTS draws them
-  from one generator, VoxCPM from ``seed + 1000 * chunk``), but not across sections;
+- section ``k > 0`` is seeded with :func:`~mizuoto.service.section_seed` ``(seed, k)``, so
+  that every section is a pure function of its text, the settings and ``k``: that is what
+  makes a resumed file byte-identical. Within a section the engine seeds its own chunks as
+  usual (F5-TTS draws them from one generator, VoxCPM from ``seed + 1000 * chunk``), but not
+  across sections;
 - sections are joined end to end. F5-TTS crossfades its own chunks within a section, not
   across a section boundary; VoxCPM joins its chunks end to end too.
 """
@@ -43,15 +47,17 @@ import attrs
 
 from mizuoto.audio_formats import AudioFormat, format_for_path
 from mizuoto.contracts.progress import ProgressCallback, report
-from mizuoto.contracts.requests import MAX_SEED, MAX_TEXT_CHARS, SynthesisRequest
+from mizuoto.contracts.requests import MAX_TEXT_CHARS, SynthesisRequest
 from mizuoto.contracts.results import Applied, file_metadata
 from mizuoto.errors import DiskFull, InvalidRequest
 from mizuoto.identity import model_identity, request_identity
 from mizuoto.output_paths import check_output_file
 from mizuoto.runtime.atomic import storage_errors_named
+from mizuoto.service import DocumentPlan, SpeechOrder, plan_document, section_seed, speak
 
 if TYPE_CHECKING:
     from mizuoto.contracts.engine import Engine
+    from mizuoto.contracts.plan import RequestPlan
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +88,6 @@ class LongFormResult:
     seconds: float  # of audio written so far
     elapsed: float  # seconds this call spent synthesizing
     applied: Applied | None  # the run as a whole (seed, summed chunks and retries, warnings)
-
-
-def section_seed(seed: int, index: int) -> int:
-    """The seed of section ``index``: ``seed`` itself for the first, then a 32-bit seed derived
-    from ``(seed, index)`` (stable across runs, machines and versions)."""
-    if index == 0:
-        return seed
-    from mizuoto.runtime.seeds import keyed_seed
-
-    return keyed_seed(seed, f"long-form section {index}") % (MAX_SEED + 1)
 
 
 def iter_sections(blocks: Iterable[str], max_chars: int = DEFAULT_SECTION_CHARS
@@ -144,8 +140,8 @@ def _cut(text: str, start: int, max_chars: int) -> tuple[str, int]:
     return text[start:end].strip(), end
 
 
-def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *,
-                  text_file: str | Path | None = None, resume: bool = False,
+def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest | DocumentPlan,
+                  *, text_file: str | Path | None = None, resume: bool = False,
                   max_chars: int = DEFAULT_SECTION_CHARS, stop_after: int | None = None,
                   progress: ProgressCallback | None = None,
                   resume_hint: str = "resume=True") -> LongFormResult:
@@ -153,8 +149,12 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
     :mod:`mizuoto.audio_formats`, by extension) section by section, in memory bounded whatever
     the text's length. A WAV longer than a plain WAV can describe is written as RF64.
 
-    ``text_file``: speak this UTF-8 file instead of ``request.text`` (of any length; the file
-    is read as it is spoken, never whole), with ``request``'s voice, seed and settings.
+    ``request``: a :class:`~mizuoto.SynthesisRequest`, planned here by the speech service, or
+    the :class:`~mizuoto.service.DocumentPlan` a front end already made
+    (:func:`~mizuoto.service.plan_document`); a request the engine refuses raises before any
+    file is touched. ``text_file``: speak this UTF-8 file instead of ``request.text`` (of any
+    length; the file is read as it is spoken, never whole), with ``request``'s voice, seed and
+    settings.
     ``resume``: continue the interrupted run in ``PATH.part/`` (its text and settings must be
     the same; a drawn seed is the one it drew); without it, an interrupted run found there is
     an error rather than thrown away. ``stop_after``: synthesize at most this many sections in
@@ -172,6 +172,9 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
         raise InvalidRequest("max_chars", f"must be in [1, {MAX_TEXT_CHARS}], got {max_chars}")
     if stop_after is not None and stop_after < 0:
         raise InvalidRequest("stop_after", f"must be 0 or more, got {stop_after}")
+    document = request if isinstance(request, DocumentPlan) else \
+        plan_document(engine, SpeechOrder(request, request.text))
+    request = document.plan.request
     source = _TextSource(request.text if text_file is None else None, text_file)
     total, total_chars, text_sha = source.scan(max_chars)
     if total == 0:
@@ -186,8 +189,9 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
         # a full disk is named by the path being written (the .part directory's file, or the
         # output), not by the system's bare "No space left on device"
         with storage_errors_named(part.directory):
-            state = part.open(depends, request.seed, resume)
-            return _run(engine, path, request, part, state, source, total, total_chars,
+            state = part.open(depends, document.plan, resume)
+            document = document.with_seed(state["seed"], state["seed_drawn"])
+            return _run(engine, path, document, part, state, source, total, total_chars,
                         max_chars, stop_after, (fmt, raw_subtype), progress)
     except DiskFull:
         nothing_to_resume = part.sections_done() == 0
@@ -198,7 +202,7 @@ def synthesize_to(engine: Engine, path: str | Path, request: SynthesisRequest, *
             part.remove()
 
 
-def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRun, state: dict,
+def _run(engine: Engine, path: Path, document: DocumentPlan, part: _PartialRun, state: dict,
          source: _TextSource, total: int, total_chars: int, max_chars: int,
          stop_after: int | None, formats: tuple[AudioFormat, str],
          progress: ProgressCallback | None) -> LongFormResult:
@@ -217,10 +221,9 @@ def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRu
                 source.check_unchanged()
                 if stop_after is not None and made_now >= stop_after:
                     break
-                section_request = attrs.evolve(request, text=section,
-                                               seed=section_seed(state["seed"], index))
+                planned = document.section(index, section)
                 began = time.monotonic()
-                result = engine.synthesize(section_request, progress=progress)
+                [result] = speak(engine, planned, stream=False, progress=progress)
                 if result.audio.sample_rate != rate:
                     raise InvalidRequest("sample_rate", f"section {index + 1} came back at "
                                          f"{result.audio.sample_rate} Hz, not {rate} Hz")
@@ -230,7 +233,8 @@ def _run(engine: Engine, path: Path, request: SynthesisRequest, part: _PartialRu
                 os.fsync(sink.fileno())  # the audio is on disk before the state names it
                 made_now += 1
                 chars_done += len(section)
-                state = _advance(state, len(data), len(section), result.applied)
+                state = _advance(state, len(data), len(section), result.applied,
+                                 document.warnings)
                 part.save(state)
                 elapsed = time.monotonic() - started
                 eta = elapsed / chars_done * max(total_chars - state["chars"], 0)
@@ -340,9 +344,9 @@ class _PartialRun:
         self.state = self.directory / "state.json"
         self._lock = None
 
-    def open(self, depends: dict, seed: int | None, resume: bool) -> dict:
-        from mizuoto.runtime.seeds import resolve_seed
-
+    def open(self, depends: dict, plan: RequestPlan, resume: bool) -> dict:
+        """The run's state: the interrupted one's when resuming (its seed, drawn or not, is
+        the run's), else a new one with ``plan``'s seed."""
         self.lock()
         if self.state.is_file():
             if not resume:
@@ -368,9 +372,8 @@ class _PartialRun:
             return state
         if resume:
             log.info("nothing to resume in %s: starting", self.directory)
-        drawn_seed, drawn = resolve_seed(seed)
         self.audio.write_bytes(b"")
-        state = {"depends": depends, "seed": drawn_seed, "seed_drawn": drawn,
+        state = {"depends": depends, "seed": plan.seed, "seed_drawn": plan.seed_drawn,
                  "sections_done": 0, "bytes": 0, "chars": 0, "applied": None}
         self.save(state)
         return state
@@ -415,13 +418,15 @@ class _PartialRun:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _advance(state: dict, written: int, chars: int, applied: Applied) -> dict:
-    """The state after one more section: counts, bytes, and the run's summed record."""
+def _advance(state: dict, written: int, chars: int, applied: Applied,
+             warnings: tuple[str, ...] = ()) -> dict:
+    """The state after one more section: counts, bytes, and the run's summed record (with
+    ``warnings``, the plan's own, first)."""
     summary = state["applied"]
     if summary is None:
         summary = attrs.asdict(applied, recurse=False)
         summary.update(seed=state["seed"], seed_drawn=state["seed_drawn"], retries=0, chunks=0,
-                       fallbacks=[], warnings=[], sampler=dict(applied.sampler),
+                       fallbacks=[], warnings=list(warnings), sampler=dict(applied.sampler),
                        compute=dict(applied.compute), extra=dict(applied.extra),
                        model_defaults=dict(applied.model_defaults))
     summary["retries"] += applied.retries
@@ -508,3 +513,7 @@ def _encode(raw_path: Path, path: Path, rate: int, fmt: AudioFormat, raw_subtype
             out.write(samples)
             done += len(samples)
             report(progress, "encoding", done, frames)
+
+
+__all__ = ["DEFAULT_SECTION_CHARS", "LongFormResult", "iter_sections", "section_seed",
+           "synthesize_to"]

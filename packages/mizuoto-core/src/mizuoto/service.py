@@ -1,7 +1,8 @@
 """The speech service: the one path from what a client sent to a request in flight.
 
-Every front end (the HTTP server, the Wyoming server, the Ray ingress, ``say``) goes the same
-three steps, transport-free, and none checks again what an earlier step checked:
+Every front end (the HTTP server, the Wyoming server, the Ray ingress, ``say``, ``batch`` and
+long-form) goes the same three steps, transport-free, and none checks again what an earlier
+step checked:
 
 1. :func:`speech_order`: what the client sent, as a :class:`~mizuoto.SynthesisRequest` built
    by the validators every front end shares (OpenAI's ``speed`` folded into the params),
@@ -11,6 +12,10 @@ three steps, transport-free, and none checks again what an earlier step checked:
    the params parsed once by the engine's declared settings, the seed drawn once (and
    reported as drawn), before the request waits for its turn;
 3. :func:`speak`: the plan run, its audio chunk by chunk (or whole, as one chunk).
+
+A text spoken as several requests (long-form's sections) is planned once too: a
+:class:`DocumentPlan` derives each section's plan from the document's, and its seed from the
+document's one seed (:func:`section_seed`).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.plan import RequestPlan
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.requests import SynthesisRequest
-from mizuoto.contracts.results import AudioChunk
+from mizuoto.contracts.results import Applied, AudioChunk
 from mizuoto.errors import InvalidRequest, UnsupportedSetting
+from mizuoto.runtime.seeds import MAX_SEED, keyed_seed
 from mizuoto.validation.ranges import check_number
 
 #: OpenAI's range of ``speed``.
@@ -37,7 +43,8 @@ class SpeechOrder:
     """What a client asked for, checked without the model: ``request`` (``text`` as sent,
     before validation cleaned it), OpenAI's ``speed`` (in the request's params unless 1.0),
     and ``optional_instruction``: an instruction a model that cannot design voices ignores
-    with a warning instead of refusing (OpenAI's clients send ``instructions`` routinely)."""
+    with a warning instead of refusing, and a blank one is none (OpenAI's clients send
+    ``instructions`` routinely)."""
 
     request: SynthesisRequest
     text: str
@@ -51,7 +58,9 @@ def speech_order(text: str, *, voice=None, reference=None, instruction: str | No
                  optional_instruction: bool = False) -> SpeechOrder:
     """The order for what a client sent; a bad field raises :class:`InvalidRequest` naming it
     (``params``, ``seed``, ... as the request's fields; ``speed``). A blank instruction is
-    none. The seed is left unset when the client sent none: the engine's plan draws it."""
+    none where it is ``optional_instruction``, else refused as empty (``say --instruction``,
+    a batch line). The seed is left unset when the client sent none: the engine's plan draws
+    it."""
     check_number("speed", speed, *SPEED_RANGE)
     if speed != 1.0 and isinstance(params or {}, Mapping):  # else refused as params below
         given = params or {}
@@ -59,7 +68,7 @@ def speech_order(text: str, *, voice=None, reference=None, instruction: str | No
             raise InvalidRequest("speed", "is given twice",
                                  "send either speed or params.speed")
         params = {**given, "speed": float(speed)}
-    if instruction is not None and not instruction.strip():
+    if optional_instruction and isinstance(instruction, str) and not instruction.strip():
         instruction = None
     request = SynthesisRequest(text, reference=reference, voice=voice, instruction=instruction,
                                seed=seed, steps=steps, guidance=guidance, params=params)
@@ -111,18 +120,77 @@ def speak(engine, planned: SpeechPlan, *, stream: bool,
     """Run ``planned`` on ``engine``: its chunks as they are made (``stream``), or the whole
     audio as one last chunk. Closing the iterator stops the engine at its next step."""
     work: Any = planned.plan
-    if engine.plugin_api == "1.0":  # it overrides the public calls: a request, as it knew
+    old_api = engine.plugin_api == "1.0"
+    if old_api:  # it overrides the public calls: a request, as it knew
         work = attrs.evolve(planned.plan.request, seed=planned.seed)
     if not stream:
         result = engine.synthesize(work, progress=progress)
-        yield AudioChunk(result.audio, 0, is_last=True, applied=result.applied)
+        applied = _drawn_reported(result.applied, planned.plan) if old_api else result.applied
+        yield AudioChunk(result.audio, 0, is_last=True, applied=applied)
         return
     chunks = engine.stream(work, progress=progress)
     try:
-        yield from chunks
+        for chunk in chunks:
+            if old_api and chunk.applied is not None:
+                chunk = attrs.evolve(chunk, applied=_drawn_reported(chunk.applied, planned.plan))
+            yield chunk
     finally:
         chunks.close()  # releases the engine at once when the client left
 
 
-__all__ = ["SPEED_RANGE", "SpeechOrder", "SpeechPlan", "declared_settings", "plan_speech",
-           "speak", "speech_order"]
+def _drawn_reported(applied: Applied, plan: RequestPlan) -> Applied:
+    """``applied`` of an API 1.0 engine, which got the seed the plan drew as if its client
+    had sent it: reported as drawn, as the newer engines report it."""
+    if plan.seed_drawn and applied.seed == plan.seed and not applied.seed_drawn:
+        return attrs.evolve(applied, seed_drawn=True)
+    return applied
+
+
+def section_seed(seed: int, index: int) -> int:
+    """The seed of section ``index`` of a document seeded with ``seed``: ``seed`` itself for
+    the first, then a 32-bit seed derived from ``(seed, index)`` (stable across runs,
+    machines and versions)."""
+    if index == 0:
+        return seed
+    return keyed_seed(seed, f"long-form section {index}") % (MAX_SEED + 1)
+
+
+@attrs.frozen
+class DocumentPlan:
+    """A text spoken as several requests (long-form's sections), planned once: ``plan`` is
+    the document's (the engine's checks, its params parsed, the document's seed drawn when
+    unset), and ``warnings`` what the model ignored. A section is not planned again: its plan
+    is the document's with the section's text and :func:`section_seed`, so that every
+    section is a pure function of its text, the settings and its index."""
+
+    plan: RequestPlan
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    def with_seed(self, seed: int, seed_drawn: bool) -> DocumentPlan:
+        """This plan with the seed an interrupted run of it drew (resuming it)."""
+        return attrs.evolve(self, plan=attrs.evolve(self.plan, seed=seed,
+                                                    seed_drawn=seed_drawn))
+
+    def section(self, index: int, text: str) -> SpeechPlan:
+        """The plan of section ``index``, ``text``: its text checked as any request's (what
+        cleaning changed in it are its notices), its seed derived, not drawn."""
+        seed = section_seed(self.seed, index)
+        request = attrs.evolve(self.plan.request, text=text, seed=seed)
+        return SpeechPlan(attrs.evolve(self.plan, request=request, seed=seed,
+                                       seed_drawn=False, notices=request.notices),
+                          self.warnings)
+
+
+def plan_document(engine, order: SpeechOrder) -> DocumentPlan:
+    """``order``, whose text is a document's (or its start), planned by :func:`plan_speech`
+    once for all its sections."""
+    planned = plan_speech(engine, order)
+    return DocumentPlan(planned.plan, planned.warnings)
+
+
+__all__ = ["SPEED_RANGE", "DocumentPlan", "SpeechOrder", "SpeechPlan", "declared_settings",
+           "plan_document", "plan_speech", "section_seed", "speak", "speech_order"]

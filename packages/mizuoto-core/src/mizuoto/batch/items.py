@@ -19,6 +19,7 @@ from mizuoto.contracts.requests import Reference, SynthesisRequest
 from mizuoto.errors import InvalidRequest
 from mizuoto.json_files import JSONFileError, parse_json
 from mizuoto.output_paths import is_device_name
+from mizuoto.service import SpeechOrder, speech_order
 from mizuoto.text.files import check_utf8
 
 #: The fields a line may have. ``voice`` is a saved voice file; ``reference`` a recording
@@ -229,6 +230,13 @@ def build_request(line: BatchLine, *, base: Path, defaults: dict[str, Any] | Non
     """The request ``line`` asks for; :class:`InvalidRequest` names the field at fault.
     ``defaults`` (``steps``, ``guidance``, ``params``) apply where the line does not set them;
     params merge key by key."""
+    return build_order(line, base=base, defaults=defaults).request
+
+
+def build_order(line: BatchLine, *, base: Path, defaults: dict[str, Any] | None = None
+                ) -> SpeechOrder:
+    """The speech service's order for ``line`` (:func:`mizuoto.service.speech_order`), as
+    :func:`build_request` describes it."""
     from mizuoto.contracts.voice import Voice
 
     if line.error is not None:
@@ -262,8 +270,8 @@ def build_request(line: BatchLine, *, base: Path, defaults: dict[str, Any] | Non
         voice = Voice.load(voice_path)
     if "text" not in fields:
         raise InvalidRequest("text", "is missing", "give the words to speak")
-    return SynthesisRequest(
-        text=fields["text"], reference=reference, voice=voice,
+    return speech_order(
+        fields["text"], reference=reference, voice=voice,
         instruction=fields.get("instruction"), seed=fields.get("seed"),
         steps=fields.get("steps", defaults.get("steps")),
         guidance=fields.get("guidance", defaults.get("guidance")), params=params)

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mizuoto.audio_formats import FORMATS, format_named
-from mizuoto.batch.items import BatchLine, build_request, count_lines, read_lines
+from mizuoto.batch.items import BatchLine, build_order, count_lines, read_lines
 from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.results import SynthesisResult
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.identity import digest, file_digest, model_identity, request_identity
 from mizuoto.runtime.run_lock import RunLock
+from mizuoto.service import plan_speech, speak
 
 if TYPE_CHECKING:
     from mizuoto.contracts.engine import Engine
@@ -77,7 +79,9 @@ class BatchJob:
 
 def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
                previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Synthesize one line and write its file atomically; return its manifest record.
+    """Synthesize one line through the speech service (its order, planned once by
+    ``engine``, the seed drawn there when the line sets none) and write its file atomically;
+    return its manifest record.
 
     A line whose ``previous`` record is ``ok`` with the same request hash, and whose file is
     still there, is not synthesized again (``"resumed": true``). Any error (a bad field, a
@@ -87,13 +91,14 @@ def speak_line(engine: Engine, job: BatchJob, line: BatchLine,
     record: dict[str, Any] = {"line": line.number, "id": line.id}
     started = time.monotonic()
     try:
-        request = build_request(line, base=job.input.parent, defaults=job.defaults)
+        order = build_order(line, base=job.input.parent, defaults=job.defaults)
         path = job.output_path(line.id)
-        key = digest({"model": model_identity(engine), "request": request_identity(request),
-                      "format": job.format})
+        key = digest({"model": model_identity(engine),
+                      "request": request_identity(order.request), "format": job.format})
         if _still_written(previous, key, path):
             return {**previous, "line": line.number, "resumed": True}
-        result = engine.synthesize(request)
+        [whole] = speak(engine, plan_speech(engine, order), stream=False)
+        result = SynthesisResult(whole.audio, whole.applied)
         result.save(path)
         written = file_digest(path)
     except Exception as exc:  # any failure is this line's, not the batch's

@@ -48,7 +48,8 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
     memory; --resume continues after an interruption): see docs/longform.md.
     """
     import mizuoto
-    from mizuoto.contracts import Reference, SynthesisRequest, Voice
+    from mizuoto.contracts import Reference, Voice
+    from mizuoto.service import plan_speech, speech_order
 
     quiet = ctx.obj["quiet"]
     if text_file is not None:
@@ -58,11 +59,12 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
                  long_form)
     # OpenMP's wait policy before anything imports torch (Voice.load does, below)
     options = options_to_load(options_file, option_pairs, serving=False)
-    # Validate the request before loading the model: a bad request fails in milliseconds.
+    # The speech service's order, before the model loads: a bad request fails in
+    # milliseconds, naming its flag.
     text_flag = {"text": "--text-file"} if text_file else {}
     with cli_names(**text_flag):
-        request = SynthesisRequest(
-            text=_first_section(text_file) if long_form else _read_text(text, text_file),
+        order = speech_order(
+            _first_section(text_file) if long_form else _read_text(text, text_file),
             reference=Reference(ref_audio, ref_text) if ref_audio else None,
             voice=Voice.load(voice_file) if voice_file else None,
             instruction=instruction, seed=seed, steps=steps, guidance=guidance,
@@ -70,19 +72,22 @@ def say(ctx, text, text_file, model, engine, output, seed, steps, guidance, para
         )
     with command_progress(quiet) as progress, cli_names(**text_flag):
         tts = mizuoto.load(model, engine=engine, options=options, progress=progress,
-                           request=request)
+                           request=order.request)
         if lora:
             _apply_lora(tts, lora)
         if save_voice:
-            request = _save_voice(tts, request, save_voice)
+            order = _save_voice(tts, order, save_voice)
         if long_form:
-            applied = _speak_long_text(tts, request, output, text_file, resume=resume,
+            applied = _speak_long_text(tts, order, output, text_file, resume=resume,
                                        section_chars=section_chars, progress=progress,
                                        quiet=quiet)
-        elif stream:
-            applied = _speak_streamed(tts, request, output, progress)
         else:
-            applied = _speak(tts, request, output, progress)
+            # planned once by the engine (the seed drawn there when unset), run as planned
+            planned = plan_speech(tts, order)
+            if stream:
+                applied = _speak_streamed(tts, planned, output, progress)
+            else:
+                applied = _speak(tts, planned, output, progress)
     check_written(output)
     report_written(applied, output, quiet)
 
@@ -167,42 +172,49 @@ def _apply_lora(tts, lora) -> None:
     lora_engine(tts, "--lora").set_lora(lora)
 
 
-def _save_voice(tts, request, path):
-    """Build the voice of ``request``'s reference, save it to ``path`` (``--save-voice``) and
-    speak with it: the request that uses the saved voice instead of the recording."""
+def _save_voice(tts, order, path):
+    """Build the voice of ``order``'s reference, save it to ``path`` (``--save-voice``) and
+    speak with it: the order that uses the saved voice instead of the recording."""
     import attrs
 
-    voice = tts.build_voice(request.reference)
+    voice = tts.build_voice(order.request.reference)
     voice.save(path)
     log.info("saved voice to %s", path)
-    return attrs.evolve(request, reference=None, voice=voice)
+    return attrs.evolve(order, request=attrs.evolve(order.request, reference=None,
+                                                    voice=voice))
 
 
-def _speak(tts, request, output, progress):
+def _speak(tts, planned, output, progress):
     """The whole text at once, written when it is done."""
-    result = tts.synthesize(request, progress=progress)
-    result.save(output)
-    return result.applied
+    from mizuoto.contracts import SynthesisResult
+    from mizuoto.service import speak
+
+    [whole] = speak(tts, planned, stream=False, progress=progress)
+    SynthesisResult(whole.audio, whole.applied).save(output)
+    return whole.applied
 
 
-def _speak_streamed(tts, request, output, progress):
+def _speak_streamed(tts, planned, output, progress):
     """``--stream``: the engine's chunks, written to the file as they come."""
     from mizuoto.audio_encoding import write_stream  # numpy: not at the top (mizuoto --help)
     from mizuoto.contracts import Capability
+    from mizuoto.service import speak
 
     tts.require(Capability.STREAM)
-    return write_stream(tts.stream(request, progress=progress), output, tts.info.sample_rate,
-                        field="--output",
+    return write_stream(speak(tts, planned, stream=True, progress=progress), output,
+                        tts.info.sample_rate, field="--output",
                         on_chunk=lambda n, s: _streamed(progress, n, s, "written"))
 
 
-def _speak_long_text(tts, request, output, text_file, *, resume, section_chars, progress,
+def _speak_long_text(tts, order, output, text_file, *, resume, section_chars, progress,
                      quiet):
     """``--text-file``: a text of any length, section by section straight to the file,
-    resumable (``--resume``); see docs/longform.md."""
+    resumable (``--resume``), planned once for all its sections; see docs/longform.md."""
     from mizuoto.longform import DEFAULT_SECTION_CHARS, synthesize_to
+    from mizuoto.service import plan_document
 
-    done = synthesize_to(tts, output, request, text_file=text_file, resume=resume,
+    document = plan_document(tts, order)
+    done = synthesize_to(tts, output, document, text_file=text_file, resume=resume,
                          max_chars=section_chars or DEFAULT_SECTION_CHARS,
                          progress=progress, resume_hint="--resume")
     if not done.complete:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation
+from mizuoto.contracts.api import API_VERSION, PluginAPIDeprecation, deprecated
 from mizuoto.contracts.capabilities import Capability
 from mizuoto.contracts.engine_support import join_stream, one_chunk
 from mizuoto.contracts.features import stepping_engine
@@ -365,6 +365,17 @@ class Engine(abc.ABC):
                 f"{self.name} model {self.info.model} {declares}the engine does not implement "
                 f"{method}() (its {hook}()); this is a bug in the {self.name} plugin")
 
+    def _require_planned(self, capability: Capability) -> None:
+        # An API 1.0 plugin checked its requests in its own public calls, and `say` handed
+        # them over unplanned: what it took then, it still takes, with a warning.
+        if self.plugin_api == "1.0" and capability not in self.capabilities:
+            deprecated(f"{type(self).__qualname__} was sent a request that needs "
+                       f"{capability.value!r} without declaring it in its ModelInfo's "
+                       "capabilities: declare it (API 1.1 refuses such a request)",
+                       stacklevel=3)
+            return
+        self.require(capability)
+
     def plan(self, request: SynthesisRequest | EditRequest) -> RequestPlan:
         """The pre-flight: ``request`` checked against the capabilities (and its saved
         voice against the weights), its params parsed and its seed resolved (drawn here
@@ -373,19 +384,22 @@ class Engine(abc.ABC):
         request before it queues, and knows the seed before the first byte."""
         if isinstance(request, SynthesisRequest):
             if request.instruction is not None:
-                self.require(Capability.DESIGN)
+                self._require_planned(Capability.DESIGN)
             if request.voice is not None:
-                self.require(Capability.VOICE_CACHE)
+                self._require_planned(Capability.VOICE_CACHE)
                 request.voice.check(self.name, self.info.fingerprint)
             elif request.reference is not None:
-                self.require(Capability.CLONE)
+                self._require_planned(Capability.CLONE)
             elif request.instruction is None:
-                self.require(Capability.ZERO_SHOT)
+                self._require_planned(Capability.ZERO_SHOT)
         for setting in _SAMPLER_SETTINGS - self.request_settings:
             if getattr(request, setting) is not None:
                 raise InvalidRequest(setting, f"the {self.name} engine has no such setting",
                                      "leave it unset")
-        params = self.parse_params(request.params)
+        # an API 1.0 plugin without a params_class may read request.params itself
+        reads_its_own = type(self).parse_params is Engine.parse_params \
+            and not parses_params_by_class(type(self))
+        params = None if reads_its_own else self.parse_params(request.params)
         seed, drawn = resolve_seed(request.seed)
         return RequestPlan(request, params, seed, drawn, self.name, self.info.fingerprint,
                            tuple(getattr(request, "notices", ())),
@@ -438,6 +452,15 @@ def _check_implements_one(cls: type[Engine]) -> None:
 
 def _implements(cls: type[Engine], hook: str) -> bool:
     return getattr(cls, hook) is not getattr(Engine, hook)
+
+
+def parses_params_by_class(engine_cls: type[Engine]) -> bool:
+    """Whether the engine's params are its ``params_class``'s fields, as the base class parses
+    them: an engine with its own ``parse_params``, or an API 1.0 plugin without a
+    ``params_class`` (it may read ``request.params`` itself), is asked at the request."""
+    if engine_cls.parse_params is not Engine.parse_params:
+        return False
+    return engine_cls.params_class is not None or engine_cls.plugin_api != "1.0"
 
 
 def engine_lock(engine: Engine) -> RequestScheduling:
