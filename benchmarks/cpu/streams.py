@@ -3,10 +3,14 @@ stepped one row at a time, printed as nano-vllm and vLLM-Omni print theirs.
 
     python benchmarks/cpu/streams.py MODEL_DIR [--concurrency 1,4,8] [--max-len 20]
     python benchmarks/cpu/streams.py --tiny          # a random tiny VoxCPM: shows it runs
+    python benchmarks/cpu/streams.py --tiny f5tts --steps 4   # a random tiny F5-TTS
 
 For each concurrency ``c``: ``c`` listeners connect together (a thread each, as a server's
-lanes) to a model loaded twice, unbatched (``engines.voxcpm.max_batch=1``: the rows take turns
-per patch) and batched (``max_batch=c``), each with ``c`` cache slots. Per run: throughput
+lanes). The model directory's engine picks the runs. An engine that steps rows (VoxCPM): the
+model loaded twice, unbatched (``engines.voxcpm.max_batch=1``: the rows take turns per patch)
+and batched (``max_batch=c``), each with ``c`` cache slots. An engine whose requests take
+turns per chunk (F5-TTS, ``takes_turns_per = "chunk"``): unbatched only, the listeners'
+requests alternating chunk by chunk (``--steps`` sets its sampling steps). Per run: throughput
 (seconds of audio per second of wall time) and its ratio to unbatched, first audio p50, p90
 and p95 (from the listeners' common start), RTF (wall seconds per second of audio, per
 stream: the mean), and the peak resident memory sampled during the run. Never a test: the
@@ -26,6 +30,8 @@ from pathlib import Path
 
 import mizuoto
 from mizuoto import ComputeOptions, Options, SynthesisRequest
+from mizuoto.contracts.features import stepping_engine
+from mizuoto.loading import resolve_engine
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -88,45 +94,71 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
-def _load(model_dir: Path, max_batch: int, slots: int, threads: int):
+def _load(model_dir: Path, max_batch: int | None, slots: int, threads: int):
+    """The model, with ``max_batch`` rows and ``slots`` cache slots (VoxCPM's options); None:
+    an engine that takes turns, which has neither."""
+    engines = {} if max_batch is None else {
+        "voxcpm": {"max_batch": max_batch, "cache_slots": max(slots, max_batch)}}
     options = Options(compute=ComputeOptions(device="cpu", cpu_threads=threads),
-                      engines={"voxcpm": {"max_batch": max_batch,
-                                          "cache_slots": max(slots, max_batch)}})
+                      engines=engines)
     return mizuoto.load(model_dir, options=options)
+
+
+def _modes(engine_cls, count: int) -> list[tuple[str, int | None]]:
+    """(mode, max_batch) of the runs at ``count`` streams: batched against unbatched for an
+    engine that steps rows (one stream is never batched); turns alone for one that takes
+    turns per chunk."""
+    if stepping_engine(engine_cls) is None:
+        return [("turns", None)]
+    return [("unbatched", 1)] + ([("batched", count)] if count > 1 else [])
+
+
+def _tiny(engine: str) -> Path:
+    """A random tiny model of ``engine`` in a temporary folder."""
+    root = Path(tempfile.mkdtemp())
+    if engine == "f5tts":
+        from mizuoto_f5tts.fixtures import write_random_model_dir
+
+        return write_random_model_dir(root / "tiny", "v1_base", size="tiny")
+    from mizuoto_voxcpm.fixtures import write_random_model
+
+    return write_random_model(root / "tiny", "voxcpm-0.5b")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model_dir", nargs="?", type=Path)
-    parser.add_argument("--tiny", action="store_true", help="a random tiny VoxCPM-0.5B")
+    parser.add_argument("--tiny", nargs="?", const="voxcpm", choices=("voxcpm", "f5tts"),
+                        help="a random tiny VoxCPM-0.5B (or F5-TTS v1 Base: --tiny f5tts)")
     parser.add_argument("--concurrency", default="1,4,8")
-    parser.add_argument("--max-len", type=int, default=20, help="patches per stream at most")
+    parser.add_argument("--max-len", type=int, default=20,
+                        help="patches per stream at most (VoxCPM)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="sampling steps per request (default: the engine's)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args(argv)
-    if (args.model_dir is None) == (not args.tiny):
+    if (args.model_dir is None) == (args.tiny is None):
         parser.error("give MODEL_DIR or --tiny")
-    model_dir = args.model_dir
-    if args.tiny:
-        from mizuoto_voxcpm.fixtures import write_random_model
-
-        model_dir = write_random_model(Path(tempfile.mkdtemp()) / "tiny", "voxcpm-0.5b")
+    model_dir = args.model_dir if args.tiny is None else _tiny(args.tiny)
+    engine_cls, _ = resolve_engine(model_dir)
     levels = [int(c) for c in args.concurrency.split(",")]
-    params = {"retry_badcase": False, "max_len": args.max_len}
-    print(f"# {model_dir}, {args.threads} threads, at most {args.max_len} patches a stream")
+    stepping = stepping_engine(engine_cls) is not None
+    params = {"retry_badcase": False, "max_len": args.max_len} if stepping else {}
+    limit = f"at most {args.max_len} patches a stream" if stepping else "turns per chunk"
+    print(f"# {model_dir} ({engine_cls.name}), {args.threads} threads, {limit}")
     print(f"{'streams':>7} {'mode':>9} {'audio s/s':>9} {'x unbat.':>8} {'first p50':>9} "
           f"{'p90':>7} {'p95':>7} {'RTF':>6} {'peak MB':>8}")
     for count in levels:
         requests = [SynthesisRequest(SENTENCES[i % len(SENTENCES)], seed=100 + i,
-                                     params=params) for i in range(count)]
+                                     steps=args.steps, params=params) for i in range(count)]
         unbatched = None
-        for mode, max_batch in (("unbatched", 1), ("batched", count)):
-            if mode == "batched" and count == 1:
-                continue  # one stream is never batched
+        for mode, max_batch in _modes(engine_cls, count):
             engine = _load(model_dir, max_batch, count, args.threads)
             # the one-time costs (kernels proven for this many rows) before the clock, with
             # other texts: their prefills are not the timed requests' (PrefillMemo)
+            warm_params = {**params, "max_len": 2} if stepping else params
             _listen(engine, [SynthesisRequest(f"Warming up, listener {i}.", seed=i,
-                                              params={**params, "max_len": 2})
+                                              steps=args.steps, params=warm_params)
                              for i in range(count)])
             wall, first, audio, peak = _listen(engine, requests)
             throughput = sum(audio) / wall

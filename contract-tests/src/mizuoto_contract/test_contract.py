@@ -299,7 +299,8 @@ def test_concurrent_requests_match_sequential(contract_model: ContractModel) -> 
     for index, expected in enumerate(alone):
         assert_same(together[index], expected, f"request {index} run concurrently and alone",
                     "per-request state shared between threads: an engine that declares "
-                    "concurrent_requests=True must keep every request's state in its own call",
+                    "takes_turns_per='chunk' (or concurrent_requests=True) must keep every "
+                    "request's state in its own call",
                     _global_rng(contract_model, requests[index]))
 
 
@@ -450,7 +451,7 @@ def test_a_request_during_a_stream_leaves_both_unchanged(contract_model: Contrac
                                                          ) -> None:
     """``it = engine.stream(a); next(it); engine.synthesize(b); rest = list(it)``: ``a``
     equals ``a`` streamed alone and ``b`` equals ``b`` alone, or ``b`` is refused with
-    RequestConflict (the base class does, unless the engine declares concurrent_requests)."""
+    RequestConflict (the base class does for an engine that takes turns per request)."""
     engine = contract_model.engine
     first = _plain_request(contract_model, seed=SEED)
     second = _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)
@@ -464,8 +465,8 @@ def test_a_request_during_a_stream_leaves_both_unchanged(contract_model: Contrac
         during = None
     joined = torch.cat([opening.audio.samples, *(c.audio.samples for c in chunks)])
     assert_same(joined, alone, "a stream with a request run during it, and the stream alone",
-                "the request walked into the stream's state: keep it per request, or leave "
-                "concurrent_requests=False so that the base class refuses the request")
+                "the request walked into the stream's state: keep it per request, or declare "
+                "takes_turns_per='request' so that the base class refuses the request")
     if during is not None:
         assert_same(during, second_alone, "a request run during a stream, and alone",
                     "the open stream's state leaked into the request")
@@ -622,7 +623,7 @@ def test_a_stream_opened_during_a_stream_leaves_both_unchanged(
         contract_model: ContractModel) -> None:
     """``it = stream(a); next(it); list(stream(b)); rest = list(it)``, one thread: ``a`` and
     ``b`` each equal their streams alone, or ``b`` is refused with RequestConflict, which only
-    an engine without ``concurrent_requests`` may do."""
+    an engine that takes turns per request may do."""
     engine = contract_model.engine
     first = _plain_request(contract_model, seed=SEED)
     second = _plain_request(contract_model, seed=SEED + 1, text=EDITED_TEXT)
@@ -633,8 +634,9 @@ def test_a_stream_opened_during_a_stream_leaves_both_unchanged(
     try:
         during = _joined(engine.stream(second))
     except RequestConflict:
-        assert not engine.concurrent_requests, (
-            "an engine that declares concurrent_requests refused a second stream")
+        assert engine.takes_turns_per == "request" and not engine.concurrent_requests, (
+            "an engine whose requests run at once (takes_turns_per='chunk' or "
+            "concurrent_requests) refused a second stream")
         during = None
     assert_same(_joined([opening, *chunks]), alone,
                 "a stream with another stream run during it, and the stream alone",

@@ -205,12 +205,17 @@ def test_a_closed_stream_releases_the_engine():
 
 
 def test_an_engine_that_opts_in_runs_requests_concurrently_without_the_lock():
-    engine = _humming(concurrent_requests=True)
+    from mizuoto.contracts.api import PluginAPIDeprecation
+
+    with pytest.warns(PluginAPIDeprecation, match="concurrent_requests"):  # API 1.1's opt-in
+        engine = _humming(concurrent_requests=True)
     chunks = iter(engine.stream(_text_request("a")))
     next(chunks)
     assert engine.synthesize(_text_request("b")).applied.extra["text"] == "b"
-    assert not engine_lock(engine).__dict__["_lock"].locked()
+    # no lock: its scheduling object only counts the open stream, bounding nothing
+    assert engine.scheduling.capacity is None and engine.scheduling.active == 1
     list(chunks)
+    assert engine.scheduling.idle
 
 
 def test_the_base_class_builds_applied_and_refuses_what_the_engine_lacks():

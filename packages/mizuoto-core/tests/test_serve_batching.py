@@ -20,7 +20,7 @@ import soundfile as sf  # noqa: E402
 import mizuoto  # noqa: E402
 from mizuoto import Options, SynthesisRequest  # noqa: E402
 from mizuoto.audio_encoding import to_int16  # noqa: E402
-from mizuoto.contracts.features import SupportsBatching  # noqa: E402
+from mizuoto.contracts.request_lock import NoLock  # noqa: E402
 from mizuoto.errors import InvalidRequest  # noqa: E402
 from mizuoto.serve import ServeConfig, serve_in_thread  # noqa: E402
 from mizuoto.serve.batching import Lanes, options_with_max_batch  # noqa: E402
@@ -123,20 +123,41 @@ def test_lanes_bound_the_jobs_running_at_once():
     assert max(peak) <= 2
 
 
-class _Batches(SupportsBatching):
-    name, max_batch, batch_stats = "batches", 3, None
-    batch_options = classmethod(lambda cls, section, max_batch: dict(section))
+class _Scheduled:
+    """An engine as the worker sees it: its scheduling object says how many requests it runs
+    at once (capacity None: no bound, they take turns)."""
+
+    name = "scheduled"
+
+    def __init__(self, capacity: int | None) -> None:
+        self.scheduling = NoLock(capacity)
 
 
 class _Serial:
     name = "serial"
 
 
-@pytest.mark.parametrize(("engine", "lanes"), [(_Batches(), 3), (_Serial(), None)])
-def test_a_worker_runs_as_many_at_once_as_the_loaded_engine_batches(engine, lanes):
-    # --max-batch takes one road, the engine's options: the worker reads the loaded engine
+@pytest.mark.parametrize(("engine", "lanes"), [
+    (_Scheduled(3), 3), (_Scheduled(None), 4), (_Scheduled(1), None), (_Serial(), None)],
+    ids=["rows", "turns", "one", "no-scheduling"])
+def test_a_worker_runs_as_many_at_once_as_the_engines_scheduling_runs(engine, lanes):
+    # the loaded engine's scheduling sizes the lanes (unbounded: as many as the queue holds)
     worker = ModelWorker("m", "m", load=lambda: engine, queue_size=4)
     worker.start()
     assert worker.loaded.wait(10) and worker.state == "ready"
     assert (worker._lanes.size if worker._lanes is not None else None) == lanes
+    worker.stop(5)
+
+
+def test_a_model_is_not_evicted_while_its_engine_is_busy():
+    """The worker asks the engine's scheduling whether it is idle: a request running on it
+    outside the worker's jobs (a stream still being read) keeps it loaded."""
+    engine = _Scheduled(None)
+    worker = ModelWorker("m", "m", load=lambda: engine, queue_size=4)
+    worker.start()
+    assert worker.loaded.wait(10)
+    engine.scheduling.count(active=1)
+    assert not worker.evict() and worker.engine is engine
+    engine.scheduling.count(active=-1)
+    assert worker.evict() and worker.state == "unloaded"
     worker.stop(5)

@@ -29,7 +29,6 @@ from mizuoto.contracts.requests import (
     SynthesisRequest,
 )
 from mizuoto.contracts.results import Rendered, check_finite
-from mizuoto.contracts.turns import Turns
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidRequest, ModelFilesMissing
 from mizuoto.licenses import is_non_commercial, model_card_license
@@ -81,11 +80,16 @@ class F5Engine(Engine, F5Adapters):
     params_class = F5Params
     options_class = F5Options
     compute_options = Engine.compute_options | {"oom_fallback", "compile"}
-    # a request's state is its generator (made per call) and its place in its text chunks (a
-    # local loop); the weights are only read. The one thing a sampler run keeps in the model,
-    # the backbone's text-embedding cache, lasts that run only, and runs are taken one at a
-    # time under the compute lock (a run nested in a progress callback gets its own cache).
-    concurrent_requests = True
+    # A request's state is its generator (made per call) and its place in its text chunks (a
+    # local loop); the weights are only read. So requests take turns per text chunk (the base
+    # class takes a turn around each chunk of _stream: one sampler run and its vocoding), and
+    # two long requests alternate chunks. Not per request: a short request would wait for a
+    # whole long text. Not all at once either: on a CPU a chunk's matrix products (~1,000
+    # rows) are compute-bound, so two chunks at once only split the cores and both finish
+    # late. The one thing a sampler run keeps in the model, the backbone's text-embedding
+    # cache, lasts that run only, inside its turn (a run nested in a progress callback, which
+    # runs in the turn, gets its own cache).
+    takes_turns_per = "chunk"
 
     def __init__(self, *, model, vocab: dict[str, int], vocoder, info: ModelInfo,
                  placement: Placement) -> None:
@@ -97,14 +101,6 @@ class F5Engine(Engine, F5Adapters):
         self.placement = placement
         # a fast profile's documented step count where a request leaves steps unset
         self._default_steps = FAST_PROFILE_STEPS if placement.fast_profile else DEFAULT_STEPS
-        # Held per text chunk (one sampler run and its vocoding), so that two long requests
-        # take turns chunk by chunk. Not per request: a short request would wait for a whole
-        # long text. Not lock-free either: on a CPU a chunk's matrix products (~1,000 rows)
-        # are compute-bound, so two chunks at once only split the cores and both finish late.
-        # On any device it also keeps the backbone's text cache (in the model) to one run.
-        # Progress callbacks run under it; it is re-entrant, so a callback may call the engine
-        # (a callback that waits for another thread's request on this engine would deadlock).
-        self._compute = Turns()  # the core's turn-taking: requests alternate chunks
 
     # -- loading --------------------------------------------------------------------------
 
@@ -207,8 +203,7 @@ class F5Engine(Engine, F5Adapters):
         """A saved voice: the reference prepared as upstream prepares it (clipped, trimmed,
         padded, at its own rate) and its transcript. Loudness and resampling are applied when
         it is used, so a voice speaks exactly like its reference with any ``target_rms``."""
-        with self._compute:  # the silence search and trimming are CPU work too: one turn
-            waveform, rate = reference.prepare_pcm(reference_.audio)
+        waveform, rate = reference.prepare_pcm(reference_.audio)  # in the call's turn
         text = reference.prepare_reference_text(reference_.text)
         return Voice(engine=self.name, model_fingerprint=self.info.fingerprint,
                      sample_rate=rate, tensors={"waveform": waveform.contiguous()},
@@ -236,19 +231,15 @@ class F5Engine(Engine, F5Adapters):
 
     # -- synthesis ------------------------------------------------------------------------
 
-    def _synthesize(self, request: SynthesisRequest, params: F5Params,
-                    generator: torch.Generator, progress: ProgressCallback | None) -> Rendered:
-        plan = self._plan(request, params)
-        return self._whole(plan, self._chunk_waves(plan, params, generator, progress), params)
-
     def _stream(self, request: SynthesisRequest, params: F5Params,
                 generator: torch.Generator, progress: ProgressCallback | None
                 ) -> Iterator[Rendered]:
         """Each text chunk's audio as soon as it is generated and vocoded: all of it but the
         last ``cross_fade_duration``, which the next chunk's crossfade blends (the joined
-        stream is :meth:`_synthesize`'s audio). With ``remove_silence`` the audio comes as
-        one chunk at the end: upstream cuts silences across the whole joined audio.
-        Planned now, so that a bad request is refused at the call."""
+        stream, which ``synthesize`` returns, is upstream's joined audio). With
+        ``remove_silence`` the audio comes as one chunk at the end: upstream cuts silences
+        across the whole joined audio. Planned now (in the call's first turn, with the
+        reference's preparation), so that a bad request is refused at the call."""
         return self._joined_stream(self._plan(request, params), params, generator, progress)
 
     def _joined_stream(self, plan: _Plan, params: F5Params, generator: torch.Generator,
@@ -279,8 +270,7 @@ class F5Engine(Engine, F5Adapters):
                                              request.text, "spaces (id 0, as upstream does)")
         if dropped:
             warnings.append(dropped)
-        with self._compute:  # reference preparation (silences, resampling): one turn
-            prepared = self._reference_for(request, params, warnings)
+        prepared = self._reference_for(request, params, warnings)
         max_bytes = max_chunk_bytes(prepared.text, prepared.source_samples,
                                     prepared.source_rate, params.speed)
         chunks = chunk_text(request.text, max_bytes)
@@ -312,16 +302,14 @@ class F5Engine(Engine, F5Adapters):
                 zip(chunks, plan.token_batches, plan.durations, strict=True)):
             report(progress, "chunk", index, len(chunks), chunk)
             stage = f" (chunk {index + 1} of {len(chunks)})" if len(chunks) > 1 else ""
-            with self._compute:  # one turn per chunk; other requests' chunks go in between
-                mel, _ = self.model.sample(
-                    cond, tokens, frames, steps=plan.steps, cfg_strength=plan.guidance,
-                    sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
-                    method=params.method, generator=generator, on_step=_on_step(progress))
-                check_finite(mel, f"f5tts sampler{stage}")
-                mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
-                wave = vocode(self.vocoder, mel, tiled=params.tiled_decode,
-                              oom_fallback=self.placement.oom_fallback,
-                              fallbacks=plan.fallbacks)
+            mel, _ = self.model.sample(
+                cond, tokens, frames, steps=plan.steps, cfg_strength=plan.guidance,
+                sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
+                method=params.method, generator=generator, on_step=_on_step(progress))
+            check_finite(mel, f"f5tts sampler{stage}")
+            mel = mel.to(torch.float32)[:, ref_frames:, :].permute(0, 2, 1)
+            wave = vocode(self.vocoder, mel, tiled=params.tiled_decode,
+                          oom_fallback=self.placement.oom_fallback, fallbacks=plan.fallbacks)
             check_finite(wave, f"f5tts vocoder{stage}")
             if prepared.raised:
                 wave = wave * prepared.rms / params.target_rms
@@ -408,25 +396,25 @@ class F5Engine(Engine, F5Adapters):
         else:
             waveform, rate = read_audio(source, field="reference.audio")
         tokens = token_ids(to_tokens(request.text), self.vocab)[None]
-        with self._compute:  # an edit is one sampler run: one turn
-            # upstream's speech_edit reads the recording as it is (torchaudio.load): no clipping
-            audio, rms = reference.condition_audio(waveform, rate, params.target_rms,
-                                                   self._resample)
-            original_mel = self.model.mel_spec(audio.to(self.model.device)).permute(0, 2, 1)
-            plan = editing.plan_edit(original_mel, request.segments, params.edit_durations)
-            check_positions(self.model.transformer, tokens.shape[-1], plan.frames, plan.frames,
-                            "the edited recording", **_edit_too_long(
-                                request.segments, waveform.shape[-1] / rate,
-                                text_longer=tokens.shape[-1] >= plan.frames))
-            mel, _ = self.model.sample(
-                plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
-                sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
-                method=params.method, generator=generator, edit_mask=plan.edit_mask,
-                on_step=_on_step(progress))
-            check_finite(mel, "f5tts sampler")
-            wave = vocode(self.vocoder, mel.to(torch.float32).permute(0, 2, 1),
-                          tiled=params.tiled_decode, oom_fallback=self.placement.oom_fallback,
-                          fallbacks=fallbacks)
+        # an edit is one sampler run: one turn (the base class's, around the call)
+        # upstream's speech_edit reads the recording as it is (torchaudio.load): no clipping
+        audio, rms = reference.condition_audio(waveform, rate, params.target_rms,
+                                               self._resample)
+        original_mel = self.model.mel_spec(audio.to(self.model.device)).permute(0, 2, 1)
+        plan = editing.plan_edit(original_mel, request.segments, params.edit_durations)
+        check_positions(self.model.transformer, tokens.shape[-1], plan.frames, plan.frames,
+                        "the edited recording", **_edit_too_long(
+                            request.segments, waveform.shape[-1] / rate,
+                            text_longer=tokens.shape[-1] >= plan.frames))
+        mel, _ = self.model.sample(
+            plan.mel_cond, tokens, plan.frames, steps=steps, cfg_strength=guidance,
+            sway_sampling_coef=params.sway_sampling_coef, use_epss=params.use_epss,
+            method=params.method, generator=generator, edit_mask=plan.edit_mask,
+            on_step=_on_step(progress))
+        check_finite(mel, "f5tts sampler")
+        wave = vocode(self.vocoder, mel.to(torch.float32).permute(0, 2, 1),
+                      tiled=params.tiled_decode, oom_fallback=self.placement.oom_fallback,
+                      fallbacks=fallbacks)
         check_finite(wave, "f5tts vocoder")
         if rms < params.target_rms:
             wave = wave * rms / params.target_rms

@@ -1,6 +1,6 @@
 """F5-TTS's LoRA: which of its layers take adapters, and what the engine gives
 :class:`~mizuoto.adapters.AdapterHost` (the module adapters attach under, the base weights'
-identity, the compute turn held while swapping, the fingerprint naming the adapter). Loading,
+identity, a turn of the engine's scheduling held while swapping, the fingerprint naming the adapter). Loading,
 checks and hot-swap are the core's; training is ``mizuoto train -e f5tts --method lora``."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ LORA_TARGETS = LoRATargets(
 
 class F5Adapters(AdapterHost):
     """The LoRA half of :class:`~mizuoto_f5tts.engine.F5Engine` (its ``model``, ``placement``,
-    ``_compute`` turns and ``_base_info``/``_info`` are the engine's)."""
+    ``scheduling`` and ``_base_info``/``_info`` are the engine's)."""
 
     lora_targets = LORA_TARGETS
 
@@ -40,7 +40,7 @@ class F5Adapters(AdapterHost):
         return self._base_info.fingerprint
 
     def adapter_turn(self):
-        return self._compute
+        return self.scheduling  # a turn: between two requests' chunks
 
     def adapter_changed(self, adapter: Adapter | None) -> None:
         """The fingerprint (``info``, saved voices) names base and adapter."""

@@ -149,8 +149,8 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
     compute_options = Engine.compute_options | {"oom_fallback", "compile", "attention",
                                                 "cuda_graphs", "prepack"}
     # each request is a row of the core's scheduler (patch_rows.py): its own cache slot,
-    # generator, buffers and decoder state, stepped from one thread at a time
-    concurrent_requests = True
+    # generator, buffers and decoder state, stepped from one thread at a time (the scheduler
+    # is the engine's scheduling object: SupportsSteps declares it, no lock here)
     # batched matrix products and VAE convolutions may round otherwise than a row's alone: a
     # row stepped alone is exact, and never draws its mates' noise
     batch_exact = False

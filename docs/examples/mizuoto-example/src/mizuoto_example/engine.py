@@ -100,8 +100,8 @@ class ToyEngine(Engine, SupportsSteps, AdapterHost):
     # anything else in compute.device / compute.dtype is refused before load, by name
     devices = frozenset({"cpu"})
     dtypes = frozenset({"float32"})
-    # a request's state is its row (its words, its generator): requests run at once
-    concurrent_requests = True
+    # a request's state is its row (its words, its generator): the core's scheduler steps
+    # the rows together (SupportsSteps); the engine declares no lock and writes none
     # LoRA: declare which layers take adapters; AdapterHost does loading, checks and hot-swap,
     # the trainer (declaring the same) gets --method lora, and the contract suite's adapter
     # checks run on it

@@ -9,7 +9,8 @@ suite reports it and still passes) for at least one minor version, with an entry
 
 History: 1.0 (round 2's documented API: plugins override ``synthesize``/``stream``/...,
 build ``Applied`` themselves); 1.1 (the base class does the shared work and calls
-``_synthesize``/``_stream``/``_edit``/``_build_voice``; ``Engine.concurrent_requests``).
+``_synthesize``/``_stream``/``_edit``/``_build_voice``; ``Engine.concurrent_requests``,
+deprecated since for ``Engine.takes_turns_per`` or the step interface: the core schedules).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
+# Long on purpose: one concept, the engine contract (its base class and its public calls)
 """The engine contract: load a model directory, declare capabilities, synthesize.
 
 The base class does the work every engine shares (simonw/llm's ``Model.prompt()`` is concrete
 and a plugin writes ``execute()``): the public :meth:`Engine.synthesize`, :meth:`Engine.stream`,
 :meth:`Engine.edit` and :meth:`Engine.build_voice` check the capability, validate the params,
-resolve the seed and make the generator, take the engine's lock (unless the engine keeps its
-per-request state per request: :attr:`Engine.concurrent_requests`), call the engine's own
+resolve the seed and make the generator, run the call under the engine's scheduling object
+(:mod:`mizuoto.contracts.scheduling`: one request at a time, turns per chunk, or the core's
+scheduler, as the engine declares: :attr:`Engine.takes_turns_per`), call the engine's own
 ``_synthesize`` / ``_stream`` / ``_edit`` / ``_build_voice``, and build the
 :class:`~mizuoto.contracts.results.Applied` record from what that returns
 (:class:`~mizuoto.contracts.results.Rendered`) and what the base knows. Results and chunks
@@ -16,7 +18,6 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
-import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -32,9 +33,15 @@ from mizuoto.contracts.model_defaults import read_model_defaults, taken_defaults
 from mizuoto.contracts.model_info import ModelInfo
 from mizuoto.contracts.plan import RequestPlan
 from mizuoto.contracts.progress import ProgressCallback
-from mizuoto.contracts.request_lock import NoLock, RequestLock, Stream
+from mizuoto.contracts.request_lock import Stream
 from mizuoto.contracts.requests import EditRequest, Reference, SynthesisRequest
 from mizuoto.contracts.results import Applied, AudioChunk, Rendered, SynthesisResult
+from mizuoto.contracts.scheduling import (
+    RequestScheduling,
+    check_scheduling_declared,
+    scheduling_for,
+)
+from mizuoto.contracts.turns import ChunkTurns
 from mizuoto.contracts.voice import Voice
 from mizuoto.errors import InvalidOption, InvalidRequest, UnsupportedCapability
 from mizuoto.options import Options
@@ -76,16 +83,16 @@ class Engine(abc.ABC):
     #: at every load (:func:`mizuoto.runtime.startup.check_startup_options`).
     compute_options: ClassVar[frozenset[str]] = frozenset(
         {"device", "dtype", "cpu_threads", "cpu_allocator", "cpu_pinning", "cpu_wait_policy"})
-    #: The opt-in to concurrent requests. ``False`` (the default): the engine keeps state of a
-    #: request in the instance (a KV cache, a noise generator), so the base class runs one
-    #: request at a time (:class:`~mizuoto.contracts.request_lock.RequestLock`): other threads
-    #: wait, and a second request from the thread of an unfinished stream is refused with
-    #: :class:`~mizuoto.errors.RequestConflict`. ``True``: every piece of per-request state
-    #: lives in the request's own call (its generator, its cache slot), the loaded weights are
-    #: only read, so the base class calls the engine from any number of threads at once, and
-    #: a stream paused between chunks never sees another request's state. Declare it only
-    #: when that holds: the contract suite checks that a request interleaved into a stream
-    #: leaves both unchanged.
+    #: How the engine's requests share it (the base class schedules them, the engine writes no
+    #: lock: :mod:`mizuoto.contracts.scheduling`). ``"request"`` (the default): a request's
+    #: state is in the instance (a KV cache), so one request runs at a time, first chunk to
+    #: last; a second from the thread of an unfinished stream is a
+    #: :class:`~mizuoto.errors.RequestConflict`. ``"chunk"``: a request's state is in its own
+    #: call, so requests alternate chunks of ``_stream`` (``synthesize`` joins them). An
+    #: engine with the step interface is the core scheduler's instead.
+    takes_turns_per: ClassVar[str] = "request"
+    #: Plugin API 1.1's opt-out of the base class's scheduling, still honoured: ``True`` calls
+    #: the engine from any number of threads at once; whatever it shares is its own to guard.
     concurrent_requests: ClassVar[bool] = False
     #: The sampler settings of :class:`SynthesisRequest` / :class:`EditRequest` this engine
     #: uses. A request that sets another one is refused by the base class, naming the field
@@ -111,6 +118,7 @@ class Engine(abc.ABC):
         API 1.0 defines itself (it did the shared work itself) so that it still runs under the
         lock and its result gets what the base class now fills in."""
         super().__init_subclass__(**kwargs)
+        check_scheduling_declared(cls)
         load = cls.__dict__.get("load")
         if isinstance(load, classmethod) and not getattr(load.__func__, "_mizuoto_checked", 0):
             cls.load = classmethod(_checking_compute(load.__func__))
@@ -204,21 +212,26 @@ class Engine(abc.ABC):
         call = self._planned(request)
         request = call.request
         generator = self.make_generator(call.seed)
-        with self._lock():
-            rendered = self._synthesize(request, call.params, generator, progress)
+        if isinstance(self.scheduling, ChunkTurns) and _implements(type(self), "_stream"):
+            # a turn per chunk of _stream, as a stream's: the engine's chunks, joined
+            pieces = self._scheduled(call, generator, progress)
+            rendered = join_stream(pieces, self.info.sample_rate)
+        else:
+            with self.scheduling:
+                rendered = self._synthesize(request, call.params, generator, progress)
         return SynthesisResult(rendered.audio, self._applied(call, rendered))
 
     def stream(self, request: SynthesisRequest | RequestPlan, *,
                progress: ProgressCallback | None = None) -> Iterator[AudioChunk]:
         """The audio in chunks, each as soon as it is made; the last carries ``applied``.
-        The request is checked now (or was, by :meth:`plan`); the engine's lock is held from
-        the first chunk to the last (or until the stream is closed)."""
+        The request is checked now (or was, by :meth:`plan`); the chunks come as the engine's
+        scheduling object allows (:attr:`takes_turns_per`): a request holding the engine from
+        its first chunk to its last (or until the stream is closed), a turn per chunk, or a
+        row of the core's scheduler."""
         self._implemented("_stream", Capability.STREAM, "stream")
         call = self._planned(request)
         request = call.request
         generator = self.make_generator(call.seed)
-        with self._lock():  # an engine may plan (and refuse) eagerly in _stream
-            pieces = iter(self._pieces(request, call.params, generator, progress))
         index = iter(range(2**63))
 
         def chunk(rendered: Rendered) -> AudioChunk:
@@ -226,7 +239,15 @@ class Engine(abc.ABC):
             return AudioChunk(rendered.audio, next(index), is_last=rendered.last,
                               applied=applied)
 
-        return self._lock().stream(pieces, chunk)
+        return self._scheduled(call, generator, progress, chunk)
+
+    def _scheduled(self, call: RequestPlan, generator: Any, progress: ProgressCallback | None,
+                   each=lambda chunk: chunk) -> Stream:
+        """The request's chunks, each mapped by ``each``, as the engine's scheduling hands
+        them out; what ``_stream`` runs before its first chunk (its checks) is run now."""
+        with self.scheduling:  # an engine may plan (and refuse) eagerly in _stream
+            pieces = iter(self._pieces(call.request, call.params, generator, progress))
+        return self.scheduling.stream(pieces, each)
 
     def edit(self, request: EditRequest | RequestPlan, *,
              progress: ProgressCallback | None = None) -> SynthesisResult:
@@ -235,14 +256,14 @@ class Engine(abc.ABC):
         call = self._planned(request)
         request = call.request
         generator = self.make_generator(call.seed)
-        with self._lock():
+        with self.scheduling:
             rendered = self._edit(request, call.params, generator, progress)
         return SynthesisResult(rendered.audio, self._applied(call, rendered))
 
     def build_voice(self, reference: Reference) -> Voice:
         """A reusable voice from ``reference`` (``Voice.save`` writes it)."""
         self._implemented("_build_voice", Capability.VOICE_CACHE, "build_voice")
-        with self._lock():
+        with self.scheduling:
             return self._build_voice(reference)
 
     # -- what an engine implements ----------------------------------------------------------
@@ -396,19 +417,17 @@ class Engine(abc.ABC):
             compute=self.compute_in_effect(), extra=rendered.extra,
             model_defaults=call.model_defaults)
 
-    def _lock(self) -> RequestLock | NoLock:
-        # an engine stepped by the scheduler takes turns there, never under a lock
-        if self.concurrent_requests or stepping_engine(self) is not None:
-            return _NO_LOCK
-        return engine_lock(self)
+    @property
+    def scheduling(self) -> RequestScheduling:
+        """The engine's one scheduling object (:mod:`mizuoto.contracts.scheduling`): it runs
+        the requests, and says its ``capacity``, what is ``active`` and ``waiting``, ``idle``."""
+        return scheduling_for(self)
 
 
 _SAMPLER_SETTINGS = frozenset({"steps", "guidance"})
 _RENDER_HOOKS = ("_synthesize", "_stream")  # each has a default built from the other
 _PUBLIC_CALLS = ("synthesize", "stream", "edit", "build_voice")
 _HOOKS = {name: f"_{name}" for name in _PUBLIC_CALLS}
-_LOCKS_GUARD = threading.Lock()
-_NO_LOCK = NoLock()
 
 
 def _require_planned(engine: Engine, capability: Capability) -> None:
@@ -427,10 +446,14 @@ def _require_planned(engine: Engine, capability: Capability) -> None:
 def _check_implements_one(cls: type[Engine]) -> None:
     if stepping_engine(cls) is not None:  # its stream is the scheduler's rows
         return
-    if all(getattr(cls, hook) is getattr(Engine, hook) for hook in _RENDER_HOOKS):
+    if not any(_implements(cls, hook) for hook in _RENDER_HOOKS):
         raise TypeError(f"{cls.__module__}.{cls.__qualname__} implements neither _synthesize() "
                         "nor _stream(): implement one of them (the base class builds the "
                         "other from it)")
+
+
+def _implements(cls: type[Engine], hook: str) -> bool:
+    return getattr(cls, hook) is not getattr(Engine, hook)
 
 
 def parses_params_by_class(engine_cls: type[Engine]) -> bool:
@@ -442,13 +465,10 @@ def parses_params_by_class(engine_cls: type[Engine]) -> bool:
     return engine_cls.params_class is not None or engine_cls.plugin_api != "1.0"
 
 
-def engine_lock(engine: Engine) -> RequestLock:
-    """The lock that serializes ``engine``'s requests (created on first use)."""
-    lock = engine.__dict__.get("_mizuoto_lock")
-    if lock is None:
-        with _LOCKS_GUARD:
-            lock = engine.__dict__.setdefault("_mizuoto_lock", RequestLock(engine.name))
-    return lock
+def engine_lock(engine: Engine) -> RequestScheduling:
+    """``engine``'s scheduling object (:attr:`Engine.scheduling`): for an engine that runs one
+    request at a time, the lock that serializes them."""
+    return scheduling_for(engine)
 
 
 def _checking_compute(load):
@@ -474,17 +494,17 @@ def _serialized(method):
     if inspect.isgeneratorfunction(method):
         @functools.wraps(method)
         def stream(self, *args, **kwargs):
-            return self._lock().stream(method(self, *args, **kwargs),
+            return self.scheduling.stream(method(self, *args, **kwargs),
                                        functools.partial(_completed, self, args))
 
         wrapper = stream
     else:
         @functools.wraps(method)
         def call(self, *args, **kwargs):
-            with self._lock():
+            with self.scheduling:
                 result = method(self, *args, **kwargs)
             if inspect.isgenerator(result) or isinstance(result, Stream):  # a stream
-                return self._lock().stream(result, functools.partial(_completed, self, args))
+                return self.scheduling.stream(result, functools.partial(_completed, self, args))
             return _completed(self, args, result)
 
         wrapper = call

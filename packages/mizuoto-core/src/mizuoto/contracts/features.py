@@ -94,7 +94,8 @@ class SupportsSteps(SupportsBatching):
     closes a row when its last chunk is made or its client leaves (within one step). The
     engine writes these three methods, no lock and no thread; the base class's ``stream`` and
     ``synthesize`` run through the scheduler (the engine writes no ``_stream``), so a request
-    spoken alone runs the same steps as in a batch. Declare ``concurrent_requests = True``.
+    spoken alone runs the same steps as in a batch. The scheduler is the engine's scheduling
+    object (:mod:`mizuoto.contracts.scheduling`): nothing else to declare.
 
     A row's audio must not depend on its batch mates where the arithmetic allows it (the
     contract suite checks batched == alone in float32): keep each row's generator in its

@@ -11,24 +11,33 @@ for its thread, and ``a`` came back with other audio). Waiting would deadlock (o
 can finish ``a``), so the second request is refused with :class:`RequestConflict`. A call
 nested inside a running request (a plugin's ``edit`` calling its own ``synthesize``) is not a
 second request and re-enters.
+
+It is the serial policy of an engine's scheduling object (:mod:`mizuoto.contracts.scheduling`):
+``capacity`` 1.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from mizuoto.contracts.occupancy import Occupancy
 from mizuoto.errors import RequestConflict
 
 T = TypeVar("T")
 
 
-class RequestLock:
+class RequestLock(Occupancy):
     """Releasable from another thread than the one that took it: a server may resume a
     stream's generator on any worker thread, which ``threading.RLock`` forbids."""
 
+    #: one request at a time
+    capacity = 1
+
     def __init__(self, engine_name: str = "engine") -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._engine_name = engine_name
         self._running: int | None = None  # the thread running the holder's code now
@@ -45,8 +54,14 @@ class RequestLock:
                 f"this thread holds the {self._engine_name} engine for a stream it has not "
                 "finished: a second request now would change that stream's audio. Finish or "
                 "close the stream first (or load another engine for the second request)")
-        self._lock.acquire()
+        if not self._lock.acquire(blocking=False):
+            self.count(waiting=1)
+            try:
+                self._lock.acquire()
+            finally:
+                self.count(waiting=-1)
         self._running, self._depth = me, 1
+        self.count(active=1)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -54,6 +69,7 @@ class RequestLock:
         if self._depth == 0:
             self._running = self._paused_on = None
             self._lock.release()
+            self.count(active=-1)
 
     def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
                ) -> Stream[T]:
@@ -75,28 +91,71 @@ class RequestLock:
                     self._running, self._paused_on = threading.get_ident(), None
 
 
-class NoLock:
-    """What an engine that keeps all per-request state per request gets: no serialization."""
+class NoLock(Occupancy):
+    """What a plugin that declares ``concurrent_requests = True`` (plugin API 1.1) gets: no
+    serialization, its requests run at once (whatever it does itself); only counted.
+    ``capacity``: None (no bound), or as many as a proxy passes on (``serve --ray``)."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        super().__init__()
+        self.capacity = capacity
 
     def __enter__(self) -> NoLock:
+        self.count(active=1)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        return None
+        self.count(active=-1)
 
     def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
                ) -> Stream[T]:
-        # a scheduler's row: cancelled from any thread, it stops within one step
-        return Stream(_closing(chunks, each), on_cancel=getattr(chunks, "cancel", None))
+        return counted_stream(self, chunks, each)
 
 
-def _closing(chunks: Iterator[T], each: Callable[[T], T]) -> Iterator[T]:
+def counted_stream(occupancy: Occupancy, chunks: Iterator[T], each: Callable[[T], T]
+                   ) -> Stream[T]:
+    """``chunks`` mapped by ``each``, counted as one active request of ``occupancy`` from now
+    until its last chunk, its error, or its closing; cancelled from any thread (a scheduler's
+    row at once: ``chunks.cancel``), it stops at its next chunk."""
+    occupancy.count(active=1)
+    ended = _Once(lambda: occupancy.count(active=-1))
+    row_cancel = getattr(chunks, "cancel", None)
+    counted = closing_chunks(chunks, each, ended)
+
+    def cancel() -> None:
+        if row_cancel is not None:
+            row_cancel()
+        # a stream never started ends here (closing it runs none of its code); one making a
+        # chunk in another thread ends when that chunk is done and its consumer closes it
+        if inspect.getgeneratorstate(counted) == inspect.GEN_CREATED:
+            ended()
+
+    return Stream(counted, on_cancel=cancel)
+
+
+class _Once:
+    """``action``, run on the first call only (from any thread)."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Callable[[], None] | None = action
+        self._guard = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._guard:
+            action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
+def closing_chunks(chunks: Iterator[T], each: Callable[[T], T],
+             ended: Callable[[], None] = lambda: None) -> Iterator[T]:
     """``chunks`` mapped by ``each``; closing this closes ``chunks`` (a row gives back its
-    state)."""
+    state); ``ended`` runs when they end, fail or are closed."""
     try:
         for chunk in chunks:
             yield each(chunk)
     finally:
+        ended()
         close = getattr(chunks, "close", None)
         if close is not None:
             close()

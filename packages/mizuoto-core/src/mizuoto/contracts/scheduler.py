@@ -21,6 +21,9 @@ close a row); it writes no locks and no threads. The scheduler owns:
   whose progress callback raises, or whose deadline passed, is closed before the next step:
   its work stops within one step, and its state is released.
 
+It is such an engine's scheduling object (:mod:`mizuoto.contracts.scheduling`): ``capacity``
+is ``max_rows``, ``active`` the rows stepping, ``waiting`` those waiting for a place.
+
 Each row keeps the generator the base class made for its request (from the request's seed),
 so a request's audio never depends on its batch mates where the engine's arithmetic is
 row-independent (the contract suite checks it in float32).
@@ -39,6 +42,7 @@ from typing import Any
 import attrs
 
 from mizuoto.contracts.progress import ProgressCallback, report
+from mizuoto.contracts.request_lock import Stream, closing_chunks
 from mizuoto.contracts.results import Rendered
 from mizuoto.errors import DeadlineExceeded, EngineBusy
 
@@ -133,6 +137,50 @@ class Scheduler:
         """Rows not yet closed: stepping, and waiting for a place."""
         with self._changed:
             return len(self._active) + len(self._waiting)
+
+    # -- what every engine's scheduling object answers (mizuoto.contracts.scheduling) ---------
+
+    @property
+    def capacity(self) -> int:
+        """The most requests stepped together: ``max_rows``."""
+        return self.max_rows
+
+    @property
+    def active(self) -> int:
+        """Rows stepping now."""
+        with self._changed:
+            return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        """Rows waiting for a place."""
+        with self._changed:
+            return len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        """No row open and none on its way."""
+        with self._changed:
+            return self._is_idle()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no row is open (at most ``timeout`` seconds); whether none is."""
+        with self._changed:
+            return self._changed.wait_for(self._is_idle, timeout)
+
+    def _is_idle(self) -> bool:
+        return not (self._active or self._waiting or self._arriving)
+
+    def __enter__(self) -> Scheduler:
+        return self  # an edit or a voice of a stepping engine runs beside the rows
+
+    def __exit__(self, *exc_info) -> None:
+        return None
+
+    def stream(self, chunks: Iterator, each=lambda chunk: chunk) -> Stream:
+        """A row's chunks (``chunks``) mapped by ``each``: cancelled from any thread, the row
+        stops within one step."""
+        return Stream(closing_chunks(chunks, each), on_cancel=getattr(chunks, "cancel", None))
 
     def submit(self, request, params, generator, *, progress: ProgressCallback | None = None,
                deadline: float | None = None) -> Row:

@@ -1,7 +1,10 @@
 """Turns: how the requests of one model that run one piece at a time take turns, for an engine
 that does not declare the step interface (whose requests the scheduler,
-:mod:`mizuoto.contracts.scheduler`, steps together). A re-entrant lock, handed to waiting
-threads in arrival order.
+:mod:`mizuoto.contracts.scheduler`, steps together). :class:`Turns` is a re-entrant lock,
+handed to waiting threads in arrival order; :class:`ChunkTurns` is the scheduling object of an
+engine that declares ``takes_turns_per = "chunk"`` (:mod:`mizuoto.contracts.scheduling`): the
+base class takes a turn around each chunk of the engine's ``_stream``, and the engine writes
+no lock.
 
 F5-TTS takes a turn per text chunk, so that two long requests alternate chunks. A plain
 ``threading.RLock`` promises no order: the thread that releases it after a chunk may take it
@@ -14,6 +17,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from mizuoto.contracts.occupancy import Occupancy
+from mizuoto.contracts.request_lock import Stream, counted_stream
+
+T = TypeVar("T")
 
 
 class Turns:
@@ -58,3 +68,60 @@ class Turns:
         """How many threads wait for their turn now."""
         with self._state:
             return len(self._queue)
+
+
+class ChunkTurns(Occupancy):
+    """The requests of one engine take turns chunk by chunk: each chunk of a request's stream
+    (one ``next()`` of the engine's ``_stream``) and each synchronous piece of work (``with
+    turns:``: an edit, a voice, a stream's checks) is one turn of a :class:`Turns`, so two long
+    requests alternate chunks and a short one waits one chunk, not a whole text. Re-entrant:
+    a progress callback may call the engine again. ``capacity``: None (no bound: every request
+    runs, in turns); ``active``: requests from their call to their last chunk (or closing);
+    ``waiting``: requests waiting for a turn now."""
+
+    capacity = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._turns = Turns()
+
+    @property
+    def waiting(self) -> int:
+        return self._turns.waiting
+
+    def __enter__(self) -> ChunkTurns:
+        self.count(active=1)
+        try:
+            self._turns.__enter__()
+        except BaseException:
+            self.count(active=-1)
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            self._turns.__exit__(*exc_info)
+        finally:
+            self.count(active=-1)
+
+    def stream(self, chunks: Iterator[T], each: Callable[[T], T] = lambda chunk: chunk
+               ) -> Stream[T]:
+        """``chunks``, each made in a turn of its own; cancelled or closed, it stops at its
+        next chunk."""
+        return counted_stream(self, _each_in_a_turn(self._turns, chunks), each)
+
+
+def _each_in_a_turn(turns: Turns, chunks: Iterator[T]) -> Iterator[T]:
+    """``chunks``, each ``next()`` holding a turn; handed out (and closed) outside it."""
+    try:
+        while True:
+            with turns:
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+            yield chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()

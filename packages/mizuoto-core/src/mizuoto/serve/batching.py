@@ -1,12 +1,14 @@
 """``mizuoto serve --max-batch N``: up to N requests of one model run at once, so that an engine
 that batches (VoxCPM's continuous batching of streams) steps them together.
 
-A model's worker still takes its jobs from its queue in arrival order; with ``--max-batch``
-above 1 it hands each to one of N lanes (threads) instead of running it itself, and waits for
-a free lane before taking the next (requests beyond that queue, and 429 beyond the queue, as
-without batching). The engine does the rest: an engine with per-request state holds its lock
-only per chunk, and its batcher advances every open stream in one step. An engine without a
-batcher simply serializes the lanes' calls, as it serialized the worker's.
+A model's worker still takes its jobs from its queue in arrival order; where the loaded
+engine's scheduling object runs more than one request at once (its ``capacity``: the rows of
+a stepping engine, which ``--max-batch`` sets; no bound for one whose requests take turns per
+chunk), it hands each to one of that many lanes (:class:`Lanes`, a thin thread pool sized by
+the scheduling) instead of running it itself, and waits for a free lane before taking the
+next (requests beyond that queue, and 429 beyond the queue, as without lanes). The engine's
+scheduling does the rest: the core's scheduler steps every open row together, turns hand the
+engine to each request's next chunk in arrival order.
 
 Engines opt in by declaring :class:`~mizuoto.contracts.features.SupportsBatching`: every
 installed engine that does gets the options its ``batch_options(section, N)`` returns (VoxCPM:
@@ -54,7 +56,9 @@ def batch_stats(engine):
 
 
 class Lanes:
-    """At most ``size`` jobs of one model at once, each on its own thread."""
+    """At most ``size`` jobs of one model at once, each on its own thread: ``size`` is the
+    engine's scheduling ``capacity``; what runs together and in which order is the
+    scheduling's, not the lanes'."""
 
     def __init__(self, name: str, size: int) -> None:
         self.name = name

@@ -56,6 +56,7 @@ import attrs
 
 from mizuoto.contracts import features
 from mizuoto.contracts.features import SupportsBatching
+from mizuoto.contracts.request_lock import NoLock
 from mizuoto.errors import InvalidRequest
 from mizuoto.serve.app import ServeConfig, _loader, create_app
 from mizuoto.serve.batching import MAX_BATCH
@@ -340,6 +341,12 @@ class RemoteEngine(SupportsBatching):
     @property
     def batch_stats(self):
         return None  # counted on the replicas
+
+    @functools.cached_property
+    def scheduling(self) -> NoLock:
+        """What the worker runs at once: ``lanes`` requests passed on together (the replicas'
+        engines schedule them), counted here."""
+        return NoLock(capacity=self._lanes)
 
     @classmethod
     def connect(cls, model: str, handle, lanes: int = 1) -> RemoteEngine:

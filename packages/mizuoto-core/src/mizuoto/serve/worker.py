@@ -2,11 +2,14 @@
 
 The event loop submits a :class:`~mizuoto.serve.jobs.Job` and reads what it emits (audio
 chunks, a voice, an error, then :data:`~mizuoto.serve.jobs.DONE`) from an ``asyncio.Queue``.
-Requests for different models run in parallel on their workers; requests for one model run
-one after the other, in arrival order (the engine contract serializes an engine's calls
-anyway, a stream holding the engine from its first chunk to its last). A job whose client went
-away is skipped if still queued, and stopped at the engine's next progress report or chunk if
-running. Which models stay loaded, and when a request may pin one, is the
+Requests for different models run in parallel on their workers. A model's worker takes its
+jobs in arrival order and runs as many at once as the loaded engine's scheduling object says
+it runs (its ``capacity``: :mod:`mizuoto.contracts.scheduling`): one after the other for an
+engine that runs one request at a time (a stream holding the engine from its first chunk to
+its last), and on lanes (:class:`~mizuoto.serve.batching.Lanes`) for one whose requests take
+turns per chunk or step together as rows; the engine's scheduling does the rest. A job whose
+client went away is skipped if still queued, and stopped at the engine's next progress report
+or chunk if running. Which models stay loaded, and when a request may pin one, is the
 :class:`~mizuoto.serve.pool.ModelPool`'s.
 """
 
@@ -19,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from mizuoto.contracts.features import batching_engine
 from mizuoto.runtime.busy_wait import waiting_at_most
 from mizuoto.serve.adapters import holds_adapters
 from mizuoto.serve.batching import Lanes
@@ -46,8 +48,8 @@ class ModelWorker:
                  metrics=None, shared_lock: threading.Lock | None = None,
                  pool: ModelPool | None = None, preload: bool = True) -> None:
         self.name = name
-        # jobs run on lanes, several at once, when the loaded engine batches (its max_batch,
-        # which --max-batch asked for through its options: mizuoto.serve.batching)
+        # jobs run on lanes, several at once, when the loaded engine's scheduling runs several
+        # (rows stepped together, up to --max-batch; requests taking turns per chunk)
         self._lanes: Lanes | None = None
         self.model = model
         self._load = load
@@ -131,7 +133,7 @@ class ModelWorker:
             return False
         try:
             if self.engine is None or self._running is not None or self._lane_jobs() \
-                    or not self._queue.empty() or self.pins:
+                    or not self._queue.empty() or self.pins or not _engine_idle(self.engine):
                 return False
             self.engine = None
             self.engine_bytes = 0
@@ -181,10 +183,11 @@ class ModelWorker:
         log.info("model %s ready (%s)", self.name, self.model)
 
     def _fit_lanes(self, engine) -> None:
-        """Lanes for as many jobs at once as ``engine`` batches (none for 1). Kept over an
-        unload and reload: the same model batches the same."""
-        batching = batching_engine(engine)
-        size = batching.max_batch if batching is not None else 1
+        """Lanes for as many jobs at once as ``engine``'s scheduling runs (none for 1; as many
+        as may queue where it sets no bound: the requests take turns). Kept over an unload
+        and reload: the same model schedules the same."""
+        scheduling = getattr(engine, "scheduling", None)
+        size = 1 if scheduling is None else scheduling.capacity or self.queue_size
         if size > 1 and self._lanes is None:
             self._lanes = Lanes(self.name, size)
 
@@ -291,6 +294,13 @@ class ModelWorker:
                 self._metrics.generated(self.name, time.monotonic() - started, job.audio_seconds)
         finally:
             self.last_used = time.monotonic()
+
+
+def _engine_idle(engine) -> bool:
+    """No request runs on or waits for ``engine`` (its scheduling object says; an object that
+    has none counts as idle: the worker's own count of jobs is all there is)."""
+    scheduling = getattr(engine, "scheduling", None)
+    return scheduling is None or scheduling.idle
 
 
 def _engine_bytes(engine) -> int:
