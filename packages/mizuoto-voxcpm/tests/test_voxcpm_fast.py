@@ -182,3 +182,45 @@ def test_the_int8_kernel_option_chooses_the_kernel_and_refuses_one_torch_lacks(d
     with pytest.raises(InvalidOption, match="engines.voxcpm.int8_kernel=auto or dynamic"):
         load("packed")
 
+
+
+@pytest.mark.parametrize("setting", ["auto", "bfloat16", "float32"])
+def test_the_int8_profile_decodes_in_the_vae_dtype_it_says(dirs, setting):
+    """engines.voxcpm.fast_vae: int8's VAE decoder in bfloat16 where the CPU has it natively
+    (auto) or when asked, said in applied.compute["fast_vae"]; a whole utterance and a stream
+    both give float32 audio near the float32 decoder's."""
+    from mizuoto.benchmarking.quality import snr_db
+    from mizuoto.runtime.device import cpu_native_dtype
+
+    engine = VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+        {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": setting}))
+    expected = {"auto": "bfloat16" if cpu_native_dtype(torch.bfloat16) else "float32"}.get(
+        setting, setting)
+    assert str(next(engine.vae.decoder.parameters()).dtype) == f"torch.{expected}"
+    assert next(engine.vae.encoder.parameters()).dtype == torch.float32
+    result = _say(engine)
+    assert result.applied.compute["fast_vae"] == expected
+    streamed = torch.cat([chunk.audio.samples.reshape(-1) for chunk in engine.stream(
+        mizuoto.SynthesisRequest(text="Hello world.", seed=1, params={"max_len": 4}))])
+    for audio in (result.audio.samples, streamed):
+        assert audio.dtype == torch.float32 and torch.isfinite(audio).all()
+    if expected == "bfloat16":
+        float32 = _say(VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "float32"})))
+        a, b = float32.audio.samples.numpy().ravel(), result.audio.samples.numpy().ravel()
+        assert a.shape == b.shape and not torch.equal(float32.audio.samples,
+                                                      result.audio.samples)
+        assert snr_db(a, b) > 20
+
+
+def test_the_vae_dtype_is_a_fast_profile_setting_only(dirs):
+    exact = _load(dirs["float32"], "off")
+    assert next(exact.vae.decoder.parameters()).dtype == torch.float32
+    assert "fast_vae" not in _say(exact).applied.compute
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast_vae") as error:
+        VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast_vae": "bfloat16"}))
+    assert "engines.voxcpm.fast=int8" in str(error.value)
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast_vae"):
+        VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "float16"}))

@@ -1,6 +1,8 @@
 """Latent patches to waveform: whole utterances and per-patch streaming, per generation.
 
-The VAE always runs in float32 (latents are cast from the model dtype first, as upstream).
+The VAE runs in float32 (latents are cast from the model dtype first, as upstream), its
+decoder in bfloat16 only in a fast profile that says so (:mod:`mizuoto_voxcpm.fast`): latents
+are cast to the decoder's dtype and its audio back to float32.
 A whole utterance that runs out of memory in the VAE is decoded in tiles of
 ``VAE_TILE_FRAMES`` latent frames (``compute.oom_fallback``); a stream decodes one patch at a
 time and needs no fallback.
@@ -53,7 +55,7 @@ def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool, patc
     ``oom_fallback`` the out-of-memory error propagates unchanged.
     """
     audio, in_tiles = decode_or_tile(
-        vae.decode, patches_to_latents(patches).to(_device(vae)), tile=VAE_TILE_FRAMES,
+        vae.decode, _decoder_input(vae, patches_to_latents(patches)), tile=VAE_TILE_FRAMES,
         overlap=vae_tile_overlap(vae), hop=vae.decode_hop_length, oom_fallback=oom_fallback,
         force_tiles=tiled)
     if in_tiles and VAE_TILED not in fallbacks:
@@ -65,7 +67,7 @@ def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool, patc
         # upstream quirk: two patches are dropped whenever there is prompt audio, even when the
         # prompt had only one patch of context
         drop = patch_size * vae.hop_length * (V1_STREAM_WINDOW - 1) if context > 0 else 0
-    return audio[..., drop:].reshape(-1).cpu()
+    return audio[..., drop:].reshape(-1).float().cpu()
 
 
 class StreamDecoder:
@@ -82,7 +84,6 @@ class StreamDecoder:
     def __init__(self, vae, *, context: list[torch.Tensor], v2: bool, patch_size: int) -> None:
         self.vae = vae
         self.v2 = v2
-        self._device = _device(vae)
         if v2:
             self._streaming = vae.streaming_decoder()
             self._streaming.reset()
@@ -94,16 +95,16 @@ class StreamDecoder:
         """What the VAE decodes for ``patch``: ``(1, d, frames)`` float32 (the first
         generation: the window of the last three patches, ``patch`` the newest)."""
         if self.v2:
-            return patches_to_latents(patch.unsqueeze(1)).to(self._device)
+            return _decoder_input(self.vae, patches_to_latents(patch.unsqueeze(1)))
         self._window.append(patch.unsqueeze(1))
         del self._window[:-V1_STREAM_WINDOW]
-        return patches_to_latents(torch.cat(self._window, dim=1)).to(self._device)
+        return _decoder_input(self.vae, patches_to_latents(torch.cat(self._window, dim=1)))
 
     def segment(self, audio: torch.Tensor) -> torch.Tensor:
         """The newest patch's samples of the VAE's output ``(1, 1, samples)``."""
         if self.v2:
-            return audio.reshape(-1).cpu()
-        return audio[..., -self.keep:].reshape(-1).cpu()
+            return audio.reshape(-1).float().cpu()
+        return audio[..., -self.keep:].reshape(-1).float().cpu()
 
     @torch.inference_mode()
     def decode(self, patch: torch.Tensor) -> torch.Tensor:
@@ -142,7 +143,7 @@ def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
         audio = first.vae.decode_tail(torch.cat([latents for _, latents in members]),
                                       first.keep)
         for row, (index, _) in enumerate(members):
-            segments[index] = audio[row].reshape(-1).cpu()
+            segments[index] = audio[row].reshape(-1).float().cpu()
     return segments
 
 
@@ -178,3 +179,9 @@ def rehearse_stream_decode(vae, *, v2: bool, patch_size: int, feat_dim: int) -> 
 
 def _device(vae) -> torch.device:
     return next(vae.parameters()).device
+
+
+def _decoder_input(vae, latents: torch.Tensor) -> torch.Tensor:
+    """``latents`` on the VAE's device in its decoder's dtype (float32 but in a fast profile)."""
+    weight = next(vae.decoder.parameters())
+    return latents.to(weight.device, weight.dtype)

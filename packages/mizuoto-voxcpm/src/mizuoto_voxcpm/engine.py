@@ -48,7 +48,7 @@ from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_aud
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, read_config_json, torch_dtype
 from mizuoto_voxcpm.decoding import rehearse_stream_decode
-from mizuoto_voxcpm.fast import apply_fast, check_fast, fast_settings
+from mizuoto_voxcpm.fast import apply_fast, apply_fast_vae, check_fast, fast_settings
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -217,7 +217,7 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         device = placement.device
         # a refused fast profile is named before the checkpoint is read
         check_fast(engine_options.fast, device, placement.dtype,
-                   engine_options.int8_kernel)
+                   engine_options.int8_kernel, engine_options.fast_vae)
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
         model = load_model(model_dir, config, dtype=placement.dtype, device=device,
@@ -232,7 +232,8 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         kernel = engine_options.int8_kernel  # a fast profile's: packed or dynamic int8
         apply_fast(model.component_groups(), engine_options.fast, kernel)
         placement = placement.with_settings(fast=engine_options.fast,
-                                            **fast_settings(engine_options.fast, kernel))
+                                            **fast_settings(engine_options.fast, kernel,
+                                                            engine_options.fast_vae))
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
         compiled = [model.feat_decoder.estimator] if options.compute.compile else []
         # the DiT's guided evaluation of a long patch (VoxCPM1.5, VoxCPM2: 18-22 rows) is a
@@ -253,6 +254,7 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         # its transposed convolutions keep their weight laid out for their kernel at a stream's
         # fixed shapes (oneDNN's per-call reorder or the BLAS's transposed read skipped:
         # VoxCPM1.5's first upsampling 60 -> 9 ms a patch, VoxCPM-0.5B's 42 -> 9), proven at load
+        apply_fast_vae(vae, engine_options.fast, engine_options.fast_vae)
         prepack_conv_transposes({"vae": [vae]}, options.compute.prepack)
         if has_packable_conv_transposes({"vae": [vae]}):
             rehearse_stream_decode(vae, v2=config.is_v2, patch_size=config.patch_size,
