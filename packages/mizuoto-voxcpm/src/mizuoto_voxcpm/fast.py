@@ -13,11 +13,13 @@ for a profile; an explicit other dtype is refused here). Each result's
 kernel (``engines.voxcpm.int8_kernel``: ``auto``, ``packed`` or ``dynamic`` chooses it);
 the exact default is untouched.
 
-``int8`` also runs the VAE's decoder in bfloat16 where oneDNN has the CPU's own bfloat16
-instructions (AVX512-BF16, AMX): 0.5-0.8 of its float32 time at a 20-patch utterance, 40 dB
-from float32's waveform on random weights (``engines.voxcpm.fast_vae``: ``auto``, ``bfloat16``
-or ``float32``; ``applied.compute["fast_vae"]`` says which ran). The encoder, which reads a
-prompt once per voice, stays float32.
+``engines.voxcpm.fast_vae=bfloat16`` also runs the VAE's decoder in bfloat16 (a fast profile
+only; ``applied.compute["fast_vae"]`` says which dtype ran). It pays for a whole utterance
+only: on an AMD EPYC with AVX512-BF16 a 40-frame decode took 0.48-0.78 of float32's time, but a
+VoxCPM-0.5B stream's 3-patch windows took 1.18-1.28 of the float32 decoder's with its
+prepacked transposed convolutions (bfloat16 convolutions at 6 frames run torch's reference
+path); 41 dB from float32's waveform on random weights. So ``float32`` is the default. The
+encoder, which reads a prompt once per voice, stays float32.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from torch import nn
 
 from mizuoto.errors import InvalidOption
-from mizuoto.runtime.device import cpu_int8_dot, cpu_native_dtype
+from mizuoto.runtime.device import cpu_int8_dot
 from mizuoto.runtime.dynamic_int8 import quantize_linears, require_dynamic_int8
 from mizuoto.runtime.packed_int8 import KERNEL_NAME, pack_int8_linears, packed_int8_unavailable
 
@@ -34,12 +36,12 @@ _LM_GROUPS = ("base_lm", "residual_lm")
 
 
 def check_fast(profile: str, device: torch.device, dtype: torch.dtype,
-               kernel: str = "auto", vae: str = "auto") -> None:
+               kernel: str = "auto", vae: str = "float32") -> None:
     if profile == "off":
-        if vae != "auto":
+        if vae != "float32":
             raise InvalidOption("engines.voxcpm.fast_vae", f"{vae} applies to a fast profile "
                                 "only (the exact path decodes in float32): set "
-                                "engines.voxcpm.fast=int8 or leave fast_vae=auto")
+                                "engines.voxcpm.fast=int8 or leave fast_vae=float32")
         return
     if device.type != "cpu" or dtype != torch.float32:
         raise InvalidOption("engines.voxcpm.fast", f"{profile} quantizes float32 linear "
@@ -70,19 +72,17 @@ def fast_kernel(profile: str, kernel: str = "auto") -> str | None:
     return KERNEL_NAME
 
 
-def fast_vae_dtype(profile: str, setting: str = "auto") -> torch.dtype:
+def fast_vae_dtype(profile: str, setting: str = "float32") -> torch.dtype:
     """The VAE decoder's dtype under ``profile`` with ``engines.voxcpm.fast_vae=setting``:
     float32 on the exact path whatever the setting (:func:`check_fast` refuses one set
     there)."""
     if profile == "off" or setting == "float32":
         return torch.float32
-    if setting == "bfloat16" or (profile == "int8" and cpu_native_dtype(torch.bfloat16)):
-        return torch.bfloat16
-    return torch.float32
+    return torch.bfloat16
 
 
 def fast_settings(profile: str, kernel: str = "auto",
-                  vae: str = "auto") -> dict[str, str]:
+                  vae: str = "float32") -> dict[str, str]:
     """What ``applied.compute`` adds for ``profile``: its kernel and the VAE decoder's dtype
     (nothing for ``off``)."""
     name = fast_kernel(profile, kernel)
@@ -106,7 +106,7 @@ def apply_fast(groups: dict[str, list[nn.Module]], profile: str,
     return names
 
 
-def apply_fast_vae(vae: nn.Module, profile: str, setting: str = "auto") -> torch.dtype:
+def apply_fast_vae(vae: nn.Module, profile: str, setting: str = "float32") -> torch.dtype:
     """Cast the VAE's decoder to :func:`fast_vae_dtype` in place (the decoding casts its
     latents to the decoder's dtype and its audio back to float32); that dtype."""
     dtype = fast_vae_dtype(profile, setting)

@@ -85,7 +85,7 @@ def _one_of(option: str, choices: tuple[str, ...]):
 
 FAST_PROFILES = ("off", "int8-lm", "int8")
 INT8_KERNELS = ("auto", "packed", "dynamic")  # mizuoto_voxcpm.fast's, without importing torch
-FAST_VAE_DTYPES = ("auto", "bfloat16", "float32")
+FAST_VAE_DTYPES = ("float32", "bfloat16")
 
 
 @attrs.frozen
@@ -113,7 +113,7 @@ class VoxCPMOptions:
     #: packed or dynamic (torch's dynamic int8 layer)
     int8_kernel: str = attrs.field(default="auto", validator=_one_of(
         "engines.voxcpm.int8_kernel", INT8_KERNELS))
-    #: the VAE decoder's dtype in a fast profile: auto (bfloat16 for ``int8`` where the CPU
-    #: has native bfloat16, else float32), bfloat16 or float32; the exact path keeps float32
-    fast_vae: str = attrs.field(default="auto", validator=_one_of(
+    #: the VAE decoder's dtype in a fast profile: float32, or bfloat16 (faster for a whole
+    #: utterance, slower for a stream: mizuoto_voxcpm.fast); the exact path keeps float32
+    fast_vae: str = attrs.field(default="float32", validator=_one_of(
         "engines.voxcpm.fast_vae", FAST_VAE_DTYPES))
