@@ -53,7 +53,7 @@ def test_profiles_quantize_what_they_say(dirs):
 @pytest.mark.parametrize("profile", ["int8", "int8-lm"])
 def test_a_fast_profile_samples_its_documented_steps_unless_something_sets_them(
         dirs, tmp_path, profile):
-    """A fast profile's request that sets no steps takes FAST_PROFILE_STEPS (6, not upstream's
+    """A fast profile's request that sets no steps takes FAST_PROFILE_STEPS (5, not upstream's
     10), said in applied.sampler and sampler_defaults; a request's steps, its
     inference_timesteps and the model directory's defaults still win; the exact path keeps
     upstream's 10."""
@@ -61,8 +61,8 @@ def test_a_fast_profile_samples_its_documented_steps_unless_something_sets_them(
     from mizuoto_voxcpm.engine import FAST_PROFILE_STEPS
 
     fast, exact = _load(dirs["float32"], profile), _load(dirs["float32"], "off")
-    assert FAST_PROFILE_STEPS == 6
-    assert fast.sampler_defaults()["steps"] == 6 and exact.sampler_defaults()["steps"] == 10
+    assert FAST_PROFILE_STEPS == 5
+    assert fast.sampler_defaults()["steps"] == 5 and exact.sampler_defaults()["steps"] == 10
 
     def steps(engine, **request):
         params = {"max_len": 2, **request.pop("params", {})}
@@ -70,7 +70,7 @@ def test_a_fast_profile_samples_its_documented_steps_unless_something_sets_them(
                                                             **request))
         return result.applied.sampler["steps"]
 
-    assert steps(fast) == 6 and steps(exact) == 10
+    assert steps(fast) == 5 and steps(exact) == 10
     assert steps(fast, steps=3) == 3
     assert steps(fast, params={"inference_timesteps": 10}) == 10
     with_defaults = tmp_path / "with-defaults"

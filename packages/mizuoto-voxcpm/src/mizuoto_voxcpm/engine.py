@@ -101,13 +101,15 @@ CHUNK_SEED_STRIDE = 1000
 FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times"}
 # the fast profile on such a CPU: VoxCPM-0.5B, real size, 2 threads, AMD EPYC Zen 2 (AVX2),
 # 20 patches, 14.80 s float32 -> 3.07 s (docs/performance.md, "The fast profiles side by side")
-FAST_HINT = ("engines.voxcpm.fast=int8 (not exact: int8 linear layers, 6 sampler steps instead "
+FAST_HINT = ("engines.voxcpm.fast=int8 (not exact: int8 linear layers, 5 sampler steps instead "
              "of 10) is about 4.8x faster than float32 on such a CPU")
 #: the fast profiles' sampler steps where neither the request (``steps``,
-#: ``inference_timesteps``) nor the model directory's defaults set them: 6 of upstream's 10
+#: ``inference_timesteps``) nor the model directory's defaults set them: 5 of upstream's 10
 #: DiT evaluations a patch (the DiT is the largest part of one); one step above the knee (4)
-#: where the quality measured against the exact path falls off, docs/performance.md
-FAST_PROFILE_STEPS = 6
+#: where the quality measured against the exact path falls off (VoxCPM-0.5B, int8, 20
+#: patches: 6 steps 18.8 / 24.7 dB wave / mel SNR, 5 steps 18.7 / 24.6, 4 steps 15.3 / 21.0),
+#: docs/performance.md
+FAST_PROFILE_STEPS = 5
 
 
 def _float32_speedup(prepack: str) -> dict:
