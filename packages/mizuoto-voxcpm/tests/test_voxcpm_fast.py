@@ -224,3 +224,28 @@ def test_the_vae_dtype_is_a_fast_profile_setting_only(dirs):
     with pytest.raises(InvalidOption, match="engines.voxcpm.fast_vae"):
         VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
             {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "float16"}))
+
+
+def test_a_fast_profile_stream_decodes_only_each_windows_newest_patch(dirs):
+    """The first generation's stream re-decodes a 3-patch window per patch; a fast profile
+    decodes only what the newest patch's samples depend on (said in applied), samples equal
+    to the whole window's up to float rounding; the exact path decodes the whole window."""
+    from mizuoto_voxcpm.decoding import StreamDecoder, decode_segments
+    from mizuoto_voxcpm.engine import TAIL_DECODE
+
+    exact, fast = _load(dirs["float32"], "off"), _load(dirs["float32"], "int8")
+    request = mizuoto.SynthesisRequest(text="Hello world.", seed=1, params={"max_len": 4})
+    chunks = list(fast.stream(request))
+    assert chunks[-1].applied.compute["fast_stream_decode"] == TAIL_DECODE
+    assert "fast_stream_decode" not in list(exact.stream(request))[-1].applied.compute
+    assert fast._steps.tail_decode and not exact._steps.tail_decode
+    config = exact.config
+    patches = [torch.randn(1, config.patch_size, config.feat_dim) for _ in range(4)]
+    whole, tail = (StreamDecoder(exact.vae, context=[], v2=False, patch_size=config.patch_size,
+                                 tail=t) for t in (False, True))
+    assert tail.tail and not whole.tail
+    for patch in patches:
+        expected = whole.decode(patch)
+        (alone,) = decode_segments([tail], [patch])
+        assert alone.shape == expected.shape
+        torch.testing.assert_close(alone, expected, rtol=1e-4, atol=1e-5)

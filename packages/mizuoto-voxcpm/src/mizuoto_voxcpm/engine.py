@@ -47,7 +47,7 @@ from mizuoto.text.coverage import dropped_characters_warning
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, read_config_json, torch_dtype
-from mizuoto_voxcpm.decoding import rehearse_stream_decode
+from mizuoto_voxcpm.decoding import can_decode_tails, rehearse_stream_decode
 from mizuoto_voxcpm.fast import apply_fast, apply_fast_vae, check_fast, fast_settings
 from mizuoto_voxcpm.generation import (
     PromptCache,
@@ -110,6 +110,9 @@ FAST_HINT = ("engines.voxcpm.fast=int8 (not exact: int8 linear layers, 5 sampler
 #: patches: 6 steps 18.8 / 24.7 dB wave / mel SNR, 5 steps 18.7 / 24.6, 4 steps 15.3 / 21.0),
 #: docs/performance.md
 FAST_PROFILE_STEPS = 5
+#: ``applied.compute["fast_stream_decode"]`` where a fast profile's stream decodes only each
+#: window's newest patch (the first generation's VAE; mizuoto_voxcpm.decoding)
+TAIL_DECODE = "newest patch of each window"
 
 
 def _float32_speedup(prepack: str) -> dict:
@@ -170,7 +173,8 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         # every open request holds a slot: the scheduler opens as many rows as there are
         self.max_rows = cache_slots
         self._steps = PatchSteps(model, vae, self._pool, max_batch=max_batch,
-                                 oom_fallback=placement.oom_fallback)
+                                 oom_fallback=placement.oom_fallback,
+                                 tail_decode="fast_stream_decode" in placement.settings)
         if max_batch > 1:
             self._pool.reserve(max_batch)
 
@@ -257,10 +261,14 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         # fixed shapes (oneDNN's per-call reorder or the BLAS's transposed read skipped:
         # VoxCPM1.5's first upsampling 60 -> 9 ms a patch, VoxCPM-0.5B's 42 -> 9), proven at load
         apply_fast_vae(vae, engine_options.fast, engine_options.fast_vae)
+        # a fast profile's stream decodes only each window's newest patch (never exact)
+        tail = placement.fast_profile and can_decode_tails(vae, v2=config.is_v2)
+        if tail:
+            placement = placement.with_settings(fast_stream_decode=TAIL_DECODE)
         prepack_conv_transposes({"vae": [vae]}, options.compute.prepack)
         if has_packable_conv_transposes({"vae": [vae]}):
             rehearse_stream_decode(vae, v2=config.is_v2, patch_size=config.patch_size,
-                                   feat_dim=config.feat_dim)
+                                   feat_dim=config.feat_dim, tail=tail)
         report(progress, "load", 2, 3, "tokenizer")
         tokenizer = VoxCPMTokenizer.from_model_dir(model_dir, config.lm.vocab_size)
         report(progress, "load", 3, 3)
