@@ -54,9 +54,8 @@ def measure_bandwidth(repeats: int = 5) -> float:
 def measure_read_rate(repeats: int = 5) -> float:
     """How fast this machine's threads *read* memory, in GB/s: the fastest of ``repeats`` sums
     of a ``BANDWIDTH_BYTES`` float32 tensor. A weight-streaming decode step only reads its
-    weights, but :func:`measure_bandwidth`'s copy counts a write too, which the cores may
-    overlap with the reads better than a product's load-and-multiply loop: the copy's rate can
-    be out of reach of any reading of the weights (an AMD EPYC, 2 threads: docs/performance.md),
+    weights, but :func:`measure_bandwidth`'s copy counts a write too, and the two rates need
+    not agree (docs/performance.md, "Why a 1-row LM step reads its weights at about 14 GB/s"),
     so the profile gives both."""
     import torch
 
