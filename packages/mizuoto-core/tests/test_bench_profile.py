@@ -52,6 +52,14 @@ def test_clocks_count_calls_and_weight_traffic_and_unhook():
     text = profile_table(profile)
     assert text.splitlines()[1].split()[:2] == ["component", "ms"] and "other" in text
     assert "1st call ms" in text and "first head done after" in text
+    assert profile["read_gb_s"] is None and "of read" not in text
+    # with the read rate: each component's traffic against it too, and the header says both
+    read = split(clocks, total_s=10.0, bandwidth_gb_s=10.0, per="head", read_gb_s=5.0)
+    lm_row = read["components"]["lm"]
+    assert lm_row["of_read_rate"] == pytest.approx(2 * lm_row["roofline"])
+    assert read["components"]["other"]["of_read_rate"] is None
+    text = profile_table(read)
+    assert "(copy; reading alone 5.0 GB/s)" in text and "of read" in text.splitlines()[1]
 
 
 def test_each_calls_floor_is_its_traffic_or_its_multiply_adds_whichever_is_slower():
@@ -119,6 +127,7 @@ def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
     assert 0 < profile["components"]["base_lm"]["first_call_ms"] < profile["request_s"] * 1e3
     assert 0 < profile["first_unit_s"] < profile["request_s"]
     assert profile["bandwidth_gb_s"] > 0 and 0 < profile["roofline"] < 1
+    assert profile["read_gb_s"] > 0
     # the kernels' and the CPU's rates measured too: each call's floor at least its
     # bandwidth bound, the CPU's at most the kernels' own (the best rate per dtype)
     assert profile["cpu_rates"]["float32"]["gmac_s"] > 0

@@ -22,6 +22,17 @@ pytestmark = pytest.mark.skipif(packed_int8_unavailable() is not None,
                                 reason=str(packed_int8_unavailable()))
 
 
+def test_a_product_warns_of_nothing():
+    """torch's one deprecation warning per process is taken when the first layer packs, so
+    products run without silencing it (a cost as large as a decode step's small product)."""
+    import warnings
+
+    packed = PackedInt8Linear(nn.Linear(16, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert packed(torch.randn(3, 16)).shape == (3, 8)
+
+
 @pytest.mark.parametrize("rows", [(1,), (2, 10), (3, 1, 20)])
 def test_the_packed_product_is_close_to_the_float_one(rows):
     torch.manual_seed(0)

@@ -53,7 +53,7 @@ def test_profiles_quantize_what_they_say(dirs):
 @pytest.mark.parametrize("profile", ["int8", "int8-lm"])
 def test_a_fast_profile_samples_its_documented_steps_unless_something_sets_them(
         dirs, tmp_path, profile):
-    """A fast profile's request that sets no steps takes FAST_PROFILE_STEPS (6, not upstream's
+    """A fast profile's request that sets no steps takes FAST_PROFILE_STEPS (5, not upstream's
     10), said in applied.sampler and sampler_defaults; a request's steps, its
     inference_timesteps and the model directory's defaults still win; the exact path keeps
     upstream's 10."""
@@ -61,8 +61,8 @@ def test_a_fast_profile_samples_its_documented_steps_unless_something_sets_them(
     from mizuoto_voxcpm.engine import FAST_PROFILE_STEPS
 
     fast, exact = _load(dirs["float32"], profile), _load(dirs["float32"], "off")
-    assert FAST_PROFILE_STEPS == 6
-    assert fast.sampler_defaults()["steps"] == 6 and exact.sampler_defaults()["steps"] == 10
+    assert FAST_PROFILE_STEPS == 5
+    assert fast.sampler_defaults()["steps"] == 5 and exact.sampler_defaults()["steps"] == 10
 
     def steps(engine, **request):
         params = {"max_len": 2, **request.pop("params", {})}
@@ -70,7 +70,7 @@ def test_a_fast_profile_samples_its_documented_steps_unless_something_sets_them(
                                                             **request))
         return result.applied.sampler["steps"]
 
-    assert steps(fast) == 6 and steps(exact) == 10
+    assert steps(fast) == 5 and steps(exact) == 10
     assert steps(fast, steps=3) == 3
     assert steps(fast, params={"inference_timesteps": 10}) == 10
     with_defaults = tmp_path / "with-defaults"
@@ -182,3 +182,70 @@ def test_the_int8_kernel_option_chooses_the_kernel_and_refuses_one_torch_lacks(d
     with pytest.raises(InvalidOption, match="engines.voxcpm.int8_kernel=auto or dynamic"):
         load("packed")
 
+
+
+@pytest.mark.parametrize("setting", [None, "bfloat16", "float32"])
+def test_the_int8_profile_decodes_in_the_vae_dtype_it_says(dirs, setting):
+    """engines.voxcpm.fast_vae: int8's VAE decoder in float32 unless bfloat16 is asked for,
+    said in applied.compute["fast_vae"]; a whole utterance and a stream both give float32
+    audio, bfloat16's near the float32 decoder's."""
+    from mizuoto.benchmarking.quality import snr_db
+
+    options = {"engines.voxcpm.fast": "int8"}
+    if setting is not None:
+        options["engines.voxcpm.fast_vae"] = setting
+    engine = VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(options))
+    expected = setting or "float32"
+    assert str(next(engine.vae.decoder.parameters()).dtype) == f"torch.{expected}"
+    assert next(engine.vae.encoder.parameters()).dtype == torch.float32
+    result = _say(engine)
+    assert result.applied.compute["fast_vae"] == expected
+    streamed = torch.cat([chunk.audio.samples.reshape(-1) for chunk in engine.stream(
+        mizuoto.SynthesisRequest(text="Hello world.", seed=1, params={"max_len": 4}))])
+    for audio in (result.audio.samples, streamed):
+        assert audio.dtype == torch.float32 and torch.isfinite(audio).all()
+    if expected == "bfloat16":
+        float32 = _say(VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "float32"})))
+        a, b = float32.audio.samples.numpy().ravel(), result.audio.samples.numpy().ravel()
+        assert a.shape == b.shape and not torch.equal(float32.audio.samples,
+                                                      result.audio.samples)
+        assert snr_db(a, b) > 20
+
+
+def test_the_vae_dtype_is_a_fast_profile_setting_only(dirs):
+    exact = _load(dirs["float32"], "off")
+    assert next(exact.vae.decoder.parameters()).dtype == torch.float32
+    assert "fast_vae" not in _say(exact).applied.compute
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast_vae") as error:
+        VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast_vae": "bfloat16"}))
+    assert "engines.voxcpm.fast=int8" in str(error.value)
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast_vae"):
+        VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "float16"}))
+
+
+def test_a_fast_profile_stream_decodes_only_each_windows_newest_patch(dirs):
+    """The first generation's stream re-decodes a 3-patch window per patch; a fast profile
+    decodes only what the newest patch's samples depend on (said in applied), samples equal
+    to the whole window's up to float rounding; the exact path decodes the whole window."""
+    from mizuoto_voxcpm.decoding import StreamDecoder, decode_segments
+    from mizuoto_voxcpm.engine import TAIL_DECODE
+
+    exact, fast = _load(dirs["float32"], "off"), _load(dirs["float32"], "int8")
+    request = mizuoto.SynthesisRequest(text="Hello world.", seed=1, params={"max_len": 4})
+    chunks = list(fast.stream(request))
+    assert chunks[-1].applied.compute["fast_stream_decode"] == TAIL_DECODE
+    assert "fast_stream_decode" not in list(exact.stream(request))[-1].applied.compute
+    assert fast._steps.tail_decode and not exact._steps.tail_decode
+    config = exact.config
+    patches = [torch.randn(1, config.patch_size, config.feat_dim) for _ in range(4)]
+    whole, tail = (StreamDecoder(exact.vae, context=[], v2=False, patch_size=config.patch_size,
+                                 tail=t) for t in (False, True))
+    assert tail.tail and not whole.tail
+    for patch in patches:
+        expected = whole.decode(patch)
+        (alone,) = decode_segments([tail], [patch])
+        assert alone.shape == expected.shape
+        torch.testing.assert_close(alone, expected, rtol=1e-4, atol=1e-5)

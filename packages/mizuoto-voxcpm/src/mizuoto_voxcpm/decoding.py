@@ -1,6 +1,8 @@
 """Latent patches to waveform: whole utterances and per-patch streaming, per generation.
 
-The VAE always runs in float32 (latents are cast from the model dtype first, as upstream).
+The VAE runs in float32 (latents are cast from the model dtype first, as upstream), its
+decoder in bfloat16 only in a fast profile that says so (:mod:`mizuoto_voxcpm.fast`): latents
+are cast to the decoder's dtype and its audio back to float32.
 A whole utterance that runs out of memory in the VAE is decoded in tiles of
 ``VAE_TILE_FRAMES`` latent frames (``compute.oom_fallback``); a stream decodes one patch at a
 time and needs no fallback.
@@ -15,6 +17,7 @@ import torch
 
 from mizuoto.nn.dsp.tiles import decode_or_tile
 from mizuoto.runtime.prepack_conv_transpose import folding_batches, proving_conv_transposes
+from mizuoto_voxcpm.audiovae.blocks import NoiseBlock
 
 # The first generation decodes the last three patches for each streamed segment and, without
 # streaming, drops two patches of prompt context whenever there is prompt audio.
@@ -53,7 +56,7 @@ def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool, patc
     ``oom_fallback`` the out-of-memory error propagates unchanged.
     """
     audio, in_tiles = decode_or_tile(
-        vae.decode, patches_to_latents(patches).to(_device(vae)), tile=VAE_TILE_FRAMES,
+        vae.decode, _decoder_input(vae, patches_to_latents(patches)), tile=VAE_TILE_FRAMES,
         overlap=vae_tile_overlap(vae), hop=vae.decode_hop_length, oom_fallback=oom_fallback,
         force_tiles=tiled)
     if in_tiles and VAE_TILED not in fallbacks:
@@ -65,7 +68,7 @@ def decode_utterance(vae, patches: torch.Tensor, *, context: int, v2: bool, patc
         # upstream quirk: two patches are dropped whenever there is prompt audio, even when the
         # prompt had only one patch of context
         drop = patch_size * vae.hop_length * (V1_STREAM_WINDOW - 1) if context > 0 else 0
-    return audio[..., drop:].reshape(-1).cpu()
+    return audio[..., drop:].reshape(-1).float().cpu()
 
 
 class StreamDecoder:
@@ -76,13 +79,16 @@ class StreamDecoder:
     VoxCPM2 feeds each patch to the stateful causal decoder (prompt context is not decoded);
     the first generation re-decodes the last three patches (context included) and keeps the
     newest patch's samples. Patches of several streams can be decoded in one VAE call
-    (:func:`decode_segments`).
+    (:func:`decode_segments`). With ``tail`` (a fast profile's, never exact: see
+    :func:`can_decode_tails`) a first-generation window computes only what its newest patch's
+    samples depend on (``AudioVAE.decode_tail``), as a batch of streams does.
     """
 
-    def __init__(self, vae, *, context: list[torch.Tensor], v2: bool, patch_size: int) -> None:
+    def __init__(self, vae, *, context: list[torch.Tensor], v2: bool, patch_size: int,
+                 tail: bool = False) -> None:
         self.vae = vae
         self.v2 = v2
-        self._device = _device(vae)
+        self.tail = tail and can_decode_tails(vae, v2=v2)
         if v2:
             self._streaming = vae.streaming_decoder()
             self._streaming.reset()
@@ -94,23 +100,30 @@ class StreamDecoder:
         """What the VAE decodes for ``patch``: ``(1, d, frames)`` float32 (the first
         generation: the window of the last three patches, ``patch`` the newest)."""
         if self.v2:
-            return patches_to_latents(patch.unsqueeze(1)).to(self._device)
+            return _decoder_input(self.vae, patches_to_latents(patch.unsqueeze(1)))
         self._window.append(patch.unsqueeze(1))
         del self._window[:-V1_STREAM_WINDOW]
-        return patches_to_latents(torch.cat(self._window, dim=1)).to(self._device)
+        return _decoder_input(self.vae, patches_to_latents(torch.cat(self._window, dim=1)))
 
     def segment(self, audio: torch.Tensor) -> torch.Tensor:
         """The newest patch's samples of the VAE's output ``(1, 1, samples)``."""
         if self.v2:
-            return audio.reshape(-1).cpu()
-        return audio[..., -self.keep:].reshape(-1).cpu()
+            return audio.reshape(-1).float().cpu()
+        return audio[..., -self.keep:].reshape(-1).float().cpu()
+
+    def window_segment(self, latents: torch.Tensor) -> torch.Tensor:
+        """The newest patch's samples of a first-generation window: the whole window decoded
+        (upstream's bits), or with ``tail`` only what those samples depend on."""
+        if self.tail:
+            return self.vae.decode_tail(latents, self.keep).reshape(-1).float().cpu()
+        return self.segment(self.vae.decode(latents))
 
     @torch.inference_mode()
     def decode(self, patch: torch.Tensor) -> torch.Tensor:
         latents = self.latents(patch)
         if self.v2:
             return self.segment(self._streaming.decode_chunk(latents))
-        return self.segment(self.vae.decode(latents))
+        return self.window_segment(latents)
 
     def close(self) -> None:
         if self.v2:
@@ -139,23 +152,32 @@ def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
     for members in groups.values():
         first = decoders[members[0][0]]
         if len(members) == 1:  # alone: the stream's own decode, exactly
-            segments[members[0][0]] = first.segment(first.vae.decode(members[0][1]))
+            segments[members[0][0]] = first.window_segment(members[0][1])
             continue
         # the first upsampling's weight read once for the batch, not reordered per call
         with folding_batches():
             audio = first.vae.decode_tail(torch.cat([latents for _, latents in members]),
                                           first.keep)
         for row, (index, _) in enumerate(members):
-            segments[index] = audio[row].reshape(-1).cpu()
+            segments[index] = audio[row].reshape(-1).float().cpu()
     return segments
 
 
+def can_decode_tails(vae, *, v2: bool) -> bool:
+    """Whether a stream of ``vae`` can decode only its newest patch's samples: the first
+    generation's re-decoded windows (VoxCPM2's causal chunks decode nothing twice) without
+    noise blocks (a shorter decode would draw other noise). A 3-patch window of VoxCPM-0.5B's
+    VAE: 0.62-0.69 of the whole window's time, the same samples up to float rounding (equal
+    on an AMD EPYC, 1 thread)."""
+    return not v2 and not any(isinstance(m, NoiseBlock) for m in vae.modules())
+
+
 @contextmanager
-def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool,
-                    patch_size: int) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
+def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool, patch_size: int,
+                    tail: bool = False) -> Iterator[Callable[[torch.Tensor], torch.Tensor]]:
     """A function from each new patch ``(1, patch, d)``, in order, to its waveform segment
     (:class:`StreamDecoder`, reset on exit as upstream's ``streaming_decode()`` block)."""
-    decoder = StreamDecoder(vae, context=context, v2=v2, patch_size=patch_size)
+    decoder = StreamDecoder(vae, context=context, v2=v2, patch_size=patch_size, tail=tail)
     try:
         yield decoder.decode
     finally:
@@ -163,7 +185,8 @@ def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool,
 
 
 @torch.inference_mode()
-def rehearse_stream_decode(vae, *, v2: bool, patch_size: int, feat_dim: int) -> None:
+def rehearse_stream_decode(vae, *, v2: bool, patch_size: int, feat_dim: int,
+                           tail: bool = False) -> None:
     """Decode random patches as a stream does, inside
     :func:`~mizuoto.runtime.prepack_conv_transpose.proving_conv_transposes`, so that the VAE's
     transposed convolutions prove their packed weight for exactly a stream's shapes while the
@@ -175,10 +198,16 @@ def rehearse_stream_decode(vae, *, v2: bool, patch_size: int, feat_dim: int) -> 
     generator = torch.Generator().manual_seed(0)
     device = _device(vae)
     with proving_conv_transposes(), segment_decoder(vae, context=[], v2=v2,
-                                                    patch_size=patch_size) as decode:
+                                                    patch_size=patch_size, tail=tail) as decode:
         for _ in range(1 if v2 else V1_STREAM_WINDOW):
             decode(torch.randn(1, patch_size, feat_dim, generator=generator).to(device))
 
 
 def _device(vae) -> torch.device:
     return next(vae.parameters()).device
+
+
+def _decoder_input(vae, latents: torch.Tensor) -> torch.Tensor:
+    """``latents`` on the VAE's device in its decoder's dtype (float32 but in a fast profile)."""
+    weight = next(vae.decoder.parameters())
+    return latents.to(weight.device, weight.dtype)

@@ -52,8 +52,8 @@ from mizuoto.text.coverage import dropped_characters_warning
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, read_config_json, torch_dtype
-from mizuoto_voxcpm.decoding import rehearse_stream_decode
-from mizuoto_voxcpm.fast import apply_fast, check_fast, fast_settings
+from mizuoto_voxcpm.decoding import can_decode_tails, rehearse_stream_decode
+from mizuoto_voxcpm.fast import apply_fast, apply_fast_vae, check_fast, fast_settings
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -106,13 +106,18 @@ CHUNK_SEED_STRIDE = 1000
 FLOAT32_SPEEDUP = {torch.bfloat16: "1.6x to 2.7x", torch.float16: "several times"}
 # the fast profile on such a CPU: VoxCPM-0.5B, real size, 2 threads, AMD EPYC Zen 2 (AVX2),
 # 20 patches, 14.80 s float32 -> 3.07 s (docs/performance.md, "The fast profiles side by side")
-FAST_HINT = ("engines.voxcpm.fast=int8 (not exact: int8 linear layers, 6 sampler steps instead "
+FAST_HINT = ("engines.voxcpm.fast=int8 (not exact: int8 linear layers, 5 sampler steps instead "
              "of 10) is about 4.8x faster than float32 on such a CPU")
 #: the fast profiles' sampler steps where neither the request (``steps``,
-#: ``inference_timesteps``) nor the model directory's defaults set them: 6 of upstream's 10
+#: ``inference_timesteps``) nor the model directory's defaults set them: 5 of upstream's 10
 #: DiT evaluations a patch (the DiT is the largest part of one); one step above the knee (4)
-#: where the quality measured against the exact path falls off, docs/performance.md
-FAST_PROFILE_STEPS = 6
+#: where the quality measured against the exact path falls off (VoxCPM-0.5B, int8, 20
+#: patches: 6 steps 18.8 / 24.7 dB wave / mel SNR, 5 steps 18.7 / 24.6, 4 steps 15.3 / 21.0),
+#: docs/performance.md
+FAST_PROFILE_STEPS = 5
+#: ``applied.compute["fast_stream_decode"]`` where a fast profile's stream decodes only each
+#: window's newest patch (the first generation's VAE; mizuoto_voxcpm.decoding)
+TAIL_DECODE = "newest patch of each window"
 
 
 def _float32_speedup(prepack: str) -> dict:
@@ -173,7 +178,8 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         # every open request holds a slot: the scheduler opens as many rows as there are
         self.max_rows = cache_slots
         self._steps = PatchSteps(model, vae, self._pool, max_batch=max_batch,
-                                 oom_fallback=placement.oom_fallback)
+                                 oom_fallback=placement.oom_fallback,
+                                 tail_decode="fast_stream_decode" in placement.settings)
         if max_batch > 1:
             self._pool.reserve(max_batch)
 
@@ -222,7 +228,7 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         device = placement.device
         # a refused fast profile is named before the checkpoint is read
         check_fast(engine_options.fast, device, placement.dtype,
-                   engine_options.int8_kernel)
+                   engine_options.int8_kernel, engine_options.fast_vae)
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
         model = load_model(model_dir, config, dtype=placement.dtype, device=device,
@@ -237,7 +243,8 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         kernel = engine_options.int8_kernel  # a fast profile's: packed or dynamic int8
         apply_fast(model.component_groups(), engine_options.fast, kernel)
         placement = placement.with_settings(fast=engine_options.fast,
-                                            **fast_settings(engine_options.fast, kernel))
+                                            **fast_settings(engine_options.fast, kernel,
+                                                            engine_options.fast_vae))
         # a compiled DiT keeps the plain layers: the compiler fuses around F.linear itself
         compiled = [model.feat_decoder.estimator] if options.compute.compile else []
         # the DiT's guided evaluation of a long patch (VoxCPM1.5, VoxCPM2: 18-22 rows) is a
@@ -262,10 +269,15 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         # its transposed convolutions keep their weight laid out for their kernel at a stream's
         # fixed shapes (oneDNN's per-call reorder or the BLAS's transposed read skipped:
         # VoxCPM1.5's first upsampling 60 -> 9 ms a patch, VoxCPM-0.5B's 42 -> 9), proven at load
+        apply_fast_vae(vae, engine_options.fast, engine_options.fast_vae)
+        # a fast profile's stream decodes only each window's newest patch (never exact)
+        tail = placement.fast_profile and can_decode_tails(vae, v2=config.is_v2)
+        if tail:
+            placement = placement.with_settings(fast_stream_decode=TAIL_DECODE)
         prepack_conv_transposes({"vae": [vae]}, options.compute.prepack)
         if has_packable_conv_transposes({"vae": [vae]}):
             rehearse_stream_decode(vae, v2=config.is_v2, patch_size=config.patch_size,
-                                   feat_dim=config.feat_dim)
+                                   feat_dim=config.feat_dim, tail=tail)
         report(progress, "load", 2, 3, "tokenizer")
         tokenizer = VoxCPMTokenizer.from_model_dir(model_dir, config.lm.vocab_size)
         report(progress, "load", 3, 3)

@@ -182,10 +182,11 @@ class _RowFailed(Exception):
 
 class PatchSteps:
     """The step over ``model``'s rows: up to ``max_batch`` rows per batched kernel call;
-    ``vae`` decodes, ``pool`` holds the rows' cache slots."""
+    ``vae`` decodes, ``pool`` holds the rows' cache slots; ``tail_decode`` (a fast
+    profile's): a stream's window decodes only its newest patch's samples."""
 
     def __init__(self, model: VoxCPMModel, vae, pool: CachePool, *, max_batch: int,
-                 oom_fallback: bool = True) -> None:
+                 oom_fallback: bool = True, tail_decode: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
@@ -193,6 +194,7 @@ class PatchSteps:
         self.pool = pool
         self.max_batch = max_batch
         self.oom_fallback = oom_fallback
+        self.tail_decode = tail_decode
         self.stats = PatchStats()
         self.memo = PrefillMemo()
         # a VAE with noise blocks draws from the row's generator between two patches: its
@@ -308,7 +310,8 @@ class PatchSteps:
             if row.decoder is not None:
                 row.decoder.close()
             row.decoder = StreamDecoder(self.vae, context=row.context, v2=v2,
-                                        patch_size=model.config.patch_size)
+                                        patch_size=model.config.patch_size,
+                                        tail=self.tail_decode)
         row.started = True
 
     def _fill(self, row: PatchRow, prefilled: Prefilled | None) -> None:

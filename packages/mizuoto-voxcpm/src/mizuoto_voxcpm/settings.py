@@ -85,12 +85,13 @@ def _one_of(option: str, choices: tuple[str, ...]):
 
 FAST_PROFILES = ("off", "int8-lm", "int8")
 INT8_KERNELS = ("auto", "packed", "dynamic")  # mizuoto_voxcpm.fast's, without importing torch
+FAST_VAE_DTYPES = ("float32", "bfloat16")
 
 
 @attrs.frozen
 class VoxCPMOptions:
     """``engines.voxcpm.*``: ``dtype`` overrides ``compute.dtype`` for the LM and DiT (the VAE
-    always runs in float32). ``auto`` is the config's dtype on every device, float32 on MPS.
+    runs in float32 but in a fast profile's ``fast_vae``). ``auto`` is the config's dtype on every device, float32 on MPS.
     ``cache_slots`` [1, 256]: how many requests (open streams included) the loaded model holds
     at once, each in its own LM caches (allocated when first needed). ``max_batch``
     [1, 256]: streams step together in batches of up to this many (continuous batching);
@@ -112,3 +113,7 @@ class VoxCPMOptions:
     #: packed or dynamic (torch's dynamic int8 layer)
     int8_kernel: str = attrs.field(default="auto", validator=_one_of(
         "engines.voxcpm.int8_kernel", INT8_KERNELS))
+    #: the VAE decoder's dtype in a fast profile: float32, or bfloat16 (faster for a whole
+    #: utterance, slower for a stream: mizuoto_voxcpm.fast); the exact path keeps float32
+    fast_vae: str = attrs.field(default="float32", validator=_one_of(
+        "engines.voxcpm.fast_vae", FAST_VAE_DTYPES))

@@ -184,15 +184,20 @@ def _profile(side: _Side, request, spec: RunSpec) -> dict[str, Any] | None:
     CPU's best per dtype (:mod:`mizuoto.benchmarking.kernels`: after the request, since
     prepacked layers choose their kernel as they run)."""
     from mizuoto.benchmarking.kernels import layer_kernel, measure_kernel_rates
-    from mizuoto.benchmarking.profile import component_clocks, measure_bandwidth, split
+    from mizuoto.benchmarking.profile import (
+        component_clocks,
+        measure_bandwidth,
+        measure_read_rate,
+        split,
+    )
 
     if side.components is None:
         return None
-    bandwidth = measure_bandwidth()
+    bandwidth, read_rate = measure_bandwidth(), measure_read_rate()
     components = side.components()
     with component_clocks(components) as clocks:
         total = _request(side, request, spec.stream)["request_s"]
     rates = measure_kernel_rates({layer_kernel(layer) for group in clocks.values()
                                   for clock in group for layer in clock.layers})
     return split(clocks, total, bandwidth, per="stop_head" if "stop_head" in components
-                 else None, rates=rates)
+                 else None, rates=rates, read_gb_s=read_rate)

@@ -51,6 +51,24 @@ def measure_bandwidth(repeats: int = 5) -> float:
     return 2 * BANDWIDTH_BYTES / best / 1e9
 
 
+def measure_read_rate(repeats: int = 5) -> float:
+    """How fast this machine's threads *read* memory, in GB/s: the fastest of ``repeats`` sums
+    of a ``BANDWIDTH_BYTES`` float32 tensor. A weight-streaming decode step only reads its
+    weights, but :func:`measure_bandwidth`'s copy counts a write too, and the two rates need
+    not agree (docs/performance.md, "Why a 1-row LM step reads its weights at about 14 GB/s"),
+    so the profile gives both."""
+    import torch
+
+    source = torch.ones(BANDWIDTH_BYTES // 4)
+    source.sum()  # pages touched before timing
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        source.sum()
+        best = min(best, time.perf_counter() - start)
+    return BANDWIDTH_BYTES / best / 1e9
+
+
 #: Methods timed besides ``forward`` where a module has them (a decode step is often a method
 #: of its own: VoxCPM's ``MiniCPM4.step``, its VAE's ``decode``).
 TIMED_METHODS = ("step", "step_rows", "decode", "decode_tail")
@@ -216,7 +234,7 @@ def component_clocks(components: Mapping[str, Sequence[Any]]) -> Iterator[dict[s
 
 def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
           per: str | None = None, compute_gmac_s: float | None = None,
-          rates: KernelRates | None = None) -> dict[str, Any]:
+          rates: KernelRates | None = None, read_gb_s: float | None = None) -> dict[str, Any]:
     """The profile of one request: per component its milliseconds, calls, weight traffic
     (GB/s) and fraction of ``bandwidth_gb_s``; ``other`` the rest of ``total_s``. ``per``: the
     component whose call count is the unit (VoxCPM's ``stop_head``: one call per patch), to
@@ -226,7 +244,8 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
     prefill). With ``rates`` (:func:`~mizuoto.benchmarking.kernels.measure_kernel_rates`):
     each component's ``kernels`` (name -> layers that ran it) and its floors at those
     kernels' rates (``kernel_floor_ms``) and at the CPU's best rate per dtype (``floor_ms``,
-    in place of one ``compute_gmac_s`` for all)."""
+    in place of one ``compute_gmac_s`` for all). With ``read_gb_s`` (:func:`measure_read_rate`):
+    each component's weight traffic as a fraction of that read rate too (``of_read_rate``)."""
     from mizuoto.benchmarking.kernels import kernel_counts
 
     # a component's calls are its first module's (the LM itself, not its projections)
@@ -250,6 +269,7 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
             "weights_mb_per_unit": traffic / units / 1e6 if units else None,
             "weights_gb_s": rate,
             "roofline": rate / bandwidth_gb_s if rate and bandwidth_gb_s else None,
+            "of_read_rate": rate / read_gb_s if rate and read_gb_s else None,
             "gmacs_per_unit": (sum(m for c in group for _, m in c.per_call) / units / 1e9
                                if units else None),
             "floor_ms": floor * 1e3 if floor is not None else None,
@@ -266,6 +286,7 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
     components["other"] = {"ms": rest * 1e3, "calls": None,
                            "ms_per_unit": rest * 1e3 / units if units else None,
                            "weights_mb_per_unit": None, "weights_gb_s": None, "roofline": None,
+                           "of_read_rate": None,
                            "gmacs_per_unit": None, "floor_ms": None, "of_floor": None,
                            "first_call_ms": None}
     if rates is not None:
@@ -285,7 +306,8 @@ def split(clocks: Mapping[str, list], total_s: float, bandwidth_gb_s: float,
                       for dtype, (rate, kernel) in sorted(rates.cpu.items())},
         "kernel_floor_s": kernel_floor_s,
         "of_kernel_floor": kernel_floor_s / total_s if kernel_floor_s and total_s else None}
-    return {**rated, "bandwidth_gb_s": bandwidth_gb_s, "compute_gmac_s": compute_gmac_s,
+    return {**rated, "bandwidth_gb_s": bandwidth_gb_s, "read_gb_s": read_gb_s,
+            "compute_gmac_s": compute_gmac_s,
             "request_s": total_s, "unit": per or "request",
             "units": units, "components": components,
             "first_unit_s": first.first_end if first is not None else None,
@@ -329,7 +351,9 @@ def profile_table(profile: Mapping[str, Any]) -> str:
     """The split as text: one row per component."""
     unit = profile["unit"]
     lines = [f"profile: {profile['request_s']:.2f} s, {profile['units'] or '-'} {unit} calls; "
-             f"measured bandwidth {profile['bandwidth_gb_s']:.1f} GB/s; bandwidth bound "
+             f"measured bandwidth {profile['bandwidth_gb_s']:.1f} GB/s"
+             + (f" (copy; reading alone {profile['read_gb_s']:.1f} GB/s)"
+                if profile.get("read_gb_s") else "") + "; bandwidth bound "
              f"{_num(profile['bandwidth_bound_s'], 2)} s ({_pct(profile['roofline'])} of it)"
              + (f"; first {unit} done after {profile['first_unit_s']:.2f} s"
                 if profile.get("first_unit_s") is not None else "")]
@@ -349,15 +373,18 @@ def profile_table(profile: Mapping[str, Any]) -> str:
         lines.append(f"measured compute {profile['compute_gmac_s']:.1f} GMAC/s; each call's "
                      f"floor, weights at the bandwidth or multiply-adds at that rate: "
                      f"{profile['floor_s']:.2f} s ({_pct(profile['of_floor'])} of it)")
+    read = bool(profile.get("read_gb_s"))
     lines.append(f"{'component':<12} {'ms':>9} {'calls':>6} {'ms/' + unit:>12} "
-                 f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8} {'GMAC/' + unit:>11} "
+                 f"{'MB/' + unit:>12} {'GB/s':>6} {'roofline':>8} "
+                 + (f"{'of read':>7} " if read else "") + f"{'GMAC/' + unit:>11} "
                  + (f"{'of kernel fl':>12} " if rated else "")
                  + f"{'floor ms':>9} {'of floor':>8} {'1st call ms':>11}")
     for name, row in profile["components"].items():
         lines.append(f"{name:<12} {row['ms']:>9.1f} {row['calls'] or '-':>6} "
                      f"{_num(row['ms_per_unit'], 1):>12} {_num(row['weights_mb_per_unit'], 1):>12} "
                      f"{_num(row['weights_gb_s'], 1):>6} {_pct(row['roofline']):>8} "
-                     f"{_num(row.get('gmacs_per_unit'), 2):>11} "
+                     + (f"{_pct(row.get('of_read_rate')):>7} " if read else "")
+                     + f"{_num(row.get('gmacs_per_unit'), 2):>11} "
                      + (f"{_pct(row.get('of_kernel_floor')):>12} " if rated else "")
                      + f"{_num(row.get('floor_ms'), 1):>9} {_pct(row.get('of_floor')):>8} "
                      f"{_num(row.get('first_call_ms'), 1):>11}")

@@ -11,7 +11,8 @@ EPYC with AVX512-VNNI it took 0.63-0.82 of the dynamic layer's time (1, 10 and 2
 ``qlinear``, ``torch._int_mm``, ``torch._weight_int8pack_mm`` and torchao's int8 layouts
 were all slower there than the dynamic layer (the benchmark lists them).
 
-torch marks the op deprecated (one warning per process, silenced here); a build without it,
+torch marks the op deprecated (one warning per process, taken silently by one call when the
+first layer packs, so that a product does not pay for silencing it); a build without it,
 or without fbgemm, is found by one 8 × 8 trial, and the engines then keep the dynamic layer.
 On a CPU without VNNI the full 8-bit input can saturate fbgemm's 16-bit pair sums: a little
 more error, which the fast profile's SNR figures include.
@@ -39,6 +40,19 @@ def _quiet():
         yield
 
 
+@functools.cache
+def _take_the_product_warning() -> None:
+    """One 1 × 1 product, silenced: torch warns of the deprecated product once per process
+    (``TORCH_WARN_ONCE``), so every later call runs without ``warnings.catch_warnings``,
+    which costs as much as the product itself at a decode step's small layers (8 µs, one
+    thread)."""
+    with _quiet():
+        weight = torch.ones(1, 1)
+        quantized, col_offsets, scale, zero_point = torch.fbgemm_linear_quantize_weight(weight)
+        torch.fbgemm_linear_int8_weight(weight, weight, torch.fbgemm_pack_quantized_matrix(
+            quantized), col_offsets, scale, zero_point, torch.zeros(1))
+
+
 class PackedInt8Linear(nn.Module):
     """An ``nn.Linear``'s product through fbgemm's packed int8 kernel: the weight quantized per
     tensor and packed once, here; float32 in and out. Holds no parameters (the packed matrix
@@ -55,6 +69,7 @@ class PackedInt8Linear(nn.Module):
             quantized, col_offsets, scale, zero_point = \
                 torch.fbgemm_linear_quantize_weight(weight)
             self._packed = torch.fbgemm_pack_quantized_matrix(quantized)
+        _take_the_product_warning()
         self._col_offsets, self._scale, self._zero_point = col_offsets, scale, zero_point
         # the op reads the weight's shape only (the packed matrix holds the values)
         self._shape = torch.zeros((), dtype=torch.int8).expand(self.out_features,
@@ -67,10 +82,9 @@ class PackedInt8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()
-        with _quiet():
-            out = torch.fbgemm_linear_int8_weight(flat, self._shape, self._packed,
-                                                  self._col_offsets, self._scale,
-                                                  self._zero_point, self._bias)
+        out = torch.fbgemm_linear_int8_weight(flat, self._shape, self._packed,
+                                              self._col_offsets, self._scale,
+                                              self._zero_point, self._bias)
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
