@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from stub_engines import StubEngine
 
 import mizuoto
-from mizuoto import Applied, Audio, Capability, Engine, ModelInfo, SynthesisResult
+from mizuoto import Applied, Audio, Capability, SynthesisResult
 from mizuoto.batch import BatchJob, build_request, read_lines, run_batch
 from mizuoto.batch.items import count_lines
 from mizuoto.batch.run import LOCK
@@ -22,23 +23,18 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.identity import file_digest
 
 
-class ToneEngine(Engine):
-    """Seeded noise as long as the text; ``params.gain`` (a float) is its only setting."""
+class ToneEngine(StubEngine):
+    """Seeded noise as long as the text; ``params.gain`` (a float) is its only setting. An
+    API 1.0 plugin (it overrides ``synthesize``): batch runs old plugins as they were."""
 
     name = "tone"
+    model_name = "tone-model"
+    declared = frozenset({Capability.ZERO_SHOT})
+    fingerprint = "f" * 64
 
     def __init__(self) -> None:
+        super().__init__()
         self.calls = 0
-        self._info = ModelInfo("tone", "tone-model", "v0", 8000, "float32", "cpu",
-                               frozenset({Capability.ZERO_SHOT}), fingerprint="f" * 64)
-
-    @classmethod
-    def load(cls, model_dir, *, options=None, model_id=None, progress=None):
-        return cls()
-
-    @property
-    def info(self):
-        return self._info
 
     def synthesize(self, request, *, progress=None):
         self.calls += 1

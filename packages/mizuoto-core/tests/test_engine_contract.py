@@ -8,8 +8,9 @@ import time
 import attrs
 import pytest
 from conftest import FakeEngine
+from stub_engines import StubEngine
 
-from mizuoto import Engine, Options
+from mizuoto import Options
 from mizuoto.contracts.engine import engine_lock
 from mizuoto.errors import InvalidOption
 
@@ -136,24 +137,10 @@ def test_a_bad_param_value_names_the_param():
 
 # -- issue 22 item 6: a request never walks into a stream's state ------------------------------
 
-class _Humming(Engine):
+class _Humming(StubEngine):
     """API 1.1: the base class does the shared work; per-request state in the instance."""
 
     name = "humming"
-
-    def __init__(self) -> None:
-        from mizuoto import Capability, ModelInfo
-
-        self._info = ModelInfo("humming", "m", "v0", 8000, "float32", "cpu",
-                               frozenset({Capability.ZERO_SHOT, Capability.STREAM}))
-
-    @classmethod
-    def load(cls, model_dir, *, options=None, model_id=None, progress=None):
-        return cls()
-
-    @property
-    def info(self):
-        return self._info
 
     def _synthesize(self, request, params, generator, progress):
         from mizuoto import Audio, Rendered

@@ -17,9 +17,10 @@ import torch
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stub_engines import StubEngine
 
 import mizuoto
-from mizuoto import Applied, Audio, Capability, Engine, ModelInfo, SynthesisRequest, SynthesisResult
+from mizuoto import Applied, Audio, Capability, SynthesisRequest, SynthesisResult
 from mizuoto.cli import cli
 from mizuoto.errors import InvalidRequest
 from mizuoto.longform import iter_sections, section_seed, synthesize_to
@@ -27,23 +28,17 @@ from mizuoto.longform import iter_sections, section_seed, synthesize_to
 RATE = 8000
 
 
-class NoiseEngine(Engine):
+class NoiseEngine(StubEngine):
     """Seeded noise, 40 samples per character of text; counts its calls."""
 
     name = "noise"
+    model_name = "noise-model"
+    declared = frozenset({Capability.ZERO_SHOT, Capability.LONG_TEXT})
+    sample_rate = RATE
 
     def __init__(self) -> None:
+        super().__init__()
         self.calls = 0
-        self._info = ModelInfo("noise", "noise-model", "v0", RATE, "float32", "cpu",
-                               frozenset({Capability.ZERO_SHOT, Capability.LONG_TEXT}))
-
-    @classmethod
-    def load(cls, model_dir, *, options=None, model_id=None, progress=None):
-        return cls()
-
-    @property
-    def info(self) -> ModelInfo:
-        return self._info
 
     def synthesize(self, request, *, progress=None):
         self.calls += 1

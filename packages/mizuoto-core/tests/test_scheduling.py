@@ -9,10 +9,11 @@ import threading
 import time
 
 import pytest
+from stub_engines import StubEngine
 
-from mizuoto import Audio, Capability, ModelInfo, Rendered, SynthesisRequest
+from mizuoto import Audio, Rendered, SynthesisRequest
 from mizuoto.contracts.api import PluginAPIDeprecation
-from mizuoto.contracts.engine import Engine
+from mizuoto.contracts.features import SupportsSteps
 from mizuoto.contracts.request_lock import NoLock, RequestLock
 from mizuoto.contracts.scheduler import Scheduler
 from mizuoto.contracts.turns import ChunkTurns
@@ -29,25 +30,16 @@ def _wait(condition, limit=WAIT):
         time.sleep(0.002)
 
 
-class Reading(Engine):
+class Reading(StubEngine):
     """Speaks ``CHUNKS`` chunks per request, recording which request made each; a chunk may
     wait (``pace``) for something the test wants to happen while it holds its turn."""
 
     name = "reading"
 
     def __init__(self) -> None:
-        self._info = ModelInfo("reading", "m", "v0", 8000, "float32", "cpu",
-                               frozenset({Capability.ZERO_SHOT, Capability.STREAM}))
+        super().__init__()
         self.made: list[str] = []
         self.pace = lambda text: None
-
-    @classmethod
-    def load(cls, model_dir, *, options=None, model_id=None, progress=None):
-        return cls()
-
-    @property
-    def info(self):
-        return self._info
 
     def _stream(self, request, params, generator, progress):
         for index in range(CHUNKS):
@@ -183,26 +175,62 @@ def test_the_serial_policy_counts_a_request_waiting_on_another_thread():
     assert scheduling.idle and (scheduling.active, scheduling.waiting) == (0, 0)
 
 
+class SteppingRows(SupportsSteps, Reading):
+    """A stepping engine: each row is one request, spoken in one chunk at its first step."""
+
+    name = "rows"
+
+    def open_row(self, request, params, generator):
+        return request
+
+    def step_rows(self, rows):
+        return [(Rendered(Audio([0.1] * 8, 8000), last=True),) for _ in rows]
+
+    def close_row(self, row):
+        return None
+
+
 def test_the_step_scheduler_reports_rows_as_active_and_waiting():
-    class Rows:
-        name = "rows"
-
-        def open_row(self, request, params, generator):
-            return request
-
-        def step_rows(self, rows):
-            return [(Rendered(Audio([0.1] * 8, 8000), last=True),) for _ in rows]
-
-        def close_row(self, row):
-            return None
-
-    scheduler = Scheduler(Rows(), max_rows=1)
+    scheduler = Scheduler(SteppingRows(), max_rows=1)
     assert scheduler.capacity == 1 and scheduler.idle
     first, second = scheduler.submit("a", None, None), scheduler.submit("b", None, None)
     assert (scheduler.active, scheduler.waiting) == (0, 2) and not scheduler.idle
     assert len(list(first)) == 1 and scheduler.waiting == 1
     second.cancel()
     assert scheduler.idle and scheduler.wait_idle(0)
+
+
+def _rows_engine():
+    engine = SteppingRows()
+    assert isinstance(engine.scheduling, Scheduler)
+    return engine
+
+
+def _legacy_engine():
+    with pytest.warns(PluginAPIDeprecation):
+        return type("Legacy", (Reading,), {"concurrent_requests": True})()
+
+
+@pytest.mark.parametrize("make", [Reading, TakingTurns, _legacy_engine, _rows_engine],
+                         ids=["serial", "chunk", "no-lock", "scheduler"])
+def test_a_request_handed_on_counts_until_released_before_it_reaches_the_engine(make):
+    """A server reserves a request when it hands it on (a lane's thread): the engine is not
+    idle until the reservation is released, also while the request runs."""
+    engine = make()
+    scheduling = engine.scheduling
+    reservation = scheduling.reserve()
+    assert scheduling.reserved == 1 and not scheduling.idle and not scheduling.wait_idle(0)
+    assert (scheduling.active, scheduling.waiting) == (0, 0)  # not in the engine yet
+    released = threading.Event()
+    waiter = threading.Thread(target=lambda: scheduling.wait_idle(WAIT) and released.set())
+    waiter.start()
+    engine.synthesize(_request("a"))  # run and ended: still held by the reservation
+    assert not scheduling.idle and not released.is_set()
+    reservation.release()
+    waiter.join(WAIT)
+    assert released.is_set() and scheduling.idle and scheduling.reserved == 0
+    reservation.release()  # once only
+    assert scheduling.reserved == 0
 
 
 @pytest.mark.parametrize("engine_class", [Reading, TakingTurns], ids=["serial", "chunk"])

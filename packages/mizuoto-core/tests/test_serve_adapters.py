@@ -195,6 +195,70 @@ def test_jobs_on_lanes_run_together_only_with_one_adapter():
     assert len(seen) == 7 and all(a == start == end for a, start, end in seen), seen
 
 
+def test_an_adapter_switch_waits_for_a_job_handed_on_but_not_yet_in_the_engine():
+    """A job on a lane is counted by the engine's scheduling from the moment the worker hands
+    it on, before it reaches the engine: a job of another adapter taken next finds the engine
+    busy, and its switch waits until that job has ended (no wait on the lanes)."""
+    import asyncio
+    import threading
+
+    from mizuoto.adapters import AdapterHost
+    from mizuoto.contracts.request_lock import NoLock
+    from mizuoto.serve.jobs import DONE, Job
+    from mizuoto.serve.worker import ModelWorker
+
+    class Host(AdapterHost):
+        active_adapter, adapters = "a", {"a": None, "b": None}
+        lora_root = base_fingerprint = None
+
+        def __init__(self):
+            self.scheduling = NoLock(capacity=4)  # lanes, as for a stepping engine
+
+        def set_adapter(self, name):
+            events.append(("switch", name))
+            self.active_adapter = name
+
+    engine, events = Host(), []
+    on_lane, go, switch_asked = threading.Event(), threading.Event(), threading.Event()
+    idle_when_asked = []
+    wait_idle = engine.scheduling.wait_idle
+
+    def spied_wait_idle(timeout):
+        idle_when_asked.append(engine.scheduling.idle)
+        switch_asked.set()
+        return wait_idle(timeout)
+
+    engine.scheduling.wait_idle = spied_wait_idle
+
+    def held_back(engine, job):  # on its lane, not yet in the engine
+        on_lane.set()
+        assert go.wait(30)
+        events.append(("run", job.adapter, engine.active_adapter))
+
+    def run(engine, job):
+        events.append(("run", job.adapter, engine.active_adapter))
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        worker = ModelWorker("m", "m", load=lambda: engine, queue_size=16)
+        worker.start()
+        first, second = Job(held_back, loop, adapter="a"), Job(run, loop, adapter="b")
+        worker.submit(first)
+        assert await loop.run_in_executor(None, on_lane.wait, 30)
+        worker.submit(second)
+        assert await loop.run_in_executor(None, switch_asked.wait, 30)
+        go.set()
+        for job in (first, second):
+            while await job.get() is not DONE:
+                pass
+        worker.stop(5)
+
+    asyncio.run(main())
+    assert idle_when_asked == [False]  # the held-back job counted, though not in the engine
+    assert events == [("run", "a", "a"), ("switch", "b"), ("run", "b", "b")]
+    assert engine.scheduling.idle and engine.scheduling.reserved == 0
+
+
 def test_an_export_in_an_engines_own_format_is_served_as_a_model_of_its_own(tmp_path):
     """VoxCPM's exports (its base files and upstream's LoRA files) are whole model folders."""
     pytest.importorskip("mizuoto_voxcpm")

@@ -18,7 +18,7 @@ from typing import Any
 
 from mizuoto.adapter_files import adapter_base
 from mizuoto.catalog import CatalogEntry, ResolvedModel, resolve_in
-from mizuoto.contracts.engine import Engine, parses_params_by_class
+from mizuoto.contracts.engine import Engine, check_param_keys
 from mizuoto.contracts.progress import ProgressCallback
 from mizuoto.contracts.requests import SynthesisRequest
 from mizuoto.errors import EngineMismatch, EngineNotFound, InvalidOption
@@ -26,7 +26,6 @@ from mizuoto.options import Options
 from mizuoto.registry import catalog as registered_catalog
 from mizuoto.registry import engines, get_engine
 from mizuoto.runtime.startup import set_wait_policy
-from mizuoto.validation import check_known_keys
 from mizuoto.validation.audio import check_audible_file
 
 
@@ -135,8 +134,7 @@ def load(model: str | Path, *, engine: str | None = None,
     engine_cls, resolved = resolve_engine(model, engine=engine, options=options,
                                           progress=progress)
     if request is not None:
-        if parses_params_by_class(engine_cls):
-            check_known_keys(engine_cls.params_class, request.params, "params")
+        check_param_keys(engine_cls, request.params)
         engine_cls.check_request(request, resolved.path)
         check_audible_reference(request)
     return engine_cls.load(resolved.path, options=options, model_id=resolved.id,
@@ -151,8 +149,7 @@ def check_params_before_load(model: str | Path, params: Mapping[str, Any] | None
     if not params:
         return
     engine_cls, _ = resolve_engine(model, engine=engine, options=options)
-    if parses_params_by_class(engine_cls):
-        check_known_keys(engine_cls.params_class, params, "params")
+    check_param_keys(engine_cls, params)
 
 
 def check_audible_reference(request: SynthesisRequest) -> None:

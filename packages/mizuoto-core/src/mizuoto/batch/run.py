@@ -306,8 +306,10 @@ class ModelLoader:
         """What loading checks first (the model is there, an engine loads it, the options
         suit it), in this process: before any worker starts, so that a missing model is exit
         code 3 at once, not a broken worker pool later. ``params`` (the params every line
-        gets, over the model directory's defaults) are checked against the engine's
-        ``params_class`` too, when it has one: a bad one would fail every line."""
+        gets) are checked too, as :meth:`Engine.plan` checks a line's: their keys
+        (:func:`~mizuoto.contracts.engine.check_param_keys`) and, over the model directory's
+        defaults, their values: a bad one would fail every line."""
+        from mizuoto.contracts.engine import check_param_keys, parses_params_by_class
         from mizuoto.contracts.model_defaults import read_model_defaults
         from mizuoto.loading import resolve_engine
         from mizuoto.options import Options
@@ -315,7 +317,8 @@ class ModelLoader:
 
         engine_cls, resolved = resolve_engine(self.model, engine=self.engine,
                                               options=Options.from_mapping(self.options))
-        if params and engine_cls.params_class is not None:
+        check_param_keys(engine_cls, params)
+        if params and parses_params_by_class(engine_cls):
             defaults = read_model_defaults(resolved.path, engine_cls.params_class)
             parse_attrs(engine_cls.params_class, {**defaults, **params}, "params")
 

@@ -48,7 +48,7 @@ from mizuoto.options import Options
 from mizuoto.runtime.in_effect import compute_in_effect
 from mizuoto.runtime.seeds import resolve_seed
 from mizuoto.runtime.startup import check_startup_options
-from mizuoto.validation import parse_attrs
+from mizuoto.validation import check_known_keys, parse_attrs
 
 if TYPE_CHECKING:  # it imports torch, which ``import mizuoto`` does not
     from mizuoto.contracts.placement import Placement
@@ -385,6 +385,7 @@ class Engine(abc.ABC):
             if getattr(request, setting) is not None:
                 raise InvalidRequest(setting, f"the {self.name} engine has no such setting",
                                      "leave it unset")
+        check_param_keys(type(self), request.params)
         # an API 1.0 plugin without a params_class may read request.params itself
         reads_its_own = type(self).parse_params is Engine.parse_params \
             and not parses_params_by_class(type(self))
@@ -463,6 +464,17 @@ def parses_params_by_class(engine_cls: type[Engine]) -> bool:
     if engine_cls.parse_params is not Engine.parse_params:
         return False
     return engine_cls.params_class is not None or engine_cls.plugin_api != "1.0"
+
+
+def check_param_keys(engine_cls: type[Engine], params: Mapping[str, Any] | None) -> None:
+    """Raise :class:`InvalidRequest` naming the first key of a request's ``params`` that
+    ``engine_cls`` does not take, with the closest one it does (every key, for an engine
+    that takes none). The one rule for every path: before the model loads
+    (``mizuoto.load(request=...)``, batch's ``ModelLoader.check``, ``mizuoto edit``) and in
+    :meth:`Engine.plan`. An engine that parses its params itself
+    (:func:`parses_params_by_class` false) is asked at the request instead."""
+    if parses_params_by_class(engine_cls):
+        check_known_keys(engine_cls.params_class, params, "params")
 
 
 def engine_lock(engine: Engine) -> RequestScheduling:

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from mizuoto.contracts.occupancy import Occupancy
+from mizuoto.contracts.occupancy import Occupancy, Once
 from mizuoto.errors import RequestConflict
 
 T = TypeVar("T")
@@ -118,7 +118,7 @@ def counted_stream(occupancy: Occupancy, chunks: Iterator[T], each: Callable[[T]
     until its last chunk, its error, or its closing; cancelled from any thread (a scheduler's
     row at once: ``chunks.cancel``), it stops at its next chunk."""
     occupancy.count(active=1)
-    ended = _Once(lambda: occupancy.count(active=-1))
+    ended = Once(lambda: occupancy.count(active=-1))
     row_cancel = getattr(chunks, "cancel", None)
     counted = closing_chunks(chunks, each, ended)
 
@@ -131,20 +131,6 @@ def counted_stream(occupancy: Occupancy, chunks: Iterator[T], each: Callable[[T]
             ended()
 
     return Stream(counted, on_cancel=cancel)
-
-
-class _Once:
-    """``action``, run on the first call only (from any thread)."""
-
-    def __init__(self, action: Callable[[], None]) -> None:
-        self._action: Callable[[], None] | None = action
-        self._guard = threading.Lock()
-
-    def __call__(self) -> None:
-        with self._guard:
-            action, self._action = self._action, None
-        if action is not None:
-            action()
 
 
 def closing_chunks(chunks: Iterator[T], each: Callable[[T], T],

@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 
+from mizuoto.contracts.occupancy import Reservation
 from mizuoto.contracts.progress import ProgressCallback, report
 from mizuoto.contracts.request_lock import Stream, closing_chunks
 from mizuoto.contracts.results import Rendered
@@ -130,6 +131,7 @@ class Scheduler:
         self._waiting: deque[Row] = deque()
         self._stepping = False
         self._held = 0  # hold_rows(): no row may open
+        self._reserved = 0  # requests a server handed on (reserve()), not released yet
         self.stats = StepStats()
 
     @property
@@ -158,8 +160,14 @@ class Scheduler:
             return len(self._waiting)
 
     @property
+    def reserved(self) -> int:
+        """Requests handed on (:meth:`reserve`) and not released yet, running or not."""
+        with self._changed:
+            return self._reserved
+
+    @property
     def idle(self) -> bool:
-        """No row open and none on its way."""
+        """No row open and none on its way (reserved, or arriving)."""
         with self._changed:
             return self._is_idle()
 
@@ -169,7 +177,18 @@ class Scheduler:
             return self._changed.wait_for(self._is_idle, timeout)
 
     def _is_idle(self) -> bool:
-        return not (self._active or self._waiting or self._arriving)
+        return not (self._active or self._waiting or self._arriving or self._reserved)
+
+    def reserve(self) -> Reservation:
+        """Count a request from now until the reservation is released (when it has finished,
+        or was refused), whether or not its row has opened yet."""
+        self._reserved_by(1)
+        return Reservation(lambda: self._reserved_by(-1))
+
+    def _reserved_by(self, change: int) -> None:
+        with self._changed:
+            self._reserved += change
+            self._changed.notify_all()
 
     def __enter__(self) -> Scheduler:
         return self  # an edit or a voice of a stepping engine runs beside the rows

@@ -17,7 +17,9 @@ it. The engine declares which kind it needs and writes no lock:
 
 Every one of them answers what a server needs to know (:class:`RequestScheduling`): how many
 requests it runs at once, how many are running and waiting, and whether the engine is idle
-(counted by :class:`~mizuoto.contracts.occupancy.Occupancy`).
+(counted by :class:`~mizuoto.contracts.occupancy.Occupancy`), counting a request from the
+moment the server hands it on (:meth:`RequestScheduling.reserve`), before it reaches the
+engine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from mizuoto.contracts.api import deprecated
 from mizuoto.contracts.features import stepping_engine
+from mizuoto.contracts.occupancy import Reservation
 from mizuoto.contracts.request_lock import NoLock, RequestLock
 from mizuoto.contracts.scheduler import scheduler_for
 from mizuoto.contracts.turns import ChunkTurns
@@ -55,11 +58,20 @@ class RequestScheduling(Protocol):
         """Requests waiting for their turn (or for a row) now."""
 
     @property
+    def reserved(self) -> int:
+        """Requests a server has handed on (:meth:`reserve`) and not released yet."""
+
+    @property
     def idle(self) -> bool:
-        """No request is running or waiting."""
+        """No request is running, waiting, or reserved."""
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Wait until the engine is idle (at most ``timeout`` seconds); whether it is."""
+
+    def reserve(self) -> Reservation:
+        """Count a request from now, before it reaches the engine (a server hands it to a
+        thread), until the :class:`~mizuoto.contracts.occupancy.Reservation` is released:
+        meanwhile the engine is not idle."""
 
     def __enter__(self) -> Any:
         """A synchronous piece of work of one request (an edit, a voice, a stream's checks)."""

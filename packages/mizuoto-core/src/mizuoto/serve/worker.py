@@ -7,9 +7,11 @@ jobs in arrival order and runs as many at once as the loaded engine's scheduling
 it runs (its ``capacity``: :mod:`mizuoto.contracts.scheduling`): one after the other for an
 engine that runs one request at a time (a stream holding the engine from its first chunk to
 its last), and on lanes (:class:`~mizuoto.serve.batching.Lanes`) for one whose requests take
-turns per chunk or step together as rows; the engine's scheduling does the rest. A job whose
-client went away is skipped if still queued, and stopped at the engine's next progress report
-or chunk if running. Which models stay loaded, and when a request may pin one, is the
+turns per chunk or step together as rows; the engine's scheduling does the rest, and counts
+each job from the moment the worker hands it on (``scheduling.reserve()``), so that it alone
+says whether the engine is idle (an adapter switch, an unload). A job whose client went away
+is skipped if still queued, and stopped at the engine's next progress report or chunk if
+running. Which models stay loaded, and when a request may pin one, is the
 :class:`~mizuoto.serve.pool.ModelPool`'s.
 """
 
@@ -22,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mizuoto.contracts.occupancy import Reservation
 from mizuoto.runtime.busy_wait import waiting_at_most
 from mizuoto.serve.adapters import holds_adapters
 from mizuoto.serve.batching import Lanes
@@ -132,8 +135,8 @@ class ModelWorker:
         if self.pins or not self._engine_lock.acquire(blocking=False):
             return False
         try:
-            if self.engine is None or self._running is not None or self._lane_jobs() \
-                    or not self._queue.empty() or self.pins or not _engine_idle(self.engine):
+            if self.engine is None or self._running is not None or not self._queue.empty() \
+                    or self.pins or not _engine_idle(self.engine):
                 return False
             self.engine = None
             self.engine_bytes = 0
@@ -210,6 +213,7 @@ class ModelWorker:
                 return
             self._running = job
             self.last_used = time.monotonic()  # at the start too: the client may be done first
+            reservation = None
             on_lane = False  # a lane's job finishes on its lane
             try:
                 with self._engine_lock:
@@ -217,28 +221,36 @@ class ModelWorker:
                         continue
                     if not self._select_adapter(job):
                         continue
+                    # counted by the engine's scheduling from here, not only once the job
+                    # reaches it on its lane: an adapter switch waits for it
+                    reservation = _reserve(self.engine)
                     if self._lanes is None:
                         self._execute(job)
                 if self._lanes is not None:
-                    self._lanes.run(lambda job=job: self._execute_on_lane(job))
+                    self._lanes.run(lambda job=job, held=reservation:
+                                    self._execute_on_lane(job, held))
                     on_lane = True
             finally:
                 self._running = None
                 if not on_lane:
+                    if reservation is not None:
+                        reservation.release()
                     job.finish()
             if self._pool is not None:  # a model busy when another loaded may go now
                 self._pool.rebalance()
 
     def _select_adapter(self, job: Job) -> bool:
         """Apply ``job``'s adapter (``mizuoto serve --lora-dir``) unless it is applied: once
-        the jobs running on lanes have ended, so that requests of two adapters never run
-        together. False, with the error sent to ``job``, when it cannot be applied."""
+        the engine is idle (the jobs handed on before, on lanes or not yet in the engine, are
+        counted by its scheduling: :func:`_reserve`), so that requests of two adapters never
+        run together. False, with the error sent to ``job``, when it cannot be applied."""
         wanted = job.adapter
         if wanted is ANY_ADAPTER or not holds_adapters(self.engine) \
                 or self.engine.active_adapter == wanted:
             return True
-        if self._lanes is not None:
-            self._lanes.wait_idle(None)
+        scheduling = getattr(self.engine, "scheduling", None)
+        if scheduling is not None:
+            scheduling.wait_idle(None)
         try:
             self.engine.set_adapter(wanted)
         except BaseException as exc:
@@ -246,11 +258,12 @@ class ModelWorker:
             return False
         return True
 
-    def _execute_on_lane(self, job: Job) -> None:
+    def _execute_on_lane(self, job: Job, reservation: Reservation) -> None:
         """``--max-batch``: one of the jobs running at once (mizuoto.serve.batching)."""
         try:
             self._execute(job)
         finally:
+            reservation.release()
             job.finish()
         if self._pool is not None:
             self._pool.rebalance()
@@ -297,10 +310,18 @@ class ModelWorker:
 
 
 def _engine_idle(engine) -> bool:
-    """No request runs on or waits for ``engine`` (its scheduling object says; an object that
-    has none counts as idle: the worker's own count of jobs is all there is)."""
+    """No request runs on, waits for, or is on its way to ``engine`` (its scheduling object
+    says; an object that has none counts as idle: the worker's own count of jobs is all
+    there is)."""
     scheduling = getattr(engine, "scheduling", None)
     return scheduling is None or scheduling.idle
+
+
+def _reserve(engine) -> Reservation:
+    """A job handed on to ``engine``, counted by its scheduling object until released
+    (nothing to count for an object that has none: it runs no lanes)."""
+    scheduling = getattr(engine, "scheduling", None)
+    return scheduling.reserve() if scheduling is not None else Reservation(lambda: None)
 
 
 def _engine_bytes(engine) -> int:
