@@ -54,6 +54,35 @@ def test_a_proven_shape_gives_conv_transpose1d_bits(threads, shape):
     assert conv_transpose_report({"vae": [packed]}) == {"vae": {"onednn": 1}}
 
 
+# a batch of streams' shapes: VoxCPM-0.5B's first upsampling, scaled down, where torch's plain
+# call takes oneDNN's deconvolution (several inputs) and reorders the whole weight each call
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_each_batch_size_is_proven_alone_and_shares_one_packed_weight(threads):
+    plain, packed = _pair(512, 256, 16, 8)
+    batches = {rows: torch.randn(rows, 512, 6) for rows in (2, 3, 8)}
+    with torch.inference_mode():
+        with proving_conv_transposes():
+            for x in batches.values():
+                assert torch.equal(packed(x), plain(x))
+        for rows in batches:  # each batch size runs its proven pack
+            y = torch.randn(rows, 512, 6)
+            assert torch.equal(packed(y), plain(y))
+    onednn = [p for kernel, p in packed._packs.values() if kernel == "onednn"]
+    assert len(onednn) == 3, packed._packs.keys()
+    assert all(p is onednn[0] for p in onednn), "one copy of the weight for every batch size"
+
+
+def test_max_columns_proves_only_shapes_of_few_columns():
+    """proving_conv_transposes(max_columns=...) leaves a wider shape untried (plain, and still
+    provable later); the proof's call answers with F.conv_transpose1d's bits."""
+    plain, packed = _pair(512, 256, 16, 8)
+    few, wide = torch.randn(4, 512, 6), torch.randn(4, 512, 20)
+    with torch.inference_mode(), proving_conv_transposes(max_columns=pct.BATCH_PROOF_COLUMNS):
+        assert torch.equal(packed(few), plain(few))
+        assert torch.equal(packed(wide), plain(wide))
+    assert [key[0] for key in packed._tried] == [(4, 512, 6)]
+
+
 def test_a_kernel_that_differs_is_never_used(monkeypatch):
     plain, packed = _pair(256, 128, 8, 4)
     real_run = PrepackedConvTranspose1d._run
@@ -180,26 +209,3 @@ def test_the_gemm_kernel_is_slow_conv_transpose2ds_arithmetic(threads):
         assert not weight_view.is_contiguous()
         assert torch.equal(packed._run_gemm(weight_view, x), plain(x))
 
-
-def test_folding_batches_runs_a_few_columns_as_one_product_on_the_stored_weight(monkeypatch):
-    """Inside folding_batches() an unproven batch of few columns runs as one product on the
-    weight the gemm kernel stores (close to F.conv_transpose1d, not proven equal); outside it,
-    or past FOLD_COLUMNS, or a layer without the stored weight, runs plain, bit for bit."""
-    plain, packed = _pair(256, 128, 16, 8)
-    x = torch.randn(8, 256, pct.FOLD_COLUMNS // 8)
-    wide = torch.randn(8, 256, pct.FOLD_COLUMNS // 8 + 1)
-    products = []
-    real_mm = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda *a: products.append(a[1].shape) or real_mm(*a))
-    with torch.inference_mode():
-        with pct.folding_batches():  # no weight stored transposed yet: plain
-            assert torch.equal(packed(x), plain(x))
-        packed._pack("gemm", x[:1])  # as a stream's proof of the gemm kernel leaves it
-        assert torch.equal(packed(x), plain(x)) and products == []  # not asked: plain
-        with pct.folding_batches():
-            folded = packed(x)
-            assert products == [(256, pct.FOLD_COLUMNS)]  # one product, every column
-            assert torch.allclose(folded, plain(x), rtol=1e-5, atol=1e-5)
-            assert torch.equal(packed(wide), plain(wide))  # too many columns: plain
-            assert torch.equal(packed(x[:1]), plain(x[:1]))  # one input: nothing to fold
-    assert products == [(256, pct.FOLD_COLUMNS)]

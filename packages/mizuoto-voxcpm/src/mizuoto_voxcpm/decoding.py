@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import torch
 
 from mizuoto.nn.dsp.tiles import decode_or_tile
-from mizuoto.runtime.prepack_conv_transpose import proving_conv_transposes
+from mizuoto.runtime.prepack_conv_transpose import BATCH_PROOF_COLUMNS, proving_conv_transposes
 from mizuoto_voxcpm.audiovae.blocks import NoiseBlock
 
 # The first generation decodes the last three patches for each streamed segment and, without
@@ -139,8 +139,10 @@ def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
     first two patches are context whose audio upstream throws away); a window alone is
     decoded as :meth:`StreamDecoder.decode` does. VoxCPM2's stateful decoders one by one. Both
     can differ from :meth:`StreamDecoder.decode` by float32 rounding (a batch's convolutions,
-    fewer positions); see docs/performance.md. Not under ``folding_batches``: a row's bits
-    would then depend on how many mates share its step (the contract's batch-mates check)."""
+    fewer positions); see docs/performance.md. The VAE's transposed convolutions of a few
+    columns (``BATCH_PROOF_COLUMNS``: the first upsampling) prove their packed weight for each
+    batch size on the first step that meets it, against ``F.conv_transpose1d`` at that batch:
+    a row's bits stay the plain batch's, whatever its mates."""
     segments: list[torch.Tensor | None] = [None] * len(decoders)
     groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for index, (decoder, patch) in enumerate(zip(decoders, patches, strict=True)):
@@ -154,8 +156,11 @@ def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
         if len(members) == 1:  # alone: the stream's own decode, exactly
             segments[members[0][0]] = first.window_segment(members[0][1])
             continue
-        audio = first.vae.decode_tail(torch.cat([latents for _, latents in members]),
-                                      first.keep)
+        # at a batch's few frames torch reorders the first upsampling's whole weight on every
+        # call (VoxCPM-0.5B's: 75 MB a step); proven once per batch size, then skipped
+        with proving_conv_transposes(max_columns=BATCH_PROOF_COLUMNS):
+            audio = first.vae.decode_tail(torch.cat([latents for _, latents in members]),
+                                          first.keep)
         for row, (index, _) in enumerate(members):
             segments[index] = audio[row].reshape(-1).float().cpu()
     return segments

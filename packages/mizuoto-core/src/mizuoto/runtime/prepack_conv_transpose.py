@@ -24,15 +24,11 @@ kernel gave ``torch.equal`` results against ``F.conv_transpose1d`` on that layer
 the input itself and on a random one (``"onednn"`` tried first, then ``"gemm"``). Every other
 shape, thread count, dtype, device, a changed weight or a call that records gradients runs
 ``F.conv_transpose1d``; so does every call outside a proven shape: a whole utterance's varying
-length never pays a proof.
-
-One exception, asked for explicitly: inside :func:`folding_batches`, a batch of several inputs
-of an unproven shape, few columns in all (:data:`FOLD_COLUMNS`), runs as one matrix product on
-the weight the ``"gemm"`` kernel already stores transposed, where the layer holds it. Not
-proven equal (float32 rounding apart): for callers whose batched results may differ from
-their rows alone by rounding anyway (VoxCPM's batched streams). At a batch of streams' few
-frames ``F.conv_transpose1d`` reorders the whole weight on every call (VoxCPM-0.5B's first
-upsampling: 75 MB for 8 streams' 48 columns), and one product streams it once.
+length never pays a proof. A batch of several inputs is a shape like any other, proven at its
+batch size (a batch of streams proves each size of few columns on the first step that meets
+it: :func:`proving_conv_transposes`'s ``max_columns``); a oneDNN
+pack proven for the same frames at another batch size is tried first, so one copy of the
+weight serves them all.
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -48,10 +45,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "FOLD_COLUMNS",
     "PrepackedConvTranspose1d",
     "conv_transpose_report",
-    "folding_batches",
     "has_packable_conv_transposes",
     "prepack_conv_transposes",
     "proving_conv_transposes",
@@ -59,38 +54,32 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_proving: contextvars.ContextVar[bool] = contextvars.ContextVar("proving_conv_transposes",
-                                                                default=False)
-_folding: contextvars.ContextVar[bool] = contextvars.ContextVar("folding_batches",
-                                                                default=False)
+# the most columns (batch x frames) a shape met in proving_conv_transposes() proves for; 0: none
+_proving: contextvars.ContextVar[float] = contextvars.ContextVar("proving_conv_transposes",
+                                                                  default=0)
 
-#: The most columns (batch × input frames) :func:`folding_batches` runs as one product: there
-#: the product is bound by reading the weight; with more columns ``F.conv_transpose1d`` is as
-#: fast or faster (VoxCPM-0.5B's second upsampling at 8 streams' 240 columns: slower folded).
-FOLD_COLUMNS = 64
+#: The most columns (batch × input frames) a batch of streams proves a shape for: there a
+#: plain call is bound by reordering the whole weight; with more columns
+#: ``F.conv_transpose1d`` costs about as much as a proof saves (VoxCPM-0.5B's second
+#: upsampling at 8 streams' 240 columns).
+BATCH_PROOF_COLUMNS = 64
 
 
 @contextlib.contextmanager
-def proving_conv_transposes() -> Iterator[None]:
+def proving_conv_transposes(max_columns: float = math.inf) -> Iterator[None]:
     """Within this block a :class:`PrepackedConvTranspose1d` that meets a shape it has not
-    tried proves (or rejects) its packed kernel for it; outside, unproven shapes run plain."""
-    token = _proving.set(True)
+    tried, of at most ``max_columns`` columns (batch × frames), proves (or rejects) its packed
+    kernel for it; outside, unproven shapes run plain.
+
+    A batch of streams proves only a few columns (:data:`BATCH_PROOF_COLUMNS`) on the step that meets
+    them: there torch's per-call reorder of the weight is most of the call, and a proof (two
+    plain calls, two packed) costs little more than that; past them the arithmetic dominates
+    and a proof would cost a step several calls' time for a small gain."""
+    token = _proving.set(max_columns)
     try:
         yield
     finally:
         _proving.reset(token)
-
-
-@contextlib.contextmanager
-def folding_batches() -> Iterator[None]:
-    """Within this block a :class:`PrepackedConvTranspose1d` that stores its weight transposed
-    runs a batch of several inputs of an unproven shape, at most :data:`FOLD_COLUMNS` columns
-    in all, as one matrix product (equal to ``F.conv_transpose1d`` up to float32 rounding)."""
-    token = _folding.set(True)
-    try:
-        yield
-    finally:
-        _folding.reset(token)
 
 
 class PrepackedConvTranspose1d(nn.ConvTranspose1d):
@@ -131,14 +120,10 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
         key = (tuple(input.shape), input.is_contiguous(), torch.get_num_threads())
         pack = self._packs.get(key)
         if pack is None:
-            if (_folding.get() and self._gemm_weight is not None and input.size(0) > 1
-                    and input.size(0) * input.size(-1) <= FOLD_COLUMNS):
-                return self._run_gemm(self._gemm_weight, input, folded=True)
-            if not _proving.get() or key in self._tried:
+            if key in self._tried or input.size(0) * input.size(-1) > _proving.get():
                 return super().forward(input, output_size)
-            pack = self._prove(key, input)
-            if pack is None:
-                return super().forward(input, output_size)
+            # the proof's plain result for the input itself: the call's answer, proven or not
+            return self._prove(key, input)
         return self._run(pack, input)
 
     def _arguments(self) -> tuple:
@@ -156,21 +141,14 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
             groups, "none", [], None)
         return out.squeeze(2)
 
-    def _run_gemm(self, weight_t: torch.Tensor, x: torch.Tensor, *,
-                  folded: bool = False) -> torch.Tensor:
+    def _run_gemm(self, weight_t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         # slow_conv_transpose2d's steps: columns = W^T x per batch element, col2im, + bias
-        # (folded: one product over every batch element's columns)
         x = x.contiguous()
         (kernel,), (stride,), (padding,) = self.kernel_size, self.stride, self.padding
         (dilation,), (output_padding,) = self.dilation, self.output_padding
         length = ((x.shape[-1] - 1) * stride - 2 * padding + dilation * (kernel - 1)
                   + output_padding + 1)
-        if folded:
-            batch, channels, frames = x.shape
-            columns = torch.mm(weight_t, x.transpose(0, 1).reshape(channels, batch * frames))
-            columns = columns.view(-1, batch, frames).transpose(0, 1)
-        else:
-            columns = torch.stack([torch.mm(weight_t, row) for row in x.unbind(0)])
+        columns = torch.stack([torch.mm(weight_t, row) for row in x.unbind(0)])
         out = F.fold(columns, output_size=(1, length), kernel_size=(1, kernel),
                      dilation=(1, dilation), padding=(0, padding), stride=(1, stride))
         out = out.squeeze(2)
@@ -190,12 +168,21 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
             if self._gemm_weight is None:
                 self._gemm_weight = weight.reshape(weight.shape[0], -1).t().contiguous()
             return self._gemm_weight
+        for (shape, contiguous, threads), (proven, packed) in self._packs.items():
+            # the same frames at another batch size (a batch of streams): oneDNN lays the
+            # weight out alike, so one copy serves every batch size (the proof still decides;
+            # VoxCPM-0.5B's first upsampling: 75 MB, not 75 MB per batch size)
+            if (proven == "onednn" and shape[1:] == x.shape[1:] and contiguous == x.is_contiguous()
+                    and threads == torch.get_num_threads()):
+                return packed
         padding, output_padding, stride, dilation, groups = self._arguments()
         return torch.ops.mkldnn._reorder_convolution_transpose_weight(
             weight.unsqueeze(2), padding, output_padding, stride, dilation, groups,
             [x.shape[0], x.shape[1], 1, x.shape[2]])
 
-    def _prove(self, key: tuple, x: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    def _prove(self, key: tuple, x: torch.Tensor) -> torch.Tensor:
+        """Pack ``key``'s shape with the first kernel proven on ``x`` and a random probe (or
+        none); ``F.conv_transpose1d`` of ``x``."""
         self._tried.add(key)
         generator = torch.Generator().manual_seed(x.shape[-1])
         probe = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
@@ -217,7 +204,7 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
                       kernel, key)
         if not any(kernel == "gemm" for kernel, _ in self._packs.values()):
             self._gemm_weight = None  # not kept for nothing
-        return self._packs.get(key)
+        return expected[0]
 
 
 #: the kernels a shape's proof tries, in this order
