@@ -46,7 +46,8 @@ def test_the_packed_product_is_close_to_the_float_one(rows):
     assert not torch.equal(out, reference)  # int8: near, not exact
     assert snr_db(reference.numpy().ravel(), out.numpy().ravel()) > 30
     assert not list(packed.parameters())
-    assert packed.packed_weight_bytes == 48 * (64 + 8)
+    assert packed.packed_weight_bytes == 48 * (64 + 4 + 4 + 4 + 4)  # + column offsets, scales,
+    # the op's zero bias and the layer's bias, 4 bytes each a channel
     assert layer_kernel(packed) == (KERNEL_NAME, "int8")
 
 
@@ -64,3 +65,39 @@ def test_a_bias_free_layer_adds_nothing():
     linear = nn.Linear(16, 16, bias=False)
     with torch.no_grad():
         assert PackedInt8Linear(linear)(torch.zeros(2, 16)).abs().max() == 0
+
+
+@pytest.mark.parametrize("rows", [(1,), (3,), (2, 20)])
+def test_a_fused_product_gives_each_layers_own_bits(rows):
+    """Weights per output channel and one quantization of the input: q/k/v (or gate/up) as
+    one product equal the separate packed products bit for bit, bias or none."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(64, 48, bias=False), nn.Linear(64, 16, bias=False),
+              nn.Linear(64, 24, bias=False)]
+    with_bias = [nn.Linear(64, 40), nn.Linear(64, 40, bias=False)]
+    for linears in (layers, with_bias):
+        fused = PackedInt8Linear.fused(linears)
+        assert fused.split_sizes == tuple(linear.out_features for linear in linears)
+        x = torch.randn(*rows, 64) * 3
+        with torch.no_grad():
+            parts = fused(x).split(fused.split_sizes, dim=-1)
+            for part, linear in zip(parts, linears, strict=True):
+                assert torch.equal(part, PackedInt8Linear(linear)(x))
+
+
+def test_a_fused_product_needs_one_input_size():
+    with pytest.raises(ValueError, match="one input size"):
+        PackedInt8Linear.fused([nn.Linear(8, 4), nn.Linear(16, 4)])
+
+
+def test_weights_are_quantized_per_output_channel():
+    """A channel of small weights beside one of large weights keeps its own precision (one
+    scale for the tensor would round the small channel's weights to nothing)."""
+    linear = nn.Linear(32, 2, bias=False)
+    with torch.no_grad():
+        linear.weight[0] = torch.linspace(-1e-3, 1e-3, 32)
+        linear.weight[1] = torch.linspace(-100, 100, 32)
+        x = torch.randn(4, 32)
+        out, reference = PackedInt8Linear(linear)(x), F.linear(x, linear.weight)
+    small = snr_db(reference[:, 0].numpy(), out[:, 0].numpy())
+    assert small > 30

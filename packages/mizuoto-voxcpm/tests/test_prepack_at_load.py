@@ -9,6 +9,7 @@ import torch
 
 import mizuoto
 from mizuoto.runtime.prepack import MAX_ROWS, PrepackedLinear, has_packable_layers
+from mizuoto.runtime.prepack_fused import FusedPrepack
 from mizuoto_voxcpm.engine import VoxCPMEngine
 from mizuoto_voxcpm.fixtures import with_dtype, write_random_model
 
@@ -45,6 +46,9 @@ def test_the_decode_is_proven_at_load(model_dir, monkeypatch):
     original = PrepackedLinear._try
     monkeypatch.setattr(PrepackedLinear, "_try",
                         lambda self, key, x: proofs.append(key) or original(self, key, x))
+    fused = FusedPrepack._try
+    monkeypatch.setattr(FusedPrepack, "_try",
+                        lambda self, key, x: proofs.append(key) or fused(self, key, x))
     packed = _say(engine)
     assert proofs == [], "a request proved kernels the load should have"
     assert torch.equal(packed.audio.samples, _say(_load(model_dir, "off")).audio.samples)
@@ -67,9 +71,16 @@ def test_the_dits_guided_rows_are_proven_at_load(model_dir):
     layers = [m for m in model.feat_decoder.estimator.decoder.modules()
               if isinstance(m, PrepackedLinear)]
     assert layers
+    # q/k/v and gate/up are proven as one fused product (each layer alone where it is not)
+    fused = [f for m in model.feat_decoder.estimator.decoder.modules()
+             for f in (getattr(m, "qkv_fused", None), getattr(m, "gate_up_fused", None))
+             if f is not None]
+    assert len(fused) == 2 * len(model.feat_decoder.estimator.decoder.layers)
+    fused_rows = {id(layer): {key[0] for key in f._rows_ok | f._rows_tried}
+                  for f in fused for layer in f.layers}
     for layer in layers:
         rows = {key[0] for key in layer._rows_ok | layer._rows_tried}
-        assert rows == {model.dit_rows}, rows
+        assert rows | fused_rows.get(id(layer), set()) == {model.dit_rows}, rows
     others = [m for m in model.base_lm.modules() if isinstance(m, PrepackedLinear)]
     assert {m._max_rows for m in others} == {MAX_ROWS}
 
@@ -105,3 +116,43 @@ def test_a_batching_load_packs_the_dit_and_encoder_for_a_full_batch(model_dir):
     assert {m._max_rows for m in encoder} == {max(MAX_ROWS, 4 * model.encoder_rows)}
     assert {m._max_rows for m in model.base_lm.modules()
             if isinstance(m, PrepackedLinear)} == {MAX_ROWS}
+
+
+@pytest.fixture(scope="module")
+def first_generation_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("voxcpm-prepack-batch")
+    return with_dtype(write_random_model(root / "model", "voxcpm-0.5b", seed=3),
+                      root / "fp32", "float32")
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                    reason="torch built without oneDNN: nothing can pack")
+def test_a_batch_of_stream_segments_proves_its_shapes_and_keeps_the_plain_bits(
+        first_generation_dir, monkeypatch):
+    """decode_segments proves the VAE's transposed convolutions at each batch size on the
+    step that first meets it: the segments are those of F.conv_transpose1d at that batch."""
+    from mizuoto.runtime.prepack_conv_transpose import PrepackedConvTranspose1d
+    from mizuoto_voxcpm.decoding import StreamDecoder, decode_segments
+
+    engine = _load(first_generation_dir, "auto")
+    config, vae = engine.config, engine.vae
+    generator = torch.Generator().manual_seed(0)
+    patches = [[torch.randn(1, config.patch_size, config.feat_dim, generator=generator)
+                for _ in range(3)] for _ in range(4)]
+
+    def segments():
+        decoders = [StreamDecoder(vae, context=[], v2=False, patch_size=config.patch_size)
+                    for _ in range(3)]
+        # three streams, then two (a batch size of its own)
+        return [decode_segments(decoders[:rows], step[:rows])
+                for rows, step in zip((3, 3, 2, 2), patches, strict=True)]
+
+    layers = [m for m in vae.modules() if isinstance(m, PrepackedConvTranspose1d)]
+    before = {id(m): set(m._tried) for m in layers}
+    packed = segments()
+    batch_sizes = {key[0][0] for m in layers for key in m._tried - before[id(m)]}
+    assert batch_sizes == {2, 3}
+    assert any(key[0][0] > 1 for m in layers for key in m._packs), "a batch shape packed"
+    monkeypatch.setattr(PrepackedConvTranspose1d, "forward", torch.nn.ConvTranspose1d.forward)
+    for got, want in zip(packed, segments(), strict=True):
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -126,7 +126,7 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
     from mizuoto.identity import model_identity
     from mizuoto.runtime.device import cpu_int8_dot
     from mizuoto.runtime.packed_int8 import KERNEL_NAME, PackedInt8Linear, packed_int8_unavailable
-    from mizuoto_voxcpm.fast import DYNAMIC_KERNEL
+    from mizuoto_voxcpm.fast import DYNAMIC_KERNEL, FOLDED_HEADS, FUSED_PRODUCTS
 
     packed = packed_int8_unavailable() is None and cpu_int8_dot()
     kernel = KERNEL_NAME if packed else DYNAMIC_KERNEL
@@ -138,8 +138,16 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
     assert "fast_kernel" not in reference.applied.compute
     assert model_identity(fast)["fast_kernel"] == kernel and "fast_kernel" not in \
         model_identity(exact)
+    attention = fast.model.base_lm.layers[0].self_attn
+    assert attention.folded_heads and not exact.model.base_lm.layers[0].self_attn.folded_heads
+    assert result.applied.compute["fast_attention"] == FOLDED_HEADS
     if kernel == KERNEL_NAME:
         assert any(isinstance(m, PackedInt8Linear) for m in fast.model.feat_decoder.modules())
+        # q/k/v and gate/up one product each, in every component's decoder layers
+        assert isinstance(attention.qkv_proj, PackedInt8Linear)
+        assert isinstance(fast.model.feat_decoder.estimator.decoder.layers[0].mlp.gate_up_proj,
+                          PackedInt8Linear)
+        assert result.applied.compute["fast_products"] == FUSED_PRODUCTS
     a, b = reference.audio.samples.numpy().ravel(), result.audio.samples.numpy().ravel()
     assert a.shape == b.shape and not torch.equal(reference.audio.samples, result.audio.samples)
     assert snr_db(a, b) > 20  # 38 dB (packed), 33 dB (dynamic) on an AVX512 EPYC
@@ -169,7 +177,11 @@ def test_the_int8_kernel_option_chooses_the_kernel_and_refuses_one_torch_lacks(d
             {"engines.voxcpm.fast": "int8", "engines.voxcpm.int8_kernel": kernel}))
 
     dynamic = load("dynamic")
-    assert _say(dynamic).applied.compute["fast_kernel"] == DYNAMIC_KERNEL
+    applied = _say(dynamic).applied.compute
+    assert applied["fast_kernel"] == DYNAMIC_KERNEL
+    # per-tensor weights: fusing would change them, so the products stay apart
+    assert applied["fast_products"] == "separate"
+    assert dynamic.model.base_lm.layers[0].self_attn.qkv_proj is None
     assert not any(type(m).__name__ == "PackedInt8Linear" for m in dynamic.model.modules())
     with pytest.raises(InvalidOption, match="engines.voxcpm.int8_kernel"):
         load("vnni")

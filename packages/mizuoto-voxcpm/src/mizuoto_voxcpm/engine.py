@@ -48,6 +48,7 @@ from mizuoto.runtime.prepack_conv_transpose import (
     has_packable_conv_transposes,
     prepack_conv_transposes,
 )
+from mizuoto.runtime.prepack_fused import FusedPrepack
 from mizuoto.text.coverage import dropped_characters_warning
 from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_audio_vae
 from mizuoto_voxcpm.cache_pool import CachePool
@@ -63,6 +64,7 @@ from mizuoto_voxcpm.generation import (
 )
 from mizuoto_voxcpm.long_text import pack_chunks
 from mizuoto_voxcpm.lora import LORA_TARGETS, read_adapter
+from mizuoto_voxcpm.minicpm4 import fuse_prepacked
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
@@ -255,6 +257,10 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         prepack_linears(model.component_groups(), options.compute.prepack, skip=compiled,
                         max_rows={"dit": model.dit_rows * batch,
                                   "encoder": max(MAX_ROWS, model.encoder_rows * batch)})
+        # a decoder layer's q/k/v and gate/up as one packed product each, where that is proven
+        # to give the separate products' bits (bfloat16 at a step: 0.86-0.91 of their time)
+        fuse_prepacked([module for group in model.component_groups().values()
+                        for module in group], FusedPrepack.over)
         if has_packable_layers(model.component_groups()):
             rehearse_patch(model)  # the decode's proofs now, not in the first request
         placement = placement.with_settings(prepack=options.compute.prepack)

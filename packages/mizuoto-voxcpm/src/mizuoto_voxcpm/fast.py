@@ -5,8 +5,12 @@ ones (weights int8 per tensor, activations quantized per call: torch's
 ``quantize_dynamic``); ``int8`` does the same inside every component (the local encoder and
 DiT too); the single projections between components and the stop head stay float32. The int8 kernel
 (``auto``) is fbgemm's packed one where this torch has it and the CPU has VNNI or AMX (:mod:`mizuoto.runtime.packed_int8`: weights
-quantized and packed once, here at load; 0.63-0.82 of the dynamic layer's time at VoxCPM's
-shapes), else torch's dynamic int8 layer. CPU and
+quantized per output channel and packed once, here at load; 0.63-0.82 of the dynamic layer's
+time at VoxCPM's shapes), else torch's dynamic int8 layer. With the packed kernel each decoder
+layer's q/k/v and gate/up run as one product each (the separate products' bits, 4 products a
+layer instead of 7; ``applied.compute["fast_products"]``). Either way a decode step attends
+with each kv head's query heads as the rows of one query instead of torch's grouped-query call
+(``["fast_attention"]``: equal to rounding, several times faster). CPU and
 float32 only: that is where torch has the kernels (``engines.voxcpm.dtype=auto`` loads float32
 for a profile; an explicit other dtype is refused here). Each result's
 ``applied.compute["fast"]`` names the profile that ran and ``["fast_kernel"]`` its int8
@@ -30,7 +34,13 @@ from torch import nn
 from mizuoto.errors import InvalidOption
 from mizuoto.runtime.device import cpu_int8_dot
 from mizuoto.runtime.dynamic_int8 import quantize_linears, require_dynamic_int8
-from mizuoto.runtime.packed_int8 import KERNEL_NAME, pack_int8_linears, packed_int8_unavailable
+from mizuoto.runtime.packed_int8 import (
+    KERNEL_NAME,
+    PackedInt8Linear,
+    pack_int8_linears,
+    packed_int8_unavailable,
+)
+from mizuoto_voxcpm.minicpm4 import fold_query_heads, fuse_products
 
 _LM_GROUPS = ("base_lm", "residual_lm")
 
@@ -81,14 +91,24 @@ def fast_vae_dtype(profile: str, setting: str = "float32") -> torch.dtype:
     return torch.bfloat16
 
 
+#: ``applied.compute["fast_products"]`` where the packed kernel runs q/k/v and gate/up as one
+#: product each (the dynamic layer's per-tensor weights keep them apart: ``separate``)
+FUSED_PRODUCTS = "q/k/v and gate/up fused"
+#: ``applied.compute["fast_attention"]``: a decode step's grouped-query attention as rows
+FOLDED_HEADS = "query heads folded per kv head"
+
+
 def fast_settings(profile: str, kernel: str = "auto",
                   vae: str = "float32") -> dict[str, str]:
-    """What ``applied.compute`` adds for ``profile``: its kernel and the VAE decoder's dtype
-    (nothing for ``off``)."""
+    """What ``applied.compute`` adds for ``profile``: its kernel, whether the decoder layers'
+    products are fused, its decode-step attention and the VAE decoder's dtype (nothing for
+    ``off``)."""
     name = fast_kernel(profile, kernel)
     if name is None:
         return {}
     return {"fast_kernel": name,
+            "fast_products": FUSED_PRODUCTS if name == KERNEL_NAME else "separate",
+            "fast_attention": FOLDED_HEADS,
             "fast_vae": str(fast_vae_dtype(profile, vae)).removeprefix("torch.")}
 
 
@@ -99,10 +119,14 @@ def apply_fast(groups: dict[str, list[nn.Module]], profile: str,
     if profile == "off":
         return ()
     names = _LM_GROUPS if profile == "int8-lm" else tuple(groups)
-    # a bare projection between components is kept (both skip a root Linear)
-    packed = fast_kernel(profile, kernel) == KERNEL_NAME
-    (pack_int8_linears if packed else quantize_linears)(
-        module for name in names for module in groups[name])
+    roots = [module for name in names for module in groups[name]]
+    if fast_kernel(profile, kernel) == KERNEL_NAME:
+        # per-channel weights: the fused products give each layer's own bits, in one call
+        fuse_products(roots, PackedInt8Linear.fused)
+        pack_int8_linears(roots)  # a bare projection between components is kept
+    else:
+        quantize_linears(roots)  # per-tensor weights: fusing would change them, so none is
+    fold_query_heads(roots)
     return names
 
 

@@ -8,6 +8,7 @@ casts decides bf16 bits); state-dict names match it so checkpoints load strictly
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -109,7 +110,21 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return q.to(dtype), k.to(dtype)
 
 
+#: Builds one product standing for several linear layers that read the same input: their
+#: outputs concatenated, split by its ``split_sizes`` (a fast profile's, e.g.
+#: :meth:`mizuoto.runtime.packed_int8.PackedInt8Linear.fused`)
+FuseProducts = Callable[[Sequence[nn.Linear]], nn.Module]
+#: Builds, for several linear layers that read the same input, a callable ``(x, layers)`` ->
+#: one output per layer, with their bits (the exact path's, e.g.
+#: :meth:`mizuoto.runtime.prepack_fused.FusedPrepack.over`), or None where it cannot
+FusePrepacked = Callable[[Sequence[nn.Linear]], Callable | None]
+
+
 class Attention(nn.Module):
+    #: a decode step attends with each kv head's query heads as rows of one query
+    #: (:meth:`fold_query_heads`), or with torch's grouped-query call
+    folded_heads: bool = False
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -120,12 +135,40 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        #: q/k/v as one product (:meth:`fuse_products`), or None: three
+        self.qkv_proj: nn.Module | None = None
+        #: q/k/v packed together where proven exact (:meth:`fuse_prepacked`; not a module)
+        self.qkv_fused: Callable | None = None
+
+    def fuse_products(self, fuse: FuseProducts) -> None:
+        """Run q/k/v as one product built by ``fuse`` (a fast profile's: inference only, the
+        three layers and their parameters are dropped)."""
+        self.qkv_proj = fuse([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def fuse_prepacked(self, fuse: FusePrepacked) -> None:
+        """Run q/k/v through ``fuse``'s product where it gives their bits (the exact path:
+        the layers stay, and run on their own wherever it does not)."""
+        if self.qkv_proj is None:
+            self.qkv_fused = fuse([self.q_proj, self.k_proj, self.v_proj])
+
+    def fold_query_heads(self) -> None:
+        """Attend a decode step as ``kv_heads`` sequences of ``heads / kv_heads`` query rows
+        each, not with torch's grouped-query call (a fast profile's: equal to rounding, not
+        bit for bit; several times faster on the CPU)."""
+        self.folded_heads = True
 
     def _project(self, hidden: torch.Tensor, length: int, rope) -> tuple[torch.Tensor, ...]:
         batch = hidden.size(0)
-        q = self.q_proj(hidden).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(batch, length, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.split_sizes, dim=-1)
+        elif self.qkv_fused is not None:
+            q, k, v = self.qkv_fused(hidden, (self.q_proj, self.k_proj, self.v_proj))
+        else:
+            q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, k, *rope)
@@ -165,11 +208,23 @@ class Attention(nn.Module):
         key_cache, value_cache = cache
         key_cache.index_copy_(2, position, k)
         value_cache.index_copy_(2, position, v)
-        out = F.scaled_dot_product_attention(
-            q.contiguous(), key_cache[:, :, :span].contiguous(),
-            value_cache[:, :, :span].contiguous(), attn_mask=mask, enable_gqa=True)
+        out = self._attend_step(q, key_cache[:, :, :span].contiguous(),
+                                value_cache[:, :, :span].contiguous(), mask)
         out = out.transpose(1, 2).contiguous().reshape(batch, -1)
         return self.o_proj(out)
+
+    def _attend_step(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+        """One position's queries ``(b, heads, 1, head_dim)`` against ``keys``/``values``
+        ``(b, kv_heads, span, head_dim)``."""
+        if not self.folded_heads:
+            return F.scaled_dot_product_attention(q.contiguous(), keys, values,
+                                                  attn_mask=mask, enable_gqa=True)
+        batch, group = q.size(0), self.num_heads // self.num_kv_heads
+        # query head h reads kv head h // group: consecutive heads share one, so they are rows
+        rows = q.reshape(batch, self.num_kv_heads, group, self.head_dim)
+        out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)
+        return out.view(batch, self.num_heads, 1, self.head_dim)
 
     def step_rows(self, hidden: torch.Tensor, rope, rows: RowsStep | list[RowStep]
                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
@@ -184,9 +239,7 @@ class Attention(nn.Module):
         batch = hidden.size(0)
         q, k, v = self._project(hidden, 1, rope)
         if isinstance(rows, RowsStep):
-            out = F.scaled_dot_product_attention(
-                q.contiguous(), rows.gather(k, 0), rows.gather(v, 1), attn_mask=rows.mask,
-                enable_gqa=True)
+            out = self._attend_step(q, rows.gather(k, 0), rows.gather(v, 1), rows.mask)
             written = (k, v)
         else:
             outs = []
@@ -194,10 +247,9 @@ class Attention(nn.Module):
                 key_cache, value_cache = row.cache
                 key_cache.index_copy_(2, row.position, k[index:index + 1])
                 value_cache.index_copy_(2, row.position, v[index:index + 1])
-                outs.append(F.scaled_dot_product_attention(
-                    q[index:index + 1].contiguous(), key_cache[:, :, :row.span].contiguous(),
-                    value_cache[:, :, :row.span].contiguous(), attn_mask=row.mask,
-                    enable_gqa=True))
+                outs.append(self._attend_step(
+                    q[index:index + 1], key_cache[:, :, :row.span].contiguous(),
+                    value_cache[:, :, :row.span].contiguous(), row.mask))
             out, written = torch.cat(outs), None
         out = out.transpose(1, 2).contiguous().reshape(batch, -1)
         return self.o_proj(out), written
@@ -209,9 +261,29 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        #: gate/up as one product (:meth:`fuse_products`), or None: two
+        self.gate_up_proj: nn.Module | None = None
+        #: gate/up packed together where proven exact (:meth:`fuse_prepacked`; not a module)
+        self.gate_up_fused: Callable | None = None
+
+    def fuse_products(self, fuse: FuseProducts) -> None:
+        """Run gate/up as one product built by ``fuse`` (as :meth:`Attention.fuse_products`)."""
+        self.gate_up_proj = fuse([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+
+    def fuse_prepacked(self, fuse: FusePrepacked) -> None:
+        """gate/up through ``fuse``'s product where exact (as :meth:`Attention.fuse_prepacked`)."""
+        if self.gate_up_proj is None:
+            self.gate_up_fused = fuse([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).split(self.gate_up_proj.split_sizes, dim=-1)
+        elif self.gate_up_fused is not None:
+            gate, up = self.gate_up_fused(x, (self.gate_proj, self.up_proj))
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -350,6 +422,39 @@ class MiniCPM4(nn.Module):
         for cache in caches:
             cache.position.add_(1)
         return self.norm(hidden)
+
+
+def fuse_products(roots: Iterable[nn.Module], fuse: FuseProducts) -> int:
+    """Fuse q/k/v and gate/up in every decoder layer under ``roots`` with ``fuse``
+    (:meth:`Attention.fuse_products`); how many products were made."""
+    count = 0
+    for root in roots:
+        for module in list(root.modules()):
+            if isinstance(module, Attention | MLP):
+                module.fuse_products(fuse)
+                count += 1
+    return count
+
+
+def fuse_prepacked(roots: Iterable[nn.Module], fuse: FusePrepacked) -> int:
+    """:meth:`Attention.fuse_prepacked` and :meth:`MLP.fuse_prepacked` in every decoder layer
+    under ``roots``; how many fused products ``fuse`` made."""
+    count = 0
+    for root in roots:
+        for module in list(root.modules()):
+            if isinstance(module, Attention | MLP):
+                module.fuse_prepacked(fuse)
+                count += (module.qkv_fused if isinstance(module, Attention)
+                          else module.gate_up_fused) is not None
+    return count
+
+
+def fold_query_heads(roots: Iterable[nn.Module]) -> int:
+    """:meth:`Attention.fold_query_heads` for every attention under ``roots``; how many."""
+    attentions = [m for root in roots for m in root.modules() if isinstance(m, Attention)]
+    for attention in attentions:
+        attention.fold_query_heads()
+    return len(attentions)
 
 
 def _filled_mask(cache: KVCache, span: int, position: torch.Tensor) -> torch.Tensor | None:

@@ -100,8 +100,11 @@ class PrepackedLinear(nn.Linear):
 
     @property
     def prepacked_kernel(self) -> str | None:
-        """The packed kernel this layer has used (``None``: plain ``F.linear`` only)."""
-        return self._pack[0] if self._pack is not None else None
+        """The packed kernel this layer has used, alone or fused with the layers that read
+        its input (:mod:`mizuoto.runtime.prepack_fused`); ``None``: plain ``F.linear`` only."""
+        if self._pack is not None:
+            return self._pack[0]
+        return getattr(self, "_fused_kernel", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight

@@ -1,0 +1,70 @@
+"""A fast profile's MiniCPM-4 (never exact): q/k/v and gate/up fused into one int8 product
+each give the separate int8 products' bits; a decode step attending with each kv head's query
+heads folded into rows equals torch's grouped-query call to rounding."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from mizuoto.runtime.packed_int8 import PackedInt8Linear, pack_int8_linears, packed_int8_unavailable
+from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
+from mizuoto_voxcpm.kv_cache import KVCache
+from mizuoto_voxcpm.minicpm4 import MiniCPM4, fold_query_heads, fuse_products
+
+CONFIG = TransformerConfig(
+    hidden_size=64, intermediate_size=96, num_attention_heads=8, num_hidden_layers=2,
+    num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+    rope_scaling=RopeScaling("longrope", (1.0,) * 4, (1.0,) * 4, 4096),
+    max_position_embeddings=4096, vocab_size=0, scale_emb=12, scale_depth=1.4,
+    dim_model_base=256)
+
+
+def _run(model: MiniCPM4, rows: int = 3) -> list[torch.Tensor]:
+    """A prefill, single steps against one cache and batched steps against ``rows`` caches:
+    every output."""
+    generator = torch.Generator().manual_seed(1)
+    embeds = torch.randn(1, 11, CONFIG.hidden_size, generator=generator)
+    hidden, pairs = model(embeds)
+    outs = [hidden, *(tensor for pair in pairs for tensor in pair)]
+    caches = [KVCache(CONFIG, 512) for _ in range(rows)]
+    for cache in caches:
+        cache.fill(pairs)
+    for _ in range(3):
+        outs.append(model.step(torch.randn(1, CONFIG.hidden_size, generator=generator),
+                               caches[0]))
+    for _ in range(3):
+        outs.append(model.step_rows(torch.randn(rows, CONFIG.hidden_size, generator=generator),
+                                    caches))
+    return outs
+
+
+@pytest.mark.skipif(packed_int8_unavailable() is not None, reason=str(packed_int8_unavailable()))
+@torch.inference_mode()
+def test_fused_int8_products_give_the_separate_products_bits():
+    torch.manual_seed(0)
+    separate = MiniCPM4(CONFIG)
+    fused = copy.deepcopy(separate)
+    assert fuse_products([fused], PackedInt8Linear.fused) == 2 * CONFIG.num_hidden_layers
+    assert pack_int8_linears([separate]) == 7 * CONFIG.num_hidden_layers
+    assert pack_int8_linears([fused]) == 2 * CONFIG.num_hidden_layers  # o_proj, down_proj
+    attention, mlp = fused.layers[0].self_attn, fused.layers[0].mlp
+    assert attention.qkv_proj.split_sizes == (64, 16, 16)
+    assert mlp.gate_up_proj.split_sizes == (96, 96)
+    assert not hasattr(attention, "q_proj") and not hasattr(mlp, "up_proj")
+    for a, b in zip(_run(separate), _run(fused), strict=True):
+        assert torch.equal(a, b)
+
+
+@torch.inference_mode()
+def test_folded_query_heads_equal_grouped_query_attention_to_rounding():
+    torch.manual_seed(0)
+    plain = MiniCPM4(CONFIG)
+    folded = copy.deepcopy(plain)
+    assert fold_query_heads([folded]) == CONFIG.num_hidden_layers
+    assert folded.layers[0].self_attn.folded_heads and not plain.layers[0].self_attn.folded_heads
+    expected, got = _run(plain), _run(folded)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
