@@ -4,6 +4,7 @@ stepped one row at a time, printed as nano-vllm and vLLM-Omni print theirs.
     python benchmarks/cpu/streams.py MODEL_DIR [--concurrency 1,4,8] [--max-len 20]
     python benchmarks/cpu/streams.py --tiny          # a random tiny VoxCPM: shows it runs
     python benchmarks/cpu/streams.py --tiny f5tts --steps 4   # a random tiny F5-TTS
+    python benchmarks/cpu/streams.py MODEL_DIR --option engines.voxcpm.fast=int8  # a profile
 
 For each concurrency ``c``: ``c`` listeners connect together (a thread each, as a server's
 lanes). The model directory's engine picks the runs. An engine that steps rows (VoxCPM): the
@@ -95,11 +96,15 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
-def _load(model_dir: Path, max_batch: int | None, slots: int, threads: int):
+def _load(model_dir: Path, max_batch: int | None, slots: int, threads: int,
+          engine_options: dict[str, dict[str, str]]):
     """The model, with ``max_batch`` rows and ``slots`` cache slots (VoxCPM's options); None:
-    an engine that takes turns, which has neither."""
-    engines = {} if max_batch is None else {
-        "voxcpm": {"max_batch": max_batch, "cache_slots": max(slots, max_batch)}}
+    an engine that takes turns, which has neither. ``engine_options``: ``--option``'s
+    ``{engine: {key: value}}``, the same in every mode."""
+    engines = {name: dict(values) for name, values in engine_options.items()}
+    if max_batch is not None:
+        engines.setdefault("voxcpm", {}).update(
+            {"max_batch": max_batch, "cache_slots": max(slots, max_batch)})
     options = Options(compute=ComputeOptions(device="cpu", cpu_threads=threads),
                       engines=engines)
     return mizuoto.load(model_dir, options=options)
@@ -137,7 +142,17 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=None,
                         help="sampling steps per request (default: the engine's)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--option", action="append", default=[], metavar="engines.NAME.KEY=VALUE",
+                        help="an engine option for every mode, e.g. engines.voxcpm.fast=int8 "
+                             "(repeatable)")
     args = parser.parse_args(argv)
+    engine_options: dict[str, dict[str, str]] = {}
+    for option in args.option:
+        key, sep, value = option.partition("=")
+        parts = key.split(".")
+        if not sep or len(parts) != 3 or parts[0] != "engines":
+            parser.error(f"--option {option!r}: give engines.NAME.KEY=VALUE")
+        engine_options.setdefault(parts[1], {})[parts[2]] = value
     if (args.model_dir is None) == (args.tiny is None):
         parser.error("give MODEL_DIR or --tiny")
     model_dir = args.model_dir if args.tiny is None else _tiny(args.tiny)
@@ -146,7 +161,8 @@ def main(argv=None) -> int:
     stepping = stepping_engine(engine_cls) is not None
     params = {"retry_badcase": False, "max_len": args.max_len} if stepping else {}
     limit = f"at most {args.max_len} patches a stream" if stepping else "turns per chunk"
-    print(f"# {model_dir} ({engine_cls.name}), {args.threads} threads, {limit}")
+    shown = ", ".join(args.option) or "no options"
+    print(f"# {model_dir} ({engine_cls.name}), {args.threads} threads, {limit}, {shown}")
     print(f"{'streams':>7} {'mode':>9} {'audio s/s':>9} {'x unbat.':>8} {'first p50':>9} "
           f"{'p90':>7} {'p95':>7} {'RTF':>6} {'peak MB':>8}")
     for count in levels:
@@ -154,12 +170,14 @@ def main(argv=None) -> int:
                                      steps=args.steps, params=params) for i in range(count)]
         unbatched = None
         for mode, max_batch in _modes(engine_cls, count):
-            engine = _load(model_dir, max_batch, count, args.threads)
+            engine = _load(model_dir, max_batch, count, args.threads, engine_options)
             # the one-time costs (kernels proven for this many rows) before the clock, with
             # other texts: their prefills are not the timed requests' (PrefillMemo)
+            # (an engine taking turns warms up with one sampling step: the same kernels)
             warm_params = {**params, "max_len": 2} if stepping else params
+            warm_steps = args.steps if stepping else 1
             _listen(engine, [SynthesisRequest(f"Warming up, listener {i}.", seed=i,
-                                              steps=args.steps, params=warm_params)
+                                              steps=warm_steps, params=warm_params)
                              for i in range(count)])
             wall, first, audio, peak = _listen(engine, requests)
             throughput = sum(audio) / wall
