@@ -167,32 +167,48 @@ class PrepackedLinear(nn.Linear):
                 continue  # packed for another row count
             proof = (kernel, self.out_features, self.in_features, self.bias is not None,
                      self.weight.dtype, *key)
-            if _proven.get(proof) is False:
-                continue
-            if key[0] == MANY_ROWS and x.is_contiguous():
-                # the kernel's rows do not depend on their count: longer random rows than
-                # max_rows prove it for every longer input, at a fraction of a prefill's cost
-                inputs = _probes(torch.empty(self._max_rows + 1, self.in_features,
-                                             dtype=x.dtype), count=1)
-            else:
-                inputs = (x, *_probes(x, count=1 if key[0] == MANY_ROWS else _PROBES))
-            try:
+
+            def attempt(kernel=kernel, pack_fn=pack_fn):
+                if key[0] == MANY_ROWS and x.is_contiguous():
+                    # the kernel's rows do not depend on their count: longer random rows than
+                    # max_rows prove it for every longer input, at a fraction of a prefill's cost
+                    inputs = _probes(torch.empty(self._max_rows + 1, self.in_features,
+                                                 dtype=x.dtype), count=1)
+                else:
+                    inputs = (x, *_probes(x, count=1 if key[0] == MANY_ROWS else _PROBES))
                 packed = self._pack[1] if self._pack is not None else pack_fn(self.weight, rows)
                 same = all(torch.equal(
                     self._run((kernel, packed, None, 0), probe, probe.numel() // self.in_features),
                     F.linear(probe, self.weight, self.bias)) for probe in inputs)
-            except (RuntimeError, NotImplementedError) as exc:
-                log.debug("prepack %s refused for %s: %s", kernel, proof, exc)
-                same = False
-            with _lock:
-                _proven[proof] = _proven.get(proof, True) and same
-            if same:
+                return packed if same else None
+
+            packed = prove(_proven, proof, attempt)
+            if packed is not None:
                 if self._pack is None:
                     self._pack = (kernel, packed, _stamp(self.weight), rows)
                 self._rows_ok.add(key)
                 if kernel in ROW_INVARIANT and key[0] != MANY_ROWS and key[3]:
                     self._try((MANY_ROWS, key[1], 2, True), x)  # a prefill's, now
                 return
+
+
+def prove(proofs: dict[tuple, bool], proof: tuple, attempt: Callable[[], Any]) -> Any:
+    """Run ``attempt`` for the combination ``proof`` unless it already failed, and remember
+    the outcome in ``proofs``. ``attempt`` packs, runs the kernel on the probes and returns what
+    to keep (the packed weight) where every output was ``torch.equal`` to the reference, else
+    ``None``; a kernel that refuses the shape (``RuntimeError``) fails it. A combination that
+    failed once is never tried again (a kernel's order of sums does not change while the
+    process runs)."""
+    if proofs.get(proof) is False:
+        return None
+    try:
+        kept = attempt()
+    except (RuntimeError, NotImplementedError) as exc:
+        log.debug("prepack %s refused: %s", proof, exc)
+        kept = None
+    with _lock:
+        proofs[proof] = proofs.get(proof, True) and kept is not None
+    return kept
 
 
 def _stamp(weight: torch.Tensor) -> tuple:

@@ -22,7 +22,6 @@ loaded machine); float32 at 1 row is proven only with ``F.linear`` itself (MKL's
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 
@@ -33,12 +32,9 @@ from torch import nn
 from mizuoto.runtime import prepack
 from mizuoto.runtime.prepack import PrepackedLinear
 
-log = logging.getLogger(__name__)
-
 _PROBES = 2
 # (kernel, out sizes, in, bias, dtype, rows, threads, dims, contiguous) -> proven
 _proven: dict[tuple, bool] = {}
-_lock = threading.Lock()
 
 
 class FusedPrepack:
@@ -138,21 +134,18 @@ class FusedPrepack:
                 proof = (kernel, self.split_sizes, x.shape[-1],
                          any(layer.bias is not None for layer in layers),
                          x.dtype, *key)
-                if _proven.get(proof) is False:
-                    continue
-                try:
+
+                def attempt(kernel=kernel, pack_fn=pack_fn):
                     pack = self._pack or self._new_pack(kernel, pack_fn, rows)
                     same = all(
                         all(torch.equal(a, b) for a, b in zip(
                             self._run(pack, probe, rows).split(self.split_sizes, dim=-1),
                             reference, strict=True))
                         for probe, reference in zip(inputs, expected, strict=True))
-                except (RuntimeError, NotImplementedError) as exc:
-                    log.debug("fused prepack %s refused for %s: %s", kernel, proof, exc)
-                    same = False
-                with _lock:
-                    _proven[proof] = _proven.get(proof, True) and same
-                if same:
+                    return pack if same else None
+
+                pack = prepack.prove(_proven, proof, attempt)
+                if pack is not None:
                     self._pack = pack
                     self._rows_ok.add(key)
                     for layer in layers:
