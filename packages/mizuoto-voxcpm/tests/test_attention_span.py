@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_lm import lm_config
 
-from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
 from mizuoto_voxcpm.kv_cache import ATTEND_SPAN_MULTIPLE, KVCache, RowsStep, RowStep
 from mizuoto_voxcpm.minicpm4 import Attention
 
 
-def _config(hidden: int, head_dim: int) -> TransformerConfig:
-    return TransformerConfig(
-        hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=16,
-        num_hidden_layers=1, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-        rope_scaling=RopeScaling("longrope", (1.0,) * (head_dim // 2), (1.0,) * (head_dim // 2),
-                                 32768),
-        max_position_embeddings=32768, vocab_size=0, scale_emb=12, scale_depth=1.4,
-        dim_model_base=256)
+def _config(hidden: int, head_dim: int):
+    assert hidden // 16 == head_dim
+    return lm_config(hidden, 4 * hidden, heads=16, kv_heads=2, layers=1, max_positions=32768)
 
 
 def _filled(span: int, position: int) -> torch.Tensor:

@@ -8,18 +8,13 @@ import copy
 
 import pytest
 import torch
+from tiny_lm import lm_config
 
 from mizuoto.runtime.packed_int8 import PackedInt8Linear, pack_int8_linears, packed_int8_unavailable
-from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
 from mizuoto_voxcpm.kv_cache import KVCache
 from mizuoto_voxcpm.minicpm4 import MiniCPM4, fold_query_heads, fuse_products
 
-CONFIG = TransformerConfig(
-    hidden_size=64, intermediate_size=96, num_attention_heads=8, num_hidden_layers=2,
-    num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-    rope_scaling=RopeScaling("longrope", (1.0,) * 4, (1.0,) * 4, 4096),
-    max_position_embeddings=4096, vocab_size=0, scale_emb=12, scale_depth=1.4,
-    dim_model_base=256)
+CONFIG = lm_config(64, 96, heads=8, kv_heads=2)
 
 
 def _run(model: MiniCPM4, rows: int = 3) -> list[torch.Tensor]:

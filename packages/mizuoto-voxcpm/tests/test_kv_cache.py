@@ -4,17 +4,12 @@ the positions an earlier request wrote are zeros again (only those are zeroed)."
 from __future__ import annotations
 
 import torch
+from tiny_lm import lm_config
 
-from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
 from mizuoto_voxcpm.kv_cache import KVCache
 from mizuoto_voxcpm.minicpm4 import MiniCPM4
 
-CONFIG = TransformerConfig(
-    hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
-    num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-    rope_scaling=RopeScaling("longrope", (1.0,) * 4, (1.0,) * 4, 4096),
-    max_position_embeddings=4096, vocab_size=0, scale_emb=12, scale_depth=1.4,
-    dim_model_base=256)
+CONFIG = lm_config(32, 64, heads=4, kv_heads=2)
 
 
 def _prefill(model: MiniCPM4, length: int, seed: int) -> list:
