@@ -16,6 +16,7 @@ from mizuoto.runtime.packed_int8 import (
     PackedInt8Linear,
     pack_int8_linears,
     packed_int8_unavailable,
+    weight_levels,
 )
 
 pytestmark = pytest.mark.skipif(packed_int8_unavailable() is not None,
@@ -49,6 +50,21 @@ def test_the_packed_product_is_close_to_the_float_one(rows):
     assert packed.packed_weight_bytes == 48 * (64 + 4 + 4 + 4 + 4)  # + column offsets, scales,
     # the op's zero bias and the layer's bias, 4 bytes each a channel
     assert layer_kernel(packed) == (KERNEL_NAME, "int8")
+
+
+def test_full_scale_inputs_and_weights_are_not_clipped():
+    """AVX2's byte products sum in pairs into 16 bits with saturation: weights of every channel
+    at full scale times inputs at full scale clipped to half the product there, before the
+    weights were narrowed to 7 bits on such a CPU (``weight_levels``)."""
+    assert weight_levels() in (63, 127)
+    linear = nn.Linear(256, 4, bias=False)
+    with torch.no_grad():
+        linear.weight.fill_(1.0)
+        linear.weight[1].fill_(-0.5)
+        linear.weight[2, ::2] = -1.0
+        x = torch.full((3, 256), 2.0)
+        out = PackedInt8Linear(linear)(x)
+    torch.testing.assert_close(out, F.linear(x, linear.weight), rtol=0.02, atol=0.5)
 
 
 def test_pack_replaces_inner_linears_and_keeps_a_bare_root():
