@@ -156,3 +156,28 @@ def test_a_batch_of_stream_segments_proves_its_shapes_and_keeps_the_plain_bits(
     monkeypatch.setattr(PrepackedConvTranspose1d, "forward", torch.nn.ConvTranspose1d.forward)
     for got, want in zip(packed, segments(), strict=True):
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                    reason="torch built without oneDNN: nothing can pack")
+def test_a_batching_load_proves_the_batch_segments_shapes(first_generation_dir):
+    """With max_batch above 1 the load rehearses each batch size's windows: the first batches
+    of streams prove nothing (no listener waits for a proof), and the segments are still
+    those of F.conv_transpose1d at that batch."""
+    from mizuoto.runtime.prepack_conv_transpose import PrepackedConvTranspose1d
+    from mizuoto_voxcpm.decoding import StreamDecoder, decode_segments
+
+    engine = VoxCPMEngine.load(first_generation_dir, options=mizuoto.Options.from_mapping(
+        {"compute.device": "cpu", "compute.prepack": "auto", "engines.voxcpm.max_batch": 3}))
+    config, vae = engine.config, engine.vae
+    layers = [m for m in vae.modules() if isinstance(m, PrepackedConvTranspose1d)]
+    assert {key[0][0] for m in layers for key in m._tried} >= {1, 2, 3}
+    before = {id(m): set(m._tried) for m in layers}
+    generator = torch.Generator().manual_seed(0)
+    for rows in (3, 2):
+        decoders = [StreamDecoder(vae, context=[], v2=False, patch_size=config.patch_size)
+                    for _ in range(rows)]
+        for _ in range(3):  # windows of one, two and three patches
+            decode_segments(decoders, [torch.randn(1, config.patch_size, config.feat_dim,
+                                                   generator=generator) for _ in range(rows)])
+    assert all(m._tried == before[id(m)] for m in layers)

@@ -141,8 +141,9 @@ def decode_segments(decoders: list[StreamDecoder], patches: list[torch.Tensor]
     can differ from :meth:`StreamDecoder.decode` by float32 rounding (a batch's convolutions,
     fewer positions); see docs/performance.md. The VAE's transposed convolutions of a few
     columns (``BATCH_PROOF_COLUMNS``: the first upsampling) prove their packed weight for each
-    batch size on the first step that meets it, against ``F.conv_transpose1d`` at that batch:
-    a row's bits stay the plain batch's, whatever its mates."""
+    batch size against ``F.conv_transpose1d`` at that batch (a row's bits stay the plain
+    batch's, whatever its mates): at load (:func:`rehearse_stream_decode`), or on the first
+    step that meets a shape the load did not."""
     segments: list[torch.Tensor | None] = [None] * len(decoders)
     groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for index, (decoder, patch) in enumerate(zip(decoders, patches, strict=True)):
@@ -189,21 +190,32 @@ def segment_decoder(vae, *, context: list[torch.Tensor], v2: bool, patch_size: i
 
 @torch.inference_mode()
 def rehearse_stream_decode(vae, *, v2: bool, patch_size: int, feat_dim: int,
-                           tail: bool = False) -> None:
+                           tail: bool = False, max_batch: int = 1) -> None:
     """Decode random patches as a stream does, inside
     :func:`~mizuoto.runtime.prepack_conv_transpose.proving_conv_transposes`, so that the VAE's
     transposed convolutions prove their packed weight for exactly a stream's shapes while the
     model loads: the first generation's windows of one, two and three patches (a zero-shot
     stream's first two patches have less context; each later one, and every patch of a cloned
     voice's stream, the full window), VoxCPM2's chunk (the causal state pads its first chunk
-    to the shape of the later ones). A whole utterance's decode (any other length) and a batch
-    of streams stay plain."""
+    to the shape of the later ones). With ``max_batch`` above 1, also what
+    :func:`decode_segments` proves on a batch's first step: each batch size's windows of one,
+    two and three patches (those of at most ``BATCH_PROOF_COLUMNS`` columns prove), so that no
+    listener of the first batches waits for a proof. A whole
+    utterance's decode (any other length) stays plain."""
     generator = torch.Generator().manual_seed(0)
     device = _device(vae)
     with proving_conv_transposes(), segment_decoder(vae, context=[], v2=v2,
                                                     patch_size=patch_size, tail=tail) as decode:
         for _ in range(1 if v2 else V1_STREAM_WINDOW):
             decode(torch.randn(1, patch_size, feat_dim, generator=generator).to(device))
+    if max_batch < 2 or not can_decode_tails(vae, v2=v2):
+        return  # VoxCPM2's stateful decoders, and a VAE with noise, are not batched
+    keep = patch_size * vae.hop_length
+    with proving_conv_transposes(max_columns=BATCH_PROOF_COLUMNS):
+        for rows in range(2, max_batch + 1):
+            for patches in range(1, V1_STREAM_WINDOW + 1):
+                latents = torch.randn(rows, feat_dim, patches * patch_size, generator=generator)
+                vae.decode_tail(_decoder_input(vae, latents), keep)
 
 
 def _device(vae) -> torch.device:

@@ -283,7 +283,8 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         prepack_conv_transposes({"vae": [vae]}, options.compute.prepack)
         if has_packable_conv_transposes({"vae": [vae]}):
             rehearse_stream_decode(vae, v2=config.is_v2, patch_size=config.patch_size,
-                                   feat_dim=config.feat_dim, tail=tail)
+                                   feat_dim=config.feat_dim, tail=tail,
+                                   max_batch=engine_options.max_batch)
         report(progress, "load", 2, 3, "tokenizer")
         tokenizer = VoxCPMTokenizer.from_model_dir(model_dir, config.lm.vocab_size)
         report(progress, "load", 3, 3)
