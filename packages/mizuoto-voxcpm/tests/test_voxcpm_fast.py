@@ -120,15 +120,14 @@ def test_int8_where_torch_has_no_int8_kernels_is_refused_before_the_model_is_rea
 
 def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exact_path(dirs):
     """The int8 kernel is said in applied.compute["fast_kernel"] (fbgemm's packed one where
-    this torch has it and the CPU has VNNI/AMX, else the dynamic layer) and in the model's
+    this torch has it, else the dynamic layer) and in the model's
     identity; on this tiny model its audio stays near the exact path's (not equal: int8)."""
     from mizuoto.benchmarking.quality import snr_db
     from mizuoto.identity import model_identity
-    from mizuoto.runtime.device import cpu_int8_dot
     from mizuoto.runtime.packed_int8 import KERNEL_NAME, PackedInt8Linear, packed_int8_unavailable
     from mizuoto_voxcpm.fast import DYNAMIC_KERNEL, FOLDED_HEADS, FUSED_PRODUCTS
 
-    packed = packed_int8_unavailable() is None and cpu_int8_dot()
+    packed = packed_int8_unavailable() is None
     kernel = KERNEL_NAME if packed else DYNAMIC_KERNEL
     exact, fast = _load(dirs["float32"], "off"), _load(dirs["float32"], "int8")
     request = mizuoto.SynthesisRequest(text="Hello world.", seed=1, steps=10,
@@ -153,18 +152,18 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
     assert snr_db(a, b) > 20  # 38 dB (packed), 33 dB (dynamic) on an AVX512 EPYC
 
 
-def test_auto_takes_the_packed_kernel_only_where_the_cpu_has_an_int8_dot_product(monkeypatch):
-    """Without VNNI/AMX fbgemm sums byte products in 16 bits, which a full 8-bit input can
-    saturate: auto keeps the dynamic layer (7-bit inputs) there; packed stays choosable."""
+def test_auto_takes_the_packed_kernel_wherever_torch_has_it(monkeypatch):
+    """The packed kernel narrows its weights to 7 bits where the CPU would clip byte-product
+    pairs (AVX2), so auto takes it on every CPU; the dynamic layer only where torch lacks the
+    packed op, and when asked for."""
     from mizuoto.runtime.packed_int8 import KERNEL_NAME, packed_int8_unavailable
     from mizuoto_voxcpm import fast as fast_module
 
-    monkeypatch.setattr(fast_module, "cpu_int8_dot", lambda: False)
+    expected = KERNEL_NAME if packed_int8_unavailable() is None else fast_module.DYNAMIC_KERNEL
+    assert fast_module.fast_kernel("int8", "auto") == expected
+    assert fast_module.fast_kernel("int8", "dynamic") == fast_module.DYNAMIC_KERNEL
+    monkeypatch.setattr(fast_module, "packed_int8_unavailable", lambda: "no fbgemm here")
     assert fast_module.fast_kernel("int8", "auto") == fast_module.DYNAMIC_KERNEL
-    if packed_int8_unavailable() is None:
-        assert fast_module.fast_kernel("int8", "packed") == KERNEL_NAME
-        monkeypatch.setattr(fast_module, "cpu_int8_dot", lambda: True)
-        assert fast_module.fast_kernel("int8", "auto") == KERNEL_NAME
 
 
 def test_the_int8_kernel_option_chooses_the_kernel_and_refuses_one_torch_lacks(dirs, monkeypatch):
@@ -196,27 +195,35 @@ def test_the_int8_kernel_option_chooses_the_kernel_and_refuses_one_torch_lacks(d
 
 
 
-@pytest.mark.parametrize("setting", [None, "bfloat16", "float32"])
+@pytest.mark.parametrize("setting", [None, "bfloat16", "float32", "int8"])
 def test_the_int8_profile_decodes_in_the_vae_dtype_it_says(dirs, setting):
-    """engines.voxcpm.fast_vae: int8's VAE decoder in float32 unless bfloat16 is asked for,
-    said in applied.compute["fast_vae"]; a whole utterance and a stream both give float32
-    audio, bfloat16's near the float32 decoder's."""
+    """engines.voxcpm.fast_vae: int8's VAE decoder runs its transposed and pointwise
+    convolutions in int8 by default (auto, where torch has the packed kernel), in float32 or
+    bfloat16 when asked for; said in applied.compute["fast_vae"]; a whole utterance and a
+    stream both give float32 audio, near the float32 decoder's."""
     from mizuoto.benchmarking.quality import snr_db
+    from mizuoto.runtime.packed_int8 import packed_int8_unavailable
+    from mizuoto.runtime.packed_int8_conv import Int8ConvTranspose1d, Int8PointwiseConv1d
 
     options = {"engines.voxcpm.fast": "int8"}
     if setting is not None:
         options["engines.voxcpm.fast_vae"] = setting
     engine = VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(options))
-    expected = setting or "float32"
-    assert str(next(engine.vae.decoder.parameters()).dtype) == f"torch.{expected}"
+    expected = setting or ("int8" if packed_int8_unavailable() is None else "float32")
+    dtype = "bfloat16" if expected == "bfloat16" else "float32"
+    assert str(next(engine.vae.decoder.parameters()).dtype) == f"torch.{dtype}"
     assert next(engine.vae.encoder.parameters()).dtype == torch.float32
+    int8_layers = [m for m in engine.vae.modules()
+                   if isinstance(m, (Int8ConvTranspose1d, Int8PointwiseConv1d))]
+    assert bool(int8_layers) == (expected == "int8")
+    assert all(any(m is layer for layer in engine.vae.decoder.modules()) for m in int8_layers)
     result = _say(engine)
     assert result.applied.compute["fast_vae"] == expected
     streamed = torch.cat([chunk.audio.samples.reshape(-1) for chunk in engine.stream(
         mizuoto.SynthesisRequest(text="Hello world.", seed=1, params={"max_len": 4}))])
     for audio in (result.audio.samples, streamed):
         assert audio.dtype == torch.float32 and torch.isfinite(audio).all()
-    if expected == "bfloat16":
+    if expected != "float32":
         float32 = _say(VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
             {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "float32"})))
         a, b = float32.audio.samples.numpy().ravel(), result.audio.samples.numpy().ravel()

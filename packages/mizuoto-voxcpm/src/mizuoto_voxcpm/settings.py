@@ -85,7 +85,7 @@ def _one_of(option: str, choices: tuple[str, ...]):
 
 FAST_PROFILES = ("off", "int8-lm", "int8")
 INT8_KERNELS = ("auto", "packed", "dynamic")  # mizuoto_voxcpm.fast's, without importing torch
-FAST_VAE_DTYPES = ("float32", "bfloat16")
+FAST_VAE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
 @attrs.frozen
@@ -113,7 +113,9 @@ class VoxCPMOptions:
     #: packed or dynamic (torch's dynamic int8 layer)
     int8_kernel: str = attrs.field(default="auto", validator=_one_of(
         "engines.voxcpm.int8_kernel", INT8_KERNELS))
-    #: the VAE decoder's dtype in a fast profile: float32, or bfloat16 (faster for a whole
-    #: utterance, slower for a stream: mizuoto_voxcpm.fast); the exact path keeps float32
-    fast_vae: str = attrs.field(default="float32", validator=_one_of(
+    #: the VAE decoder's dtype in a fast profile: float32, bfloat16 (faster for a whole
+    #: utterance, slower for a stream) or int8 (its transposed and pointwise convolutions as
+    #: packed int8 products), auto: int8 where torch has the packed kernel, else float32
+    #: (mizuoto_voxcpm.fast); the exact path keeps float32
+    fast_vae: str = attrs.field(default="auto", validator=_one_of(
         "engines.voxcpm.fast_vae", FAST_VAE_DTYPES))

@@ -244,7 +244,9 @@ def prepack_conv_transposes(modules: Groups, mode: str = "auto") -> None:
         return
     for roots in modules.values():
         for module in _conv_transposes(roots):
-            if not isinstance(module, PrepackedConvTranspose1d):
+            # a layer with a kernel of its own (a fast profile's int8 one) is left alone
+            if (not isinstance(module, PrepackedConvTranspose1d)
+                    and getattr(module, "prepackable", True)):
                 module.__class__ = _prepacked_class(type(module))
                 module._init_prepack()
 
