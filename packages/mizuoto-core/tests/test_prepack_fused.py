@@ -111,3 +111,35 @@ def test_a_replaced_layer_a_changed_weight_gradients_and_long_inputs_run_separat
     assert FusedPrepack.over([nn.Linear(4, 4), nn.Linear(4, 4)]) is None
     with pytest.raises(ValueError, match="one input size"):
         FusedPrepack([layers[0], nn.Linear(8, 4)])
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_a_prefill_runs_fused_through_a_row_invariant_kernel_proven_at_the_first_step(
+        monkeypatch, invariant):
+    """A kernel whose rows do not depend on their count (bf16dot) proves, with a decode
+    step's rows, every longer contiguous input too (the load's rehearsal), so a prefill runs
+    the fused product: not torch's own kernel per layer until some later proof (on an AVX2
+    CPU torch's bfloat16 F.linear is several times slower than bf16dot)."""
+    calls = []
+
+    def run(x, packed, weight, bias, rows):  # F.linear's bits by construction
+        calls.append(x.shape[0])
+        return F.linear(x, packed, bias)
+
+    monkeypatch.setattr(prepack, "KERNELS", {"rows": (lambda w, r: w.clone(), run, True)})
+    monkeypatch.setattr(prepack, "ROW_INVARIANT", frozenset({"rows"} if invariant else ()))
+    monkeypatch.setattr(prepack, "_proven", {})
+    monkeypatch.setattr(prepack_fused, "_proven", {})
+    plain, layers = _layers()
+    fused = FusedPrepack.over(layers)
+    with torch.inference_mode():
+        fused(torch.randn(1, 256), layers)  # a decode step: proves 1 row (and long inputs)
+        proven = set(fused._rows_ok)
+        assert any(key[0] == prepack.MANY_ROWS for key in proven) == invariant
+        calls.clear()
+        for rows in (prepack.MAX_ROWS + 1, 40, 129):  # prefills of changing length
+            x = torch.randn(1, rows, 256)
+            outs = fused(x, layers)
+            assert all(torch.equal(o, p(x)) for o, p in zip(outs, plain, strict=True))
+        assert fused._rows_ok == proven  # no proof per length
+    assert calls == ([17, 40, 129] if invariant else [])

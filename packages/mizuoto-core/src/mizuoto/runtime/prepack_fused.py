@@ -76,7 +76,15 @@ class FusedPrepack:
         if self._pack is not None and self._pack[4] != stamps:  # a weight changed or moved
             self._pack, self._rows_ok, self._rows_tried = None, set(), set()
         rows = x.numel() // x.shape[-1]
-        key = (rows, torch.get_num_threads(), x.dim(), x.is_contiguous())
+        threads, contiguous = torch.get_num_threads(), x.is_contiguous()
+        if rows <= self._max_rows:
+            key = (rows, threads, x.dim(), contiguous)
+        elif self.kernel in prepack.ROW_INVARIANT:
+            # a prefill, through a kernel whose rows do not depend on their count: one proof
+            # for every longer input of this layout, as a prepacked layer's (at load, below)
+            key = (prepack.MANY_ROWS, threads, 2 if contiguous else x.dim(), contiguous)
+        else:
+            return tuple(layer(x) for layer in layers)
         if key not in self._rows_ok:
             if key not in self._rows_tried:
                 with self._pack_lock:
@@ -98,7 +106,7 @@ class FusedPrepack:
                 or (torch.is_grad_enabled() and (x.requires_grad or any(
                     layer.weight.requires_grad for layer in layers)))):
             return False
-        return x.numel() // x.shape[-1] <= self._max_rows
+        return True
 
     def _fused_bias(self) -> torch.Tensor | None:
         biases = [layer.bias for layer in self.layers]
@@ -120,10 +128,18 @@ class FusedPrepack:
         if key in self._rows_ok or key in self._rows_tried:
             return
         self._rows_tried.add(key)
-        rows = key[0]
         layers = self.layers
         candidates = [self._pack[0]] if self._pack is not None else list(prepack.KERNELS)
-        inputs = (x, *prepack._probes(x, count=_PROBES))
+        if key[0] == prepack.MANY_ROWS:
+            candidates = [k for k in candidates if k in prepack.ROW_INVARIANT]
+            if key[3]:  # longer random rows than max_rows prove every longer input
+                inputs = tuple(prepack._probes(torch.empty(
+                    self._max_rows + 1, x.shape[-1], dtype=x.dtype), count=1))
+            else:
+                inputs = (x, *prepack._probes(x, count=1))
+        else:
+            inputs = (x, *prepack._probes(x, count=_PROBES))
+        rows = inputs[0].numel() // inputs[0].shape[-1]
         with torch.no_grad():
             expected = [[F.linear(probe, layer.weight, layer.bias) for layer in layers]
                         for probe in inputs]
@@ -150,6 +166,11 @@ class FusedPrepack:
                     self._rows_ok.add(key)
                     for layer in layers:
                         layer._fused_kernel = kernel
+                    if (kernel in prepack.ROW_INVARIANT and key[0] != prepack.MANY_ROWS
+                            and key[3]):
+                        # a prefill's proof now (the load's rehearsal), not in the first
+                        # request, whose prefill would run torch's own kernel meanwhile
+                        self._try((prepack.MANY_ROWS, key[1], 2, True), x)
                     return
 
     def _new_pack(self, kernel: str, pack_fn, rows: int) -> tuple:
