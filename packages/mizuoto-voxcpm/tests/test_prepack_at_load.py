@@ -54,6 +54,35 @@ def test_the_decode_is_proven_at_load(model_dir, monkeypatch):
     assert torch.equal(packed.audio.samples, _say(_load(model_dir, "off")).audio.samples)
 
 
+def test_a_bfloat16_load_proves_the_prefill_too(tmp_path, monkeypatch):
+    """bfloat16, as VoxCPM ships: where the kernel sums each row on its own (bf16dot, a CPU
+    without native bfloat16) every packed product, fused or alone, is proven for a prefill's
+    long inputs at load, so the first request's prefill does not run torch's own kernel
+    (10 GMAC/s on AVX2) while it waits for a proof; and a request proves nothing."""
+    from mizuoto.runtime.prepack import MANY_ROWS, ROW_INVARIANT
+
+    model_dir = with_dtype(write_random_model(tmp_path / "model", "voxcpm-0.5b", seed=3),
+                           tmp_path / "bf16", "bfloat16")
+    engine = _load(model_dir, "auto")
+    modules = [m for g in engine.model.component_groups().values() for root in g
+               for m in root.modules()]
+    fused = [f for m in modules for f in (getattr(m, "qkv_fused", None),
+                                          getattr(m, "gate_up_fused", None))
+             if isinstance(f, FusedPrepack)]
+    alone = [m for m in modules if isinstance(m, PrepackedLinear) and m._pack is not None]
+    for product, kernel in [(f, f.kernel) for f in fused] + [(m, m._pack[0]) for m in alone]:
+        if kernel in ROW_INVARIANT and any(key[3] for key in product._rows_ok):
+            assert any(key[0] == MANY_ROWS for key in product._rows_ok), product
+    proofs = []
+    for cls in (PrepackedLinear, FusedPrepack):
+        original = cls._try
+        monkeypatch.setattr(cls, "_try", lambda self, key, x, original=original: (
+            proofs.append(key) or original(self, key, x)))
+    packed = _say(engine)
+    assert proofs == [], "a request proved kernels the load should have"
+    assert torch.equal(packed.audio.samples, _say(_load(model_dir, "off")).audio.samples)
+
+
 def test_nothing_is_rehearsed_without_packable_layers(model_dir, monkeypatch):
     calls = []
     monkeypatch.setattr("mizuoto_voxcpm.engine.rehearse_patch", calls.append)
