@@ -82,3 +82,13 @@ def test_prepacking_leaves_an_int8_layer_alone():
     prepack_conv_transposes({"vae": [layer]})
     assert not isinstance(layer, PrepackedConvTranspose1d)
     assert isinstance(layer, Int8ConvTranspose1d)
+
+
+def test_a_weight_loaded_after_packing_is_packed_again():
+    layer, plain = nn.ConvTranspose1d(8, 4, 4, stride=2), nn.ConvTranspose1d(8, 4, 4, stride=2)
+    pack_int8_convolutions([layer])
+    layer.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 8, 5)
+    with torch.no_grad():
+        out, reference = layer(x), plain(x)
+    assert snr_db(reference.numpy().ravel(), out.numpy().ravel()) > 25

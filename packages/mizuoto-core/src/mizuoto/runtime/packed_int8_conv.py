@@ -12,8 +12,8 @@ GEMM on an AMD EPYC with AVX2 only (2 threads; oneDNN's packed float32 linear 4.
 linear layer over the channels of each frame, and packs the same way.
 
 The layers keep their parameters and state dict (the weights stay float32 beside the packed
-copy: an engine's LoRA or a save sees them unchanged); gradients, another dtype or device
-run torch's own convolution. :func:`pack_int8_convolutions` turns the layers of a module
+copy: a save sees them unchanged; a weight loaded or changed in place is packed again on the
+next call); gradients, another dtype or device run torch's own convolution. :func:`pack_int8_convolutions` turns the layers of a module
 into these in place, keeping each layer's own ``forward`` (a causal layer's trimming, its
 streaming state): the int8 product sits where its ``super().forward`` lands.
 """
@@ -32,8 +32,17 @@ __all__ = ["Int8ConvTranspose1d", "Int8PointwiseConv1d", "pack_int8_convolutions
 
 
 def _runs_int8(layer: nn.Module, x: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
-            and not (torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad)))
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 3
+            and layer.weight.dtype == torch.float32 and not (torch.is_grad_enabled() and (
+                x.requires_grad or layer.weight.requires_grad))):
+        return False
+    if layer._int8_stamp != _stamp(layer.weight):  # a weight loaded or changed since
+        layer._init_int8()
+    return True
+
+
+def _stamp(weight: torch.Tensor) -> tuple:
+    return weight._version, weight.data_ptr()
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedInt8Linear:
@@ -58,6 +67,7 @@ class Int8ConvTranspose1d(nn.ConvTranspose1d):
         # (in, out, kernel) -> rows out * kernel of the columns' product, out-major as col2im
         # reads them
         self._columns = _linear(weight.reshape(weight.shape[0], -1).t(), None)
+        self._int8_stamp = _stamp(self.weight)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if not _runs_int8(self, x) or args or kwargs:
@@ -99,6 +109,7 @@ class Int8PointwiseConv1d(nn.Conv1d):
     def _init_int8(self) -> None:
         self._linear = _linear(self.weight.detach().float()[:, :, 0], self.bias.detach()
                                if self.bias is not None else None)
+        self._int8_stamp = _stamp(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _runs_int8(self, x):

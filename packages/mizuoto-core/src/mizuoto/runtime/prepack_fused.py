@@ -10,7 +10,9 @@ the kernels of :data:`~mizuoto.runtime.prepack.KERNELS` in turn, and the first w
 split, is ``torch.equal`` to each layer's ``F.linear`` on the input and on random probes runs
 that combination from then on; a combination none passes runs the layers one by one (each
 with its own proven kernel), as does anything else (gradients, another dtype, a weight
-changed in place or a layer replaced, e.g. by a LoRA, a prefill's long input).
+changed in place or a layer replaced, e.g. by a LoRA). A prefill's long input runs fused only
+through a kernel whose rows do not depend on their count (``bf16dot``: proven once, with
+longer rows than a step's, when its first step is proven), else layer by layer.
 
 Measured at VoxCPM-0.5B's shapes on an AMD EPYC with AVX512-BF16, torch 2.14.1
 (``benchmarks/cpu/fused_products.py``; paired ratios fused / separate, machine load 3-5):
