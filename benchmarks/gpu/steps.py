@@ -180,10 +180,16 @@ def bench_checks(name: str, case: BenchCase, report: dict, ctx: Context) -> list
                             and ratio <= 1.1, f"warm request time {ratio} x the base's"))
     if "autocast" in entries:  # F5's fast profile: float16 autocast on CUDA, as upstream
         compute = _first_run(entries["autocast"]).get("compute", {})
-        want = "bfloat16" if ctx.rehearse else "float16"
-        checks.append(Check(f"{name}: autocast marked ({want})",
-                            compute.get("fast") == "autocast" and compute.get("fast_dtype")
-                            == want, str(compute)))
+        if ctx.rehearse and compute.get("fast") == "int8":
+            # the rehearsal asks for fast=auto: int8 on a CPU that only emulates bfloat16
+            checks.append(Check(f"{name}: fast=auto marked (int8: this CPU emulates "
+                                "bfloat16; autocast is rehearsed where it has it natively)",
+                                (compute.get("fast_int8_linears") or 0) > 0, str(compute)))
+        else:
+            want = "bfloat16" if ctx.rehearse else "float16"
+            checks.append(Check(f"{name}: autocast marked ({want})",
+                                compute.get("fast") == "autocast" and compute.get("fast_dtype")
+                                == want, str(compute)))
     return checks
 
 
@@ -224,8 +230,11 @@ def bench_step(name: str, *cases: BenchCase) -> Callable:
 VOXCPM_DTYPE = {"cuda": "bfloat16", "cpu": "bfloat16"}
 F5_DTYPE = {"cuda": "float16", "cpu": "float32"}
 GRAPHS_AND_FAST = ("graphs:compute.cuda_graphs=true", "fast:compute.attention=fast")
-# the rehearsal CPU (AVX-512 bf16) runs F5's autocast profile in bfloat16
+# F5's autocast profile: float16 on the GPU; the rehearsal asks for fast=auto, which is
+# autocast in bfloat16 on a CPU with native bfloat16 (AVX512-BF16, AMX) and int8 on one that
+# emulates it (AVX2), where autocast itself is refused
 F5_AUTOCAST = ("autocast:engines.f5tts.fast=autocast",)
+F5_AUTOCAST_REHEARSAL = ("autocast:engines.f5tts.fast=auto",)
 
 
 # -- training: parity with upstream per step, memory levels ----------------------------------
@@ -413,7 +422,7 @@ STEPS = (
         "voxcpm tiny-2", BenchCase("voxcpm/tiny-2", VOXCPM_DTYPE, GRAPHS_AND_FAST))),
     Step("parity f5tts tiny-v1-base (fp16)", 60, 90, bench_step(
         "f5tts tiny-v1-base", BenchCase("f5tts/tiny-v1-base", F5_DTYPE, F5_AUTOCAST,
-                                        F5_AUTOCAST, requests=1))),
+                                        F5_AUTOCAST_REHEARSAL, requests=1))),
     Step("training parity (deterministic)", 150, 240, training_parity),
     Step("training memory levels", 60, 90, memory_levels),
     Step("real size voxcpm 0.5b (speed, parity)", 150, 120, bench_step(
