@@ -268,3 +268,14 @@ def test_a_fast_profile_stream_decodes_only_each_windows_newest_patch(dirs):
         (alone,) = decode_segments([tail], [patch])
         assert alone.shape == expected.shape
         torch.testing.assert_close(alone, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_an_int8_vae_is_refused_where_torch_lacks_the_packed_kernel(dirs, monkeypatch):
+    from mizuoto_voxcpm import fast as fast_module
+
+    monkeypatch.setattr(fast_module, "packed_int8_unavailable", lambda: "no fbgemm here")
+    with pytest.raises(InvalidOption, match="engines.voxcpm.fast_vae") as error:
+        VoxCPMEngine.load(dirs["float32"], options=mizuoto.Options.from_mapping(
+            {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "int8"}))
+    assert "no fbgemm here" in str(error.value) and "fast_vae=auto" in str(error.value)
+    assert fast_module.fast_vae("int8", "auto") == "float32"
