@@ -12,19 +12,24 @@ from tiny_lm import lm_config
 
 from mizuoto.runtime.packed_int8 import PackedInt8Linear, pack_int8_linears, packed_int8_unavailable
 from mizuoto_voxcpm.kv_cache import KVCache
-from mizuoto_voxcpm.minicpm4 import MiniCPM4, fold_query_heads, fuse_products
+from mizuoto_voxcpm.minicpm4 import (
+    MiniCPM4,
+    fold_query_heads,
+    fuse_elementwise,
+    fuse_products,
+)
 
 CONFIG = lm_config(64, 96, heads=8, kv_heads=2)
 
 
-def _run(model: MiniCPM4, rows: int = 3) -> list[torch.Tensor]:
-    """A prefill, single steps against one cache and batched steps against ``rows`` caches:
-    every output."""
+def _run(model: MiniCPM4, rows: int = 3, attention: str = "exact") -> list[torch.Tensor]:
+    """A prefill, single steps against one cache and batched steps against ``rows`` caches
+    (``attention``: theirs): every output."""
     generator = torch.Generator().manual_seed(1)
     embeds = torch.randn(1, 11, CONFIG.hidden_size, generator=generator)
     hidden, pairs = model(embeds)
     outs = [hidden, *(tensor for pair in pairs for tensor in pair)]
-    caches = [KVCache(CONFIG, 512) for _ in range(rows)]
+    caches = [KVCache(CONFIG, 512, attention=attention) for _ in range(rows)]
     for cache in caches:
         cache.fill(pairs)
     for _ in range(3):
@@ -63,3 +68,26 @@ def test_folded_query_heads_equal_grouped_query_attention_to_rounding():
     expected, got = _run(plain), _run(folded)
     for a, b in zip(expected, got, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mup", [True, False])
+@torch.inference_mode()
+def test_the_fast_profiles_step_equals_the_exact_arithmetic_to_rounding(mup):
+    """Folded heads over the filled positions only (unmasked, not copied), RMSNorm as one
+    call, RoPE on q and k together and the scaled residual add as one operation: every
+    prefill, step and batched-step output within rounding of the exact model's, scaled
+    residuals (muP) or not."""
+    config = lm_config(64, 96, heads=8, kv_heads=2, use_mup=mup)
+    torch.manual_seed(0)
+    plain = MiniCPM4(config)
+    fast = copy.deepcopy(plain)
+    fold_query_heads([fast])
+    assert fuse_elementwise([fast]) == config.num_hidden_layers
+    layer = fast.layers[0]
+    assert layer.fused_add and layer.self_attn.fused_rope and layer.input_layernorm.fused
+    assert fast.norm.fused and not plain.norm.fused and not plain.layers[0].fused_add
+    expected, got = _run(plain), _run(fast, attention="fast")
+    assert len(expected) == len(got)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(expected, got, strict=True))

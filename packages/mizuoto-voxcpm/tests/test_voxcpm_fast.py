@@ -125,7 +125,12 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
     from mizuoto.benchmarking.quality import snr_db
     from mizuoto.identity import model_identity
     from mizuoto.runtime.packed_int8 import KERNEL_NAME, PackedInt8Linear, packed_int8_unavailable
-    from mizuoto_voxcpm.fast import DYNAMIC_KERNEL, FOLDED_HEADS, FUSED_PRODUCTS
+    from mizuoto_voxcpm.fast import (
+        DYNAMIC_KERNEL,
+        FOLDED_HEADS,
+        FUSED_ELEMENTWISE,
+        FUSED_PRODUCTS,
+    )
 
     packed = packed_int8_unavailable() is None
     kernel = KERNEL_NAME if packed else DYNAMIC_KERNEL
@@ -140,6 +145,12 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
     attention = fast.model.base_lm.layers[0].self_attn
     assert attention.folded_heads and not exact.model.base_lm.layers[0].self_attn.folded_heads
     assert result.applied.compute["fast_attention"] == FOLDED_HEADS
+    # over the filled cache positions (the exact path's spans grow by 256, masked)
+    assert result.applied.compute["attention"] == "fast"
+    assert reference.applied.compute["attention"] == "exact"
+    assert result.applied.compute["fast_elementwise"] == FUSED_ELEMENTWISE
+    assert "fast_elementwise" not in reference.applied.compute
+    assert fast.model.base_lm.norm.fused and not exact.model.base_lm.norm.fused
     if kernel == KERNEL_NAME:
         assert any(isinstance(m, PackedInt8Linear) for m in fast.model.feat_decoder.modules())
         # q/k/v and gate/up one product each, in every component's decoder layers

@@ -7,7 +7,8 @@ from mizuoto_voxcpm.config import RopeScaling, TransformerConfig
 
 
 def lm_config(hidden_size: int, intermediate_size: int, *, heads: int, kv_heads: int,
-              layers: int = 2, max_positions: int = 4096) -> TransformerConfig:
+              layers: int = 2, max_positions: int = 4096, use_mup: bool = True
+              ) -> TransformerConfig:
     half_head = hidden_size // heads // 2
     return TransformerConfig(
         hidden_size=hidden_size, intermediate_size=intermediate_size, num_attention_heads=heads,
@@ -16,4 +17,4 @@ def lm_config(hidden_size: int, intermediate_size: int, *, heads: int, kv_heads:
         rope_scaling=RopeScaling("longrope", (1.0,) * half_head, (1.0,) * half_head,
                                  max_positions),
         max_position_embeddings=max_positions, vocab_size=0, scale_emb=12, scale_depth=1.4,
-        dim_model_base=256)
+        dim_model_base=256, use_mup=use_mup)

@@ -33,12 +33,17 @@ class RMSNorm(nn.Module):
     ``NativeRMSNorm`` bit for bit, bf16 and fp16 not: the low-precision cast comes before the
     weight here)."""
 
+    #: torch's one-call ``F.rms_norm`` instead of the six operations (:func:`fuse_elementwise`)
+    fused: bool = False
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return F.rms_norm(hidden, self.weight.shape, self.weight, self.eps)
         return rms_norm(hidden, self.weight, self.eps)
 
 
@@ -110,6 +115,19 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return q.to(dtype), k.to(dtype)
 
 
+def apply_rope_together(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` for float32 ``q`` and ``k`` as one tensor in four operations (a
+    fast profile's: the rotation by a roll and a sign-flipped ``sin``, equal to rounding; a
+    decode step's RoPE in 0.44 of the time on an AVX2 CPU)."""
+    heads, half = q.size(1), q.size(-1) // 2
+    both = torch.cat((q, k), dim=1)
+    signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    out = both * cos
+    out.addcmul_(both.roll(half, dims=-1), signed)
+    return out[:, :heads], out[:, heads:]
+
+
 #: Builds one product standing for several linear layers that read the same input: their
 #: outputs concatenated, split by its ``split_sizes`` (a fast profile's, e.g.
 #: :meth:`mizuoto.runtime.packed_int8.PackedInt8Linear.fused`)
@@ -124,6 +142,8 @@ class Attention(nn.Module):
     #: a decode step attends with each kv head's query heads as rows of one query
     #: (:meth:`fold_query_heads`), or with torch's grouped-query call
     folded_heads: bool = False
+    #: RoPE on q and k as one tensor (:func:`fuse_elementwise`)
+    fused_rope: bool = False
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -171,7 +191,8 @@ class Attention(nn.Module):
         v = v.view(batch, length, self.num_kv_heads, self.head_dim)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
-            q, k = apply_rope(q, k, *rope)
+            fused = self.fused_rope and q.dtype == torch.float32
+            q, k = (apply_rope_together if fused else apply_rope)(q, k, *rope)
         return q, k, v
 
     def forward(self, hidden: torch.Tensor, rope, causal: bool,
@@ -208,8 +229,10 @@ class Attention(nn.Module):
         key_cache, value_cache = cache
         key_cache.index_copy_(2, position, k)
         value_cache.index_copy_(2, position, v)
-        out = self._attend_step(q, key_cache[:, :, :span].contiguous(),
-                                value_cache[:, :, :span].contiguous(), mask)
+        keys, values = key_cache[:, :, :span], value_cache[:, :, :span]
+        if not self.folded_heads:  # torch's grouped-query call, upstream's bits: contiguous
+            keys, values = keys.contiguous(), values.contiguous()
+        out = self._attend_step(q, keys, values, mask)
         out = out.transpose(1, 2).contiguous().reshape(batch, -1)
         return self.o_proj(out)
 
@@ -296,10 +319,14 @@ class DecoderLayer(nn.Module):
         # muP residual scaling (a Python float, as upstream multiplies by it)
         self.residual_scale = (config.scale_depth / math.sqrt(config.num_hidden_layers)
                                if config.use_mup else None)
+        #: the scaled residual add as one ``torch.add(alpha=)`` (:func:`fuse_elementwise`)
+        self.fused_add = False
 
     def _add(self, residual: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         if self.residual_scale is None:
             return residual + update
+        if self.fused_add:
+            return torch.add(residual, update, alpha=self.residual_scale)
         return residual + update * self.residual_scale
 
     def forward(self, hidden: torch.Tensor, rope, causal: bool,
@@ -455,6 +482,25 @@ def fold_query_heads(roots: Iterable[nn.Module]) -> int:
     for attention in attentions:
         attention.fold_query_heads()
     return len(attentions)
+
+
+def fuse_elementwise(roots: Iterable[nn.Module]) -> int:
+    """A fast profile's elementwise arithmetic (equal to rounding, not bit for bit) in every
+    decoder layer under ``roots``: RMSNorm as torch's one call, RoPE on q and k together, the
+    scaled residual add as one operation. On a 2-core CPU a decode step's layer runs some 60
+    small operations besides its products, each a few microseconds; these cut about a fifth
+    of them. How many decoder layers."""
+    layers = 0
+    for root in roots:
+        for module in root.modules():
+            if isinstance(module, RMSNorm):
+                module.fused = True
+            elif isinstance(module, Attention):
+                module.fused_rope = True
+            elif isinstance(module, DecoderLayer):
+                module.fused_add = True
+                layers += 1
+    return layers
 
 
 def _filled_mask(cache: KVCache, span: int, position: torch.Tensor) -> torch.Tensor | None:
