@@ -91,3 +91,30 @@ def test_the_fast_profiles_step_equals_the_exact_arithmetic_to_rounding(mup):
     for a, b in zip(expected, got, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     assert any(not torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+@pytest.mark.parametrize("separate_condition", [False, True])
+@torch.inference_mode()
+def test_a_fast_dit_computes_the_patch_positions_only_in_its_last_layer(separate_condition):
+    """``patch_rows_only``: the last layer's queries, o_proj and MLP over the patch's
+    positions only (after every position's keys and values): the velocity within rounding of
+    the whole layer's, alone and as a batch of guided pairs; not causal only."""
+    from mizuoto_voxcpm.local_dit import LocalDiT
+
+    config = lm_config(64, 96, heads=8, kv_heads=2, layers=3)
+    torch.manual_seed(0)
+    whole = LocalDiT(config, 16, separate_condition=separate_condition)
+    trimmed = copy.deepcopy(whole)
+    trimmed.patch_rows_only = True
+    generator = torch.Generator().manual_seed(3)
+    for rows, pairs in ((2, False), (6, True)):
+        x = torch.randn(rows, 16, 4, generator=generator)
+        mu = torch.randn(rows, 64 * (2 if separate_condition else 1), generator=generator)
+        cond = torch.randn(rows, 16, 3, generator=generator)
+        t, dt = torch.rand(rows, generator=generator), torch.rand(rows, generator=generator)
+        expected = whole(x, mu, t, cond, dt, pairs=pairs)
+        got = trimmed(x, mu, t, cond, dt, pairs=pairs)
+        assert got.shape == expected.shape == x.shape
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="causal mask"):
+        trimmed.decoder(torch.randn(1, 5, 64), causal=True, last=2)

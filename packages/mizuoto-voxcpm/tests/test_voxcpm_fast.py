@@ -48,6 +48,9 @@ def test_profiles_quantize_what_they_say(dirs):
         assert result.applied.compute["fast"] == name
         assert torch.isfinite(result.audio.samples).all()
     assert not torch.equal(results["int8-lm"].audio.samples, results["off"].audio.samples)
+    # int8-lm leaves the DiT as the exact path's, and says so
+    assert not lm_only.model.feat_decoder.estimator.patch_rows_only
+    assert results["int8-lm"].applied.compute["fast_dit"] == "as exact"
 
 
 @pytest.mark.parametrize("profile", ["int8", "int8-lm"])
@@ -130,6 +133,7 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
         FOLDED_HEADS,
         FUSED_ELEMENTWISE,
         FUSED_PRODUCTS,
+        PATCH_ROWS_ONLY,
     )
 
     packed = packed_int8_unavailable() is None
@@ -151,6 +155,9 @@ def test_the_int8_profile_runs_the_packed_kernel_where_torch_has_it_near_the_exa
     assert result.applied.compute["fast_elementwise"] == FUSED_ELEMENTWISE
     assert "fast_elementwise" not in reference.applied.compute
     assert fast.model.base_lm.norm.fused and not exact.model.base_lm.norm.fused
+    assert result.applied.compute["fast_dit"] == PATCH_ROWS_ONLY
+    assert fast.model.feat_decoder.estimator.patch_rows_only
+    assert not exact.model.feat_decoder.estimator.patch_rows_only
     if kernel == KERNEL_NAME:
         assert any(isinstance(m, PackedInt8Linear) for m in fast.model.feat_decoder.modules())
         # q/k/v and gate/up one product each, in every component's decoder layers

@@ -14,7 +14,8 @@ with each kv head's query heads as the rows of one query instead of torch's grou
 over the cache's filled positions only (``["fast_attention"]``: equal to rounding, several
 times faster), and the decoder layers' norms, RoPE and residual adds run as fewer operations
 (``["fast_elementwise"]``: equal to rounding; VoxCPM-0.5B's LM steps 0.92 of the time on an
-AVX2 CPU). CPU and
+AVX2 CPU); ``int8``'s local DiT computes its last layer for the patch's positions only
+(``["fast_dit"]``: the velocity reads no other). CPU and
 float32 only: that is where torch has the kernels (``engines.voxcpm.dtype=auto`` loads float32
 for a profile; an explicit other dtype is refused here). Each result's
 ``applied.compute["fast"]`` names the profile that ran and ``["fast_kernel"]`` its int8
@@ -48,6 +49,7 @@ from mizuoto.runtime.packed_int8 import (
     packed_int8_unavailable,
 )
 from mizuoto.runtime.packed_int8_conv import pack_int8_convolutions
+from mizuoto_voxcpm.local_dit import LocalDiT
 from mizuoto_voxcpm.minicpm4 import fold_query_heads, fuse_elementwise, fuse_products
 
 _LM_GROUPS = ("base_lm", "residual_lm")
@@ -126,6 +128,9 @@ FOLDED_HEADS = "query heads folded per kv head, over the filled positions"
 #: ``applied.compute["fast_elementwise"]``: the decoder layers' elementwise arithmetic fused
 #: (:func:`mizuoto_voxcpm.minicpm4.fuse_elementwise`)
 FUSED_ELEMENTWISE = "RMSNorm, RoPE and residual adds fused"
+#: ``applied.compute["fast_dit"]``: the local DiT's last layer computes the patch's positions
+#: only (:attr:`mizuoto_voxcpm.local_dit.LocalDiT.patch_rows_only`)
+PATCH_ROWS_ONLY = "last layer over the patch's positions only"
 
 
 def fast_settings(profile: str, kernel: str = "auto",
@@ -140,6 +145,7 @@ def fast_settings(profile: str, kernel: str = "auto",
             "fast_products": FUSED_PRODUCTS if name == KERNEL_NAME else "separate",
             "fast_attention": FOLDED_HEADS,
             "fast_elementwise": FUSED_ELEMENTWISE,
+            "fast_dit": PATCH_ROWS_ONLY if profile == "int8" else "as exact",
             "fast_vae": fast_vae(profile, vae)}
 
 
@@ -159,6 +165,9 @@ def apply_fast(groups: dict[str, list[nn.Module]], profile: str,
         quantize_linears(roots)  # per-tensor weights: fusing would change them, so none is
     fold_query_heads(roots)
     fuse_elementwise(roots)
+    for module in roots:
+        if isinstance(module, LocalDiT):
+            module.patch_rows_only = True
     return names
 
 

@@ -196,12 +196,18 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, hidden: torch.Tensor, rope, causal: bool,
-                segments: tuple[int, ...] | None = None
+                segments: tuple[int, ...] | None = None, last: int | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """``segments``: the lengths of the sequences packed along ``hidden``'s positions
-        (each attends within itself only), or None for one sequence."""
+        (each attends within itself only), or None for one sequence. ``last``: only the last
+        ``last`` positions' outputs (queries), against every position's keys and values (no
+        segments, not causal)."""
         batch, length, _ = hidden.shape
         q, k, v = self._project(hidden, length, rope)
+        if last is not None:
+            if causal or segments is not None:
+                raise ValueError("last applies without segments or a causal mask")
+            q, length = q[:, :, length - last:], last
         if segments is None:
             out = F.scaled_dot_product_attention(q.contiguous(), k.contiguous(),
                                                  v.contiguous(), is_causal=causal,
@@ -330,8 +336,10 @@ class DecoderLayer(nn.Module):
         return residual + update * self.residual_scale
 
     def forward(self, hidden: torch.Tensor, rope, causal: bool,
-                segments: tuple[int, ...] | None = None):
-        update, kv = self.self_attn(self.input_layernorm(hidden), rope, causal, segments)
+                segments: tuple[int, ...] | None = None, last: int | None = None):
+        update, kv = self.self_attn(self.input_layernorm(hidden), rope, causal, segments, last)
+        if last is not None:
+            hidden = hidden[:, hidden.size(1) - last:]
         hidden = self._add(hidden, update)
         hidden = self._add(hidden, self.mlp(self.post_attention_layernorm(hidden)))
         return hidden, kv
@@ -367,9 +375,14 @@ class MiniCPM4(nn.Module):
         self.rope_emb = None if config.no_rope else LongRoPE(config)
 
     def forward(self, embeds: torch.Tensor, *, causal: bool = True,
-                segments: tuple[int, ...] | None = None
+                segments: tuple[int, ...] | None = None, last: int | None = None
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Run a whole sequence; return the normed hidden states and each layer's keys/values.
+
+        ``last`` (not causal, no segments): only the last ``last`` positions' hidden states
+        are returned, and the last layer computes only theirs after its keys and values (its
+        attention output, o_proj and MLP over those rows: a fast profile's DiT, whose
+        velocity reads the patch's positions only).
 
         ``segments``: several sequences packed one after another along the positions, of
         these lengths: each has its own positions from 0 and attends within itself only, so
@@ -382,8 +395,10 @@ class MiniCPM4(nn.Module):
             rope = self.rope_emb(positions)
         hidden = embeds
         pairs = []
-        for layer in self.layers:
-            hidden, kv = layer(hidden, rope, causal, segments)
+        final = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            hidden, kv = layer(hidden, rope, causal, segments,
+                               last if index == final else None)
             pairs.append(kv)
         return self.norm(hidden), pairs
 
