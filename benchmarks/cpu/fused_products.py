@@ -175,7 +175,8 @@ def _lm_steps(model_dir: str, repeats: int) -> None:
     from mizuoto.runtime.packed_int8 import pack_int8_linears
     from mizuoto_voxcpm.config import VoxCPMConfig
     from mizuoto_voxcpm.kv_cache import KVCache
-    from mizuoto_voxcpm.minicpm4 import MiniCPM4, fold_query_heads, fuse_products
+    from mizuoto_voxcpm.layer_fusion import fold_query_heads, fuse_products
+    from mizuoto_voxcpm.minicpm4 import MiniCPM4
 
     config = VoxCPMConfig.from_model_dir(model_dir).lm
     base = MiniCPM4(config)

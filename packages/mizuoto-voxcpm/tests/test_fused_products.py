@@ -12,12 +12,8 @@ from tiny_lm import lm_config
 
 from mizuoto.runtime.packed_int8 import PackedInt8Linear, pack_int8_linears, packed_int8_unavailable
 from mizuoto_voxcpm.kv_cache import KVCache
-from mizuoto_voxcpm.minicpm4 import (
-    MiniCPM4,
-    fold_query_heads,
-    fuse_elementwise,
-    fuse_products,
-)
+from mizuoto_voxcpm.layer_fusion import fold_query_heads, fuse_elementwise, fuse_products
+from mizuoto_voxcpm.minicpm4 import MiniCPM4
 
 CONFIG = lm_config(64, 96, heads=8, kv_heads=2)
 

@@ -62,9 +62,9 @@ from mizuoto_voxcpm.generation import (
     build_sequence,
     patch_cap,
 )
+from mizuoto_voxcpm.layer_fusion import fuse_prepacked
 from mizuoto_voxcpm.long_text import pack_chunks
 from mizuoto_voxcpm.lora import LORA_TARGETS, read_adapter
-from mizuoto_voxcpm.minicpm4 import fuse_prepacked
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
 from mizuoto_voxcpm.patch_decoder import rehearse_patch
 from mizuoto_voxcpm.patch_graphs import PatchGraphs

@@ -49,8 +49,8 @@ from mizuoto.runtime.packed_int8 import (
     packed_int8_unavailable,
 )
 from mizuoto.runtime.packed_int8_conv import pack_int8_convolutions
+from mizuoto_voxcpm.layer_fusion import fold_query_heads, fuse_elementwise, fuse_products
 from mizuoto_voxcpm.local_dit import LocalDiT
-from mizuoto_voxcpm.minicpm4 import fold_query_heads, fuse_elementwise, fuse_products
 
 _LM_GROUPS = ("base_lm", "residual_lm")
 
@@ -126,7 +126,7 @@ FUSED_PRODUCTS = "q/k/v and gate/up fused"
 #: ``applied.compute["fast_attention"]``: a decode step's grouped-query attention as rows
 FOLDED_HEADS = "query heads folded per kv head, over the filled positions"
 #: ``applied.compute["fast_elementwise"]``: the decoder layers' elementwise arithmetic fused
-#: (:func:`mizuoto_voxcpm.minicpm4.fuse_elementwise`)
+#: (:func:`mizuoto_voxcpm.layer_fusion.fuse_elementwise`)
 FUSED_ELEMENTWISE = "RMSNorm, RoPE and residual adds fused"
 #: ``applied.compute["fast_dit"]``: the local DiT's last layer computes the patch's positions
 #: only (:attr:`mizuoto_voxcpm.local_dit.LocalDiT.patch_rows_only`)

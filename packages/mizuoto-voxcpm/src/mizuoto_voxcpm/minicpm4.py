@@ -8,7 +8,7 @@ casts decides bf16 bits); state-dict names match it so checkpoints load strictly
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ class RMSNorm(nn.Module):
     ``NativeRMSNorm`` bit for bit, bf16 and fp16 not: the low-precision cast comes before the
     weight here)."""
 
-    #: torch's one-call ``F.rms_norm`` instead of the six operations (:func:`fuse_elementwise`)
+    #: torch's one-call ``F.rms_norm`` instead of the six operations (:func:`mizuoto_voxcpm.layer_fusion.fuse_elementwise`)
     fused: bool = False
 
     def __init__(self, size: int, eps: float) -> None:
@@ -142,7 +142,7 @@ class Attention(nn.Module):
     #: a decode step attends with each kv head's query heads as rows of one query
     #: (:meth:`fold_query_heads`), or with torch's grouped-query call
     folded_heads: bool = False
-    #: RoPE on q and k as one tensor (:func:`fuse_elementwise`)
+    #: RoPE on q and k as one tensor (:func:`mizuoto_voxcpm.layer_fusion.fuse_elementwise`)
     fused_rope: bool = False
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -325,7 +325,7 @@ class DecoderLayer(nn.Module):
         # muP residual scaling (a Python float, as upstream multiplies by it)
         self.residual_scale = (config.scale_depth / math.sqrt(config.num_hidden_layers)
                                if config.use_mup else None)
-        #: the scaled residual add as one ``torch.add(alpha=)`` (:func:`fuse_elementwise`)
+        #: the scaled residual add as one ``torch.add(alpha=)`` (:func:`mizuoto_voxcpm.layer_fusion.fuse_elementwise`)
         self.fused_add = False
 
     def _add(self, residual: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
@@ -464,58 +464,6 @@ class MiniCPM4(nn.Module):
         for cache in caches:
             cache.position.add_(1)
         return self.norm(hidden)
-
-
-def fuse_products(roots: Iterable[nn.Module], fuse: FuseProducts) -> int:
-    """Fuse q/k/v and gate/up in every decoder layer under ``roots`` with ``fuse``
-    (:meth:`Attention.fuse_products`); how many products were made."""
-    count = 0
-    for root in roots:
-        for module in list(root.modules()):
-            if isinstance(module, Attention | MLP):
-                module.fuse_products(fuse)
-                count += 1
-    return count
-
-
-def fuse_prepacked(roots: Iterable[nn.Module], fuse: FusePrepacked) -> int:
-    """:meth:`Attention.fuse_prepacked` and :meth:`MLP.fuse_prepacked` in every decoder layer
-    under ``roots``; how many fused products ``fuse`` made."""
-    count = 0
-    for root in roots:
-        for module in list(root.modules()):
-            if isinstance(module, Attention | MLP):
-                module.fuse_prepacked(fuse)
-                count += (module.qkv_fused if isinstance(module, Attention)
-                          else module.gate_up_fused) is not None
-    return count
-
-
-def fold_query_heads(roots: Iterable[nn.Module]) -> int:
-    """:meth:`Attention.fold_query_heads` for every attention under ``roots``; how many."""
-    attentions = [m for root in roots for m in root.modules() if isinstance(m, Attention)]
-    for attention in attentions:
-        attention.fold_query_heads()
-    return len(attentions)
-
-
-def fuse_elementwise(roots: Iterable[nn.Module]) -> int:
-    """A fast profile's elementwise arithmetic (equal to rounding, not bit for bit) in every
-    decoder layer under ``roots``: RMSNorm as torch's one call, RoPE on q and k together, the
-    scaled residual add as one operation. On a 2-core CPU a decode step's layer runs some 60
-    small operations besides its products, each a few microseconds; these cut about a fifth
-    of them. How many decoder layers."""
-    layers = 0
-    for root in roots:
-        for module in root.modules():
-            if isinstance(module, RMSNorm):
-                module.fused = True
-            elif isinstance(module, Attention):
-                module.fused_rope = True
-            elif isinstance(module, DecoderLayer):
-                module.fused_add = True
-                layers += 1
-    return layers
 
 
 def _filled_mask(cache: KVCache, span: int, position: torch.Tensor) -> torch.Tensor | None:
