@@ -82,6 +82,7 @@ def test_the_fast_profiles_step_equals_the_exact_arithmetic_to_rounding(mup):
     layer = fast.layers[0]
     assert layer.fused_add and layer.self_attn.fused_rope and layer.input_layernorm.fused
     assert fast.norm.fused and not plain.norm.fused and not plain.layers[0].fused_add
+    assert fast.rope_emb.sign_flipped and not plain.rope_emb.sign_flipped
     expected, got = _run(plain), _run(fast, attention="fast")
     assert len(expected) == len(got)
     for a, b in zip(expected, got, strict=True):

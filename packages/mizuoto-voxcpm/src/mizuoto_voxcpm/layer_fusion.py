@@ -15,6 +15,7 @@ from mizuoto_voxcpm.minicpm4 import (
     DecoderLayer,
     FusePrepacked,
     FuseProducts,
+    LongRoPE,
     RMSNorm,
 )
 
@@ -63,6 +64,8 @@ def fuse_elementwise(roots: Iterable[nn.Module]) -> int:
         for module in root.modules():
             if isinstance(module, RMSNorm):
                 module.fused = True
+            elif isinstance(module, LongRoPE):
+                module.sign_flipped = True  # once per forward or step, not per layer
             elif isinstance(module, Attention):
                 module.fused_rope = True
             elif isinstance(module, DecoderLayer):

@@ -94,10 +94,17 @@ class LongRoPE(nn.Module):
                                self._tables(self.inv_freq.device), strict=True):
             setattr(self, name, table.to(dtype))
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    #: also return the rows' sign-flipped sin (:func:`sign_flipped_sin`), once per forward or
+    #: step for every layer (a fast profile's: :func:`apply_rope_together` reads it)
+    sign_flipped: bool = False
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # index_select, not advanced indexing: the same rows, and capturable in a CUDA graph
-        return self.cos_cached.index_select(0, positions), \
-            self.sin_cached.index_select(0, positions)
+        cos = self.cos_cached.index_select(0, positions)
+        sin = self.sin_cached.index_select(0, positions)
+        if self.sign_flipped:
+            return cos, sin, sign_flipped_sin(sin)
+        return cos, sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -115,16 +122,21 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return q.to(dtype), k.to(dtype)
 
 
-def apply_rope_together(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def sign_flipped_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated: rotating half by a roll then needs no negation."""
+    half = sin.size(-1) // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rope_together(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                        signed_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope` for float32 ``q`` and ``k`` as one tensor in four operations (a
-    fast profile's: the rotation by a roll and a sign-flipped ``sin``, equal to rounding; a
+    fast profile's: the rotation by a roll and :func:`sign_flipped_sin`, equal to rounding; a
     decode step's RoPE in 0.44 of the time on an AVX2 CPU)."""
     heads, half = q.size(1), q.size(-1) // 2
     both = torch.cat((q, k), dim=1)
-    signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
     out = both * cos
-    out.addcmul_(both.roll(half, dims=-1), signed)
+    out.addcmul_(both.roll(half, dims=-1), signed_sin)
     return out[:, :heads], out[:, heads:]
 
 
@@ -191,8 +203,11 @@ class Attention(nn.Module):
         v = v.view(batch, length, self.num_kv_heads, self.head_dim)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
-            fused = self.fused_rope and q.dtype == torch.float32
-            q, k = (apply_rope_together if fused else apply_rope)(q, k, *rope)
+            if self.fused_rope and q.dtype == torch.float32:
+                signed = rope[2] if len(rope) > 2 else sign_flipped_sin(rope[1])
+                q, k = apply_rope_together(q, k, rope[0], signed)
+            else:
+                q, k = apply_rope(q, k, rope[0], rope[1])
         return q, k, v
 
     def forward(self, hidden: torch.Tensor, rope, causal: bool,
@@ -434,8 +449,7 @@ class MiniCPM4(nn.Module):
         positions = torch.cat([cache.position for cache in caches])
         rope = None
         if self.rope_emb is not None:
-            cos, sin = self.rope_emb(positions)
-            rope = (cos[:, None, None, :], sin[:, None, None, :])
+            rope = tuple(table[:, None, None, :] for table in self.rope_emb(positions))
         together = all(cache.attention == "exact" for cache in caches)
         if together:
             span = max(spans)
