@@ -12,7 +12,12 @@ from tiny_lm import lm_config
 
 from mizuoto.runtime.packed_int8 import PackedInt8Linear, pack_int8_linears, packed_int8_unavailable
 from mizuoto_voxcpm.kv_cache import KVCache
-from mizuoto_voxcpm.layer_fusion import fold_query_heads, fuse_elementwise, fuse_products
+from mizuoto_voxcpm.layer_fusion import (
+    fold_query_heads,
+    fuse_elementwise,
+    fuse_products,
+    patch_rows_only,
+)
 from mizuoto_voxcpm.minicpm4 import MiniCPM4
 
 CONFIG = lm_config(64, 96, heads=8, kv_heads=2)
@@ -102,7 +107,8 @@ def test_a_fast_dit_computes_the_patch_positions_only_in_its_last_layer(separate
     torch.manual_seed(0)
     whole = LocalDiT(config, 16, separate_condition=separate_condition)
     trimmed = copy.deepcopy(whole)
-    trimmed.patch_rows_only = True
+    assert patch_rows_only([trimmed]) == 1
+    assert trimmed.patch_rows_only and not whole.patch_rows_only
     generator = torch.Generator().manual_seed(3)
     for rows, pairs in ((2, False), (6, True)):
         x = torch.randn(rows, 16, 4, generator=generator)

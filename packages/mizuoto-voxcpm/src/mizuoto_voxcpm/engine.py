@@ -54,7 +54,13 @@ from mizuoto_voxcpm.audiovae import audio_vae_config_from_model_config, load_aud
 from mizuoto_voxcpm.cache_pool import CachePool
 from mizuoto_voxcpm.config import ConfigError, VoxCPMConfig, read_config_json, torch_dtype
 from mizuoto_voxcpm.decoding import can_decode_tails, rehearse_stream_decode
-from mizuoto_voxcpm.fast import apply_fast, apply_fast_vae, check_fast, fast_settings
+from mizuoto_voxcpm.fast import (
+    apply_fast,
+    apply_fast_vae,
+    cache_attention,
+    check_fast,
+    fast_settings,
+)
 from mizuoto_voxcpm.generation import (
     PromptCache,
     PromptSequence,
@@ -233,10 +239,7 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
                    engine_options.int8_kernel, engine_options.fast_vae)
         report(progress, "load", 0, 3, "language model")
         _check_gpu_options(options.compute, device)
-        # a fast profile attends over the filled cache positions only, unmasked (equal to
-        # rounding; the exact path's spans grow in steps of 256 and mask the rest, for
-        # upstream's bits): a step's attention in 0.3 of the time (AVX2, 2 threads)
-        attention = "fast" if engine_options.fast != "off" else options.compute.attention
+        attention = cache_attention(engine_options.fast, options.compute.attention)
         model = load_model(model_dir, config, dtype=placement.dtype, device=device,
                            attention=attention)
         if options.compute.cuda_graphs:

@@ -1,6 +1,7 @@
 """In-place rewrites of the MiniCPM-4 decoder layers under some root modules: fused
-products (a fast profile's int8 ones, or the exact path's packed ones where proven), folded
-query heads and fused elementwise arithmetic (a fast profile's). Each returns how many it
+products (a fast profile's int8 ones, or the exact path's packed ones where proven), and a
+fast profile's arithmetic (:func:`fast_arithmetic`: folded query heads, fused elementwise
+operations, the local DiT's last layer over the patch's rows). Each returns how many it
 rewrote."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from mizuoto_voxcpm.local_dit import LocalDiT
 from mizuoto_voxcpm.minicpm4 import (
     MLP,
     Attention,
@@ -72,3 +74,22 @@ def fuse_elementwise(roots: Iterable[nn.Module]) -> int:
                 module.fused_add = True
                 layers += 1
     return layers
+
+
+def patch_rows_only(roots: Iterable[nn.Module]) -> int:
+    """:attr:`LocalDiT.patch_rows_only` for every local DiT under ``roots``; how many."""
+    dits = [m for root in roots for m in root.modules() if isinstance(m, LocalDiT)]
+    for dit in dits:
+        dit.patch_rows_only = True
+    return len(dits)
+
+
+def fast_arithmetic(roots: Iterable[nn.Module]) -> None:
+    """A fast profile's arithmetic, one decision for the modules under ``roots`` (equal to
+    rounding, not bit for bit): :func:`fold_query_heads`, :func:`fuse_elementwise` and
+    :func:`patch_rows_only`. Its caches' ``attention="fast"`` (a step over the filled
+    positions only) is the same decision, taken where the engine makes its caches."""
+    roots = list(roots)
+    fold_query_heads(roots)
+    fuse_elementwise(roots)
+    patch_rows_only(roots)
