@@ -51,6 +51,40 @@ def test_profiles_quantize_what_they_say(dirs):
     # int8-lm leaves the DiT as the exact path's, and says so
     assert not lm_only.model.feat_decoder.estimator.patch_rows_only
     assert results["int8-lm"].applied.compute["fast_dit"] == "as exact"
+    assert results["int8-lm"].applied.compute["fast_dit_trace"] == "as exact"
+    assert lm_only.model.feat_decoder.estimator.shape_traces is None
+    assert "fast_dit_trace" not in results["off"].applied.compute
+
+
+def test_the_int8_profiles_dit_replays_a_proven_trace_per_shape_with_the_same_bits(dirs):
+    """A single stream's guided evaluation is traced and proven while loading (said in
+    applied.compute); a batch's pairs get their own trace on first use; the audio is the
+    eager DiT's, bit for bit."""
+    from mizuoto_voxcpm.fast import TRACED_DIT
+
+    engine = _load(dirs["float32"], "int8")
+    estimator = engine.model.feat_decoder.estimator
+    single, pairs = estimator.shape_traces[False], estimator.shape_traces[True]
+    assert single.traced == 1 and single.eager_shapes == {}
+    traced = _say(engine)
+    assert traced.applied.compute["fast_dit_trace"] == TRACED_DIT
+    generator = torch.Generator().manual_seed(5)
+    channels, patch = estimator.in_proj.in_features, engine.model.config.patch_size
+    mu_width = estimator.cond_proj.out_features * (
+        engine.model.config.patch_size if estimator.separate_condition else 1)
+    for rows in (2, 6):  # a guided pair; three sequences' pairs (a batch)
+        x = torch.randn(rows, channels, patch, generator=generator)
+        mu = torch.randn(rows, mu_width, generator=generator)
+        cond = torch.randn(rows, channels, patch, generator=generator)
+        t, dt = torch.rand(rows, generator=generator), torch.zeros(rows)
+        batched = rows > 2
+        with torch.inference_mode():
+            expected = estimator.evaluate(x, mu, t, cond, dt, pairs=batched)
+            assert torch.equal(estimator(x, mu, t, cond, dt, pairs=batched), expected)
+            assert torch.equal(estimator(x, mu, t, cond, dt, pairs=batched), expected)
+    assert pairs.traced == 1 and single.traced == 2, (pairs.eager_shapes, single.traced)
+    estimator.shape_traces = None  # eager: the same audio
+    assert torch.equal(_say(engine).audio.samples, traced.audio.samples)
 
 
 @pytest.mark.parametrize("profile", ["int8", "int8-lm"])

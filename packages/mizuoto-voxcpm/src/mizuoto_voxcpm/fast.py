@@ -174,6 +174,34 @@ def cache_attention(profile: str, requested: str) -> str:
     return "fast" if profile != "off" else requested
 
 
+#: ``applied.compute["fast_dit_trace"]`` where a single stream's DiT evaluation replays a
+#: proven trace (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_by_shape`)
+TRACED_DIT = "traced per input shape (TorchScript), each proven equal to eager"
+
+
+def trace_fast_dit(model, profile: str, *, compiled: bool) -> dict[str, str]:
+    """Under ``int8``, replay the local DiT's evaluations as proven traces per input shape
+    and prove a single stream's shape now (one patch decoded while loading, in the model's
+    own cache slot); what ``applied.compute["fast_dit_trace"]`` says (nothing for ``off``).
+    ``compiled`` (``compute.compile``): the compiler owns the DiT, which stays untraced."""
+    from mizuoto_voxcpm.patch_decoder import rehearse_patch
+
+    if profile == "off":
+        return {}
+    if profile != "int8":
+        return {"fast_dit_trace": "as exact"}
+    if compiled:
+        return {"fast_dit_trace": "eager: compute.compile owns the DiT"}
+    estimator = model.feat_decoder.estimator
+    estimator.trace_by_shape()
+    with torch.inference_mode():
+        rehearse_patch(model)
+    single = estimator.shape_traces[False]
+    if single.traced:
+        return {"fast_dit_trace": TRACED_DIT}
+    return {"fast_dit_trace": "eager: " + "; ".join(sorted(set(single.eager_shapes.values())))}
+
+
 def apply_fast_vae(vae: nn.Module, profile: str, setting: str = "auto") -> torch.dtype:
     """Cast the VAE's decoder to :func:`fast_vae_dtype` in place (the decoding casts its
     latents to the decoder's dtype and its audio back to float32), or for ``int8`` make its

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mizuoto.runtime.shape_traces import ShapeTraces
 from mizuoto_voxcpm.config import TransformerConfig
 from mizuoto_voxcpm.minicpm4 import MiniCPM4
 
@@ -55,9 +56,28 @@ class LocalDiT(nn.Module):
         #: the last decoder layer computes the patch's positions only, after every position's
         #: keys and values (a fast profile's: the velocity reads no other; equal to rounding)
         self.patch_rows_only = False
+        #: per ``pairs``, the evaluations replayed as a proven trace per input shape (a fast
+        #: profile's: :meth:`trace_by_shape`), else None: eager
+        self.shape_traces: dict[bool, ShapeTraces] | None = None
+
+    def trace_by_shape(self) -> None:
+        """Run each input shape's inference evaluation as a TorchScript trace proven equal to
+        the eager one (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a 0.5B evaluation
+        in 0.76 of its eager time on two AVX2 cores, the same bits). The weights are read
+        where they live: set it after any rewrite of the layers."""
+        self.shape_traces = {pairs: ShapeTraces(_Evaluation(self, pairs),
+                                                name=f"local DiT (pairs={pairs})")
+                             for pairs in (False, True)}
 
     def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
                 dt: torch.Tensor, *, pairs: bool = False) -> torch.Tensor:
+        """:meth:`evaluate`, through :attr:`shape_traces` where they are set."""
+        if self.shape_traces is not None:
+            return self.shape_traces[pairs](x, mu, t, cond, dt)
+        return self.evaluate(x, mu, t, cond, dt, pairs=pairs)
+
+    def evaluate(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
+                 dt: torch.Tensor, *, pairs: bool = False) -> torch.Tensor:
         """``x``: ``(n, c, patch)``, ``mu``: ``(n, h·k)``, ``t``/``dt``: ``(n,)``,
         ``cond``: ``(n, c, prefix)`` -> velocity ``(n, c, patch)``.
 
@@ -90,3 +110,17 @@ class LocalDiT(nn.Module):
         else:
             out = self.out_proj(hidden[:, skip:, :])
         return out.transpose(1, 2).contiguous()
+
+
+class _Evaluation(nn.Module):
+    """:meth:`LocalDiT.evaluate` with ``pairs`` fixed, as a module of tensors only (what the
+    tracer takes). Not registered under the DiT: its modules stay the DiT's."""
+
+    def __init__(self, dit: LocalDiT, pairs: bool) -> None:
+        super().__init__()
+        self.dit = dit
+        self.pairs = pairs
+
+    def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
+                dt: torch.Tensor) -> torch.Tensor:
+        return self.dit.evaluate(x, mu, t, cond, dt, pairs=self.pairs)

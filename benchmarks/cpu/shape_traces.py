@@ -1,0 +1,94 @@
+"""A fast profile's VoxCPM local DiT evaluation replayed as a proven TorchScript trace
+(:class:`mizuoto.runtime.shape_traces.ShapeTraces`) against the same evaluation run eagerly,
+and whole streams with the trace against without it.
+
+    mizuoto random-model voxcpm/realsize-0.5b DIR     # once: random weights of the real size
+    python benchmarks/cpu/shape_traces.py DIR --threads 2
+    python benchmarks/cpu/shape_traces.py DIR --threads 2 --streams 8
+
+Paired, in one process: each repeat times the eager and the traced evaluation in turn
+(alternating which goes first) on the inputs of a single stream's guided evaluation, and the
+figure is the median of the per-repeat ratio traced / eager (below 1: the trace is faster).
+``--streams N`` then times N pairs of 20-patch streams of the ``int8`` profile, the DiT traced
+and eager in turn, and checks that both give the same audio. Not a test: the figures depend on
+the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import mizuoto
+from mizuoto import ComputeOptions, Options, SynthesisRequest
+
+
+def _ratio(eager: list[float], traced: list[float]) -> str:
+    ratios = [t / e for e, t in zip(eager, traced, strict=True)]
+    quartiles = statistics.quantiles(ratios) if len(ratios) > 1 else [ratios[0]] * 3
+    return (f"eager {statistics.median(eager) * 1000:.2f} ms, traced "
+            f"{statistics.median(traced) * 1000:.2f} ms, ratio {statistics.median(ratios):.3f} "
+            f"(quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a VoxCPM model directory")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--streams", type=int, default=0, help="pairs of 20-patch streams")
+    args = parser.parse_args()
+    engine = mizuoto.load(args.model, options=Options(
+        compute=ComputeOptions(device="cpu", cpu_threads=args.threads),
+        engines={"voxcpm": {"fast": "int8"}}))
+    estimator = engine.model.feat_decoder.estimator
+    traces = estimator.shape_traces
+    if traces is None:
+        raise SystemExit("this engine's DiT is not traced (applied.compute['fast_dit_trace'])")
+    calls = []
+    evaluate = estimator.evaluate
+
+    def capture(*inputs, **kwargs):
+        calls.append(inputs)
+        return evaluate(*inputs, **kwargs)
+
+    estimator.evaluate = capture  # the eager call under the trace's first proof
+    estimator.shape_traces = None
+    engine.synthesize(SynthesisRequest("Hello there.", seed=0,
+                                       params={"max_len": 2, "retry_badcase": False}))
+    del estimator.evaluate
+    inputs = calls[-1]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with torch.inference_mode():
+        for repeat in range(args.repeats):
+            for traced in ((False, True) if repeat % 2 else (True, False)):
+                estimator.shape_traces = traces if traced else None
+                start = time.perf_counter()
+                for _ in range(5):
+                    estimator(*inputs)
+                times[traced].append((time.perf_counter() - start) / 5)
+    print(f"one guided DiT evaluation {tuple(inputs[0].shape)}, {args.threads} threads: "
+          + _ratio(times[False], times[True]))
+    if not args.streams:
+        return
+    request = SynthesisRequest("The quick brown fox jumps over the lazy dog near the river.",
+                               seed=1, params={"max_len": 20, "retry_badcase": False})
+    streams: dict[bool, list[float]] = {False: [], True: []}
+    audio = {}
+    for repeat in range(args.streams):
+        for traced in ((False, True) if repeat % 2 else (True, False)):
+            estimator.shape_traces = traces if traced else None
+            start = time.perf_counter()
+            chunks = [chunk.audio.samples for chunk in engine.stream(request)]
+            streams[traced].append(time.perf_counter() - start)
+            audio[traced] = torch.cat([c.reshape(-1) for c in chunks])
+    print(f"20-patch int8 streams, {args.streams} pairs: " + _ratio(streams[False],
+                                                                     streams[True]))
+    print("same audio:", torch.equal(audio[False], audio[True]))
+
+
+if __name__ == "__main__":
+    main()

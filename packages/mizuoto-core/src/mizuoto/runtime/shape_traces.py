@@ -1,0 +1,115 @@
+"""A module's inference calls replayed as TorchScript traces, one per input shape.
+
+A trace runs the same aten operations in the same order as the eager call, without the Python
+between them (module calls, attribute lookups, flags). That pays where an evaluation is many
+small operations around a few products at a fixed shape: a fast profile's VoxCPM local DiT
+evaluation (10 rows, some 500 operations) runs in 0.76 of its eager time on two AVX2 cores,
+bit for bit (``benchmarks/cpu/shape_traces.py``).
+
+Each shape is traced on its first call and proven there: the trace's output must equal the
+eager call's (``torch.equal``), or that shape stays eager, with the reason logged and kept in
+:attr:`ShapeTraces.eager_shapes`. Where the tracer warns that a tensor became a Python
+constant (a branch on a size, which the shape key makes safe, or on data, which it does
+not), the trace must also equal the eager call on other values of that shape. That check is
+a sample, not a proof: a module qualifies whose operations depend on its inputs' shapes,
+dtypes and devices only, not their values. Calls run eager, untraced, where a trace would be wrong or
+unproven: with autograd enabled, while a Python hook is registered on the module or inside it
+(a profile's counters: a trace skips hooks), past ``max_shapes`` shapes, and everywhere when
+torch has no ``torch.jit.trace``.
+
+``torch.jit.trace`` is deprecated in torch 2.x in favour of ``torch.compile`` and
+``torch.export``; on two CPU cores the compiler costs minutes at load and neither captures
+fbgemm's packed int8 matrix without a custom op (see docs/performance.md's levers), so this
+uses the tracer, hiding its deprecation warning, until torch removes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Hashable
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+#: beyond this many shapes, new ones run eager (a trace holds its graph: bounded memory)
+MAX_SHAPES = 64
+
+
+def _shape_key(inputs: tuple[torch.Tensor, ...]) -> Hashable:
+    return tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs)
+
+
+class ShapeTraces:
+    """Calls ``module`` (whose ``forward`` takes tensors only and returns one tensor) through
+    a proven trace of its input shapes where one exists; see the module docstring."""
+
+    def __init__(self, module: nn.Module, *, name: str, max_shapes: int = MAX_SHAPES) -> None:
+        self.module = module
+        self.name = name
+        self.max_shapes = max_shapes
+        self._traces: dict[Hashable, nn.Module] = {}
+        #: shape key -> why that shape runs eager (a failed or unequal trace)
+        self.eager_shapes: dict[Hashable, str] = {}
+        self._inside = list(module.modules())
+        self._lock = threading.Lock()
+
+    @property
+    def traced(self) -> int:
+        """How many input shapes replay a proven trace."""
+        return len(self._traces)
+
+    def _has_hooks(self) -> bool:
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self._inside)
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() or self._has_hooks():
+            return self.module(*inputs)
+        key = _shape_key(inputs)
+        trace = self._traces.get(key)
+        if trace is not None:
+            return trace(*inputs)
+        if key in self.eager_shapes or not hasattr(torch.jit, "trace"):
+            return self.module(*inputs)
+        with self._lock:
+            return self._trace_and_prove(key, inputs)
+
+    def _trace_and_prove(self, key: Hashable, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        expected = self.module(*inputs)
+        if key in self._traces or key in self.eager_shapes:  # another thread did meanwhile
+            return expected
+        if len(self._traces) >= self.max_shapes:
+            self.eager_shapes[key] = f"more than {self.max_shapes} shapes"
+            return expected
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # kept here: the tracer's deprecation too
+                trace = torch.jit.trace(self.module, inputs, check_trace=False)
+                got = trace(*inputs)
+        except Exception as exc:  # any tracer failure means: stay eager
+            reason = f"tracing failed: {type(exc).__name__}: {exc}"
+        else:
+            warned = [str(w.message) for w in caught
+                      if issubclass(w.category, torch.jit.TracerWarning)]
+            if not isinstance(got, torch.Tensor) or not torch.equal(got, expected):
+                reason = "the trace's output differs from the eager call's"
+            elif warned and not self._agrees_elsewhere(trace, inputs):
+                reason = f"depends on input values: {warned[0]}"
+            else:
+                self._traces[key] = trace
+                return expected
+        self.eager_shapes[key] = reason
+        logger.info("%s: shape %s runs eager (%s)", self.name,
+                    [tuple(t.shape) for t in inputs], reason)
+        return expected
+
+    def _agrees_elsewhere(self, trace: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
+        """Where the tracer warned that a value became a constant (it also warns for a
+        branch on a size, which the shape key makes safe): whether the trace still equals
+        the eager call on other values of the same shape (floating inputs negated and
+        scaled), which a branch on data or a value read with ``.item()`` would not."""
+        other = tuple(-1.7 * t if t.is_floating_point() else t for t in inputs)
+        return torch.equal(trace(*other), self.module(*other))

@@ -1,0 +1,133 @@
+"""ShapeTraces: one proven TorchScript trace per input shape, eager wherever a trace could be
+wrong (autograd, hooks, value-dependent operations, too many shapes, a failed trace)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from mizuoto.runtime.shape_traces import ShapeTraces
+
+
+class Block(nn.Module):
+    """A few small operations around a product, counting its eager calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.eager_calls = 0
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        self.eager_calls += 1
+        return self.norm(torch.nn.functional.silu(self.linear(x)) * scale + x)
+
+
+class SizeBranch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.size(0) > 2 else x * 3
+
+
+class ValueBranch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if bool(x.sum() > 0) else x * 3
+
+
+def _inputs(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 8, generator=generator), torch.rand(rows, 1, generator=generator)
+
+
+@torch.inference_mode()
+def test_each_shape_is_traced_once_proven_and_then_replayed_bit_for_bit():
+    block = Block()
+    traces = ShapeTraces(block, name="block")
+    first = traces(*_inputs(3))
+    assert traces.traced == 1 and traces.eager_shapes == {}
+    calls = block.eager_calls
+    for seed in (2, 3, 4):  # other values, same shape: the trace, not the module's forward
+        inputs = _inputs(3, seed)
+        assert torch.equal(traces(*inputs), block(*inputs))
+    assert block.eager_calls == calls + 3  # only the comparisons above called it
+    assert torch.equal(first, block(*_inputs(3)))
+    traces(*_inputs(5))  # a new shape: a second trace
+    assert traces.traced == 2
+
+
+def test_autograd_and_hooks_run_the_module_eagerly():
+    block = Block()
+    traces = ShapeTraces(block, name="block")
+    out = traces(*_inputs(3))
+    assert out.requires_grad and traces.traced == 0  # grad enabled: never traced
+    seen = []
+    handle = block.linear.register_forward_hook(lambda *args: seen.append(1))
+    with torch.inference_mode():
+        traces(*_inputs(3))
+        assert traces.traced == 0 and seen == [1]  # a hook inside: eager, so it runs
+        handle.remove()
+        traces(*_inputs(3))
+        traces(*_inputs(3))
+    assert traces.traced == 1 and seen == [1]
+
+
+@torch.inference_mode()
+def test_a_module_that_branches_on_values_stays_eager_and_says_why(caplog):
+    traces = ShapeTraces(ValueBranch(), name="branchy")
+    positive = torch.ones(4)
+    with caplog.at_level(logging.INFO, logger="mizuoto.runtime.shape_traces"):
+        assert torch.equal(traces(positive), positive * 2)
+    assert traces.traced == 0
+    (reason,) = traces.eager_shapes.values()
+    assert "depends on input values" in reason and "branchy" in caplog.text
+    assert torch.equal(traces(-positive), -positive * 3)  # the other branch, still right
+
+
+@torch.inference_mode()
+def test_a_branch_on_a_size_is_traced_per_shape():
+    """The tracer warns for it too; the shape key makes it safe, and the second sample of
+    values shows it: each shape its own trace, each right."""
+    traces = ShapeTraces(SizeBranch(), name="sizes")
+    for rows, factor in ((4, 2), (2, 3), (4, 2), (2, 3)):
+        x = torch.randn(rows)
+        assert torch.equal(traces(x), x * factor)
+    assert traces.traced == 2 and traces.eager_shapes == {}
+
+
+@torch.inference_mode()
+def test_past_max_shapes_new_shapes_run_eager():
+    traces = ShapeTraces(Block(), name="block", max_shapes=2)
+    for rows in (1, 2, 3, 4):
+        inputs = _inputs(rows)
+        assert torch.equal(traces(*inputs), traces.module(*inputs))
+    assert traces.traced == 2
+    assert set(traces.eager_shapes.values()) == {"more than 2 shapes"}
+
+
+@torch.inference_mode()
+def test_a_failed_trace_leaves_the_shape_eager(monkeypatch):
+    def broken_trace(*args, **kwargs):
+        raise RuntimeError("no tracer here")
+
+    monkeypatch.setattr(torch.jit, "trace", broken_trace)
+    block = Block()
+    traces = ShapeTraces(block, name="block")
+    inputs = _inputs(3)
+    assert torch.equal(traces(*inputs), block(*inputs))
+    assert traces.traced == 0
+    (reason,) = traces.eager_shapes.values()
+    assert reason == "tracing failed: RuntimeError: no tracer here"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_dtypes_are_separate_shapes(dtype):
+    block = Block().to(dtype)
+    traces = ShapeTraces(block, name="block")
+    x, scale = (t.to(dtype) for t in _inputs(3))
+    assert torch.equal(traces(x, scale), block(x, scale))
+    assert torch.equal(traces(x, scale), block(x, scale))
+    assert traces.traced == 1
