@@ -331,3 +331,17 @@ def test_an_int8_vae_is_refused_where_torch_lacks_the_packed_kernel(dirs, monkey
             {"engines.voxcpm.fast": "int8", "engines.voxcpm.fast_vae": "int8"}))
     assert "no fbgemm here" in str(error.value) and "fast_vae=auto" in str(error.value)
     assert fast_module.fast_vae("int8", "auto") == "float32"
+
+
+@pytest.mark.parametrize(("dtype", "fast"), [("bfloat16", "off"), ("float32", "off"),
+                                             ("float32", "int8")])
+def test_a_model_loaded_under_inference_mode_gives_the_same_audio(dirs, dtype, fast):
+    """Loading inside ``torch.inference_mode()`` makes inference tensors, which keep no
+    version counter: the packed copies' stamps (prepacked, int8 linears and convolutions)
+    must not need one (they raised RuntimeError before)."""
+    with torch.inference_mode():
+        inside = _load(dirs[dtype], fast)
+        in_block = _say(inside)
+    outside = _say(_load(dirs[dtype], fast))
+    assert torch.equal(in_block.audio.samples, outside.audio.samples)
+    assert torch.equal(_say(inside).audio.samples, outside.audio.samples)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto.runtime.packed_int8 import PackedInt8Linear
+from mizuoto.runtime.weight_stamp import weight_stamp
 
 __all__ = ["Int8ConvTranspose1d", "Int8PointwiseConv1d", "pack_int8_convolutions"]
 
@@ -36,13 +37,10 @@ def _runs_int8(layer: nn.Module, x: torch.Tensor) -> bool:
             and layer.weight.dtype == torch.float32 and not (torch.is_grad_enabled() and (
                 x.requires_grad or layer.weight.requires_grad))):
         return False
-    if layer._int8_stamp != _stamp(layer.weight):  # a weight loaded or changed since
+    if layer._int8_stamp != weight_stamp(layer.weight):  # a weight loaded or changed since
         layer._init_int8()
     return True
 
-
-def _stamp(weight: torch.Tensor) -> tuple:
-    return weight._version, weight.data_ptr()
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedInt8Linear:
@@ -67,7 +65,7 @@ class Int8ConvTranspose1d(nn.ConvTranspose1d):
         # (in, out, kernel) -> rows out * kernel of the columns' product, out-major as col2im
         # reads them
         self._columns = _linear(weight.reshape(weight.shape[0], -1).t(), None)
-        self._int8_stamp = _stamp(self.weight)
+        self._int8_stamp = weight_stamp(self.weight)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if not _runs_int8(self, x) or args or kwargs:
@@ -109,7 +107,7 @@ class Int8PointwiseConv1d(nn.Conv1d):
     def _init_int8(self) -> None:
         self._linear = _linear(self.weight.detach().float()[:, :, 0], self.bias.detach()
                                if self.bias is not None else None)
-        self._int8_stamp = _stamp(self.weight)
+        self._int8_stamp = weight_stamp(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _runs_int8(self, x):

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto.runtime import bf16_dot  # compiled on first use only, where it can run
+from mizuoto.runtime.weight_stamp import weight_stamp
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class PrepackedLinear(nn.Linear):
         if rows == 0:
             return F.linear(x, weight, self.bias)
         pack = self._pack
-        if pack is not None and pack[2] != _stamp(weight):  # weight changed or moved
+        if pack is not None and pack[2] != weight_stamp(weight):  # weight changed or moved
             self._drop()
             pack = None
         # F.linear's own path depends on the input's layout (a strided 3-d view is copied
@@ -185,7 +186,7 @@ class PrepackedLinear(nn.Linear):
             packed = prove(_proven, proof, attempt)
             if packed is not None:
                 if self._pack is None:
-                    self._pack = (kernel, packed, _stamp(self.weight), rows)
+                    self._pack = (kernel, packed, weight_stamp(self.weight), rows)
                 self._rows_ok.add(key)
                 if kernel in ROW_INVARIANT and key[0] != MANY_ROWS and key[3]:
                     self._try((MANY_ROWS, key[1], 2, True), x)  # a prefill's, now
@@ -210,9 +211,6 @@ def prove(proofs: dict[tuple, bool], proof: tuple, attempt: Callable[[], Any]) -
         proofs[proof] = proofs.get(proof, True) and kept is not None
     return kept
 
-
-def _stamp(weight: torch.Tensor) -> tuple:
-    return weight._version, weight.data_ptr(), weight.dtype
 
 
 def _probes(x: torch.Tensor, count: int) -> list[torch.Tensor]:

@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mizuoto.runtime.weight_stamp import weight_stamp
+
 __all__ = [
     "PrepackedConvTranspose1d",
     "conv_transpose_report",
@@ -115,7 +117,7 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
                 or input.dtype != torch.float32 or weight.dtype != torch.float32
                 or (torch.is_grad_enabled() and (weight.requires_grad or input.requires_grad))):
             return super().forward(input, output_size)
-        if self._stamp is not None and self._stamp != _stamp(weight):  # changed or moved
+        if self._stamp is not None and self._stamp != weight_stamp(weight):  # changed or moved
             self._init_prepack()
         key = (tuple(input.shape), input.is_contiguous(), torch.get_num_threads())
         pack = self._packs.get(key)
@@ -198,7 +200,7 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
                 continue
             if same:
                 self._packs[key] = pack
-                self._stamp = _stamp(self.weight)
+                self._stamp = weight_stamp(self.weight)
                 break
             log.debug("prepacked conv-transpose %s differs from F.conv_transpose1d for %s",
                       kernel, key)
@@ -210,9 +212,6 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
 #: the kernels a shape's proof tries, in this order
 KERNELS = ("onednn", "gemm")
 
-
-def _stamp(weight: torch.Tensor) -> tuple:
-    return weight._version, weight.data_ptr(), weight.dtype
 
 
 Groups = Mapping[str, Iterable[nn.Module]]

@@ -33,6 +33,7 @@ from torch import nn
 
 from mizuoto.runtime import prepack
 from mizuoto.runtime.prepack import PrepackedLinear
+from mizuoto.runtime.weight_stamp import weight_stamp
 
 _PROBES = 2
 # (kernel, out sizes, in, bias, dtype, rows, threads, dims, contiguous) -> proven
@@ -74,7 +75,7 @@ class FusedPrepack:
     def __call__(self, x: torch.Tensor, layers: Sequence[nn.Module]) -> tuple[torch.Tensor, ...]:
         if not self._eligible(x, layers):
             return tuple(layer(x) for layer in layers)
-        stamps = tuple(prepack._stamp(layer.weight) for layer in layers)
+        stamps = tuple(weight_stamp(layer.weight) for layer in layers)
         if self._pack is not None and self._pack[4] != stamps:  # a weight changed or moved
             self._pack, self._rows_ok, self._rows_tried = None, set(), set()
         rows = x.numel() // x.shape[-1]
@@ -183,4 +184,4 @@ class FusedPrepack:
             # alone is kept, not a second copy of the layers' weights
             weight = torch.zeros((), dtype=weight.dtype).expand(weight.shape)
         return (kernel, packed, weight, self._fused_bias(),
-                tuple(prepack._stamp(layer.weight) for layer in self.layers), rows)
+                tuple(weight_stamp(layer.weight) for layer in self.layers), rows)
