@@ -1,16 +1,16 @@
-"""A fast profile's VoxCPM local DiT evaluation replayed as a proven TorchScript trace
-(:class:`mizuoto.runtime.shape_traces.ShapeTraces`) against the same evaluation run eagerly,
-and whole streams with the trace against without it.
+"""A fast profile's VoxCPM local DiT evaluation and local encoder step replayed as proven
+TorchScript traces (:class:`mizuoto.runtime.shape_traces.ShapeTraces`) against the same calls
+run eagerly, and whole streams with the traces against without them.
 
     mizuoto random-model voxcpm/realsize-0.5b DIR     # once: random weights of the real size
     python benchmarks/cpu/shape_traces.py DIR --threads 2
     python benchmarks/cpu/shape_traces.py DIR --threads 2 --streams 8
 
-Paired, in one process: each repeat times the eager and the traced evaluation in turn
-(alternating which goes first) on the inputs of a single stream's guided evaluation, and the
-figure is the median of the per-repeat ratio traced / eager (below 1: the trace is faster).
-``--streams N`` then times N pairs of 20-patch streams of the ``int8`` profile, the DiT traced
-and eager in turn, and checks that both give the same audio. Not a test: the figures depend on
+Paired, in one process: each repeat times the eager and the traced call in turn (alternating
+which goes first) on the inputs of a single stream's guided evaluation (the encoder: one
+patch), and the figure is the median of the per-repeat ratio traced / eager (below 1: the
+trace is faster). ``--streams N`` then times N pairs of 20-patch streams of the ``int8``
+profile, traced and eager in turn, and checks that both give the same audio. Not a test: the figures depend on
 the machine and its load.
 """
 
@@ -44,8 +44,8 @@ def main() -> None:
     engine = mizuoto.load(args.model, options=Options(
         compute=ComputeOptions(device="cpu", cpu_threads=args.threads),
         engines={"voxcpm": {"fast": "int8"}}))
-    estimator = engine.model.feat_decoder.estimator
-    traces = estimator.shape_traces
+    estimator, encoder = engine.model.feat_decoder.estimator, engine.model.feat_encoder
+    traces, encoder_traces = estimator.shape_traces, encoder.shape_traces
     if traces is None:
         raise SystemExit("this engine's DiT is not traced (applied.compute['fast_dit_trace'])")
     calls = []
@@ -72,6 +72,19 @@ def main() -> None:
                 times[traced].append((time.perf_counter() - start) / 5)
     print(f"one guided DiT evaluation {tuple(inputs[0].shape)}, {args.threads} threads: "
           + _ratio(times[False], times[True]))
+    config = engine.model.config
+    patch = torch.randn(1, 1, config.patch_size, config.feat_dim)
+    encodings: dict[bool, list[float]] = {False: [], True: []}
+    with torch.inference_mode():
+        for repeat in range(args.repeats):
+            for traced in ((False, True) if repeat % 2 else (True, False)):
+                encoder.shape_traces = encoder_traces if traced else None
+                start = time.perf_counter()
+                for _ in range(5):
+                    encoder(patch)
+                encodings[traced].append((time.perf_counter() - start) / 5)
+    print(f"one step's encoding {tuple(patch.shape)}, {args.threads} threads: "
+          + _ratio(encodings[False], encodings[True]))
     if not args.streams:
         return
     request = SynthesisRequest("The quick brown fox jumps over the lazy dog near the river.",
@@ -81,6 +94,7 @@ def main() -> None:
     for repeat in range(args.streams):
         for traced in ((False, True) if repeat % 2 else (True, False)):
             estimator.shape_traces = traces if traced else None
+            encoder.shape_traces = encoder_traces if traced else None
             start = time.perf_counter()
             chunks = [chunk.audio.samples for chunk in engine.stream(request)]
             streams[traced].append(time.perf_counter() - start)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from mizuoto.runtime.shape_traces import ShapeTraces
+from mizuoto.runtime.shape_traces import MethodCall, ShapeTraces
 
 
 class Block(nn.Module):
@@ -131,3 +131,24 @@ def test_dtypes_are_separate_shapes(dtype):
     assert torch.equal(traces(x, scale), block(x, scale))
     assert torch.equal(traces(x, scale), block(x, scale))
     assert traces.traced == 1
+
+
+@torch.inference_mode()
+def test_of_method_traces_a_method_with_fixed_keywords():
+    class Owner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+
+        def body(self, x: torch.Tensor, scale: torch.Tensor, *, twice: bool) -> torch.Tensor:
+            out = self.block(x, scale)
+            return out * 2 if twice else out
+
+    owner = Owner()
+    traces = ShapeTraces.of_method(owner, "body", name="owner", twice=True)
+    inputs = _inputs(3)
+    assert torch.equal(traces(*inputs), owner.body(*inputs, twice=True))
+    assert torch.equal(traces(*_inputs(3, 9)), owner.body(*_inputs(3, 9), twice=True))
+    assert traces.traced == 1
+    # the call is not registered under its owner (no cycle in the module tree)
+    assert not any(isinstance(m, MethodCall) for m in owner.modules())

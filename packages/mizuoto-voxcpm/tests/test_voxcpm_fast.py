@@ -51,23 +51,26 @@ def test_profiles_quantize_what_they_say(dirs):
     # int8-lm leaves the DiT as the exact path's, and says so
     assert not lm_only.model.feat_decoder.estimator.patch_rows_only
     assert results["int8-lm"].applied.compute["fast_dit"] == "as exact"
-    assert results["int8-lm"].applied.compute["fast_dit_trace"] == "as exact"
+    assert results["int8-lm"].applied.compute["fast_traces"].startswith("none (int8-lm")
     assert lm_only.model.feat_decoder.estimator.shape_traces is None
-    assert "fast_dit_trace" not in results["off"].applied.compute
+    assert lm_only.model.feat_encoder.shape_traces is None
+    assert "fast_traces" not in results["off"].applied.compute
 
 
-def test_the_int8_profiles_dit_replays_a_proven_trace_per_shape_with_the_same_bits(dirs):
-    """A single stream's guided evaluation is traced and proven while loading (said in
-    applied.compute); a batch's pairs get their own trace on first use; the audio is the
-    eager DiT's, bit for bit."""
-    from mizuoto_voxcpm.fast import TRACED_DIT
+def test_the_int8_profiles_steps_replay_proven_traces_per_shape_with_the_same_bits(dirs):
+    """A single stream's guided DiT evaluation and step encoding are traced and proven while
+    loading (said in applied.compute); a batch's pairs get their own trace on first use; a
+    prompt's encoding stays eager; the audio is the eager modules', bit for bit."""
+    from mizuoto_voxcpm.fast import TRACED_STEPS
 
     engine = _load(dirs["float32"], "int8")
-    estimator = engine.model.feat_decoder.estimator
+    estimator, encoder = engine.model.feat_decoder.estimator, engine.model.feat_encoder
     single, pairs = estimator.shape_traces[False], estimator.shape_traces[True]
     assert single.traced == 1 and single.eager_shapes == {}
+    assert encoder.shape_traces.traced == 1
     traced = _say(engine)
-    assert traced.applied.compute["fast_dit_trace"] == TRACED_DIT
+    assert traced.applied.compute["fast_traces"] == TRACED_STEPS
+    assert encoder.shape_traces.traced == 1  # the prompt's patches: eager, not a new trace
     generator = torch.Generator().manual_seed(5)
     channels, patch = estimator.in_proj.in_features, engine.model.config.patch_size
     mu_width = estimator.cond_proj.out_features * (
@@ -83,7 +86,11 @@ def test_the_int8_profiles_dit_replays_a_proven_trace_per_shape_with_the_same_bi
             assert torch.equal(estimator(x, mu, t, cond, dt, pairs=batched), expected)
             assert torch.equal(estimator(x, mu, t, cond, dt, pairs=batched), expected)
     assert pairs.traced == 1 and single.traced == 2, (pairs.eager_shapes, single.traced)
-    estimator.shape_traces = None  # eager: the same audio
+    with torch.inference_mode():
+        patches = torch.randn(3, 1, patch, channels, generator=generator)
+        assert torch.equal(encoder(patches), encoder.encode(patches))
+    assert encoder.shape_traces.traced == 2
+    estimator.shape_traces = encoder.shape_traces = None  # eager: the same audio
     assert torch.equal(_say(engine).audio.samples, traced.audio.samples)
 
 

@@ -60,7 +60,7 @@ from mizuoto_voxcpm.fast import (
     cache_attention,
     check_fast,
     fast_settings,
-    trace_fast_dit,
+    trace_fast_steps,
 )
 from mizuoto_voxcpm.generation import (
     PromptCache,
@@ -271,7 +271,7 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
                         for module in group], FusedPrepack.over)
         if has_packable_layers(model.component_groups()):
             rehearse_patch(model)  # the decode's proofs now, not in the first request
-        placement = placement.with_settings(**trace_fast_dit(
+        placement = placement.with_settings(**trace_fast_steps(
             model, engine_options.fast, compiled=bool(options.compute.compile)))
         placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")

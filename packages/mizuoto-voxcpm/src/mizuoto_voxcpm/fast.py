@@ -174,32 +174,38 @@ def cache_attention(profile: str, requested: str) -> str:
     return "fast" if profile != "off" else requested
 
 
-#: ``applied.compute["fast_dit_trace"]`` where a single stream's DiT evaluation replays a
-#: proven trace (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_by_shape`)
-TRACED_DIT = "traced per input shape (TorchScript), each proven equal to eager"
+#: ``applied.compute["fast_traces"]`` where a single stream's step replays proven traces
+#: (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_by_shape`,
+#: :meth:`mizuoto_voxcpm.local_encoder.LocalEncoder.trace_steps`)
+TRACED_STEPS = ("the local DiT's evaluations and the encoder's steps traced per input shape "
+                "(TorchScript), each proven equal to eager")
 
 
-def trace_fast_dit(model, profile: str, *, compiled: bool) -> dict[str, str]:
-    """Under ``int8``, replay the local DiT's evaluations as proven traces per input shape
-    and prove a single stream's shape now (one patch decoded while loading, in the model's
-    own cache slot); what ``applied.compute["fast_dit_trace"]`` says (nothing for ``off``).
-    ``compiled`` (``compute.compile``): the compiler owns the DiT, which stays untraced."""
+def trace_fast_steps(model, profile: str, *, compiled: bool) -> dict[str, str]:
+    """Under ``int8``, replay the local DiT's evaluations and the local encoder's decode steps
+    as proven traces per input shape, and prove a single stream's shapes now (one patch
+    decoded while loading, in the model's own cache slot); what
+    ``applied.compute["fast_traces"]`` says (nothing for ``off``). ``compiled``
+    (``compute.compile``): the compiler owns the DiT, and nothing is traced."""
     from mizuoto_voxcpm.patch_decoder import rehearse_patch
 
     if profile == "off":
         return {}
     if profile != "int8":
-        return {"fast_dit_trace": "as exact"}
+        return {"fast_traces": "none (int8-lm: the DiT and the encoder as exact)"}
     if compiled:
-        return {"fast_dit_trace": "eager: compute.compile owns the DiT"}
-    estimator = model.feat_decoder.estimator
+        return {"fast_traces": "none: compute.compile owns the DiT"}
+    estimator, encoder = model.feat_decoder.estimator, model.feat_encoder
     estimator.trace_by_shape()
+    encoder.trace_steps()
     with torch.inference_mode():
         rehearse_patch(model)
-    single = estimator.shape_traces[False]
-    if single.traced:
-        return {"fast_dit_trace": TRACED_DIT}
-    return {"fast_dit_trace": "eager: " + "; ".join(sorted(set(single.eager_shapes.values())))}
+    proven = [estimator.shape_traces[False], encoder.shape_traces]
+    if all(traces.traced for traces in proven):
+        return {"fast_traces": TRACED_STEPS}
+    reasons = sorted({f"{traces.name}: {reason}" for traces in proven
+                      for reason in traces.eager_shapes.values()})
+    return {"fast_traces": "eager where unproven: " + "; ".join(reasons)}
 
 
 def apply_fast_vae(vae: nn.Module, profile: str, setting: str = "auto") -> torch.dtype:

@@ -65,8 +65,8 @@ class LocalDiT(nn.Module):
         the eager one (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a 0.5B evaluation
         in 0.76 of its eager time on two AVX2 cores, the same bits). The weights are read
         where they live: set it after any rewrite of the layers."""
-        self.shape_traces = {pairs: ShapeTraces(_Evaluation(self, pairs),
-                                                name=f"local DiT (pairs={pairs})")
+        self.shape_traces = {pairs: ShapeTraces.of_method(self, "evaluate", pairs=pairs,
+                                                          name=f"local DiT (pairs={pairs})")
                              for pairs in (False, True)}
 
     def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
@@ -111,16 +111,3 @@ class LocalDiT(nn.Module):
             out = self.out_proj(hidden[:, skip:, :])
         return out.transpose(1, 2).contiguous()
 
-
-class _Evaluation(nn.Module):
-    """:meth:`LocalDiT.evaluate` with ``pairs`` fixed, as a module of tensors only (what the
-    tracer takes). Not registered under the DiT: its modules stay the DiT's."""
-
-    def __init__(self, dit: LocalDiT, pairs: bool) -> None:
-        super().__init__()
-        self.dit = dit
-        self.pairs = pairs
-
-    def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
-                dt: torch.Tensor) -> torch.Tensor:
-        return self.dit.evaluate(x, mu, t, cond, dt, pairs=self.pairs)

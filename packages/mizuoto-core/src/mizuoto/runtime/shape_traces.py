@@ -43,9 +43,25 @@ def _shape_key(inputs: tuple[torch.Tensor, ...]) -> Hashable:
     return tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs)
 
 
+class MethodCall(nn.Module):
+    """``owner.<method>(*tensors, **fixed)`` as a module of tensors only (what the tracer
+    takes), for a module whose ``forward`` dispatches to its traces and whose eager body is
+    that method. Not registered under ``owner``: the modules stay the owner's."""
+
+    def __init__(self, owner: nn.Module, method: str, **fixed: object) -> None:
+        super().__init__()
+        self.owner = owner
+        self.method = method
+        self.fixed = fixed
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return getattr(self.owner, self.method)(*inputs, **self.fixed)
+
+
 class ShapeTraces:
     """Calls ``module`` (whose ``forward`` takes tensors only and returns one tensor) through
-    a proven trace of its input shapes where one exists; see the module docstring."""
+    a proven trace of its input shapes where one exists; see the module docstring.
+    :meth:`of_method` builds one for a method of a module."""
 
     def __init__(self, module: nn.Module, *, name: str, max_shapes: int = MAX_SHAPES) -> None:
         self.module = module
@@ -56,6 +72,12 @@ class ShapeTraces:
         self.eager_shapes: dict[Hashable, str] = {}
         self._inside = list(module.modules())
         self._lock = threading.Lock()
+
+    @classmethod
+    def of_method(cls, owner: nn.Module, method: str, *, name: str,
+                  **fixed: object) -> ShapeTraces:
+        """Traces of ``owner.<method>(*tensors, **fixed)``."""
+        return cls(MethodCall(owner, method, **fixed), name=name)
 
     @property
     def traced(self) -> int:
