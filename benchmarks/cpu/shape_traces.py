@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -26,12 +27,25 @@ import mizuoto
 from mizuoto import ComputeOptions, Options, SynthesisRequest
 
 
-def _ratio(eager: list[float], traced: list[float]) -> str:
+def _paired(run: Callable[[], object], switch: Callable[[bool], None],
+            repeats: int) -> dict[bool, list[float]]:
+    """Seconds of ``run`` eager (False) and traced (True), in turn, alternating the order."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for repeat in range(repeats):
+        for traced in ((False, True) if repeat % 2 else (True, False)):
+            switch(traced)
+            start = time.perf_counter()
+            run()
+            times[traced].append(time.perf_counter() - start)
+    return times
+
+
+def _ratio(eager: list[float], traced: list[float], per: int = 1) -> str:
     ratios = [t / e for e, t in zip(eager, traced, strict=True)]
     quartiles = statistics.quantiles(ratios) if len(ratios) > 1 else [ratios[0]] * 3
-    return (f"eager {statistics.median(eager) * 1000:.2f} ms, traced "
-            f"{statistics.median(traced) * 1000:.2f} ms, ratio {statistics.median(ratios):.3f} "
-            f"(quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f})")
+    return (f"eager {statistics.median(eager) * 1000 / per:.2f} ms, traced "
+            f"{statistics.median(traced) * 1000 / per:.2f} ms, ratio "
+            f"{statistics.median(ratios):.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f})")
 
 
 def main() -> None:
@@ -47,7 +61,7 @@ def main() -> None:
     estimator, encoder = engine.model.feat_decoder.estimator, engine.model.feat_encoder
     traces, encoder_traces = estimator.shape_traces, encoder.shape_traces
     if traces is None:
-        raise SystemExit("this engine's DiT is not traced (applied.compute['fast_dit_trace'])")
+        raise SystemExit("this engine's DiT is not traced (applied.compute['fast_traces'])")
     calls = []
     evaluate = estimator.evaluate
 
@@ -61,46 +75,32 @@ def main() -> None:
                                        params={"max_len": 2, "retry_badcase": False}))
     del estimator.evaluate
     inputs = calls[-1]
-    times: dict[bool, list[float]] = {False: [], True: []}
-    with torch.inference_mode():
-        for repeat in range(args.repeats):
-            for traced in ((False, True) if repeat % 2 else (True, False)):
-                estimator.shape_traces = traces if traced else None
-                start = time.perf_counter()
-                for _ in range(5):
-                    estimator(*inputs)
-                times[traced].append((time.perf_counter() - start) / 5)
-    print(f"one guided DiT evaluation {tuple(inputs[0].shape)}, {args.threads} threads: "
-          + _ratio(times[False], times[True]))
     config = engine.model.config
     patch = torch.randn(1, 1, config.patch_size, config.feat_dim)
-    encodings: dict[bool, list[float]] = {False: [], True: []}
+
+    def switch(traced: bool) -> None:
+        estimator.shape_traces = traces if traced else None
+        encoder.shape_traces = encoder_traces if traced else None
+
     with torch.inference_mode():
-        for repeat in range(args.repeats):
-            for traced in ((False, True) if repeat % 2 else (True, False)):
-                encoder.shape_traces = encoder_traces if traced else None
-                start = time.perf_counter()
-                for _ in range(5):
-                    encoder(patch)
-                encodings[traced].append((time.perf_counter() - start) / 5)
-    print(f"one step's encoding {tuple(patch.shape)}, {args.threads} threads: "
-          + _ratio(encodings[False], encodings[True]))
+        times = _paired(lambda: [estimator(*inputs) for _ in range(5)], switch, args.repeats)
+        print(f"one guided DiT evaluation {tuple(inputs[0].shape)}, {args.threads} threads: "
+              + _ratio(times[False], times[True], per=5))
+        times = _paired(lambda: [encoder(patch) for _ in range(5)], switch, args.repeats)
+        print(f"one step's encoding {tuple(patch.shape)}, {args.threads} threads: "
+              + _ratio(times[False], times[True], per=5))
     if not args.streams:
         return
     request = SynthesisRequest("The quick brown fox jumps over the lazy dog near the river.",
                                seed=1, params={"max_len": 20, "retry_badcase": False})
-    streams: dict[bool, list[float]] = {False: [], True: []}
     audio = {}
-    for repeat in range(args.streams):
-        for traced in ((False, True) if repeat % 2 else (True, False)):
-            estimator.shape_traces = traces if traced else None
-            encoder.shape_traces = encoder_traces if traced else None
-            start = time.perf_counter()
-            chunks = [chunk.audio.samples for chunk in engine.stream(request)]
-            streams[traced].append(time.perf_counter() - start)
-            audio[traced] = torch.cat([c.reshape(-1) for c in chunks])
-    print(f"20-patch int8 streams, {args.streams} pairs: " + _ratio(streams[False],
-                                                                     streams[True]))
+
+    def stream() -> None:
+        chunks = [chunk.audio.samples.reshape(-1) for chunk in engine.stream(request)]
+        audio[estimator.shape_traces is not None] = torch.cat(chunks)
+
+    times = _paired(stream, switch, args.streams)
+    print(f"20-patch int8 streams, {args.streams} pairs: " + _ratio(times[False], times[True]))
     print("same audio:", torch.equal(audio[False], audio[True]))
 
 
