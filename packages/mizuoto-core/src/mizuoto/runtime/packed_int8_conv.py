@@ -42,7 +42,6 @@ def _runs_int8(layer: nn.Module, x: torch.Tensor) -> bool:
     return True
 
 
-
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedInt8Linear:
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     with torch.no_grad():

@@ -212,7 +212,6 @@ def prove(proofs: dict[tuple, bool], proof: tuple, attempt: Callable[[], Any]) -
     return kept
 
 
-
 def _probes(x: torch.Tensor, count: int) -> list[torch.Tensor]:
     """``count`` random inputs with ``x``'s shape, strides and dtype (a generator of its own:
     probing never moves the request's random streams); one for a long input (a prefill's

@@ -213,7 +213,6 @@ class PrepackedConvTranspose1d(nn.ConvTranspose1d):
 KERNELS = ("onednn", "gemm")
 
 
-
 Groups = Mapping[str, Iterable[nn.Module]]
 
 

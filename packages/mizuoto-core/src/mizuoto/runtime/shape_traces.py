@@ -12,10 +12,12 @@ eager call's (``torch.equal``), or that shape stays eager, with the reason logge
 constant (a branch on a size, which the shape key makes safe, or on data, which it does
 not), the trace must also equal the eager call on other values of that shape. That check is
 a sample, not a proof: a module qualifies whose operations depend on its inputs' shapes,
-dtypes and devices only, not their values. Calls run eager, untraced, where a trace would be wrong or
-unproven: with autograd enabled, while a Python hook is registered on the module or inside it
-(a profile's counters: a trace skips hooks), past ``max_shapes`` shapes, and everywhere when
-torch has no ``torch.jit.trace``.
+dtypes and devices only, not their values. Calls run eager, untraced, where a trace would be
+wrong or unproven: with autograd enabled, while a Python hook is registered on the module or
+inside it (a profile's counters: a trace skips hooks), past ``max_shapes`` shapes, and
+everywhere when torch has no ``torch.jit.trace``. A trace reads the module's parameters where
+they live (in-place changes show) but keeps other tensors it met, such as packed weights, as
+constants: build the traces after any rewrite of the layers.
 
 ``torch.jit.trace`` is deprecated in torch 2.x in favour of ``torch.compile`` and
 ``torch.export``; on two CPU cores the compiler costs minutes at load and neither captures
