@@ -175,7 +175,7 @@ def cache_attention(profile: str, requested: str) -> str:
 
 
 #: ``applied.compute["fast_traces"]`` where a single stream's step replays proven traces
-#: (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_by_shape`,
+#: (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_evaluations`,
 #: :meth:`mizuoto_voxcpm.local_encoder.LocalEncoder.trace_steps`)
 TRACED_STEPS = ("the local DiT's evaluations and the encoder's steps traced per input shape "
                 "(TorchScript), each proven equal to eager")
@@ -196,7 +196,7 @@ def trace_fast_steps(model, profile: str, *, compiled: bool) -> dict[str, str]:
     if compiled:
         return {"fast_traces": "none: compute.compile owns the DiT"}
     estimator, encoder = model.feat_decoder.estimator, model.feat_encoder
-    estimator.trace_by_shape()
+    estimator.trace_evaluations()
     encoder.trace_steps()
     with torch.inference_mode():
         rehearse_patch(model)

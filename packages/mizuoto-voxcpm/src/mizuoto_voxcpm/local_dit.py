@@ -57,14 +57,14 @@ class LocalDiT(nn.Module):
         #: keys and values (a fast profile's: the velocity reads no other; equal to rounding)
         self.patch_rows_only = False
         #: per ``pairs``, the evaluations replayed as a proven trace per input shape (a fast
-        #: profile's: :meth:`trace_by_shape`), else None: eager
+        #: profile's: :meth:`trace_evaluations`), else None: eager
         self.shape_traces: dict[bool, ShapeTraces] | None = None
 
-    def trace_by_shape(self) -> None:
+    def trace_evaluations(self) -> None:
         """Run each input shape's inference evaluation as a TorchScript trace proven equal to
         the eager one (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a 0.5B evaluation
-        in 0.76 of its eager time on two AVX2 cores, the same bits). The weights are read
-        where they live: set it after any rewrite of the layers."""
+        in 0.76 of its eager time on two AVX2 cores, the same bits). Set it after any rewrite
+        of the layers: a trace keeps the packed weights it met."""
         self.shape_traces = {pairs: ShapeTraces.of_method(self, "evaluate", pairs=pairs,
                                                           name=f"local DiT (pairs={pairs})")
                              for pairs in (False, True)}
@@ -110,4 +110,3 @@ class LocalDiT(nn.Module):
         else:
             out = self.out_proj(hidden[:, skip:, :])
         return out.transpose(1, 2).contiguous()
-

@@ -25,7 +25,7 @@ class LocalEncoder(nn.Module):
         eager, their shapes being the prompt's) as a TorchScript trace per input shape proven
         equal to the eager one (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a 0.5B
         step's encoding in 0.76 of its eager time on two AVX2 cores, the same bits). Set it
-        after any rewrite of the layers."""
+        after any rewrite of the layers: a trace keeps the packed weights it met."""
         self.shape_traces = ShapeTraces.of_method(self, "encode", name="local encoder")
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
