@@ -152,3 +152,32 @@ def test_of_method_traces_a_method_with_fixed_keywords():
     assert traces.traced == 1
     # the call is not registered under its owner (no cycle in the module tree)
     assert not any(isinstance(m, MethodCall) for m in owner.modules())
+
+
+class Writer(nn.Module):
+    """Writes ``x`` into ``buffer`` at ``position`` and advances it (a decode step's cache)."""
+
+    def forward(self, x: torch.Tensor, buffer: torch.Tensor, position: torch.Tensor
+                ) -> torch.Tensor:
+        buffer.index_copy_(0, position, x)
+        position.add_(1)
+        return buffer.sum(dim=0)
+
+
+@torch.inference_mode()
+def test_a_module_writing_into_its_inputs_writes_once_per_call_traced_or_not():
+    """The proof's tracing and trial runs work on copies (strides kept: a view into a larger
+    buffer stays one): the real inputs change exactly as one eager call changes them."""
+    traces = ShapeTraces(Writer(), name="writer")
+    storage = torch.zeros(6, 3)
+    buffer, position = storage[:4], torch.tensor([0])
+    expected_storage, expected_position = storage.clone(), position.clone()
+    for step in range(4):
+        x = torch.full((1, 3), float(step + 1))
+        out = traces(x, buffer, position)
+        Writer()(x, expected_storage[:4], expected_position)
+        assert torch.equal(out, expected_storage[:4].sum(dim=0))
+        assert torch.equal(storage, expected_storage) and torch.equal(position,
+                                                                      expected_position)
+    assert traces.traced == 1 and int(position) == 4
+    assert storage[4:].abs().sum() == 0

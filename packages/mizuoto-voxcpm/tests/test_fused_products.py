@@ -121,3 +121,37 @@ def test_a_fast_dit_computes_the_patch_positions_only_in_its_last_layer(separate
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="causal mask"):
         trimmed.decoder(torch.randn(1, 5, 64), causal=True, last=2)
+
+
+@torch.inference_mode()
+def test_traced_decode_steps_equal_the_fast_step_to_rounding_one_trace_per_span(monkeypatch):
+    """``trace_steps``: single-sequence steps over spans rounded up to ``TRACED_SPAN`` (the
+    rest masked), one proven trace per span: within rounding of the fast step over the
+    filled positions, writing the same cache positions and advancing the position alike."""
+    from mizuoto_voxcpm import minicpm4
+
+    monkeypatch.setattr(minicpm4, "TRACED_SPAN", 8)
+    config = lm_config(64, 96, heads=8, kv_heads=2)
+    torch.manual_seed(0)
+    plain = MiniCPM4(config)
+    fold_query_heads([plain])
+    fuse_elementwise([plain])
+    traced = copy.deepcopy(plain)
+    traced.trace_steps()
+    generator = torch.Generator().manual_seed(1)
+    _, pairs = plain(torch.randn(1, 11, config.hidden_size, generator=generator))
+    caches = {}
+    for name in ("plain", "traced"):
+        caches[name] = KVCache(config, 64, attention="fast")
+        caches[name].fill(pairs)
+    for _ in range(7):  # positions 11-17: spans 16 and 24
+        embed = torch.randn(1, config.hidden_size, generator=generator)
+        expected = plain.step(embed, caches["plain"])
+        got = traced.step(embed, caches["traced"])
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert traced.step_traces.traced == 2 and traced.step_traces.eager_shapes == {}
+    assert caches["traced"].length == caches["plain"].length == 18
+    assert int(caches["traced"].position) == int(caches["plain"].position) == 18
+    torch.testing.assert_close(caches["traced"].tensor, caches["plain"].tensor,
+                               rtol=1e-5, atol=1e-5)
+    assert caches["traced"].tensor[..., 18:, :].abs().sum() == 0  # nothing past the steps

@@ -177,14 +177,16 @@ def cache_attention(profile: str, requested: str) -> str:
 #: ``applied.compute["fast_traces"]`` where a single stream's step replays proven traces
 #: (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_evaluations`,
 #: :meth:`mizuoto_voxcpm.local_encoder.LocalEncoder.trace_steps`)
-TRACED_STEPS = ("the local DiT's evaluations and the encoder's steps traced per input shape "
+TRACED_STEPS = ("decode steps (both LMs over spans rounded up to 128, masked), the local "
+                "DiT's evaluations and the encoder's steps traced per input shape "
                 "(TorchScript), each proven equal to eager")
 
 
 def trace_fast_steps(model, profile: str, *, compiled: bool) -> dict[str, str]:
-    """Under ``int8``, replay the local DiT's evaluations and the local encoder's decode steps
-    as proven traces per input shape, and prove a single stream's shapes now (one patch
-    decoded while loading, in the model's own cache slot); what
+    """Under ``int8``, replay both LMs' single-sequence decode steps (over spans rounded up to
+    :data:`~mizuoto_voxcpm.minicpm4.TRACED_SPAN`, masked), the local DiT's evaluations and
+    the local encoder's decode steps as proven traces per input shape, and prove a single
+    stream's shapes now (one patch decoded while loading, in the model's own cache slot); what
     ``applied.compute["fast_traces"]`` says (nothing for ``off``). ``compiled``
     (``compute.compile``): the compiler owns the DiT, and nothing is traced."""
     from mizuoto_voxcpm.patch_decoder import rehearse_patch
@@ -198,9 +200,12 @@ def trace_fast_steps(model, profile: str, *, compiled: bool) -> dict[str, str]:
     estimator, encoder = model.feat_decoder.estimator, model.feat_encoder
     estimator.trace_evaluations()
     encoder.trace_steps()
+    model.base_lm.trace_steps()
+    model.residual_lm.trace_steps()
     with torch.inference_mode():
         rehearse_patch(model)
-    proven = [estimator.shape_traces[False], encoder.shape_traces]
+    proven = [estimator.shape_traces[False], encoder.shape_traces,
+              model.base_lm.step_traces, model.residual_lm.step_traces]
     if all(traces.traced for traces in proven):
         return {"fast_traces": TRACED_STEPS}
     reasons = sorted({f"{traces.name}: {reason}" for traces in proven

@@ -11,13 +11,13 @@ from collections.abc import Iterable
 from torch import nn
 
 from mizuoto_voxcpm.local_dit import LocalDiT
+from mizuoto_voxcpm.longrope import LongRoPE
 from mizuoto_voxcpm.minicpm4 import (
     MLP,
     Attention,
     DecoderLayer,
     FusePrepacked,
     FuseProducts,
-    LongRoPE,
     RMSNorm,
 )
 

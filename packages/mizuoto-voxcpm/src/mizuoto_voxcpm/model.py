@@ -28,7 +28,8 @@ from mizuoto_voxcpm.config import VoxCPMConfig
 from mizuoto_voxcpm.flow import sample_patch
 from mizuoto_voxcpm.local_dit import LocalDiT
 from mizuoto_voxcpm.local_encoder import LocalEncoder
-from mizuoto_voxcpm.minicpm4 import LongRoPE, MiniCPM4
+from mizuoto_voxcpm.longrope import LongRoPE
+from mizuoto_voxcpm.minicpm4 import MiniCPM4
 
 log = logging.getLogger(__name__)
 

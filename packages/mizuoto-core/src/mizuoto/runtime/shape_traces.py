@@ -102,24 +102,28 @@ class ShapeTraces:
             return self._trace_and_prove(key, inputs)
 
     def _trace_and_prove(self, key: Hashable, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        expected = self.module(*inputs)
         if key in self._traces or key in self.eager_shapes:  # another thread did meanwhile
-            return expected
+            return self.module(*inputs)
         if len(self._traces) >= self.max_shapes:
             self.eager_shapes[key] = f"more than {self.max_shapes} shapes"
-            return expected
+            return self.module(*inputs)
+        # the tracing run and the trial replay each get copies: a module may write into its
+        # inputs (a decode step's cache and position), which the real call does once
+        tracing, trial = _copies(inputs), _copies(inputs)
+        expected = self.module(*inputs)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")  # kept here: the tracer's deprecation too
-                trace = torch.jit.trace(self.module, inputs, check_trace=False)
-                got = trace(*inputs)
+                trace = torch.jit.trace(self.module, tracing, check_trace=False)
+                got = trace(*trial)
         except Exception as exc:  # any tracer failure means: stay eager
             reason = f"tracing failed: {type(exc).__name__}: {exc}"
         else:
             warned = [str(w.message) for w in caught
                       if issubclass(w.category, torch.jit.TracerWarning)]
-            if not isinstance(got, torch.Tensor) or not torch.equal(got, expected):
-                reason = "the trace's output differs from the eager call's"
+            if not (isinstance(got, torch.Tensor) and torch.equal(got, expected)
+                    and all(map(torch.equal, trial, inputs))):
+                reason = "the trace's output (or what it wrote) differs from the eager call's"
             elif warned and not self._agrees_elsewhere(trace, inputs):
                 reason = f"depends on input values: {warned[0]}"
             else:
@@ -136,4 +140,21 @@ class ShapeTraces:
         the eager call on other values of the same shape (floating inputs negated and
         scaled), which a branch on data or a value read with ``.item()`` would not."""
         other = tuple(-1.7 * t if t.is_floating_point() else t for t in inputs)
-        return torch.equal(trace(*other), self.module(*other))
+        mine, theirs = _copies(other), _copies(other)
+        return (torch.equal(trace(*mine), self.module(*theirs))
+                and all(map(torch.equal, mine, theirs)))
+
+
+def _copies(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Copies with the inputs' shapes and strides (a view into a larger cache keeps its
+    strides), for trial runs that may write into them."""
+    copies = []
+    for tensor in inputs:
+        if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape,
+                                                                 strict=True)):
+            copies.append(tensor.clone())  # an expanded input: its elements share memory
+            continue
+        copy = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                                   device=tensor.device)
+        copies.append(copy.copy_(tensor))
+    return tuple(copies)
