@@ -124,13 +124,15 @@ def test_a_fast_dit_computes_the_patch_positions_only_in_its_last_layer(separate
 
 
 @torch.inference_mode()
-def test_traced_decode_steps_equal_the_fast_step_to_rounding_one_trace_per_span(monkeypatch):
-    """``trace_steps``: single-sequence steps over spans rounded up to ``TRACED_SPAN`` (the
-    rest masked), one proven trace per span: within rounding of the fast step over the
-    filled positions, writing the same cache positions and advancing the position alike."""
+def test_traced_decode_steps_equal_the_fast_step_to_rounding_below_the_traced_span(
+        monkeypatch):
+    """``trace_steps``: single-sequence steps at positions below ``TRACED_SPAN`` run one
+    proven trace over all of them (the rest masked), later ones eagerly over the filled
+    positions: within rounding of the fast step throughout, writing the same cache positions
+    and advancing the position alike."""
     from mizuoto_voxcpm import minicpm4
 
-    monkeypatch.setattr(minicpm4, "TRACED_SPAN", 8)
+    monkeypatch.setattr(minicpm4, "TRACED_SPAN", 16)
     config = lm_config(64, 96, heads=8, kv_heads=2)
     torch.manual_seed(0)
     plain = MiniCPM4(config)
@@ -144,14 +146,14 @@ def test_traced_decode_steps_equal_the_fast_step_to_rounding_one_trace_per_span(
     for name in ("plain", "traced"):
         caches[name] = KVCache(config, 64, attention="fast")
         caches[name].fill(pairs)
-    for _ in range(7):  # positions 11-17: spans 16 and 24
+    for _ in range(8):  # positions 11-15 traced, 16-18 eager
         embed = torch.randn(1, config.hidden_size, generator=generator)
         expected = plain.step(embed, caches["plain"])
         got = traced.step(embed, caches["traced"])
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert traced.step_traces.traced == 2 and traced.step_traces.eager_shapes == {}
-    assert caches["traced"].length == caches["plain"].length == 18
-    assert int(caches["traced"].position) == int(caches["plain"].position) == 18
+    assert traced.step_traces.traced == 1 and traced.step_traces.eager_shapes == {}
+    assert caches["traced"].length == caches["plain"].length == 19
+    assert int(caches["traced"].position) == int(caches["plain"].position) == 19
     torch.testing.assert_close(caches["traced"].tensor, caches["plain"].tensor,
                                rtol=1e-5, atol=1e-5)
-    assert caches["traced"].tensor[..., 18:, :].abs().sum() == 0  # nothing past the steps
+    assert caches["traced"].tensor[..., 19:, :].abs().sum() == 0  # nothing past the steps

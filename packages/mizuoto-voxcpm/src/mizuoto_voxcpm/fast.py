@@ -177,13 +177,13 @@ def cache_attention(profile: str, requested: str) -> str:
 #: ``applied.compute["fast_traces"]`` where a single stream's step replays proven traces
 #: (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_evaluations`,
 #: :meth:`mizuoto_voxcpm.local_encoder.LocalEncoder.trace_steps`)
-TRACED_STEPS = ("decode steps (both LMs over spans rounded up to 128, masked), the local "
-                "DiT's evaluations and the encoder's steps traced per input shape "
+TRACED_STEPS = ("both LMs' decode steps at positions below 256 (over all 256, masked), the "
+                "local DiT's evaluations and the encoder's steps traced per input shape "
                 "(TorchScript), each proven equal to eager")
 
 
 def trace_fast_steps(model, profile: str, *, compiled: bool) -> dict[str, str]:
-    """Under ``int8``, replay both LMs' single-sequence decode steps (over spans rounded up to
+    """Under ``int8``, replay both LMs' single-sequence decode steps (below
     :data:`~mizuoto_voxcpm.minicpm4.TRACED_SPAN`, masked), the local DiT's evaluations and
     the local encoder's decode steps as proven traces per input shape, and prove a single
     stream's shapes now (one patch decoded while loading, in the model's own cache slot); what

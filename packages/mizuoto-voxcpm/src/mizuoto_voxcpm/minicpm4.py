@@ -19,9 +19,10 @@ from mizuoto_voxcpm.config import TransformerConfig
 from mizuoto_voxcpm.kv_cache import KVCache, RowsStep, RowStep
 from mizuoto_voxcpm.longrope import LongRoPE, apply_rope, apply_rope_together, sign_flipped_sin
 
-#: a traced decode step attends over the filled positions rounded up to a multiple of this,
-#: masked: one trace per multiple (a 20-patch request after a 100-position prompt: one)
-TRACED_SPAN = 128
+#: a fast profile's traced decode steps: the positions below this, each step over all of
+#: them, masked (one trace, made at load: a trace of a base LM step takes 1.4 s on two AVX2
+#: cores, more than a request's steps at a new span would save); later steps run eagerly
+TRACED_SPAN = 256
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -301,17 +302,17 @@ class MiniCPM4(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope_emb = None if config.no_rope else LongRoPE(config)
-        #: a fast profile's decode steps over spans rounded up to :data:`TRACED_SPAN`, masked,
-        #: replayed as a proven trace per span (:meth:`trace_steps`), else None
+        #: a fast profile's decode steps below :data:`TRACED_SPAN`, over all of it, masked,
+        #: replayed as a proven trace (:meth:`trace_steps`), else None
         self.step_traces: ShapeTraces | None = None
 
     def trace_steps(self) -> None:
-        """Decode single-sequence steps through :meth:`step_over` (spans rounded up to
-        :data:`TRACED_SPAN`, the rest masked: equal to rounding to attending over the filled
-        positions only) as a TorchScript trace per span, each proven equal to the eager
-        call (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a VoxCPM-0.5B base LM step
-        in 0.73 of its eager time on two AVX2 cores). Set it after any rewrite of the layers:
-        a trace keeps the packed weights it met."""
+        """Decode single-sequence steps at positions below :data:`TRACED_SPAN` through
+        :meth:`step_over` over all of them (the unfilled ones masked: equal to rounding to
+        attending over the filled positions only) as a TorchScript trace proven equal to the
+        eager call (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a VoxCPM-0.5B base LM
+        step in 0.77 of its eager time on two AVX2 cores); later steps as before. Set it
+        after any rewrite of the layers: a trace keeps the packed weights it met."""
         self.step_traces = ShapeTraces.of_method(self, "step_over", name="decode step")
 
     def forward(self, embeds: torch.Tensor, *, causal: bool = True,
@@ -348,9 +349,9 @@ class MiniCPM4(nn.Module):
         Reads and advances ``cache.position`` on the device (no host value enters the tensors
         but the span), so the step can be captured in a CUDA graph.
         """
-        if self.step_traces is not None:
-            span = -(-(cache.next_position() + 1) // TRACED_SPAN) * TRACED_SPAN
-            view = cache.tensor[..., :min(span, cache.max_length), :]
+        if self.step_traces is not None and cache.length < TRACED_SPAN:
+            cache.next_position()
+            view = cache.tensor[..., :min(TRACED_SPAN, cache.max_length), :]
             return self.step_traces(embed, view, cache.position)
         span = cache.attend_span(cache.next_position())
         position = cache.position
