@@ -71,7 +71,15 @@ def test_autograd_and_hooks_run_the_module_eagerly():
         handle.remove()
         traces(*_inputs(3))
         traces(*_inputs(3))
-    assert traces.traced == 1 and seen == [1]
+        assert traces.traced == 1 and seen == [1]
+        # a global hook (torch's, on every module) too
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda *args: seen.append(2))
+        try:
+            traces(*_inputs(3))
+        finally:
+            handle.remove()
+        assert seen.count(2) == 3  # the block, its linear and its norm ran eagerly
 
 
 @torch.inference_mode()
@@ -152,6 +160,29 @@ def test_of_method_traces_a_method_with_fixed_keywords():
     assert traces.traced == 1
     # the call is not registered under its owner (no cycle in the module tree)
     assert not any(isinstance(m, MethodCall) for m in owner.modules())
+
+
+@torch.inference_mode()
+def test_keyword_options_at_the_call_get_their_own_traces():
+    """Options that change the operations (a flag) are part of the key, like a shape."""
+    class Owner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+
+        def body(self, x: torch.Tensor, scale: torch.Tensor, *, twice: bool = False
+                 ) -> torch.Tensor:
+            out = self.block(x, scale)
+            return out * 2 if twice else out
+
+    owner = Owner()
+    traces = ShapeTraces.of_method(owner, "body", name="owner")
+    for seed in (1, 2):
+        inputs = _inputs(3, seed)
+        for twice in (False, True):
+            assert torch.equal(traces(*inputs, twice=twice), owner.body(*inputs, twice=twice))
+    assert torch.equal(traces(*_inputs(3)), owner.body(*_inputs(3)))
+    assert traces.traced == 3  # unset, False and True: each its own key
 
 
 class Writer(nn.Module):

@@ -151,7 +151,7 @@ def test_traced_decode_steps_equal_the_fast_step_to_rounding_below_the_traced_sp
         expected = plain.step(embed, caches["plain"])
         got = traced.step(embed, caches["traced"])
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert traced.step_traces.traced == 1 and traced.step_traces.eager_shapes == {}
+    assert traced.shape_traces.traced == 1 and traced.shape_traces.eager_shapes == {}
     assert caches["traced"].length == caches["plain"].length == 19
     assert int(caches["traced"].position) == int(caches["plain"].position) == 19
     torch.testing.assert_close(caches["traced"].tensor, caches["plain"].tensor,

@@ -65,8 +65,8 @@ def test_the_int8_profiles_steps_replay_proven_traces_per_shape_with_the_same_bi
 
     engine = _load(dirs["float32"], "int8")
     estimator, encoder = engine.model.feat_decoder.estimator, engine.model.feat_encoder
-    single, pairs = estimator.shape_traces[False], estimator.shape_traces[True]
-    assert single.traced == 1 and single.eager_shapes == {}
+    traces = estimator.shape_traces
+    assert traces.traced == 1 and traces.eager_shapes == {}
     assert encoder.shape_traces.traced == 1
     traced = _say(engine)
     assert traced.applied.compute["fast_traces"] == TRACED_STEPS
@@ -85,13 +85,38 @@ def test_the_int8_profiles_steps_replay_proven_traces_per_shape_with_the_same_bi
             expected = estimator.evaluate(x, mu, t, cond, dt, pairs=batched)
             assert torch.equal(estimator(x, mu, t, cond, dt, pairs=batched), expected)
             assert torch.equal(estimator(x, mu, t, cond, dt, pairs=batched), expected)
-    assert pairs.traced == 1 and single.traced == 2, (pairs.eager_shapes, single.traced)
+    # the test's pair (its own strides) and the batch's pairs: a trace each
+    assert traces.traced == 3 and traces.eager_shapes == {}
     with torch.inference_mode():
         patches = torch.randn(3, 1, patch, channels, generator=generator)
         assert torch.equal(encoder(patches), encoder.encode(patches))
     assert encoder.shape_traces.traced == 2
     estimator.shape_traces = encoder.shape_traces = None  # eager: the same audio
     assert torch.equal(_say(engine).audio.samples, traced.audio.samples)
+
+
+def test_a_trace_that_fails_leaves_its_part_eager_and_applied_names_which(dirs, monkeypatch):
+    """Each traced part says its name in a fallback's reason (both LMs apart); the eager part
+    gives the audio it gives untraced."""
+    from mizuoto.runtime.shape_traces import MethodCall
+
+    real_trace = torch.jit.trace
+
+    def refuse_lm_steps(module, *args, **kwargs):
+        if isinstance(module, MethodCall) and module.method == "step_over":
+            raise RuntimeError("refused by the test")
+        return real_trace(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.jit, "trace", refuse_lm_steps)
+    engine = _load(dirs["float32"], "int8")
+    result = _say(engine)
+    said = result.applied.compute["fast_traces"]
+    assert said.startswith("eager where unproven: ")
+    assert "base LM decode step: tracing failed: RuntimeError: refused by the test" in said
+    assert "residual LM decode step: tracing failed" in said
+    assert "local DiT" not in said and "local encoder" not in said
+    engine.model.base_lm.shape_traces = engine.model.residual_lm.shape_traces = None
+    assert torch.equal(_say(engine).audio.samples, result.audio.samples)
 
 
 @pytest.mark.parametrize("profile", ["int8", "int8-lm"])

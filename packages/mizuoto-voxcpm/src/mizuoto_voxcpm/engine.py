@@ -60,6 +60,7 @@ from mizuoto_voxcpm.fast import (
     cache_attention,
     check_fast,
     fast_settings,
+    fast_traces_applied,
     trace_fast_steps,
 )
 from mizuoto_voxcpm.generation import (
@@ -269,10 +270,13 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         # to give the separate products' bits (bfloat16 at a step: 0.86-0.91 of their time)
         fuse_prepacked([module for group in model.component_groups().values()
                         for module in group], FusedPrepack.over)
-        if has_packable_layers(model.component_groups()):
-            rehearse_patch(model)  # the decode's proofs now, not in the first request
-        placement = placement.with_settings(**trace_fast_steps(
-            model, engine_options.fast, compiled=bool(options.compute.compile)))
+        compiled_dit = bool(options.compute.compile)
+        traced = trace_fast_steps(model, engine_options.fast, compiled=compiled_dit)
+        if traced or has_packable_layers(model.component_groups()):
+            # the packed kernels' and traces' proofs now (one patch), not in the first request
+            rehearse_patch(model)
+        placement = placement.with_settings(**fast_traces_applied(
+            model, engine_options.fast, compiled=compiled_dit))
         placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(

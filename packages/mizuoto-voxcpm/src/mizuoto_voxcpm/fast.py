@@ -50,6 +50,7 @@ from mizuoto.runtime.packed_int8 import (
 )
 from mizuoto.runtime.packed_int8_conv import pack_int8_convolutions
 from mizuoto_voxcpm.layer_fusion import fast_arithmetic, fuse_products
+from mizuoto_voxcpm.minicpm4 import TRACED_SPAN
 
 _LM_GROUPS = ("base_lm", "residual_lm")
 
@@ -175,37 +176,42 @@ def cache_attention(profile: str, requested: str) -> str:
 
 
 #: ``applied.compute["fast_traces"]`` where a single stream's step replays proven traces
-#: (:meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_evaluations`,
+#: (:meth:`mizuoto_voxcpm.minicpm4.MiniCPM4.trace_steps`,
+#: :meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_evaluations`,
 #: :meth:`mizuoto_voxcpm.local_encoder.LocalEncoder.trace_steps`)
-TRACED_STEPS = ("both LMs' decode steps at positions below 256 (over all 256, masked), the "
-                "local DiT's evaluations and the encoder's steps traced per input shape "
-                "(TorchScript), each proven equal to eager")
+TRACED_STEPS = (f"both LMs' decode steps at positions below {TRACED_SPAN} (over all "
+                f"{TRACED_SPAN}, masked), the local DiT's evaluations and the encoder's steps "
+                "traced per input shape (TorchScript), each proven equal to eager")
 
 
-def trace_fast_steps(model, profile: str, *, compiled: bool) -> dict[str, str]:
-    """Under ``int8``, replay both LMs' single-sequence decode steps (below
-    :data:`~mizuoto_voxcpm.minicpm4.TRACED_SPAN`, masked), the local DiT's evaluations and
-    the local encoder's decode steps as proven traces per input shape, and prove a single
-    stream's shapes now (one patch decoded while loading, in the model's own cache slot); what
-    ``applied.compute["fast_traces"]`` says (nothing for ``off``). ``compiled``
-    (``compute.compile``): the compiler owns the DiT, and nothing is traced."""
-    from mizuoto_voxcpm.patch_decoder import rehearse_patch
+def trace_fast_steps(model, profile: str, *, compiled: bool) -> bool:
+    """Under ``int8`` (unless ``compiled``, ``compute.compile``: the compiler owns the DiT),
+    replay both LMs' single-sequence decode steps (below :data:`TRACED_SPAN`, masked), the
+    local DiT's evaluations and the local encoder's decode steps as proven traces per input
+    shape; whether it did. The first call of each shape proves it: decode a patch while
+    loading (:func:`mizuoto_voxcpm.patch_decoder.rehearse_patch`), then
+    :func:`fast_traces_applied` says what was proven."""
+    if profile != "int8" or compiled:
+        return False
+    model.feat_decoder.estimator.trace_evaluations()
+    model.feat_encoder.trace_steps()
+    model.base_lm.trace_steps(name="base LM decode step")
+    model.residual_lm.trace_steps(name="residual LM decode step")
+    return True
 
+
+def fast_traces_applied(model, profile: str, *, compiled: bool) -> dict[str, str]:
+    """What ``applied.compute["fast_traces"]`` says after :func:`trace_fast_steps` and a
+    rehearsed patch (nothing for ``off``): which parts replay traces, or which stay eager
+    and why."""
     if profile == "off":
         return {}
     if profile != "int8":
         return {"fast_traces": "none (int8-lm: the DiT and the encoder as exact)"}
     if compiled:
         return {"fast_traces": "none: compute.compile owns the DiT"}
-    estimator, encoder = model.feat_decoder.estimator, model.feat_encoder
-    estimator.trace_evaluations()
-    encoder.trace_steps()
-    model.base_lm.trace_steps()
-    model.residual_lm.trace_steps()
-    with torch.inference_mode():
-        rehearse_patch(model)
-    proven = [estimator.shape_traces[False], encoder.shape_traces,
-              model.base_lm.step_traces, model.residual_lm.step_traces]
+    proven = [model.feat_decoder.estimator.shape_traces, model.feat_encoder.shape_traces,
+              model.base_lm.shape_traces, model.residual_lm.shape_traces]
     if all(traces.traced for traces in proven):
         return {"fast_traces": TRACED_STEPS}
     reasons = sorted({f"{traces.name}: {reason}" for traces in proven

@@ -56,24 +56,22 @@ class LocalDiT(nn.Module):
         #: the last decoder layer computes the patch's positions only, after every position's
         #: keys and values (a fast profile's: the velocity reads no other; equal to rounding)
         self.patch_rows_only = False
-        #: per ``pairs``, the evaluations replayed as a proven trace per input shape (a fast
+        #: the evaluations replayed as a proven trace per input shape and ``pairs`` (a fast
         #: profile's: :meth:`trace_evaluations`), else None: eager
-        self.shape_traces: dict[bool, ShapeTraces] | None = None
+        self.shape_traces: ShapeTraces | None = None
 
     def trace_evaluations(self) -> None:
         """Run each input shape's inference evaluation as a TorchScript trace proven equal to
         the eager one (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a 0.5B evaluation
         in 0.76 of its eager time on two AVX2 cores, the same bits). Set it after any rewrite
         of the layers: a trace keeps the packed weights it met."""
-        self.shape_traces = {pairs: ShapeTraces.of_method(self, "evaluate", pairs=pairs,
-                                                          name=f"local DiT (pairs={pairs})")
-                             for pairs in (False, True)}
+        self.shape_traces = ShapeTraces.of_method(self, "evaluate", name="local DiT")
 
     def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
                 dt: torch.Tensor, *, pairs: bool = False) -> torch.Tensor:
         """:meth:`evaluate`, through :attr:`shape_traces` where they are set."""
         if self.shape_traces is not None:
-            return self.shape_traces[pairs](x, mu, t, cond, dt)
+            return self.shape_traces(x, mu, t, cond, dt, pairs=pairs)
         return self.evaluate(x, mu, t, cond, dt, pairs=pairs)
 
     def evaluate(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,

@@ -304,16 +304,17 @@ class MiniCPM4(nn.Module):
         self.rope_emb = None if config.no_rope else LongRoPE(config)
         #: a fast profile's decode steps below :data:`TRACED_SPAN`, over all of it, masked,
         #: replayed as a proven trace (:meth:`trace_steps`), else None
-        self.step_traces: ShapeTraces | None = None
+        self.shape_traces: ShapeTraces | None = None
 
-    def trace_steps(self) -> None:
+    def trace_steps(self, *, name: str = "decode step") -> None:
         """Decode single-sequence steps at positions below :data:`TRACED_SPAN` through
         :meth:`step_over` over all of them (the unfilled ones masked: equal to rounding to
         attending over the filled positions only) as a TorchScript trace proven equal to the
         eager call (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a VoxCPM-0.5B base LM
         step in 0.77 of its eager time on two AVX2 cores); later steps as before. Set it
-        after any rewrite of the layers: a trace keeps the packed weights it met."""
-        self.step_traces = ShapeTraces.of_method(self, "step_over", name="decode step")
+        after any rewrite of the layers: a trace keeps the packed weights it met. ``name``
+        says which LM in a fallback's reason."""
+        self.shape_traces = ShapeTraces.of_method(self, "step_over", name=name)
 
     def forward(self, embeds: torch.Tensor, *, causal: bool = True,
                 segments: tuple[int, ...] | None = None, last: int | None = None
@@ -349,10 +350,10 @@ class MiniCPM4(nn.Module):
         Reads and advances ``cache.position`` on the device (no host value enters the tensors
         but the span), so the step can be captured in a CUDA graph.
         """
-        if self.step_traces is not None and cache.length < TRACED_SPAN:
+        if self.shape_traces is not None and cache.length < TRACED_SPAN:
             cache.next_position()
             view = cache.tensor[..., :min(TRACED_SPAN, cache.max_length), :]
-            return self.step_traces(embed, view, cache.position)
+            return self.shape_traces(embed, view, cache.position)
         span = cache.attend_span(cache.next_position())
         position = cache.position
         rope = None

@@ -41,8 +41,9 @@ logger = logging.getLogger(__name__)
 MAX_SHAPES = 64
 
 
-def _shape_key(inputs: tuple[torch.Tensor, ...]) -> Hashable:
-    return tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs)
+def _shape_key(inputs: tuple[torch.Tensor, ...], static: dict[str, Hashable]) -> Hashable:
+    return (tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs),
+            tuple(sorted(static.items())))
 
 
 class MethodCall(nn.Module):
@@ -56,14 +57,15 @@ class MethodCall(nn.Module):
         self.method = method
         self.fixed = fixed
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return getattr(self.owner, self.method)(*inputs, **self.fixed)
+    def forward(self, *inputs: torch.Tensor, **static: object) -> torch.Tensor:
+        return getattr(self.owner, self.method)(*inputs, **self.fixed, **static)
 
 
 class ShapeTraces:
-    """Calls ``module`` (whose ``forward`` takes tensors only and returns one tensor) through
-    a proven trace of its input shapes where one exists; see the module docstring.
-    :meth:`of_method` builds one for a method of a module."""
+    """Calls ``module`` (whose ``forward`` takes tensors, plus keyword options that change
+    its operations, and returns one tensor) through a proven trace of its input shapes where
+    one exists; see the module docstring. Each value of the keyword options (hashable, such
+    as a flag) gets its own traces. :meth:`of_method` builds one for a method of a module."""
 
     def __init__(self, module: nn.Module, *, name: str, max_shapes: int = MAX_SHAPES) -> None:
         self.module = module
@@ -72,7 +74,12 @@ class ShapeTraces:
         self._traces: dict[Hashable, nn.Module] = {}
         #: shape key -> why that shape runs eager (a failed or unequal trace)
         self.eager_shapes: dict[Hashable, str] = {}
-        self._inside = list(module.modules())
+        # a trace runs no Python hook: calls go eager while one is registered (the dicts are
+        # gathered once; a hook is added into them, so a check is one pass over the list)
+        self._hook_dicts = [hooks for m in module.modules()
+                            for hooks in (m._forward_hooks, m._forward_pre_hooks)]
+        self._hook_dicts += [nn.modules.module._global_forward_hooks,
+                             nn.modules.module._global_forward_pre_hooks]
         self._lock = threading.Lock()
 
     @classmethod
@@ -86,35 +93,34 @@ class ShapeTraces:
         """How many input shapes replay a proven trace."""
         return len(self._traces)
 
-    def _has_hooks(self) -> bool:
-        return any(m._forward_hooks or m._forward_pre_hooks for m in self._inside)
-
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or self._has_hooks():
-            return self.module(*inputs)
-        key = _shape_key(inputs)
+    def __call__(self, *inputs: torch.Tensor, **static: Hashable) -> torch.Tensor:
+        if torch.is_grad_enabled() or any(self._hook_dicts):
+            return self.module(*inputs, **static)
+        key = _shape_key(inputs, static)
         trace = self._traces.get(key)
         if trace is not None:
             return trace(*inputs)
         if key in self.eager_shapes or not hasattr(torch.jit, "trace"):
-            return self.module(*inputs)
+            return self.module(*inputs, **static)
         with self._lock:
-            return self._trace_and_prove(key, inputs)
+            return self._trace_and_prove(key, inputs, static)
 
-    def _trace_and_prove(self, key: Hashable, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def _trace_and_prove(self, key: Hashable, inputs: tuple[torch.Tensor, ...],
+                         static: dict[str, Hashable]) -> torch.Tensor:
+        eager = MethodCall(self.module, "forward", **static) if static else self.module
         if key in self._traces or key in self.eager_shapes:  # another thread did meanwhile
-            return self.module(*inputs)
+            return eager(*inputs)
         if len(self._traces) >= self.max_shapes:
             self.eager_shapes[key] = f"more than {self.max_shapes} shapes"
-            return self.module(*inputs)
+            return eager(*inputs)
         # the tracing run and the trial replay each get copies: a module may write into its
         # inputs (a decode step's cache and position), which the real call does once
         tracing, trial = _copies(inputs), _copies(inputs)
-        expected = self.module(*inputs)
+        expected = eager(*inputs)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")  # kept here: the tracer's deprecation too
-                trace = torch.jit.trace(self.module, tracing, check_trace=False)
+                trace = torch.jit.trace(eager, tracing, check_trace=False)
                 got = trace(*trial)
         except Exception as exc:  # any tracer failure means: stay eager
             reason = f"tracing failed: {type(exc).__name__}: {exc}"
@@ -124,25 +130,25 @@ class ShapeTraces:
             if not (isinstance(got, torch.Tensor) and torch.equal(got, expected)
                     and all(map(torch.equal, trial, inputs))):
                 reason = "the trace's output (or what it wrote) differs from the eager call's"
-            elif warned and not self._agrees_elsewhere(trace, inputs):
+            elif warned and not _agrees_elsewhere(trace, eager, inputs):
                 reason = f"depends on input values: {warned[0]}"
             else:
                 self._traces[key] = trace
                 return expected
         self.eager_shapes[key] = reason
-        logger.info("%s: shape %s runs eager (%s)", self.name,
-                    [tuple(t.shape) for t in inputs], reason)
+        logger.info("%s: shape %s%s runs eager (%s)", self.name,
+                    [tuple(t.shape) for t in inputs], f" {static}" if static else "", reason)
         return expected
 
-    def _agrees_elsewhere(self, trace: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
-        """Where the tracer warned that a value became a constant (it also warns for a
-        branch on a size, which the shape key makes safe): whether the trace still equals
-        the eager call on other values of the same shape (floating inputs negated and
-        scaled), which a branch on data or a value read with ``.item()`` would not."""
-        other = tuple(-1.7 * t if t.is_floating_point() else t for t in inputs)
-        mine, theirs = _copies(other), _copies(other)
-        return (torch.equal(trace(*mine), self.module(*theirs))
-                and all(map(torch.equal, mine, theirs)))
+
+def _agrees_elsewhere(trace: nn.Module, eager: nn.Module,
+                      inputs: tuple[torch.Tensor, ...]) -> bool:
+    """Where the tracer warned that a value became a constant (it also warns for a branch
+    on a size, which the shape key makes safe): whether the trace still equals the eager
+    call on other values of the same shape (floating inputs negated and scaled), which a branch on data or a value read with ``.item()`` would not."""
+    other = tuple(-1.7 * t if t.is_floating_point() else t for t in inputs)
+    mine, theirs = _copies(other), _copies(other)
+    return torch.equal(trace(*mine), eager(*theirs)) and all(map(torch.equal, mine, theirs))
 
 
 def _copies(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
