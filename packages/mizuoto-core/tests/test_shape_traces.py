@@ -37,6 +37,19 @@ class ValueBranch(nn.Module):
         return x * 2 if bool(x.sum() > 0) else x * 3
 
 
+class Owner(nn.Module):
+    """A block under a module whose method (not ``forward``) is traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def body(self, x: torch.Tensor, scale: torch.Tensor, *, twice: bool = False
+             ) -> torch.Tensor:
+        out = self.block(x, scale)
+        return out * 2 if twice else out
+
+
 def _inputs(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(rows, 8, generator=generator), torch.rand(rows, 1, generator=generator)
@@ -143,15 +156,6 @@ def test_dtypes_are_separate_shapes(dtype):
 
 @torch.inference_mode()
 def test_of_method_traces_a_method_with_fixed_keywords():
-    class Owner(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.block = Block()
-
-        def body(self, x: torch.Tensor, scale: torch.Tensor, *, twice: bool) -> torch.Tensor:
-            out = self.block(x, scale)
-            return out * 2 if twice else out
-
     owner = Owner()
     traces = ShapeTraces.of_method(owner, "body", name="owner", twice=True)
     inputs = _inputs(3)
@@ -165,16 +169,6 @@ def test_of_method_traces_a_method_with_fixed_keywords():
 @torch.inference_mode()
 def test_keyword_options_at_the_call_get_their_own_traces():
     """Options that change the operations (a flag) are part of the key, like a shape."""
-    class Owner(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.block = Block()
-
-        def body(self, x: torch.Tensor, scale: torch.Tensor, *, twice: bool = False
-                 ) -> torch.Tensor:
-            out = self.block(x, scale)
-            return out * 2 if twice else out
-
     owner = Owner()
     traces = ShapeTraces.of_method(owner, "body", name="owner")
     for seed in (1, 2):
