@@ -129,6 +129,36 @@ def test_past_max_shapes_new_shapes_run_eager():
 
 
 @torch.inference_mode()
+def test_the_proof_runs_a_trace_up_to_its_optimized_graph_each_run_compared(monkeypatch):
+    """TorchScript profiles a trace's first run and optimizes on the next (both slow): the
+    proof makes those runs, each against eager, so later calls replay the proven graph."""
+    runs, real_trace = [], torch.jit.trace
+    profiled = torch._C._jit_get_num_profiled_runs()
+
+    class Counted(nn.Module):
+        def __init__(self, trace: nn.Module) -> None:
+            super().__init__()
+            self.trace = trace
+
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            runs.append(1)
+            out = self.trace(*inputs)
+            # the optimized graph differs from eager: its proof fails, the shape stays eager
+            return out + 1 if len(runs) > profiled and wrong else out
+
+    monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: Counted(real_trace(*a, **k)))
+    for wrong in (False, True):
+        runs.clear()
+        traces = ShapeTraces(Block(), name="block")
+        traces(*_inputs(3))
+        assert len(runs) == profiled + 1
+        assert traces.traced == (0 if wrong else 1)
+        assert list(traces.eager_shapes.values()) == (
+            ["the trace's output (or what it wrote) differs from the eager call's"]
+            if wrong else [])
+
+
+@torch.inference_mode()
 def test_a_failed_trace_leaves_the_shape_eager(monkeypatch):
     def broken_trace(*args, **kwargs):
         raise RuntimeError("no tracer here")
