@@ -140,3 +140,24 @@ def test_bench_profile_splits_a_voxcpm_request(tmp_path, monkeypatch):
     assert profile["components"]["dit"]["gmacs_per_unit"] > 0
     covered = sum(row["ms"] for row in profile["components"].values())
     assert covered == pytest.approx(profile["request_s"] * 1e3)
+    assert profile["eager_for_hooks"] == {}  # the exact path traces nothing
+
+
+def test_bench_profile_says_which_traced_calls_its_hooks_timed_eager(tmp_path, monkeypatch):
+    """A trace runs no hook, so under the profile's clocks an int8 engine's traced steps run
+    eager: the profile counts and names them rather than pass eager times for traced ones."""
+    pytest.importorskip("mizuoto_voxcpm")
+    from mizuoto.benchmarking.profile import profile_table
+
+    monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(cli, ["--quiet", "bench", "random:voxcpm/tiny-0.5b", "--runs",
+                                      "1", "--threads", "1", "--json", "--profile",
+                                      "--option", "engines.voxcpm.fast=int8"], obj={},
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(result.output)["configurations"][0]["runs"]
+    eager = run["profile"]["eager_for_hooks"]
+    assert set(eager) == {"base LM decode step", "residual LM decode step", "local DiT",
+                          "local encoder"}
+    assert eager["local DiT"] > eager["base LM decode step"] > 0  # steps x evaluations
+    assert "timed eager, traced in a plain request" in profile_table(run["profile"])

@@ -190,14 +190,22 @@ def _profile(side: _Side, request, spec: RunSpec) -> dict[str, Any] | None:
         measure_read_rate,
         split,
     )
+    from mizuoto.runtime.shape_traces import calls_run_eager_for_hooks
 
     if side.components is None:
         return None
     bandwidth, read_rate = measure_bandwidth(), measure_read_rate()
     components = side.components()
+    before = calls_run_eager_for_hooks()
     with component_clocks(components) as clocks:
         total = _request(side, request, spec.stream)["request_s"]
+    after = calls_run_eager_for_hooks()
     rates = measure_kernel_rates({layer_kernel(layer) for group in clocks.values()
                                   for clock in group for layer in clock.layers})
-    return split(clocks, total, bandwidth, per="stop_head" if "stop_head" in components
-                 else None, rates=rates, read_gb_s=read_rate)
+    profile = split(clocks, total, bandwidth, per="stop_head" if "stop_head" in components
+                    else None, rates=rates, read_gb_s=read_rate)
+    # the clocks are hooks, and a trace runs none: those calls were timed eager
+    profile["eager_for_hooks"] = {name: count - before.get(name, 0)
+                                  for name, count in after.items()
+                                  if count > before.get(name, 0)}
+    return profile

@@ -388,6 +388,11 @@ def profile_table(profile: Mapping[str, Any]) -> str:
                      + (f"{_pct(row.get('of_kernel_floor')):>12} " if rated else "")
                      + f"{_num(row.get('floor_ms'), 1):>9} {_pct(row.get('of_floor')):>8} "
                      f"{_num(row.get('first_call_ms'), 1):>11}")
+    eager = profile.get("eager_for_hooks")
+    if eager:
+        lines.append("timed eager, traced in a plain request (a trace runs no hook, and these "
+                     "clocks are hooks): " + ", ".join(f"{name} x{count}"
+                                                       for name, count in sorted(eager.items())))
     if rated:  # roofline: of the bandwidth floor; floor: the CPU's, per dtype
         lines.append("kernels that ran:")
         lines.extend(f"  {name}: " + ", ".join(f"{kernel} x{count}"

@@ -29,6 +29,7 @@ uses the tracer, hiding its deprecation warning, until torch removes it.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import warnings
@@ -41,6 +42,16 @@ logger = logging.getLogger(__name__)
 
 #: beyond this many shapes, new ones run eager (a trace holds its graph: bounded memory)
 MAX_SHAPES = 64
+
+#: per trace name, the calls that ran eager because a hook was registered (a profile's
+#: counters): what ``mizuoto bench --profile`` timed is then not what a plain request runs
+_HOOKED_CALLS: collections.Counter[str] = collections.Counter()
+
+
+def calls_run_eager_for_hooks() -> dict[str, int]:
+    """Per trace name, how many calls have run eager (untraced) in this process because a
+    Python hook sat on the module or inside it; compare two snapshots around a block."""
+    return dict(_HOOKED_CALLS)
 
 
 def _shape_key(inputs: tuple[torch.Tensor, ...], static: dict[str, Hashable]) -> Hashable:
@@ -96,7 +107,10 @@ class ShapeTraces:
         return len(self._traces)
 
     def __call__(self, *inputs: torch.Tensor, **static: Hashable) -> torch.Tensor:
-        if torch.is_grad_enabled() or any(self._hook_dicts):
+        if torch.is_grad_enabled():
+            return self.module(*inputs, **static)
+        if any(self._hook_dicts):
+            _HOOKED_CALLS[self.name] += 1
             return self.module(*inputs, **static)
         key = _shape_key(inputs, static)
         trace = self._traces.get(key)
