@@ -91,8 +91,8 @@ class ShapeTraces:
         # gathered once; a hook is added into them, so a check is one pass over the list)
         self._hook_dicts = [hooks for m in module.modules()
                             for hooks in (m._forward_hooks, m._forward_pre_hooks)]
-        self._hook_dicts += [nn.modules.module._global_forward_hooks,
-                             nn.modules.module._global_forward_pre_hooks]
+        self._hook_dicts += [getattr(nn.modules.module, name, {}) for name in (
+            "_global_forward_hooks", "_global_forward_pre_hooks")]  # torch's, on every module
         self._lock = threading.Lock()
 
     @classmethod
@@ -174,7 +174,8 @@ def _agrees_elsewhere(trace: nn.Module, eager: nn.Module,
                       inputs: tuple[torch.Tensor, ...]) -> bool:
     """Where the tracer warned that a value became a constant (it also warns for a branch
     on a size, which the shape key makes safe): whether the trace still equals the eager
-    call on other values of the same shape (floating inputs negated and scaled), which a branch on data or a value read with ``.item()`` would not."""
+    call on other values of the same shape (floating inputs negated and scaled), which a
+    branch on data or a value read with ``.item()`` would not."""
     other = tuple(-1.7 * t if t.is_floating_point() else t for t in inputs)
     mine, theirs = _copies(other), _copies(other)
     return torch.equal(trace(*mine), eager(*theirs)) and all(map(torch.equal, mine, theirs))
