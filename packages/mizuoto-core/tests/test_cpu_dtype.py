@@ -54,14 +54,3 @@ def test_an_avx2_cpu_has_no_native_reduced_precision():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False", "True"]
-
-
-def test_the_int8_dot_product_is_read_from_the_cpu_flags(monkeypatch):
-    from mizuoto.runtime import device
-
-    for flags, expected in (({"avx2", "fma"}, False), ({"avx2", "avx512_vnni"}, True),
-                            ({"avx_vnni"}, True), ({"amx_int8"}, True), (set(), False)):
-        monkeypatch.setattr(device, "_cpu_flags", lambda flags=flags: frozenset(flags))
-        device.cpu_int8_dot.cache_clear()
-        assert device.cpu_int8_dot() is expected, flags
-    device.cpu_int8_dot.cache_clear()

@@ -161,18 +161,6 @@ def native_from_flags(dtype: torch.dtype, flags: frozenset[str]) -> bool:
     return dtype not in _NATIVE_FLAGS or bool(_NATIVE_FLAGS[dtype] & flags)
 
 
-# x86 flags of an int8 dot-product instruction that sums byte products in 32 bits
-_INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-@functools.cache
-def cpu_int8_dot() -> bool:
-    """Whether this CPU has an int8 dot-product instruction (VNNI or AMX): without one, fbgemm
-    sums pairs of byte products in 16 bits, which a full 8-bit input can saturate (why torch's
-    dynamic int8 layer quantizes its input to 7 bits on x86)."""
-    return bool(_INT8_DOT_FLAGS & _cpu_flags())
-
-
 def _cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
