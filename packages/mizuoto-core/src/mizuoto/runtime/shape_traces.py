@@ -129,25 +129,25 @@ class ShapeTraces:
         if len(self._traces) >= self.max_shapes:
             self.eager_shapes[key] = f"more than {self.max_shapes} shapes"
             return eager(*inputs)
-        # the tracing run and the trial replay each get copies: a module may write into its
-        # inputs (a decode step's cache and position), which the real call does once
-        tracing = _copies(inputs)
-        trials = [_copies(inputs) for _ in range(_runs_until_optimized())]
+        # the tracing run and each trial replay get copies of the inputs as they were: a
+        # module may write into them (a decode step's cache and position), which the real
+        # call does once
+        pristine = _copies(inputs)
         expected = eager(*inputs)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")  # kept here: the tracer's deprecation too
-                trace = torch.jit.trace(eager, tracing, check_trace=False)
-                # every run up to the optimized graph the later calls replay
-                outputs = [trace(*trial) for trial in trials]
+                trace = torch.jit.trace(eager, _copies(pristine), check_trace=False)
+                # every run up to the optimized graph the later calls replay, each on fresh
+                # copies made in turn (a decode step's are its cache: one at a time)
+                replayed = all(_replays(trace, pristine, inputs, expected)
+                               for _ in range(_runs_until_optimized()))
         except Exception as exc:  # any tracer failure means: stay eager
             reason = f"tracing failed: {type(exc).__name__}: {exc}"
         else:
             warned = [str(w.message) for w in caught
                       if issubclass(w.category, torch.jit.TracerWarning)]
-            if not all(isinstance(got, torch.Tensor) and torch.equal(got, expected)
-                       and all(map(torch.equal, trial, inputs))
-                       for got, trial in zip(outputs, trials, strict=True)):
+            if not replayed:
                 reason = "the trace's output (or what it wrote) differs from the eager call's"
             elif warned and not _agrees_elsewhere(trace, eager, inputs):
                 reason = f"depends on input values: {warned[0]}"
@@ -158,6 +158,17 @@ class ShapeTraces:
         logger.info("%s: shape %s%s runs eager (%s)", self.name,
                     [tuple(t.shape) for t in inputs], f" {static}" if static else "", reason)
         return expected
+
+
+def _replays(trace: nn.Module, pristine: tuple[torch.Tensor, ...],
+             written: tuple[torch.Tensor, ...], expected: torch.Tensor) -> bool:
+    """Whether the trace, run on copies of the inputs as they were before the eager call
+    (``pristine``), gives its output ``expected`` and leaves its copies as the eager call
+    left the inputs (``written``)."""
+    trial = _copies(pristine)
+    got = trace(*trial)
+    return (isinstance(got, torch.Tensor) and torch.equal(got, expected)
+            and all(map(torch.equal, trial, written)))
 
 
 def _runs_until_optimized() -> int:
