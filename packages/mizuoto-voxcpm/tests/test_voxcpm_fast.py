@@ -377,3 +377,31 @@ def test_a_model_loaded_under_inference_mode_gives_the_same_audio(dirs, dtype, f
     outside = _say(_load(dirs[dtype], fast))
     assert torch.equal(in_block.audio.samples, outside.audio.samples)
     assert torch.equal(_say(inside).audio.samples, outside.audio.samples)
+
+
+def test_applied_fast_traces_reads_what_trace_fast_steps_set():
+    """``fast_traces_applied`` decides nothing itself: a model whose parts trace_fast_steps
+    left untraced (int8 under compute.compile) reads as such, one traced reads as traced."""
+    from types import SimpleNamespace
+
+    from mizuoto_voxcpm.fast import TRACED_STEPS, fast_traces_applied, trace_fast_steps
+
+    class Part:
+        shape_traces = None
+
+        def trace_steps(self, name=None):
+            self.shape_traces = SimpleNamespace(traced=1, name=name, eager_shapes={})
+
+        trace_evaluations = trace_steps
+
+    def model():
+        return SimpleNamespace(feat_decoder=SimpleNamespace(estimator=Part()),
+                               feat_encoder=Part(), base_lm=Part(), residual_lm=Part())
+
+    compiled, plain = model(), model()
+    assert trace_fast_steps(compiled, "int8", compiled=True) is False
+    assert trace_fast_steps(plain, "int8", compiled=False) is True
+    assert fast_traces_applied(compiled, "int8") == {
+        "fast_traces": "none: compute.compile owns the DiT"}
+    assert fast_traces_applied(plain, "int8") == {"fast_traces": TRACED_STEPS}
+    assert fast_traces_applied(plain, "off") == {}

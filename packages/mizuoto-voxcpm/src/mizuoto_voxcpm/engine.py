@@ -275,8 +275,7 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         if traced or has_packable_layers(model.component_groups()):
             # the packed kernels' and traces' proofs now (one patch), not in the first request
             rehearse_patch(model)
-        placement = placement.with_settings(**fast_traces_applied(
-            model, engine_options.fast, compiled=compiled_dit))
+        placement = placement.with_settings(**fast_traces_applied(model, engine_options.fast))
         placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")
         vae_config = audio_vae_config_from_model_config(

@@ -200,18 +200,20 @@ def trace_fast_steps(model, profile: str, *, compiled: bool) -> bool:
     return True
 
 
-def fast_traces_applied(model, profile: str, *, compiled: bool) -> dict[str, str]:
+def fast_traces_applied(model, profile: str) -> dict[str, str]:
     """What ``applied.compute["fast_traces"]`` says after :func:`trace_fast_steps` and a
     rehearsed patch (nothing for ``off``): which parts replay traces, or which stay eager
-    and why."""
+    and why. Whether traces were set is read from the model, so that
+    :func:`trace_fast_steps` alone decides it."""
     if profile == "off":
         return {}
     if profile != "int8":
         return {"fast_traces": "none (int8-lm: the DiT and the encoder as exact)"}
-    if compiled:
-        return {"fast_traces": "none: compute.compile owns the DiT"}
     proven = [model.feat_decoder.estimator.shape_traces, model.feat_encoder.shape_traces,
               model.base_lm.shape_traces, model.residual_lm.shape_traces]
+    if any(traces is None for traces in proven):
+        # int8 sets no traces only under compute.compile (trace_fast_steps)
+        return {"fast_traces": "none: compute.compile owns the DiT"}
     if all(traces.traced for traces in proven):
         return {"fast_traces": TRACED_STEPS}
     reasons = sorted({f"{traces.name}: {reason}" for traces in proven
