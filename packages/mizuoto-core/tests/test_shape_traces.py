@@ -198,7 +198,8 @@ def test_of_method_traces_a_method_with_fixed_keywords():
 
 @torch.inference_mode()
 def test_keyword_options_at_the_call_get_their_own_traces():
-    """Options that change the operations (a flag) are part of the key, like a shape."""
+    """Options that change the operations (a flag) are part of the key, like a shape; an
+    option given at its default keys as if unset (the same operations, one trace)."""
     owner = Owner()
     traces = ShapeTraces.of_method(owner, "body", name="owner")
     for seed in (1, 2):
@@ -206,7 +207,10 @@ def test_keyword_options_at_the_call_get_their_own_traces():
         for twice in (False, True):
             assert torch.equal(traces(*inputs, twice=twice), owner.body(*inputs, twice=twice))
     assert torch.equal(traces(*_inputs(3)), owner.body(*_inputs(3)))
-    assert traces.traced == 3  # unset, False and True: each its own key
+    assert traces.traced == 2  # False (also unset) and True
+    assert torch.equal(traces(*_inputs(4)), owner.body(*_inputs(4)))
+    assert torch.equal(traces(*_inputs(4, 5), twice=False), owner.body(*_inputs(4, 5)))
+    assert traces.traced == 3  # a new shape: unset, then False replays its trace
 
 
 class Writer(nn.Module):

@@ -30,6 +30,7 @@ uses the tracer, hiding its deprecation warning, until torch removes it.
 from __future__ import annotations
 
 import collections
+import inspect
 import logging
 import threading
 import warnings
@@ -54,9 +55,35 @@ def calls_run_eager_for_hooks() -> dict[str, int]:
     return dict(_HOOKED_CALLS)
 
 
-def _shape_key(inputs: tuple[torch.Tensor, ...], static: dict[str, Hashable]) -> Hashable:
-    return (tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs),
-            tuple(sorted(static.items())))
+def _shape_key(inputs: tuple[torch.Tensor, ...], static: dict[str, Hashable],
+               defaults: dict[str, object]) -> Hashable:
+    # an option given at its default keys as if unset: one trace for the same operations
+    options = tuple(sorted((name, value) for name, value in static.items()
+                           if not _is_default(value, defaults.get(name, _NO_DEFAULT))))
+    return (tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs), options)
+
+
+_NO_DEFAULT = object()
+
+
+def _is_default(value: object, default: object) -> bool:
+    return value is default or (type(value) is type(default) and value == default)
+
+
+def _keyword_defaults(module: nn.Module) -> dict[str, object]:
+    """The defaults of the options ``module``'s call takes by keyword (for a
+    :class:`MethodCall`, its method's, less the fixed ones)."""
+    if isinstance(module, MethodCall):
+        target, fixed = getattr(module.owner, module.method), module.fixed
+    else:
+        target, fixed = module.forward, {}
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: options key as given
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not p.empty
+            and p.name not in fixed
+            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
 class MethodCall(nn.Module):
@@ -87,6 +114,7 @@ class ShapeTraces:
         self._traces: dict[Hashable, nn.Module] = {}
         #: shape key -> why that shape runs eager (a failed or unequal trace)
         self.eager_shapes: dict[Hashable, str] = {}
+        self._defaults = _keyword_defaults(module)
         # a trace runs no Python hook: calls go eager while one is registered (the dicts are
         # gathered once; a hook is added into them, so a check is one pass over the list)
         self._hook_dicts = [hooks for m in module.modules()
@@ -112,7 +140,7 @@ class ShapeTraces:
         if any(self._hook_dicts):
             _HOOKED_CALLS[self.name] += 1
             return self.module(*inputs, **static)
-        key = _shape_key(inputs, static)
+        key = _shape_key(inputs, static, self._defaults)
         trace = self._traces.get(key)
         if trace is not None:
             return trace(*inputs)
