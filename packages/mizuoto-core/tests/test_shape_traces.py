@@ -96,6 +96,27 @@ def test_autograd_and_hooks_run_the_module_eagerly():
 
 
 @torch.inference_mode()
+def test_calls_run_eager_for_hooks_are_counted_per_traces_found_under_the_modules():
+    """A profile's count of hooked (eager) calls reads the traces its modules hold, so two
+    engines in one process do not mix; a module not holding traces counts nothing."""
+    from mizuoto.runtime.shape_traces import calls_run_eager_for_hooks
+
+    mine, theirs = Owner(), Owner()
+    for owner in (mine, theirs):
+        owner.shape_traces = ShapeTraces.of_method(owner, "body", name="body")
+    handle = mine.block.register_forward_hook(lambda *args: None)
+    try:
+        mine.shape_traces(*_inputs(3))
+        mine.shape_traces(*_inputs(3))
+        theirs.shape_traces(*_inputs(3))  # no hook: traced
+    finally:
+        handle.remove()
+    assert calls_run_eager_for_hooks([mine]) == {"body": 2}
+    assert calls_run_eager_for_hooks([theirs]) == {"body": 0}
+    assert calls_run_eager_for_hooks([Block(), "not a module"]) == {}
+
+
+@torch.inference_mode()
 def test_a_module_that_branches_on_values_stays_eager_and_says_why(caplog):
     traces = ShapeTraces(ValueBranch(), name="branchy")
     positive = torch.ones(4)

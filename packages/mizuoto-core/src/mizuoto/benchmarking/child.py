@@ -196,10 +196,11 @@ def _profile(side: _Side, request, spec: RunSpec) -> dict[str, Any] | None:
         return None
     bandwidth, read_rate = measure_bandwidth(), measure_read_rate()
     components = side.components()
-    before = calls_run_eager_for_hooks()
+    modules = [module for group in components.values() for module in group]
+    before = calls_run_eager_for_hooks(modules)
     with component_clocks(components) as clocks:
         total = _request(side, request, spec.stream)["request_s"]
-    after = calls_run_eager_for_hooks()
+    after = calls_run_eager_for_hooks(modules)
     rates = measure_kernel_rates({layer_kernel(layer) for group in clocks.values()
                                   for clock in group for layer in clock.layers})
     profile = split(clocks, total, bandwidth, per="stop_head" if "stop_head" in components

@@ -34,7 +34,7 @@ import inspect
 import logging
 import threading
 import warnings
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 import torch
 from torch import nn
@@ -44,15 +44,23 @@ logger = logging.getLogger(__name__)
 #: beyond this many shapes, new ones run eager (a trace holds its graph: bounded memory)
 MAX_SHAPES = 64
 
-#: per trace name, the calls that ran eager because a hook was registered (a profile's
-#: counters): what ``mizuoto bench --profile`` timed is then not what a plain request runs
-_HOOKED_CALLS: collections.Counter[str] = collections.Counter()
-
-
-def calls_run_eager_for_hooks() -> dict[str, int]:
-    """Per trace name, how many calls have run eager (untraced) in this process because a
-    Python hook sat on the module or inside it; compare two snapshots around a block."""
-    return dict(_HOOKED_CALLS)
+def calls_run_eager_for_hooks(modules: Iterable[nn.Module]) -> dict[str, int]:
+    """Per trace name, how many calls of the traces that ``modules`` (or modules under them)
+    hold have run eager (untraced) because a Python hook sat on the module or inside it: a
+    profile's clocks are hooks, so what it timed is then not what a plain request runs.
+    Counted per :class:`ShapeTraces`, so two engines in one process keep apart; compare
+    two snapshots around a block."""
+    counts: collections.Counter[str] = collections.Counter()
+    seen: set[int] = set()
+    for module in modules:
+        if not isinstance(module, nn.Module):
+            continue
+        for inner in module.modules():
+            for value in vars(inner).values():
+                if isinstance(value, ShapeTraces) and id(value) not in seen:
+                    seen.add(id(value))
+                    counts[value.name] += value.eager_for_hooks
+    return dict(counts)
 
 
 def _shape_key(inputs: tuple[torch.Tensor, ...], static: dict[str, Hashable],
@@ -115,6 +123,8 @@ class ShapeTraces:
         #: shape key -> why that shape runs eager (a failed or unequal trace)
         self.eager_shapes: dict[Hashable, str] = {}
         self._defaults = _keyword_defaults(module)
+        #: calls run eager because a hook was registered (:func:`calls_run_eager_for_hooks`)
+        self.eager_for_hooks = 0
         # a trace runs no Python hook: calls go eager while one is registered (the dicts are
         # gathered once; a hook is added into them, so a check is one pass over the list)
         self._hook_dicts = [hooks for m in module.modules()
@@ -138,7 +148,7 @@ class ShapeTraces:
         if torch.is_grad_enabled():
             return self.module(*inputs, **static)
         if any(self._hook_dicts):
-            _HOOKED_CALLS[self.name] += 1
+            self.eager_for_hooks += 1
             return self.module(*inputs, **static)
         key = _shape_key(inputs, static, self._defaults)
         trace = self._traces.get(key)
