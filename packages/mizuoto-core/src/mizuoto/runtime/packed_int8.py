@@ -118,7 +118,9 @@ class PackedInt8Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().float()
         levels = weight_levels()  # 63 where the kernel would clip byte-product pairs (AVX2)
-        scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / levels
+        # each row's largest magnitude in one pass (abs().amax() made a copy first: 0.7x)
+        largest = torch.linalg.vector_norm(weight, float("inf"), dim=1)
+        scale = largest.clamp_min(torch.finfo(torch.float32).tiny) / levels
         # in place: fresh temporaries for each step made this 10x slower (a whole model's load)
         rounded = weight / scale[:, None]
         rounded.round_().clamp_(-levels, levels)
