@@ -1,6 +1,6 @@
-"""A fast profile's VoxCPM local DiT evaluation and local encoder step replayed as proven
-TorchScript traces (:class:`mizuoto.runtime.shape_traces.ShapeTraces`) against the same calls
-run eagerly, and whole streams with the traces against without them.
+"""A fast profile's VoxCPM local DiT evaluation, local encoder step and base LM decode step
+replayed as proven TorchScript traces (:class:`mizuoto.runtime.shape_traces.ShapeTraces`)
+against the same calls run eagerly, and whole streams with the traces against without them.
 
     mizuoto random-model voxcpm/realsize-0.5b DIR     # once: random weights of the real size
     python benchmarks/cpu/shape_traces.py DIR --threads 2
@@ -8,7 +8,8 @@ run eagerly, and whole streams with the traces against without them.
 
 Paired, in one process: each repeat times the eager and the traced call in turn (alternating
 which goes first) on the inputs of a single stream's guided evaluation (the encoder: one
-patch), and the figure is the median of the per-repeat ratio traced / eager (below 1: the
+patch; the base LM: a step at positions 100 and 600, one trace for both), and the figure is
+the median of the per-repeat ratio traced / eager (below 1: the
 trace is faster). ``--streams N`` then times N pairs of 20-patch streams of the ``int8``
 profile, traced and eager in turn, and checks that both give the same audio. Not a test: the figures depend on
 the machine and its load.
@@ -60,6 +61,8 @@ def main() -> None:
         engines={"voxcpm": {"fast": "int8"}}))
     estimator, encoder = engine.model.feat_decoder.estimator, engine.model.feat_encoder
     traces, encoder_traces = estimator.shape_traces, encoder.shape_traces
+    lms = [engine.model.base_lm, engine.model.residual_lm]
+    lm_traces = [lm.shape_traces for lm in lms]
     if traces is None:
         raise SystemExit("this engine's DiT is not traced (applied.compute['fast_traces'])")
     calls = []
@@ -81,6 +84,8 @@ def main() -> None:
     def switch(traced: bool) -> None:
         estimator.shape_traces = traces if traced else None
         encoder.shape_traces = encoder_traces if traced else None
+        for lm, lm_trace in zip(lms, lm_traces, strict=True):
+            lm.shape_traces = lm_trace if traced else None
 
     with torch.inference_mode():
         times = _paired(lambda: [estimator(*inputs) for _ in range(5)], switch, args.repeats)
@@ -89,6 +94,22 @@ def main() -> None:
         times = _paired(lambda: [encoder(patch) for _ in range(5)], switch, args.repeats)
         print(f"one step's encoding {tuple(patch.shape)}, {args.threads} threads: "
               + _ratio(times[False], times[True], per=5))
+        cache = engine.model.caches.lm
+        embed = torch.randn(1, engine.model.base_lm.config.hidden_size)
+
+        def lm_steps(position: int) -> None:
+            for _ in range(5):
+                cache.length = position  # the same step again: its position reclaimed
+                cache.position.fill_(position)
+                engine.model.base_lm.step(embed, cache)
+
+        for position in (100, 600):
+            times = _paired(lambda position=position: lm_steps(position), switch,
+                            args.repeats // 3)
+            print(f"one base LM step at position {position}, {args.threads} threads: "
+                  + _ratio(times[False], times[True], per=5))
+        cache.length = 0  # the next prefill writes over these steps' keys and values
+        cache.position.zero_()
     if not args.streams:
         return
     request = SynthesisRequest("The quick brown fox jumps over the lazy dog near the river.",

@@ -261,3 +261,62 @@ def test_a_module_writing_into_its_inputs_writes_once_per_call_traced_or_not():
                                                                       expected_position)
     assert traces.traced == 1 and int(position) == 4
     assert storage[4:].abs().sum() == 0
+
+
+class AttendFilled(nn.Module):
+    """One query against a view of a buffer's filled rows (a decode step's cache): the view
+    grows by a row per call, its strides stay the buffer's. ``length_as_constant``: the row
+    count enters as a Python float, which the tracer keeps as a constant."""
+
+    def __init__(self, length_as_constant: bool = False) -> None:
+        super().__init__()
+        self.length_as_constant = length_as_constant
+        self.eager_calls = 0
+
+    def forward(self, query: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+        self.eager_calls += 1
+        weights = torch.softmax(filled @ query, dim=0)
+        out = weights @ filled
+        if self.length_as_constant:
+            out = out / float(len(filled))
+        return out
+
+
+@torch.inference_mode()
+def test_a_varying_size_is_served_by_one_trace_confirmed_at_a_second_size():
+    """``varying``: one trace for every length of the filled view; proven where it was
+    traced, compared once more at the next length, then replayed alone."""
+    module = AttendFilled()
+    traces = ShapeTraces(module, name="attend", varying={1: 0})
+    generator = torch.Generator().manual_seed(3)
+    buffer = torch.randn(32, 8, generator=generator)
+    query = torch.randn(8, generator=generator)
+    eager_calls = []
+    for length in range(3, 20):
+        expected = module(query, buffer[:length])
+        before = module.eager_calls
+        assert torch.equal(traces(query, buffer[:length]), expected)
+        eager_calls.append(module.eager_calls - before)
+    assert traces.traced == 1 and traces.eager_shapes == {}
+    # the first length: the eager call and the tracing run; the next: the confirming call
+    assert eager_calls[:2] == [2, 1] and set(eager_calls[2:]) == {0}
+    # without ``varying`` each length is its own shape
+    plain = ShapeTraces(AttendFilled(), name="attend")
+    for length in (3, 4, 5):
+        plain(query, buffer[:length])
+    assert plain.traced == 3
+
+
+@torch.inference_mode()
+def test_a_trace_keeping_a_varying_size_as_a_constant_is_refused_at_the_next_size(caplog):
+    module = AttendFilled(length_as_constant=True)
+    traces = ShapeTraces(module, name="constant length", varying={1: 0})
+    buffer = torch.randn(32, 8, generator=torch.Generator().manual_seed(4))
+    query = buffer[0].clone()
+    with caplog.at_level(logging.INFO, logger="mizuoto.runtime.shape_traces"):
+        for length in range(3, 8):
+            assert torch.equal(traces(query, buffer[:length]), module(query, buffer[:length]))
+    assert traces.traced == 0
+    (reason,) = traces.eager_shapes.values()
+    assert "made at varying size (3,) differs from the eager call at (4,)" in reason
+    assert "constant length" in caplog.text

@@ -124,15 +124,12 @@ def test_a_fast_dit_computes_the_patch_positions_only_in_its_last_layer(separate
 
 
 @torch.inference_mode()
-def test_traced_decode_steps_equal_the_fast_step_to_rounding_below_the_traced_span(
-        monkeypatch):
-    """``trace_steps``: single-sequence steps at positions below ``TRACED_SPAN`` run one
-    proven trace over all of them (the rest masked), later ones eagerly over the filled
-    positions: within rounding of the fast step throughout, writing the same cache positions
-    and advancing the position alike."""
-    from mizuoto_voxcpm import minicpm4
-
-    monkeypatch.setattr(minicpm4, "TRACED_SPAN", 16)
+@pytest.mark.parametrize("prefill", [0, 11])
+def test_one_traced_decode_step_serves_every_position_with_the_fast_steps_bits(prefill):
+    """``trace_steps``: a single-sequence step against a ``fast`` cache replays one trace at
+    every position (the filled positions are its varying size), proven where it was made
+    and confirmed at the next position: the fast step's bits, the same cache writes and
+    position, from an empty cache or after a prefill, past what a fixed span would hold."""
     config = lm_config(64, 96, heads=8, kv_heads=2)
     torch.manual_seed(0)
     plain = MiniCPM4(config)
@@ -141,19 +138,37 @@ def test_traced_decode_steps_equal_the_fast_step_to_rounding_below_the_traced_sp
     traced = copy.deepcopy(plain)
     traced.trace_steps()
     generator = torch.Generator().manual_seed(1)
-    _, pairs = plain(torch.randn(1, 11, config.hidden_size, generator=generator))
-    caches = {}
-    for name in ("plain", "traced"):
-        caches[name] = KVCache(config, 64, attention="fast")
-        caches[name].fill(pairs)
-    for _ in range(8):  # positions 11-15 traced, 16-18 eager
+    caches = {name: KVCache(config, 64, attention="fast") for name in ("plain", "traced")}
+    if prefill:
+        _, pairs = plain(torch.randn(1, prefill, config.hidden_size, generator=generator))
+        for cache in caches.values():
+            cache.fill(pairs)
+    steps = 40
+    for _ in range(steps):
         embed = torch.randn(1, config.hidden_size, generator=generator)
         expected = plain.step(embed, caches["plain"])
         got = traced.step(embed, caches["traced"])
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, expected)
     assert traced.shape_traces.traced == 1 and traced.shape_traces.eager_shapes == {}
-    assert caches["traced"].length == caches["plain"].length == 19
-    assert int(caches["traced"].position) == int(caches["plain"].position) == 19
-    torch.testing.assert_close(caches["traced"].tensor, caches["plain"].tensor,
-                               rtol=1e-5, atol=1e-5)
-    assert caches["traced"].tensor[..., 19:, :].abs().sum() == 0  # nothing past the steps
+    end = prefill + steps
+    assert caches["traced"].length == caches["plain"].length == end
+    assert int(caches["traced"].position) == int(caches["plain"].position) == end
+    assert torch.equal(caches["traced"].tensor, caches["plain"].tensor)
+    assert caches["traced"].tensor[..., end:, :].abs().sum() == 0  # nothing past the steps
+
+
+@torch.inference_mode()
+def test_a_cache_with_exact_attention_steps_eagerly_under_traces():
+    """The traced step attends over the filled positions, unmasked: a cache whose attention
+    is ``exact`` (spans of 256, masked: upstream's bits) keeps the eager step."""
+    config = lm_config(64, 96, heads=8, kv_heads=2)
+    torch.manual_seed(0)
+    plain = MiniCPM4(config)
+    traced = copy.deepcopy(plain)
+    traced.trace_steps()
+    caches = {name: KVCache(config, 64, attention="exact") for name in ("plain", "traced")}
+    embed = torch.randn(1, config.hidden_size)
+    for _ in range(3):
+        assert torch.equal(traced.step(embed, caches["traced"]),
+                           plain.step(embed, caches["plain"]))
+    assert traced.shape_traces.traced == 0

@@ -85,7 +85,7 @@ def test_a_bfloat16_load_proves_the_prefill_too(tmp_path, monkeypatch):
 
 def test_nothing_is_rehearsed_without_packable_layers(model_dir, monkeypatch):
     calls = []
-    monkeypatch.setattr("mizuoto_voxcpm.engine.rehearse_patch", calls.append)
+    monkeypatch.setattr("mizuoto_voxcpm.engine.rehearse_patches", calls.append)
     _load(model_dir, "off")
     assert calls == []
     _load(model_dir, "auto")

@@ -103,7 +103,7 @@ def test_a_trace_that_fails_leaves_its_part_eager_and_applied_names_which(dirs, 
     real_trace = torch.jit.trace
 
     def refuse_lm_steps(module, *args, **kwargs):
-        if isinstance(module, MethodCall) and module.method == "step_over":
+        if isinstance(module, MethodCall) and module.method == "step_filled":
             raise RuntimeError("refused by the test")
         return real_trace(module, *args, **kwargs)
 

@@ -74,7 +74,7 @@ from mizuoto_voxcpm.layer_fusion import fuse_prepacked
 from mizuoto_voxcpm.long_text import pack_chunks
 from mizuoto_voxcpm.lora import LORA_TARGETS, read_adapter
 from mizuoto_voxcpm.model import WEIGHT_FILES, find_weights, load_model
-from mizuoto_voxcpm.patch_decoder import rehearse_patch
+from mizuoto_voxcpm.patch_decoder import rehearse_patches
 from mizuoto_voxcpm.patch_graphs import PatchGraphs
 from mizuoto_voxcpm.patch_rows import ChunkRun, PatchRow, PatchSteps, Retry
 from mizuoto_voxcpm.prompt import encode_prompt, read_prompt_audio
@@ -273,8 +273,8 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         compiled_dit = bool(options.compute.compile)
         traced = trace_fast_steps(model, engine_options.fast, compiled=compiled_dit)
         if traced or has_packable_layers(model.component_groups()):
-            # the packed kernels' and traces' proofs now (one patch), not in the first request
-            rehearse_patch(model)
+            # the packed kernels' and traces' proofs now (two patches), not in the first request
+            rehearse_patches(model)
         placement = placement.with_settings(**fast_traces_applied(model, engine_options.fast))
         placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")

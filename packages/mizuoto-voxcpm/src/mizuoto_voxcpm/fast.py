@@ -50,7 +50,6 @@ from mizuoto.runtime.packed_int8 import (
 )
 from mizuoto.runtime.packed_int8_conv import pack_int8_convolutions
 from mizuoto_voxcpm.layer_fusion import fast_arithmetic, fuse_products
-from mizuoto_voxcpm.minicpm4 import TRACED_SPAN
 
 _LM_GROUPS = ("base_lm", "residual_lm")
 
@@ -179,17 +178,17 @@ def cache_attention(profile: str, requested: str) -> str:
 #: (:meth:`mizuoto_voxcpm.minicpm4.MiniCPM4.trace_steps`,
 #: :meth:`mizuoto_voxcpm.local_dit.LocalDiT.trace_evaluations`,
 #: :meth:`mizuoto_voxcpm.local_encoder.LocalEncoder.trace_steps`)
-TRACED_STEPS = (f"both LMs' decode steps at positions below {TRACED_SPAN} (over all "
-                f"{TRACED_SPAN}, masked), the local DiT's evaluations and the encoder's steps "
+TRACED_STEPS = ("both LMs' single-sequence decode steps (one trace for every position), "
+                "the local DiT's evaluations and the encoder's steps "
                 "traced per input shape (TorchScript), each proven equal to eager")
 
 
 def trace_fast_steps(model, profile: str, *, compiled: bool) -> bool:
     """Under ``int8`` (unless ``compiled``, ``compute.compile``: the compiler owns the DiT),
-    replay both LMs' single-sequence decode steps (below :data:`TRACED_SPAN`, masked), the
+    replay both LMs' single-sequence decode steps (one trace for every position), the
     local DiT's evaluations and the local encoder's decode steps as proven traces per input
-    shape; whether it did. The first call of each shape proves it: decode a patch while
-    loading (:func:`mizuoto_voxcpm.patch_decoder.rehearse_patch`), then
+    shape; whether it did. The first call of each shape proves it: decode two patches while
+    loading (:func:`mizuoto_voxcpm.patch_decoder.rehearse_patches`), then
     :func:`fast_traces_applied` says what was proven."""
     if profile != "int8" or compiled:
         return False

@@ -19,11 +19,6 @@ from mizuoto_voxcpm.config import TransformerConfig
 from mizuoto_voxcpm.kv_cache import KVCache, RowsStep, RowStep
 from mizuoto_voxcpm.longrope import LongRoPE, apply_rope, apply_rope_together, sign_flipped_sin
 
-#: a fast profile's traced decode steps: the positions below this, each step over all of
-#: them, masked (one trace, made at load: a trace of a base LM step takes 1.4 s on two AVX2
-#: cores, more than a request's steps at a new span would save); later steps run eagerly
-TRACED_SPAN = 256
-
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = hidden.dtype
@@ -302,19 +297,20 @@ class MiniCPM4(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope_emb = None if config.no_rope else LongRoPE(config)
-        #: a fast profile's decode steps below :data:`TRACED_SPAN`, over all of it, masked,
-        #: replayed as a proven trace (:meth:`trace_steps`), else None
+        #: a fast profile's single-sequence decode steps replayed as a proven trace
+        #: (:meth:`trace_steps`), else None
         self.shape_traces: ShapeTraces | None = None
 
     def trace_steps(self, *, name: str = "decode step") -> None:
-        """Decode single-sequence steps at positions below :data:`TRACED_SPAN` through
-        :meth:`step_over` over all of them (the unfilled ones masked: equal to rounding to
-        attending over the filled positions only) as a TorchScript trace proven equal to the
-        eager call (:class:`mizuoto.runtime.shape_traces.ShapeTraces`: a VoxCPM-0.5B base LM
-        step in 0.77 of its eager time on two AVX2 cores); later steps as before. Set it
-        after any rewrite of the layers: a trace keeps the packed weights it met. ``name``
-        says which LM in a fallback's reason."""
-        self.shape_traces = ShapeTraces.of_method(self, "step_over", name=name)
+        """Decode single-sequence steps against a cache with ``fast`` attention (over its
+        filled positions only) through :meth:`step_filled` as one TorchScript trace for every
+        position, proven equal to the eager step where it is traced and confirmed at the next
+        position (:class:`mizuoto.runtime.shape_traces.ShapeTraces`, the filled positions as
+        its varying size: a VoxCPM-0.5B base LM step in 0.75 of its eager time on two AVX2
+        cores, at positions 100-700 alike). Set it after any rewrite of the layers: a trace
+        keeps the packed weights it met. ``name`` says which LM in a fallback's reason."""
+        self.shape_traces = ShapeTraces.of_method(self, "step_filled", name=name,
+                                                  varying={1: -2})
 
     def forward(self, embeds: torch.Tensor, *, causal: bool = True,
                 segments: tuple[int, ...] | None = None, last: int | None = None
@@ -350,10 +346,9 @@ class MiniCPM4(nn.Module):
         Reads and advances ``cache.position`` on the device (no host value enters the tensors
         but the span), so the step can be captured in a CUDA graph.
         """
-        if self.shape_traces is not None and cache.length < TRACED_SPAN:
-            cache.next_position()
-            view = cache.tensor[..., :min(TRACED_SPAN, cache.max_length), :]
-            return self.shape_traces(embed, view, cache.position)
+        if self.shape_traces is not None and cache.attention == "fast":
+            filled = cache.tensor[..., :cache.next_position() + 1, :]
+            return self.shape_traces(embed, filled, cache.position)
         span = cache.attend_span(cache.next_position())
         position = cache.position
         rope = None
@@ -366,18 +361,18 @@ class MiniCPM4(nn.Module):
         position.add_(1)
         return self.norm(hidden)
 
-    def step_over(self, embed: torch.Tensor, cache: torch.Tensor, position: torch.Tensor
-                  ) -> torch.Tensor:
-        """:meth:`step` against ``cache``, a KV cache's tensor cut to the span attended over
-        (the positions past ``position`` masked: they hold zeros or rewound steps), writing
-        the new keys and values there and advancing ``position``: tensors only, to trace."""
-        span = cache.size(-2)
+    def step_filled(self, embed: torch.Tensor, filled: torch.Tensor, position: torch.Tensor
+                    ) -> torch.Tensor:
+        """:meth:`step` with ``fast`` attention against ``filled``, a KV cache's tensor cut to
+        the positions up to this step's (``position``), all attended, unmasked: writes the
+        new keys and values there and advances ``position``. Tensors only, to trace; the
+        tracer keeps ``filled``'s length as a size, not a constant (proven per trace)."""
+        span = filled.size(-2)
         rope = None if self.rope_emb is None else self.rope_emb(position)
-        mask = (torch.arange(span, device=position.device) <= position).view(1, 1, 1, -1)
         hidden = embed
         for index, layer in enumerate(self.layers):
-            hidden = layer.step(hidden, rope, position, span, mask,
-                                (cache[0, index], cache[1, index]))
+            hidden = layer.step(hidden, rope, position, span, None,
+                                (filled[0, index], filled[1, index]))
         position.add_(1)
         return self.norm(hidden)
 

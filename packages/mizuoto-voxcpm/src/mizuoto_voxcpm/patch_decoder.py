@@ -86,18 +86,28 @@ def step_language_models(model: VoxCPMModel, buffers: PatchBuffers, patch: torch
     buffers.residual_hidden.copy_(residual_hidden)
 
 
+#: patches :func:`rehearse_patches` decodes: a decode step's trace (one for every position)
+#: is confirmed at its second position
+REHEARSED_PATCHES = 2
+
+
 @torch.inference_mode()
-def rehearse_patch(model: VoxCPMModel) -> None:
-    """Decode one patch from random states in the model's own cache slot, then put the slot
+def rehearse_patches(model: VoxCPMModel) -> None:
+    """Decode two patches from random states in the model's own cache slot, then put the slot
     back, so that every prepacked linear layer proves (or rejects) its packed kernel for the
     row counts and input layouts of a single stream's decode (:mod:`mizuoto.runtime.prepack`)
     while the model loads instead of on a request's first patch. Two steps: the first is
     CFG-zero*'s zero velocity, the second one guided evaluation of the DiT. Other row counts
-    (continuous batching) and thread counts still prove on first use."""
+    (continuous batching) and thread counts still prove on first use. Two patches
+    (:data:`REHEARSED_PATCHES`): the LMs' step traces are confirmed at load too
+    (:meth:`mizuoto_voxcpm.minicpm4.MiniCPM4.trace_steps`)."""
     generator = torch.Generator(device=model.device).manual_seed(0)
     buffers = PatchBuffers.allocate(model)
     for tensor in buffers.tensors()[:3]:
         tensor.copy_(torch.randn(tensor.shape, generator=generator, device=model.device))
-    decode_patch(model, buffers, model.caches, steps=2, guidance=2.0, generator=generator)
-    # the next prefill writes over the step's keys and values (KVCache.fill zeroes the rest)
-    model.caches.rewind()
+    for _ in range(REHEARSED_PATCHES):
+        decode_patch(model, buffers, model.caches, steps=2, guidance=2.0,
+                     generator=generator)
+    # the next prefill writes over the steps' keys and values (KVCache.fill zeroes the rest)
+    for _ in range(REHEARSED_PATCHES):
+        model.caches.rewind()

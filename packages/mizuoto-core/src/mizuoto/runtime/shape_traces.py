@@ -21,6 +21,12 @@ everywhere when torch has no ``torch.jit.trace``. A trace reads the module's par
 they live (in-place changes show) but keeps other tensors it met, such as packed weights, as
 constants: build the traces after any rewrite of the layers.
 
+A size that changes from call to call without changing the operations (a decode step's view
+of a cache's filled positions, one longer each step) can be named ``varying``: one trace then
+serves every size of it. It is proven as above at the size it was traced at, and confirmed
+against the eager call at the first call of another size (a size the tracer kept as a
+constant, such as a slice's end, shows there); until then other sizes run through that check.
+
 ``torch.jit.trace`` is deprecated in torch 2.x in favour of ``torch.compile`` and
 ``torch.export``; on two CPU cores the compiler costs minutes at load and neither captures
 fbgemm's packed int8 matrix without a custom op (see docs/performance.md's levers), so this
@@ -34,7 +40,7 @@ import inspect
 import logging
 import threading
 import warnings
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -64,11 +70,24 @@ def calls_run_eager_for_hooks(modules: Iterable[nn.Module]) -> dict[str, int]:
 
 
 def _shape_key(inputs: tuple[torch.Tensor, ...], static: dict[str, Hashable],
-               defaults: dict[str, object]) -> Hashable:
+               defaults: dict[str, object], varying: dict[int, int]) -> Hashable:
     # an option given at its default keys as if unset: one trace for the same operations
     options = tuple(sorted((name, value) for name, value in static.items()
                            if not _is_default(value, defaults.get(name, _NO_DEFAULT))))
-    return (tuple((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs), options)
+    return (tuple((_shape(t, varying.get(index)), t.stride(), t.dtype, t.device)
+                  for index, t in enumerate(inputs)), options)
+
+
+def _shape(tensor: torch.Tensor, varying_dim: int | None) -> tuple[int | None, ...]:
+    shape = list(tensor.shape)
+    if varying_dim is not None:
+        shape[varying_dim] = None  # any size: one trace serves them all
+    return tuple(shape)
+
+
+def _varying_sizes(inputs: tuple[torch.Tensor, ...], varying: dict[int, int]
+                   ) -> tuple[int, ...]:
+    return tuple(inputs[index].size(dim) for index, dim in sorted(varying.items()))
 
 
 _NO_DEFAULT = object()
@@ -113,13 +132,22 @@ class ShapeTraces:
     """Calls ``module`` (whose ``forward`` takes tensors, plus keyword options that change
     its operations, and returns one tensor) through a proven trace of its input shapes where
     one exists; see the module docstring. Each value of the keyword options (hashable, such
-    as a flag) gets its own traces. :meth:`of_method` builds one for a method of a module."""
+    as a flag) gets its own traces. :meth:`of_method` builds one for a method of a module.
 
-    def __init__(self, module: nn.Module, *, name: str, max_shapes: int = MAX_SHAPES) -> None:
+    ``varying``: input index -> a dimension of that input whose size may differ from call to
+    call with the same operations (see the module docstring); its inputs must keep their
+    strides as it changes (a view into a fixed buffer), or each size keys apart."""
+
+    def __init__(self, module: nn.Module, *, name: str, max_shapes: int = MAX_SHAPES,
+                 varying: Mapping[int, int] | None = None) -> None:
         self.module = module
         self.name = name
         self.max_shapes = max_shapes
+        self.varying = dict(varying or {})
         self._traces: dict[Hashable, nn.Module] = {}
+        #: shape key -> the varying sizes its trace was proven at, until another size
+        #: confirms it (:meth:`_confirm`)
+        self._unconfirmed: dict[Hashable, tuple[int, ...]] = {}
         #: shape key -> why that shape runs eager (a failed or unequal trace)
         self.eager_shapes: dict[Hashable, str] = {}
         self._defaults = _keyword_defaults(module)
@@ -135,9 +163,9 @@ class ShapeTraces:
 
     @classmethod
     def of_method(cls, owner: nn.Module, method: str, *, name: str,
-                  **fixed: object) -> ShapeTraces:
+                  varying: Mapping[int, int] | None = None, **fixed: object) -> ShapeTraces:
         """Traces of ``owner.<method>(*tensors, **fixed)``."""
-        return cls(MethodCall(owner, method, **fixed), name=name)
+        return cls(MethodCall(owner, method, **fixed), name=name, varying=varying)
 
     @property
     def traced(self) -> int:
@@ -150,9 +178,13 @@ class ShapeTraces:
         if any(self._hook_dicts):
             self.eager_for_hooks += 1
             return self.module(*inputs, **static)
-        key = _shape_key(inputs, static, self._defaults)
+        key = _shape_key(inputs, static, self._defaults, self.varying)
         trace = self._traces.get(key)
         if trace is not None:
+            if self._unconfirmed and key in self._unconfirmed \
+                    and self._unconfirmed[key] != _varying_sizes(inputs, self.varying):
+                with self._lock:
+                    return self._confirm(key, inputs, static)
             return trace(*inputs)
         if key in self.eager_shapes or not hasattr(torch.jit, "trace"):
             return self.module(*inputs, **static)
@@ -191,10 +223,39 @@ class ShapeTraces:
                 reason = f"depends on input values: {warned[0]}"
             else:
                 self._traces[key] = trace
+                if self.varying:
+                    self._unconfirmed[key] = _varying_sizes(inputs, self.varying)
                 return expected
         self.eager_shapes[key] = reason
         logger.info("%s: shape %s%s runs eager (%s)", self.name,
                     [tuple(t.shape) for t in inputs], f" {static}" if static else "", reason)
+        return expected
+
+
+    def _confirm(self, key: Hashable, inputs: tuple[torch.Tensor, ...],
+                 static: dict[str, Hashable]) -> torch.Tensor:
+        """The first call of a varying size other than the one a trace was proven at: the
+        eager call, and the trace on copies of the inputs as they were, compared; the trace
+        serves every size from then on, or the shape runs eager."""
+        eager = MethodCall(self.module, "forward", **static) if static else self.module
+        if key not in self._unconfirmed:  # another thread confirmed it (or refused it)
+            trace = self._traces.get(key)
+            return trace(*inputs) if trace is not None else eager(*inputs)
+        proven_at = self._unconfirmed.pop(key)
+        pristine = _copies(inputs)
+        expected = eager(*inputs)
+        try:
+            agrees = _replays(self._traces[key], pristine, inputs, expected)
+        except Exception as exc:  # a size the trace cannot take
+            agrees, failure = False, f": {type(exc).__name__}: {exc}"
+        else:
+            failure = ""
+        if not agrees:
+            del self._traces[key]
+            sizes = _varying_sizes(inputs, self.varying)
+            self.eager_shapes[key] = (f"the trace made at varying size {proven_at} differs "
+                                      f"from the eager call at {sizes}{failure}")
+            logger.info("%s: %s", self.name, self.eager_shapes[key])
         return expected
 
 
