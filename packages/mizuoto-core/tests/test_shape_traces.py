@@ -297,6 +297,7 @@ def test_a_varying_size_is_served_by_one_trace_confirmed_at_a_second_size():
         before = module.eager_calls
         assert torch.equal(traces(query, buffer[:length]), expected)
         eager_calls.append(module.eager_calls - before)
+        assert traces.awaiting_confirmation == (length == 3)
     assert traces.traced == 1 and traces.eager_shapes == {}
     # the first length: the eager call and the tracing run; the next: the confirming call
     assert eager_calls[:2] == [2, 1] and set(eager_calls[2:]) == {0}

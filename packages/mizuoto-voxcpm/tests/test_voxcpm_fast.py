@@ -58,7 +58,8 @@ def test_profiles_quantize_what_they_say(dirs):
 
 
 def test_the_int8_profiles_steps_replay_proven_traces_per_shape_with_the_same_bits(dirs):
-    """A single stream's guided DiT evaluation and step encoding are traced and proven while
+    """A single stream's guided DiT evaluation, step encoding and both LMs' steps (one trace
+    for every position, confirmed at the rehearsal's second) are traced and proven while
     loading (said in applied.compute); a batch's pairs get their own trace on first use; a
     prompt's encoding stays eager; the audio is the eager modules', bit for bit."""
     from mizuoto_voxcpm.fast import TRACED_STEPS
@@ -68,6 +69,9 @@ def test_the_int8_profiles_steps_replay_proven_traces_per_shape_with_the_same_bi
     traces = estimator.shape_traces
     assert traces.traced == 1 and traces.eager_shapes == {}
     assert encoder.shape_traces.traced == 1
+    lms = (engine.model.base_lm, engine.model.residual_lm)
+    for lm in lms:
+        assert lm.shape_traces.traced == 1 and lm.shape_traces.awaiting_confirmation == 0
     traced = _say(engine)
     assert traced.applied.compute["fast_traces"] == TRACED_STEPS
     assert encoder.shape_traces.traced == 1  # the prompt's patches: eager, not a new trace
@@ -91,8 +95,12 @@ def test_the_int8_profiles_steps_replay_proven_traces_per_shape_with_the_same_bi
         patches = torch.randn(3, 1, patch, channels, generator=generator)
         assert torch.equal(encoder(patches), encoder.encode(patches))
     assert encoder.shape_traces.traced == 2
-    estimator.shape_traces = encoder.shape_traces = None  # eager: the same audio
-    assert torch.equal(_say(engine).audio.samples, traced.audio.samples)
+    assert all(lm.shape_traces.traced == 1 and lm.shape_traces.eager_shapes == {}
+               for lm in lms)  # every position of the request: the one trace
+    estimator.shape_traces = encoder.shape_traces = None
+    for lm in lms:
+        lm.shape_traces = None
+    assert torch.equal(_say(engine).audio.samples, traced.audio.samples)  # eager: the same
 
 
 def test_a_trace_that_fails_leaves_its_part_eager_and_applied_names_which(dirs, monkeypatch):

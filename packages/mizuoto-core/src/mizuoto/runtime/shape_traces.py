@@ -172,6 +172,11 @@ class ShapeTraces:
         """How many input shapes replay a proven trace."""
         return len(self._traces)
 
+    @property
+    def awaiting_confirmation(self) -> int:
+        """How many of those traces still wait for a second varying size (``varying``)."""
+        return len(self._unconfirmed)
+
     def __call__(self, *inputs: torch.Tensor, **static: Hashable) -> torch.Tensor:
         if torch.is_grad_enabled():
             return self.module(*inputs, **static)
@@ -181,8 +186,9 @@ class ShapeTraces:
         key = _shape_key(inputs, static, self._defaults, self.varying)
         trace = self._traces.get(key)
         if trace is not None:
-            if self._unconfirmed and key in self._unconfirmed \
-                    and self._unconfirmed[key] != _varying_sizes(inputs, self.varying):
+            # .get: another thread may confirm (pop) it meanwhile; _confirm checks again
+            proven_at = self._unconfirmed.get(key) if self._unconfirmed else None
+            if proven_at is not None and proven_at != _varying_sizes(inputs, self.varying):
                 with self._lock:
                     return self._confirm(key, inputs, static)
             return trace(*inputs)
