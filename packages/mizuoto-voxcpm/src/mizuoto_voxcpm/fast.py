@@ -200,8 +200,8 @@ def trace_fast_steps(model, profile: str, *, compiled: bool) -> bool:
 
 
 def fast_traces_applied(model, profile: str) -> dict[str, str]:
-    """What ``applied.compute["fast_traces"]`` says after :func:`trace_fast_steps` and a
-    rehearsed patch (nothing for ``off``): which parts replay traces, or which stay eager
+    """What ``applied.compute["fast_traces"]`` says after :func:`trace_fast_steps` and the
+    rehearsed patches (nothing for ``off``): which parts replay traces, or which stay eager
     and why. Whether traces were set is read from the model, so that
     :func:`trace_fast_steps` alone decides it."""
     if profile == "off":

@@ -306,8 +306,8 @@ class MiniCPM4(nn.Module):
         filled positions only) through :meth:`step_filled` as one TorchScript trace for every
         position, proven equal to the eager step where it is traced and confirmed at the next
         position (:class:`mizuoto.runtime.shape_traces.ShapeTraces`, the filled positions as
-        its varying size: a VoxCPM-0.5B base LM step in 0.75 of its eager time on two AVX2
-        cores, at positions 100-700 alike). Set it after any rewrite of the layers: a trace
+        its varying size: a VoxCPM-0.5B base LM step in 0.76-0.78 of its eager time on two
+        AVX2 cores, at positions 100 and 600 alike). Set it after any rewrite of the layers: a trace
         keeps the packed weights it met. ``name`` says which LM in a fallback's reason."""
         self.shape_traces = ShapeTraces.of_method(self, "step_filled", name=name,
                                                   varying={1: -2})

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 #: beyond this many shapes, new ones run eager (a trace holds its graph: bounded memory)
 MAX_SHAPES = 64
 
+
 def calls_run_eager_for_hooks(modules: Iterable[nn.Module]) -> dict[str, int]:
     """Per trace name, how many calls of the traces that ``modules`` (or modules under them)
     hold have run eager (untraced) because a Python hook sat on the module or inside it: a
@@ -67,6 +68,9 @@ def calls_run_eager_for_hooks(modules: Iterable[nn.Module]) -> dict[str, int]:
                     seen.add(id(value))
                     counts[value.name] += value.eager_for_hooks
     return dict(counts)
+
+
+_NO_DEFAULT = object()
 
 
 def _shape_key(inputs: tuple[torch.Tensor, ...], static: dict[str, Hashable],
@@ -88,9 +92,6 @@ def _shape(tensor: torch.Tensor, varying_dim: int | None) -> tuple[int | None, .
 def _varying_sizes(inputs: tuple[torch.Tensor, ...], varying: dict[int, int]
                    ) -> tuple[int, ...]:
     return tuple(inputs[index].size(dim) for index, dim in sorted(varying.items()))
-
-
-_NO_DEFAULT = object()
 
 
 def _is_default(value: object, default: object) -> bool:
@@ -236,7 +237,6 @@ class ShapeTraces:
         logger.info("%s: shape %s%s runs eager (%s)", self.name,
                     [tuple(t.shape) for t in inputs], f" {static}" if static else "", reason)
         return expected
-
 
     def _confirm(self, key: Hashable, inputs: tuple[torch.Tensor, ...],
                  static: dict[str, Hashable]) -> torch.Tensor:
