@@ -85,11 +85,13 @@ def test_a_bfloat16_load_proves_the_prefill_too(tmp_path, monkeypatch):
 
 def test_nothing_is_rehearsed_without_packable_layers(model_dir, monkeypatch):
     calls = []
-    monkeypatch.setattr("mizuoto_voxcpm.engine.rehearse_patches", calls.append)
+    monkeypatch.setattr("mizuoto_voxcpm.engine.rehearse_patches",
+                        lambda model, patches: calls.append(patches))
     _load(model_dir, "off")
     assert calls == []
     _load(model_dir, "auto")
     assert len(calls) == 1
+    assert calls == [1]  # the exact path has no step traces to confirm: one patch
 
 
 def test_the_dits_guided_rows_are_proven_at_load(model_dir):

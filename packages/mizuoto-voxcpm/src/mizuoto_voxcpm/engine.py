@@ -273,8 +273,9 @@ class VoxCPMEngine(Engine, AdapterHost, SupportsSteps):
         compiled_dit = bool(options.compute.compile)
         traced = trace_fast_steps(model, engine_options.fast, compiled=compiled_dit)
         if traced or has_packable_layers(model.component_groups()):
-            # the packed kernels' and traces' proofs now (two patches), not in the first request
-            rehearse_patches(model)
+            # the packed kernels' and traces' proofs now, not in the first request (a second
+            # patch confirms the LM step traces; the exact path needs one)
+            rehearse_patches(model, patches=2 if traced else 1)
         placement = placement.with_settings(**fast_traces_applied(model, engine_options.fast))
         placement = placement.with_settings(prepack=options.compute.prepack)
         report(progress, "load", 1, 3, "audio VAE")

@@ -86,28 +86,24 @@ def step_language_models(model: VoxCPMModel, buffers: PatchBuffers, patch: torch
     buffers.residual_hidden.copy_(residual_hidden)
 
 
-#: patches :func:`rehearse_patches` decodes: a decode step's trace (one for every position)
-#: is confirmed at its second position
-REHEARSED_PATCHES = 2
-
-
 @torch.inference_mode()
-def rehearse_patches(model: VoxCPMModel) -> None:
-    """Decode two patches from random states in the model's own cache slot, then put the slot
+def rehearse_patches(model: VoxCPMModel, patches: int = 1) -> None:
+    """Decode ``patches`` patches from random states in the model's own cache slot, then put the slot
     back, so that every prepacked linear layer proves (or rejects) its packed kernel for the
     row counts and input layouts of a single stream's decode (:mod:`mizuoto.runtime.prepack`)
     while the model loads instead of on a request's first patch. Two steps: the first is
     CFG-zero*'s zero velocity, the second one guided evaluation of the DiT. Other row counts
-    (continuous batching) and thread counts still prove on first use. Two patches
-    (:data:`REHEARSED_PATCHES`): the LMs' step traces are confirmed at load too
-    (:meth:`mizuoto_voxcpm.minicpm4.MiniCPM4.trace_steps`)."""
+    (continuous batching) and thread counts still prove on first use. Two patches where the
+    LMs' steps are traced, so that their trace (one for every position) is confirmed at its
+    second position while loading too (:meth:`mizuoto_voxcpm.minicpm4.MiniCPM4.trace_steps`);
+    one does for the packed kernels alone."""
     generator = torch.Generator(device=model.device).manual_seed(0)
     buffers = PatchBuffers.allocate(model)
     for tensor in buffers.tensors()[:3]:
         tensor.copy_(torch.randn(tensor.shape, generator=generator, device=model.device))
-    for _ in range(REHEARSED_PATCHES):
+    for _ in range(patches):
         decode_patch(model, buffers, model.caches, steps=2, guidance=2.0,
                      generator=generator)
     # the next prefill writes over the steps' keys and values (KVCache.fill zeroes the rest)
-    for _ in range(REHEARSED_PATCHES):
+    for _ in range(patches):
         model.caches.rewind()
